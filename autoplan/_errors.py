@@ -1,0 +1,73 @@
+"""The exception hierarchy of autoplan.
+
+Every error a user can cause derives from :class:`AutoplanError`. Messages follow one pattern:
+what was wrong, the value received, and the fix ("X should ... Got ... . Fix: ...").
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutoplanError",
+    "TraceError",
+    "ClusterError",
+    "ModelError",
+    "SearchError",
+    "InfeasiblePlanError",
+    "PlanFileError",
+    "PlanMismatchError",
+    "ExecutionError",
+    "EquivalenceError",
+    "LaunchError",
+]
+
+
+class AutoplanError(Exception):
+    """Base class of every error autoplan raises on bad input or an impossible request."""
+
+
+class TraceError(AutoplanError):
+    """The function or its arguments could not be traced into an operator graph."""
+
+
+class ClusterError(AutoplanError):
+    """A cluster description (preset name, node count, ``name:nodes`` string, mesh) is invalid."""
+
+
+class ModelError(AutoplanError):
+    """An unknown model name, size or configuration override."""
+
+
+class SearchError(AutoplanError):
+    """The plan search was given options it cannot honour."""
+
+
+class InfeasiblePlanError(SearchError):
+    """No plan fits the constraints (for example the per-device memory budget).
+
+    Attributes:
+        least_memory: the smallest per-device memory (bytes) with which a plan would fit, when known.
+    """
+
+    def __init__(self, message: str, least_memory: float | None = None):
+        super().__init__(message)
+        self.least_memory = least_memory
+
+
+class PlanFileError(AutoplanError):
+    """A plan file is malformed, of an unknown schema version, or unreadable."""
+
+
+class PlanMismatchError(AutoplanError):
+    """A plan was made for another model, argument structure, or device count."""
+
+
+class ExecutionError(AutoplanError):
+    """Running a plan failed."""
+
+
+class EquivalenceError(ExecutionError):
+    """A plan's results differ from single-device execution beyond the tolerance."""
+
+
+class LaunchError(ExecutionError):
+    """A multi-process launch failed; the message carries the workers' last output lines."""
