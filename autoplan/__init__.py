@@ -1,0 +1,27 @@
+"""autoplan: an auto-parallel planner for JAX training steps.
+
+trace -> search -> Plan -> (viz | exec).
+"""
+
+from ._errors import AutoplanError as AutoplanError
+from ._errors import ClusterError as ClusterError
+from ._errors import EquivalenceError as EquivalenceError
+from ._errors import ExecutionError as ExecutionError
+from ._errors import InfeasiblePlanError as InfeasiblePlanError
+from ._errors import LaunchError as LaunchError
+from ._errors import ModelError as ModelError
+from ._errors import PlanFileError as PlanFileError
+from ._errors import PlanMismatchError as PlanMismatchError
+from ._errors import SearchError as SearchError
+from ._errors import TraceError as TraceError
+from ._graph import GraphInput as GraphInput
+from ._graph import OpGraph as OpGraph
+from ._graph import OpNode as OpNode
+from ._graph import Tensor as Tensor
+from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
+from ._trace import trace as trace
+
+__version__ = "0.1.0"
+from ._cluster import Cluster as Cluster
+from ._cluster import LogicalMesh as LogicalMesh
+from ._plan import Plan as Plan

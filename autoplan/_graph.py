@@ -1,0 +1,346 @@
+"""The operator graph: what :func:`autoplan.trace` builds from a training step's jaxpr.
+
+An :class:`OpGraph` holds operators (:class:`OpNode`), the tensors flowing between them
+(:class:`Tensor`), the graph inputs with their pytree paths (:class:`GraphInput`) and outputs. Its
+``nx`` attribute is a ``networkx.DiGraph`` over operator ids whose edges carry the tensors passed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+__all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph", "dtype_bytes"]
+
+ROLES = ("forward", "backward", "update")
+INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "constant")
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``"float32"`` -> 4); 0 for tokens."""
+    try:
+        return int(np.dtype(dtype).itemsize)
+    except TypeError:
+        return 0
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value in the graph: an operator's output, a graph input, or a constant.
+
+    Attributes:
+        id: index in ``OpGraph.tensors``.
+        shape: dimensions.
+        dtype: dtype name.
+        producer: the operator id that makes it, or -1 for graph inputs and constants.
+    """
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    producer: int = -1
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One operator (one jaxpr equation after flattening containers).
+
+    Attributes:
+        id: index in ``OpGraph.ops`` (also its ``nx`` node).
+        primitive: the JAX primitive's name (``"dot_general"``); synthetic ops made by unrolling
+            ``scan`` are ``"scan_slice"`` and ``"scan_stack"``; opaque control flow keeps
+            ``"while"``/``"cond"``.
+        params: the parameters that matter for sharding (dimension numbers, axes, shapes...), as
+            plain Python values.
+        inputs: tensor ids of the operands (``None`` for a literal).
+        outputs: tensor ids of the results.
+        flops: floating-point operations of one execution.
+        scope: the ``jax.named_scope`` path, outermost first (``("layers_3", "attn")``).
+        role: ``"forward"``, ``"backward"`` or ``"update"`` (optimizer step).
+    """
+
+    id: int
+    primitive: str
+    params: dict[str, Any]
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int, ...]
+    flops: float
+    scope: tuple[str, ...]
+    role: str
+    in_shapes: tuple[tuple[int, ...] | None, ...] = ()
+    out_shapes: tuple[tuple[int, ...], ...] = ()
+    bytes_in: int = 0
+    bytes_out: int = 0
+    in_dtypes: tuple[str | None, ...] = ()
+    out_dtypes: tuple[str, ...] = ()
+
+    @property
+    def scope_name(self) -> str:
+        return "/".join(self.scope)
+
+    def __repr__(self) -> str:
+        shapes = ",".join("x".join(map(str, s)) if s is not None else "lit" for s in self.in_shapes)
+        return f"OpNode({self.id}, {self.primitive}, in=[{shapes}], scope={self.scope_name!r}, {self.role})"
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A leaf of the traced function's arguments.
+
+    Attributes:
+        tensor: its tensor id.
+        arg: which positional argument it belongs to.
+        arg_name: that argument's name in the function's signature (``"params"``).
+        path: ``jax.tree_util.keystr`` of the leaf within the argument (``"['layers'][3]['fc1']"``).
+        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, or ``"input"``.
+    """
+
+    tensor: int
+    arg: int
+    arg_name: str
+    path: str
+    kind: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.arg_name}{self.path}"
+
+
+@dataclass(frozen=True)
+class GraphOutput:
+    """A leaf of the traced function's result (tensor id and ``keystr`` path in the result)."""
+
+    tensor: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer found from the top-level named scope of its forward operators.
+
+    Attributes:
+        name: the scope name (``"layers_3"``).
+        index: order of first appearance in the forward pass.
+        forward: ids of its forward operators; ``backward`` likewise.
+        flops: FLOPs of its forward and backward operators.
+        params: names of the parameter inputs its forward operators read.
+    """
+
+    name: str
+    index: int
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    flops: float
+    params: tuple[str, ...]
+
+
+@dataclass
+class OpGraph:
+    """An operator graph of one training step.
+
+    ``len(graph)`` is the number of operators; ``graph.flops`` the FLOPs of one step;
+    ``graph.layers`` the layers found from named scopes; ``graph.nx`` the ``networkx.DiGraph``.
+    """
+
+    ops: list[OpNode]
+    tensors: list[Tensor]
+    inputs: list[GraphInput]
+    outputs: list[GraphOutput]
+    name: str = "graph"
+    consts: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[OpNode]:
+        return iter(self.ops)
+
+    def __getitem__(self, i: int) -> OpNode:
+        return self.ops[i]
+
+    def __repr__(self) -> str:
+        return (f"OpGraph({self.name!r}, ops={len(self)}, flops={self.flops:.3e}, "
+                f"params={self.param_count:,}, layers={len(self.layers)})")
+
+    # ---- derived structure -------------------------------------------------------------
+    @cached_property
+    def consumers(self) -> list[list[int]]:
+        """For each tensor id, the ids of the operators that read it (in order, may repeat)."""
+        users: list[list[int]] = [[] for _ in self.tensors]
+        for op in self.ops:
+            for t in op.inputs:
+                if t is not None:
+                    users[t].append(op.id)
+        return users
+
+    @cached_property
+    def input_of_tensor(self) -> dict[int, GraphInput]:
+        return {gi.tensor: gi for gi in self.inputs}
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        """Operator-level DAG: node ids are op ids (attribute ``op``); an edge u->v carries the
+        ids of the tensors u passes to v (``tensors``) and their total bytes (``bytes``)."""
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.id, op=op)
+        for op in self.ops:
+            for t in op.inputs:
+                if t is None:
+                    continue
+                p = self.tensors[t].producer
+                if p < 0:
+                    continue
+                if g.has_edge(p, op.id):
+                    e = g.edges[p, op.id]
+                    if t not in e["tensors"]:
+                        e["tensors"].append(t)
+                        e["bytes"] += self.tensors[t].nbytes
+                else:
+                    g.add_edge(p, op.id, tensors=[t], bytes=self.tensors[t].nbytes)
+        return g
+
+    @property
+    def flops(self) -> float:
+        return float(sum(op.flops for op in self.ops))
+
+    def flops_by_role(self) -> dict[str, float]:
+        out = dict.fromkeys(ROLES, 0.0)
+        for op in self.ops:
+            out[op.role] += op.flops
+        return out
+
+    def inputs_of_kind(self, kind: str) -> list[GraphInput]:
+        return [gi for gi in self.inputs if gi.kind == kind]
+
+    @property
+    def param_count(self) -> int:
+        return sum(self.tensors[gi.tensor].size for gi in self.inputs_of_kind("parameter"))
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.tensors[gi.tensor].nbytes for gi in self.inputs_of_kind("parameter"))
+
+    def bytes_of_kind(self, kind: str) -> int:
+        return sum(self.tensors[gi.tensor].nbytes for gi in self.inputs_of_kind(kind))
+
+    @cached_property
+    def layers(self) -> list[Layer]:
+        """Layers from the top-level scope of forward and backward operators, in forward order.
+
+        Operators with no scope are collected in a layer named ``"(root)"``; the optimizer update
+        is not a layer (its operators have role ``"update"``).
+        """
+        order: dict[str, int] = {}
+        fwd: dict[str, list[int]] = {}
+        bwd: dict[str, list[int]] = {}
+        flops: dict[str, float] = {}
+        params: dict[str, list[str]] = {}
+        for op in self.ops:
+            if op.role == "update":
+                continue
+            name = op.scope[0] if op.scope else "(root)"
+            if op.role == "forward" and name not in order:
+                order[name] = len(order)
+            (fwd if op.role == "forward" else bwd).setdefault(name, []).append(op.id)
+            flops[name] = flops.get(name, 0.0) + op.flops
+            if op.role == "forward":
+                for t in op.inputs:
+                    gi = self.input_of_tensor.get(t) if t is not None else None
+                    if gi is not None and gi.kind == "parameter":
+                        lst = params.setdefault(name, [])
+                        if gi.name not in lst:
+                            lst.append(gi.name)
+        for name in bwd:
+            if name not in order:
+                order[name] = len(order)
+        return [
+            Layer(name, order[name], tuple(fwd.get(name, ())), tuple(bwd.get(name, ())),
+                  flops.get(name, 0.0), tuple(params.get(name, ())))
+            for name in sorted(order, key=order.__getitem__)
+        ]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A hash of the graph's inputs (paths, shapes, dtypes) and operator count: plan files
+        record it so that a plan made for another model is refused."""
+        h = hashlib.sha256()
+        for gi in self.inputs:
+            t = self.tensors[gi.tensor]
+            h.update(f"{gi.arg_name}{gi.path}:{t.shape}:{t.dtype};".encode())
+        return h.hexdigest()[:16]
+
+    def find_inputs(self, pattern: str) -> list[GraphInput]:
+        """Graph inputs whose name (``params['layers'][3]['fc1']['kernel']``) or path matches the
+        regular expression ``pattern`` (``re.search``)."""
+        rx = re.compile(pattern)
+        return [gi for gi in self.inputs if rx.search(gi.name) or rx.search(gi.path)]
+
+    def summary(self) -> str:
+        """A human-readable summary: operators by role, FLOPs, parameters, layers."""
+        by_role = {r: 0 for r in ROLES}
+        for op in self.ops:
+            by_role[op.role] += 1
+        prims: dict[str, int] = {}
+        for op in self.ops:
+            prims[op.primitive] = prims.get(op.primitive, 0) + 1
+        top = sorted(prims.items(), key=lambda kv: -kv[1])[:8]
+        lines = [
+            f"graph {self.name}: {len(self)} operators "
+            f"({by_role['forward']} forward, {by_role['backward']} backward, {by_role['update']} update)",
+            f"  FLOPs per step : {self.flops:.4e}",
+            f"  parameters     : {self.param_count:,} ({_fmt_bytes(self.param_bytes)})",
+            f"  optimizer state: {_fmt_bytes(self.bytes_of_kind('optimizer_state'))}",
+            f"  batch          : {_fmt_bytes(self.bytes_of_kind('batch'))}",
+            "  top primitives : " + ", ".join(f"{k} x{v}" for k, v in top),
+        ]
+        layers = self.layers
+        names = [ly.name for ly in layers]
+        lines.append(f"  layers ({len(layers)}): " + _compress_names(names))
+        return "\n".join(lines)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _compress_names(names: Sequence[str]) -> str:
+    """``[embed, layers_0 .. layers_23, head]``: runs of ``prefix_i`` shown as ranges."""
+    out: list[str] = []
+    i = 0
+    while i < len(names):
+        m = re.fullmatch(r"(.*)_(\d+)", names[i])
+        j = i
+        if m:
+            pre, k = m.group(1), int(m.group(2))
+            while j + 1 < len(names):
+                m2 = re.fullmatch(r"(.*)_(\d+)", names[j + 1])
+                if not (m2 and m2.group(1) == pre and int(m2.group(2)) == k + (j + 1 - i)):
+                    break
+                j += 1
+        out.append(names[i] if j - i < 2 else f"{names[i]} .. {names[j]}")
+        if 0 < j - i < 2:
+            out.extend(names[i + 1:j + 1])
+        i = j + 1
+    return ", ".join(out)

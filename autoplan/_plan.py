@@ -1,0 +1,606 @@
+"""The Plan: plain, frozen data that search produces and viz/exec read.
+
+A :class:`Plan` records, for one training step on one cluster: its pipeline stages (one stage for
+an intra-operator-only plan), each stage's submesh and logical mesh, the PartitionSpec of every
+graph input (parameters, optimizer state, batch) keyed by pytree path, the sharding of the heavy
+operators (dot/conv: their strategy and tensor specs), the schedule, and the predictions.
+
+Specs are stored as tuples with one entry per tensor dimension: ``None`` (replicated along that
+dimension) or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``), the same information as a
+``jax.sharding.PartitionSpec``. ``Plan.to_json()``/``Plan.from_json()`` round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from ._cluster import Cluster
+from ._errors import PlanFileError, PlanMismatchError
+
+__all__ = ["SCHEMA_VERSION", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
+           "Schedule", "Predicted", "Plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
+
+SCHEMA_VERSION = 1
+Spec = tuple  # tuple[None | tuple[str, ...], ...]
+
+
+def spec_to_pspec(spec: Spec):
+    """Our spec tuple -> ``jax.sharding.PartitionSpec``."""
+    from jax.sharding import PartitionSpec  # noqa: PLC0415
+
+    entries = []
+    for e in spec:
+        if not e:
+            entries.append(None)
+        elif len(e) == 1:
+            entries.append(e[0])
+        else:
+            entries.append(tuple(e))
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def pspec_to_spec(pspec, ndim: int) -> Spec:
+    """``PartitionSpec`` -> our spec tuple of length ``ndim``."""
+    out: list = []
+    for e in tuple(pspec):
+        if e is None:
+            out.append(None)
+        elif isinstance(e, str):
+            out.append((e,))
+        else:
+            out.append(tuple(e))
+    out += [None] * (ndim - len(out))
+    return tuple(out[:ndim])
+
+
+def spec_str(spec: Spec) -> str:
+    """Alpa's notation: ``S^x R`` style, written ``S(x)R`` / ``S(xy)``; ``R`` when replicated."""
+    parts = []
+    for e in spec:
+        parts.append("R" if not e else "S(" + ",".join(e) + ")")
+    return "".join(parts) if parts else "scalar"
+
+
+def _norm_spec(spec) -> Spec:
+    return tuple(None if not e else tuple(e) for e in spec)
+
+
+@dataclass(frozen=True)
+class TensorSharding:
+    """One tensor of an operator, for the sharding view.
+
+    Attributes:
+        name: a readable name (``params['layers'][0]['mlp']['fc1']['kernel']`` or ``%123``).
+        role: ``"input"``, ``"weight"`` or ``"output"``.
+        shape: global shape.
+        dtype: dtype name.
+        spec: per-dimension mesh axes.
+    """
+
+    name: str
+    role: str
+    shape: tuple[int, ...]
+    dtype: str
+    spec: Spec
+
+    def tiles(self, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> int:
+        used = {a for e in self.spec if e for a in e}
+        return math.prod(s for s, n in zip(mesh_shape, axis_names) if n in used)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A predicted communication: ``kind`` (a collective), ``bytes``, mesh ``axes``, ``time``
+    in seconds, and ``where`` (``"op"``, ``"reshard"``, ``"grad-sync"``, ``"cross-stage"``)."""
+
+    kind: str
+    bytes: float
+    axes: tuple[str, ...]
+    time: float
+    where: str = "op"
+
+
+@dataclass(frozen=True)
+class OpSharding:
+    """The chosen strategy of one (heavy) operator.
+
+    Attributes:
+        op: operator id in the traced graph.
+        primitive: ``dot_general``, ``conv_general_dilated``...
+        scope: its named-scope path.
+        layer: its layer's name.
+        role: forward / backward / update.
+        strategy: the strategy's name (Alpa's notation, e.g. ``RS(y) x S(y)R -> RR (all-reduce y)``).
+        tensors: its operands and result with their specs.
+        comm: the communication the strategy itself needs.
+        flops: FLOPs of the operator.
+    """
+
+    op: int
+    primitive: str
+    scope: str
+    layer: str
+    role: str
+    strategy: str
+    tensors: tuple[TensorSharding, ...]
+    comm: tuple[Comm, ...] = ()
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The sharding of one graph input (a parameter, optimizer-state or batch leaf).
+
+    Attributes:
+        arg: positional argument index; ``arg_name`` its name; ``path`` its ``keystr`` in it.
+        kind: ``parameter``, ``optimizer_state``, ``batch`` or ``input``.
+        shape, dtype: the leaf's.
+        spec: per-dimension mesh axes.
+        stage: the pipeline stage that holds it (0 for intra-op plans).
+    """
+
+    arg: int
+    arg_name: str
+    path: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    spec: Spec
+    stage: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.arg_name}{self.path}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage (the whole model for an intra-op plan).
+
+    Attributes:
+        index: stage number.
+        layers: names of its layers, in order; ``layer_range`` their [start, end) indices.
+        submesh: physical (hosts, devices per host); ``device_ids`` the cluster devices it uses.
+        mesh_shape: its logical mesh; ``axis_names`` the mesh-axis names.
+        ops: shardings of its heavy operators.
+        forward_time, backward_time: predicted seconds per micro-batch.
+        memory: predicted peak bytes per device.
+        comm_bytes: predicted communication bytes per device by collective kind (one step).
+    """
+
+    index: int
+    layers: tuple[str, ...]
+    layer_range: tuple[int, int]
+    submesh: tuple[int, int]
+    device_ids: tuple[int, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    ops: tuple[OpSharding, ...] = ()
+    forward_time: float = 0.0
+    backward_time: float = 0.0
+    memory: float = 0.0
+    comm_bytes: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_ids)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule.
+
+    Attributes:
+        kind: ``"gpipe"`` or ``"1f1b"`` (``"none"`` for a single stage).
+        microbatches: number of micro-batches.
+        num_stages: number of stages.
+        table: rows = clock ticks, columns = meshes; entries ``(micro-batch, stage, kind)`` or None.
+        events: ``(start, end, mesh, micro-batch, stage, kind)`` with predicted times.
+    """
+
+    kind: str
+    microbatches: int
+    num_stages: int
+    table: tuple[tuple[tuple[int, int, str] | None, ...], ...] = ()
+    events: tuple[tuple[float, float, int, int, int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The cost model's predictions for one training step.
+
+    Attributes:
+        step_time: seconds per step.
+        throughput: samples per second.
+        memory_per_device: peak bytes on the busiest device.
+        compute_time: seconds of computation on the critical path.
+        comm_time: seconds of communication on the critical path (by kind in ``comm_time_by_kind``).
+        comm_bytes: bytes communicated per device by collective kind.
+        comm_by_axis: bytes by mesh axis name.
+        bubble_fraction: idle fraction of the pipeline.
+        mfu: model FLOPs utilisation (graph FLOPs / (step_time . devices . peak)).
+    """
+
+    step_time: float
+    throughput: float
+    memory_per_device: float
+    compute_time: float = 0.0
+    comm_time: float = 0.0
+    comm_bytes: Mapping[str, float] = field(default_factory=dict)
+    comm_by_axis: Mapping[str, float] = field(default_factory=dict)
+    comm_time_by_kind: Mapping[str, float] = field(default_factory=dict)
+    bubble_fraction: float = 0.0
+    mfu: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A parallelisation plan for one training step on one cluster.
+
+    Attributes:
+        model: the workload or graph name; ``fingerprint`` the traced graph's fingerprint.
+        cluster: the cluster planned for.
+        stages: pipeline stages (one for an intra-operator plan).
+        inputs: the spec of every graph input.
+        schedule: the pipeline schedule.
+        predicted: predictions.
+        label: ``"autoplan"`` for a searched plan, or a baseline's name.
+        level: the search level used.
+        config: the workload's configuration (batch, layers, ...), when known.
+        search_seconds: time the search took.
+        jax_version: JAX version the plan was made with.
+    """
+
+    model: str
+    fingerprint: str
+    cluster: Cluster
+    stages: tuple[Stage, ...]
+    inputs: tuple[InputSpec, ...]
+    schedule: Schedule
+    predicted: Predicted
+    label: str = "autoplan"
+    level: str = "exhaustive"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    search_seconds: float = 0.0
+    jax_version: str = ""
+    notes: tuple[str, ...] = ()
+
+    # ---- structure ---------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return sum(s.num_devices for s in self.stages)
+
+    @property
+    def is_pipeline(self) -> bool:
+        return len(self.stages) > 1
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The logical mesh of the first stage (the only one for an intra-op plan)."""
+        return self.stages[0].mesh_shape
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return self.stages[0].axis_names
+
+    @property
+    def ops(self) -> tuple[OpSharding, ...]:
+        return tuple(o for s in self.stages for o in s.ops)
+
+    def input_spec(self, name: str) -> InputSpec:
+        for i in self.inputs:
+            if i.name == name or i.path == name:
+                return i
+        raise KeyError(f"no input named {name!r}; inputs look like {self.inputs[0].name!r}")
+
+    def describe(self) -> str:
+        """A one-line description: stages and their logical meshes."""
+        if not self.is_pipeline:
+            return f"intra-op on mesh {'x'.join(map(str, self.mesh_shape))}"
+        meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in self.stages)
+        return f"{len(self.stages)} stages ({self.schedule.kind}, {self.schedule.microbatches} mb): {meshes}"
+
+    # ---- JAX views ---------------------------------------------------------------------
+    def partition_specs(self, like: Any = None, stage: int | None = None) -> Any:
+        """The PartitionSpec of every graph input as a pytree mirroring the step's arguments.
+
+        Args:
+            like: the arguments (arrays or ShapeDtypeStructs, a tuple with one entry per
+                positional argument); its structure is mirrored exactly. Default: a tuple of
+                nested dicts/lists rebuilt from the recorded ``keystr`` paths.
+            stage: only inputs held by this stage (others get ``None``); default all.
+
+        Returns:
+            A tuple with one pytree of ``jax.sharding.PartitionSpec`` per positional argument.
+        """
+        import jax  # noqa: PLC0415
+
+        by_key = {(i.arg, i.path): i for i in self.inputs}
+        nargs = 1 + max((i.arg for i in self.inputs), default=-1)
+
+        def pick(i: InputSpec | None):
+            if i is None or (stage is not None and i.stage != stage):
+                return None
+            return spec_to_pspec(i.spec)
+
+        if like is not None:
+            like = tuple(like)
+            if len(like) != nargs:
+                raise PlanMismatchError(
+                    f"partition_specs: like should have {nargs} positional arguments as the plan "
+                    f"does. Got {len(like)}. Fix: pass the workload's args tuple.")
+            out = []
+            for a, tree in enumerate(like):
+                leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+                specs = []
+                for path, _ in leaves:
+                    key = (a, jax.tree_util.keystr(path))
+                    if key not in by_key:
+                        raise PlanMismatchError(
+                            f"partition_specs: argument {a} has a leaf at {key[1]!r} that the plan "
+                            f"({self.model}) does not know. Fix: use the plan made for this model.")
+                    specs.append(pick(by_key[key]))
+                out.append(jax.tree_util.tree_unflatten(treedef, specs))
+            return tuple(out)
+        trees: list[Any] = [None] * nargs
+        for i in self.inputs:
+            keys = _parse_keystr(i.path)
+            if not keys:
+                trees[i.arg] = pick(i)
+                continue
+            if trees[i.arg] is None:
+                trees[i.arg] = [] if isinstance(keys[0], int) else {}
+            _set_path(trees[i.arg], keys, pick(i))
+        return tuple(trees)
+
+    def mesh(self, devices: Sequence[Any] | None = None, stage: int = 0):
+        """A ``jax.sharding.Mesh`` for ``stage`` over ``devices`` (default ``jax.devices()``),
+        taking the stage's device ids in order; axis types Auto."""
+        import jax  # noqa: PLC0415
+        import numpy as np  # noqa: PLC0415
+        from jax.sharding import AxisType, Mesh  # noqa: PLC0415
+
+        st = self.stages[stage]
+        devs = list(devices) if devices is not None else jax.devices()
+        if len(devs) < self.num_devices:
+            raise PlanMismatchError(
+                f"mesh: the plan uses {self.num_devices} devices but {len(devs)} are available. "
+                "Fix: run on a machine with that many devices, set jax_num_cpu_devices, or make a "
+                f"plan for {len(devs)} devices.")
+        arr = np.array([devs[d] for d in st.device_ids], dtype=object).reshape(st.mesh_shape)
+        return Mesh(arr, st.axis_names, axis_types=(AxisType.Auto,) * len(st.axis_names))
+
+    def named_shardings(self, mesh=None, like: Any = None, stage: int | None = None) -> Any:
+        """``NamedSharding`` pytrees for the arguments (``jax.jit(in_shardings=...)``)."""
+        import jax  # noqa: PLC0415
+        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
+
+        mesh = mesh if mesh is not None else self.mesh(stage=stage or 0)
+        specs = self.partition_specs(like=like, stage=stage)
+        return jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p if p is not None else PartitionSpec()),
+                                      specs, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+
+    def logical_axis_rules(self) -> list[tuple[str, str | tuple[str, ...] | None]]:
+        """Flax-style logical-axis rules read off the parameters' specs: for each parameter
+        dimension a logical name ``"<param leaf>_<dim>"`` mapped to its mesh axes, e.g.
+        ``("mlp.fc1.kernel_1", "y")``. Use with ``flax.linen.logical_to_mesh_axes``."""
+        rules = []
+        for i in self.inputs:
+            if i.kind != "parameter":
+                continue
+            base = ".".join(str(k) for k in _parse_keystr(i.path)) or i.arg_name
+            for d, e in enumerate(i.spec):
+                rules.append((f"{base}_{d}", None if not e else (e[0] if len(e) == 1 else tuple(e))))
+        return rules
+
+    # ---- files -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = {"schema": "autoplan.plan", "schema_version": SCHEMA_VERSION}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
+        d["mesh_axis_types"] = ["Auto"] * len(self.axis_names)
+        return d
+
+    def to_json(self, path: str | None = None, indent: int | None = 1) -> str:
+        """The plan as JSON text (written to ``path`` too when given)."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        if not isinstance(d, Mapping) or d.get("schema") != "autoplan.plan":
+            raise PlanFileError("Plan.from_json: not an autoplan plan (the 'schema' field should be "
+                                f"'autoplan.plan'). Got {str(d)[:80]!r}. Fix: pass a file written "
+                                "by Plan.to_json or 'autoplan plan -o'.")
+        ver = d.get("schema_version")
+        if ver != SCHEMA_VERSION:
+            raise PlanFileError(f"Plan.from_json: schema_version should be {SCHEMA_VERSION}. Got "
+                                f"{ver!r}. Fix: re-create the plan with this autoplan version.")
+        try:
+            stages = tuple(
+                Stage(**{**s, "layers": tuple(s["layers"]), "layer_range": tuple(s["layer_range"]),
+                         "submesh": tuple(s["submesh"]), "device_ids": tuple(s["device_ids"]),
+                         "mesh_shape": tuple(s["mesh_shape"]), "axis_names": tuple(s["axis_names"]),
+                         "ops": tuple(_op_from(o) for o in s["ops"]),
+                         "comm_bytes": dict(s["comm_bytes"])})
+                for s in d["stages"])
+            inputs = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": _norm_spec(i["spec"])})
+                           for i in d["inputs"])
+            sd = d["schedule"]
+            schedule = Schedule(
+                kind=sd["kind"], microbatches=sd["microbatches"], num_stages=sd["num_stages"],
+                table=tuple(tuple(None if e is None else (e[0], e[1], e[2]) for e in row)
+                            for row in sd["table"]),
+                events=tuple(tuple(e) for e in sd["events"]))
+            pd = d["predicted"]
+            predicted = Predicted(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in pd.items()})
+            return cls(model=d["model"], fingerprint=d["fingerprint"],
+                       cluster=Cluster.from_dict(d["cluster"]), stages=stages, inputs=inputs,
+                       schedule=schedule, predicted=predicted, label=d["label"], level=d["level"],
+                       config=dict(d["config"]), search_seconds=d["search_seconds"],
+                       jax_version=d["jax_version"], notes=tuple(d.get("notes", ())))
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise PlanFileError(f"Plan.from_json: the plan file is malformed ({type(err).__name__}: "
+                                f"{err}). Fix: re-create it with 'autoplan plan -o'.") from err
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> Plan:
+        """Read a plan from JSON text or a file path.
+
+        Raises:
+            PlanFileError: unreadable, not JSON, not a plan, another schema version, malformed.
+        """
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            try:
+                with open(text_or_path) as f:
+                    text = f.read()
+            except OSError as err:
+                raise PlanFileError(f"Plan.from_json: cannot read plan file {text_or_path!r}: "
+                                    f"{err.strerror}. Fix: check the path.") from err
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanFileError(f"Plan.from_json: not valid JSON ({err}). Got {text[:60]!r}. Fix: "
+                                "pass a file written by Plan.to_json.") from err
+        return cls.from_dict(d)
+
+    def check_matches(self, graph_or_fingerprint: Any, num_devices: int | None = None) -> None:
+        """Raise :class:`PlanMismatchError` unless the plan was made for this graph (and, when
+        given, this many devices)."""
+        fp = getattr(graph_or_fingerprint, "fingerprint", graph_or_fingerprint)
+        if fp != self.fingerprint:
+            raise PlanMismatchError(
+                f"this plan was made for model {self.model!r} (fingerprint {self.fingerprint}) but the "
+                f"workload given has fingerprint {fp}: its parameters' paths, shapes or dtypes differ. "
+                "Fix: make a plan for this workload (autoplan.plan or 'autoplan plan').")
+        if num_devices is not None and num_devices != self.num_devices:
+            raise PlanMismatchError(
+                f"this plan uses {self.num_devices} devices but {num_devices} are available. Fix: "
+                f"make a plan for {num_devices} devices (e.g. --cluster cpu:{num_devices}).")
+
+    def with_(self, **changes: Any) -> Plan:
+        return replace(self, **changes)
+
+    # ---- text and HTML -----------------------------------------------------------------
+    def summary(self) -> str:
+        """A summary table of the plan."""
+        p = self.predicted
+        lines = [
+            f"plan [{self.label}] for {self.model} on {self.cluster.spec} "
+            f"({self.num_devices} devices, level {self.level})",
+            f"  layout          : {self.describe()}",
+            f"  step time       : {p.step_time * 1e3:.3f} ms   throughput {p.throughput:.1f} samples/s"
+            f"   MFU {p.mfu * 100:.1f}%",
+            f"  memory / device : {p.memory_per_device / 2**30:.3f} GiB "
+            f"(device has {self.cluster.device_memory / 2**30:.1f} GiB)",
+            f"  compute / comm  : {p.compute_time * 1e3:.3f} ms / {p.comm_time * 1e3:.3f} ms"
+            f"   bubble {p.bubble_fraction * 100:.1f}%",
+            "  communication   : " + (", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in
+                                             sorted(p.comm_bytes.items()) if v) or "none"),
+            "  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB",
+        ]
+        for s in self.stages:
+            rng = _layer_span(s.layers)
+            lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh[0]}x{s.submesh[1]:<5}  "
+                         f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
+                         f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
+                         f"{s.memory / 2**30:>7.3f}")
+        params = [i for i in self.inputs if i.kind == "parameter"]
+        sharded = sum(1 for i in params if any(i.spec))
+        lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
+            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(spec_to_pspec(i.spec)))}"
+            f"</code></td><td>{i.stage}</td></tr>"
+            for i in self.inputs[:200])
+        more = f"<p>... {len(self.inputs) - 200} more inputs</p>" if len(self.inputs) > 200 else ""
+        return (f"<div class='autoplan-plan'><pre>{html.escape(self.summary())}</pre>"
+                "<details><summary>PartitionSpecs</summary><table><tr><th>input</th><th>kind</th>"
+                f"<th>shape</th><th>PartitionSpec</th><th>stage</th></tr>{rows}</table>{more}"
+                "</details></div>")
+
+
+def _layer_span(layers: Sequence[str]) -> str:
+    if not layers:
+        return "-"
+    if len(layers) == 1:
+        return layers[0]
+    return f"{layers[0]} .. {layers[-1]} ({len(layers)})"
+
+
+def _op_from(o: Mapping[str, Any]) -> OpSharding:
+    return OpSharding(
+        op=o["op"], primitive=o["primitive"], scope=o["scope"], layer=o["layer"], role=o["role"],
+        strategy=o["strategy"],
+        tensors=tuple(TensorSharding(t["name"], t["role"], tuple(t["shape"]), t["dtype"],
+                                     _norm_spec(t["spec"])) for t in o["tensors"]),
+        comm=tuple(Comm(c["kind"], c["bytes"], tuple(c["axes"]), c["time"], c["where"])
+                   for c in o["comm"]),
+        flops=o["flops"])
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "__dataclass_fields__"):
+        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+_KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+))\]|\.([A-Za-z_]\w*)")
+
+
+def _parse_keystr(path: str) -> list[str | int]:
+    keys: list[str | int] = []
+    for m in _KEY_RE.finditer(path):
+        if m.group(3) is not None:
+            keys.append(int(m.group(3)))
+        else:
+            keys.append(m.group(1) if m.group(1) is not None else (m.group(2) or m.group(4)))
+    return keys
+
+
+def _set_path(tree: Any, keys: list[str | int], value: Any) -> None:
+    node = tree
+    for k, nxt in zip(keys[:-1], keys[1:]):
+        child_default = [] if isinstance(nxt, int) else {}
+        if isinstance(k, int):
+            while len(node) <= k:
+                node.append(None)
+            if node[k] is None:
+                node[k] = child_default
+            node = node[k]
+        else:
+            node = node.setdefault(k, child_default)
+    last = keys[-1]
+    if isinstance(last, int):
+        while len(node) <= last:
+            node.append(None)
+        node[last] = value
+    else:
+        node[last] = value
+
+

@@ -1,0 +1,617 @@
+"""Alpa's inter-operator pass: slice L layers into pipeline stages and the cluster into submeshes.
+
+Given the latency ``t_intra[i, j, k, c]`` of one micro-batch through layers ``i..j`` on submesh
+``k`` with logical-mesh configuration ``c`` (from the intra-op pass or a cost model), choose the
+stages, one submesh each, so that the submeshes cover the whole ``N x M`` cluster and the 1F1B
+pipeline latency (Alpa Eq. 2)
+
+.. math::
+
+    T = \\sum_{s=1}^{S} t_s + (B - 1) \\max_s t_s
+
+is minimal. The module is pure: numpy in, a frozen dataclass out.
+
+References:
+    Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep
+    Learning", OSDI 2022, Section 5 (Eq. 2-5, Algorithm 1).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoplan._errors import InfeasiblePlanError, SearchError
+
+__all__ = [
+    "StageAssignment",
+    "StageDPResult",
+    "submesh_shapes",
+    "stage_dp",
+    "place_submeshes",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Submesh shapes and their placement
+# --------------------------------------------------------------------------------------------
+
+
+def _is_pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def _check_cluster(num_hosts: object, devices_per_host: object) -> None:
+    for name, val in (("num_hosts", num_hosts), ("devices_per_host", devices_per_host)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
+            raise SearchError(
+                f"{name} should be a positive integer. Got {val!r}. Fix: pass the cluster shape as "
+                "(hosts, devices per host), e.g. num_hosts=2, devices_per_host=8."
+            )
+
+
+def submesh_shapes(num_hosts: int, devices_per_host: int) -> list[tuple[int, int]]:
+    """Alpa's candidate submesh shapes for an ``N x M`` cluster.
+
+    One-host shapes ``(1, 1), (1, 2), (1, 4), ..., (1, M)`` followed by the multi-host shapes
+    ``(2, M), (3, M), ..., (N, M)`` (Alpa Algorithm 1, line 7).
+
+    The one-host shapes are the powers of two that divide ``M``, plus ``M`` itself. When ``M`` is
+    a power of two (every real GPU host) this is exactly Alpa's list. For other ``M`` (say 6)
+    Alpa would also list ``(1, 4)``; it is left out here because two 4-device stages cannot share
+    6-device hosts, so a plan chosen by counting devices could not be placed. With sizes that
+    all divide ``M`` and divide each other, any multiset whose device count is ``N * M`` can be
+    placed (see :func:`place_submeshes`), which keeps :func:`stage_dp` exact.
+
+    Args:
+        num_hosts: ``N``, the number of hosts.
+        devices_per_host: ``M``, the devices in each host.
+
+    Returns:
+        The shapes ``(hosts, devices per host)`` in increasing device count.
+    """
+    _check_cluster(num_hosts, devices_per_host)
+    n_hosts, m = int(num_hosts), int(devices_per_host)
+    shapes: list[tuple[int, int]] = []
+    p = 1
+    while p < m:
+        if m % p == 0:
+            shapes.append((1, p))
+        p *= 2
+    shapes.append((1, m))
+    shapes.extend((n, m) for n in range(2, n_hosts + 1))
+    return shapes
+
+
+def _check_shape(shape: object, num_hosts: int, devices_per_host: int, what: str) -> tuple[int, int]:
+    ok = (
+        isinstance(shape, (tuple, list))
+        and len(shape) == 2
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shape)
+    )
+    if ok:
+        n, m = int(shape[0]), int(shape[1])
+        whole_hosts = m == devices_per_host and 1 <= n <= num_hosts
+        one_host = n == 1 and 1 <= m <= devices_per_host and _is_pow2(m) and devices_per_host % m == 0
+        if whole_hosts or one_host:
+            return n, m
+    raise SearchError(
+        f"{what} should be a submesh shape (n, {devices_per_host}) with 1 <= n <= {num_hosts}, or "
+        f"(1, m) with m a power of two dividing {devices_per_host}. Got {shape!r}. Fix: use "
+        f"submesh_shapes({num_hosts}, {devices_per_host})."
+    )
+
+
+def place_submeshes(
+    shapes: Sequence[tuple[int, int]], num_hosts: int, devices_per_host: int
+) -> list[list[int]]:
+    """Give each stage's submesh concrete device ids, without overlap, covering the cluster.
+
+    Device ``l`` of host ``h`` has id ``h * M + l``. Whole-host shapes ``(n, M)`` take ``n``
+    consecutive free hosts (largest first). The one-host shapes ``(1, m)`` are then packed into the
+    remaining hosts largest first, each into the first host with room (first-fit decreasing).
+    Because every ``m`` is a power of two dividing ``M``, when a shape of size ``m`` is placed the
+    free space of every host is a multiple of ``m`` (everything placed before it is a multiple of
+    ``m``); so if the total device count is ``N * M`` some host always has room and each
+    allocation is aligned to its size. This is the argument behind Alpa's claim that its shapes
+    always cover the cluster.
+
+    Args:
+        shapes: one ``(n, m)`` per stage, in stage order.
+        num_hosts: ``N``.
+        devices_per_host: ``M``.
+
+    Returns:
+        For each stage, in the order of ``shapes``, its sorted device ids.
+
+    Raises:
+        SearchError: a shape is not of Alpa's kinds, or the shapes do not use exactly ``N * M``
+            devices, or they cannot be placed.
+    """
+    _check_cluster(num_hosts, devices_per_host)
+    n_hosts, m_dev = int(num_hosts), int(devices_per_host)
+    checked = [_check_shape(s, n_hosts, m_dev, f"shapes[{i}]") for i, s in enumerate(shapes)]
+    total = sum(n * m for n, m in checked)
+    if total != n_hosts * m_dev:
+        raise SearchError(
+            f"the submeshes should use exactly the cluster's {n_hosts} x {m_dev} = {n_hosts * m_dev} "
+            f"devices. Got shapes {list(shapes)!r} using {total}. Fix: choose shapes whose device "
+            "counts add up to the cluster size (stage_dp always does)."
+        )
+    out: list[list[int]] = [[] for _ in checked]
+    next_host = 0
+    whole = sorted(
+        (i for i, (n, m) in enumerate(checked) if m == m_dev), key=lambda i: (-checked[i][0], i)
+    )
+    for i in whole:
+        n = checked[i][0]
+        if next_host + n > n_hosts:  # pragma: no cover - excluded by the device count above
+            raise SearchError(f"cannot place shape {checked[i]} on {n_hosts} hosts: out of hosts.")
+        out[i] = [h * m_dev + d for h in range(next_host, next_host + n) for d in range(m_dev)]
+        next_host += n
+    free = {h: 0 for h in range(next_host, n_hosts)}  # host -> first free local device
+    small = sorted(
+        (i for i, (n, m) in enumerate(checked) if m != m_dev), key=lambda i: (-checked[i][1], i)
+    )
+    for i in small:
+        m = checked[i][1]
+        host = next((h for h, used in free.items() if m_dev - used >= m), None)
+        if host is None:
+            raise SearchError(
+                f"cannot place submesh {checked[i]} of stage {i}: no host has {m} free devices. "
+                f"Got shapes {list(shapes)!r}. Fix: use shapes from submesh_shapes({n_hosts}, {m_dev})."
+            )
+        start = free[host]
+        out[i] = [host * m_dev + d for d in range(start, start + m)]
+        free[host] = start + m
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The stage DP
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageAssignment:
+    """One pipeline stage of a :class:`StageDPResult`.
+
+    Attributes:
+        start: first layer of the stage.
+        end: one past its last layer (the stage runs layers ``start .. end - 1``).
+        submesh: its submesh shape ``(hosts, devices per host)``.
+        submesh_index: index ``k`` of that shape in the ``submeshes`` given to :func:`stage_dp`.
+        config_index: the logical-mesh configuration ``c`` chosen (cheapest that fits memory).
+        cost: ``t_intra[start, end - 1, submesh_index, config_index]``.
+    """
+
+    start: int
+    end: int
+    submesh: tuple[int, int]
+    submesh_index: int
+    config_index: int
+    cost: float
+
+
+@dataclass(frozen=True)
+class StageDPResult:
+    """The optimum of :func:`stage_dp`.
+
+    Attributes:
+        stages: the stages in pipeline order (first layers first).
+        t_max: the latency of the slowest stage.
+        total_latency: ``sum(stage.cost) + (B - 1) * t_max`` (Alpa Eq. 2).
+        evaluated_t_max: how many ``t_max`` values the DP was run for.
+    """
+
+    stages: tuple[StageAssignment, ...]
+    t_max: float
+    total_latency: float
+    evaluated_t_max: int
+
+
+def _as_cost_array(name: str, arr: object, shape: tuple[int, ...] | None) -> np.ndarray:
+    try:
+        a = np.asarray(arr, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise SearchError(
+            f"{name} should be a float array of shape (L, L, K, C). Got {type(arr).__name__}. "
+            "Fix: pass a numpy array."
+        ) from err
+    if a.ndim != 4 or a.shape[0] != a.shape[1] or a.shape[0] < 1 or a.shape[3] < 1:
+        raise SearchError(
+            f"{name} should have shape (L, L, K, C) with L, C >= 1. Got shape {a.shape}. "
+            "Fix: index it as [first layer, last layer, submesh, logical config]."
+        )
+    if shape is not None and a.shape != shape:
+        raise SearchError(
+            f"{name} should have the shape of t_intra {shape}. Got {a.shape}. "
+            "Fix: give one value per (first layer, last layer, submesh, config)."
+        )
+    if np.isnan(a).any():
+        raise SearchError(f"{name} should contain no NaN. Got {int(np.isnan(a).sum())} NaN entries. "
+                          "Fix: use np.inf for impossible choices.")
+    return a
+
+
+class _Prepared:
+    """Config-reduced, position-dependent stage costs in band form.
+
+    ``teff[p, i, j, k]`` is the cheapest config's latency for layers ``i..j`` on submesh ``k``
+    when the stage sits ``p + 1``-th from the pipeline's end (``inf`` where no config fits the
+    memory). Positions ``>= n_pos`` cost the same as ``n_pos`` (in-flight micro-batches are capped
+    by ``B``; and ``S <= s_cap``). ``P`` is the first position from which costs no longer change.
+    """
+
+    def __init__(self, t_intra, param_mem, act_mem, device_memory, microbatches, s_cap):
+        L, _, K, _ = t_intra.shape
+        lower = np.tril(np.ones((L, L), dtype=bool), k=-1)
+        base = np.where(lower[:, :, None, None], np.inf, t_intra)
+        if device_memory is None:
+            teff = base.min(axis=3)[None]
+            cfg = base.argmin(axis=3)[None]
+        else:
+            n_pos = min(microbatches, s_cap)
+            pm = np.zeros_like(base) if param_mem is None else param_mem
+            am = np.zeros_like(base) if act_mem is None else act_mem
+            teff = np.empty((n_pos, L, L, K))
+            cfg = np.empty((n_pos, L, L, K), dtype=np.int64)
+            for p in range(n_pos):
+                t = np.where(pm + (p + 1) * am <= device_memory, base, np.inf)
+                teff[p] = t.min(axis=3)
+                cfg[p] = t.argmin(axis=3)
+        P = teff.shape[0]
+        while P > 1 and np.array_equal(teff[P - 2], teff[P - 1]):
+            P -= 1
+        self.teff, self.cfg, self.P = teff, cfg, P
+        self.n_pos = teff.shape[0]
+        # band form: tb[p, k, w, q] = teff[p, k, k + w, q]
+        kk = np.arange(L)[:, None]
+        jj = kk + np.arange(L)[None, :]
+        valid = jj < L
+        tb = teff[:P][:, kk, np.minimum(jj, L - 1), :]
+        tb[:, ~valid, :] = np.inf
+        self.tb = tb
+        self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
+        finite = teff[np.isfinite(teff)]
+        self.candidates = np.unique(finite)
+
+
+def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool):
+    """One run of Alpa's Eq. 3 for a fixed ``t_max``.
+
+    Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q)`` in pipeline order, or
+    ``(inf, None)``.
+    """
+    P = prep.P
+    L = prep.tb.shape[1]
+    K = len(sizes)
+    ok_w = np.nonzero(prep.min_by_width <= t_max)[0]
+    if ok_w.size == 0:
+        return math.inf, None
+    W = int(ok_w[-1]) + 1
+    tb = prep.tb[:, :, :W, :]
+    tb = np.where(tb <= t_max, tb, np.inf)  # (P, L, W, K)
+    INF = np.inf
+    # shift index: Z[q, r, d] = Y[r, d - size_q], reading an extra inf column where d < size_q
+    dcol = np.arange(D + 1)[None, :] - sizes[:, None]
+    shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1)
+    rows = np.arange(L)[:, None] + np.arange(W)[None, :] + 1  # (L, W) next first layer
+
+    def shifted(Y: np.ndarray) -> np.ndarray:
+        """Y (R, D+1) -> (K, R + W, D+1) with rows past R padded with inf."""
+        ext = np.concatenate([Y, np.full((Y.shape[0], 1), INF)], axis=1)
+        Z = np.full((K, Y.shape[0] + W, D + 1), INF)
+        Z[:, : Y.shape[0], :] = ext[:, shift_idx].transpose(1, 0, 2)
+        return Z
+
+    F = [np.full((L + 1, D + 1), INF)]
+    F[0][L, 0] = 0.0
+    args: list[np.ndarray | None] = [None]
+    for s in range(1, n_exact + 1):
+        p = min(s, P) - 1
+        Z = shifted(F[s - 1])  # (K, L+1+W, D+1)
+        G = Z[:, rows, :]  # (K, L, W, D+1)
+        cand = tb[p].transpose(2, 0, 1)[..., None] + G  # (K, L, W, D+1)
+        cand = cand.transpose(1, 0, 2, 3).reshape(L, K * W, D + 1)
+        a = cand.argmin(axis=1)
+        Fs = np.full((L + 1, D + 1), INF)
+        Fs[:L] = np.take_along_axis(cand, a[:, None, :], axis=1)[:, 0, :]
+        F.append(Fs)
+        args.append(a)
+
+    H = argH = flag = None
+    if lump:
+        tail = F[n_exact]
+        tlast = tb[P - 1].transpose(0, 2, 1)  # (L, K, W)
+        H = np.full((L + 1, D + 1), INF)
+        argH = np.zeros((L, D + 1), dtype=np.int64)
+        Y = tail.copy()  # min(tail, H); H[L] = inf
+        flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
+        Z = shifted(Y)
+        for k in range(L - 1, -1, -1):
+            cand = (tlast[k][:, :, None] + Z[:, k + 1 : k + 1 + W, :]).reshape(K * W, D + 1)
+            a = cand.argmin(axis=0)
+            h = cand[a, np.arange(D + 1)]
+            H[k] = h
+            argH[k] = a
+            better = h < tail[k]
+            flag[k] = better
+            yk = np.where(better, h, tail[k])
+            Z[:, k, :] = np.append(yk, INF)[shift_idx]
+
+    # pick the best number of stages
+    best, where = INF, None
+    for s in range(1, n_exact + 1):
+        if F[s][0, D] < best:
+            best, where = F[s][0, D], ("exact", s)
+    if lump and H[0, D] < best:
+        best, where = H[0, D], ("lump", 0)
+    if where is None:
+        return INF, None
+
+    stages: list[tuple[int, int, int]] = []
+    k, d = 0, D
+    mode, s = where
+    while True:
+        if mode == "lump":
+            a = int(argH[k, d])
+        else:
+            if s == 0:
+                break
+            a = int(args[s][k, d])
+        q, w = divmod(a, W)
+        stages.append((k, k + w + 1, q))
+        k, d = k + w + 1, d - int(sizes[q])
+        if mode == "lump":
+            if not flag[k, d]:
+                mode, s = "exact", n_exact
+        else:
+            s -= 1
+    assert k == L and d == 0
+    return float(best), stages
+
+
+def stage_dp(
+    t_intra: np.ndarray,
+    submeshes: Sequence[tuple[int, int]],
+    num_hosts: int,
+    devices_per_host: int,
+    microbatches: int,
+    *,
+    param_mem: np.ndarray | None = None,
+    act_mem: np.ndarray | None = None,
+    device_memory: float | None = None,
+    max_stages: int | None = None,
+) -> StageDPResult:
+    """Alpa's stage-mesh dynamic program (Alpa Eq. 3-5), exact and vectorised.
+
+    For a bound ``t_max`` on the latency of every stage (Alpa Eq. 3):
+
+    .. math::
+
+        F(s, k, d; t_{max}) = \\min_{k \\le i < L,\\; n \\cdot m \\le d}
+            \\{ t_{intra}(k..i, (n, m), s) + F(s - 1, i + 1, d - n m; t_{max})
+              \\mid t_{intra}(k..i, (n, m), s) \\le t_{max} \\}
+
+    with ``F(0, L, 0) = 0`` and ``inf`` otherwise: ``d`` must reach exactly 0, so the submeshes
+    cover all ``N M`` devices. ``s`` counts stages from the end, so the stage starting at ``k`` is
+    the ``s``-th from the end. Then (Eq. 4)
+
+    .. math::
+
+        T^*(t_{max}) = \\min_s F(s, 0, N M; t_{max}) + (B - 1)\\, t_{max},
+
+    and the answer is the minimum of ``T*`` over ``t_max`` in the distinct finite stage costs.
+
+    ``t_intra(k..i, mesh, s)`` is the cheapest logical config ``c`` of ``t_intra[k, i, mesh, c]``
+    that fits in memory at position ``s`` (Eq. 5): a 1F1B stage ``s``-th from the end keeps
+    ``min(s, B)`` micro-batches of activations alive, so
+    ``param_mem + min(s, B) * act_mem <= device_memory`` (Alpa writes ``s``; with fewer
+    micro-batches than stages only ``B`` can be in flight). Taking the min over configs up front
+    is exact: a cheaper stage never raises the sum nor the max.
+
+    Speed-ups, all exact:
+
+    * Configs are reduced per position before the search, and positions from which costs stop
+      changing (at the latest ``B``) are merged into one self-referential table, so without a
+      memory limit the DP has no stage-count dimension at all (``F(k, d)``).
+    * Stages longer than the longest stage allowed by ``t_max`` are cut from the inner loop.
+    * ``F(t_max)`` is non-increasing in ``t_max``, and when the DP at ``t_max = t`` returns a plan
+      whose slowest stage is ``m <= t``, ``F`` is constant on ``[m, t]``, so that plan's true
+      latency ``F + (B - 1) m`` is the best of every candidate in ``[m, t]`` and none of them needs
+      a DP run. The candidates are searched by bisection over intervals ``(lo, hi)`` with
+      ``F(hi)`` known, taking the interval with the smallest lower bound first.
+    * Early stop (Alpa's, tightened): a plan whose slowest stage takes ``t`` has latency at least
+      ``max(sum_s t_s, t) + (B - 1) t >= max(F(t_hi), t) + (B - 1) t`` where ``t_hi >= t`` is any
+      evaluated bound (stage costs are >= 0 and the sum includes the max, and ``F`` is
+      non-increasing). So an interval of candidates whose smallest value is ``t_lo`` is dropped
+      once ``max(F(t_hi), t_lo) + (B - 1) t_lo >= best``, and the search stops when the smallest
+      such bound of all open intervals reaches the best latency found. This implies Alpa's
+      ``B t_max >= T*`` rule and the weaker ``(B - 1) t_max >= T*``. Using ``t`` in place of
+      ``F`` is valid because the optimal ``t_max`` is the max of some optimal plan (a plan with
+      max ``m < t`` is already counted at ``m``).
+
+    Args:
+        t_intra: shape ``(L, L, K, C)``: ``t_intra[i, j, k, c]`` is the latency of one
+            micro-batch (forward and backward) through layers ``i..j`` (``j >= i``) on
+            ``submeshes[k]`` with logical config ``c``; ``np.inf`` where impossible. Entries with
+            ``j < i`` are ignored.
+        submeshes: the ``K`` shapes, normally :func:`submesh_shapes`.
+        num_hosts: ``N``.
+        devices_per_host: ``M``.
+        microbatches: ``B >= 1``.
+        param_mem: optional, same shape: parameter, gradient and optimizer bytes per device.
+        act_mem: optional, same shape: activation bytes per device for one micro-batch.
+        device_memory: bytes per device; with it, Eq. 5 excludes choices that do not fit.
+        max_stages: optional upper bound on the number of stages.
+
+    Returns:
+        The optimal :class:`StageDPResult`.
+
+    Raises:
+        SearchError: malformed input (shapes, NaN, negative costs, bad submeshes).
+        InfeasiblePlanError: no plan exists; ``least_memory`` is set when the memory limit is
+            the reason (the smallest ``device_memory`` with which some plan fits).
+
+    References:
+        Alpa (Zheng et al., OSDI 2022), Section 5.2, Eq. 2 (pipeline latency), Eq. 3 (the DP),
+        Eq. 4 (``T*``), Eq. 5 (1F1B memory), Algorithm 1.
+    """
+    _check_cluster(num_hosts, devices_per_host)
+    N, M = int(num_hosts), int(devices_per_host)
+    D = N * M
+    t = _as_cost_array("t_intra", t_intra, None)
+    L, _, K, _C = t.shape
+    if len(submeshes) != K:
+        raise SearchError(
+            f"submeshes should list one shape per t_intra submesh index ({K}). Got {len(submeshes)} "
+            "shapes. Fix: pass the same submesh list t_intra was computed for."
+        )
+    shapes = [_check_shape(s, N, M, f"submeshes[{i}]") for i, s in enumerate(submeshes)]
+    sizes = np.array([n * m for n, m in shapes], dtype=np.int64)
+    upper = np.triu(np.ones((L, L), dtype=bool))
+    if (t[upper] < 0).any():
+        raise SearchError("t_intra should be >= 0 (latencies). Got negative entries. "
+                          "Fix: check the cost model.")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
+        raise SearchError(f"microbatches should be an integer >= 1. Got {microbatches!r}. "
+                          "Fix: pass the number of micro-batches per step.")
+    B = int(microbatches)
+    if max_stages is not None and (
+        isinstance(max_stages, bool) or not isinstance(max_stages, (int, np.integer)) or max_stages < 1
+    ):
+        raise SearchError(f"max_stages should be None or an integer >= 1. Got {max_stages!r}. "
+                          "Fix: pass e.g. max_stages=8 or leave it out.")
+    pm = am = None
+    if device_memory is None:
+        if param_mem is not None or act_mem is not None:
+            raise SearchError(
+                "param_mem/act_mem were given without device_memory. Got device_memory=None. "
+                "Fix: pass device_memory=<bytes per device> too, or drop the memory arrays."
+            )
+    else:
+        if not isinstance(device_memory, (int, float, np.integer, np.floating)) or not device_memory > 0:
+            raise SearchError(f"device_memory should be a positive number of bytes. Got {device_memory!r}. "
+                              "Fix: pass the per-device memory in bytes.")
+        if param_mem is not None:
+            pm = _as_cost_array("param_mem", param_mem, t.shape)
+        if act_mem is not None:
+            am = _as_cost_array("act_mem", act_mem, t.shape)
+    natural_cap = min(L, D)
+    s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
+    lump_allowed = s_cap == natural_cap  # no binding stage-count limit
+
+    def build(dm):
+        return _Prepared(t, pm, am, dm, B, s_cap)
+
+    def layout(prep: _Prepared) -> tuple[int, bool]:
+        if lump_allowed:
+            return prep.P - 1, True
+        return s_cap, False
+
+    prep = build(None if device_memory is None else float(device_memory))
+    n_exact, lump = layout(prep)
+
+    evaluated = 0
+
+    def run(t_val: float):
+        nonlocal evaluated
+        evaluated += 1
+        return _dp(prep, t_val, sizes, D, n_exact, lump)
+
+    def plan_stats(stages):
+        S = len(stages)
+        out = []
+        for idx, (a, b, q) in enumerate(stages):
+            pos = min(S - idx, prep.n_pos) - 1
+            out.append((a, b, q, int(prep.cfg[pos, a, b - 1, q]), float(prep.teff[pos, a, b - 1, q])))
+        costs = [o[4] for o in out]
+        return out, sum(costs), max(costs)
+
+    cands = prep.candidates
+    F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
+    if st is None:
+        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L,
+                          lump_allowed, max_stages)
+
+    best_plan, best_sum, best_max = plan_stats(st)
+    best = best_sum + (B - 1) * best_max
+    # heap of open intervals of candidate indices (lo, hi), exclusive; F(cands[hi]) known
+    heap: list[tuple[float, int, int, float, float]] = []
+
+    def push(lo: int, hi: int, f_lo: float, f_hi: float) -> None:
+        if hi - lo <= 1 or not math.isfinite(f_hi) or f_lo == f_hi:
+            return
+        c = float(cands[lo + 1])
+        bound = max(f_hi, c) + (B - 1) * c
+        if bound < best:
+            heapq.heappush(heap, (bound, lo, hi, f_lo, f_hi))
+
+    push(-1, int(np.searchsorted(cands, best_max)), math.nan, F_top)
+    while heap:
+        bound, lo, hi, f_lo, f_hi = heapq.heappop(heap)
+        if bound >= best:
+            break
+        mid = (lo + hi) // 2
+        f_mid, st = run(float(cands[mid]))
+        if st is None:
+            push(mid, hi, math.inf, f_hi)
+            continue
+        plan, s_sum, s_max = plan_stats(st)
+        total = s_sum + (B - 1) * s_max
+        if total < best:
+            best, best_plan, best_max = total, plan, s_max
+        push(lo, int(np.searchsorted(cands, s_max)), f_lo, f_mid)
+        push(mid, hi, f_mid, f_hi)
+
+    stages = tuple(
+        StageAssignment(start=a, end=b, submesh=shapes[q], submesh_index=q, config_index=c, cost=cost)
+        for a, b, q, c, cost in best_plan
+    )
+    return StageDPResult(stages=stages, t_max=best_max, total_latency=best, evaluated_t_max=evaluated)
+
+
+def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L, lump_allowed,
+                      max_stages):
+    limit = "" if max_stages is None else f" with at most {max_stages} stages"
+
+    def feasible(dm) -> bool:
+        prep = _Prepared(t, pm, am, dm, B, s_cap)
+        n_exact, lump = (prep.P - 1, True) if lump_allowed else (s_cap, False)
+        if prep.candidates.size == 0:
+            return False
+        return _dp(prep, float(prep.candidates[-1]), sizes, D, n_exact, lump)[1] is not None
+
+    if device_memory is None or not feasible(None):
+        raise InfeasiblePlanError(
+            f"no split of the {L} layers into stages{limit} on submeshes {shapes} covering all "
+            f"{N} x {M} = {D} devices has finite t_intra. Got t_intra with "
+            f"{int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for more "
+            "(layers, submesh) pairs, allow more stages, or use a smaller cluster."
+        )
+    # memory is the reason: smallest device_memory with which a plan exists
+    n_pos = min(B, s_cap)
+    pmz = np.zeros_like(t) if pm is None else pm
+    amz = np.zeros_like(t) if am is None else am
+    fin = np.isfinite(t) & np.triu(np.ones((L, L), dtype=bool))[:, :, None, None]
+    vals = np.unique(np.concatenate([(pmz + (p + 1) * amz)[fin] for p in range(n_pos)]))
+    lo, hi = 0, len(vals) - 1  # feasible(vals[-1]) holds: every choice fits there
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(float(vals[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    least = float(vals[lo])
+    raise InfeasiblePlanError(
+        f"no pipeline plan fits in device_memory={device_memory!r} bytes per device (Alpa Eq. 5: "
+        f"parameters + in-flight 1F1B activations). Got a least feasible memory of {least:.6g} "
+        "bytes. Fix: raise device_memory, use more or larger devices, or use fewer micro-batches "
+        "in flight.",
+        least_memory=least,
+    )
