@@ -21,7 +21,7 @@ import numpy as np
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph", "dtype_bytes"]
 
 ROLES = ("forward", "backward", "update")
-INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "constant")
+INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "activation", "constant")
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -108,7 +108,8 @@ class GraphInput:
         arg: which positional argument it belongs to.
         arg_name: that argument's name in the function's signature (``"params"``).
         path: ``jax.tree_util.keystr`` of the leaf within the argument (``"['layers'][3]['fc1']"``).
-        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, or ``"input"``.
+        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"input"``, or (in a
+            subgraph) ``"activation"`` for a tensor made by an operator outside it.
     """
 
     tensor: int
@@ -165,6 +166,7 @@ class OpGraph:
     name: str = "graph"
     consts: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    origin: list[int] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -286,6 +288,62 @@ class OpGraph:
             t = self.tensors[gi.tensor]
             h.update(f"{gi.arg_name}{gi.path}:{t.shape}:{t.dtype};".encode())
         return h.hexdigest()[:16]
+
+    def subgraph(self, op_ids: Sequence[int], name: str | None = None) -> OpGraph:
+        """The operators ``op_ids`` as a graph of their own (a pipeline stage, a layer).
+
+        Tensors made outside and read inside become inputs: graph inputs keep their path and
+        kind; activations from other operators become inputs of kind ``"activation"`` named
+        ``%<tensor id>``. Tensors read outside or that were graph outputs become outputs.
+        ``origin`` maps new operator ids to the original ones.
+        """
+        keep = sorted(set(op_ids))
+        inside = set(keep)
+        tmap: dict[int, int] = {}
+        tensors: list[Tensor] = []
+        inputs: list[GraphInput] = []
+
+        def tensor(t: int, producer: int) -> int:
+            if t not in tmap:
+                old = self.tensors[t]
+                tmap[t] = len(tensors)
+                tensors.append(Tensor(len(tensors), old.shape, old.dtype, producer))
+            return tmap[t]
+
+        ops: list[OpNode] = []
+        new_id = {o: i for i, o in enumerate(keep)}
+        for o in keep:
+            op = self.ops[o]
+            ins = []
+            for t in op.inputs:
+                if t is None:
+                    ins.append(None)
+                    continue
+                p = self.tensors[t].producer
+                if t not in tmap:
+                    nt = tensor(t, -1 if p not in inside else new_id[p])
+                    if p not in inside:
+                        gi = self.input_of_tensor.get(t)
+                        if gi is not None:
+                            inputs.append(GraphInput(nt, gi.arg, gi.arg_name, gi.path, gi.kind))
+                        else:
+                            inputs.append(GraphInput(nt, -1, "activation", f"%{t}", "activation"))
+                ins.append(tmap[t])
+            outs = tuple(tensor(t, new_id[o]) for t in op.outputs)
+            ops.append(OpNode(**{**op.__dict__, "id": new_id[o], "inputs": tuple(ins), "outputs": outs}))
+        graph_outs = {go.tensor: go.path for go in self.outputs}
+        outputs = []
+        for t_old, t_new in tmap.items():
+            p = self.tensors[t_old].producer
+            if p not in inside:
+                continue
+            outside_use = any(c not in inside for c in self.consumers[t_old])
+            if t_old in graph_outs:
+                outputs.append(GraphOutput(t_new, graph_outs[t_old]))
+            elif outside_use:
+                outputs.append(GraphOutput(t_new, f"%{t_old}"))
+        return OpGraph(ops=ops, tensors=tensors, inputs=inputs, outputs=outputs,
+                       name=name or f"{self.name}[sub]", origin=keep)
 
     def find_inputs(self, pattern: str) -> list[GraphInput]:
         """Graph inputs whose name (``params['layers'][3]['fc1']['kernel']``) or path matches the

@@ -44,7 +44,7 @@ class OpaqueControlFlowWarning(UserWarning):
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
            "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call",
            "custom_lin"}
-_OPAQUE = {"while", "cond"}
+_OPAQUE = {"while", "cond", "shard_map", "xla_pmap", "custom_transpose_call"}
 _INTERNAL_SCOPES = {"rematted_computation"}
 
 #: primitives that move or re-type data without arithmetic (0 FLOPs)
@@ -212,7 +212,7 @@ class _Builder:
                     continue
             if name == "scan":
                 outs = self._scan(eqn, ins, e_scope_t, e_tf_t)
-            elif name in _OPAQUE or (name not in _INLINE and any(True for _ in jcore.jaxprs_in_params(eqn.params))):
+            elif name in _OPAQUE:
                 self.opaque[name] = self.opaque.get(name, 0) + 1
                 outs = self.add_op(name, _plain_params(eqn.params), ins,
                                    [_aval_info(v) for v in eqn.outvars], e_scope_t, e_tf_t,
@@ -321,22 +321,17 @@ def _count_flops_eqn(eqn) -> float:
 
 
 def _assign_roles(b: _Builder) -> list[OpNode]:
-    """forward (under jvp), backward (under transpose); un-transformed ops that depend on a
-    backward result are the update, the rest forward."""
-    after_bwd = [False] * len(b.tensors)
+    """forward (under jvp), backward (under transpose); un-transformed ops after the first
+    backward op (in program order) are the update, the ones before it forward."""
+    first_bwd = next((i for i, tf in enumerate(b.transforms) if "transpose" in tf), len(b.ops))
     out: list[OpNode] = []
-    for op, tf in zip(b.ops, b.transforms):
+    for i, (op, tf) in enumerate(zip(b.ops, b.transforms)):
         if "transpose" in tf:
             role = "backward"
-        elif "jvp" in tf or "linearize" in tf:
+        elif "jvp" in tf or "linearize" in tf or i < first_bwd:
             role = "forward"
-        elif any(t is not None and after_bwd[t] for t in op.inputs):
-            role = "update"
         else:
-            role = "forward"
-        if role in ("backward", "update") or any(t is not None and after_bwd[t] for t in op.inputs):
-            for t in op.outputs:
-                after_bwd[t] = True
+            role = "update"
         out.append(OpNode(**{**op.__dict__, "role": role}))
     return out
 

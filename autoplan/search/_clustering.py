@@ -1,0 +1,251 @@
+"""Operator clustering into layers (Alpa's inter-operator pass, step 1).
+
+The pipeline search cuts a model between *layers*. :func:`cluster_layers` builds them:
+
+1. **Units.** The model's forward operators are split into units in program order: one unit per
+   top-level named scope (``embed``, ``layers_0``, ...; a mined repeated block is such a unit), or,
+   for a model without scopes, one unit per heavy operator (dot/conv) with the light operators
+   that follow it.
+2. **Layers.** Consecutive units are merged into ``L`` layers by a dynamic program that minimises
+   the bytes of forward tensors crossing layer boundaries subject to Alpa's balance constraint: every
+   layer's FLOPs are at most ``(1 + eps) . total / L`` (``eps = 0.5`` as in Alpa), unless a single
+   unit is larger.
+3. **Backward and update operators** join the layer of the forward work they differentiate or
+   update: by named scope where present, else by data flow (a backward op belongs to the latest
+   layer among the producers of its inputs; an update op to the layer of the parameter, gradient or
+   optimizer state it reads).
+
+References:
+    Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep
+    Learning", OSDI 2022, section 5.2 (operator clustering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._errors import SearchError
+from .._graph import OpGraph
+
+__all__ = ["LayerGroup", "cluster_layers", "HEAVY"]
+
+HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """A layer for the pipeline search.
+
+    Attributes:
+        index: position along the model.
+        names: the units (scope names) it is made of.
+        forward, backward, update: operator ids by role.
+        flops: forward + backward FLOPs.
+        params: names of the graph inputs (parameters and their optimizer state) it owns.
+        signature: a structural hash; layers with equal signatures cost the same (folding).
+    """
+
+    index: int
+    names: tuple[str, ...]
+    forward: tuple[int, ...]
+    backward: tuple[int, ...]
+    update: tuple[int, ...]
+    flops: float
+    params: tuple[str, ...]
+    signature: str
+
+    @property
+    def ops(self) -> tuple[int, ...]:
+        return tuple(sorted(self.forward + self.backward + self.update))
+
+    @property
+    def name(self) -> str:
+        return self.names[0] if len(self.names) == 1 else f"{self.names[0]}..{self.names[-1]}"
+
+
+def _units(graph: OpGraph) -> list[tuple[str, list[int]]]:
+    fwd = [op for op in graph.ops if op.role == "forward"]
+    scoped = sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
+    units: list[tuple[str, list[int]]] = []
+    index: dict[str, int] = {}
+    if scoped:
+        for op in fwd:
+            name = op.scope[0] if op.scope else "(root)"
+            if name not in index:
+                index[name] = len(units)
+                units.append((name, []))
+            units[index[name]][1].append(op.id)
+        return units
+    for op in fwd:
+        if op.primitive in HEAVY or not units:
+            units.append((f"op{op.id}", []))
+        units[-1][1].append(op.id)
+    return units
+
+
+def _crossing_bytes(graph: OpGraph, unit_of: dict[int, int], n: int) -> np.ndarray:
+    """cross[u] = bytes of forward tensors made in units <= u and read in units > u."""
+    diff = np.zeros(n + 1)
+    for op in graph.ops:
+        if op.id not in unit_of:
+            continue
+        for t in op.outputs:
+            users = [unit_of[c] for c in graph.consumers[t] if c in unit_of]
+            if not users:
+                continue
+            p, last = unit_of[op.id], max(users)
+            if last > p:
+                diff[p] += graph.tensors[t].nbytes
+                diff[last] -= graph.tensors[t].nbytes
+    return np.cumsum(diff)[:n]
+
+
+def _group(flops: Sequence[float], cross: np.ndarray, num_layers: int, eps: float) -> list[int]:
+    """Cut points (end index, exclusive) of ``num_layers`` contiguous groups: minimise the sum of
+    crossing bytes at the cuts with every group's FLOPs <= (1+eps).total/L (relaxed to the
+    largest unit when one unit alone exceeds it)."""
+    n = len(flops)
+    pre = np.concatenate([[0.0], np.cumsum(flops)])
+    cap = max((1 + eps) * pre[-1] / num_layers, max(flops) if n else 0.0)
+    INF = float("inf")
+    best = np.full((num_layers + 1, n + 1), INF)
+    arg = np.zeros((num_layers + 1, n + 1), dtype=int)
+    best[0, 0] = 0.0
+    for k in range(1, num_layers + 1):
+        for j in range(k, n - (num_layers - k) + 1):
+            cut = cross[j - 1] if j < n else 0.0
+            for i in range(j - 1, k - 2, -1):
+                if pre[j] - pre[i] > cap * (1 + 1e-9):
+                    break
+                v = best[k - 1, i] + cut
+                if v < best[k, j]:
+                    best[k, j], arg[k, j] = v, i
+    if not np.isfinite(best[num_layers, n]):
+        # balance impossible with contiguous units: fall back to equal unit counts
+        return [round((k + 1) * n / num_layers) for k in range(num_layers)]
+    cuts, j = [], n
+    for k in range(num_layers, 0, -1):
+        cuts.append(j)
+        j = arg[k, j]
+    return cuts[::-1]
+
+
+def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5) -> list[LayerGroup]:
+    """Cluster a training graph's operators into pipeline layers.
+
+    Args:
+        graph: the traced training step.
+        num_layers: how many layers; default: one per unit (named scope) up to 64, else 64.
+        eps: Alpa's balance slack: each layer's FLOPs <= (1+eps) . average.
+
+    Returns:
+        The layers in model order; every operator belongs to exactly one.
+
+    Raises:
+        SearchError: ``num_layers`` is not a positive integer or exceeds the number of units.
+    """
+    units = _units(graph)
+    if not units:
+        raise SearchError("cluster_layers: the graph has no forward operators to cluster.")
+    n = len(units)
+    if num_layers is None:
+        num_layers = min(n, 64)
+    if not isinstance(num_layers, int) or num_layers <= 0 or num_layers > n:
+        raise SearchError(f"cluster_layers: num_layers should be an integer in [1, {n}] (the "
+                          f"number of units in this graph). Got {num_layers!r}.")
+    unit_of = {op: u for u, (_, ops) in enumerate(units) for op in ops}
+    uflops = [sum(graph.ops[o].flops for o in ops) for _, ops in units]
+    cross = _crossing_bytes(graph, unit_of, n)
+    cuts = _group(uflops, cross, num_layers, eps) if num_layers < n else list(range(1, n + 1))
+    layer_of_unit = np.zeros(n, dtype=int)
+    start = 0
+    for k, end in enumerate(cuts):
+        layer_of_unit[start:end] = k
+        start = end
+    layer_of = {op: int(layer_of_unit[u]) for op, u in unit_of.items()}
+    scope_layer = {name: int(layer_of_unit[u]) for u, (name, _) in enumerate(units)}
+
+    # a tensor read by backward or update ops belongs to the latest forward layer that reads it
+    # (an activation saved for backward, a parameter), else to the layer that made it
+    t_layer: dict[int, int] = {}
+    for op in graph.ops:
+        if op.id not in layer_of:
+            continue
+        for t in op.outputs:
+            t_layer.setdefault(t, layer_of[op.id])
+        for t in op.inputs:
+            if t is not None:
+                t_layer[t] = max(t_layer.get(t, -1), layer_of[op.id])
+    # optimizer state shares its parameter's layer (matched by path suffix)
+    param_layer = {gi.path: t_layer[gi.tensor] for gi in graph.inputs
+                   if gi.kind == "parameter" and gi.tensor in t_layer}
+    for gi in graph.inputs:
+        if gi.kind == "optimizer_state" and gi.tensor not in t_layer:
+            for path, ly in param_layer.items():
+                if path and gi.path.endswith(path):
+                    t_layer[gi.tensor] = ly
+                    break
+    fwd_known = set(t_layer)
+    last = num_layers - 1
+    for op in graph.ops:
+        if op.role == "forward":
+            continue
+        ly = None
+        if op.role == "backward" and op.scope and op.scope[0] in scope_layer:
+            ly = scope_layer[op.scope[0]]
+        else:
+            own = [t_layer[t] for t in op.inputs if t is not None and t in fwd_known]
+            inherited = [t_layer[t] for t in op.inputs
+                         if t is not None and t in t_layer and t not in fwd_known]
+            if own:
+                ly = max(own) if op.role == "backward" else min(own)
+            elif inherited:
+                ly = min(inherited)
+        if ly is None:
+            ly = last if op.role == "update" else 0
+        layer_of[op.id] = ly
+        for t in op.outputs:
+            t_layer.setdefault(t, ly)
+
+    groups: list[dict] = [{"f": [], "b": [], "u": [], "names": []} for _ in range(num_layers)]
+    for u, (name, _) in enumerate(units):
+        groups[layer_of_unit[u]]["names"].append(name)
+    for op in graph.ops:
+        key = {"forward": "f", "backward": "b", "update": "u"}[op.role]
+        groups[layer_of[op.id]][key].append(op.id)
+    owned: list[list[str]] = [[] for _ in range(num_layers)]
+    for gi in graph.inputs:
+        if gi.kind in ("parameter", "optimizer_state") and gi.tensor in t_layer:
+            owned[t_layer[gi.tensor]].append(gi.name)
+    out = []
+    for k, g in enumerate(groups):
+        ops = g["f"] + g["b"]
+        out.append(LayerGroup(
+            index=k, names=tuple(g["names"]), forward=tuple(g["f"]), backward=tuple(g["b"]),
+            update=tuple(g["u"]), flops=float(sum(graph.ops[o].flops for o in ops)),
+            params=tuple(owned[k]), signature=_signature(graph, g["f"] + g["b"] + g["u"])))
+    return out
+
+
+def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
+    """Structural identity of a layer: its operators' primitives, shapes and the wiring among
+    them, independent of ids and scope names."""
+    import hashlib  # noqa: PLC0415
+
+    ops = sorted(ops)
+    local = {o: i for i, o in enumerate(ops)}
+    h = hashlib.sha256()
+    for o in ops:
+        op = graph.ops[o]
+        srcs = []
+        for t in op.inputs:
+            if t is None:
+                srcs.append("lit")
+                continue
+            p = graph.tensors[t].producer
+            srcs.append(str(local[p] - local[o]) if p in local else f"ext{graph.tensors[t].shape}")
+        h.update(f"{op.primitive}|{op.out_shapes}|{op.role}|{','.join(srcs)};".encode())
+    return h.hexdigest()[:16]

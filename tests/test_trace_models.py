@@ -1,0 +1,66 @@
+"""Every zoo model traces; GPT's traced FLOPs match Alpa's analytic formula."""
+
+import warnings
+
+import jax
+import pytest
+
+import autoplan
+from autoplan import models
+
+
+def _largest(name):
+    return models.list_models()[name][-1]
+
+
+@pytest.mark.parametrize("name", sorted(models.list_models()))
+def test_zoo_model_traces_at_largest_size_abstractly(name):
+    size = _largest(name)
+    wl = models.get(name, size=size, abstract=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", autoplan.OpaqueControlFlowWarning)
+        g = autoplan.trace(wl)
+    assert len(g) > 0 and g.flops > 0
+    assert g.param_count == wl.num_params
+    assert {op.role for op in g} == {"forward", "backward", "update"}
+    assert {gi.kind for gi in g.inputs} == {"parameter", "optimizer_state", "batch"}
+    assert len(g.layers) >= 2
+
+
+@pytest.mark.parametrize("name", sorted(models.list_models()))
+def test_zoo_model_traces_concrete_tiny(name):
+    wl = models.get(name, size="tiny", abstract=False)
+    g = autoplan.trace(wl)
+    abstract = autoplan.trace(models.get(name, size="tiny", abstract=True))
+    assert len(g) == len(abstract) and g.fingerprint == abstract.fingerprint
+    assert g.flops == abstract.flops
+
+
+@pytest.mark.parametrize("size", ["1.3B", "39B", "175B"])
+def test_gpt_flops_match_alpa_formula(size):
+    wl = models.get("gpt", size=size)
+    c = wl.config
+    B, S, H, L, V = c["batch"], c["seq_len"], c["hidden"], c["layers"], c["vocab"]
+    g = autoplan.trace(wl)
+    alpa = 72 * B * S * H**2 * L * (1 + S / (6 * H)) + 6 * B * S * H * V
+    matmul = sum(op.flops for op in g if op.primitive == "dot_general")
+    assert matmul == pytest.approx(alpa, rel=0.02)
+    # everything else (softmax, norms, GELU, Adam) is a small fraction on top
+    assert alpa <= g.flops <= 1.05 * alpa
+
+
+def test_gpt_layers_and_paths():
+    wl = models.get("gpt", size="tiny", layers=3)
+    g = autoplan.trace(wl)
+    names = [ly.name for ly in g.layers]
+    assert names == ["embed", "layers_0", "layers_1", "layers_2", "head"]
+    assert any(p.endswith("['layers'][1]['mlp']['fc1']['kernel']") for p in g.layers[2].params)
+    assert len(g.find_inputs(r"\['layers'\]\[2\]\['mlp'\]\['fc2'\]\['kernel'\]")) == 3  # param, mu, nu
+
+
+def test_gpt_without_scopes_traces_the_same_ops():
+    a = autoplan.trace(models.get("gpt", size="tiny", scopes=True))
+    b = autoplan.trace(models.get("gpt", size="tiny", scopes=False))
+    assert [op.primitive for op in a] == [op.primitive for op in b]
+    assert all(not op.scope or op.scope == ("optimizer",) for op in b)
+    assert jax.tree.structure(0) is not None
