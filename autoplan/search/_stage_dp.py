@@ -281,6 +281,20 @@ class _Prepared:
         self.candidates = np.unique(finite)
 
 
+def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W: int, L: int) -> int:
+    """Recover the DP's choice ``q * W + w`` at state ``(k, d)`` from the next table ``X``.
+
+    Recomputes the same sums the vectorised min took, so the argmin reproduces the minimum.
+    """
+    rows = np.minimum(k + 1 + np.arange(W), L)  # (W,)
+    cols = d - sizes  # (K,)
+    nxt = np.where((cols >= 0)[None, :] & (k + 1 + np.arange(W) <= L)[:, None],
+                   X[rows[:, None], np.maximum(cols, 0)[None, :]], np.inf)  # (W, K)
+    vals = tbk + nxt
+    w, q = np.unravel_index(int(np.argmin(vals)), vals.shape)
+    return int(q) * W + int(w)
+
+
 def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool):
     """One run of Alpa's Eq. 3 for a fixed ``t_max``.
 
@@ -300,7 +314,6 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
     # shift index: Z[q, r, d] = Y[r, d - size_q], reading an extra inf column where d < size_q
     dcol = np.arange(D + 1)[None, :] - sizes[:, None]
     shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1)
-    rows = np.arange(L)[:, None] + np.arange(W)[None, :] + 1  # (L, W) next first layer
 
     def shifted(Y: np.ndarray) -> np.ndarray:
         """Y (R, D+1) -> (K, R + W, D+1) with rows past R padded with inf."""
@@ -311,18 +324,19 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
 
     F = [np.full((L + 1, D + 1), INF)]
     F[0][L, 0] = 0.0
-    args: list[np.ndarray | None] = [None]
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
-        Z = shifted(F[s - 1])  # (K, L+1+W, D+1)
-        G = Z[:, rows, :]  # (K, L, W, D+1)
-        cand = tb[p].transpose(2, 0, 1)[..., None] + G  # (K, L, W, D+1)
-        cand = cand.transpose(1, 0, 2, 3).reshape(L, K * W, D + 1)
-        a = cand.argmin(axis=1)
+        Z = shifted(F[s - 1])  # Z[q, r, d] = F[s-1][r, d - size_q]
+        tq = tb[p].transpose(2, 0, 1)  # (K, L, W)
+        acc = np.full((K, L, D + 1), INF)
+        tmp = np.empty_like(acc)
+        for w in range(min(W, L)):  # stage k .. k + w, valid for k < L - w
+            n = L - w
+            np.add(tq[:, :n, w, None], Z[:, w + 1 : L + 1, :], out=tmp[:, :n])
+            np.minimum(acc[:, :n], tmp[:, :n], out=acc[:, :n])
         Fs = np.full((L + 1, D + 1), INF)
-        Fs[:L] = np.take_along_axis(cand, a[:, None, :], axis=1)[:, 0, :]
+        Fs[:L] = acc.min(axis=0)
         F.append(Fs)
-        args.append(a)
 
     H = argH = flag = None
     if lump:
@@ -363,7 +377,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
         else:
             if s == 0:
                 break
-            a = int(args[s][k, d])
+            a = _choice(tb[min(s, P) - 1, k], F[s - 1], k, d, sizes, W, L)
         q, w = divmod(a, W)
         stages.append((k, k + w + 1, q))
         k, d = k + w + 1, d - int(sizes[q])

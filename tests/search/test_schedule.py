@@ -1,0 +1,204 @@
+"""Tests of the GPipe and 1F1B schedule tables and their timed simulation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoplan._errors import SearchError
+from autoplan.search._schedule import (
+    Task,
+    gpipe_table,
+    one_f_one_b_table,
+    schedule_events,
+    schedule_stats,
+    schedule_table,
+    validate_table,
+)
+
+KINDS = ["gpipe", "1f1b"]
+GRID = [(S, m) for S in range(1, 6) for m in range(1, 9)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("S, m", GRID)
+def test_tables_are_valid_and_take_2_m_plus_s_minus_1_clocks(kind, S, m):
+    table = schedule_table(kind, S, m)
+    validate_table(table, S, m)
+    assert len(table) == 2 * (m + S - 1)
+    assert all(len(row) == S for row in table)
+    busy = sum(task is not None for row in table for task in row)
+    assert busy == 2 * S * m
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("S, m", GRID)
+def test_unit_time_events_reproduce_the_table(kind, S, m):
+    table = schedule_table(kind, S, m)
+    events = schedule_events(kind, S, m, [1.0] * S, [1.0] * S)
+    assert len(events) == 2 * S * m
+    for e in events:
+        assert e.end == e.start + 1.0 and e.mesh == e.stage
+        assert table[int(e.start)][e.mesh] == Task(e.microbatch, e.stage, e.kind)
+    stats = schedule_stats(events, S)
+    assert stats.step_time == 2 * (m + S - 1)
+    assert stats.bubble_fraction == pytest.approx((S - 1) / (m + S - 1))
+    assert stats.busy == [2.0 * m] * S
+    if kind == "1f1b":
+        assert stats.peak_inflight == [min(S - i, m) for i in range(S)]
+    else:
+        assert stats.peak_inflight == [m] * S
+
+
+def test_gpipe_table_layout():
+    F = lambda b, s: Task(b, s, "forward")  # noqa: E731
+    B = lambda b, s: Task(b, s, "backward")  # noqa: E731
+    assert gpipe_table(2, 2) == [
+        [F(0, 0), None],
+        [F(1, 0), F(0, 1)],
+        [None, F(1, 1)],
+        [None, B(0, 1)],
+        [B(0, 0), B(1, 1)],
+        [B(1, 0), None],
+    ]
+
+
+def test_one_f_one_b_warmup_and_steady_state():
+    S, m = 4, 6
+    table = one_f_one_b_table(S, m)
+    for i in range(S):
+        col = [row[i] for row in table if row[i] is not None]
+        w = min(S - i - 1, m)
+        assert all(t.kind == "forward" for t in col[:w])  # warm-up forwards
+        assert col[w].kind == "forward" and col[w + 1].kind == "backward"  # then 1F1B
+        kinds = "".join(t.kind[0] for t in col)
+        assert kinds == "f" * w + "fb" * (m - w) + "b" * w
+    # the last mesh alternates from the start
+    assert [row[S - 1].kind[0] for row in table if row[S - 1] is not None][:4] == list("fbfb")
+
+
+def test_one_f_one_b_fewer_microbatches_than_stages():
+    table = one_f_one_b_table(5, 2)
+    validate_table(table, 5, 2)
+    col0 = [row[0] for row in table if row[0] is not None]
+    assert [t.kind[0] for t in col0] == list("ffbb")  # warm-up capped at m
+
+
+def test_validate_table_catches_errors():
+    table = [list(r) for r in gpipe_table(3, 2)]
+    validate_table(table, 3, 2)
+    swapped = [list(r) for r in table]
+    swapped[0][0], swapped[1][0] = swapped[1][0], swapped[0][0]
+    with pytest.raises(SearchError, match="does not follow"):  # F0 of stage 0 now at clock 1
+        validate_table(swapped, 3, 2)
+    bad = [list(r) for r in table]
+    t_f = next(t for t, row in enumerate(bad) if row[1] == Task(0, 1, "forward"))
+    bad[t_f][1], bad[0][1] = None, Task(0, 1, "forward")  # stage 1 before stage 0
+    with pytest.raises(SearchError, match="does not follow"):
+        validate_table(bad, 3, 2)
+    missing = [list(r) for r in table]
+    missing[0][0] = None
+    with pytest.raises(SearchError, match="missing"):
+        validate_table(missing, 3, 2)
+    dup = [list(r) for r in table] + [[Task(0, 0, "forward"), None, None]]
+    with pytest.raises(SearchError, match="twice"):
+        validate_table(dup, 3, 2)
+    wrong_col = [list(r) for r in table]
+    wrong_col[0][0], wrong_col[0][1] = None, Task(0, 0, "forward")
+    with pytest.raises(SearchError, match="stage 1"):
+        validate_table(wrong_col, 3, 2)
+    early_bwd = [list(r) for r in table]
+    t_b = next(t for t, row in enumerate(early_bwd) if row[2] == Task(0, 2, "backward"))
+    early_bwd[t_b][2] = None
+    early_bwd[0][2] = Task(0, 2, "backward")
+    with pytest.raises(SearchError, match="backward"):
+        validate_table(early_bwd, 3, 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    S=st.integers(1, 5),
+    m=st.integers(1, 8),
+    data=st.data(),
+)
+def test_events_respect_dependencies_and_mesh_order(kind, S, m, data):
+    times = st.floats(0.1, 5.0)
+    fwd = data.draw(st.lists(times, min_size=S, max_size=S))
+    bwd = data.draw(st.lists(times, min_size=S, max_size=S))
+    comm = data.draw(st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1))
+    events = schedule_events(kind, S, m, fwd, bwd, comm)
+    by = {(e.microbatch, e.stage, e.kind): e for e in events}
+    assert len(by) == 2 * S * m
+    eps = 1e-9
+    for (b, s, k), e in by.items():
+        dur = fwd[s] if k == "forward" else bwd[s]
+        assert e.end - e.start == pytest.approx(dur)
+        if k == "forward" and s > 0:
+            assert e.start >= by[(b, s - 1, "forward")].end + comm[s - 1] - eps
+        if k == "backward":
+            if s == S - 1:
+                assert e.start >= by[(b, s, "forward")].end - eps
+            else:
+                assert e.start >= by[(b, s + 1, "backward")].end + comm[s] - eps
+    # each mesh runs one task at a time, in the table's order
+    table = schedule_table(kind, S, m)
+    for j in range(S):
+        mine = sorted((e for e in events if e.mesh == j), key=lambda e: e.start)
+        for a, c in zip(mine, mine[1:]):
+            assert c.start >= a.end - eps
+        order = [row[j] for row in table if row[j] is not None]
+        assert [Task(e.microbatch, e.stage, e.kind) for e in mine] == order
+    stats = schedule_stats(events, S)
+    assert stats.busy == pytest.approx([m * (fwd[j] + bwd[j]) for j in range(S)])
+    assert stats.bubble_fraction == pytest.approx(1 - sum(stats.busy) / (S * stats.step_time))
+    assert 0 <= stats.bubble_fraction < 1
+    if kind == "1f1b":
+        assert all(stats.peak_inflight[i] <= S - i for i in range(S))
+
+
+def test_unbalanced_stages_and_comm_example():
+    # 2 stages, 2 micro-batches, slow second stage, 0.5 transfer each way
+    ev = schedule_events("gpipe", 2, 2, [1.0, 2.0], [1.0, 2.0], [0.5])
+    got = [(e.kind[0], e.microbatch, e.stage, e.start, e.end) for e in ev]
+    assert got == [
+        ("f", 0, 0, 0.0, 1.0),
+        ("f", 1, 0, 1.0, 2.0),
+        ("f", 0, 1, 1.5, 3.5),
+        ("f", 1, 1, 3.5, 5.5),
+        ("b", 0, 1, 5.5, 7.5),
+        ("b", 1, 1, 7.5, 9.5),
+        ("b", 0, 0, 8.0, 9.0),
+        ("b", 1, 0, 10.0, 11.0),
+    ]
+    stats = schedule_stats(ev, 2)
+    assert stats.step_time == 11.0
+    assert stats.busy == [4.0, 8.0]
+    assert stats.bubble_fraction == pytest.approx(1 - 12 / 22)
+
+
+def test_gpipe_and_1f1b_same_step_time_with_uniform_stages():
+    for S, m in [(4, 8), (3, 3)]:
+        g = schedule_stats(schedule_events("gpipe", S, m, [1.0] * S, [2.0] * S), S)
+        o = schedule_stats(schedule_events("1f1b", S, m, [1.0] * S, [2.0] * S), S)
+        assert g.step_time == pytest.approx(o.step_time) == pytest.approx(3 * (m + S - 1))
+        assert o.peak_inflight == [min(S - i, m) for i in range(S)]
+        assert g.peak_inflight == [m] * S
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: schedule_table("interleaved", 2, 2), "kind"),
+        (lambda: schedule_table("gpipe", 0, 2), "num_stages"),
+        (lambda: gpipe_table(2, 0), "microbatches"),
+        (lambda: schedule_events("1f1b", 2, 2, [1.0], [1.0, 1.0]), "forward_times"),
+        (lambda: schedule_events("1f1b", 2, 2, [1.0, 1.0], [1.0, -1.0]), "backward_times"),
+        (lambda: schedule_events("1f1b", 2, 2, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]), "comm_times"),
+        (lambda: schedule_stats([], 2), "events"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(SearchError, match=match):
+        call()

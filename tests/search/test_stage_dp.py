@@ -1,0 +1,367 @@
+"""Tests of Alpa's stage-mesh DP: brute force, an unpruned reference DP, memory, placement."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplan._errors import InfeasiblePlanError, SearchError
+from autoplan.search._stage_dp import (
+    StageDPResult,
+    place_submeshes,
+    stage_dp,
+    submesh_shapes,
+)
+
+CLUSTERS = [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (3, 2)]
+
+
+def brute_force(t, shapes, N, M, B, pm=None, am=None, dm=None, max_stages=None):
+    """Every split into contiguous stages x every (submesh, config) per stage, devices = N*M."""
+    L, _, K, C = t.shape
+    D = N * M
+    best = math.inf
+    for S in range(1, L + 1):
+        if max_stages is not None and S > max_stages:
+            break
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            bounds = (0, *cuts, L)
+            segs = [(bounds[i], bounds[i + 1]) for i in range(S)]
+            choices = []
+            for idx, (a, e) in enumerate(segs):
+                pos = S - idx  # position from the end: min(pos, B) micro-batches in flight
+                opts = []
+                for q in range(K):
+                    for c in range(C):
+                        v = t[a, e - 1, q, c]
+                        if not np.isfinite(v):
+                            continue
+                        if dm is not None and pm[a, e - 1, q, c] + min(pos, B) * am[a, e - 1, q, c] > dm:
+                            continue
+                        opts.append((shapes[q][0] * shapes[q][1], v))
+                choices.append(opts)
+            for combo in itertools.product(*choices):
+                if sum(sz for sz, _ in combo) != D:
+                    continue
+                costs = [v for _, v in combo]
+                best = min(best, sum(costs) + (B - 1) * max(costs))
+    return best
+
+
+def random_instance(rng, L, N, M, C, inf_frac=0.2):
+    shapes = submesh_shapes(N, M)
+    K = len(shapes)
+    width = (np.arange(L)[None, :] - np.arange(L)[:, None] + 1).clip(min=1)
+    t = np.round(rng.uniform(0.5, 3.0, (L, L, K, C)) * width[:, :, None, None], 1)
+    t[rng.random(t.shape) < inf_frac] = np.inf
+    return t, shapes
+
+
+def check_result(r: StageDPResult, t, shapes, N, M, B, pm=None, am=None, dm=None):
+    L = t.shape[0]
+    assert r.stages[0].start == 0 and r.stages[-1].end == L
+    for a, b in zip(r.stages, r.stages[1:]):
+        assert a.end == b.start
+    assert sum(s.submesh[0] * s.submesh[1] for s in r.stages) == N * M
+    S = len(r.stages)
+    for idx, s in enumerate(r.stages):
+        assert s.submesh == shapes[s.submesh_index]
+        assert s.cost == t[s.start, s.end - 1, s.submesh_index, s.config_index]
+        if dm is not None:
+            inflight = min(S - idx, B)
+            key = (s.start, s.end - 1, s.submesh_index, s.config_index)
+            assert pm[key] + inflight * am[key] <= dm
+    costs = [s.cost for s in r.stages]
+    assert r.t_max == max(costs)
+    assert r.total_latency == pytest.approx(sum(costs) + (B - 1) * max(costs), rel=1e-12)
+    # every plan the DP returns can be placed on concrete devices
+    devs = place_submeshes([s.submesh for s in r.stages], N, M)
+    assert sorted(d for ds in devs for d in ds) == list(range(N * M))
+
+
+def run_or_inf(*args, **kw):
+    try:
+        return stage_dp(*args, **kw)
+    except InfeasiblePlanError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------
+# submesh shapes and placement
+# ------------------------------------------------------------------------------------------
+
+
+def test_submesh_shapes_alpa_8x8():
+    assert submesh_shapes(8, 8) == [(1, 1), (1, 2), (1, 4), (1, 8)] + [(n, 8) for n in range(2, 9)]
+    assert len(submesh_shapes(8, 8)) == 11
+
+
+def test_submesh_shapes_small_and_non_power_of_two():
+    assert submesh_shapes(1, 1) == [(1, 1)]
+    assert submesh_shapes(2, 1) == [(1, 1), (2, 1)]
+    assert submesh_shapes(2, 4) == [(1, 1), (1, 2), (1, 4), (2, 4)]
+    # M = 6: (1, 4) is left out (it does not divide 6, so it could not always be placed)
+    assert submesh_shapes(3, 6) == [(1, 1), (1, 2), (1, 6), (2, 6), (3, 6)]
+
+
+def test_submesh_shapes_rejects_bad_cluster():
+    with pytest.raises(SearchError, match="num_hosts"):
+        submesh_shapes(0, 8)
+    with pytest.raises(SearchError, match="devices_per_host"):
+        submesh_shapes(2, 2.5)
+
+
+@st.composite
+def shape_multisets(draw):
+    N = draw(st.integers(1, 4))
+    M = draw(st.sampled_from([1, 2, 4, 6, 8]))
+    ones = [m for n, m in submesh_shapes(N, M) if n == 1 and m < M]
+    shapes = []
+    h = 0
+    while h < N:
+        if draw(st.booleans()):  # a whole-host block
+            n = draw(st.integers(1, N - h))
+            shapes.append((n, M))
+            h += n
+        else:  # split one host into power-of-two pieces
+            left = M
+            while left:
+                m = draw(st.sampled_from([x for x in ones + [M] if x <= left and (left - x) % min(ones + [M]) == 0]))
+                shapes.append((1, m))
+                left -= m
+            h += 1
+    perm = draw(st.permutations(list(range(len(shapes)))))
+    return N, M, [shapes[i] for i in perm]
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape_multisets())
+def test_place_submeshes_covers_without_overlap(case):
+    N, M, shapes = case
+    devs = place_submeshes(shapes, N, M)
+    assert len(devs) == len(shapes)
+    flat = [d for ds in devs for d in ds]
+    assert sorted(flat) == list(range(N * M))  # cover, no overlap
+    for (n, m), ds in zip(shapes, devs):
+        assert len(ds) == n * m
+        hosts = sorted({d // M for d in ds})
+        assert len(hosts) == n and hosts == list(range(hosts[0], hosts[0] + n))
+        if n == 1 and m < M:  # one-host pieces are contiguous and aligned to their size
+            assert ds == list(range(ds[0], ds[0] + m)) and (ds[0] % M) % m == 0
+
+
+def test_place_submeshes_example():
+    assert place_submeshes([(1, 1), (2, 4), (1, 2), (1, 1)], 3, 4) == [
+        [10], [0, 1, 2, 3, 4, 5, 6, 7], [8, 9], [11]
+    ]
+
+
+def test_place_submeshes_rejects():
+    with pytest.raises(SearchError, match="exactly"):
+        place_submeshes([(1, 4)], 2, 4)
+    with pytest.raises(SearchError, match="submesh shape"):
+        place_submeshes([(2, 2), (2, 2)], 2, 4)  # (2, 2) is not one of Alpa's shapes
+    with pytest.raises(SearchError, match="submesh shape"):
+        place_submeshes([(1, 4), (1, 4), (1, 4)], 2, 6)
+
+
+# ------------------------------------------------------------------------------------------
+# stage_dp
+# ------------------------------------------------------------------------------------------
+
+
+def test_known_answer_two_layers():
+    shapes = submesh_shapes(1, 2)  # (1,1), (1,2)
+    t = np.full((2, 2, 2, 1), np.inf)
+    t[0, 0, 0, 0] = t[1, 1, 0, 0] = 1.0  # one layer on one device
+    t[0, 1, 1, 0] = 1.5  # both layers on two devices
+    t[0, 0, 1, 0] = t[1, 1, 1, 0] = 0.6
+    r = stage_dp(t, shapes, 1, 2, 4)  # two stages: 2 + 3 * 1 = 5 beats 1.5 + 3 * 1.5 = 6
+    assert r.total_latency == pytest.approx(5.0)
+    assert [(s.start, s.end, s.submesh) for s in r.stages] == [(0, 1, (1, 1)), (1, 2, (1, 1))]
+    r1 = stage_dp(t, shapes, 1, 2, 1)  # B = 1: no pipelining pays, one stage: 1.5
+    assert r1.total_latency == pytest.approx(1.5)
+    assert len(r1.stages) == 1 and r1.evaluated_t_max == 1
+    r2 = stage_dp(t, shapes, 1, 2, 4, max_stages=1)
+    assert r2.total_latency == pytest.approx(6.0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 5),
+       C=st.integers(1, 2), B=st.integers(1, 6), limit=st.sampled_from([None, None, 1, 2, 3]))
+def test_matches_brute_force(seed, cluster, L, C, B, limit):
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C)
+    expect = brute_force(t, shapes, N, M, B, max_stages=limit)
+    r = run_or_inf(t, shapes, N, M, B, max_stages=limit)
+    if math.isinf(expect):
+        assert r is None
+    else:
+        assert r is not None and r.total_latency == pytest.approx(expect, rel=1e-12)
+        check_result(r, t, shapes, N, M, B)
+        if limit is not None:
+            assert len(r.stages) <= limit
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 5),
+       C=st.integers(1, 2), B=st.integers(1, 6), dm=st.floats(2.0, 12.0),
+       limit=st.sampled_from([None, None, 2]))
+def test_matches_brute_force_with_memory(seed, cluster, L, C, B, dm, limit):
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.1)
+    pm = rng.uniform(0, 5, t.shape)
+    am = rng.uniform(0, 3, t.shape)
+    expect = brute_force(t, shapes, N, M, B, pm, am, dm, max_stages=limit)
+    r = run_or_inf(t, shapes, N, M, B, param_mem=pm, act_mem=am, device_memory=dm, max_stages=limit)
+    if math.isinf(expect):
+        assert r is None
+    else:
+        assert r is not None and r.total_latency == pytest.approx(expect, rel=1e-12)
+        check_result(r, t, shapes, N, M, B, pm, am, dm)
+
+
+def reference_alpa_dp(t, shapes, N, M, B):
+    """Alpa's Eq. 3-4 literally: every distinct stage cost as t_max, no pruning (no memory)."""
+    L, _, K, _ = t.shape
+    tc = t.min(axis=3)
+    sizes = [n * m for n, m in shapes]
+    cands = sorted({float(v) for i in range(L) for v in tc[i, i:].ravel() if np.isfinite(v)})
+    best = math.inf
+    for tm in cands:
+        @functools.cache
+        def F(k, d, tm=tm):
+            if k == L:
+                return 0.0 if d == 0 else math.inf
+            out = math.inf
+            for i in range(k, L):
+                for q in range(K):
+                    c = tc[k, i, q]
+                    if c <= tm and sizes[q] <= d:
+                        out = min(out, c + F(i + 1, d - sizes[q]))
+            return out
+
+        best = min(best, F(0, N * M) + (B - 1) * tm)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_matches_unpruned_alpa_dp_on_medium_instances(seed):
+    rng = np.random.default_rng(100 + seed)
+    N, M = (2, 4) if seed % 2 else (2, 2)
+    t, shapes = random_instance(rng, 8, N, M, 2, inf_frac=0.05)
+    B = [2, 8, 16, 4][seed]
+    r = stage_dp(t, shapes, N, M, B)
+    assert r.total_latency == pytest.approx(reference_alpa_dp(t, shapes, N, M, B), rel=1e-12)
+    check_result(r, t, shapes, N, M, B)
+
+
+def test_all_infinite_is_infeasible_without_least_memory():
+    shapes = submesh_shapes(2, 2)
+    t = np.full((3, 3, len(shapes), 2), np.inf)
+    with pytest.raises(InfeasiblePlanError) as info:
+        stage_dp(t, shapes, 2, 2, 4)
+    assert info.value.least_memory is None
+
+
+def test_no_cover_is_infeasible():
+    # only (1, 1) submesh has costs: two layers can use at most 2 of the 4 devices
+    shapes = submesh_shapes(1, 4)
+    t = np.full((2, 2, 3, 1), np.inf)
+    t[:, :, 0, 0] = 1.0
+    with pytest.raises(InfeasiblePlanError, match="covering all"):
+        stage_dp(t, shapes, 1, 4, 2)
+
+
+def test_memory_infeasible_reports_least_memory():
+    rng = np.random.default_rng(7)
+    N, M, B = 2, 2, 4
+    t, shapes = random_instance(rng, 4, N, M, 2, inf_frac=0.0)
+    pm = rng.uniform(1, 5, t.shape)
+    am = rng.uniform(0.5, 3, t.shape)
+    with pytest.raises(InfeasiblePlanError) as info:
+        stage_dp(t, shapes, N, M, B, param_mem=pm, act_mem=am, device_memory=0.5)
+    least = info.value.least_memory
+    assert least is not None and least > 0.5
+    r = stage_dp(t, shapes, N, M, B, param_mem=pm, act_mem=am, device_memory=least)
+    check_result(r, t, shapes, N, M, B, pm, am, least)
+    with pytest.raises(InfeasiblePlanError):
+        stage_dp(t, shapes, N, M, B, param_mem=pm, act_mem=am, device_memory=least * (1 - 1e-9))
+
+
+def test_memory_forces_more_stages():
+    # two layers on a 1 x 2 cluster: one stage on (1, 2) is faster (1.2 * 4 = 4.8 < 1 + 1 + 3 = 5)
+    # but its activations (2.5 per micro-batch) do not fit in 2.0; split in two stages on (1, 1),
+    # the first (2nd from the end) holds 2 micro-batches of 1.0, the last one holds 1.
+    shapes = submesh_shapes(1, 2)
+    t = np.full((2, 2, 2, 1), np.inf)
+    t[0, 0, 0, 0] = t[1, 1, 0, 0] = 1.0
+    t[0, 1, 1, 0] = 1.2
+    pm = np.zeros_like(t)
+    am = np.ones_like(t)
+    am[0, 1, 1, 0] = 2.5
+    free = stage_dp(t, shapes, 1, 2, 4)
+    assert len(free.stages) == 1 and free.total_latency == pytest.approx(4.8)
+    tight = stage_dp(t, shapes, 1, 2, 4, param_mem=pm, act_mem=am, device_memory=2.0)
+    assert len(tight.stages) == 2 and tight.total_latency == pytest.approx(5.0)
+    # with one micro-batch only one is ever in flight: 1.0 fits even in 1.0
+    one = stage_dp(t, shapes, 1, 2, 1, param_mem=pm, act_mem=am, device_memory=1.0)
+    assert len(one.stages) == 2
+    with pytest.raises(InfeasiblePlanError) as info:
+        stage_dp(t, shapes, 1, 2, 4, param_mem=pm, act_mem=am, device_memory=1.5)
+    assert info.value.least_memory == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(t_intra=np.zeros((2, 3, 3, 1))), "shape"),
+        (dict(t_intra=np.full((2, 2, 3, 1), np.nan)), "NaN"),
+        (dict(t_intra=-np.ones((2, 2, 3, 1))), ">= 0"),
+        (dict(t_intra=np.ones((2, 2, 2, 1))), "one shape per"),
+        (dict(microbatches=0), "microbatches"),
+        (dict(max_stages=0), "max_stages"),
+        (dict(param_mem=np.ones((2, 2, 3, 1))), "without device_memory"),
+        (dict(device_memory=1.0, act_mem=np.ones((3, 3, 3, 1))), "shape of t_intra"),
+        (dict(device_memory=-1.0), "device_memory"),
+        (dict(submeshes=[(1, 1), (1, 2), (2, 2)]), "submesh shape"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = dict(t_intra=np.ones((2, 2, 3, 1)), submeshes=submesh_shapes(1, 4), num_hosts=1,
+                devices_per_host=4, microbatches=2)
+    args.update(kwargs)
+    with pytest.raises(SearchError, match=match):
+        stage_dp(**args)
+
+
+def gpt_like_costs(L, N, M, C, seed, penalty=0.6):
+    rng = np.random.default_rng(seed)
+    shapes = submesh_shapes(N, M)
+    layer = rng.uniform(0.5, 1.5, L)
+    pre = np.concatenate([[0.0], np.cumsum(layer)])
+    work = np.maximum(pre[None, 1:] - pre[:-1, None], 0)
+    sizes = np.array([n * m for n, m in shapes], dtype=float)
+    scale = (1 + penalty * np.log2(sizes)) / sizes
+    t = work[:, :, None, None] * scale[None, None, :, None] * rng.uniform(1, 1.4, (L, L, len(shapes), C))
+    return t, shapes
+
+
+def test_speed_64_layers_on_8x8():
+    t, shapes = gpt_like_costs(64, 8, 8, 4, seed=1)
+    t0 = time.perf_counter()
+    r = stage_dp(t, shapes, 8, 8, 16)
+    dt = time.perf_counter() - t0
+    check_result(r, t, shapes, 8, 8, 16)
+    assert len(r.stages) > 1
+    # about 0.2 s on an idle 2-core machine; loose bound for a shared one
+    assert dt < 5.0, dt
