@@ -1,0 +1,46 @@
+"""autoplan.viz: figures and a static HTML report that read a :class:`autoplan.Plan`.
+
+Every figure is a ``plotly.graph_objects.Figure`` with deterministic colours: a device has the
+same colour everywhere (:func:`device_color`), and so does a stage and a mined class. ``viz``
+only reads plans; it imports neither ``autoplan.search`` nor ``autoplan.exec``.
+"""
+
+from ._compare import compare_figure as compare_figure
+from ._compare import pareto_front as pareto_front
+from ._graph import graph_figure as graph_figure
+from ._notebook import set_notebook_renderer as set_notebook_renderer
+from ._pipeline import stage_figure as stage_figure
+from ._pipeline import timeline_events as timeline_events
+from ._pipeline import timeline_figure as timeline_figure
+from ._report import report_html as report_html
+from ._sharding import sharding_figure as sharding_figure
+from ._sharding import tile_color as tile_color
+from ._sharding import tile_devices as tile_devices
+from ._sharding import tile_grid as tile_grid
+from ._style import GREYS as GREYS
+from ._style import PARTIAL_REPLICATED_COLOR as PARTIAL_REPLICATED_COLOR
+from ._style import REPLICATED_COLOR as REPLICATED_COLOR
+from ._style import class_color as class_color
+from ._style import device_color as device_color
+from ._style import stage_color as stage_color
+
+__all__ = [
+    "sharding_figure",
+    "stage_figure",
+    "timeline_figure",
+    "compare_figure",
+    "graph_figure",
+    "report_html",
+    "set_notebook_renderer",
+    "tile_devices",
+    "tile_grid",
+    "tile_color",
+    "timeline_events",
+    "pareto_front",
+    "device_color",
+    "stage_color",
+    "class_color",
+    "REPLICATED_COLOR",
+    "PARTIAL_REPLICATED_COLOR",
+    "GREYS",
+]

@@ -1,0 +1,178 @@
+"""The operator graph condensed by layers: boxes along the model coloured by mined class.
+
+Layers whose operator cones the miner found to be the same (same class) share a colour, so the
+repetition that folding exploits is visible; segment boundaries are dashed lines, critical nodes
+(the cut points between segments) are marked, and the title states the fold ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+
+from ._style import TEMPLATE, class_color, escape, legend_swatch
+
+__all__ = ["graph_figure"]
+
+
+def _resolve(ref: Any, names: dict[str, int], n: int, what: str) -> int:
+    if isinstance(ref, str):
+        if ref not in names:
+            raise ValueError(f"graph_figure: {what} should name a layer. Got {ref!r}; layers "
+                             f"look like {next(iter(names), '<none>')!r}.")
+        return names[ref]
+    if isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < n:
+        raise ValueError(f"graph_figure: {what} should be a layer index in [0, {n}) or a layer "
+                         f"name. Got {ref!r}.")
+    return ref
+
+
+def _boundaries(segments: Sequence[Any], names: dict[str, int], n: int) -> list[int]:
+    out: set[int] = set()
+    for seg in segments:
+        if isinstance(seg, Sequence) and not isinstance(seg, str):
+            if len(seg) != 2:
+                raise ValueError(f"graph_figure: a segment should be a start index or a (start, "
+                                 f"end) pair. Got {seg!r}.")
+            lo = _resolve(seg[0], names, n, "segment start")
+            hi = seg[1] if isinstance(seg[1], int) and seg[1] == n else _resolve(seg[1], names, n, "segment end")
+            out.update((lo, hi))
+        else:
+            out.add(_resolve(seg, names, n, "segment boundary"))
+    return sorted(b for b in out if 0 < b < n)
+
+
+def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+                 classes: Sequence[int | None] | Mapping[Any, int | None] | None = None,
+                 segments: Sequence[Any] | None = None, critical: Sequence[Any] | None = None,
+                 fold_ratio: float | None = None, title: str | None = None) -> go.Figure:
+    """The operator graph condensed by layers.
+
+    Args:
+        layers: the layers in model order, each ``{"name": str, "flops": float, "ops": int,
+            "class": int | None}``; or a mapping ``{"layers": [...], "edges": [(src, dst), ...]}``
+            whose edges (layer indices or names) are drawn as arcs when they skip a layer.
+        classes: per-layer mined classes overriding the layers' ``"class"`` (a list, or a mapping
+            from layer index or name to class).
+        segments: segment boundaries: indices (or names) of the layers that start a segment, or
+            ``(start, end)`` pairs; drawn as dashed lines.
+        critical: indices or names of critical layers (the cut nodes); outlined in red and marked.
+        fold_ratio: operators before folding / after; stated in the title.
+        title: the title's first line (default names the layer count).
+
+    Returns:
+        A ``plotly.graph_objects.Figure``: one bar trace of the layers (``meta.kind == "layers"``,
+        ``marker.color[i]`` the colour of layer ``i``'s class, ``customdata[i] = [name, flops,
+        ops, class]``), the critical markers (``meta.kind == "critical"``), skip edges
+        (``meta.kind == "edges"``) and a legend entry per class.
+
+    Raises:
+        ValueError: a layer lacks a name, or a reference names no layer.
+    """
+    edges: Sequence[Any] = ()
+    if isinstance(layers, Mapping):
+        edges = layers.get("edges", ()) or ()
+        layers = layers["layers"]
+    layers = list(layers)
+    n = len(layers)
+    for i, lay in enumerate(layers):
+        if not isinstance(lay, Mapping) or "name" not in lay:
+            raise ValueError(f"graph_figure: each layer should be a dict with a 'name'. Got layer "
+                             f"{i}: {lay!r}.")
+    names = {str(lay["name"]): i for i, lay in enumerate(layers)}
+    cls: list[int | None] = [lay.get("class") for lay in layers]
+    if classes is not None:
+        if isinstance(classes, Mapping):
+            for k, v in classes.items():
+                cls[_resolve(k, names, n, "a key of classes")] = v
+        else:
+            if len(classes) != n:
+                raise ValueError(f"graph_figure: classes should have one entry per layer ({n}). "
+                                 f"Got {len(classes)}.")
+            cls = list(classes)
+    flops = [float(lay.get("flops", 0.0) or 0.0) for lay in layers]
+    ops = [int(lay.get("ops", 0) or 0) for lay in layers]
+    top = max(flops, default=0.0)
+    heights = [0.25 + 0.75 * math.sqrt(f / top) if top > 0 else 1.0 for f in flops]
+    crit = sorted({_resolve(c, names, n, "critical") for c in (critical or ())})
+    bounds = _boundaries(segments or (), names, n)
+    colors = [class_color(c) for c in cls]
+    traces: list[dict[str, Any]] = [{
+        "type": "bar", "x": list(range(n)), "y": heights, "width": 0.86,
+        "marker": {"color": colors,
+                   "line": {"color": ["#d62728" if i in crit else "#555555" for i in range(n)],
+                            "width": [3 if i in crit else 0.5 for i in range(n)]}},
+        "customdata": [[str(lay["name"]), flops[i], ops[i], "-" if cls[i] is None else cls[i]]
+                       for i, lay in enumerate(layers)],
+        "hovertemplate": ("<b>%{customdata[0]}</b> (layer %{x})<br>%{customdata[1]:.3~s}FLOP, "
+                          "%{customdata[2]} ops<br>class %{customdata[3]}<extra></extra>"),
+        "showlegend": False, "name": "layers", "meta": {"kind": "layers", "classes": cls},
+    }]
+    if crit:
+        traces.append({
+            "type": "scatter", "x": crit, "y": [heights[i] + 0.12 for i in crit], "mode": "markers",
+            "marker": {"symbol": "triangle-down", "size": 11, "color": "#d62728"},
+            "name": "critical node", "text": [escape(layers[i]["name"]) for i in crit],
+            "hovertemplate": "critical node %{text}<extra></extra>",
+            "meta": {"kind": "critical", "layers": crit},
+        })
+    ex: list[float | None] = []
+    ey: list[float | None] = []
+    n_skip = 0
+    for e in edges:
+        a = _resolve(e[0], names, n, "edge source")
+        b = _resolve(e[1], names, n, "edge target")
+        if abs(b - a) <= 1:
+            continue
+        n_skip += 1
+        lo, hi = sorted((a, b))
+        base = max(heights[lo:hi + 1]) + 0.05
+        for k in range(13):
+            u = k / 12
+            ex.append(lo + (hi - lo) * u)
+            ey.append(base + 0.35 * math.sin(math.pi * u) * min(1.0, 0.3 + (hi - lo) / 8))
+        ex.append(None)
+        ey.append(None)
+    if n_skip:
+        traces.append({"type": "scatter", "x": ex, "y": ey, "mode": "lines",
+                       "line": {"color": "#777777", "width": 1}, "hoverinfo": "skip",
+                       "name": "skip edge", "meta": {"kind": "edges", "count": n_skip}})
+    counts: dict[int | None, int] = {}
+    for c in cls:
+        counts[c] = counts.get(c, 0) + 1
+    for c in sorted(counts, key=lambda c: (c is None, c if c is not None else 0)):
+        label = f"class {c} ({counts[c]} layers)" if c is not None else f"no class ({counts[c]})"
+        traces.append(legend_swatch(label, class_color(c), group=f"class{c}", cls=c))
+    shapes = [{"type": "line", "x0": b - 0.5, "x1": b - 0.5, "yref": "paper", "y0": 0, "y1": 1,
+               "line": {"color": "#333333", "dash": "dash", "width": 1.2}} for b in bounds]
+    starts = [0] + bounds
+    ends = bounds + [n]
+    annotations = [] if not bounds else [
+        {"x": (lo + hi - 1) / 2, "y": 1.0, "yref": "paper", "yanchor": "bottom", "showarrow": False,
+         "text": f"segment {k}", "font": {"size": 10}}
+        for k, (lo, hi) in enumerate(zip(starts, ends))]
+    n_cls = len([c for c in counts if c is not None])
+    head = escape(title) if title else f"Operator graph by layer: {n} layers, {sum(ops)} ops"
+    notes = [f"{n_cls} mined classes (same colour = same class)"]
+    if bounds:
+        notes.append(f"{len(bounds) + 1} segments (dashed boundaries)")
+    if crit:
+        notes.append(f"{len(crit)} critical nodes (red)")
+    if fold_ratio is not None:
+        head += f"; fold ratio {fold_ratio:.3g}x"
+    ticktext = [escape(lay["name"]) for lay in layers]
+    layout = {
+        "template": TEMPLATE, "bargap": 0.1, "hovermode": "closest",
+        "title": {"text": f"{head}<br><sup>{'; '.join(notes)}; box height ~ sqrt(FLOPs)</sup>",
+                  "x": 0.01, "xanchor": "left"},
+        "xaxis": {"tickvals": list(range(n)), "ticktext": ticktext, "tickangle": -60,
+                  "tickfont": {"size": 9}, "range": [-0.6, n - 0.4], "showgrid": False,
+                  "title": {"text": "layer (model order)"}},
+        "yaxis": {"visible": False, "range": [0, 1.6 if n_skip else 1.3]},
+        "shapes": shapes, "annotations": annotations, "height": 420,
+        "margin": {"t": 100, "l": 30, "r": 20, "b": 120}, "legend": {"title": {"text": "mined class"}},
+    }
+    return go.Figure(data=traces, layout=layout)

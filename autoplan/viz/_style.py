@@ -1,0 +1,169 @@
+"""Colours, number formats and small shared helpers of the plan figures.
+
+Every colour is a pure function of an index (a device id, a stage, a class), so the same plan
+always draws the same way and the same device has the same colour in every figure.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import html
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "REPLICATED_COLOR",
+    "PARTIAL_REPLICATED_COLOR",
+    "UNUSED_COLOR",
+    "IDLE_COLOR",
+    "GREYS",
+    "TEMPLATE",
+    "device_color",
+    "stage_color",
+    "class_color",
+    "tint",
+    "shade",
+    "pspec_text",
+    "fmt_bytes",
+    "fmt_seconds",
+    "dtype_bytes",
+    "escape",
+    "legend_swatch",
+]
+
+REPLICATED_COLOR = "#9e9e9e"
+"""A tile held by every device of the mesh (Alpa: grey = replicated)."""
+PARTIAL_REPLICATED_COLOR = "#c8c8c8"
+"""A tile held by several, but not all, devices (replicated along some mesh axes)."""
+UNUSED_COLOR = "#ffffff"
+"""A cluster device that no stage uses."""
+IDLE_COLOR = "#eeeeee"
+"""An idle gap (bubble) on a pipeline timeline."""
+GREYS = frozenset({REPLICATED_COLOR, PARTIAL_REPLICATED_COLOR})
+TEMPLATE = "plotly_white"
+
+# Saturated, mutually distinct, never grey: one per device for up to 24 devices.
+_DEVICE_PALETTE = (
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#17becf", "#e377c2", "#bcbd22",
+    "#8c564b", "#0b3d91", "#f0027f", "#66a61e", "#e6ab02", "#7570b3", "#1b9e77", "#d95f02",
+    "#00bfff", "#b22222", "#6b8e23", "#ff1493", "#4b0082", "#008080", "#ffd700", "#800000",
+)
+_STAGE_PALETTE = (
+    "#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d",
+    "#ff9da6", "#3b8bc2", "#8cd17d", "#d37295",
+)
+_CLASS_PALETTE = (
+    "#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494", "#1b9e77",
+    "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+)
+_GOLDEN = 0.618033988749895
+
+
+def _generated(i: int, offset: float) -> str:
+    hue = (offset + i * _GOLDEN) % 1.0
+    light = (0.42, 0.55, 0.34)[i % 3]
+    r, g, b = colorsys.hls_to_rgb(hue, light, 0.75)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+def device_color(device: int) -> str:
+    """The colour of cluster device ``device`` (a hex string; never grey)."""
+    if device < len(_DEVICE_PALETTE):
+        return _DEVICE_PALETTE[device]
+    return _generated(device, 0.11)
+
+
+def stage_color(stage: int) -> str:
+    """The colour of pipeline stage ``stage``."""
+    if stage < len(_STAGE_PALETTE):
+        return _STAGE_PALETTE[stage]
+    return _generated(stage, 0.37)
+
+
+def class_color(cls: int | None) -> str:
+    """The colour of a mined layer class (``None``: no class, light grey)."""
+    if cls is None:
+        return "#dddddd"
+    if 0 <= cls < len(_CLASS_PALETTE):
+        return _CLASS_PALETTE[cls]
+    return _generated(abs(cls), 0.71)
+
+
+def _mix(color: str, other: tuple[int, int, int], amount: float) -> str:
+    c = color.lstrip("#")
+    rgb = [int(c[k:k + 2], 16) for k in (0, 2, 4)]
+    out = [round(v + (o - v) * amount) for v, o in zip(rgb, other)]
+    return "#" + "".join(f"{v:02x}" for v in out)
+
+
+def tint(color: str, amount: float = 0.45) -> str:
+    """``color`` mixed with white (``amount`` in [0, 1])."""
+    return _mix(color, (255, 255, 255), amount)
+
+
+def shade(color: str, amount: float = 0.3) -> str:
+    """``color`` mixed with black (``amount`` in [0, 1])."""
+    return _mix(color, (0, 0, 0), amount)
+
+
+def pspec_text(spec: Sequence[Any]) -> str:
+    """A spec tuple as ``PartitionSpec`` text, one entry per dimension: ``P('x', None)``."""
+    parts = []
+    for e in spec:
+        if not e:
+            parts.append("None")
+        elif len(e) == 1:
+            parts.append(repr(e[0]))
+        else:
+            parts.append("(" + ", ".join(repr(a) for a in e) + ")")
+    return "P(" + ", ".join(parts) + ")"
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``'1.50 KiB'``."""
+    if n is None or not math.isfinite(n):
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_seconds(t: float) -> str:
+    """``0.0123`` -> ``'12.300 ms'``."""
+    if t is None or not math.isfinite(t):
+        return "n/a"
+    if abs(t) >= 1:
+        return f"{t:.3f} s"
+    if abs(t) >= 1e-3:
+        return f"{t * 1e3:.3f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``'bfloat16'`` -> 2); 4 when unknown."""
+    name = str(dtype).lower()
+    if name in ("bool", "int8", "uint8") or "float8" in name:
+        return 1
+    m = re.search(r"(\d+)$", name)
+    if m:
+        return max(1, int(m.group(1)) // 8)
+    return 4
+
+
+def escape(text: Any) -> str:
+    """HTML-escape ``text`` for hover labels (which accept a little HTML)."""
+    return html.escape(str(text), quote=False)
+
+
+def legend_swatch(name: str, color: str, group: str | None = None, symbol: str = "square",
+                  **meta: Any) -> dict[str, Any]:
+    """A legend-only trace: a coloured square with ``name`` and no data."""
+    return {
+        "type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
+        "marker": {"color": color, "symbol": symbol, "size": 12,
+                   "line": {"color": "#555555", "width": 1}},
+        "legendgroup": group or name, "hoverinfo": "skip", "meta": {"kind": "legend", **meta},
+    }
