@@ -10,29 +10,33 @@ The state is ``{"count": int32[], "mu": tree like params, "nu": tree like params
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from autoplan.models._layers import scope
 
 __all__ = ["adam_init", "adam_update"]
 
 
-def adam_init(params: Any) -> dict[str, Any]:
+def adam_init(params: Any, zeros_like: Callable[[Any], Any] = jnp.zeros_like) -> dict[str, Any]:
     """Zero Adam state for ``params``.
 
     Args:
-        params: a pytree of arrays (or ShapeDtypeStructs under ``jax.eval_shape``).
+        params: a pytree of arrays.
+        zeros_like: makes one zero leaf (``jnp.zeros_like``; the zoo passes a numpy one to avoid
+            compiling a fill per shape).
 
     Returns:
         ``{"count": int32 scalar 0, "mu": zeros like params, "nu": zeros like params}``.
     """
     return {
-        "count": jnp.zeros((), jnp.int32),
-        "mu": jax.tree.map(jnp.zeros_like, params),
-        "nu": jax.tree.map(jnp.zeros_like, params),
+        "count": np.zeros((), np.int32) if zeros_like is not jnp.zeros_like else jnp.zeros((), jnp.int32),
+        "mu": jax.tree.map(zeros_like, params),
+        "nu": jax.tree.map(zeros_like, params),
     }
 
 

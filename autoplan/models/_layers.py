@@ -6,17 +6,19 @@ Everything here is plain ``jax.numpy`` / ``jax.lax``; parameters are nested dict
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "scope",
     "KeyGen",
-    "normal",
+    "einsum",
     "dense_init",
     "dense",
     "norm_init",
@@ -34,27 +36,89 @@ def scope(name: str, enabled: bool = True) -> contextlib.AbstractContextManager:
     return jax.named_scope(name) if enabled else contextlib.nullcontext()
 
 
+_CHUNK = 1 << 16
+
+
+@functools.cache
+def _chunk_fns() -> tuple[Callable, Callable, Callable]:
+    """Jitted ``fold_in`` and fixed-size normal / uint32 draws, compiled once per process."""
+    fold = jax.jit(jax.random.fold_in)
+    normal = jax.jit(lambda k: jax.random.normal(k, (_CHUNK,), jnp.float32))
+    bits = jax.jit(lambda k: jax.random.bits(k, (_CHUNK,), jnp.uint32))
+    return fold, normal, bits
+
+
 class KeyGen:
-    """Hands out fresh PRNG keys split deterministically from one seed key."""
+    """Deterministic random (and constant) initial values for parameters and batches.
 
-    def __init__(self, key: jax.Array):
+    Two modes:
+
+    - ``concrete=True``: values are numpy arrays drawn from ``jax.random`` in fixed-size chunks
+      (``fold_in(fold_in(key, request), chunk)``), so one compiled sampler serves every shape and a
+      tiny model initialises in milliseconds instead of compiling a sampler per parameter shape.
+    - ``concrete=False``: values are ``jnp.zeros`` placeholders with the right shape and dtype, meant
+      to be traced under ``jax.eval_shape`` (nothing is allocated).
+    """
+
+    def __init__(self, key: jax.Array, concrete: bool):
         self._key = key
+        self._count = 0
+        self.concrete = concrete
 
-    def __call__(self) -> jax.Array:
-        self._key, sub = jax.random.split(self._key)
-        return sub
+    def _stream(self, n: int, which: int) -> np.ndarray:
+        fold, normal, bits = _chunk_fns()
+        key = fold(self._key, self._count)
+        self._count += 1
+        draw = normal if which == 0 else bits
+        parts = [np.asarray(draw(fold(key, j))) for j in range(max(1, -(-n // _CHUNK)))]
+        return np.concatenate(parts)[:n]
+
+    def normal(self, shape: Sequence[int], std: float, dtype: Any) -> Any:
+        """Normal(0, std^2) values of ``shape`` in ``dtype``."""
+        shape = tuple(int(d) for d in shape)
+        if not self.concrete:
+            return jnp.zeros(shape, dtype)
+        x = self._stream(math.prod(shape), 0).reshape(shape) * np.float32(std)
+        return x.astype(jnp.dtype(dtype))
+
+    def randint(self, shape: Sequence[int], low: int, high: int) -> Any:
+        """Integers uniform in ``[low, high)`` (int32) of ``shape``."""
+        shape = tuple(int(d) for d in shape)
+        if not self.concrete:
+            return jnp.zeros(shape, jnp.int32)
+        x = self._stream(math.prod(shape), 1).reshape(shape)
+        return (low + x.astype(np.int64) % (high - low)).astype(np.int32)
+
+    def zeros(self, shape: Sequence[int], dtype: Any) -> Any:
+        """Zeros of ``shape`` in ``dtype``."""
+        return (np.zeros if self.concrete else jnp.zeros)(tuple(shape), jnp.dtype(dtype))
+
+    def ones(self, shape: Sequence[int], dtype: Any) -> Any:
+        """Ones of ``shape`` in ``dtype``."""
+        return (np.ones if self.concrete else jnp.ones)(tuple(shape), jnp.dtype(dtype))
 
 
-def normal(key: jax.Array, shape: Sequence[int], std: float, dtype: Any) -> jax.Array:
-    """Normal(0, std^2) samples of ``shape`` in ``dtype`` (drawn in float32)."""
-    return (std * jax.random.normal(key, tuple(shape), jnp.float32)).astype(dtype)
+def einsum(spec: str, *operands: jax.Array) -> jax.Array:
+    """``jnp.einsum(spec, *operands)`` without the named scope JAX adds for a string spec.
+
+    ``jnp.einsum`` wraps the computation in ``named_call(name=spec)``, which would put scopes such
+    as ``bqnd,bknd->bnqk`` into the name stack even with ``scopes=False``; the equivalent sublist
+    form of the call adds none.
+    """
+    inputs, output = spec.replace(" ", "").split("->")
+    letters = {c: i for i, c in enumerate(sorted(set(inputs.replace(",", ""))))}
+    args: list[Any] = []
+    for op, sub in zip(operands, inputs.split(","), strict=True):
+        args += [op, [letters[c] for c in sub]]
+    args.append([letters[c] for c in output])
+    return jnp.einsum(*args)
 
 
 def dense_init(kg: KeyGen, din: int, dout: int, dtype: Any, std: float = 0.02, bias: bool = True) -> dict:
     """``{"kernel": [din, dout], "bias": [dout]}`` (bias zero; omitted when ``bias`` is False)."""
-    p = {"kernel": normal(kg(), (din, dout), std, dtype)}
+    p = {"kernel": kg.normal((din, dout), std, dtype)}
     if bias:
-        p["bias"] = jnp.zeros((dout,), dtype)
+        p["bias"] = kg.zeros((dout,), dtype)
     return p
 
 
@@ -66,9 +130,9 @@ def dense(p: dict, x: jax.Array) -> jax.Array:
     return y
 
 
-def norm_init(dim: int, dtype: Any) -> dict:
+def norm_init(kg: KeyGen, dim: int, dtype: Any) -> dict:
     """``{"scale": ones[dim], "bias": zeros[dim]}`` for layer or batch norm."""
-    return {"scale": jnp.ones((dim,), dtype), "bias": jnp.zeros((dim,), dtype)}
+    return {"scale": kg.ones((dim,), dtype), "bias": kg.zeros((dim,), dtype)}
 
 
 def layer_norm(p: dict, x: jax.Array, eps: float = 1e-5) -> jax.Array:
@@ -91,21 +155,25 @@ def batch_norm(p: dict, x: jax.Array, eps: float = 1e-5) -> jax.Array:
 
 def conv_init(kg: KeyGen, kh: int, kw: int, cin: int, cout: int, dtype: Any) -> jax.Array:
     """An HWIO kernel with He-normal scale ``sqrt(2 / (kh kw cin))``."""
-    return normal(kg(), (kh, kw, cin, cout), math.sqrt(2.0 / (kh * kw * cin)), dtype)
+    return kg.normal((kh, kw, cin, cout), math.sqrt(2.0 / (kh * kw * cin)), dtype)
 
 
 def conv(x: jax.Array, w: jax.Array, stride: int = 1, padding: Any = "SAME") -> jax.Array:
     """2-D convolution, NHWC input, HWIO kernel, via ``jax.lax.conv_general_dilated``."""
     return jax.lax.conv_general_dilated(
-        x, w, window_strides=(stride, stride), padding=padding,
+        x,
+        w,
+        window_strides=(stride, stride),
+        padding=padding,
         dimension_numbers=("NHWC", "HWIO", "NHWC"),
     )
 
 
 def max_pool(x: jax.Array, window: int, stride: int, padding: str = "SAME") -> jax.Array:
     """Max pooling over H and W of an NHWC array."""
-    init = jnp.array(-jnp.inf, x.dtype)
-    return jax.lax.reduce_window(x, init, jax.lax.max, (1, window, window, 1), (1, stride, stride, 1), padding)
+    return jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, window, window, 1), (1, stride, stride, 1), padding
+    )
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

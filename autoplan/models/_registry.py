@@ -10,9 +10,7 @@ from autoplan.models._workload import ModelDef, Workload, build, resolve_config
 
 __all__ = ["get", "list_models"]
 
-MODELS: dict[str, ModelDef] = {
-    m.MODEL.name: m.MODEL for m in (gpt, moe, wide_resnet, unet, two_tower, mlp)
-}
+MODELS: dict[str, ModelDef] = {m.MODEL.name: m.MODEL for m in (gpt, moe, wide_resnet, unet, two_tower, mlp)}
 
 
 def list_models() -> dict[str, list[str]]:

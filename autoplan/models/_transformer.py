@@ -17,9 +17,9 @@ from autoplan.models._layers import (
     KeyGen,
     dense,
     dense_init,
+    einsum,
     layer_norm,
     norm_init,
-    normal,
     scope,
     softmax_cross_entropy,
 )
@@ -52,8 +52,8 @@ def check_heads(model: str, cfg: dict) -> None:
 def embed_init(kg: KeyGen, cfg: dict, dtype: Any) -> dict:
     """Token table ``wte`` [V, H] and learned positions ``wpe`` [S, H]."""
     return {
-        "wte": normal(kg(), (cfg["vocab"], cfg["hidden"]), 0.02, dtype),
-        "wpe": normal(kg(), (cfg["seq_len"], cfg["hidden"]), 0.01, dtype),
+        "wte": kg.normal((cfg["vocab"], cfg["hidden"]), 0.02, dtype),
+        "wpe": kg.normal((cfg["seq_len"], cfg["hidden"]), 0.01, dtype),
     }
 
 
@@ -77,11 +77,11 @@ def attention(p: dict, x: jax.Array, heads: int) -> jax.Array:
     dh = h // heads
     qkv = dense(p["qkv"], x).reshape(b, s, heads, 3, dh)
     q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
-    scores = jnp.einsum("bqnd,bknd->bnqk", q, k) * jnp.asarray(dh**-0.5, x.dtype)
+    scores = einsum("bqnd,bknd->bnqk", q, k) * jnp.asarray(dh**-0.5, x.dtype)
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(causal, scores, jnp.asarray(jnp.finfo(scores.dtype).min, scores.dtype))
     weights = jax.nn.softmax(scores, axis=-1)
-    ctx = jnp.einsum("bnqk,bknd->bqnd", weights, v).reshape(b, s, h)
+    ctx = einsum("bnqk,bknd->bqnd", weights, v).reshape(b, s, h)
     return dense(p["out"], ctx)
 
 
@@ -97,7 +97,7 @@ def mlp(p: dict, x: jax.Array) -> jax.Array:
 
 def head_init(kg: KeyGen, cfg: dict, dtype: Any) -> dict:
     """Untied LM head ``kernel`` [H, V]."""
-    return {"kernel": normal(kg(), (cfg["hidden"], cfg["vocab"]), 0.02, dtype)}
+    return {"kernel": kg.normal((cfg["hidden"], cfg["vocab"]), 0.02, dtype)}
 
 
 def lm_head_loss(params: dict, x: jax.Array, labels: jax.Array, scoped: bool) -> jax.Array:
@@ -115,7 +115,7 @@ def ln_init(hidden: int, dtype: Any) -> dict:
     return norm_init(hidden, dtype)
 
 
-def token_batch(key: jax.Array, cfg: dict) -> dict:
+def token_batch(kg: KeyGen, cfg: dict) -> dict:
     """``{"input_ids": int32[B, S], "labels": int32[B, S]}``, labels the next tokens of the inputs."""
-    tokens = jax.random.randint(key, (cfg["batch"], cfg["seq_len"] + 1), 0, cfg["vocab"], jnp.int32)
+    tokens = kg.randint((cfg["batch"], cfg["seq_len"] + 1), 0, cfg["vocab"])
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}

@@ -15,9 +15,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from autoplan._errors import ModelError
 from autoplan.models._adam import adam_init, adam_update
+from autoplan.models._layers import KeyGen
 
 __all__ = ["Workload", "ModelDef", "ARG_KINDS", "DTYPES", "resolve_config", "build"]
 
@@ -103,8 +106,8 @@ class ModelDef:
     Attributes:
         name: registry name.
         sizes: size name -> config fields specific to that size (every size gives the same keys).
-        init_params: ``(key, config) -> params``.
-        init_batch: ``(key, config) -> batch``.
+        init_params: ``(keygen, config) -> params`` (values from a :class:`KeyGen`).
+        init_batch: ``(keygen, config) -> batch``.
         loss: ``(params, batch, config) -> scalar``.
         check: ``config -> None``, raises :class:`ModelError` on inconsistent values.
         finalize: ``config -> config``, fills derived values before ``check`` (optional).
@@ -113,8 +116,8 @@ class ModelDef:
 
     name: str
     sizes: Mapping[str, Mapping[str, Any]]
-    init_params: Callable[[jax.Array, dict], Any]
-    init_batch: Callable[[jax.Array, dict], Any]
+    init_params: Callable[[KeyGen, dict], Any]
+    init_batch: Callable[[KeyGen, dict], Any]
     loss: Callable[[Any, Any, dict], Any]
     check: Callable[[dict], None] = lambda cfg: None
     finalize: Callable[[dict], dict] | None = None
@@ -122,9 +125,7 @@ class ModelDef:
 
 
 def _field_error(model: str, key: str, want: str, value: Any, fix: str) -> ModelError:
-    return ModelError(
-        f"Config field {key!r} of model {model!r} should be {want}. Got {value!r}. Fix: {fix}."
-    )
+    return ModelError(f"Config field {key!r} of model {model!r} should be {want}. Got {value!r}. Fix: {fix}.")
 
 
 def _coerce(model: ModelDef, key: str, value: Any, default: Any) -> Any:
@@ -154,8 +155,7 @@ def _coerce(model: ModelDef, key: str, value: Any, default: Any) -> Any:
             isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value
         )
         if not ok:
-            raise _field_error(name, key, "a tuple of positive integers", value,
-                               f"pass e.g. {key}={default}")
+            raise _field_error(name, key, "a tuple of positive integers", value, f"pass e.g. {key}={default}")
         return tuple(int(v) for v in value)
     if key == "dtype":
         if value not in DTYPES:
@@ -204,7 +204,9 @@ def resolve_config(model: ModelDef, size: Any, batch: Any, overrides: Mapping[st
     return cfg
 
 
-def build(model: ModelDef, size: str, config: Mapping[str, Any], *, abstract: bool, seed: int = 0) -> Workload:
+def build(
+    model: ModelDef, size: str, config: Mapping[str, Any], *, abstract: bool, seed: int = 0
+) -> Workload:
     """Assemble the :class:`Workload` of a resolved config.
 
     Args:
@@ -229,22 +231,26 @@ def build(model: ModelDef, size: str, config: Mapping[str, Any], *, abstract: bo
         new_params, new_opt_state = adam_update(params, grads, opt_state, learning_rate=lr, scoped=scoped)
         return loss, new_params, new_opt_state
 
-    def init(key):
-        kp, kb = jax.random.split(key)
-        params = model.init_params(kp, cfg)
-        return params, adam_init(params), model.init_batch(kb, cfg)
-
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ModelError(f"seed should be an integer. Got {seed!r}. Fix: pass seed=0.")
-    key = jax.random.key(int(seed))
-    args = jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
+    key_params, key_batch = jax.random.split(jax.random.key(int(seed)))
+
+    def init(concrete: bool):
+        params = model.init_params(KeyGen(key_params, concrete), cfg)
+        zeros = (lambda x: np.zeros(x.shape, x.dtype)) if concrete else jnp.zeros_like
+        return params, adam_init(params, zeros), model.init_batch(KeyGen(key_batch, concrete), cfg)
+
+    if abstract:
+        args = jax.eval_shape(lambda: init(False))
+    else:
+        args = jax.tree.map(jnp.asarray, init(True))
     return Workload(
         name=model.name,
         size=size,
         fn=train_step,
         args=tuple(args),
         arg_kinds=ARG_KINDS,
-        config=cfg,
+        config=dict(cfg),
         loss_fn=loss_fn,
         _model=model,
     )

@@ -84,20 +84,24 @@ def param_count(cfg: dict) -> int:
     return n * (12 * h * h + 13 * h) + 2 * h + 2 * v * h + s * h
 
 
-def _init_params(key: jax.Array, cfg: dict) -> dict:
-    kg = KeyGen(key)
+def _init_params(kg: KeyGen, cfg: dict) -> dict:
     dt = jnp.dtype(cfg["dtype"])
     h = cfg["hidden"]
     layers = [
         {
-            "ln1": norm_init(h, dt),
+            "ln1": norm_init(kg, h, dt),
             "attn": attn_init(kg, h, dt),
-            "ln2": norm_init(h, dt),
+            "ln2": norm_init(kg, h, dt),
             "mlp": mlp_init(kg, h, 4 * h, dt),
         }
         for _ in range(cfg["layers"])
     ]
-    return {"embed": embed_init(kg, cfg, dt), "layers": layers, "ln_f": norm_init(h, dt), "head": head_init(kg, cfg, dt)}
+    return {
+        "embed": embed_init(kg, cfg, dt),
+        "layers": layers,
+        "ln_f": norm_init(kg, h, dt),
+        "head": head_init(kg, cfg, dt),
+    }
 
 
 def block(p: dict, x: jax.Array, heads: int, scoped: bool) -> jax.Array:
