@@ -67,6 +67,24 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(keep, key=lambda i: (points[i][0], points[i][1], i))
 
 
+def _gib_ticks(values: Sequence[float]) -> tuple[list[float], list[str]]:
+    """Tick positions in bytes at round multiples of a GiB (or MiB) step, and their labels."""
+    vals = [v for v in values if _finite(v)]
+    if not vals:
+        return [], []
+    hi = max(vals)
+    unit, name = (2**30, "GiB") if hi >= 2**30 else (2**20, "MiB")
+    lo_u, hi_u = min(vals) / unit, hi / unit
+    span = max(hi_u - lo_u, hi_u * 0.2, 1e-9)
+    raw = span / 5
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.floor(lo_u / step) - 1
+    last = math.ceil(hi_u / step) + 1
+    ticks = [k * step for k in range(max(first, 0), last + 1)]
+    return [t * unit for t in ticks], [f"{t:g} {name}" for t in ticks]
+
+
 def _unique_labels(plans: Sequence[Plan]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -185,6 +203,7 @@ def compare_figure(plans: Any, highlight: Any = None) -> go.Figure:
                "x": 0.01, "xanchor": "left"},
         margin={"t": 110, "l": 70, "r": 20, "b": 60}, legend={"title": {"text": "cost"}})
     fig.update_xaxes(title_text="predicted step time", tickformat="~s", ticksuffix="s", row=1, col=1)
-    fig.update_yaxes(title_text="memory per device", tickformat="~s", ticksuffix="B", row=1, col=1)
+    tickvals, ticktext = _gib_ticks([p[1] for p in pts])
+    fig.update_yaxes(title_text="memory per device", tickvals=tickvals, ticktext=ticktext, row=1, col=1)
     fig.update_yaxes(title_text="time per step", tickformat="~s", ticksuffix="s", row=1, col=2)
     return fig

@@ -160,6 +160,13 @@ def _subsample(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
+def _op_label(op: OpSharding) -> str:
+    tail = op.scope.rstrip("/").rsplit("/", 1)[-1] if op.scope else ""
+    if op.layer and tail and tail != op.layer:
+        return f"{op.layer}/{tail}"
+    return op.layer or tail or f"op {op.op}"
+
+
 def _span(ids: Sequence[int]) -> str:
     ids = list(ids)
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
@@ -205,7 +212,7 @@ def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
     prev_stage = None
     for col, k in enumerate(picked):
         stage, op = ops[k]
-        ticktext.append(escape(op.layer or op.scope or f"op {op.op}"))
+        ticktext.append(escape(_op_label(op)))
         if prev_stage is not None and stage.index != prev_stage and plan.is_pipeline:
             shapes.append({"type": "line", "x0": col - 0.05, "x1": col - 0.05, "yref": "paper",
                            "y0": 0, "y1": 1, "line": {"color": "#444444", "width": 1.5, "dash": "dot"}})
