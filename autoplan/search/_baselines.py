@@ -1,0 +1,120 @@
+"""Baselines computed with the same cost model as the search, so a user sees what it gained.
+
+* ``baseline: data parallel`` — logical mesh (n, 1): every batch leaf split on its leading
+  dimension over all devices, every parameter and optimizer-state leaf replicated; the ILP only
+  fills in the rest (so gradients are all-reduced).
+* ``baseline: Megatron TP`` — Megatron-LM's expert plan (REFERENCE.md section 4): QKV / FC1 / expert
+  ``wi`` kernels split on their output dimension, attention-output / FC2 / expert ``wo`` kernels on
+  their input dimension, the embedding vocabulary-parallel, the LM head on its vocabulary
+  dimension; tensor parallelism inside a node (mesh axis ``y``), data parallelism across nodes
+  (axis ``x``). Only for models with such layers.
+* ``baseline: Megatron TP x PP`` — the same tensor parallelism inside each node and one pipeline
+  stage per node with equal layer counts (for clusters of several nodes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from jax.sharding import PartitionSpec as P
+
+from .._cluster import Cluster
+from .._errors import AutoplanError
+from .._graph import OpGraph
+from .._plan import Plan
+
+__all__ = ["baseline_plans", "megatron_pins", "data_parallel_pins"]
+
+# (regex over an input's path, spec) in Megatron-LM's layout; first match wins
+_MEGATRON = [
+    (r"\['(qkv|query|key|value|fc1|wi|up|gate)'\]\['kernel'\]$", P(None, "y")),
+    (r"\['(qkv|query|key|value|fc1|up|gate)'\]\['bias'\]$", P("y")),
+    (r"\['(out|fc2|wo|down|proj)'\]\['kernel'\]$", P("y", None)),
+    (r"\['wi'\]$", P(None, None, "y")),
+    (r"\['wo'\]$", P(None, "y", None)),
+    (r"\['(wte|tok|token|embedding)'\]$", P("y", None)),
+    (r"\['head'\]\['kernel'\]$", P(None, "y")),
+]
+
+
+def data_parallel_pins(graph: OpGraph) -> dict[str, Any]:
+    pins: dict[str, Any] = {}
+    for gi in graph.inputs:
+        shape = graph.tensors[gi.tensor].shape
+        key = "^" + _escape(gi.name) + "$"
+        if gi.kind == "batch":
+            pins[key] = P("x") if shape else P()
+        elif gi.kind in ("parameter", "optimizer_state"):
+            pins[key] = P()
+    return pins
+
+
+def megatron_pins(graph: OpGraph, tp: int) -> dict[str, Any] | None:
+    """Megatron pins for the graph's inputs, or None when the model has no Megatron layers."""
+    import re  # noqa: PLC0415
+
+    pins: dict[str, Any] = {}
+    matched = 0
+    for gi in graph.inputs:
+        shape = graph.tensors[gi.tensor].shape
+        key = "^" + _escape(gi.name) + "$"
+        if gi.kind == "batch":
+            pins[key] = P("x") if shape else P()
+            continue
+        if gi.kind not in ("parameter", "optimizer_state"):
+            continue
+        spec = P()
+        for rx, s in _MEGATRON:
+            if re.search(rx, gi.path) and len(tuple(s)) <= len(shape):
+                dims_ok = all(e is None or shape[d] % tp == 0 for d, e in enumerate(tuple(s)))
+                if dims_ok:
+                    spec = s
+                    matched += gi.kind == "parameter"
+                break
+        pins[key] = spec
+    return pins if matched else None
+
+
+def _escape(name: str) -> str:
+    import re  # noqa: PLC0415
+
+    return re.escape(name)
+
+
+def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",
+                   time_limit: float = 60.0, config: dict | None = None,
+                   pipeline: bool = False) -> list[Plan]:
+    """The baselines that apply to this graph and cluster (see the module docstring)."""
+    from ._intra import intra_op_search  # noqa: PLC0415
+
+    n, per = cluster.num_devices, cluster.devices_per_node
+    out: list[Plan] = []
+
+    def attempt(label: str, shape: tuple[int, int], pins: dict[str, Any]) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = intra_op_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
+                                      label=label, level="exhaustive", config=config)
+            out.append(res.plan)
+        except AutoplanError:
+            pass
+
+    attempt("baseline: data parallel", (n, 1), data_parallel_pins(graph))
+    tp = min(per, n)
+    pins = megatron_pins(graph, tp)
+    if pins is not None and n > 1:
+        attempt("baseline: Megatron TP", (n // tp, tp), pins)
+        if pipeline and cluster.nodes > 1 and workload is not None:
+            from ._pipeline import pipeline_search  # noqa: PLC0415
+
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = pipeline_search(workload, cluster, schedule=schedule, level="exhaustive",
+                                          time_limit=time_limit, megatron=True, max_candidates=1)
+                out.extend(p.with_(label="baseline: Megatron TP x PP") for p in res.plans[:1])
+            except AutoplanError:
+                pass
+    return out

@@ -1,0 +1,394 @@
+"""The inter-operator (pipeline) search: layers -> stage costs -> stage DP or DAG ILP -> Plan.
+
+Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage ILP):
+
+1. Trace the training step at micro-batch size (the batch leaves' leading dimension divided by the
+   number of micro-batches ``B``) and cluster its operators into layers
+   (:func:`~autoplan.search._clustering.cluster_layers`).
+2. For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M), (2,M) ... (N,M)) and
+   logical mesh of that submesh, solve the intra-operator ILP on the layer's subgraph. Layers with
+   the same structural signature share one solve (folding): a 96-layer GPT solves three layer
+   kinds (embedding, block, head), not 98 layers.
+3. ``t_intra(i..j, submesh, logical)`` is the sum of its layers' costs per micro-batch (resharding
+   between layers inside a stage is re-costed exactly when the chosen stages are re-solved in
+   step 5); memory by Alpa's Eq. 5 from the layers' parameter/optimizer bytes and activation bytes.
+4. Alpa's stage DP (:func:`~autoplan.search._stage_dp.stage_dp`) picks stages and submeshes; for a
+   layer graph that is not a chain (U-Net skips, two towers) TePDist's stage ILP on the DAG
+   (:func:`~autoplan.search._stage_ilp.stage_ilp`) assigns layers to stages instead, and the stages
+   get equal-sized submeshes.
+5. Each chosen stage is solved as a whole on its logical mesh; the schedule (GPipe or 1F1B) is
+   simulated with the stages' forward/backward times and the cross-mesh resharding time of the
+   boundary tensors (send/recv, or Alpa's local all-gather: send 1/n of the tensor to each
+   destination device and all-gather there).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._cluster import Cluster, send_recv_time
+from .._errors import InfeasiblePlanError, SearchError
+from .._graph import OpGraph
+from .._plan import InputSpec, Plan, Predicted, Schedule, Stage
+from .._trace import trace
+from ._clustering import LayerGroup, cluster_layers
+
+__all__ = ["PipelineResult", "pipeline_search", "microbatch_workload_args", "layer_dag"]
+
+
+@dataclass
+class PipelineResult:
+    plans: list[Plan]
+    stats: dict[str, Any]
+
+
+def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int) -> tuple:
+    """The step's arguments with every batch leaf's leading dimension divided by ``microbatches``."""
+    out = []
+    for a, kind in zip(args, arg_kinds):
+        if kind != "batch":
+            out.append(a)
+            continue
+
+        def shrink(x):
+            shape = tuple(x.shape)
+            if not shape or shape[0] % microbatches:
+                raise SearchError(
+                    f"pipeline: a batch leaf of shape {shape} cannot be split into {microbatches} "
+                    "micro-batches along its leading dimension. Fix: choose microbatches dividing "
+                    f"{shape[0] if shape else 1}.")
+            return jax.ShapeDtypeStruct((shape[0] // microbatches,) + shape[1:], x.dtype)
+
+        out.append(jax.tree.map(shrink, a))
+    return tuple(out)
+
+
+def layer_dag(graph: OpGraph, layers: list[LayerGroup]):
+    """The layers' forward data-flow DAG (networkx): node ``i`` has ``flops``; an edge carries the
+    ``bytes`` of forward tensors from layer i to layer j."""
+    import networkx as nx  # noqa: PLC0415
+
+    of = {o: ly.index for ly in layers for o in ly.forward}
+    g = nx.DiGraph()
+    for ly in layers:
+        g.add_node(ly.index, flops=ly.flops)
+    for ly in layers:
+        for o in ly.forward:
+            for t in graph.ops[o].outputs:
+                for c in set(graph.consumers[t]):
+                    j = of.get(c)
+                    if j is not None and j != ly.index:
+                        a, b = (ly.index, j) if ly.index < j else (j, ly.index)
+                        w = graph.tensors[t].nbytes
+                        if g.has_edge(a, b):
+                            g.edges[a, b]["bytes"] += w
+                        else:
+                            g.add_edge(a, b, bytes=float(w))
+    return g
+
+
+def _is_chain(dag) -> bool:
+    return all(b == a + 1 for a, b in dag.edges)
+
+
+def _default_microbatches(batch: int, max_stages: int) -> int:
+    for b in (32, 16, 8, 4, 2, 1):
+        if batch % b == 0 and b <= max(1, batch):
+            return b
+    return 1
+
+
+@dataclass(frozen=True)
+class _LayerCost:
+    time: float          # fwd + bwd per micro-batch
+    param_mem: float     # parameter + optimizer state + gradient bytes per device
+    act_mem: float       # activation bytes per device per micro-batch
+
+
+def _param_bytes(plan: Plan, graph: OpGraph) -> float:
+    total = 0.0
+    mesh = dict(zip(plan.axis_names, plan.mesh_shape))
+    for i in plan.inputs:
+        if i.kind not in ("parameter", "optimizer_state"):
+            continue
+        tiles = math.prod(mesh[a] for e in i.spec if e for a in e)
+        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
+        total += nbytes / tiles * (2 if i.kind == "parameter" else 1)  # + its gradient
+    return total
+
+
+def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
+                    microbatches: int | None = None, level: str = "folded",
+                    memory_budget: float | None = None, time_limit: float = 60.0,
+                    num_layers: int | None = None, stage_algorithm: str = "auto",
+                    max_candidates: int = 3, megatron: bool = False) -> PipelineResult:
+    """Search pipeline plans (see the module docstring).
+
+    With ``megatron=True`` no search is made: the Megatron TP x PP baseline is built instead (one
+    stage per node with equal layer counts, Megatron's tensor-parallel pins inside each node).
+
+    Returns:
+        The best plan per distinct number of stages (up to ``max_candidates``), best first.
+    """
+    from ._intra import intra_op_search  # noqa: PLC0415
+    from ._schedule import schedule_events, schedule_stats, schedule_table  # noqa: PLC0415
+    from ._stage_dp import place_submeshes, stage_dp, submesh_shapes  # noqa: PLC0415
+
+    if stage_algorithm not in ("auto", "dp", "ilp"):
+        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got {stage_algorithm!r}.")
+    t0 = time.perf_counter()
+    full = trace(workload)
+    batch = int((getattr(workload, "config", {}) or {}).get("batch", 1))
+    N, M = cluster.nodes, cluster.devices_per_node
+    B = microbatches or _default_microbatches(batch, N * M)
+    mb_args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds), B)
+    graph = trace(workload.fn, *mb_args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
+    t_trace = time.perf_counter() - t0
+    layers = cluster_layers(graph, num_layers)
+    L = len(layers)
+    dag = layer_dag(graph, layers)
+    use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
+
+    submeshes = submesh_shapes(N, M)
+    from ._api import mesh_shapes_for  # noqa: PLC0415
+
+    configs = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
+    C = max(len(c) for c in configs)
+    cost_cache: dict[tuple, _LayerCost] = {}
+    solves = 0
+    t1 = time.perf_counter()
+    layer_cost = np.full((L, len(submeshes), C), np.inf)
+    fwd_frac = np.zeros(L)
+    pmem = np.full((L, len(submeshes), C), np.inf)
+    amem = np.full((L, len(submeshes), C), np.inf)
+    subgraphs: dict[str, OpGraph] = {}
+    for ly in layers:
+        fl_f = sum(graph.ops[o].flops for o in ly.forward)
+        fl_b = sum(graph.ops[o].flops for o in ly.backward)
+        fwd_frac[ly.index] = fl_f / max(fl_f + fl_b, 1.0)
+        if megatron:
+            continue
+        sub = subgraphs.get(ly.signature)
+        if sub is None:
+            sub = subgraphs[ly.signature] = graph.subgraph(ly.ops, name=f"{graph.name}:{ly.name}")
+        for k, (n, m) in enumerate(submeshes):
+            view = replace(cluster, nodes=n, devices_per_node=m)
+            for c, shape in enumerate(configs[k]):
+                key = (ly.signature, n, m, shape)
+                lc = cost_cache.get(key)
+                if lc is None:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        res = intra_op_search(sub, view, shape, time_limit=time_limit,
+                                              level="exhaustive")
+                    solves += 1
+                    p = res.plan
+                    par = _param_bytes(p, sub)
+                    lc = _LayerCost(p.predicted.step_time, par,
+                                    max(0.0, p.predicted.memory_per_device - par / 2 * 1.5))
+                    cost_cache[key] = lc
+                layer_cost[ly.index, k, c] = lc.time
+                pmem[ly.index, k, c] = lc.param_mem
+                amem[ly.index, k, c] = lc.act_mem
+    t_costs = time.perf_counter() - t1
+    # t_intra[i, j, k, c] = sum of layer costs i..j
+    csum = np.concatenate([np.zeros((1,) + layer_cost.shape[1:]), np.cumsum(layer_cost, axis=0)])
+    psum = np.concatenate([np.zeros((1,) + pmem.shape[1:]), np.cumsum(pmem, axis=0)])
+    asum = np.concatenate([np.zeros((1,) + amem.shape[1:]), np.cumsum(amem, axis=0)])
+    t_intra = np.full((L, L, len(submeshes), C), np.inf)
+    p_intra = np.full_like(t_intra, np.inf)
+    a_intra = np.full_like(t_intra, np.inf)
+    for i in range(L):
+        t_intra[i, i:] = csum[i + 1:] - csum[i]
+        p_intra[i, i:] = psum[i + 1:] - psum[i]
+        a_intra[i, i:] = asum[i + 1:] - asum[i]
+    budget = memory_budget or cluster.device_memory
+
+    t2 = time.perf_counter()
+    layouts: list[list[tuple[int, int, int, int]]] = []  # (start, end, submesh k, config c)
+    max_s = min(L, N * M)
+    if megatron:
+        if L < N:
+            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {N} stages.")
+        k = submeshes.index((1, M))
+        c = configs[k].index((1, M))
+        cuts = [round(i * L / N) for i in range(N + 1)]
+        layouts.append([(cuts[i], cuts[i + 1], k, c) for i in range(N)])
+    elif not use_ilp:
+        tried: set = set()
+        for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
+            try:
+                r = stage_dp(t_intra, submeshes, N, M, B, param_mem=p_intra, act_mem=a_intra,
+                             device_memory=budget, max_stages=cap)
+            except InfeasiblePlanError:
+                continue
+            lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
+            if tuple(lay) not in tried:
+                tried.add(tuple(lay))
+                layouts.append(lay)
+            if len(layouts) >= max_candidates:
+                break
+    else:
+        from ._stage_ilp import stage_ilp  # noqa: PLC0415
+
+        for S in sorted({s for s in (2, 4, 8) if s <= max_s and (N * M) % s == 0}):
+            per = N * M // S
+            k = next((i for i, (n, m) in enumerate(submeshes) if n * m == per), None)
+            if k is None:
+                continue
+            try:
+                r = stage_ilp(dag, S, time_limit=time_limit)
+            except (InfeasiblePlanError, SearchError):
+                continue
+            # stages as (sorted) layer sets; a DAG stage may be non-contiguous
+            groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
+            if any(not g for g in groups):
+                continue
+            per_config = [max(float(np.sum(layer_cost[g, k, ci])) for g in groups)
+                          for ci in range(len(configs[k]))]
+            c = int(np.argmin(per_config))
+            layouts.append([(g[0], g[-1] + 1, k, c, tuple(g)) for g in groups])
+    t_dp = time.perf_counter() - t2
+    if not layouts:
+        least = float(np.nanmin(np.where(np.isfinite(p_intra[0, L - 1]), p_intra[0, L - 1], np.inf)))
+        raise InfeasiblePlanError(
+            f"pipeline: no stage layout fits {budget:.4g} bytes per device.", least if np.isfinite(least) else None)
+
+    plans = []
+    stage_cache: dict[tuple, Any] = {}
+    for lay in layouts:
+        shapes = [submeshes[st[2]] for st in lay]
+        try:
+            placed = place_submeshes(shapes, N, M)
+        except SearchError:
+            continue
+        stages, fwd_t, bwd_t, mems = [], [], [], []
+        inputs: dict[str, InputSpec] = {}
+        comm_total: dict[str, float] = {}
+        comm_time: dict[str, float] = {}
+        by_axis: dict[str, float] = {}
+        boundary_bytes = []
+        for si, st in enumerate(lay):
+            members = list(st[4]) if len(st) > 4 else list(range(st[0], st[1]))
+            n, m = submeshes[st[2]]
+            shape = configs[st[2]][st[3]]
+            ops = sorted(o for li in members for o in layers[li].ops)
+            key = (tuple(layers[li].signature for li in members), n, m, shape)
+            view = replace(cluster, nodes=n, devices_per_node=m)
+            res = stage_cache.get(key)
+            sub = graph.subgraph(ops, name=f"{graph.name}:stage{si}")
+            if res is None:
+                pins = None
+                if megatron:
+                    from ._baselines import megatron_pins  # noqa: PLC0415
+
+                    pins = megatron_pins(sub, m)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = intra_op_search(sub, view, shape, time_limit=time_limit, level=level,
+                                          pin=pins)
+                stage_cache[key] = res
+                solves += 1
+            p = res.plan
+            frac = float(np.mean([fwd_frac[li] for li in members]))
+            fwd_t.append(p.predicted.step_time * frac)
+            bwd_t.append(p.predicted.step_time * (1 - frac))
+            s_from_end = len(lay) - si
+            par = _param_bytes(p, sub)
+            act = max(0.0, p.predicted.memory_per_device - par / 2 * 1.5)
+            mem = par + (s_from_end if schedule == "1f1b" else B) * act
+            mems.append(mem)
+            for kind, v in p.predicted.comm_bytes.items():
+                comm_total[kind] = comm_total.get(kind, 0.0) + v * B
+            for kind, v in p.predicted.comm_time_by_kind.items():
+                comm_time[kind] = comm_time.get(kind, 0.0) + v * B
+            for ax, v in p.predicted.comm_by_axis.items():
+                by_axis[ax] = by_axis.get(ax, 0.0) + v * B
+            stage_inputs = _stage_inputs(p, si, sub, full)
+            for i in stage_inputs:
+                inputs.setdefault(i.name, i)
+            names = tuple(nm for li in members for nm in layers[li].names)
+            stages.append(Stage(
+                index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh=(n, m),
+                device_ids=tuple(placed[si]), mesh_shape=tuple(shape), axis_names=p.axis_names,
+                ops=tuple(replace(o, op=sub.origin[o.op]) for o in p.stages[0].ops),
+                forward_time=fwd_t[-1], backward_time=bwd_t[-1], memory=mem,
+                comm_bytes=dict(p.predicted.comm_bytes)))
+            out_bytes = sum(sub.tensors[o.tensor].nbytes for o in sub.outputs if o.path.startswith("%"))
+            boundary_bytes.append(out_bytes)
+        # cross-mesh resharding: per boundary, min(send whole, send 1/n slices + all-gather)
+        comm_s = []
+        for si in range(len(stages) - 1):
+            a, b = stages[si], stages[si + 1]
+            cross = {d // M for d in a.device_ids} != {d // M for d in b.device_ids}
+            nbytes = boundary_bytes[si] / 2  # forward activation and backward gradient split evenly
+            whole = send_recv_time(cluster, nbytes, cross)
+            ndst = b.num_devices
+            sliced = send_recv_time(cluster, nbytes / ndst, cross)
+            if ndst > 1:
+                sliced += cluster.logical_mesh((ndst,), submesh=b.submesh).all_gather(nbytes, [0])
+            comm_s.append(min(whole, sliced))
+            comm_total["send-recv"] = comm_total.get("send-recv", 0.0) + 2 * nbytes * B
+            comm_time["send-recv"] = comm_time.get("send-recv", 0.0) + 2 * min(whole, sliced) * B
+        S = len(stages)
+        events = schedule_events(schedule, S, B, fwd_t, bwd_t, comm_s or None)
+        st_stats = schedule_stats(events, S)
+        table = schedule_table(schedule, S, B)
+        step = st_stats.step_time
+        devices = sum(s.num_devices for s in stages)
+        all_inputs = _complete_inputs(full, inputs)
+        compute = sum(fwd_t) + sum(bwd_t)
+        pred = Predicted(
+            step_time=step, throughput=batch / step if step > 0 else 0.0,
+            memory_per_device=max(mems), compute_time=compute * B / max(1, S),
+            comm_time=sum(comm_time.values()) / max(1, S), comm_bytes=comm_total,
+            comm_by_axis=by_axis, comm_time_by_kind={k: v / max(1, S) for k, v in comm_time.items()},
+            bubble_fraction=st_stats.bubble_fraction,
+            mfu=full.flops / (step * devices * cluster.peak_flops) if step > 0 else 0.0)
+        plans.append(Plan(
+            model=full.name, fingerprint=full.fingerprint, cluster=cluster, stages=tuple(stages),
+            inputs=tuple(all_inputs), predicted=pred,
+            schedule=Schedule(schedule, B, S,
+                              table=tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind)
+                                                for e in row) for row in table),
+                              events=tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind)
+                                           for e in events)),
+            label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
+            config=dict(getattr(workload, "config", {}) or {}),
+            jax_version=jax.__version__,
+            notes=(f"stage algorithm: {'TePDist DAG ILP' if use_ilp else 'Alpa stage DP'}",)))
+    stats = {"layers": L, "microbatches": B, "submeshes": len(submeshes), "layer_solves": solves,
+             "unique_layer_kinds": len(subgraphs), "trace_seconds": t_trace,
+             "cost_seconds": t_costs, "dp_seconds": t_dp, "stage_algorithm": "ilp" if use_ilp else "dp"}
+    plans.sort(key=lambda p: p.predicted.step_time)
+    return PipelineResult(plans=plans, stats=stats)
+
+
+def _stage_inputs(p: Plan, stage: int, sub: OpGraph, full: OpGraph) -> list[InputSpec]:
+    shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
+    out = []
+    for i in p.inputs:
+        if i.kind == "activation" or i.name not in shapes:
+            continue
+        out.append(replace(i, stage=stage, shape=tuple(shapes[i.name])))
+    return out
+
+
+def _complete_inputs(full: OpGraph, inputs: dict[str, InputSpec]) -> list[InputSpec]:
+    """Every graph input in the full graph's order; inputs no stage read stay replicated on stage 0."""
+    out = []
+    for gi in full.inputs:
+        if gi.name in inputs:
+            out.append(inputs[gi.name])
+        else:
+            t = full.tensors[gi.tensor]
+            out.append(InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, t.shape, t.dtype,
+                                 (None,) * len(t.shape), 0))
+    return out
