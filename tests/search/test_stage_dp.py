@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -356,12 +355,9 @@ def gpt_like_costs(L, N, M, C, seed, penalty=0.6):
     return t, shapes
 
 
-def test_speed_64_layers_on_8x8():
+def test_64_layers_on_8x8():
+    # the speed of this case is measured in benchmarks/stage_dp.py; here: a valid, multi-stage plan
     t, shapes = gpt_like_costs(64, 8, 8, 4, seed=1)
-    t0 = time.perf_counter()
     r = stage_dp(t, shapes, 8, 8, 16)
-    dt = time.perf_counter() - t0
     check_result(r, t, shapes, 8, 8, 16)
     assert len(r.stages) > 1
-    # about 0.2 s on an idle 2-core machine; loose bound for a shared one
-    assert dt < 5.0, dt
