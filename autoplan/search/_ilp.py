@@ -1,0 +1,904 @@
+r"""Alpa's intra-operator ILP: choose one sharding strategy per operator to minimise step time.
+
+Formulation (Zheng et al., Alpa, OSDI 2022, Section 4.2, Eq. 1). For the operator graph
+:math:`G=(V,E)`, with :math:`k_v` strategies at node :math:`v`:
+
+.. math::
+
+    \min_{s}\; \sum_{v \in V} s_v^\top (c_v + d_v) \;+\; \sum_{(u,v) \in E} s_u^\top R_{uv}\, s_v
+
+where :math:`s_v \in \{0,1\}^{k_v}` is one-hot (:math:`\sum_i s_{v,i} = 1`), :math:`c_v` the
+strategies' own communication (the collectives of Alpa's table: all-reduce, reduce-scatter ...),
+:math:`d_v` their compute time (FLOPs over the devices doing distinct work; replicated work costs
+the full FLOPs), and :math:`R_{uv}[i,j]` the time to reshard the tensor ``u`` produces under its
+strategy ``i`` into the spec ``v``'s strategy ``j`` needs (:mod:`autoplan.search._reshard`). The
+quadratic term is linearised with edge variables :math:`e_{uv} \in [0,1]^{k_u \times k_v}`, only
+where both ends have more than one strategy:
+
+.. math::
+
+    \sum_{i,j} e_{uv,ij} = 1, \qquad \sum_j e_{uv,ij} = s_{u,i}, \qquad \sum_i e_{uv,ij} = s_{v,j}
+
+Alpa writes the row and column constraints as ``<=``; with :math:`\sum e = 1` and one-hot
+:math:`s` they are the same, and with them :math:`e` is forced to the product
+:math:`s_u s_v^\top` even when relaxed to be continuous, so only the :math:`s` are integer.
+
+Exact reductions applied before solving (each keeps the optimum unchanged):
+
+* **follower merging** (Alpa): elementwise, broadcast, reshape, transpose, slice, pad, convert,
+  reductions ... follow one operand (the largest, i.e. the one that can be tiled most); their
+  strategy is a function of that operand's producer's strategy, so they share its variable; their
+  costs and their other operands' resharding fold into it. Operators with no variable operand
+  (``iota``, masks made from literals) are *free*: produced locally in whatever spec is needed.
+* **edge compression**: an edge's cost depends only on the specs at its two ends, so the edge
+  variables range over the distinct (source spec, destination spec) pairs rather than strategy
+  pairs; all-zero edges are dropped, and edges whose cost matrix is separable
+  (:math:`R_{ij} = a_i + b_j`, e.g. when one end has a single spec) fold into node costs.
+
+Graph inputs (parameters, optimizer state, batch) have their own spec variables; a parameter or
+optimizer-state leaf pays a small penalty proportional to its replicated bytes (Alpa's trick to
+prefer sharding weights when it costs nothing else). A training step's outputs that are updated
+inputs (output leaf ``[k]<path>`` of the same shape as input ``<path>`` of argument ``k-1``) are
+charged the resharding back to that input's spec, so a sharded weight update (reduce-scatter the
+gradient, update a sharded optimizer state, all-gather the parameters) is a plan the ILP can
+choose.
+
+Memory: with ``memory_budget`` the live bytes per device (inputs plus the forward activations that
+backward operators read) must fit: :math:`\sum_v s_v^\top m_v \le M`. This sum is separable, so
+the least memory any plan needs is :math:`\sum_v \min_i m_{v,i}`, computed exactly without an
+ILP; a budget below it raises :class:`~autoplan.InfeasiblePlanError` with that value.
+
+Sub-graphs: ``ops`` restricts the ILP to some operators (a segment); tensors they read from
+outside become boundary variables, and ``fixed`` fixes any tensor's spec at the boundary (a
+tensor read from outside gets exactly that spec; a tensor produced inside is charged the
+resharding to it). ``pins`` fixes graph inputs' specs by regular expression.
+
+References:
+    Zheng, Li, Zhang, Zhuang, Chen, Huang, Wang, Xu, Zhuo, Xing, Gonzalez, Stoica. "Alpa:
+    Automating Inter- and Intra-Operator Parallelism for Distributed Deep Learning", OSDI 2022.
+    The XLA auto-sharding pass that descends from it (``auto_sharding.cc``) for follower merging.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pulp
+
+from autoplan._cluster import LogicalMesh
+from autoplan._errors import InfeasiblePlanError, SearchError
+from autoplan._graph import OpGraph, dtype_bytes
+from autoplan._plan import Comm
+from autoplan.search._reshard import reshard
+from autoplan.search._solver import SolverTimeoutWarning, solve
+from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated
+from autoplan.search._strategies import (
+    Strategy,
+    derive,
+    is_follower,
+    is_generator,
+    is_heavy,
+    leader_operand,
+    strategies,
+)
+
+__all__ = [
+    "ILPSolution",
+    "ILPProblem",
+    "UnsupportedPrimitiveWarning",
+    "build_problem",
+    "solve_ilp",
+    "evaluate",
+    "updated_input_pairs",
+]
+
+#: replicated-parameter penalty: this fraction of the time to move the replicated excess bytes
+#: over the mesh's fastest axis
+PARAM_PENALTY = 1e-3
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                         "argmin"})
+_SCALE = 1e6  # objective in microseconds inside the solver (better conditioned)
+
+
+class UnsupportedPrimitiveWarning(UserWarning):
+    """Some primitives have no sharding rule; they run replicated."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the problem
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Node:
+    key: int | str
+    kind: str  # "op" | "input" | "boundary"
+    tensor: int | None
+    strategies: list[Strategy]
+    cost: np.ndarray
+    memory: np.ndarray
+    penalty: np.ndarray | None = None
+
+
+@dataclass
+class _Member:
+    node: int
+    idx: np.ndarray  # node strategy -> index into strats
+    strats: list[Strategy]
+    leader: int | None  # operand position followed (None for a root)
+
+
+@dataclass
+class ILPProblem:
+    """The merged, cost-annotated problem :func:`solve_ilp` solves (also used by
+    :func:`evaluate`).
+
+    Attributes:
+        graph: the operator graph; ``mesh`` the logical mesh.
+        ops: operator ids in the problem (the segment).
+        nodes: decision nodes; ``node_keys`` their keys: an op id (int) for an operator, the
+            input's name for a graph input, ``"%<tensor id>"`` for a boundary tensor.
+        unknown: primitives without a sharding rule (replicated).
+        vars_before_merging: binaries Alpa's unmerged ILP would have (a strategy variable per
+            operator and input with more than one strategy, plus an edge variable per strategy
+            pair of every tensor edge between two such nodes).
+    """
+
+    graph: OpGraph
+    mesh: LogicalMesh
+    ops: list[int]
+    nodes: list[_Node]
+    members: dict[int, _Member]
+    tensor_src: dict[int, tuple[int, np.ndarray]]
+    free_tensors: set[int]
+    specs: list[Spec]
+    spec_id: dict[Spec, int]
+    out_pairs: list[tuple[int, int]]  # (output tensor, input tensor)
+    fixed_inside: dict[int, Spec]
+    input_node: dict[int, int]  # tensor id -> node index (inputs and boundaries)
+    unknown: set[str]
+    grad_ops: set[int]
+    vars_before_merging: int = 0
+    edges: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    build_seconds: float = 0.0
+
+    @property
+    def node_keys(self) -> list[int | str]:
+        return [n.key for n in self.nodes]
+
+    def num_strategies(self) -> list[int]:
+        return [len(n.strategies) for n in self.nodes]
+
+    def intern(self, spec: Spec) -> int:
+        i = self.spec_id.get(spec)
+        if i is None:
+            i = len(self.specs)
+            self.specs.append(spec)
+            self.spec_id[spec] = i
+        return i
+
+
+def updated_input_pairs(graph: OpGraph) -> list[tuple[int, int]]:
+    """``(output tensor, input tensor)`` pairs where an output leaf ``[k]<path>`` is the update
+    of input ``<path>`` of argument ``k-1`` (same shape), as in a train step returning
+    ``(loss, new_params, new_opt_state)``."""
+    by_key = {(gi.arg, gi.path): gi for gi in graph.inputs}
+    out = []
+    for o in graph.outputs:
+        m = re.match(r"^\[(\d+)\](.*)$", o.path)
+        if not m:
+            continue
+        gi = by_key.get((int(m.group(1)) - 1, m.group(2)))
+        if gi is None or gi.tensor == o.tensor:
+            continue
+        if graph.tensors[gi.tensor].shape != graph.tensors[o.tensor].shape:
+            continue
+        out.append((o.tensor, gi.tensor))
+    return out
+
+
+def _penalty_vec(nbytes: float, strategies_: Sequence[Strategy], mesh: LogicalMesh) -> np.ndarray:
+    betas = [b for b, n in zip(mesh.beta, mesh.shape) if n > 1]
+    if not betas:
+        return np.zeros(len(strategies_))
+    floor = nbytes / mesh.size
+    return np.array([PARAM_PENALTY * min(betas) * max(0.0, s.memory - floor) for s in strategies_])
+
+
+def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: LogicalMesh) -> Strategy:
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    t = math.prod(sizes[a] for e in spec if e for a in e)
+    name = "".join("R" if not e else "S(" + ",".join(e) + ")" for e in spec) or "scalar"
+    return Strategy(name, (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
+
+
+def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] | None
+                  ) -> dict[int, Spec]:
+    out: dict[int, Spec] = {}
+    for pattern, pspec in (pins or {}).items():
+        try:
+            rx = re.compile(pattern)
+        except re.error as err:
+            raise SearchError(f"pin: {pattern!r} should be a regular expression ({err}). Fix: "
+                              "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
+        hits = [gi for gi in graph.inputs if rx.search(gi.name)]
+        if not hits:
+            names = ", ".join(gi.name for gi in graph.inputs[:3])
+            raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
+                              f"{names}. Fix: use a regular expression that re.search finds in "
+                              "one of them.")
+        for gi in hits:
+            shape = graph.tensors[gi.tensor].shape
+            if pspec is None:
+                spec = replicated(len(shape))
+            else:
+                try:
+                    spec = from_pspec(pspec, shape, mesh)
+                except SearchError as err:
+                    raise SearchError(f"pin {pattern!r} -> {pspec} for input {gi.name} "
+                                      f"{shape}: {err}") from None
+            out[gi.tensor] = spec
+    return out
+
+
+def _resolve_fixed(graph: OpGraph, mesh: LogicalMesh, fixed: Mapping[int, Any] | None
+                   ) -> dict[int, Spec]:
+    out: dict[int, Spec] = {}
+    for t, pspec in (fixed or {}).items():
+        if not isinstance(t, int | np.integer) or not 0 <= int(t) < len(graph.tensors):
+            raise SearchError(f"fixed: keys should be tensor ids of the graph (0..{len(graph.tensors) - 1}). "
+                              f"Got {t!r}. Fix: use ids from graph.tensors.")
+        shape = graph.tensors[int(t)].shape
+        spec = replicated(len(shape)) if pspec is None else from_pspec(pspec, shape, mesh)
+        out[int(t)] = spec
+    return out
+
+
+def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
+                  fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None,
+                  count_unmerged: bool = True) -> ILPProblem:
+    """Build the merged problem: nodes with their strategies, followers, tensor edges, costs.
+
+    Args:
+        graph: the operator graph.
+        mesh: the logical mesh.
+        ops: operator ids to include (default: all).
+        fixed: ``{tensor id: spec or PartitionSpec}`` fixed specs at a segment's boundary.
+        pins: ``{regex over input names: PartitionSpec}`` fixed input specs.
+        count_unmerged: also count the variables of the unmerged ILP (``vars_before_merging``).
+
+    Raises:
+        SearchError: a pin or fixed spec is invalid, or a pin matches nothing.
+    """
+    t0 = time.perf_counter()
+    op_ids = sorted(set(range(len(graph.ops)) if ops is None else (int(i) for i in ops)))
+    for i in op_ids:
+        if not 0 <= i < len(graph.ops):
+            raise SearchError(f"ops: operator ids should be in 0..{len(graph.ops) - 1}. Got {i}. "
+                              "Fix: pass ids of graph.ops.")
+    in_seg = set(op_ids)
+    pinned = _resolve_pins(graph, mesh, pins)
+    fixed_specs = _resolve_fixed(graph, mesh, fixed)
+    prob = ILPProblem(graph=graph, mesh=mesh, ops=op_ids, nodes=[], members={}, tensor_src={},
+                      free_tensors=set(), specs=[], spec_id={}, out_pairs=[], fixed_inside={},
+                      input_node={}, unknown=set(), grad_ops=set())
+    input_of = graph.input_of_tensor
+    consumers = graph.consumers
+
+    # ---- free tensors: constants and everything computed only from them -----------------------
+    free = set(t for t in graph.consts)
+    for op in graph.ops:
+        if is_heavy(op) or not (is_follower(op) or is_generator(op)):
+            continue
+        if all(t is None or t in free for t in op.inputs):
+            free.update(op.outputs)
+    for t in fixed_specs:
+        free.discard(t)
+    prob.free_tensors = free
+
+    # ---- input and boundary nodes --------------------------------------------------------------
+    needed: list[int] = []
+    if ops is None:
+        needed = [gi.tensor for gi in graph.inputs]
+    else:
+        seen: set[int] = set()
+        for i in op_ids:
+            for t in graph.ops[i].inputs:
+                if t is None or t in seen or t in free:
+                    continue
+                p = graph.tensors[t].producer
+                if p < 0 or p not in in_seg:
+                    seen.add(t)
+                    needed.append(t)
+    for t in needed:
+        ten = graph.tensors[t]
+        gi = input_of.get(t)
+        if t in fixed_specs:
+            specs = [fixed_specs[t]]
+        elif t in pinned:
+            specs = [pinned[t]]
+        else:
+            specs = enumerate_specs(ten.shape, mesh)
+        strats = [_spec_strategy(s, ten.shape, ten.dtype, mesh) for s in specs]
+        cost = np.zeros(len(strats))
+        mem = np.array([s.memory for s in strats])
+        if gi is not None and gi.kind in ("parameter", "optimizer_state"):
+            cost = cost + _penalty_vec(ten.nbytes, strats, mesh)
+        if gi is None:
+            mem = np.zeros(len(strats))  # boundary activations are counted by their producer
+        key: int | str = gi.name if gi is not None else f"%{t}"
+        prob.nodes.append(_Node(key, "input" if gi is not None else "boundary", t, strats, cost,
+                                mem, cost.copy()))
+        nid = len(prob.nodes) - 1
+        prob.input_node[t] = nid
+        prob.tensor_src[t] = (nid, np.array([prob.intern(s) for s in specs], dtype=np.int64))
+
+    # ---- operators: roots and followers --------------------------------------------------------
+    saved: set[int] = set()
+    for i in op_ids:
+        op = graph.ops[i]
+        if op.role == "forward":
+            for t in op.outputs:
+                if any(graph.ops[c].role == "backward" for c in consumers[t]):
+                    saved.add(t)
+    for i in op_ids:
+        op = graph.ops[i]
+        if all(t in free for t in op.outputs) and op.outputs:
+            continue
+        member: _Member | None = None
+        if not is_heavy(op) and is_follower(op):
+            cands = [k for k, t in enumerate(op.inputs)
+                     if t is not None and t in prob.tensor_src and op.in_shapes[k] is not None]
+            k = leader_operand(op, cands, graph) if cands else None
+            if k is not None:
+                nid, src_ids = prob.tensor_src[op.inputs[k]]
+                uniq, inv = np.unique(src_ids, return_inverse=True)
+                strats = [derive(op, mesh, k, prob.specs[u]) for u in uniq]
+                if all(s is not None for s in strats):
+                    member = _Member(nid, inv.reshape(-1), strats, k)  # type: ignore[arg-type]
+        if member is None:
+            strats = strategies(op, graph, mesh, prob.unknown)
+            node = _Node(i, "op", None, strats, np.zeros(len(strats)), np.zeros(len(strats)))
+            prob.nodes.append(node)
+            member = _Member(len(prob.nodes) - 1, np.arange(len(strats)), strats, None)
+        prob.members[i] = member
+        node = prob.nodes[member.node]
+        node.cost = node.cost + np.array([s.cost for s in member.strats])[member.idx]
+        for j, t in enumerate(op.outputs):
+            ids = np.array([prob.intern(s.out_specs[j]) for s in member.strats], dtype=np.int64)
+            prob.tensor_src[t] = (member.node, ids[member.idx])
+            if t in saved:
+                ten = graph.tensors[t]
+                per = ten.nbytes / np.array([_tiles_of(s.out_specs[j], mesh) for s in member.strats])
+                node.memory = node.memory + per[member.idx]
+
+    # ---- fixed tensors produced inside, and updated-input pairs --------------------------------
+    for t, spec in fixed_specs.items():
+        if t in prob.tensor_src and t not in prob.input_node:
+            prob.fixed_inside[t] = spec
+    if ops is None:
+        prob.out_pairs = [(o, i) for o, i in updated_input_pairs(graph)
+                          if o in prob.tensor_src and i in prob.input_node]
+
+    # ---- gradient-producing backward operators (for tagging collectives) -----------------------
+    # (a gradient reaches the optimizer update through movement/elementwise ops only; an
+    # activation gradient reaches it only through a reduction, e.g. a bias gradient)
+    feeds = [False] * len(graph.ops)
+    for op in reversed(graph.ops):
+        for t in op.outputs:
+            for c in consumers[t]:
+                co = graph.ops[c]
+                if co.role == "update" or (feeds[c] and not is_heavy(co)
+                                           and co.primitive not in _REDUCTIONS):
+                    feeds[op.id] = True
+    prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
+
+    _build_edges(prob)
+    if count_unmerged:
+        prob.vars_before_merging = _count_unmerged(prob)
+    prob.build_seconds = time.perf_counter() - t0
+    return prob
+
+
+def _tiles_of(spec: Spec, mesh: LogicalMesh) -> int:
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    return math.prod(sizes[a] for e in spec if e for a in e)
+
+
+def _tensor_edges(prob: ILPProblem):
+    """Every (tensor, source node, source spec ids, destination node, destination spec ids)."""
+    graph = prob.graph
+    out = []
+    for i in prob.ops:
+        m = prob.members.get(i)
+        if m is None:
+            continue
+        op = graph.ops[i]
+        for j, t in enumerate(op.inputs):
+            if t is None or t not in prob.tensor_src:
+                continue
+            if len(graph.tensors[t].shape) == 0:
+                continue
+            u, src = prob.tensor_src[t]
+            dl = np.array([prob.intern(s.in_specs[j]) if s.in_specs[j] is not None else
+                           prob.intern(replicated(len(graph.tensors[t].shape))) for s in m.strats],
+                          dtype=np.int64)
+            out.append((t, u, src, m.node, dl[m.idx]))
+    for o, i in prob.out_pairs:
+        u, src = prob.tensor_src[o]
+        w, dst = prob.tensor_src[i]
+        out.append((o, u, src, w, dst))
+    return out
+
+
+class _ReshardTable:
+    def __init__(self, prob: ILPProblem):
+        self.prob = prob
+        self.cache: dict[tuple, float] = {}
+
+    def time(self, t: int, a: int, b: int, backward: bool = False) -> float:
+        if a == b:
+            return 0.0
+        ten = self.prob.graph.tensors[t]
+        key = (a, b, ten.shape, ten.dtype, backward)
+        v = self.cache.get(key)
+        if v is None:
+            v = reshard(self.prob.specs[a], self.prob.specs[b], ten.shape, ten.dtype,
+                        self.prob.mesh, backward)[0]
+            self.cache[key] = v
+        return v
+
+    def matrix(self, t: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """``R[i, j]`` for arrays of source and destination spec ids."""
+        us, iu = np.unique(src, return_inverse=True)
+        ud, idd = np.unique(dst, return_inverse=True)
+        small = np.array([[self.time(t, int(a), int(b)) for b in ud] for a in us])
+        return small[np.ix_(iu.reshape(-1), idd.reshape(-1))]
+
+    def diag(self, t: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        return np.array([self.time(t, int(a), int(b)) for a, b in zip(src, dst)])
+
+
+def _build_edges(prob: ILPProblem) -> None:
+    """Fold self-edges and separable edges into node costs; keep the others compressed."""
+    table = _ReshardTable(prob)
+    prob._table = table  # type: ignore[attr-defined]
+    pairs: dict[tuple[int, int], list] = {}
+    for t, u, src, w, dst in _tensor_edges(prob):
+        if u == w:
+            prob.nodes[u].cost = prob.nodes[u].cost + table.diag(t, src, dst)
+        elif len(prob.nodes[u].strategies) == 1 or len(prob.nodes[w].strategies) == 1:
+            r = table.matrix(t, src, dst)
+            if len(prob.nodes[u].strategies) == 1:
+                prob.nodes[w].cost = prob.nodes[w].cost + r[0]
+            else:
+                prob.nodes[u].cost = prob.nodes[u].cost + r[:, 0]
+        else:
+            pairs.setdefault((u, w), []).append((t, src, dst))
+    for t, spec in prob.fixed_inside.items():
+        u, src = prob.tensor_src[t]
+        b = prob.intern(spec)
+        prob.nodes[u].cost = prob.nodes[u].cost + np.array([table.time(t, int(a), b) for a in src])
+    edges = []
+    for (u, w), lst in pairs.items():
+        rows_u = np.stack([src for _, src, _ in lst], axis=1)
+        rows_w = np.stack([dst for _, _, dst in lst], axis=1)
+        gu_rows, gu = np.unique(rows_u, axis=0, return_inverse=True)
+        gw_rows, gw = np.unique(rows_w, axis=0, return_inverse=True)
+        gu, gw = gu.reshape(-1), gw.reshape(-1)
+        m = np.zeros((len(gu_rows), len(gw_rows)))
+        for e, (t, _, _) in enumerate(lst):
+            m += table.matrix(t, gu_rows[:, e], gw_rows[:, e])
+        _add_edge(prob, edges, u, w, gu, gw, m)
+    prob.edges = edges
+
+
+def _add_edge(prob: ILPProblem, edges: list, u: int, w: int, gu: np.ndarray, gw: np.ndarray,
+              m: np.ndarray) -> None:
+    if not m.any():
+        return
+    # merge groups with identical cost rows / columns
+    ru, iu = np.unique(m, axis=0, return_inverse=True)
+    iu = iu.reshape(-1)
+    gu = iu[gu]
+    m = ru
+    rw, iw = np.unique(m, axis=1, return_inverse=True)
+    iw = iw.reshape(-1)
+    gw = iw[gw]
+    m = rw
+    a = m[:, 0]
+    b = m[0, :] - m[0, 0]
+    resid = m - a[:, None] - b[None, :]
+    if np.abs(resid).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
+        prob.nodes[u].cost = prob.nodes[u].cost + a[gu]
+        prob.nodes[w].cost = prob.nodes[w].cost + b[gw]
+        return
+    edges.append((u, w, gu, gw, m))
+
+
+def _count_unmerged(prob: ILPProblem) -> int:
+    """Binaries of the unmerged Alpa ILP (every operator and input its own node)."""
+    graph, mesh = prob.graph, prob.mesh
+    k: dict[str, int] = {}
+    count = 0
+    for t, nid in prob.input_node.items():
+        n = len(prob.nodes[nid].strategies)
+        k[f"t{t}"] = n
+        if n > 1:
+            count += n
+    for i in prob.ops:
+        op = graph.ops[i]
+        if i not in prob.members:
+            continue
+        n = len(strategies(op, graph, mesh))
+        k[f"o{i}"] = n
+        if n > 1:
+            count += n
+    for i in prob.ops:
+        if i not in prob.members:
+            continue
+        kv = k[f"o{i}"]
+        if kv <= 1:
+            continue
+        for t in set(graph.ops[i].inputs):
+            if t is None or t in prob.free_tensors:
+                continue
+            p = graph.tensors[t].producer
+            ku = k.get(f"t{t}") if t in prob.input_node else k.get(f"o{p}")
+            if ku and ku > 1:
+                count += ku * kv
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluating an assignment (independent of the edge compression: used to check the ILP)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _Breakdown:
+    objective: float
+    compute: float
+    comm: float
+    penalty: float
+    memory: float
+    op_strategy: dict[int, Strategy]
+    specs: dict[int, Spec]
+    comms: list[tuple[int | None, Comm]]  # (op id charged, comm)
+
+
+def _choice_vector(prob: ILPProblem, choice: Mapping[int | str, int]) -> list[int]:
+    vec = []
+    for n in prob.nodes:
+        k = len(n.strategies)
+        if n.key in choice:
+            i = int(choice[n.key])
+        elif k == 1:
+            i = 0
+        else:
+            raise SearchError(f"evaluate: choice should give a strategy index for every decision "
+                              f"node; {n.key!r} is missing. Fix: pass a dict with keys "
+                              "problem.node_keys.")
+        if not 0 <= i < k:
+            raise SearchError(f"evaluate: node {n.key!r} has {k} strategies. Got index {i}.")
+        vec.append(i)
+    return vec
+
+
+def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
+    graph, mesh = prob.graph, prob.mesh
+    op_strategy: dict[int, Strategy] = {}
+    specs: dict[int, Spec] = {}
+    compute = comm = penalty = memory = 0.0
+    comms: list[tuple[int | None, Comm]] = []
+    for nid, n in enumerate(prob.nodes):
+        if n.kind != "op":
+            st = n.strategies[vec[nid]]
+            specs[n.tensor] = st.out_specs[0]  # type: ignore[index]
+            if n.penalty is not None:
+                penalty += float(n.penalty[vec[nid]])
+            if n.kind == "input":
+                memory += st.memory
+    saved_mem = 0.0
+    for i in prob.ops:
+        m = prob.members.get(i)
+        if m is None:
+            continue
+        st = m.strats[m.idx[vec[m.node]]]
+        op_strategy[i] = st
+        compute += st.compute_time
+        for c in st.comm:
+            comm += c.time
+            tag = "grad-sync" if i in prob.grad_ops else "op"
+            comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
+        for j, t in enumerate(graph.ops[i].outputs):
+            specs[t] = st.out_specs[j]
+    for i in prob.ops:
+        op = graph.ops[i]
+        if i not in op_strategy:
+            continue
+        if op.role == "forward":
+            for t in op.outputs:
+                if any(graph.ops[c].role == "backward" for c in graph.consumers[t]):
+                    saved_mem += graph.tensors[t].nbytes / _tiles_of(specs[t], mesh)
+    memory += saved_mem
+
+    def charge(t: int, src: Spec, dst: Spec, op_id: int | None) -> float:
+        ten = graph.tensors[t]
+        tt, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+        for c in cs:
+            comms.append((op_id, c))
+        return tt
+
+    for i in prob.ops:
+        st = op_strategy.get(i)
+        if st is None:
+            continue
+        for j, t in enumerate(graph.ops[i].inputs):
+            if t is None or t not in prob.tensor_src or len(graph.tensors[t].shape) == 0:
+                continue
+            dst = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(graph.tensors[t].shape))
+            comm += charge(t, specs[t], dst, i)
+    for o, inp in prob.out_pairs:
+        comm += charge(o, specs[o], specs[inp], None)
+    for t, spec in prob.fixed_inside.items():
+        comm += charge(t, specs[t], spec, None)
+    # free tensors: the spec their first consumer needs
+    for t in prob.free_tensors:
+        for c in graph.consumers[t]:
+            st = op_strategy.get(c)
+            if st is not None:
+                j = graph.ops[c].inputs.index(t)
+                if st.in_specs[j] is not None:
+                    specs[t] = st.in_specs[j]
+                    break
+    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
+                      specs, comms)
+
+
+def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int], *,
+             problem: ILPProblem | None = None, ops: Sequence[int] | None = None,
+             fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None) -> float:
+    """The ILP objective (seconds) of a complete assignment, computed without the ILP.
+
+    Every operator's strategy is resolved (followers from their leaders), then the objective is
+    summed from first principles: each strategy's compute and collectives, the resharding of
+    every operand from its producer's spec to the spec the consumer needs, the resharding of
+    updated inputs back to their input spec, and the replicated-parameter penalty.
+
+    Args:
+        graph: the operator graph.
+        mesh: the logical mesh.
+        choice: ``{node key: strategy index}`` for the problem's decision nodes (keys as in
+            :attr:`ILPProblem.node_keys`; nodes with one strategy may be left out), e.g. an
+            :attr:`ILPSolution.choice`.
+        problem: a problem from :func:`build_problem` (built from the other arguments if None).
+        ops, fixed, pins: as for :func:`solve_ilp`.
+
+    Returns:
+        The objective in seconds.
+    """
+    prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins,
+                                    count_unmerged=False)
+    return _breakdown(prob, _choice_vector(prob, choice)).objective
+
+
+# ---------------------------------------------------------------------------------------------
+# solving
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ILPSolution:
+    """The intra-operator plan found by :func:`solve_ilp`.
+
+    Attributes:
+        choice: ``{node key: strategy index}`` of every decision node.
+        strategies: ``{op id: Strategy}`` for every operator (followers resolved); free
+            operators (built from constants) are absent.
+        specs: ``{tensor id: spec}`` for every tensor the problem touches.
+        objective: seconds (compute + communication + the small parameter penalty).
+        compute_time, comm_time, penalty: its parts.
+        memory_per_device: live bytes per device (inputs + activations saved for backward).
+        least_memory: the least such memory of any plan (exact; see the module docstring).
+        comms: ``(op id or None, Comm)`` of every collective (operators' own, tagged ``"op"`` or
+            ``"grad-sync"``, and ``"reshard"``).
+        vars_before_merging: binaries of Alpa's unmerged ILP.
+        vars_after_merging: variables of the ILP solved (strategy binaries + edge variables).
+        num_binaries, num_edge_vars, num_constraints, num_nodes, num_ops: sizes.
+        build_seconds, solve_seconds: wall-clock times.
+        status: ``"optimal"``, ``"feasible"`` (time limit, incumbent), ``"timeout-greedy"``
+            (time limit without incumbent: a greedy assignment), or ``"trivial"`` (nothing to
+            choose).
+        solver: the solver's name.
+        unknown_primitives: primitives run replicated for lack of a rule.
+    """
+
+    choice: dict[int | str, int]
+    strategies: dict[int, Strategy]
+    specs: dict[int, Spec]
+    objective: float
+    compute_time: float
+    comm_time: float
+    penalty: float
+    memory_per_device: float
+    least_memory: float
+    comms: tuple[tuple[int | None, Comm], ...]
+    vars_before_merging: int
+    vars_after_merging: int
+    num_binaries: int
+    num_edge_vars: int
+    num_constraints: int
+    num_nodes: int
+    num_ops: int
+    build_seconds: float
+    solve_seconds: float
+    status: str
+    solver: str
+    unknown_primitives: tuple[str, ...] = ()
+    problem: ILPProblem | None = field(default=None, repr=False, compare=False)
+
+
+def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
+              fixed: Mapping[int, Any] | None = None, memory_budget: float | None = None,
+              pins: Mapping[str, Any] | None = None, time_limit: float = 60.0,
+              problem: ILPProblem | None = None) -> ILPSolution:
+    """Solve the intra-operator ILP of ``graph`` (or a segment of it) on ``mesh``.
+
+    Args:
+        graph: the operator graph (a traced training step).
+        mesh: the logical mesh (``cluster.logical_mesh(shape)``).
+        ops: operator ids of a sub-graph to solve alone (default: the whole graph). Tensors they
+            read from outside become boundary variables.
+        fixed: ``{tensor id: spec tuple or PartitionSpec}``: a tensor read from outside the
+            segment (or a graph input) gets exactly this spec; a tensor produced inside is charged
+            the resharding to it.
+        memory_budget: bytes per device for live memory (inputs and saved activations).
+        pins: ``{regex over input names: PartitionSpec}`` fixing inputs' specs.
+        time_limit: solver seconds; at the limit the incumbent is used (SolverTimeoutWarning).
+        problem: a prebuilt :func:`build_problem` result to reuse.
+
+    Returns:
+        The :class:`ILPSolution`.
+
+    Raises:
+        InfeasiblePlanError: the memory budget is below the least memory any plan needs
+            (``least_memory``, exact).
+        SearchError: invalid pins, fixed specs or operator ids.
+    """
+    prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins)
+    if prob.unknown:
+        warnings.warn(
+            f"intra-op search: no sharding rule for primitive(s) {', '.join(sorted(prob.unknown))}; "
+            "they run replicated (every operand gathered). Fix: none needed unless they are heavy; "
+            "report the primitive to extend autoplan's strategy table.",
+            UnsupportedPrimitiveWarning, stacklevel=2)
+    least = float(sum(n.memory.min() for n in prob.nodes))
+    if memory_budget is not None and least > memory_budget * (1 + 1e-9):
+        raise InfeasiblePlanError(
+            f"no plan fits memory_budget={memory_budget:.4g} bytes per device on mesh "
+            f"{mesh.shape}: the least live memory of any plan (parameters, optimizer state, batch "
+            f"and saved activations, each sharded as much as possible) is {least:.4g} bytes. Fix: "
+            "raise the budget, use more devices, or enable pipelining/rematerialisation.",
+            least_memory=least)
+
+    t0 = time.perf_counter()
+    lp = pulp.LpProblem("autoplan_intra_op", pulp.LpMinimize)
+    svars: list[list[Any] | None] = []
+    terms: list[tuple[Any, float]] = []
+    const = 0.0
+    n_bin = n_edge = n_con = 0
+    for nid, n in enumerate(prob.nodes):
+        k = len(n.strategies)
+        if k == 1:
+            svars.append(None)
+            const += float(n.cost[0])
+            continue
+        vs = [_var(lp, f"s{nid}_{i}", pulp.LpBinary) for i in range(k)]
+        n_bin += k
+        svars.append(vs)
+        base = float(n.cost.min())
+        const += base
+        terms.extend((v, (float(c) - base) * _SCALE) for v, c in zip(vs, n.cost) if c != base)
+        lp.addConstraint(pulp.LpAffineExpression([(v, 1) for v in vs]) == 1, f"one{nid}")
+        n_con += 1
+    for eid, (u, w, gu, gw, m) in enumerate(prob.edges):
+        su, sw = svars[u], svars[w]
+        assert su is not None and sw is not None
+        nu, nw = m.shape
+        base = float(m.min())
+        const += base
+        ev = [[_var(lp, f"e{eid}_{a}_{b}", pulp.LpContinuous) for b in range(nw)]
+              for a in range(nu)]
+        n_edge += nu * nw
+        for a in range(nu):
+            for b in range(nw):
+                c = float(m[a, b]) - base
+                if c:
+                    terms.append((ev[a][b], c * _SCALE))
+        for a in range(nu):
+            members = [(su[i], -1) for i in np.flatnonzero(gu == a)]
+            lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for b in range(nw)] + members) == 0,
+                             f"r{eid}_{a}")
+        for b in range(nw):
+            members = [(sw[j], -1) for j in np.flatnonzero(gw == b)]
+            lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for a in range(nu)] + members) == 0,
+                             f"c{eid}_{b}")
+        n_con += nu + nw
+    if memory_budget is not None:
+        mt = []
+        mconst = 0.0
+        for nid, n in enumerate(prob.nodes):
+            vs = svars[nid]
+            if vs is None:
+                mconst += float(n.memory[0])
+            else:
+                mt.extend((v, float(x)) for v, x in zip(vs, n.memory) if x)
+        if mt:
+            lp.addConstraint(pulp.LpAffineExpression(mt) <= memory_budget - mconst, "memory")
+            n_con += 1
+    lp.setObjective(pulp.LpAffineExpression(terms, constant=const * _SCALE))
+    build_lp = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    solver_name = "none"
+    if n_bin == 0:
+        status = "trivial"
+        vec = [0] * len(prob.nodes)
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = solve(lp, time_limit=time_limit)
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+        solver_name = res.solver
+        timed_out = res.seconds >= 0.95 * time_limit
+        if res.status == "infeasible":
+            if not timed_out:
+                raise InfeasiblePlanError(
+                    f"the intra-op ILP is infeasible on mesh {mesh.shape} (memory_budget="
+                    f"{memory_budget}). Fix: raise the budget or relax pins.", least_memory=least)
+            warnings.warn(
+                f"ILP solver stopped at its time limit ({time_limit} s) without a feasible plan; a "
+                "greedy plan (each node's cheapest strategy) is used. Fix: raise time_limit.",
+                SolverTimeoutWarning, stacklevel=2)
+            status = "timeout-greedy"
+            vec = _greedy(prob, memory_budget)
+        else:
+            status = res.status
+            vec = []
+            for vs in svars:
+                if vs is None:
+                    vec.append(0)
+                else:
+                    vals = [v.varValue or 0.0 for v in vs]
+                    vec.append(int(np.argmax(vals)))
+    solve_s = time.perf_counter() - t1
+    bd = _breakdown(prob, vec)
+    choice = {n.key: vec[nid] for nid, n in enumerate(prob.nodes)}
+    return ILPSolution(
+        choice=choice, strategies=bd.op_strategy, specs=bd.specs, objective=bd.objective,
+        compute_time=bd.compute, comm_time=bd.comm, penalty=bd.penalty,
+        memory_per_device=bd.memory, least_memory=least, comms=tuple(bd.comms),
+        vars_before_merging=prob.vars_before_merging, vars_after_merging=n_bin + n_edge,
+        num_binaries=n_bin, num_edge_vars=n_edge, num_constraints=n_con,
+        num_nodes=len(prob.nodes), num_ops=len(prob.ops),
+        build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=status,
+        solver=solver_name, unknown_primitives=tuple(sorted(prob.unknown)), problem=prob)
+
+
+def _var(lp: pulp.LpProblem, name: str, cat: str) -> pulp.LpVariable:
+    """A [0, 1] variable attached to ``lp`` (PuLP >= 3.3 style, LpVariable before)."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, 0, 1, cat=cat)
+    return pulp.LpVariable(name, 0, 1, cat=cat)
+
+
+def _greedy(prob: ILPProblem, memory_budget: float | None) -> list[int]:
+    if memory_budget is not None:
+        return [int(np.argmin(n.memory)) for n in prob.nodes]
+    return [int(np.argmin(n.cost)) for n in prob.nodes]

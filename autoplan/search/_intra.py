@@ -1,0 +1,255 @@
+"""The intra-operator pass as a plan: solve Alpa's ILP on one logical mesh, return a :class:`Plan`.
+
+:func:`intra_op_search` views the whole cluster as one logical mesh (default ``(1, n)`` on one
+node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search._ilp.solve_ilp`
+and turns the solution into a single-stage :class:`autoplan.Plan`: the spec of every graph
+input, the strategy of every dot/conv operator, and the predicted step time, memory and
+communication.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from autoplan._cluster import Cluster, LogicalMesh
+from autoplan._errors import ClusterError, SearchError
+from autoplan._graph import OpGraph
+from autoplan._plan import (
+    Comm,
+    InputSpec,
+    OpSharding,
+    Plan,
+    Predicted,
+    Schedule,
+    Stage,
+    TensorSharding,
+)
+from autoplan.search._ilp import ILPSolution, solve_ilp
+from autoplan.search._spec import replicated
+
+__all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "plan_from_solution"]
+
+_PLAN_PRIMITIVES = ("dot_general", "conv_general_dilated")
+
+
+@dataclass(frozen=True)
+class IntraOpResult:
+    """What :func:`intra_op_search` returns.
+
+    Attributes:
+        plan: the single-stage plan.
+        solution: the ILP solution (strategies of every operator, specs of every tensor).
+        stats: sizes and times: ``vars_before_merging``, ``vars_after_merging``,
+            ``num_binaries``, ``num_edge_vars``, ``num_constraints``, ``num_nodes``, ``num_ops``,
+            ``build_seconds``, ``solve_seconds``, ``total_seconds``, ``status``, ``solver``,
+            ``objective``, ``least_memory``, ``mesh_shape``.
+    """
+
+    plan: Plan
+    solution: ILPSolution
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def default_mesh_shape(cluster: Cluster) -> tuple[int, int]:
+    """``(1, n)`` for a one-node cluster of ``n`` devices, else ``(nodes, devices_per_node)``."""
+    if cluster.nodes == 1:
+        return (1, cluster.devices_per_node)
+    return (cluster.nodes, cluster.devices_per_node)
+
+
+def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
+              mesh_axis_names: Sequence[str] = ("x", "y")) -> LogicalMesh:
+    """The logical mesh over the whole cluster, with a validated shape.
+
+    Raises:
+        SearchError: a non-positive or non-integer entry, a product different from the number of
+            devices, or fewer axis names than mesh dimensions.
+    """
+    if not isinstance(cluster, Cluster):
+        raise SearchError(f"cluster should be an autoplan.Cluster. Got {type(cluster).__name__}: "
+                          f"{cluster!r:.60}. Fix: pass Cluster.preset('p3.16xlarge') or "
+                          "Cluster.parse('cpu:8').")
+    n = cluster.num_devices
+    if mesh_shape is None:
+        shape = default_mesh_shape(cluster)
+    else:
+        try:
+            shape = tuple(mesh_shape)
+        except TypeError:
+            raise SearchError(f"mesh_shape should be a tuple of positive integers. Got {mesh_shape!r}. "
+                              f"Fix: e.g. mesh_shape=(1, {n}).") from None
+        if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
+            raise SearchError(f"mesh_shape should be a tuple of positive integers. Got {mesh_shape!r}. "
+                              f"Fix: e.g. mesh_shape=(1, {n}) or ({cluster.nodes}, "
+                              f"{cluster.devices_per_node}).")
+        if math.prod(shape) != n:
+            raise SearchError(f"mesh_shape {shape} has {math.prod(shape)} devices but cluster "
+                              f"{cluster.spec} has {n}. Fix: use a shape whose product is {n}, e.g. "
+                              f"(1, {n}) or ({cluster.nodes}, {cluster.devices_per_node}).")
+    names = tuple(mesh_axis_names)
+    if len(names) < len(shape) or len(set(names)) != len(names):
+        raise SearchError(f"mesh_axis_names should give {len(shape)} distinct names for mesh_shape "
+                          f"{shape}. Got {names!r}. Fix: e.g. mesh_axis_names=('x', 'y').")
+    try:
+        return cluster.logical_mesh(shape, axis_names=names[:len(shape)])
+    except ClusterError as err:
+        raise SearchError(f"mesh_shape {shape} does not fit cluster {cluster.spec}: {err}") from None
+
+
+def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float]) -> None:
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    b = c.bytes
+    for a in sorted(c.axes, key=mesh.axis_names.index, reverse=True):  # innermost first
+        out[a] = out.get(a, 0.0) + b
+        if c.kind in ("all-reduce", "reduce-scatter"):
+            b /= sizes[a]
+
+
+def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
+                       label: str = "autoplan", level: str = "exhaustive",
+                       config: Mapping[str, Any] | None = None,
+                       search_seconds: float = 0.0) -> Plan:
+    """A single-stage :class:`Plan` from an ILP solution over the whole graph."""
+    cluster = mesh.cluster
+    input_of = graph.input_of_tensor
+    inputs = tuple(
+        InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, graph.tensors[gi.tensor].shape,
+                  graph.tensors[gi.tensor].dtype,
+                  sol.specs.get(gi.tensor, replicated(len(graph.tensors[gi.tensor].shape))))
+        for gi in graph.inputs)
+    op_comm: dict[int, list[Comm]] = {}
+    for i, c in sol.comms:
+        if i is not None and c.where != "reshard":
+            op_comm.setdefault(i, []).append(c)
+    ops = []
+    for i, st in sorted(sol.strategies.items()):
+        op = graph.ops[i]
+        if op.primitive not in _PLAN_PRIMITIVES:
+            continue
+        tensors = []
+        for j, t in enumerate(op.inputs):
+            if t is None:
+                continue
+            ten = graph.tensors[t]
+            gi = input_of.get(t)
+            name = gi.name if gi is not None else f"%{t}"
+            role = "weight" if gi is not None and gi.kind == "parameter" else "input"
+            spec = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(ten.shape))
+            tensors.append(TensorSharding(name, role, ten.shape, ten.dtype, spec))
+        for j, t in enumerate(op.outputs):
+            ten = graph.tensors[t]
+            tensors.append(TensorSharding(f"%{t}", "output", ten.shape, ten.dtype, st.out_specs[j]))
+        layer = op.scope[0] if op.scope else "(root)"
+        ops.append(OpSharding(op=i, primitive=op.primitive, scope=op.scope_name, layer=layer,
+                              role=op.role, strategy=st.name, tensors=tuple(tensors),
+                              comm=tuple(op_comm.get(i, ())), flops=op.flops))
+
+    comm_bytes: dict[str, float] = {}
+    comm_time_by_kind: dict[str, float] = {}
+    comm_by_axis: dict[str, float] = {}
+    fwd = bwd = 0.0
+    for i, c in sol.comms:
+        comm_bytes[c.kind] = comm_bytes.get(c.kind, 0.0) + c.bytes
+        comm_time_by_kind[c.kind] = comm_time_by_kind.get(c.kind, 0.0) + c.time
+        _comm_by_axis(c, mesh, comm_by_axis)
+        if i is not None and graph.ops[i].role == "forward":
+            fwd += c.time
+        else:
+            bwd += c.time
+    for i, st in sol.strategies.items():
+        if graph.ops[i].role == "forward":
+            fwd += st.compute_time
+        else:
+            bwd += st.compute_time
+    step = sol.compute_time + sol.comm_time
+    devices = mesh.size
+    batch = (config or {}).get("batch")
+    throughput = float(batch) / step if batch and step > 0 else 0.0
+    mfu = graph.flops / (step * devices * cluster.peak_flops) if step > 0 else 0.0
+    predicted = Predicted(step_time=step, throughput=throughput,
+                          memory_per_device=sol.memory_per_device, compute_time=sol.compute_time,
+                          comm_time=sol.comm_time, comm_bytes=comm_bytes, comm_by_axis=comm_by_axis,
+                          comm_time_by_kind=comm_time_by_kind, bubble_fraction=0.0, mfu=mfu)
+    layers = tuple(ly.name for ly in graph.layers)
+    stage = Stage(index=0, layers=layers, layer_range=(0, len(layers)), submesh=mesh.submesh,
+                  device_ids=mesh.device_ids, mesh_shape=mesh.shape, axis_names=mesh.axis_names,
+                  ops=tuple(ops), forward_time=fwd, backward_time=bwd,
+                  memory=sol.memory_per_device, comm_bytes=dict(comm_bytes))
+    notes = [f"intra-op ILP: {sol.status} ({sol.solver}), {sol.vars_after_merging} variables "
+             f"({sol.vars_before_merging} before merging), solved in {sol.solve_seconds:.2f} s"]
+    if sol.unknown_primitives:
+        notes.append("replicated for lack of a sharding rule: " + ", ".join(sol.unknown_primitives))
+    return Plan(model=graph.name, fingerprint=graph.fingerprint, cluster=cluster, stages=(stage,),
+                inputs=inputs, schedule=Schedule("none", 1, 1), predicted=predicted, label=label,
+                level=level, config=dict(config or {}), search_seconds=search_seconds,
+                jax_version=jax.__version__, notes=tuple(notes))
+
+
+def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
+                    memory_budget: float | None = None, pin: Mapping[str, Any] | None = None,
+                    time_limit: float = 60.0, mesh_axis_names: Sequence[str] = ("x", "y"),
+                    label: str = "autoplan", level: str = "exhaustive",
+                    config: Mapping[str, Any] | None = None) -> IntraOpResult:
+    """Search the intra-operator plan of a training step on the whole cluster (no pipeline).
+
+    Args:
+        graph: the traced training step (:func:`autoplan.trace`).
+        cluster: the cluster.
+        mesh_shape: the logical mesh; default ``(1, n)`` on one node, else
+            ``(nodes, devices_per_node)``. Its product must be the number of devices.
+        memory_budget: bytes per device the live memory must fit (None: unconstrained; pass
+            ``cluster.device_memory`` to require a plan that fits the device).
+        pin: ``{regex over input names: PartitionSpec}`` fixing some inputs' specs.
+        time_limit: ILP solver seconds (at the limit the best plan found is used, with a
+            :class:`~autoplan.search._solver.SolverTimeoutWarning`).
+        mesh_axis_names: names of the mesh axes.
+        label: the plan's label.
+        level: the search level recorded in the plan.
+        config: the workload's config (its ``batch`` gives the throughput).
+
+    Returns:
+        :class:`IntraOpResult` with the plan, the ILP solution and statistics.
+
+    Raises:
+        SearchError: bad mesh shape or axis names, invalid pins.
+        InfeasiblePlanError: no plan fits ``memory_budget`` (``least_memory`` says what would).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, autoplan
+        >>> g = autoplan.trace(lambda w, x: jnp.tanh(x @ w).sum(),
+        ...                    jax.ShapeDtypeStruct((1024, 1024), jnp.float32),
+        ...                    jax.ShapeDtypeStruct((4096, 1024), jnp.float32))
+        >>> res = intra_op_search(g, autoplan.Cluster.preset("p3.16xlarge"))
+        >>> res.plan.mesh_shape, res.solution.status
+        ((1, 8), 'optimal')
+    """
+    t0 = time.perf_counter()
+    mesh = make_mesh(cluster, mesh_shape, mesh_axis_names)
+    sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit)
+    total = time.perf_counter() - t0
+    plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
+                              search_seconds=total)
+    stats = {
+        "vars_before_merging": sol.vars_before_merging,
+        "vars_after_merging": sol.vars_after_merging,
+        "num_binaries": sol.num_binaries,
+        "num_edge_vars": sol.num_edge_vars,
+        "num_constraints": sol.num_constraints,
+        "num_nodes": sol.num_nodes,
+        "num_ops": sol.num_ops,
+        "build_seconds": sol.build_seconds,
+        "solve_seconds": sol.solve_seconds,
+        "total_seconds": total,
+        "status": sol.status,
+        "solver": sol.solver,
+        "objective": sol.objective,
+        "least_memory": sol.least_memory,
+        "mesh_shape": mesh.shape,
+    }
+    return IntraOpResult(plan=plan, solution=sol, stats=stats)

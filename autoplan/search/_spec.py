@@ -1,0 +1,219 @@
+"""Sharding specs over a logical device mesh.
+
+A spec says, for each dimension of a tensor, which mesh axes it is split over: ``None`` for a
+replicated dimension, or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``). It is the same
+format as :class:`autoplan.Plan` records and carries the information of a
+``jax.sharding.PartitionSpec``. In Alpa's notation, on a 2-D mesh with axes ``(x, y)``, a matrix
+spec ``(("x",), None)`` is ``S^0R``, ``(None, ("y",))`` is ``RS^1`` and ``(("x", "y"), None)`` is
+``S^{01}R``.
+
+Conventions used throughout the search:
+
+* a dimension is split only if its size is divisible by the product of its axes' sizes;
+* each mesh axis is used at most once per tensor;
+* mesh axes of size 1 are never used (splitting over them changes nothing);
+* when several axes split one dimension they are listed in mesh order (major axis first), so
+  ``("y", "x")`` is never enumerated (it is valid, but a permutation of ``("x", "y")``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from autoplan._cluster import LogicalMesh
+from autoplan._errors import SearchError
+from autoplan._graph import dtype_bytes
+from autoplan._plan import pspec_to_spec, spec_str, spec_to_pspec
+
+__all__ = [
+    "Spec",
+    "replicated",
+    "axis_sizes",
+    "axis_index",
+    "spec_axes",
+    "tiles",
+    "shard_shape",
+    "bytes_per_device",
+    "spec_is_valid",
+    "check_spec",
+    "enumerate_specs",
+    "alpa_name",
+    "spec_name",
+    "to_pspec",
+    "from_pspec",
+]
+
+Spec = tuple  # tuple[None | tuple[str, ...], ...]
+
+
+def replicated(ndim: int) -> Spec:
+    """The fully replicated spec of a tensor with ``ndim`` dimensions."""
+    return (None,) * ndim
+
+
+def axis_sizes(mesh: LogicalMesh) -> dict[str, int]:
+    """``{axis name: size}`` of a mesh."""
+    return dict(zip(mesh.axis_names, mesh.shape))
+
+
+def axis_index(mesh: LogicalMesh, name: str) -> int:
+    """Position of the axis called ``name`` in ``mesh.axis_names``.
+
+    Raises:
+        SearchError: no such axis.
+    """
+    try:
+        return mesh.axis_names.index(name)
+    except ValueError:
+        raise SearchError(f"mesh axis should be one of {mesh.axis_names}. Got {name!r}. "
+                          "Fix: use the mesh's axis names.") from None
+
+
+def spec_axes(spec: Spec) -> tuple[str, ...]:
+    """All mesh axes a spec uses, in dimension order."""
+    return tuple(a for e in spec if e for a in e)
+
+
+def tiles(spec: Spec, mesh: LogicalMesh) -> int:
+    """Number of distinct tiles (the product of the sizes of the axes used)."""
+    sizes = axis_sizes(mesh)
+    return math.prod(sizes[a] for e in spec if e for a in e)
+
+
+def shard_shape(shape: Sequence[int], spec: Spec, mesh: LogicalMesh) -> tuple[int, ...]:
+    """The shape of one device's tile (dimensions divided by their axes' sizes)."""
+    sizes = axis_sizes(mesh)
+    return tuple(d // math.prod(sizes[a] for a in e) if e else d for d, e in zip(shape, spec))
+
+
+def bytes_per_device(shape: Sequence[int], dtype: str, spec: Spec, mesh: LogicalMesh) -> float:
+    """Bytes of one device's tile."""
+    return math.prod(shape) * dtype_bytes(dtype) / tiles(spec, mesh)
+
+
+def check_spec(spec: Spec, shape: Sequence[int], mesh: LogicalMesh) -> str | None:
+    """Why ``spec`` is invalid for ``shape`` on ``mesh``, or None when it is valid."""
+    if len(spec) != len(shape):
+        return f"it has {len(spec)} entries but the tensor has {len(shape)} dimensions {tuple(shape)}"
+    sizes = axis_sizes(mesh)
+    seen: set[str] = set()
+    for d, (n, e) in enumerate(zip(shape, spec)):
+        if not e:
+            continue
+        for a in e:
+            if a not in sizes:
+                return f"axis {a!r} is not a mesh axis (mesh axes: {mesh.axis_names})"
+            if a in seen:
+                return f"axis {a!r} is used twice"
+            seen.add(a)
+        k = math.prod(sizes[a] for a in e)
+        if n % k:
+            return f"dimension {d} of size {n} is not divisible by {k} (axes {e})"
+    return None
+
+
+def spec_is_valid(spec: Spec, shape: Sequence[int], mesh: LogicalMesh) -> bool:
+    """True when ``spec`` can shard ``shape`` on ``mesh`` (see :func:`check_spec`)."""
+    return check_spec(spec, shape, mesh) is None
+
+
+@lru_cache(maxsize=65536)
+def _enumerate(shape: tuple[int, ...], names: tuple[str, ...], sizes: tuple[int, ...],
+               max_dims: int | None) -> tuple[Spec, ...]:
+    axes = [(n, s) for n, s in zip(names, sizes) if s > 1]
+    out: list[Spec] = []
+    seen = set()
+    for choice in itertools.product(range(-1, len(shape)), repeat=len(axes)):
+        spec: list[Any] = [None] * len(shape)
+        ok = True
+        for (name, _size), d in zip(axes, choice):
+            if d < 0:
+                continue
+            spec[d] = (spec[d] or ()) + (name,)
+        for d, e in enumerate(spec):
+            if e and shape[d] % math.prod(sizes[names.index(a)] for a in e):
+                ok = False
+                break
+        if not ok:
+            continue
+        t = tuple(spec)
+        if max_dims is not None and sum(1 for e in t if e) > max_dims:
+            continue
+        if t not in seen:
+            seen.add(t)
+            out.append(t)
+    return tuple(out)
+
+
+def enumerate_specs(shape: Sequence[int], mesh: LogicalMesh,
+                    max_split_dims: int | None = None) -> list[Spec]:
+    """Every valid spec of ``shape`` on ``mesh``, the replicated one first.
+
+    Each mesh axis of size > 1 is either unused or assigned to one dimension; a dimension with
+    several axes lists them in mesh order; a dimension is split only when divisible.
+
+    Args:
+        shape: the tensor's shape.
+        mesh: the logical mesh.
+        max_split_dims: at most this many dimensions split (None: no limit).
+
+    Returns:
+        The specs (tuples with one entry per dimension).
+
+    Examples:
+        >>> from autoplan import Cluster
+        >>> mesh = Cluster.preset("p3.16xlarge").logical_mesh((2, 4))
+        >>> [alpa_name(s, mesh) for s in enumerate_specs((8, 8), mesh)]
+        ['RR', 'S^1R', 'RS^1', 'S^0R', 'S^01R', 'S^0S^1', 'RS^0', 'S^1S^0', 'RS^01']
+    """
+    return list(_enumerate(tuple(int(d) for d in shape), tuple(mesh.axis_names),
+                           tuple(mesh.shape), max_split_dims))
+
+
+def alpa_name(spec: Spec, mesh: LogicalMesh) -> str:
+    """Alpa's notation: ``R`` per replicated dimension, ``S^i`` per dimension split on mesh axis
+    ``i`` (``S^01`` over axes 0 and 1), e.g. ``S^0R``; ``scalar`` for a 0-d tensor."""
+    if not spec:
+        return "scalar"
+    parts = []
+    for e in spec:
+        if not e:
+            parts.append("R")
+        else:
+            parts.append("S^" + "".join(str(mesh.axis_names.index(a)) for a in e))
+    return "".join(parts)
+
+
+def spec_name(spec: Spec) -> str:
+    """Readable notation with axis names, ``S(x)R`` (as :func:`autoplan._plan.spec_str`)."""
+    return spec_str(spec)
+
+
+def to_pspec(spec: Spec):
+    """A spec as a ``jax.sharding.PartitionSpec``."""
+    return spec_to_pspec(spec)
+
+
+def from_pspec(pspec: Any, shape: Sequence[int], mesh: LogicalMesh | None = None) -> Spec:
+    """A ``PartitionSpec`` (or a spec tuple) as a spec for ``shape``, validated on ``mesh``.
+
+    Raises:
+        SearchError: more entries than dimensions, or (with ``mesh``) an invalid spec.
+    """
+    entries = tuple(pspec)
+    if len(entries) > len(shape):
+        raise SearchError(f"PartitionSpec {pspec} has {len(entries)} entries but the tensor has "
+                          f"{len(shape)} dimensions {tuple(shape)}. Fix: give at most one entry per "
+                          "dimension.")
+    spec = pspec_to_spec(entries, len(shape))
+    if mesh is not None:
+        why = check_spec(spec, shape, mesh)
+        if why:
+            raise SearchError(f"PartitionSpec {pspec} is invalid for shape {tuple(shape)} on mesh "
+                              f"{dict(zip(mesh.axis_names, mesh.shape))}: {why}. Fix: split only "
+                              "divisible dimensions, each mesh axis at most once.")
+    return spec

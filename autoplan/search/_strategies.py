@@ -1,0 +1,769 @@
+"""Per-operator sharding strategies (Alpa's "parallel algorithms of an operator").
+
+:func:`strategies` lists, for one operator of an :class:`~autoplan.OpGraph` on a logical mesh, the
+ways it can run sharded: each :class:`Strategy` fixes the spec of every operand and result, the
+collectives the operator itself needs, its compute time and its output memory per device.
+
+Heavy operators enumerate every mapping of their loop dimensions to mesh axes (each mesh axis of
+size > 1 used at most once, several axes on one loop dimension in mesh order):
+
+* ``dot_general``: batch dims, the lhs free dims (i), the rhs free dims (j) and the contracting
+  dims (k), as in Alpa's table: ``SS = SR x RS`` needs nothing, ``SR = SS x SR`` and
+  ``RS = RS x SS`` leave partial sums that are resolved by an **all-reduce** (replicated result)
+  or a **reduce-scatter** (result split on one more output dimension);
+* ``conv_general_dilated``: batch, output channel, input channel (partial sums, all-reduce) and
+  their 2-D combinations; spatial dimensions are never split (that would need halo exchange);
+* ``gather`` (embedding lookup ``jnp.take``): index/batch split, feature split, or
+  vocabulary-parallel (table split on the indexed dimension, masked lookup, all-reduce);
+* ``scatter``/``scatter-add`` (its gradient): update split (partial sums, all-reduce), feature
+  split, or table split on the scattered dimension.
+
+Every other supported operator is a *follower*: given the spec of one operand, :func:`derive`
+infers the only sensible strategy (elementwise ops share the operand's spec, with size-1
+broadcast dimensions replicated; transpose permutes it; reshape maps splits through the factoring
+of dimensions; a reduction over a split dimension all-reduces; slice/pad/concatenate/cumsum/sort
+replicate the dimension they cut or scan...). The ILP merges followers into the operand they
+follow (see :mod:`autoplan.search._ilp`).
+
+Costs: ``compute_time`` is the operator's FLOPs divided by the number of devices doing distinct
+work (replicated work costs the full FLOPs), at the cluster's achievable FLOP rate;
+communication uses the mesh's alpha-beta model, with ``backward=True`` for the collectives of
+backward-role operators (gradient communication, discounted by the cluster's gamma).
+
+Any primitive without a rule gets the replicated strategy only; the caller collects their names
+(``unknown``) to warn once per search.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoplan._cluster import LogicalMesh
+from autoplan._graph import OpGraph, OpNode, dtype_bytes
+from autoplan._plan import Comm
+from autoplan.search._spec import Spec, enumerate_specs, replicated, spec_name
+
+__all__ = [
+    "Strategy",
+    "strategies",
+    "derive",
+    "is_follower",
+    "is_heavy",
+    "is_generator",
+    "leader_operand",
+    "ELEMENTWISE",
+    "FOLLOWERS",
+    "HEAVY",
+]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run an operator sharded.
+
+    Attributes:
+        name: Alpa-style description, e.g. ``S(x)R x RS(y) -> S(x)S(y)`` or
+            ``RS(y) x S(y)R -> RR (all-reduce y)``.
+        out_specs: the spec of each result.
+        in_specs: the spec each operand must have (None for literals).
+        comm: collectives the operator itself needs.
+        compute_time: seconds of computation per device.
+        memory: bytes per device of its results.
+    """
+
+    name: str
+    out_specs: tuple[Spec, ...]
+    in_specs: tuple[Spec | None, ...]
+    comm: tuple[Comm, ...] = ()
+    compute_time: float = 0.0
+    memory: float = 0.0
+
+    @property
+    def comm_time(self) -> float:
+        """Seconds of the operator's own collectives."""
+        return sum(c.time for c in self.comm)
+
+    @property
+    def cost(self) -> float:
+        """``comm_time + compute_time``."""
+        return self.comm_time + self.compute_time
+
+
+# ---------------------------------------------------------------------------------------------
+# primitive classes
+# ---------------------------------------------------------------------------------------------
+
+ELEMENTWISE = frozenset({
+    "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1",
+    "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+    "acosh", "atanh", "sqrt", "rsqrt", "cbrt", "abs", "not", "imag", "real", "conj", "complex",
+    "lgamma", "digamma", "erf", "erfc", "erf_inv", "square", "reciprocal", "integer_pow", "pow",
+    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "atan2", "nextafter", "and", "or",
+    "xor", "eq", "ne", "lt", "le", "gt", "ge", "shift_left", "shift_right_logical",
+    "shift_right_arithmetic", "population_count", "clz", "select_n", "clamp",
+    "convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision",
+    "sharding_constraint", "device_put", "mesh_cast", "reshard", "igamma", "igammac",
+    "random_gamma_grad", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "threefry2x32",
+    "bitcast_convert_type", "tan_p", "logaddexp",
+})
+_REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+                     "reduce_or", "reduce_xor", "reduce_precision_sum"})
+_ARG_REDUCE = frozenset({"argmax", "argmin"})
+_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+_WINDOW = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min",
+                     "select_and_scatter_add", "select_and_gather_add"})
+_MOVE = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice",
+                   "pad", "concatenate", "split", "rev", "dynamic_slice", "dynamic_update_slice",
+                   "scan_slice", "scan_stack", "sort", "top_k"})
+#: primitives whose strategy is inferred from one operand's spec (merged into it by the ILP)
+FOLLOWERS = ELEMENTWISE | _REDUCE | _ARG_REDUCE | _CUMULATIVE | _WINDOW | _MOVE
+_SCATTER = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
+                      "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
+#: primitives with their own strategy variable
+HEAVY = frozenset({"dot_general", "conv_general_dilated", "gather"}) | _SCATTER
+_GENERATORS = frozenset({"iota", "broadcast_in_dim", "full", "zeros_like"})
+
+
+def is_heavy(op: OpNode) -> bool:
+    """dot/conv/gather/scatter: operators that enumerate their own strategies."""
+    return op.primitive in HEAVY
+
+
+def is_follower(op: OpNode) -> bool:
+    """Operators whose strategy follows one operand's spec (elementwise, movement, reductions)."""
+    return op.primitive in FOLLOWERS
+
+
+def is_generator(op: OpNode) -> bool:
+    """Operators that create a tensor from no tensor operand (``iota``, ``broadcast_in_dim`` of a
+    literal): they can produce any spec locally at no cost."""
+    return (op.primitive in _GENERATORS or op.primitive in FOLLOWERS) and all(
+        s is None or len(s) == 0 for s in op.in_shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def _mesh_key(mesh: LogicalMesh) -> tuple:
+    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, id(mesh.cluster))
+
+
+def _op_key(op: OpNode) -> tuple:
+    return (op.primitive, repr(op.params), op.in_shapes, op.out_shapes, op.in_dtypes,
+            op.out_dtypes, op.role, op.flops)
+
+
+def _tiles(spec: Spec | None, sizes: dict[str, int]) -> int:
+    if not spec:
+        return 1
+    return math.prod(sizes[a] for e in spec if e for a in e)
+
+
+def _nbytes(shape: Sequence[int], dtype: str | None) -> float:
+    return float(math.prod(shape) * dtype_bytes(dtype or "float32"))
+
+
+def _bcast_spec(out: Spec, shp: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> Spec | None:
+    """The spec an operand of shape ``shp`` needs for an elementwise result spec ``out``."""
+    if shp is None:
+        return None
+    if len(shp) == 0:
+        return ()
+    if len(shp) == len(out_shape):
+        return tuple(e if shp[d] == out_shape[d] else None for d, e in enumerate(out))
+    return replicated(len(shp))
+
+
+def _axis_idx(mesh: LogicalMesh, axes: Sequence[str]) -> list[int]:
+    return [mesh.axis_names.index(a) for a in axes]
+
+
+def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
+            out_specs: Sequence[Spec], comms: Sequence[tuple[str, float, tuple[str, ...]]],
+            work: int | None = None, name: str | None = None) -> Strategy:
+    """Build a Strategy: time the collectives, compute time and output memory."""
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    backward = op.role == "backward"
+    cs = []
+    for kind, nbytes, axes in comms:
+        axes = tuple(a for a in axes if sizes[a] > 1)
+        if not axes or nbytes <= 0:
+            continue
+        t = mesh.collective_time(kind, nbytes, _axis_idx(mesh, axes), backward)
+        cs.append(Comm(kind, float(nbytes), axes, t, "op"))
+    if work is None:
+        work = max([_tiles(s, sizes) for s in in_specs] + [_tiles(s, sizes) for s in out_specs] + [1])
+    compute = mesh.compute_time(op.flops / work) if op.flops else 0.0
+    mem = 0.0
+    for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
+        mem += _nbytes(shp, dt) / _tiles(s, sizes)
+    if name is None:
+        ins = [spec_name(s) for s in in_specs if s is not None and len(s) > 0]
+        name = " x ".join(ins) + " -> " + ", ".join(spec_name(s) for s in out_specs)
+        if cs:
+            name += " (" + ", ".join(f"{c.kind} {','.join(c.axes)}" for c in cs) + ")"
+    return Strategy(name, tuple(out_specs), tuple(in_specs), tuple(cs), compute, mem)
+
+
+def _replicated_strategy(op: OpNode, mesh: LogicalMesh) -> Strategy:
+    ins = tuple(None if s is None else replicated(len(s)) for s in op.in_shapes)
+    outs = tuple(replicated(len(s)) for s in op.out_shapes)
+    return _finish(op, mesh, ins, outs, (), work=1)
+
+
+def leader_operand(op: OpNode, candidates: Sequence[int] | None = None,
+                   graph: OpGraph | None = None) -> int | None:
+    """The operand a follower follows: the largest tensor operand (Alpa follows the most-tiled
+    operand; before solving, the largest is the one that can be tiled most). Ties prefer an
+    operand of the result's rank, then one not made by ``broadcast_in_dim``, then the first.
+
+    Args:
+        op: the operator.
+        candidates: operand positions allowed (default: every tensor operand).
+        graph: used to look at operands' producers for the tie-break.
+
+    Returns:
+        The operand position, or None when there is no candidate.
+    """
+    pos = [k for k, s in enumerate(op.in_shapes) if s is not None] if candidates is None else list(candidates)
+    if not pos:
+        return None
+    out_rank = len(op.out_shapes[0]) if op.out_shapes else 0
+
+    def score(k: int) -> tuple:
+        shp = op.in_shapes[k] or ()
+        bcast = 0
+        if graph is not None and op.inputs[k] is not None:
+            p = graph.tensors[op.inputs[k]].producer
+            bcast = int(p >= 0 and graph.ops[p].primitive == "broadcast_in_dim")
+        return (math.prod(shp), len(shp) == out_rank, -bcast, -k)
+
+    return max(pos, key=score)
+
+
+# ---------------------------------------------------------------------------------------------
+# follower rules: one operand's spec -> the whole strategy
+# ---------------------------------------------------------------------------------------------
+
+def _keep_dims(spec: Spec, keep: Sequence[bool]) -> Spec:
+    return tuple(e if k else None for e, k in zip(spec, keep))
+
+
+def _reshape_map(src_shape: tuple[int, ...], dst_shape: tuple[int, ...], spec: Spec,
+                 sizes: dict[str, int]) -> tuple[Spec, Spec]:
+    """Map a split through a reshape by factoring: an input dim maps to the output dim with the
+    same row-major prefix product whose size the split divides (so ``H -> (heads, head_dim)``
+    keeps a split of H on heads, and ``(heads, head_dim) -> H`` keeps a heads split on H).
+
+    Returns ``(input spec actually usable, output spec)``: unmapped splits are dropped
+    (replicated) on both sides."""
+    out: list[Any] = [None] * len(dst_shape)
+    used_in: list[Any] = [None] * len(src_shape)
+    prefix_out: dict[int, list[int]] = {}
+    p = 1
+    for j, n in enumerate(dst_shape):
+        prefix_out.setdefault(p, []).append(j)
+        p *= n
+    p = 1
+    for i, n in enumerate(src_shape):
+        e = spec[i]
+        if e:
+            k = math.prod(sizes[a] for a in e)
+            for j in prefix_out.get(p, ()):
+                if dst_shape[j] > 1 and dst_shape[j] % k == 0 and out[j] is None:
+                    out[j] = e
+                    used_in[i] = e
+                    break
+                if dst_shape[j] > 1:
+                    break
+        p *= n
+    return tuple(used_in), tuple(out)
+
+
+def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
+            ) -> tuple[tuple, tuple, list, int | None] | None:
+    """``(in_specs, out_specs, comms, work)`` when operand ``k`` has ``spec``; None if no rule."""
+    prim = op.primitive
+    P = op.params
+    ins_shapes = op.in_shapes
+    outs_shapes = op.out_shapes
+    if not outs_shapes:
+        return None
+    out_shape = outs_shapes[0]
+    src = ins_shapes[k]
+    if src is None:
+        return None
+
+    if prim in ELEMENTWISE:
+        if len(src) == len(out_shape):
+            out = tuple(e if src[d] == out_shape[d] else None for d, e in enumerate(spec))
+        else:
+            out = replicated(len(out_shape))
+        ins = tuple(_bcast_spec(out, s, out_shape) for s in ins_shapes)
+        outs = tuple(out if s == out_shape else replicated(len(s)) for s in outs_shapes)
+        return ins, outs, [], None
+
+    if prim == "broadcast_in_dim":
+        bd = tuple(P.get("broadcast_dimensions", ()))
+        if k != 0 or len(bd) != len(src):
+            return None
+        out_l: list[Any] = [None] * len(out_shape)
+        in_l: list[Any] = [None] * len(src)
+        for i, d in enumerate(bd):
+            if spec[i] and src[i] == out_shape[d]:
+                out_l[d] = spec[i]
+                in_l[i] = spec[i]
+        ins = (tuple(in_l),) + tuple(None if s is None else replicated(len(s)) for s in ins_shapes[1:])
+        return ins, (tuple(out_l),), [], None
+
+    if prim == "reshape":
+        if P.get("dimensions") is not None:
+            used_in, out = replicated(len(src)), replicated(len(out_shape))
+        else:
+            used_in, out = _reshape_map(src, out_shape, spec, sizes)
+        ins = (used_in,) + tuple(None if s is None else replicated(len(s)) for s in ins_shapes[1:])
+        return ins, (out,), [], None
+
+    if prim == "squeeze":
+        dims = {d % max(len(src), 1) for d in P.get("dimensions", ())}
+        out = tuple(e for d, e in enumerate(spec) if d not in dims)
+        return (_keep_dims(spec, [d not in dims for d in range(len(src))]),), (out,), [], None
+
+    if prim == "expand_dims":
+        dims = sorted(P.get("dimensions", ()))
+        it = iter(spec)
+        out = tuple(None if d in dims else next(it, None) for d in range(len(out_shape)))
+        return (spec,), (out,), [], None
+
+    if prim == "transpose":
+        perm = tuple(P.get("permutation", ()))
+        if sorted(perm) != list(range(len(src))):
+            return None
+        return (spec,), (tuple(spec[p] for p in perm),), [], None
+
+    if prim in _REDUCE or prim in _ARG_REDUCE:
+        axes = {a % max(len(src), 1) for a in P.get("axes", ())}
+        if prim in _ARG_REDUCE:
+            in_s = _keep_dims(spec, [d not in axes for d in range(len(src))])
+            out = tuple(e for d, e in enumerate(in_s) if d not in axes)
+            return (in_s,), (out,), [], None
+        red_axes = tuple(a for d in sorted(axes) for a in (spec[d] or ()))
+        out = tuple(e for d, e in enumerate(spec) if d not in axes)
+        comms = []
+        if red_axes:
+            out_b = _nbytes(out_shape, op.out_dtypes[0]) / _tiles(out, sizes)
+            comms.append(("all-reduce", out_b, red_axes))
+        ins = (spec,) + tuple(None if s is None else _bcast_spec(out, s, out_shape)
+                              for s in ins_shapes[1:])
+        return ins, (out,) * len(outs_shapes), comms, _tiles(spec, sizes)
+
+    if prim in _CUMULATIVE:
+        ax = int(P.get("axis", 0)) % max(len(src), 1)
+        s = _keep_dims(spec, [d != ax for d in range(len(src))])
+        return (s,), (s,), [], None
+
+    if prim in ("sort", "top_k"):
+        ax = int(P.get("dimension", len(src) - 1)) % max(len(src), 1)
+        s = _keep_dims(spec, [d != ax for d in range(len(src))])
+        ins = tuple(None if sh is None else (s if len(sh) == len(src) else replicated(len(sh)))
+                    for sh in ins_shapes)
+        outs = tuple(s if len(sh) == len(src) and (prim == "sort" or d != ax) else
+                     (_keep_dims(s, [True] * len(sh)) if len(sh) == len(src) else replicated(len(sh)))
+                     for d, sh in enumerate(outs_shapes))
+        return ins, outs, [], None
+
+    if prim in ("concatenate", "split"):
+        ax = int(P.get("dimension", P.get("axis", 0))) % max(len(src), 1)
+        s = _keep_dims(spec, [d != ax for d in range(len(src))])
+        ins = tuple(None if sh is None else (s if len(sh) == len(src) else replicated(len(sh)))
+                    for sh in ins_shapes)
+        outs = tuple(s if len(sh) == len(src) else replicated(len(sh)) for sh in outs_shapes)
+        return ins, outs, [], None
+
+    if prim == "slice":
+        st, lim, strd = P.get("start_indices", ()), P.get("limit_indices", ()), P.get("strides")
+        keep = [len(st) > d and st[d] == 0 and lim[d] == src[d] and (not strd or strd[d] == 1)
+                for d in range(len(src))]
+        s = _keep_dims(spec, keep)
+        return (s,), (s,), [], None
+
+    if prim == "pad":
+        cfg = P.get("padding_config", ())
+        keep = [d < len(cfg) and tuple(cfg[d]) == (0, 0, 0) for d in range(len(src))]
+        if k != 0:
+            return None
+        s = _keep_dims(spec, keep)
+        return (s,) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[1:]), (s,), [], None
+
+    if prim == "rev":
+        dims = set(P.get("dimensions", ()))
+        s = _keep_dims(spec, [d not in dims for d in range(len(src))])
+        return (s,), (s,), [], None
+
+    if prim == "dynamic_slice":
+        if k != 0:
+            return None
+        sz = tuple(P.get("slice_sizes", out_shape))
+        s = _keep_dims(spec, [d < len(sz) and sz[d] == src[d] for d in range(len(src))])
+        return (s,) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[1:]), (s,), [], None
+
+    if prim == "dynamic_update_slice":
+        if k not in (0, 1) or ins_shapes[0] is None or ins_shapes[1] is None:
+            return None
+        opnd, upd = ins_shapes[0], ins_shapes[1]
+        if len(opnd) != len(upd):
+            return None
+        keep = [opnd[d] == upd[d] for d in range(len(opnd))]
+        s = _keep_dims(spec, keep)
+        return (s, s) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[2:]), (s,), [], None
+
+    if prim == "scan_slice":
+        s = _keep_dims(spec, [d != 0 for d in range(len(src))])
+        return (s,), (s[1:],), [], None
+
+    if prim == "scan_stack":
+        ins = tuple(None if sh is None else (spec if sh == src else replicated(len(sh)))
+                    for sh in ins_shapes)
+        return ins, ((None,) + tuple(spec),), [], None
+
+    if prim in _WINDOW:
+        wd = tuple(P.get("window_dimensions", ()))
+        ws = tuple(P.get("window_strides", ()))
+        pad = tuple(tuple(p) for p in P.get("padding", ()))
+        bd = tuple(P.get("base_dilation", ()) or ())
+        wdil = tuple(P.get("window_dilation", ()) or ())
+        n = len(src)
+        if len(wd) != n:
+            return None
+        keep = [wd[d] == 1 and (d >= len(ws) or ws[d] == 1)
+                and (d >= len(pad) or tuple(pad[d]) == (0, 0))
+                and (d >= len(bd) or bd[d] == 1) and (d >= len(wdil) or wdil[d] == 1)
+                for d in range(n)]
+        s = _keep_dims(spec, keep)
+        ins = tuple(None if sh is None else (s if len(sh) == n else replicated(len(sh)))
+                    for sh in ins_shapes)
+        outs = tuple(s if len(sh) == n else replicated(len(sh)) for sh in outs_shapes)
+        return ins, outs, [], None
+
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# heavy operators: enumerate loop-dimension -> mesh-axis mappings
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Slot:
+    """A loop dimension: its size, the operand dims it indexes, its result dim (None: summed)."""
+
+    size: int
+    operand_dims: tuple[tuple[int, int], ...]  # (operand position, dim)
+    out_dim: int | None
+
+
+def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allow_rs: bool,
+                     out_index: int = 0, partial_ok: bool = True) -> list[Strategy]:
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    axes = [(a, n) for a, n in zip(mesh.axis_names, mesh.shape) if n > 1]
+    out_shape = op.out_shapes[out_index]
+    out_dtype = op.out_dtypes[out_index]
+    result: list[Strategy] = []
+    seen: set = set()
+    for assign in itertools.product(range(-1, len(slots)), repeat=len(axes)):
+        per_slot: dict[int, tuple[str, ...]] = {}
+        for (a, _n), s in zip(axes, assign):
+            if s >= 0:
+                per_slot[s] = per_slot.get(s, ()) + (a,)
+        ok = True
+        for s, ax in per_slot.items():
+            k = math.prod(sizes[a] for a in ax)
+            sl = slots[s]
+            if sl.size % k:
+                ok = False
+                break
+            for pos, d in sl.operand_dims:
+                if op.in_shapes[pos] is None or op.in_shapes[pos][d] % k:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if not ok:
+            continue
+        ins: list[Any] = [None if s is None else [None] * len(s) for s in op.in_shapes]
+        out: list[Any] = [None] * len(out_shape)
+        partial: list[str] = []
+        for s, ax in per_slot.items():
+            sl = slots[s]
+            for pos, d in sl.operand_dims:
+                ins[pos][d] = ax
+            if sl.out_dim is None:
+                partial.extend(ax)
+            else:
+                out[sl.out_dim] = ax
+        if partial and not partial_ok:
+            continue
+        partial.sort(key=mesh.axis_names.index)
+        in_specs = tuple(None if s is None else tuple(s) for s in ins)
+        base_out = tuple(out)
+        work = _tiles(base_out, sizes) * math.prod(sizes[a] for a in partial)
+        # resolutions of partial sums: all-reduce, or reduce-scatter onto an output dim
+        options: list[list[int | None]] = []
+        for a in partial:
+            opts: list[int | None] = [None]
+            if allow_rs:
+                ai = mesh.axis_names.index(a)
+                for d in range(len(out_shape)):
+                    cur = out[d] or ()
+                    if any(mesh.axis_names.index(b) > ai for b in cur):
+                        continue
+                    if out_shape[d] % (math.prod(sizes[b] for b in cur) * sizes[a]):
+                        continue
+                    opts.append(d)
+            options.append(opts)
+        for res in itertools.product(*options):
+            o = list(base_out)
+            bad = False
+            for a, d in zip(partial, res):
+                if d is not None:
+                    o[d] = (o[d] or ()) + (a,)
+            for d, e in enumerate(o):
+                if e and out_shape[d] % math.prod(sizes[b] for b in e):
+                    bad = True
+            if bad:
+                continue
+            cur_b = _nbytes(out_shape, out_dtype) / _tiles(base_out, sizes)
+            comms: list[tuple[str, float, tuple[str, ...]]] = []
+            for a, d in zip(partial, res):
+                if d is not None:
+                    comms.append(("reduce-scatter", cur_b, (a,)))
+                    cur_b /= sizes[a]
+            ar = tuple(a for a, d in zip(partial, res) if d is None)
+            if ar:
+                comms.append(("all-reduce", cur_b, ar))
+            outs = list(replicated(len(s)) for s in op.out_shapes)
+            outs[out_index] = tuple(o)
+            key = (in_specs, tuple(outs))
+            if key in seen:
+                continue
+            seen.add(key)
+            result.append(_finish(op, mesh, in_specs, outs, comms, work=work))
+    return result
+
+
+def _dot_slots(op: OpNode) -> list[_Slot]:
+    (lc, rc), (lb, rb) = op.params["dimension_numbers"]
+    ls, rs = op.in_shapes[0], op.in_shapes[1]
+    lfree = [d for d in range(len(ls)) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(rs)) if d not in rc and d not in rb]
+    slots = [_Slot(ls[a], ((0, a), (1, b)), i) for i, (a, b) in enumerate(zip(lb, rb))]
+    slots += [_Slot(ls[a], ((0, a),), len(lb) + j) for j, a in enumerate(lfree)]
+    slots += [_Slot(rs[b], ((1, b),), len(lb) + len(lfree) + j) for j, b in enumerate(rfree)]
+    slots += [_Slot(ls[a], ((0, a), (1, b)), None) for a, b in zip(lc, rc)]
+    return [s for s in slots if s.size > 1]
+
+
+def _conv_slots(op: OpNode) -> list[_Slot]:
+    dn = op.params["dimension_numbers"]
+    lsp, rsp, osp = dn["lhs_spec"], dn["rhs_spec"], dn["out_spec"]
+    fg = int(op.params.get("feature_group_count", 1) or 1)
+    bg = int(op.params.get("batch_group_count", 1) or 1)
+    ls, rs = op.in_shapes[0], op.in_shapes[1]
+    slots = []
+    if bg == 1:
+        slots.append(_Slot(ls[lsp[0]], ((0, lsp[0]),), osp[0]))
+    if fg == 1 and bg == 1:
+        slots.append(_Slot(rs[rsp[0]], ((1, rsp[0]),), osp[1]))
+        slots.append(_Slot(ls[lsp[1]], ((0, lsp[1]), (1, rsp[1])), None))
+    return [s for s in slots if s.size > 1]
+
+
+def _gather_slots(op: OpNode) -> list[_Slot] | None:
+    dn = op.params["dimension_numbers"]
+    opnd, idx = op.in_shapes[0], op.in_shapes[1]
+    out = op.out_shapes[0]
+    offset_dims = tuple(dn["offset_dims"])
+    collapsed = tuple(dn["collapsed_slice_dims"])
+    sim = tuple(dn["start_index_map"])
+    obd = tuple(dn.get("operand_batching_dims", ()) or ())
+    ibd = tuple(dn.get("start_indices_batching_dims", ()) or ())
+    sizes_ = tuple(op.params.get("slice_sizes", ()))
+    if opnd is None or idx is None or len(sizes_) != len(opnd):
+        return None
+    batch_out = [d for d in range(len(out)) if d not in offset_dims]
+    idx_batch = list(range(len(idx) - 1))
+    if len(batch_out) != len(idx_batch):
+        return None
+    slots = []
+    for j, i in enumerate(idx_batch):
+        if i in ibd:
+            od = obd[ibd.index(i)]
+            slots.append(_Slot(idx[i], ((1, i), (0, od)), batch_out[j]))
+        else:
+            slots.append(_Slot(idx[i], ((1, i),), batch_out[j]))
+    off_operand = [d for d in range(len(opnd)) if d not in collapsed and d not in obd]
+    for j, d in enumerate(off_operand):
+        if j < len(offset_dims) and sizes_[d] == opnd[d]:
+            slots.append(_Slot(opnd[d], ((0, d),), offset_dims[j]))
+    for d in collapsed:
+        if d in sim and sizes_[d] == 1:
+            slots.append(_Slot(opnd[d], ((0, d),), None))  # vocabulary-parallel
+    return [s for s in slots if s.size > 1]
+
+
+def _scatter_slots(op: OpNode) -> list[_Slot] | None:
+    dn = op.params["dimension_numbers"]
+    if len(op.in_shapes) < 3:
+        return None
+    opnd, idx, upd = op.in_shapes[0], op.in_shapes[1], op.in_shapes[2]
+    if opnd is None or idx is None or upd is None:
+        return None
+    uwd = tuple(dn["update_window_dims"])
+    iwd = tuple(dn["inserted_window_dims"])
+    sdod = tuple(dn["scatter_dims_to_operand_dims"])
+    obd = tuple(dn.get("operand_batching_dims", ()) or ())
+    ibd = tuple(dn.get("scatter_indices_batching_dims", ()) or ())
+    upd_scatter = [d for d in range(len(upd)) if d not in uwd]
+    idx_batch = list(range(len(idx) - 1))
+    if len(upd_scatter) != len(idx_batch):
+        return None
+    slots = []
+    additive = op.primitive in ("scatter-add", "scatter_add")
+    for j, i in enumerate(idx_batch):
+        if i in ibd:
+            od = obd[ibd.index(i)]
+            slots.append(_Slot(idx[i], ((1, i), (2, upd_scatter[j]), (0, od)), od))
+        elif additive:
+            slots.append(_Slot(idx[i], ((1, i), (2, upd_scatter[j])), None))
+    win_operand = [d for d in range(len(opnd)) if d not in iwd and d not in obd]
+    for j, d in enumerate(win_operand):
+        if j < len(uwd) and upd[uwd[j]] == opnd[d]:
+            slots.append(_Slot(opnd[d], ((0, d), (2, uwd[j])), d))
+    for d in iwd:
+        if d in sdod:
+            slots.append(_Slot(opnd[d], ((0, d),), d))
+    return [s for s in slots if s.size > 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+
+_DERIVE_CACHE: dict[tuple, Strategy | None] = {}
+_STRAT_CACHE: dict[tuple, tuple[tuple[Strategy, ...], bool]] = {}
+
+
+def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec) -> Strategy | None:
+    """The follower strategy of ``op`` when its operand ``k`` has ``spec``.
+
+    The returned strategy's ``in_specs[k]`` may differ from ``spec`` where the operator cannot
+    keep a split (e.g. a reduce-window or cumsum along a split dimension): the difference is a
+    resharding the caller charges.
+
+    Returns:
+        The strategy, or None when ``op`` has no follower rule.
+    """
+    key = (_mesh_key(mesh), _op_key(op), k, spec)
+    if key in _DERIVE_CACHE:
+        return _DERIVE_CACHE[key]
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    try:
+        r = _follow(op, k, spec, sizes)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+        r = None
+    st = None
+    if r is not None:
+        ins, outs, comms, work = r
+        st = _finish(op, mesh, ins, outs, comms, work=work)
+    if len(_DERIVE_CACHE) > 2_000_000:
+        _DERIVE_CACHE.clear()
+    _DERIVE_CACHE[key] = st
+    return st
+
+
+def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
+               unknown: set[str] | None = None) -> list[Strategy]:
+    """The sharding strategies of one operator on ``mesh``.
+
+    Args:
+        op: the operator.
+        graph: its graph (used to pick the operand a follower follows); may be None.
+        mesh: the logical mesh.
+        unknown: if given, the primitive's name is added when it has no rule (it then gets only
+            the replicated strategy).
+
+    Returns:
+        Distinct strategies (no two with the same operand and result specs), never empty; the
+        replicated strategy is always among them.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, autoplan
+        >>> g = autoplan.trace(lambda x, w: x @ w, jax.ShapeDtypeStruct((8, 16), jnp.float32),
+        ...                    jax.ShapeDtypeStruct((16, 4), jnp.float32))
+        >>> mesh = autoplan.Cluster.preset("p3.16xlarge").logical_mesh((1, 2))
+        >>> [s.name for s in strategies(g[0], g, mesh)]  # doctest: +NORMALIZE_WHITESPACE
+        ['RR x RR -> RR', 'S(y)R x RR -> S(y)R', 'RR x RS(y) -> RS(y)',
+         'RS(y) x S(y)R -> RR (all-reduce y)', 'RS(y) x S(y)R -> S(y)R (reduce-scatter y)',
+         'RS(y) x S(y)R -> RS(y) (reduce-scatter y)']
+    """
+    key = (_mesh_key(mesh), _op_key(op))
+    hit = _STRAT_CACHE.get(key)
+    if hit is None:
+        try:
+            out = _strategies(op, graph, mesh)
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError):
+            out = []
+        is_unknown = not out
+        if is_unknown:
+            out = [_replicated_strategy(op, mesh)]
+        elif not any(all(not e for s in st.out_specs for e in s) and
+                     all(s is None or not any(s) for s in st.in_specs) for st in out):
+            out.insert(0, _replicated_strategy(op, mesh))
+        hit = (tuple(out), is_unknown)
+        if len(_STRAT_CACHE) > 200_000:
+            _STRAT_CACHE.clear()
+        _STRAT_CACHE[key] = hit
+    if hit[1] and unknown is not None:
+        unknown.add(op.primitive)
+    return list(hit[0])
+
+
+def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[Strategy]:
+    prim = op.primitive
+    if not op.out_shapes:
+        return []
+    if prim == "dot_general":
+        return _enumerate_slots(op, mesh, _dot_slots(op), allow_rs=True)
+    if prim == "conv_general_dilated":
+        return _enumerate_slots(op, mesh, _conv_slots(op), allow_rs=False)
+    if prim == "gather":
+        slots = _gather_slots(op)
+        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False)
+    if prim in _SCATTER:
+        slots = _scatter_slots(op)
+        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False)
+    if prim in FOLLOWERS:
+        k = leader_operand(op, [i for i, s in enumerate(op.in_shapes) if s is not None and len(s)],
+                           graph)
+        if k is None:
+            if not is_generator(op):
+                return []
+            return [_finish(op, mesh, tuple(None if s is None else () for s in op.in_shapes),
+                            (spec,) + tuple(replicated(len(s)) for s in op.out_shapes[1:]), ())
+                    for spec in enumerate_specs(op.out_shapes[0], mesh)]
+        out: list[Strategy] = []
+        seen: set = set()
+        for spec in enumerate_specs(op.in_shapes[k], mesh):
+            st = derive(op, mesh, k, spec)
+            if st is None:
+                return []
+            key = (st.in_specs, st.out_specs)
+            if key not in seen:
+                seen.add(key)
+                out.append(st)
+        return out
+    return []
