@@ -18,7 +18,6 @@ from ._sharding import tile_color as tile_color
 from ._sharding import tile_devices as tile_devices
 from ._sharding import tile_grid as tile_grid
 from ._style import GREYS as GREYS
-from ._style import PARTIAL_REPLICATED_COLOR as PARTIAL_REPLICATED_COLOR
 from ._style import REPLICATED_COLOR as REPLICATED_COLOR
 from ._style import class_color as class_color
 from ._style import device_color as device_color
@@ -41,6 +40,5 @@ __all__ = [
     "stage_color",
     "class_color",
     "REPLICATED_COLOR",
-    "PARTIAL_REPLICATED_COLOR",
     "GREYS",
 ]

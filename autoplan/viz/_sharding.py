@@ -2,7 +2,10 @@
 
 Each heavy operator along the model is a column; its tensors (input, weight, output) are blocks
 cut into tiles, one tile per distinct shard. A tile held by exactly one device has that device's
-colour; a tile held by several devices (replicated along some mesh axis) is grey.
+colour; a tile held by every device of the mesh (replicated) is grey, as in Alpa's figure; a tile
+held by several but not all devices (split over some mesh axes, replicated over the others) has
+the colour of its lowest device id, striped, so the tiles of a tensor split 4 ways on a 2x4 mesh
+show 4 colours rather than 4 identical greys.
 
 Tile geometry. A tensor of rank 2 with spec ``(s0, s1)`` on a mesh is cut into
 ``splits(s0) x splits(s1)`` tiles, where ``splits(s) = prod(mesh size of each axis in s)``. The
@@ -23,7 +26,7 @@ import plotly.graph_objects as go
 
 from .._plan import OpSharding, Plan, Stage, TensorSharding, spec_str
 from ._style import (
-    PARTIAL_REPLICATED_COLOR,
+    PARTIAL_PATTERN,
     REPLICATED_COLOR,
     TEMPLATE,
     device_color,
@@ -137,13 +140,12 @@ def tile_devices(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence
 
 
 def tile_color(devices: Sequence[int], mesh_size: int) -> str:
-    """A tile's colour: the device's colour when one device holds it; grey when several do
-    (:data:`REPLICATED_COLOR` for all devices of the mesh, a lighter grey for some)."""
-    if len(devices) == 1:
-        return device_color(devices[0])
-    if len(devices) >= mesh_size:
+    """A tile's colour: :data:`REPLICATED_COLOR` (grey) when all ``mesh_size`` devices of the mesh
+    hold it (and more than one), else the colour of the lowest device id holding it (the figure
+    stripes it when that is more than one device)."""
+    if len(devices) >= mesh_size > 1:
         return REPLICATED_COLOR
-    return PARTIAL_REPLICATED_COLOR
+    return device_color(min(devices))
 
 
 def _forward_ops(plan: Plan) -> tuple[list[tuple[Stage, OpSharding]], bool]:
@@ -180,12 +182,15 @@ def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
     One column per forward operator (in model order; evenly subsampled when there are more than
     ``max_ops``); in each column the operator's tensors as blocks, inputs at the bottom, weights
     in the middle, outputs on top. Each block is cut into tiles (see :func:`tile_devices`); a tile
-    held by one device has that device's colour (:func:`device_color` of its cluster device id),
-    a tile held by several devices is grey. Hovering a tile shows the tensor's name, shape,
-    PartitionSpec, bytes per device and the devices holding the tile.
+    held by one device has that device's colour (:func:`device_color` of its cluster device id);
+    a tile held by all devices of the mesh is grey (replicated); a tile held by several but not
+    all has the colour of its lowest cluster device id and a stripe pattern (see
+    :func:`tile_color`). Hovering a tile shows the tensor's name, shape, PartitionSpec, bytes per
+    device and the devices holding the tile.
 
     Every tile is its own trace with ``meta = {"kind": "tile", "op", "column", "tensor",
-    "role", "row", "col", "devices" (mesh-local ids), "cluster_devices", "stage"}``.
+    "role", "row", "col", "devices" (mesh-local ids), "cluster_devices", "stage",
+    "replicated", "striped"}``.
 
     Args:
         plan: the plan to draw.
@@ -205,7 +210,7 @@ def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     used_devices: set[int] = set()
-    used_greys: set[str] = set()
+    used_kinds: set[str] = set()
     n_slots = 1
     folded = False
     ticktext = []
@@ -226,19 +231,20 @@ def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
         n_slots = max(n_slots, len(tensors))
         for slot, t in enumerate(tensors):
             folded = folded or len(t.shape) > 2
-            traces.extend(_tensor_tiles(t, op, stage, col, slot, mesh_size, used_devices, used_greys))
+            traces.extend(_tensor_tiles(t, op, stage, col, slot, mesh_size, used_devices, used_kinds))
     legend = [legend_swatch(f"device {d}", device_color(d), group="devices", device=d)
               for d in sorted(used_devices)]
-    if REPLICATED_COLOR in used_greys:
+    if "replicated" in used_kinds:
         legend.append(legend_swatch("replicated on all devices", REPLICATED_COLOR, group="grey"))
-    if PARTIAL_REPLICATED_COLOR in used_greys:
-        legend.append(legend_swatch("replicated on some devices", PARTIAL_REPLICATED_COLOR,
-                                    group="grey"))
+    if "partial" in used_kinds:
+        legend.append(legend_swatch("striped: on several devices, coloured by the lowest id",
+                                    "#666666", group="striped", symbol="square-x-open"))
     mesh_txt = " | ".join(sorted({"x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
                                   for s in plan.stages}))
     head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}] on mesh {mesh_txt}: "
             f"{len(picked)} {'forward ' if forward_only else ''}ops")
-    notes = ["colour = the one device holding a tile, grey = replicated"]
+    notes = ["colour = device holding a tile (striped: several devices, colour of the lowest id), "
+             "grey = replicated on all"]
     if len(picked) < len(ops):
         notes.insert(0, f"{len(picked)} of {len(ops)} ops shown, evenly spaced along the model")
     if folded:
@@ -264,7 +270,7 @@ def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
 
 
 def _tensor_tiles(t: TensorSharding, op: OpSharding, stage: Stage, col: int, slot: int,
-                  mesh_size: int, used_devices: set[int], used_greys: set[str]) -> list[dict[str, Any]]:
+                  mesh_size: int, used_devices: set[int], used_kinds: set[str]) -> list[dict[str, Any]]:
     grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
     rows, cols = len(grid), len(grid[0])
     shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
@@ -280,13 +286,14 @@ def _tensor_tiles(t: TensorSharding, op: OpSharding, stage: Stage, col: int, slo
     out = []
     for r, row in enumerate(grid):
         for c, devs in enumerate(row):
-            color = tile_color(devs, mesh_size)
             cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in devs]
-            if len(devs) == 1:
-                color = device_color(cluster[0])
-                used_devices.add(cluster[0])
+            color = tile_color(cluster, mesh_size)
+            if color == REPLICATED_COLOR:
+                used_kinds.add("replicated")
             else:
-                used_greys.add(color)
+                used_devices.add(min(cluster))
+                if len(devs) > 1:
+                    used_kinds.add("partial")
             a, b = x0 + c * w, x0 + (c + 1) * w
             top, bot = y1 - r * h, y1 - (r + 1) * h
             text = (f"{head}<br>tile ({r}, {c}) of {rows}x{cols} held by "
@@ -298,6 +305,10 @@ def _tensor_tiles(t: TensorSharding, op: OpSharding, stage: Stage, col: int, slo
                 "text": text, "showlegend": False, "name": t.name,
                 "meta": {"kind": "tile", "op": op.op, "column": col, "tensor": t.name,
                          "role": t.role, "row": r, "col": c, "devices": list(devs),
-                         "cluster_devices": cluster, "stage": stage.index},
+                         "cluster_devices": cluster, "stage": stage.index,
+                         "replicated": color == REPLICATED_COLOR,
+                         "striped": 1 < len(devs) and color != REPLICATED_COLOR},
             })
+            if 1 < len(devs) and color != REPLICATED_COLOR:
+                out[-1]["fillpattern"] = {**PARTIAL_PATTERN, "bgcolor": color}
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = [
     "REPLICATED_COLOR",
-    "PARTIAL_REPLICATED_COLOR",
+    "PARTIAL_PATTERN",
     "UNUSED_COLOR",
     "IDLE_COLOR",
     "GREYS",
@@ -35,13 +35,13 @@ __all__ = [
 
 REPLICATED_COLOR = "#9e9e9e"
 """A tile held by every device of the mesh (Alpa: grey = replicated)."""
-PARTIAL_REPLICATED_COLOR = "#c8c8c8"
-"""A tile held by several, but not all, devices (replicated along some mesh axes)."""
+PARTIAL_PATTERN = {"shape": "/", "fgcolor": "rgba(255,255,255,0.75)", "size": 7, "solidity": 0.3}
+"""Stripes over a tile held by several, but not all, devices (replicated along some mesh axes)."""
 UNUSED_COLOR = "#ffffff"
 """A cluster device that no stage uses."""
 IDLE_COLOR = "#eeeeee"
 """An idle gap (bubble) on a pipeline timeline."""
-GREYS = frozenset({REPLICATED_COLOR, PARTIAL_REPLICATED_COLOR})
+GREYS = frozenset({REPLICATED_COLOR, "#808080", "#7f7f7f", "#c8c8c8", "#cccccc", "#dddddd"})
 TEMPLATE = "plotly_white"
 
 # Saturated, mutually distinct, never grey: one per device for up to 24 devices.
@@ -160,7 +160,7 @@ def escape(text: Any) -> str:
 
 def legend_swatch(name: str, color: str, group: str | None = None, symbol: str = "square",
                   **meta: Any) -> dict[str, Any]:
-    """A legend-only trace: a coloured square with ``name`` and no data."""
+    """A legend-only trace: a coloured square (``symbol``) with ``name`` and no data."""
     return {
         "type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
         "marker": {"color": color, "symbol": symbol, "size": 12,

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from autoplan.viz import (
     GREYS,
-    PARTIAL_REPLICATED_COLOR,
     REPLICATED_COLOR,
     device_color,
     sharding_figure,
@@ -109,12 +108,14 @@ def test_output_dim_split_over_4_device_axis(intra_plan):
     assert (len(grid), len(grid[0])) == (1, 4)
     expect = tile_devices((1024, 4096), (None, ("y",)), MESH, AXES)
     assert [[tuple(t.meta["devices"]) for t in row] for row in grid] == expect
-    # on the 2x4 mesh each column tile is on 2 devices (replicated over x): grey (lighter than
-    # fully replicated), per Alpa's rule; on a 1x4 mesh see the next test
-    assert all(t.fillcolor == PARTIAL_REPLICATED_COLOR for t in tiles)
+    # 4 distinct colours, one per column tile; each tile is on 2 devices (replicated over x):
+    # coloured by its lowest device and striped
+    assert [t.fillcolor for t in grid[0]] == [device_color(d) for d in range(4)]
+    assert all(t.meta["striped"] and t.fillpattern.shape == "/" for t in tiles)
+    assert not {t.fillcolor for t in tiles} & GREYS
 
 
-def test_output_dim_split_over_4_device_axis_has_4_device_colours(pipeline_plan):
+def test_output_dim_split_over_whole_1x4_mesh_has_4_device_colours(pipeline_plan):
     # stage 0 is a 1x4 mesh on devices 0-3; its weights are split on the output dim over y (size 4)
     stage = pipeline_plan.stages[0]
     fig = sharding_figure(pipeline_plan)
@@ -125,6 +126,7 @@ def test_output_dim_split_over_4_device_axis_has_4_device_colours(pipeline_plan)
     assert [tuple(t.meta["devices"]) for t in tiles] == expect[0]
     assert [t.fillcolor for t in tiles] == [device_color(stage.device_ids[d[0]]) for d in expect[0]]
     assert len({t.fillcolor for t in tiles}) == 4 and not {t.fillcolor for t in tiles} & GREYS
+    assert not any(t.meta["striped"] for t in tiles)
 
 
 def test_output_dim_split_on_single_axis_mesh_gets_device_colours(pipeline_plan):
@@ -160,6 +162,7 @@ def test_2d_split_over_both_axes_has_8_distinct_devices(intra_plan):
     for t in tiles:
         assert (t.meta["devices"][0],) == expect[t.meta["row"]][t.meta["col"]]
         assert t.fillcolor == device_color(t.meta["devices"][0])
+        assert not t.meta["striped"] and not t.fillpattern.shape
 
 
 def test_one_dim_over_both_axes(intra_plan):
