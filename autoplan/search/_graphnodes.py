@@ -177,6 +177,7 @@ class GraphNodeGraph:
         ports: for each edge ``(u, v)``, the sorted tuple of ``(member index of the producer in u,
             output index, member index of the consumer in v, operand index)`` of the operands it
             carries: what the subgraph miner uses as edge labels.
+        labeler: the interned operator labels of ``graph``.
     """
 
     graph: OpGraph
@@ -184,6 +185,7 @@ class GraphNodeGraph:
     node_of_op: list[int]
     nx: nx.DiGraph
     ports: dict[tuple[int, int], tuple[tuple[int, int, int, int], ...]] = field(repr=False)
+    labeler: OpLabeler | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -408,5 +410,5 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
             ports.setdefault((u, v), []).append(
                 (member_index[p], ops[p].outputs.index(t), member_index[op.id], k))
     return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, nx=dg,
-                          ports={e: tuple(sorted(v)) for e, v in ports.items()})
+                          ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)
 

@@ -34,9 +34,10 @@ reuses it for every occurrence (the search space is *folded*).
    first class is the dominant repeated structure.
 5. **Verification.** Every instance's operators are checked to be isomorphic to the first
    instance's under the position-by-position correspondence the growth built (same labels, same
-   internal edges and ports), and each instance gets a canonical Weisfeiler-Lehman hash
-   (:func:`canonical_hash`) over primitive-, shape- and dtype-labelled operators; instances whose
-   hash differs from the majority are dropped.
+   internal edges and operand ports: an exact isomorphism test in linear time); instances that
+   fail are dropped. The class's identity is the canonical Weisfeiler-Lehman hash
+   (:func:`canonical_hash`) of its representative over primitive-, shape- and dtype-labelled
+   operators, which every (isomorphic) instance shares.
 
 Training steps: the backward and optimizer-update operators of a layer are reached from its
 forward operators (saved activations, gradients, the parameter each update reads) and are attached
@@ -574,23 +575,19 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
     timings["grow"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    labeler = OpLabeler(graph)
+    labeler = gng.labeler or OpLabeler(graph)
     classes: list[RepeatedClass] = []
     for tr in found:
         aligned = [_aligned_ops(gng, members) for members in tr.inst]
         keep = list(range(len(aligned)))
-        hashes: list[str] = []
         if verify:
+            # position-by-position isomorphism to the representative (exact, linear); isomorphic
+            # instances then share the representative's canonical hash
             ref = _positional_signature(graph, labeler, aligned[0])
             keep = [j for j in keep if _positional_signature(graph, labeler, aligned[j]) == ref]
-            hashes = [canonical_hash(graph, aligned[j], labeler=labeler) for j in keep]
-            if hashes:
-                major = max(set(hashes), key=hashes.count)
-                keep = [j for j, h in zip(keep, hashes) if h == major]
-                hashes = [major]
         if len(keep) < min_support:
             continue
-        h = hashes[0] if hashes else canonical_hash(graph, aligned[keep[0]], labeler=labeler)
+        h = canonical_hash(graph, aligned[keep[0]], labeler=labeler)
         order = sorted(keep, key=lambda j: min(aligned[j]))
         classes.append(RepeatedClass(
             id=0, hash=h,
