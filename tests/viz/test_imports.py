@@ -1,0 +1,24 @@
+"""viz only reads plans: importing it and drawing loads neither autoplan.exec nor autoplan.search."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_viz_imports_neither_exec_nor_search():
+    code = ("import sys, autoplan.viz\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('autoplan.exec', 'autoplan.search'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2], env={"JAX_PLATFORMS": "cpu",
+                                                                       "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "[]"
+
+
+def test_viz_sources_do_not_import_exec_or_search():
+    src = Path(__file__).resolve().parents[2] / "autoplan" / "viz"
+    bad = re.compile(r"^\s*(from|import)\s+(autoplan\.|\.\.)(exec|search)\b", re.M)
+    for f in src.glob("*.py"):
+        assert not bad.search(f.read_text()), f"{f.name} imports exec or search"
