@@ -716,6 +716,8 @@ class ILPSolution:
             choose).
         solver: the solver's name.
         unknown_primitives: primitives run replicated for lack of a rule.
+        solver_objective: the objective as the solver's (compressed) model computes it, in
+            seconds; equals ``objective`` up to rounding (a check of the model's assembly).
     """
 
     choice: dict[int | str, int]
@@ -740,6 +742,7 @@ class ILPSolution:
     status: str
     solver: str
     unknown_primitives: tuple[str, ...] = ()
+    solver_objective: float | None = None
     problem: ILPProblem | None = field(default=None, repr=False, compare=False)
 
 
@@ -846,6 +849,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
 
     t1 = time.perf_counter()
     solver_name = "none"
+    solver_obj: float | None = None
     if n_bin == 0:
         status = "trivial"
         vec = [0] * len(prob.nodes)
@@ -870,6 +874,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             vec = _greedy(prob, memory_budget)
         else:
             status = res.status
+            solver_obj = None if res.objective is None else res.objective / _SCALE
             vec = []
             for vs in svars:
                 if vs is None:
@@ -888,7 +893,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         num_binaries=n_bin, num_edge_vars=n_edge, num_constraints=n_con,
         num_nodes=len(prob.nodes), num_ops=len(prob.ops),
         build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=status,
-        solver=solver_name, unknown_primitives=tuple(sorted(prob.unknown)), problem=prob)
+        solver=solver_name, unknown_primitives=tuple(sorted(prob.unknown)),
+        solver_objective=solver_obj, problem=prob)
 
 
 def _var(lp: pulp.LpProblem, name: str, cat: str) -> pulp.LpVariable:

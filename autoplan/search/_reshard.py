@@ -36,7 +36,7 @@ _CACHE_MAX = 1 << 20
 
 
 def _mesh_key(mesh: LogicalMesh) -> tuple:
-    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, id(mesh.cluster))
+    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster)
 
 
 def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: LogicalMesh,

@@ -150,7 +150,7 @@ def is_generator(op: OpNode) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def _mesh_key(mesh: LogicalMesh) -> tuple:
-    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, id(mesh.cluster))
+    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster)
 
 
 def _op_key(op: OpNode) -> tuple:

