@@ -35,9 +35,10 @@ Exact reductions applied before solving (each keeps the optimum unchanged):
   pairs; all-zero edges are dropped, and edges whose cost matrix is separable
   (:math:`R_{ij} = a_i + b_j`, e.g. when one end has a single spec) fold into node costs.
 
-Graph inputs (parameters, optimizer state, batch) have their own spec variables; a parameter or
-optimizer-state leaf pays a small penalty proportional to its replicated bytes (Alpa's trick to
-prefer sharding weights when it costs nothing else). A training step's outputs that are updated
+Graph inputs (parameters, optimizer state, batch) have their own spec variables; each pays a
+small penalty proportional to its replicated bytes (Alpa's trick to prefer sharding weights when
+it costs nothing else; for a batch it prefers the split the consumers use over a replicated
+batch that they slice for free). A training step's outputs that are updated
 inputs (output leaf ``[k]<path>`` of the same shape as input ``<path>`` of argument ``k-1``) are
 charged the resharding back to that input's spec, so a sharded weight update (reduce-scatter the
 gradient, update a sharded optimizer state, all-gather the parameters) is a plan the ILP can
@@ -99,8 +100,8 @@ __all__ = [
     "updated_input_pairs",
 ]
 
-#: replicated-parameter penalty: this fraction of the time to move the replicated excess bytes
-#: over the mesh's fastest axis
+#: replicated-input penalty: this fraction of the time to move an input's replicated excess bytes
+#: (its bytes per device above the fully sharded size) over the mesh's fastest axis
 PARAM_PENALTY = 1e-3
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
                          "argmin"})
@@ -328,7 +329,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         strats = [_spec_strategy(s, ten.shape, ten.dtype, mesh) for s in specs]
         cost = np.zeros(len(strats))
         mem = np.array([s.memory for s in strats])
-        if gi is not None and gi.kind in ("parameter", "optimizer_state"):
+        if gi is not None:
             cost = cost + _penalty_vec(ten.nbytes, strats, mesh)
         if gi is None:
             mem = np.zeros(len(strats))  # boundary activations are counted by their producer
