@@ -43,6 +43,7 @@ plus the embedding and the head.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -345,20 +346,21 @@ def critical_nodes(graph: OpGraph, part: str = "all") -> list[int]:
 
 
 def _layer_boundaries(graph: OpGraph, crit: Sequence[int], mining) -> list[int] | None:
-    """One boundary per instance of the largest mined class that holds critical nodes."""
+    """Around every instance of every mined class holding critical nodes: its last critical node
+    and the last critical node before its first one."""
     crit_set = set(crit)
+    bounds: set[int] = set()
     for cls in mining.classes:
         per = [sorted(o for o in inst if o in crit_set) for inst in cls.instances]
         per = [p for p in per if p]
         if len(per) < 2:
             continue
-        per.sort(key=lambda p: p[0])
-        bounds = {p[-1] for p in per}
-        before = [c for c in crit if c < per[0][0]]
-        if before:
-            bounds.add(before[-1])
-        return sorted(bounds)
-    return None
+        for p in per:
+            bounds.add(p[-1])
+            i = bisect.bisect_left(crit, p[0])
+            if i > 0:
+                bounds.add(crit[i - 1])
+    return sorted(bounds) if bounds else None
 
 
 def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", *,
@@ -366,11 +368,11 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
     """Split the graph into TePDist segments between critical nodes, covering every operator.
 
     The critical nodes of the main part (:func:`critical_nodes`) cut it into a chain. With
-    ``granularity="layer"`` only one critical node per repeated layer is kept: the last critical
-    node inside each instance of the largest repeated class (:func:`~autoplan.search._mine.mine`)
-    holding critical nodes, and the last critical node before the first instance, so a GPT gives
-    ``[embedding] [layer 0] ... [layer L-1] [head]``; without a repeated class every critical node
-    is kept (``granularity="critical"``).
+    ``granularity="layer"`` only the critical nodes around repeated layers are kept: for every
+    instance of every repeated class (:func:`~autoplan.search._mine.mine`) holding critical
+    nodes, its last critical node and the last critical node before it, so a GPT gives
+    ``[embedding] [layer 0] ... [layer L-1] [head]`` and a Wide-ResNet one segment per block;
+    without a repeated class every critical node is kept (``granularity="critical"``).
 
     Every other operator is attached to a segment (``attach="structure"``, no scope names needed):
 
