@@ -25,3 +25,6 @@ __version__ = "0.1.0"
 from ._cluster import Cluster as Cluster
 from ._cluster import LogicalMesh as LogicalMesh
 from ._plan import Plan as Plan
+from . import search as search
+from .search import SearchResult as SearchResult
+from .search import plan as plan

@@ -1,0 +1,328 @@
+"""Optimisation levels of the intra-operator search: exhaustive, hierarchical, folded.
+
+* ``"exhaustive"`` — one ILP over the whole graph (Alpa; TePDist's O3).
+* ``"hierarchical"`` — TePDist's O2: the graph is cut into segments between critical nodes
+  (:func:`~autoplan.search._cones.segments`, one per repeated layer plus the embedding and the
+  head); an ILP per segment for each pair of boundary strategies, then a dynamic program along the
+  chain of segments picks the boundary strategies:
+
+      C(i, b) = min over a of  C(i-1, a) + c_i(a, b),    plan cost = min over b of C(K, b)
+
+  where ``c_i(a, b)`` is segment i's ILP optimum with its incoming boundary tensors fixed to spec
+  state ``a`` and its outgoing ones to ``b``.
+* ``"folded"`` (default) — TAPAS: the same, but segments with the same structure (a mined
+  repeated layer) form a class whose ``c(a, b)`` is solved once and reused by every instance.
+  The chain DP still chooses each instance's boundary strategies, so repeated layers are *not*
+  forced into one boundary layout (forcing it is how PyTorch AutoParallel's folding loses 11-14%).
+
+Boundary states. The state of a boundary is the spec of its main tensors (the largest tensors
+crossing it: the residual-stream activation going forward and its gradient coming back). First
+every segment (or class) is solved with free boundaries; each such optimum is a lower bound of its
+``c_i``, so when neighbouring segments agree on the specs of their shared boundary the stitched
+plan is optimal for the decomposition and no pair ILP is needed. Where they disagree, the
+candidate states of that boundary are the specs either side chose (TAPAS's pruning to valid,
+promising patterns: every candidate passed the ILP's symbolic shape checks), and the segments
+around it are solved for each candidate pair.
+
+The chosen per-segment strategies are stitched into one assignment of the whole graph's ILP and
+costed exactly with :func:`~autoplan.search._ilp.evaluate`'s breakdown (tensors that cross more
+than one boundary are resharded as needed and charged there), so the predicted step time of a
+folded plan is computed exactly as for an exhaustive plan.
+
+References:
+    TePDist (Alibaba PAI): hierarchical SPMD search over cones and segments, O2/O3.
+    Liu et al., "TAPAS: Fast and Automatic Derivation of Tensor Parallel Strategies for Large
+    Neural Networks", 2023: folding repeated substructures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._cluster import Cluster
+from .._graph import OpGraph
+from .._plan import Plan
+from ._clustering import _signature
+from ._ilp import ILPSolution, _breakdown, build_problem, solve_ilp
+from ._intra import intra_op_search, make_mesh, plan_from_solution
+
+__all__ = ["LevelResult", "level_search", "Analysis"]
+
+
+@dataclass
+class Analysis:
+    """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
+
+    Attributes:
+        mining: the :class:`~autoplan.search._mine.MiningResult`.
+        segments: the TePDist segments (chain order).
+        segment_class: class id of each segment (equal ids share one solve when folded).
+        critical: the critical nodes that end the segments.
+        fold_ratio: operators / operators in unique classes (mining's).
+    """
+
+    mining: Any
+    segments: list
+    segment_class: list[int]
+    critical: list[int]
+    fold_ratio: float
+
+    def layers_for_figure(self, graph: OpGraph) -> list[dict]:
+        """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
+        out = []
+        for seg, cls in zip(self.segments, self.segment_class):
+            main = [graph.ops[o] for o in seg.main] or [graph.ops[seg.ops[0]]]
+            scope = next((op.scope[0] for op in main if op.scope), None)
+            out.append({"name": scope or f"segment {seg.id}", "flops": seg.flops,
+                        "ops": len(seg.ops), "class": cls})
+        return out
+
+
+@dataclass
+class LevelResult:
+    plan: Plan
+    stats: dict[str, Any]
+    analysis: Analysis | None = None
+    solution: ILPSolution | None = field(default=None, repr=False)
+
+
+def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
+                 level: str = "folded", memory_budget: float | None = None,
+                 pin: Mapping[str, Any] | None = None, time_limit: float = 60.0,
+                 config: Mapping[str, Any] | None = None, label: str = "autoplan") -> LevelResult:
+    """The intra-operator plan of ``graph`` on ``mesh_shape`` at an optimisation level.
+
+    A memory budget is enforced exactly by the whole-graph ILP: when a hierarchical or folded plan
+    does not fit it, the exhaustive search with the budget is used instead (said in the plan's
+    notes).
+    """
+    if level == "exhaustive":
+        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
+                              time_limit=time_limit, label=label, level=level, config=config)
+        stats = dict(res.stats)
+        stats.update({"ilps_solved": 1, "ilp_variables": res.solution.vars_after_merging,
+                      "solve_seconds": res.solution.solve_seconds})
+        return LevelResult(res.plan, stats, None, res.solution)
+
+    from ._cones import segments as find_segments  # noqa: PLC0415
+    from ._mine import mine  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    mesh = make_mesh(cluster, mesh_shape)
+    mining = mine(graph)
+    t_mine = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    segs = find_segments(graph, mining=mining)
+    seg_of = np.full(len(graph.ops), -1)
+    for s in segs:
+        seg_of[list(s.ops)] = s.id
+    K = len(segs)
+    pins_set = _pinned_tensors(graph, pin)
+    # classes: structure of the segment (+ which inputs are pinned) when folding
+    sigs = []
+    for s in segs:
+        key = _signature(graph, s.ops)
+        if pin:
+            key += "|" + ",".join(str(p) for p, o in enumerate(s.ops)
+                                  for t in graph.ops[o].inputs if t in pins_set)
+        sigs.append(key if level == "folded" else f"{key}#{s.id}")
+    class_ids: dict[str, int] = {}
+    seg_class = [class_ids.setdefault(k, len(class_ids)) for k in sigs]
+    rep_of_class = {}
+    for s, c in zip(segs, seg_class):
+        rep_of_class.setdefault(c, s.id)
+    boundaries = [_boundary_tensors(graph, seg_of, i) for i in range(K - 1)]
+    t_seg = time.perf_counter() - t1
+
+    solves = 0
+    variables = 0
+    t_solve = 0.0
+    cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
+
+    def solve_segment(i: int, a: tuple | None, b: tuple | None):
+        """c_i(a, b) and the strategies/specs of segment i (mapped from its class's rep)."""
+        nonlocal solves, variables, t_solve
+        cls = seg_class[i]
+        rep = rep_of_class[cls]
+        key = (cls, a, b)
+        if key not in cache:
+            fixed = {}
+            if a is not None and rep > 0:
+                fixed.update(dict(zip(boundaries[rep - 1], a)))
+            if b is not None and rep < K - 1:
+                fixed.update(dict(zip(boundaries[rep], b)))
+            ts = time.perf_counter()
+            sol = solve_ilp(graph, mesh, ops=segs[rep].ops, fixed=fixed or None, pins=pin,
+                            time_limit=time_limit)
+            t_solve += time.perf_counter() - ts
+            solves += 1
+            variables += sol.vars_after_merging
+            cache[key] = (sol.objective, sol.strategies, sol.specs)
+        obj, strats, specs = cache[key]
+        if rep == i:
+            return obj, strats, specs
+        omap, tmap = _position_maps(graph, segs[rep].ops, segs[i].ops)
+        return (obj, {omap[o]: s for o, s in strats.items() if o in omap},
+                {tmap[t]: s for t, s in specs.items() if t in tmap})
+
+    # 1. free solves; 2. candidates where neighbours disagree
+    free = [solve_segment(i, None, None) for i in range(K)]
+    cands: list[list[tuple]] = []
+    for i in range(K - 1):
+        left = tuple(free[i][2].get(t) for t in boundaries[i])
+        right = tuple(free[i + 1][2].get(t) for t in boundaries[i])
+        opts = [left] if left == right else [left, right]
+        cands.append([o for o in opts if all(s is not None for s in o)] or [left])
+    # 3. chain DP over boundary states (a state None = free when the boundary agrees)
+    t2 = time.perf_counter()
+    agree = [len(c) == 1 for c in cands]
+
+    def state_options(i: int) -> list[tuple | None]:
+        return [None] if agree[i] else list(cands[i])
+
+    best: dict[Any, tuple[float, list]] = {}
+    for b in (state_options(0) if K > 1 else [None]):
+        obj = free[0][0] if b is None else solve_segment(0, None, b)[0]
+        best[b] = (obj, [(None, b)])
+    for i in range(1, K):
+        nxt: dict[Any, tuple[float, list]] = {}
+        outs = state_options(i) if i < K - 1 else [None]
+        for a, (acc, path) in best.items():
+            for b in outs:
+                if a is None and b is None:
+                    obj = free[i][0]
+                else:
+                    obj = solve_segment(i, a, b)[0]
+                v = acc + obj
+                if b not in nxt or v < nxt[b][0]:
+                    nxt[b] = (v, path + [(a, b)])
+        best = nxt
+    _, path = min(best.values(), key=lambda x: x[0])
+    t_dp = time.perf_counter() - t2
+
+    # 4. stitch and cost exactly on the whole graph's ILP
+    t3 = time.perf_counter()
+    prob = build_problem(graph, mesh, pins=pin, count_unmerged=False)
+    op_strat: dict[int, Any] = {}
+    t_spec: dict[int, Any] = {}
+    for i, (a, b) in enumerate(path):
+        if a is None and b is None:
+            _, strats, specs = free[i]
+        else:
+            _, strats, specs = solve_segment(i, a, b)
+        op_strat.update(strats)
+        for t, s in specs.items():
+            if graph.tensors[t].producer < 0 or seg_of[graph.tensors[t].producer] == i:
+                t_spec[t] = s
+    vec, mismatches = _stitch_vector(prob, op_strat, t_spec)
+    bd = _breakdown(prob, vec)
+    t_stitch = time.perf_counter() - t3
+    total = time.perf_counter() - t0
+    sol = ILPSolution(
+        choice={n.key: vec[k] for k, n in enumerate(prob.nodes)}, strategies=bd.op_strategy,
+        specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
+        penalty=bd.penalty, memory_per_device=bd.memory,
+        least_memory=float(sum(n.memory.min() for n in prob.nodes)), comms=tuple(bd.comms),
+        vars_before_merging=prob.vars_before_merging, vars_after_merging=variables,
+        num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=len(prob.nodes),
+        num_ops=len(prob.ops), build_seconds=prob.build_seconds, solve_seconds=t_solve,
+        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(prob.unknown)))
+    if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
+        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
+                              time_limit=time_limit, label=label, level=level, config=config)
+        plan = res.plan.with_(notes=res.plan.notes + (
+            f"the {level} plan needed {sol.memory_per_device:.4g} bytes per device, over the "
+            "budget; the exhaustive search with the memory constraint was used",))
+        sol = res.solution
+    else:
+        plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
+                                  search_seconds=total)
+        n_unique = len(set(seg_class))
+        plan = plan.with_(notes=(
+            f"{level}: {K} segments, {n_unique} solved ({solves} ILPs, {variables} variables); "
+            f"{sum(1 for x in agree if not x)} boundaries needed pair ILPs; fold ratio "
+            f"{mining.fold_ratio:.2f}",))
+    critical = [s.critical for s in segs if s.critical is not None]
+    analysis = Analysis(mining=mining, segments=segs, segment_class=seg_class, critical=critical,
+                        fold_ratio=mining.fold_ratio)
+    stats = {
+        "operators": len(graph), "graphnodes": len(mining.graphnodes.nodes)
+        if hasattr(mining.graphnodes, "nodes") else 0,
+        "segments": K, "unique_classes": len(set(seg_class)), "mined_classes": len(mining.classes),
+        "fold_ratio": mining.fold_ratio, "ilps_solved": solves, "ilp_variables": variables,
+        "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
+        "mine_seconds": t_mine, "segment_seconds": t_seg, "solve_seconds": t_solve,
+        "dp_seconds": t_dp, "stitch_seconds": t_stitch, "total_seconds": total,
+        "objective": sol.objective,
+    }
+    return LevelResult(plan, stats, analysis, sol)
+
+
+def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
+    if not pin:
+        return set()
+    out = set()
+    for pattern in pin:
+        out.update(gi.tensor for gi in graph.find_inputs(pattern))
+    return out
+
+
+def _boundary_tensors(graph: OpGraph, seg_of: np.ndarray, i: int) -> tuple[int, ...]:
+    """The main tensors crossing between segment i and i+1 (both directions): the largest
+    non-scalar ones."""
+    crossing: list[int] = []
+    for t, ten in enumerate(graph.tensors):
+        if ten.producer < 0 or not ten.shape:
+            continue
+        p = seg_of[ten.producer]
+        users = {int(seg_of[c]) for c in graph.consumers[t]}
+        if (p == i and i + 1 in users) or (p == i + 1 and i in users):
+            crossing.append(t)
+    if not crossing:
+        return ()
+    big = max(graph.tensors[t].size for t in crossing)
+    return tuple(t for t in crossing if graph.tensors[t].size == big)
+
+
+def _position_maps(graph: OpGraph, rep_ops: Sequence[int], inst_ops: Sequence[int]):
+    """Operator and tensor correspondences between two structurally equal segments."""
+    omap = dict(zip(rep_ops, inst_ops))
+    tmap: dict[int, int] = {}
+    for r, q in zip(rep_ops, inst_ops):
+        ro, qo = graph.ops[r], graph.ops[q]
+        for a, b in itertools.chain(zip(ro.outputs, qo.outputs), zip(ro.inputs, qo.inputs)):
+            if a is not None and b is not None:
+                tmap.setdefault(a, b)
+    return omap, tmap
+
+
+def _stitch_vector(prob, op_strat: Mapping[int, Any], t_spec: Mapping[int, Any]) -> tuple[list[int], int]:
+    """A choice vector of the whole-graph problem reproducing the segments' strategies."""
+    vec = []
+    mismatches = 0
+    for n in prob.nodes:
+        want = None
+        if n.kind == "op" and isinstance(n.key, int):
+            st = op_strat.get(n.key)
+            if st is not None:
+                want = next((k for k, s in enumerate(n.strategies)
+                             if s.out_specs == st.out_specs and s.in_specs == st.in_specs), None)
+                if want is None:
+                    want = next((k for k, s in enumerate(n.strategies)
+                                 if s.out_specs == st.out_specs), None)
+        elif n.tensor is not None and n.tensor in t_spec:
+            want = next((k for k, s in enumerate(n.strategies)
+                         if s.out_specs[0] == t_spec[n.tensor]), None)
+        if want is None:
+            if len(n.strategies) > 1:
+                mismatches += 1
+            want = int(np.argmin(n.cost)) if len(n.cost) else 0
+        vec.append(want)
+    return vec, mismatches
+
