@@ -32,8 +32,11 @@ on the batch (so no data operator is their ancestor), forward values saved for t
 are neither ancestors nor descendants of the layer boundaries, gradients of every layer flow into
 one update, and the backward pass does not consume the loss value itself. :func:`critical_nodes`
 therefore works on a *main part*: the operators that depend on the batch and reach a result
-(``part="all"``), or only the forward ones that reach the loss (``part="forward"``). On a GPT's
-forward part every residual-stream value between sub-blocks is critical (several per layer);
+(``part="all"``), or only the forward ones that reach the loss (``part="forward"``). Measured on
+the zoo's GPT (tiny, 2 and 8 layers): even on the main part of the whole step only 7 operators are
+critical, all in the embedding and the first LayerNorm's mean (after that, values saved for the
+backward pass leave the chain); the forward part has 94 (2 layers) and 298 (8 layers) critical
+nodes: every value on the residual stream and inside the sub-blocks' chains (several per layer);
 :func:`segments` keeps one boundary per repeated layer (found by :func:`~autoplan.search._mine.mine`)
 and attaches every other operator (side computations, saved values, backward and update operators)
 to the segment of the forward operators it belongs to: to the parameter it reads, the forward
