@@ -1,0 +1,39 @@
+"""Executing plans: JAX shardings on the devices at hand, a pipeline executor, and a
+multi-process launcher through ``jax.distributed``.
+
+* :func:`run` runs a :class:`~autoplan.Plan` in this process and checks it against
+  single-device execution (:class:`RunReport`).
+* :func:`launch` runs it in several worker processes joined by ``jax.distributed``
+  (:class:`LaunchHandle`, :class:`LaunchResult`).
+* :func:`collectives` lists the collectives of compiled HLO text.
+
+This package only reads plans; it does not import :mod:`autoplan.viz`.
+"""
+
+from autoplan.exec._hlo import Collective as Collective
+from autoplan.exec._hlo import MemoryStats as MemoryStats
+from autoplan.exec._hlo import collectives as collectives
+from autoplan.exec._hlo import comm_bytes as comm_bytes
+from autoplan.exec._interpret import FlatProgram as FlatProgram
+from autoplan.exec._interpret import flatten as flatten
+from autoplan.exec._pipeline import schedule_order as schedule_order
+from autoplan.exec._pipeline import schedule_table as schedule_table
+from autoplan.exec._run import EquivalenceResult as EquivalenceResult
+from autoplan.exec._run import RunReport as RunReport
+from autoplan.exec._run import check_equivalence as check_equivalence
+from autoplan.exec._run import run as run
+
+__all__ = [
+    "run",
+    "RunReport",
+    "EquivalenceResult",
+    "check_equivalence",
+    "collectives",
+    "comm_bytes",
+    "Collective",
+    "MemoryStats",
+    "flatten",
+    "FlatProgram",
+    "schedule_table",
+    "schedule_order",
+]

@@ -1,0 +1,409 @@
+"""Re-evaluating a training step op by op, numbered exactly as :func:`autoplan.trace` numbers it.
+
+:func:`flatten` takes the jaxpr of the function (``jax.make_jaxpr``, as the trace does) and walks
+it the same way :mod:`autoplan._trace` does: the same containers are inlined (jit/pjit, remat,
+custom_jvp/custom_vjp calls, ...), ``scan`` is unrolled into synthetic ``scan_slice`` /
+``scan_stack`` operators around each iteration's body (scans longer than ``max_scan_unroll`` stay
+one operator), ``while``/``cond`` and every other primitive carrying a sub-jaxpr are bound as they
+are. Tensor ids are handed out in the same order too, so operator ``i`` and tensor ``t`` of the
+:class:`FlatProgram` are operator ``i`` and tensor ``t`` of the :class:`~autoplan.OpGraph`.
+
+A :class:`FlatProgram` evaluates any subset of its operators on an environment ``{tensor id:
+value}``, with a hook on every operator's outputs: the executor uses it to apply
+``jax.lax.with_sharding_constraint`` to the operators a plan chose a sharding for, and the
+pipeline executor to run one stage's operators inside that stage's ``jax.jit``.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> prog = flatten(lambda w, x: jnp.tanh(x @ w).sum(),
+    ...                jax.ShapeDtypeStruct((4, 8), jnp.float32),
+    ...                jax.ShapeDtypeStruct((2, 4), jnp.float32))
+    >>> [op.primitive for op in prog.ops]
+    ['dot_general', 'tanh', 'reduce_sum']
+    >>> float(prog(jnp.zeros((4, 8)), jnp.ones((2, 4))))
+    0.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+from jax.sharding import NamedSharding
+
+from autoplan._errors import ExecutionError
+from autoplan._plan import spec_to_pspec
+from autoplan._trace import _INLINE, _closed_to_open
+
+__all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
+
+try:  # HLO metadata (op_name) of re-bound equations; optional
+    from jax._src import source_info_util as _siu
+except ImportError:  # pragma: no cover - private module moved
+    _siu = None
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A literal operand (the trace records ``None`` for it): its value."""
+
+    value: Any
+
+
+Ref = int | Lit
+
+
+@dataclass(frozen=True, eq=False)
+class FlatOp:
+    """One operator of a :class:`FlatProgram` (operator ``id`` of the traced graph).
+
+    Attributes:
+        id: operator id, equal to the trace's.
+        primitive: the primitive's name (``scan_slice``/``scan_stack`` for the synthetic ones).
+        inputs: tensor ids of the operands, or :class:`Lit` for literals.
+        outputs: tensor ids of the results.
+        eqn: the jaxpr equation bound (None for synthetic operators).
+        params: ``{"index": i}`` for ``scan_slice``, ``{"dtype": ...}`` for ``scan_stack``.
+        name_stack: the equation's full name stack (for HLO metadata).
+    """
+
+    id: int
+    primitive: str
+    inputs: tuple[Ref, ...]
+    outputs: tuple[int, ...]
+    eqn: Any = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    name_stack: Any = None
+
+    def apply(self, vals: Sequence[Any]) -> list[Any]:
+        """Evaluate the operator on operand values; returns one value per output."""
+        if self.primitive == "scan_slice" and self.eqn is None:
+            return [jax.lax.index_in_dim(vals[0], self.params["index"], axis=0, keepdims=False)]
+        if self.primitive == "scan_stack" and self.eqn is None:
+            dt = self.params["dtype"]
+            return [jnp.stack([jnp.asarray(v, dtype=dt) for v in vals], axis=0)]
+        eqn = self.eqn
+        params = eqn.primitive.get_bind_params(eqn.params)
+        if _siu is not None and self.name_stack is not None:
+            ctx = _siu.user_context(eqn.source_info.traceback,
+                                    name_stack=_siu.current_name_stack() + self.name_stack)
+        else:  # pragma: no cover
+            ctx = _nullcontext()
+        with ctx, eqn.ctx.manager:
+            ans = eqn.primitive.bind(*vals, **params)
+        return list(ans) if eqn.primitive.multiple_results else [ans]
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+Hook = Callable[[FlatOp, list[Any]], list[Any]]
+
+
+@dataclass(eq=False)
+class FlatProgram:
+    """A training step as a flat list of operators over numbered tensors.
+
+    Attributes:
+        ops: the operators, in the trace's order (``ops[i].id == i``).
+        input_ids: tensor ids of the flattened positional arguments' leaves.
+        consts: tensor id -> value of the jaxpr's constants.
+        outputs: references (tensor ids or literals) of the flattened results.
+        out_tree: the results' pytree structure.
+        in_tree: the arguments' pytree structure (of the tuple of positional arguments).
+        num_tensors: number of tensor ids handed out.
+    """
+
+    ops: list[FlatOp]
+    input_ids: list[int]
+    consts: dict[int, Any]
+    outputs: list[Ref]
+    out_tree: Any
+    in_tree: Any
+    num_tensors: int
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def evaluate(self, env: dict[int, Any], ops: Iterable[FlatOp] | None = None,
+                 hook: Hook | None = None) -> dict[int, Any]:
+        """Run ``ops`` (default all) in order, reading and writing ``env`` (tensor id -> value).
+
+        Args:
+            env: values of the tensors read; updated with every result.
+            ops: the operators to run, a subset of ``self.ops`` in program order.
+            hook: called with each operator and its results; returns the results to store
+                (e.g. with sharding constraints applied).
+
+        Returns:
+            ``env``.
+
+        Raises:
+            ExecutionError: an operand is neither in ``env`` nor a constant or literal.
+        """
+        for op in self.ops if ops is None else ops:
+            vals = []
+            for r in op.inputs:
+                if isinstance(r, Lit):
+                    vals.append(r.value)
+                elif r in env:
+                    vals.append(env[r])
+                elif r in self.consts:
+                    vals.append(self.consts[r])
+                else:
+                    raise ExecutionError(
+                        f"evaluate: operator {op.id} ({op.primitive}) reads tensor {r}, which is "
+                        "not available. Fix: evaluate the operators that produce it first "
+                        "(pass ops in program order).")
+            outs = op.apply(vals)
+            if hook is not None:
+                outs = hook(op, outs)
+            for t, v in zip(op.outputs, outs):
+                env[t] = v
+        return env
+
+    def read(self, env: Mapping[int, Any], ref: Ref) -> Any:
+        """The value of a reference in ``env`` (or a constant, or a literal)."""
+        if isinstance(ref, Lit):
+            return ref.value
+        return env[ref] if ref in env else self.consts[ref]
+
+    def __call__(self, *args: Any, hook: Hook | None = None) -> Any:
+        """Evaluate the whole program on the positional arguments; returns the result pytree."""
+        leaves = jax.tree_util.tree_leaves(args)
+        if len(leaves) != len(self.input_ids):
+            raise ExecutionError(f"FlatProgram: expected {len(self.input_ids)} argument leaves. "
+                                 f"Got {len(leaves)}. Fix: pass the arguments it was traced with.")
+        env = dict(zip(self.input_ids, leaves))
+        self.evaluate(env, hook=hook)
+        return jax.tree_util.tree_unflatten(self.out_tree, [self.read(env, r) for r in self.outputs])
+
+    def check_matches(self, graph: Any) -> None:
+        """Raise :class:`ExecutionError` unless the program visits the graph's operators: same
+        count, primitives, operand and result tensor ids."""
+        if len(self.ops) != len(graph.ops):
+            raise ExecutionError(
+                f"the executor's walk of the jaxpr has {len(self.ops)} operators but the trace has "
+                f"{len(graph.ops)}. Fix: trace and run with the same autoplan version and "
+                "max_scan_unroll.")
+        for a, b in zip(self.ops, graph.ops):
+            ins = tuple(None if isinstance(r, Lit) else r for r in a.inputs)
+            if a.primitive != b.primitive or ins != tuple(b.inputs) or a.outputs != tuple(b.outputs):
+                raise ExecutionError(
+                    f"the executor's operator {a.id} ({a.primitive}, in {ins}, out {a.outputs}) "
+                    f"differs from the trace's ({b.primitive}, in {tuple(b.inputs)}, out "
+                    f"{tuple(b.outputs)}). Fix: trace and run with the same autoplan version.")
+
+
+class _Walker:
+    """Mirrors :class:`autoplan._trace._Builder`: same inlining, same unrolling, same numbering."""
+
+    def __init__(self, max_scan_unroll: int):
+        self.ops: list[FlatOp] = []
+        self.consts: dict[int, Any] = {}
+        self.next_tensor = 0
+        self.max_scan_unroll = max_scan_unroll
+
+    def new_tensor(self) -> int:
+        t = self.next_tensor
+        self.next_tensor += 1
+        return t
+
+    def const(self, value: Any) -> int:
+        t = self.new_tensor()
+        self.consts[t] = value
+        return t
+
+    def add(self, primitive: str, inputs: Sequence[Ref], n_out: int, eqn: Any = None,
+            params: Mapping[str, Any] | None = None, name_stack: Any = None) -> list[int]:
+        oid = len(self.ops)
+        outs = [self.new_tensor() for _ in range(n_out)]
+        self.ops.append(FlatOp(oid, primitive, tuple(inputs), tuple(outs), eqn, dict(params or {}),
+                               name_stack))
+        return outs
+
+    def walk(self, jaxpr: Any, in_refs: Sequence[Ref], name_stack: Any) -> list[Ref]:
+        env: dict[Any, Ref] = dict(zip(jaxpr.invars, in_refs))
+
+        def read(v: Any) -> Ref:
+            if isinstance(v, jcore.Literal):
+                return Lit(v.val)
+            return env[v]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            ns = eqn.source_info.name_stack if name_stack is None else name_stack + eqn.source_info.name_stack
+            name = eqn.primitive.name
+            if name in _INLINE:
+                sub = _inline_jaxpr(eqn)
+                if sub is not None:
+                    inner, consts = sub
+                    const_ids = [self.const(c) for c in consts]
+                    outs = self.walk(inner, const_ids + ins, ns)
+                    for v, r in zip(eqn.outvars, outs):
+                        env[v] = r
+                    continue
+            if name == "scan" and int(eqn.params["length"]) <= self.max_scan_unroll:
+                outs = self.scan(eqn, ins, ns)
+            else:
+                # opaque control flow (while/cond, long scans, anything with a sub-jaxpr) and
+                # ordinary primitives alike: bound as they are
+                outs = self.add(name, ins, len(eqn.outvars), eqn, name_stack=ns)
+            for v, r in zip(eqn.outvars, outs):
+                env[v] = r
+        return [read(v) for v in jaxpr.outvars]
+
+    def scan(self, eqn: Any, ins: list[Ref], ns: Any) -> list[Ref]:
+        p = eqn.params
+        length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+        body, consts = _closed_to_open(p["jaxpr"])
+        const_ids: list[Ref] = [self.const(c) for c in consts]
+        c_refs = ins[:n_consts]
+        carry = ins[n_consts:n_consts + n_carry]
+        xs = ins[n_consts + n_carry:]
+        n_ys = len(eqn.outvars) - n_carry
+        ys_iters: list[list[Ref]] = [[] for _ in range(n_ys)]
+        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
+        for i in order:
+            x_slices: list[Ref] = []
+            for x in xs:
+                if isinstance(x, Lit):
+                    x_slices.append(Lit(np.asarray(x.value)[i]))
+                    continue
+                (s,) = self.add("scan_slice", [x], 1, params={"index": i}, name_stack=ns)
+                x_slices.append(s)
+            outs = self.walk(body, const_ids + c_refs + carry + x_slices, ns)
+            carry = outs[:n_carry]
+            for k, y in enumerate(outs[n_carry:]):
+                ys_iters[k].append(y)
+        results: list[Ref] = list(carry)
+        for k, v in enumerate(eqn.outvars[n_carry:]):
+            parts = ys_iters[k][::-1] if p.get("reverse") else ys_iters[k]
+            (y,) = self.add("scan_stack", parts, 1, params={"dtype": v.aval.dtype}, name_stack=ns)
+            results.append(y)
+        return results
+
+
+def _inline_jaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
+    """The sub-jaxpr a container equation is inlined with (the trace's rule), or None."""
+    n = len(eqn.invars)
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        j = eqn.params.get(key)
+        if j is None:
+            continue
+        if isinstance(j, jcore.ClosedJaxpr):
+            if len(j.jaxpr.invars) == n and not j.jaxpr.constvars:
+                return j.jaxpr, []
+            if len(j.jaxpr.invars) == n:
+                return _closed_to_open(j)
+        elif isinstance(j, jcore.Jaxpr) and len(j.invars) == n and not j.constvars:
+            return j, []
+    return None
+
+
+def _abstract(x: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return x
+
+
+def flatten(fn: Callable[..., Any], *args: Any, max_scan_unroll: int = 512) -> FlatProgram:
+    """Flatten ``fn(*args)`` into a :class:`FlatProgram` numbered as :func:`autoplan.trace` does.
+
+    Args:
+        fn: the function (a training step).
+        *args: its positional arguments (arrays or ``jax.ShapeDtypeStruct``; only shapes and
+            dtypes are used).
+        max_scan_unroll: scans up to this length are unrolled (the trace's default is 512).
+
+    Returns:
+        The program.
+
+    Raises:
+        ExecutionError: JAX cannot make a jaxpr of ``fn``.
+    """
+    abstract = jax.tree_util.tree_map(_abstract, args)
+
+    def wrapped(a, kw):
+        return fn(*a, **kw)
+
+    try:
+        closed, out_shape = jax.make_jaxpr(wrapped, return_shape=True)(abstract, {})
+    except Exception as err:  # JAX raises many types; all mean "not traceable"
+        raise ExecutionError(f"flatten: JAX could not trace {getattr(fn, '__name__', fn)!r}: "
+                             f"{type(err).__name__}: {err}") from err
+    w = _Walker(max_scan_unroll)
+    input_ids = [w.new_tensor() for _ in closed.jaxpr.invars]
+    top, top_consts = _closed_to_open(closed)
+    const_ids: list[Ref] = [w.const(c) for c in top_consts]
+    outs = w.walk(top, const_ids + list(input_ids), None)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    in_tree = jax.tree_util.tree_structure(abstract)
+    return FlatProgram(ops=w.ops, input_ids=input_ids, consts=w.consts, outputs=outs,
+                       out_tree=out_tree, in_tree=in_tree, num_tensors=w.next_tensor)
+
+
+def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = True
+                  ) -> tuple[Hook, dict[str, int]]:
+    """A :meth:`FlatProgram.evaluate` hook applying the plan's operator shardings.
+
+    For every :class:`~autoplan.OpSharding` its ``"output"`` tensor's spec is applied with
+    ``jax.lax.with_sharding_constraint`` to the operator's result of the same rank (and, with
+    ``exact_shapes``, the same shape). A spec whose mesh axes do not divide the result's
+    dimensions (a micro-batch smaller than the plan's batch, say) is skipped.
+
+    Args:
+        mesh: the ``jax.sharding.Mesh`` the specs name axes of.
+        op_shardings: the plan's ``OpSharding`` entries to apply.
+        exact_shapes: require the result's shape to equal the recorded one.
+
+    Returns:
+        The hook, and a dict counting ``applied`` and ``skipped`` constraints (filled as the
+        hook runs, i.e. while JAX traces the function).
+    """
+    wanted: dict[int, list[Any]] = {}
+    for o in op_shardings:
+        outs = [t for t in o.tensors if t.role == "output"]
+        if outs:
+            wanted.setdefault(o.op, []).extend(outs)
+    sizes = dict(mesh.shape)
+    counts = {"applied": 0, "skipped": 0}
+
+    def fits(v: Any, t: Any) -> bool:
+        shape = tuple(np.shape(v))
+        if len(shape) != len(t.spec) or (exact_shapes and shape != tuple(t.shape)):
+            return False
+        for n, e in zip(shape, t.spec):
+            if e and (any(a not in sizes for a in e) or n % int(np.prod([sizes[a] for a in e]))):
+                return False
+        return True
+
+    def hook(op: FlatOp, outs: list[Any]) -> list[Any]:
+        specs = wanted.get(op.id)
+        if not specs:
+            return outs
+        outs = list(outs)
+        for t in specs:
+            for k, v in enumerate(outs):
+                if fits(v, t):
+                    outs[k] = jax.lax.with_sharding_constraint(
+                        v, NamedSharding(mesh, spec_to_pspec(t.spec)))
+                    counts["applied"] += 1
+                    break
+            else:
+                counts["skipped"] += 1
+        return outs
+
+    return hook, counts

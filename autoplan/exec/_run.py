@@ -1,0 +1,642 @@
+"""Running a plan on the devices JAX sees, with an equivalence check against one device.
+
+:func:`run` executes a :class:`~autoplan.Plan` for a workload:
+
+* an intra-operator plan (one stage) becomes one ``jax.jit`` whose ``in_shardings`` are the plan's
+  ``NamedSharding`` of every parameter, optimizer-state and batch leaf and whose
+  ``out_shardings`` give the new parameters and optimizer state their input shardings; inside, the
+  step is re-evaluated operator by operator (:mod:`autoplan.exec._interpret`, numbered as the
+  trace numbers it) with ``with_sharding_constraint`` on the result of every operator the plan
+  lists in its ``OpSharding`` entries;
+* a pipeline plan (several stages) runs on the stage executor of :mod:`autoplan.exec._pipeline`.
+
+With ``check=True`` the same steps run unsharded on one device from the same inputs; the losses of
+every step and the last step's results (loss, new parameters, new optimizer state) must agree
+within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``), else :class:`~autoplan.EquivalenceError`
+names the first differing tensor by its pytree path.
+
+Everything works across processes too (after ``jax.distributed.initialize``): inputs are built
+with ``jax.make_array_from_callback``, and each process checks the shards it holds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from autoplan._errors import EquivalenceError, ExecutionError, PlanMismatchError
+from autoplan._trace import OpaqueControlFlowWarning, trace
+from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
+from autoplan.exec._interpret import Lit, flatten, sharding_hook
+from autoplan.exec._pipeline import StepRecord, divisible, place, run_pipeline
+
+__all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
+
+RTOL = 1e-5
+ATOL = 1e-6
+
+
+@dataclass(frozen=True)
+class EquivalenceResult:
+    """How a run's results compare with single-device execution.
+
+    Attributes:
+        matched: every compared tensor is within tolerance.
+        max_abs_diff: the largest absolute difference over all compared tensors.
+        worst: the pytree path of the tensor with the largest difference relative to its
+            tolerance (the first failing one when not matched).
+        tensors: number of tensors compared (losses, gradients, results; per step).
+        rtol, atol: the tolerance.
+        message: a description (the error message when not matched).
+        raw_max_abs_diff: the largest difference of the results from the plain single-device
+            step (information only: it includes the optimizer's amplified rounding noise, see
+            :func:`check_equivalence`).
+    """
+
+    matched: bool
+    max_abs_diff: float
+    worst: str
+    tensors: int
+    rtol: float
+    atol: float
+    message: str = ""
+    raw_max_abs_diff: float = 0.0
+
+
+@dataclass
+class RunReport:
+    """What :func:`run` measured.
+
+    Attributes:
+        model: the workload's name; ``label`` the plan's label.
+        mode: ``"intra-op"`` or ``"pipeline"``.
+        layout: the plan's one-line description.
+        num_devices: devices used.
+        steps: training steps run.
+        losses: the loss of every step.
+        step_times: seconds per step, measured after a warm-up compile.
+        compile_time: seconds spent compiling.
+        memory: per device id, the compiled executable's memory (the largest of its stage's
+            executables for a pipeline).
+        collectives: ``(executable, stage, collective, executions per step)`` for every
+            collective the compiled HLO holds (one entry per operand of a tuple collective).
+        comm_bytes: compiled communication per device and step by kind, a CPU all-reduce +
+            dynamic-slice counted as reduce-scatter; pipelines add ``"send-recv"`` (bytes a device
+            receives from other submeshes) and give, per kind, the busiest stage's bytes (a
+            device belongs to one stage; ``pipeline["stage_comm_bytes"]`` has every stage's).
+        comm_bytes_raw: the same as compiled, without the reduce-scatter mapping.
+        predicted_comm_bytes: the plan's ``predicted.comm_bytes``.
+        predicted_step_time: the plan's ``predicted.step_time``.
+        equivalence: the comparison with one device (None when ``check=False``).
+        constraints_applied, constraints_skipped: the plan's operator shardings applied, or
+            skipped because the result's shape did not fit the spec.
+        pipeline: for pipelines: ``task_times`` (seconds per task), ``ideal_time`` (the
+            schedule's makespan with those times), ``order`` and ``phases``.
+        outputs: the last step's results (global arrays), not printed.
+    """
+
+    model: str
+    label: str
+    mode: str
+    layout: str
+    num_devices: int
+    steps: int
+    losses: list[float]
+    step_times: list[float]
+    compile_time: float
+    memory: dict[int, MemoryStats]
+    collectives: list[tuple[str, int, Collective, int]]
+    comm_bytes: dict[str, float]
+    comm_bytes_raw: dict[str, float]
+    predicted_comm_bytes: dict[str, float]
+    predicted_step_time: float
+    equivalence: EquivalenceResult | None
+    constraints_applied: int = 0
+    constraints_skipped: int = 0
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    outputs: Any = field(default=None, repr=False)
+
+    @property
+    def step_time(self) -> float:
+        """Median seconds per step."""
+        return statistics.median(self.step_times) if self.step_times else math.nan
+
+    @property
+    def peak_memory(self) -> int:
+        """The largest per-device memory (bytes)."""
+        return max((m.total for m in self.memory.values()), default=0)
+
+    def comm_table(self) -> str:
+        """Predicted versus compiled communication bytes per device and step, by kind."""
+        kinds = list(KINDS) + [k for k in sorted(set(self.comm_bytes) | set(self.predicted_comm_bytes))
+                               if k not in KINDS]
+        lines = [f"  {'collective':<20}{'predicted':>14}{'compiled':>14}{'as compiled':>14}"]
+        for k in kinds:
+            p, c, r = (self.predicted_comm_bytes.get(k, 0.0), self.comm_bytes.get(k, 0.0),
+                       self.comm_bytes_raw.get(k, 0.0))
+            if p or c or r:
+                lines.append(f"  {k:<20}{_fmt_bytes(p):>14}{_fmt_bytes(c):>14}{_fmt_bytes(r):>14}")
+        if len(lines) == 1:
+            lines.append("  (no communication predicted or compiled)")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """A readable summary: losses, times, memory, equivalence, communication."""
+        eq = self.equivalence
+        eq_line = ("not checked" if eq is None else
+                   f"{'matched' if eq.matched else 'MISMATCH'}: max |diff| {eq.max_abs_diff:.2e} over "
+                   f"{eq.tensors} tensors (rtol {eq.rtol:g}, atol {eq.atol:g})")
+        lines = [
+            f"run [{self.label}] of {self.model} on {self.num_devices} devices ({self.layout}), "
+            f"{self.steps} step(s)",
+            "  losses        : " + ", ".join(f"{x:.6f}" for x in self.losses),
+            f"  step time     : {self.step_time * 1e3:.3f} ms (median; predicted "
+            f"{self.predicted_step_time * 1e3:.3f} ms)   compile {self.compile_time:.2f} s",
+            f"  memory/device : {_fmt_bytes(self.peak_memory)} (largest executable)",
+            f"  constraints   : {self.constraints_applied} applied, {self.constraints_skipped} skipped",
+            f"  equivalence   : {eq_line}",
+        ]
+        if self.pipeline:
+            lines.append(f"  schedule ideal: {self.pipeline['ideal_time'] * 1e3:.3f} ms with measured "
+                         "task times")
+        lines.append(self.comm_table())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _fmt_bytes(n: float) -> str:
+    if not n:
+        return "0"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    name: str
+    fn: Callable[..., Any]
+    host_args: tuple[Any, ...]
+    arg_kinds: tuple[str, ...]
+    source: Any
+
+
+def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
+    """The training step and concrete host arguments of a workload.
+
+    Args:
+        workload: a :class:`autoplan.models.Workload` (abstract ones are made concrete with
+            ``.concrete(seed)``), any object with ``fn``, ``args`` and ``arg_kinds``, or a dict
+            ``{"model": name, "size": size, **overrides}`` for :func:`autoplan.models.get`.
+        seed: PRNG seed for concrete arguments.
+
+    Raises:
+        ExecutionError: the workload has abstract arguments and no way to make concrete ones, or
+            is of an unknown type.
+    """
+    if isinstance(workload, Mapping):
+        from autoplan import models  # noqa: PLC0415 - the zoo is optional for run()
+
+        spec = dict(workload)
+        if "model" not in spec:
+            raise ExecutionError(f"workload spec should have a 'model' key. Got {sorted(spec)}. "
+                                 "Fix: pass {'model': 'gpt', 'size': 'tiny', ...}.")
+        name, size = spec.pop("model"), spec.pop("size", "tiny")
+        workload = models.get(name, size, abstract=False, seed=seed, **spec)
+    if not all(hasattr(workload, a) for a in ("fn", "args")):
+        raise ExecutionError(f"workload should be an autoplan.models.Workload, an object with fn and "
+                             f"args, or a dict spec. Got {type(workload).__name__}. Fix: pass "
+                             "autoplan.models.get('gpt', 'tiny').")
+    leaves = jax.tree_util.tree_leaves(workload.args)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        if not hasattr(workload, "concrete"):
+            raise ExecutionError("workload has abstract (ShapeDtypeStruct) arguments and no "
+                                 ".concrete(seed) method. Fix: pass concrete arrays.")
+        workload = workload.concrete(seed)
+    host = jax.tree_util.tree_map(np.asarray, tuple(workload.args))
+    kinds = tuple(getattr(workload, "arg_kinds", None) or
+                  (("parameter", "optimizer_state", "batch") if len(host) == 3 else ("input",) * len(host)))
+    name = getattr(workload, "name", getattr(workload.fn, "__name__", "workload"))
+    return _Resolved(name, workload.fn, host, kinds, workload)
+
+
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached(r: _Resolved, key: Any, make: Callable[[], Any]) -> Any:
+    """``make()`` once per workload object and key (traces, flat programs, the reference)."""
+    try:
+        store = _CACHE.setdefault(r.source, {})
+    except TypeError:  # not weak-referenceable: no caching
+        return make()
+    if key not in store:
+        store[key] = make()
+    return store[key]
+
+
+def _graph(r: _Resolved) -> Any:
+    def make():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+            return trace(r.fn, *_abstract(r.host_args), arg_kinds=r.arg_kinds, name=r.name)
+    return _cached(r, "trace", make)
+
+
+def _program(r: _Resolved) -> Any:
+    return _cached(r, "flat", lambda: flatten(r.fn, *_abstract(r.host_args)))
+
+
+def _abstract(host_args: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                                  host_args)
+
+
+def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
+    tree = jax.tree_util.tree_structure
+    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) == 3
+            and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
+
+
+def _first_scalar(x: Any) -> float:
+    if isinstance(x, jax.Array):
+        return float(np.asarray(x.addressable_data(0)).reshape(()))
+    return float(np.asarray(x).reshape(()))
+
+
+def _crossing(graph: Any) -> list[int]:
+    """Tensors the optimizer update reads from the forward/backward pass: the gradients."""
+    upd = {op.id for op in graph.ops if op.role == "update"}
+    out = []
+    for op in graph.ops:
+        if op.role == "update":
+            continue
+        for t in op.outputs:
+            if any(c in upd for c in graph.consumers[t]):
+                out.append(t)
+    return out
+
+
+def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], steps: int,
+               on_step: Callable[[int, float, float], None] | None, capture: bool,
+               compiler_options: Mapping[str, Any] | None):
+    mesh = plan.mesh(devices, 0)
+    abstract = _abstract(r.host_args)
+    prog = _program(r)
+    prog.check_matches(graph)
+    shardings = plan.named_shardings(mesh, like=abstract)
+    sizes = dict(mesh.shape)
+    for i in plan.inputs:
+        if not divisible(i.shape, i.spec, sizes):
+            raise ExecutionError(
+                f"input {i.name} of shape {i.shape} cannot take the plan's spec {i.spec} on mesh "
+                f"{sizes}: a dimension does not divide by its mesh axes. Fix: re-create the plan.")
+    out_shape = jax.eval_shape(r.fn, *abstract)
+    out_sh = None
+    if _is_step_triple(out_shape, abstract):
+        out_sh = (NamedSharding(mesh, PartitionSpec()), shardings[0], shardings[1])
+    hook, counts = sharding_hook(mesh, plan.stages[0].ops, exact_shapes=True)
+    crossing = _crossing(graph) if capture else []
+
+    def step(*args):
+        leaves = jax.tree_util.tree_leaves(args)
+        env = dict(zip(prog.input_ids, leaves))
+        prog.evaluate(env, hook=hook)
+        out = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env, x) for x in prog.outputs])
+        return out, [env[t] for t in crossing]
+
+    step.__name__ = f"{r.name}_step"
+    jitted = jax.jit(step, in_shardings=tuple(shardings), out_shardings=(out_sh, None))
+    args = tuple(jax.tree_util.tree_map(place, h, s) for h, s in zip(r.host_args, shardings))
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
+    compile_time = time.perf_counter() - t0
+    jax.block_until_ready(compiled(*args))  # warm-up run
+    losses, times, records, out = [], [], [], None
+    for s in range(steps):
+        t0 = time.perf_counter()
+        out, grads = jax.block_until_ready(compiled(*args))
+        dt = time.perf_counter() - t0
+        loss = _first_scalar(out[0] if isinstance(out, tuple) else out)
+        losses.append(loss)
+        times.append(dt)
+        if capture:
+            records.append(StepRecord(loss, out, grads))
+        if on_step is not None:
+            on_step(s, loss, dt)
+        if s + 1 < steps:
+            if out_sh is None:
+                raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
+                                     "new_opt_state). Fix: run steps=1.")
+            args = (out[1], out[2], args[2])
+    colls = [("step", 0, c, 1) for c in collectives(compiled.as_text())]
+    ms = memory_stats(compiled)
+    memory = {d.id: ms for d in mesh.devices.flat}
+    return dict(losses=losses, step_times=times, outputs=out, compile_time=compile_time,
+                collectives=colls, memory=memory, constraints_applied=counts["applied"],
+                constraints_skipped=counts["skipped"], pipeline={}, transfer_bytes={},
+                crossing=crossing, records=records)
+
+
+def _to_host(x: Any) -> np.ndarray:
+    """The full value of an array on this host (gathered from other processes if needed)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def _leaf_name(path: Sequence[Any], triple: bool) -> str:
+    if triple and path and isinstance(path[0], jax.tree_util.SequenceKey):
+        head = ("loss", "new_params", "new_opt_state")[path[0].idx]
+        return head + jax.tree_util.keystr(tuple(path[1:]))
+    return "out" + jax.tree_util.keystr(tuple(path))
+
+
+def _grad_names(graph: Any, crossing: Sequence[int], out_names: Mapping[int, str]) -> list[str]:
+    """Readable names of the gradient tensors: ``grad(params['w'])`` from the first new-parameter
+    output they feed (else the first output), else ``%<tensor>``."""
+    names = []
+    for t in crossing:
+        seen, frontier, found = {t}, [t], []
+        for _ in range(64):
+            nxt = []
+            for u in frontier:
+                if u in out_names:
+                    found.append(out_names[u])
+                for c in graph.consumers[u]:
+                    for v in graph.ops[c].outputs:
+                        if v not in seen:
+                            seen.add(v)
+                            nxt.append(v)
+            if any(n.startswith("new_params") for n in found) or not nxt:
+                break
+            frontier = nxt
+        params = [n for n in found if n.startswith("new_params")]
+        if params:
+            names.append("grad(params" + params[0][len("new_params"):] + ")")
+        elif found:
+            names.append(f"grad -> {found[0]}")
+        else:
+            names.append(f"%{t}")
+    return names
+
+
+def _compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
+             scale: float | None = None) -> tuple[float, float]:
+    """(max |a - b|, the worst ratio of difference to tolerance); ratio > 1 fails. With
+    ``scale`` the tolerance is norm-wise: ``atol + rtol scale`` for every element."""
+    if a.shape != b.shape:
+        return math.inf, math.inf
+    if a.size == 0:
+        return 0.0, 0.0
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if not np.array_equal(np.isfinite(a64), np.isfinite(b64)):
+        return math.inf, math.inf
+    fin = np.isfinite(b64)
+    if not np.array_equal(a64[~fin], b64[~fin]):
+        return math.inf, math.inf
+    diff = np.abs(a64[fin] - b64[fin])
+    if diff.size == 0:
+        return 0.0, 0.0
+    tol = atol + rtol * (scale if scale is not None else np.abs(b64[fin]))
+    return float(np.max(diff)), float(np.max(diff / tol))
+
+
+def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(name, this process's shard of the run's value, the same slice of the reference)."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(outputs)
+    ref_flat = jax.tree_util.tree_leaves(ref)
+    items = []
+    for (path, a), b in zip(flat, ref_flat):
+        items.extend(_shards(_leaf_name(path, triple), a, np.asarray(b)))
+    return items
+
+
+def _shards(name: str, a: Any, b: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    if isinstance(a, jax.Array):
+        out, seen = [], set()
+        for sh in a.addressable_shards:
+            key = repr(sh.index)
+            if key not in seen:
+                seen.add(key)
+                out.append((name, np.asarray(sh.data), b[sh.index]))
+        return out
+    return [(name, np.asarray(a), b)]
+
+
+def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records: Sequence[Any],
+                      rtol: float = RTOL, atol: float = ATOL,
+                      compiler_options: Mapping[str, Any] | None = None) -> EquivalenceResult:
+    """Compare executed steps with single-device execution, step by step.
+
+    Every step is re-run unsharded on this process's first device from the same inputs (the
+    run's own parameters and optimizer state of that step). Compared, with
+    ``|a - b| <= atol + rtol |b|``:
+
+    * the loss;
+    * the gradients handed to the optimizer (``crossing``), norm-wise
+      (``max |a - b| <= atol + rtol max |b|``): a different reduction order perturbs every
+      element by about the rounding error of the tensor's largest terms;
+    * the new parameters and optimizer state, against the single-device update **applied to
+      the run's own gradients**. Adam's first update is about ``lr sign(g)``: where a gradient
+      element is near zero (a key bias in attention, a bias before a normalisation), rounding
+      noise flips its sign and moves the parameter by up to ``2 lr`` in a way no reduction
+      order can avoid. Comparing the update on the same gradients checks the sharded optimizer
+      exactly; ``raw_max_abs_diff`` reports the difference from the plain single-device step.
+
+    Args:
+        r: the resolved workload.
+        graph: its full-batch trace.
+        crossing: tensor ids of the gradients, matching each record's ``grads``.
+        records: the executed steps (``StepRecord``).
+        rtol, atol: the tolerance.
+        compiler_options: XLA options for the reference's compilation.
+
+    Returns:
+        The comparison (``worst`` names the first failing tensor when one fails).
+    """
+    prog = _program(r)
+    cross = list(crossing)
+    cross_set = set(cross)
+    downstream: list[Any] = []
+    tainted = set(cross)
+    for op in prog.ops:
+        if any(not isinstance(t, Lit) and t in tainted for t in op.inputs):
+            downstream.append(op)
+            tainted.update(op.outputs)
+
+    def reference(args, run_grads):
+        leaves = jax.tree_util.tree_leaves(args)
+        env = dict(zip(prog.input_ids, leaves))
+        prog.evaluate(env)
+        own = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env, x) for x in prog.outputs])
+        own_grads = [env[t] for t in cross]
+        env2 = dict(env)
+        env2.update(zip(cross, run_grads))
+        prog.evaluate(env2, [op for op in downstream if not set(op.outputs) & cross_set])
+        sub = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env2, x) for x in prog.outputs])
+        return own, own_grads, sub
+
+    dev = jax.local_devices()[0]
+    ref_fn = None
+    out_names: dict[int, str] = {}
+    triple = False
+    max_diff, raw_diff, worst, worst_ratio, failed = 0.0, 0.0, "", -1.0, None
+    names: set[str] = set()
+    args = r.host_args
+    for s, rec in enumerate(records):
+        host_grads = [_to_host(g) for g in rec.grads]
+        dargs = jax.device_put(args, dev)
+        dgrads = jax.device_put(host_grads, dev)
+        if ref_fn is None:
+            key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
+            ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
+                compiler_options=compiler_options))
+            triple = isinstance(rec.outputs, tuple) and len(rec.outputs) == 3
+            for (path, _), ref in zip(jax.tree_util.tree_flatten_with_path(rec.outputs)[0], prog.outputs):
+                if not isinstance(ref, Lit):
+                    out_names.setdefault(ref, _leaf_name(path, triple))
+            gnames = _grad_names(graph, cross, out_names)
+        own, own_grads, sub = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
+        own_loss = float(np.asarray(own[0] if isinstance(own, tuple) else own).reshape(()))
+        items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
+        for g, og, gname in zip(rec.grads, own_grads, gnames):
+            scale = float(np.max(np.abs(og))) if og.size else 0.0
+            items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
+        items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
+        for _n, a, b in _items(rec.outputs, own, triple):
+            raw_diff = max(raw_diff, _compare(a, b, rtol, atol)[0])
+        for name, a, b, scale in items:
+            names.add(name)
+            d, ratio = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
+            max_diff = max(max_diff, d)
+            if ratio > worst_ratio:
+                worst, worst_ratio = name, ratio
+            if ratio > 1.0 and failed is None:
+                failed = (name, d, scale is not None)
+        if s + 1 < len(records):
+            if not triple:
+                break
+            args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
+                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
+    if failed is not None:
+        name, d, normwise = failed
+        kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
+        msg = (f"{name} differs from single-device execution: max |diff| {d:.3e} exceeds the "
+               f"tolerance (rtol {rtol:g}, atol {atol:g}, {kind}). Likely cause: a sharding or "
+               "stage split that changes the computation (for pipelines also a loss that is not "
+               "a mean over the batch). Fix: inspect that tensor's producers under the plan.")
+        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg, raw_diff)
+    return EquivalenceResult(True, max_diff, worst, len(names), rtol, atol,
+                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors",
+                             raw_diff)
+
+
+def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
+        devices: Sequence[Any] | None = None, *, seed: int = 0, rtol: float = RTOL,
+        atol: float = ATOL, on_step: Callable[[int, float, float], None] | None = None,
+        time_tasks: bool = True, compiler_options: Mapping[str, Any] | None = None) -> RunReport:
+    """Run ``steps`` training steps of a workload under a plan on the devices JAX sees.
+
+    Args:
+        plan: the :class:`~autoplan.Plan`.
+        workload: a :class:`autoplan.models.Workload` (or a dict ``{"model":..., "size":...,
+            **overrides}``, or any object with ``fn``, ``args``, ``arg_kinds``).
+        steps: training steps; each starts from the previous step's parameters and optimizer
+            state, on the same batch.
+        check: compare every step with unsharded single-device execution (see
+            :func:`check_equivalence`); raises on a mismatch. The compiled step then also returns
+            the gradients, which the comparison needs.
+        devices: the devices to run on (default ``jax.devices()``); their number must equal the
+            plan's.
+        seed: PRNG seed of the concrete arguments when the workload is abstract or a dict.
+        rtol, atol: the equivalence tolerance.
+        on_step: called with (step, loss, seconds) after each step.
+        time_tasks: pipelines only: time each stage task alone for the schedule's ideal.
+        compiler_options: XLA options for every compilation (e.g.
+            ``{"xla_backend_optimization_level": 0}`` compiles CPU code several times faster).
+
+    Returns:
+        The :class:`RunReport`.
+
+    Raises:
+        PlanMismatchError: the plan was made for another model, argument structure or number of
+            devices.
+        EquivalenceError: ``check`` and the results differ from single-device execution.
+        ExecutionError: the plan cannot be executed as given (see the message).
+
+    Examples:
+        >>> import autoplan.exec as ex                         # doctest: +SKIP
+        >>> report = ex.run(plan, autoplan.models.get("gpt"))  # doctest: +SKIP
+        >>> report.equivalence.matched                         # doctest: +SKIP
+        True
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ExecutionError(f"run: steps should be a positive integer. Got {steps!r}. Fix: steps=1.")
+    r = resolve_workload(workload, seed)
+    devices = list(devices) if devices is not None else jax.devices()
+    abstract = _abstract(r.host_args)
+    graph = _graph(r)
+    plan.check_matches(graph, num_devices=len(devices))
+    if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
+        raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
+    plan.partition_specs(like=abstract)  # raises PlanMismatchError on another argument structure
+    if plan.is_pipeline:
+        po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
+                          time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
+        res = dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
+                   compile_time=po.compile_time, collectives=po.collectives, memory=po.memory,
+                   constraints_applied=po.constraints_applied,
+                   constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
+                   pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
+                             "order": po.order, "phases": po.phases},
+                   crossing=po.crossing, records=po.records)
+        mode = "pipeline"
+    else:
+        res = _run_intra(plan, r, graph, devices, steps, on_step, check, compiler_options)
+        mode = "intra-op"
+    stages: dict[int, tuple[dict[str, float], dict[str, float]]] = {
+        s: (dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)) for s in range(len(plan.stages))}
+    for _name, stage, c, times in res["collectives"]:
+        for k, v in comm_bytes([c], map_cpu=True, times=times).items():
+            stages[stage][0][k] += v
+        for k, v in comm_bytes([c], map_cpu=False, times=times).items():
+            stages[stage][1][k] += v
+    for stage, b in res["transfer_bytes"].items():
+        stages[stage][0]["send-recv"] = stages[stage][1]["send-recv"] = float(b)
+    kinds = sorted({k for m, _ in stages.values() for k in m})
+    compiled = {k: max(m.get(k, 0.0) for m, _ in stages.values()) for k in kinds}
+    raw = {k: max(r_.get(k, 0.0) for _, r_ in stages.values()) for k in kinds}
+    if plan.is_pipeline:
+        res["pipeline"]["stage_comm_bytes"] = {s: m for s, (m, _) in stages.items()}
+    equivalence = None
+    if check:
+        equivalence = check_equivalence(r, graph, res["crossing"], res["records"], rtol, atol,
+                                        compiler_options)
+        if not equivalence.matched:
+            raise EquivalenceError(equivalence.message)
+    return RunReport(
+        model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),
+        steps=steps, losses=res["losses"], step_times=res["step_times"],
+        compile_time=res["compile_time"], memory=res["memory"], collectives=res["collectives"],
+        comm_bytes=compiled, comm_bytes_raw=raw,
+        predicted_comm_bytes={k: float(v) for k, v in plan.predicted.comm_bytes.items()},
+        predicted_step_time=float(plan.predicted.step_time), equivalence=equivalence,
+        constraints_applied=res["constraints_applied"],
+        constraints_skipped=res["constraints_skipped"], pipeline=res["pipeline"],
+        outputs=res["outputs"])
