@@ -1,0 +1,76 @@
+"""Optimisation levels: hierarchical and folded plans are as good as the exhaustive ILP."""
+
+import warnings
+
+import pytest
+
+import autoplan
+from autoplan import models
+from autoplan.search import level_search
+
+CASES = {
+    "gpt2": ("gpt", dict(layers=2, hidden=64, heads=4, seq_len=32, batch=16, vocab=256)),
+    "gpt4": ("gpt", dict(layers=4, hidden=64, heads=4, seq_len=32, batch=16, vocab=256)),
+    "gpt8": ("gpt", dict(layers=8, hidden=64, heads=4, seq_len=32, batch=16, vocab=256)),
+    "moe": ("moe", dict(layers=4)),
+    "wide_resnet": ("wide_resnet", {}),
+    "mlp": ("mlp", dict(layers=6, batch=64)),
+}
+MESHES = {(2, 4): "p3.16xlarge:1", (2, 8): "p3.16xlarge:2"}
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {k: autoplan.trace(models.get(name, size="tiny", **over)) for k, (name, over) in CASES.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_folded_and_hierarchical_match_exhaustive(graphs, case, mesh):
+    g = graphs[case]
+    cluster = autoplan.Cluster.parse(MESHES[mesh])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = level_search(g, cluster, mesh, level="exhaustive")
+        hi = level_search(g, cluster, mesh, level="hierarchical")
+        fo = level_search(g, cluster, mesh, level="folded")
+    t_ex = ex.plan.predicted.step_time
+    assert hi.plan.predicted.step_time <= t_ex * 1.01
+    assert fo.plan.predicted.step_time <= t_ex * 1.01
+    # the exhaustive ILP is optimal for the model the others are costed with
+    assert fo.plan.predicted.step_time >= t_ex * (1 - 1e-6)
+    assert fo.stats["unique_classes"] <= hi.stats["unique_classes"] == hi.stats["segments"]
+    assert fo.stats["stitch_mismatches"] == 0
+
+
+def test_folding_solves_each_layer_kind_once(graphs):
+    g = graphs["gpt8"]
+    cluster = autoplan.Cluster.parse("p3.16xlarge:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fo = level_search(g, cluster, (2, 4), level="folded")
+    st = fo.stats
+    assert st["segments"] == 8 + 2  # embedding, 8 layers, head
+    assert st["unique_classes"] <= 5  # embed, layer (first/middle/last may differ), head
+    assert st["fold_ratio"] > 2
+    for key in ("operators", "graphnodes", "segments", "unique_classes", "ilps_solved",
+                "ilp_variables", "mine_seconds", "solve_seconds", "dp_seconds"):
+        assert key in st
+    a = fo.analysis
+    assert len(a.segments) == st["segments"] and len(a.segment_class) == st["segments"]
+    layers = a.layers_for_figure(g)
+    assert [d["class"] for d in layers[2:7]] == [layers[2]["class"]] * 5
+
+
+def test_search_reports_level_statistics():
+    wl = models.get("gpt", size="tiny", layers=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(2, 4), baselines=False)
+    assert res.best.level == "folded"
+    for key in ("operators", "segments", "unique_classes", "ilps_solved", "trace_seconds",
+                "search_seconds"):
+        assert key in res.stats
+    with pytest.raises(autoplan.SearchError, match="level should be one of"):
+        autoplan.search(wl, "cpu:8", level="O7")

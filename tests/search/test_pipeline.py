@@ -1,0 +1,85 @@
+"""Pipeline plans: layers, stage DP / DAG ILP, schedules, device use, plan files."""
+
+import warnings
+
+import pytest
+
+import autoplan
+from autoplan import models
+from autoplan._plan import Plan
+from autoplan.search import cluster_layers, pipeline_search
+from autoplan.search._pipeline import _is_chain, layer_dag
+
+
+@pytest.fixture(scope="module")
+def gpt_pipeline():
+    wl = models.get("gpt", size="tiny", layers=4, batch=16)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return wl, cluster, pipeline_search(wl, cluster, microbatches=4, level="exhaustive")
+
+
+def test_clustering_balances_and_covers_every_op():
+    g = autoplan.trace(models.get("gpt", size="tiny", layers=4))
+    layers = cluster_layers(g, 3)
+    assert sorted(o for ly in layers for o in ly.ops) == list(range(len(g)))
+    assert [ly.names for ly in layers][0][0] == "embed"
+    sigs = [ly.signature for ly in cluster_layers(g)]
+    assert sigs[1] == sigs[2] == sigs[3]  # repeated layers share a structural signature
+    with pytest.raises(autoplan.SearchError, match="num_layers"):
+        cluster_layers(g, 99)
+
+
+def test_pipeline_plans_use_every_device_once(gpt_pipeline):
+    wl, cluster, res = gpt_pipeline
+    assert res.plans
+    for p in res.plans:
+        ids = [d for s in p.stages for d in s.device_ids]
+        assert sorted(ids) == list(range(cluster.num_devices))
+        assert p.num_devices == cluster.num_devices
+        assert p.schedule.kind == "1f1b" and p.schedule.microbatches == 4
+        assert p.schedule.num_stages == len(p.stages)
+        covered = [n for s in p.stages for n in s.layers]
+        assert covered == [ly.name for ly in autoplan.trace(wl).layers]
+        ev = p.schedule.events
+        assert len(ev) == 2 * len(p.stages) * 4
+        assert max(e[1] for e in ev) == pytest.approx(p.predicted.step_time)
+        assert 0 <= p.predicted.bubble_fraction < 1
+
+
+def test_pipeline_plan_json_round_trip(gpt_pipeline, tmp_path):
+    _, _, res = gpt_pipeline
+    p = res.plans[0]
+    assert Plan.from_json(p.to_json()) == p
+    specs = p.partition_specs()
+    assert len(specs) == 3
+
+
+def test_dag_models_use_the_stage_ilp():
+    wl = models.get("unet", size="tiny")
+    g = autoplan.trace(wl)
+    dag = layer_dag(g, cluster_layers(g))
+    assert not _is_chain(dag)  # skip connections
+    cluster = autoplan.Cluster.parse("cpu:8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = pipeline_search(wl, cluster, microbatches=2, level="exhaustive")
+    assert res.stats["stage_algorithm"] == "ilp"
+    for p in res.plans:
+        assert sorted(d for s in p.stages for d in s.device_ids) == list(range(8))
+
+
+def test_search_auto_ranks_pipeline_and_intra_op_with_baselines():
+    wl = models.get("gpt", size="tiny", layers=2, batch=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = autoplan.search(wl, "p3.16xlarge:2", microbatches=4, level="exhaustive")
+    labels = {p.label for p in res.plans}
+    assert "baseline: data parallel" in labels and "baseline: Megatron TP" in labels
+    assert "baseline: Megatron TP x PP" in labels
+    assert any(p.is_pipeline for p in res.plans) and any(not p.is_pipeline for p in res.plans)
+    times = [p.predicted.step_time for p in res.plans if p.predicted.memory_per_device
+             <= p.cluster.device_memory]
+    assert times == sorted(times)
+    assert res.best.predicted.step_time <= min(p.predicted.step_time for p in res.baselines) * (1 + 1e-9)

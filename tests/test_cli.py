@@ -1,0 +1,59 @@
+"""The autoplan command line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autoplan.cli import main
+
+
+def test_models_lists_every_workload(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpt", "moe", "wide_resnet", "unet", "two_tower", "mlp"):
+        assert name in out
+    assert "175B" in out
+
+
+def test_trace_prints_the_graph(capsys):
+    assert main(["trace", "gpt", "--size", "1.3B"]) == 0
+    out = capsys.readouterr().out
+    assert "operators" in out and "FLOPs per step" in out and "layers_0 .. layers_23" in out
+    assert "1,420,414,976" in out  # parameter count
+
+
+def test_plan_show_and_report(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["plan", "mlp", "--size", "tiny", "--cluster", "cpu:8", "--pipeline", "no",
+                 "--level", "exhaustive", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "baseline: data parallel" in out and f"plan written to {path}" in out
+    assert json.loads(path.read_text())["model"] == "mlp"
+    assert main(["show", str(path), "--specs"]) == 0
+    out = capsys.readouterr().out
+    assert "plan [autoplan] for mlp on cpu:8" in out and "batch[" in out and " P(" in out
+    report = tmp_path / "r.html"
+    assert main(["report", str(path), "-o", str(report)]) == 0
+    assert report.stat().st_size > 1_000_000  # plotly.js embedded
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trace", "gpt", "--size", "7T"], "size"),
+    (["trace", "nosuchmodel"], "nosuchmodel"),
+    (["plan", "mlp", "--cluster", "p3.16xlarge:0"], "positive node count"),
+    (["plan", "mlp", "--cluster", "nosuch:2"], "unknown preset"),
+    (["show", "/nonexistent/plan.json"], "cannot read plan file"),
+    (["trace", "gpt", "--set", "layers"], "KEY=VALUE"),
+])
+def test_bad_input_is_a_clear_error(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoplan: error:") and message in err
+
+
+def test_console_script_entry_point():
+    out = subprocess.run([sys.executable, "-m", "autoplan.cli", "models"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "gpt" in out

@@ -1,0 +1,94 @@
+"""The Plan format: JSON round trip, refusals, JAX views."""
+
+import json
+
+import jax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+import autoplan
+from autoplan import PlanFileError, PlanMismatchError
+from autoplan._plan import Plan, pspec_to_spec, spec_str, spec_to_pspec
+from autoplan.models import get
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    wl = get("mlp", size="tiny")
+    return wl, autoplan.plan(wl, "cpu:8", pipeline=False, level="exhaustive", mesh_shape=(2, 4),
+                             baselines=False)
+
+
+def test_spec_conversions():
+    spec = (("x", "y"), None, ("y",))
+    assert spec_to_pspec(spec) == PartitionSpec(("x", "y"), None, "y")
+    assert pspec_to_spec(PartitionSpec(("x", "y"), None, "y"), 3) == spec
+    assert pspec_to_spec(PartitionSpec("x"), 2) == (("x",), None)
+    assert spec_to_pspec((None, None)) == PartitionSpec()
+    assert spec_str(((("x",)), None)) == "S(x)R"
+
+
+def test_json_round_trip_is_exact(tiny, tmp_path):
+    _, plan = tiny
+    path = tmp_path / "plan.json"
+    plan.to_json(str(path))
+    again = Plan.from_json(str(path))
+    assert again == plan
+    assert Plan.from_json(plan.to_json()) == plan
+    d = json.loads(plan.to_json())
+    assert d["schema_version"] == 1 and d["jax_version"] == jax.__version__
+    assert d["mesh_axis_types"] == ["Auto", "Auto"]
+    assert d["cluster"]["name"] == "cpu"
+
+
+def test_malformed_files_are_refused(tiny, tmp_path):
+    _, plan = tiny
+    with pytest.raises(PlanFileError, match="not valid JSON"):
+        Plan.from_json("{not json")
+    with pytest.raises(PlanFileError, match="not an autoplan plan"):
+        Plan.from_json('{"schema": "other"}')
+    d = json.loads(plan.to_json())
+    d["schema_version"] = 99
+    with pytest.raises(PlanFileError, match="schema_version should be 1. Got 99"):
+        Plan.from_json(json.dumps(d))
+    d = json.loads(plan.to_json())
+    del d["stages"][0]["mesh_shape"]
+    with pytest.raises(PlanFileError, match="malformed"):
+        Plan.from_json(json.dumps(d))
+    with pytest.raises(PlanFileError, match="cannot read plan file"):
+        Plan.from_json(str(tmp_path / "missing.json"))
+
+
+def test_plan_for_another_model_is_refused(tiny):
+    _, plan = tiny
+    other = autoplan.trace(get("mlp", size="tiny", hidden=128))
+    with pytest.raises(PlanMismatchError, match="made for model"):
+        plan.check_matches(other)
+    with pytest.raises(PlanMismatchError, match="uses 8 devices but 4"):
+        plan.check_matches(autoplan.trace(get("mlp", size="tiny")), num_devices=4)
+
+
+def test_partition_specs_mirror_the_arguments(tiny):
+    wl, plan = tiny
+    specs = plan.partition_specs(like=wl.args)
+    assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, PartitionSpec)) == \
+        jax.tree.structure(tuple(wl.args))
+    rebuilt = plan.partition_specs()
+    flat_a = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    flat_b = jax.tree.leaves(rebuilt, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    assert flat_a == flat_b
+    mesh = plan.mesh()
+    assert mesh.shape == {"x": 2, "y": 4}
+    shardings = plan.named_shardings(mesh, like=wl.args)
+    assert all(isinstance(s, NamedSharding) for s in jax.tree.leaves(
+        shardings, is_leaf=lambda x: isinstance(x, NamedSharding)))
+    rules = plan.logical_axis_rules()
+    assert rules and all(isinstance(name, str) for name, _ in rules)
+
+
+def test_summary_and_html(tiny):
+    _, plan = tiny
+    text = plan.summary()
+    assert "step time" in text and "mesh 2x4" in text
+    html = plan._repr_html_()
+    assert "PartitionSpec" in html and "params" in html
