@@ -198,17 +198,20 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                 pmem[ly.index, k, c] = lc.param_mem
                 amem[ly.index, k, c] = lc.act_mem
     t_costs = time.perf_counter() - t1
-    # t_intra[i, j, k, c] = sum of layer costs i..j
-    csum = np.concatenate([np.zeros((1,) + layer_cost.shape[1:]), np.cumsum(layer_cost, axis=0)])
-    psum = np.concatenate([np.zeros((1,) + pmem.shape[1:]), np.cumsum(pmem, axis=0)])
-    asum = np.concatenate([np.zeros((1,) + amem.shape[1:]), np.cumsum(amem, axis=0)])
-    t_intra = np.full((L, L, len(submeshes), C), np.inf)
-    p_intra = np.full_like(t_intra, np.inf)
-    a_intra = np.full_like(t_intra, np.inf)
-    for i in range(L):
-        t_intra[i, i:] = csum[i + 1:] - csum[i]
-        p_intra[i, i:] = psum[i + 1:] - psum[i]
-        a_intra[i, i:] = asum[i + 1:] - asum[i]
+    # t_intra[i, j, k, c] = sum of layer costs i..j (inf when any of them is impossible)
+    def range_sums(a: np.ndarray) -> np.ndarray:
+        bad = ~np.isfinite(a)
+        z = np.zeros((1,) + a.shape[1:])
+        vals = np.concatenate([z, np.cumsum(np.where(bad, 0.0, a), axis=0)])
+        nbad = np.concatenate([z, np.cumsum(bad, axis=0)])
+        out = np.full((L,) + a.shape, np.inf)
+        for i in range(L):
+            seg = vals[i + 1:] - vals[i]
+            seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
+            out[i, i:] = seg
+        return out
+
+    t_intra, p_intra, a_intra = range_sums(layer_cost), range_sums(pmem), range_sums(amem)
     budget = memory_budget or cluster.device_memory
 
     t2 = time.perf_counter()
