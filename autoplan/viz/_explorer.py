@@ -37,7 +37,6 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import html
-import math
 import statistics
 import threading
 import time
@@ -114,7 +113,9 @@ class LaunchRecord:
 
     @property
     def losses(self) -> list[float]:
-        """The loss of each step (from the lowest-numbered process that reported it)."""
+        """The loss of each step (process 0's; every process computes the same)."""
+        if self.result is not None:
+            return [float(x) for x in self.result.loss]
         by_step: dict[int, tuple[int, float]] = {}
         for e in self.step_events:
             if e.get("loss") is None:
@@ -126,7 +127,10 @@ class LaunchRecord:
 
     @property
     def step_times(self) -> list[float]:
-        """The step time of each step: the slowest process's."""
+        """The time of each step: the slowest process's."""
+        if self.result is not None and self.result.step_times:
+            per = list(self.result.step_times.values())
+            return [max(p[k] for p in per if k < len(p)) for k in range(max(map(len, per)))]
         by_step: dict[int, float] = {}
         for e in self.step_events:
             if e.get("step_time") is None:
@@ -137,11 +141,7 @@ class LaunchRecord:
 
     @property
     def measured_step_time(self) -> float | None:
-        """The result's measured step time, else the median step time after the first step (which
-        includes compilation)."""
-        t = _first_attr(self.result, ("step_time", "measured_step_time"))
-        if isinstance(t, int | float) and math.isfinite(t) and t > 0:
-            return float(t)
+        """The median step time after the first step (which includes compilation)."""
         times = self.step_times
         if not times:
             return None
@@ -149,42 +149,22 @@ class LaunchRecord:
 
     @property
     def final_loss(self) -> float | None:
-        losses = _first_attr(self.result, ("losses",))
-        if losses:
-            return float(list(losses)[-1])
-        mine = self.losses
-        return mine[-1] if mine else None
+        losses = self.losses
+        return losses[-1] if losses else None
 
     @property
     def matched(self) -> bool | None:
-        """Whether the run matched single-device execution (None when not known)."""
-        for name in ("matched", "equivalence", "check"):
-            v = _first_attr(self.result, (name,))
-            if isinstance(v, bool):
-                return v
-            m = getattr(v, "matched", None)
-            if isinstance(m, bool):
-                return m
-        done = [e for e in self.events if e.get("event") == "done"]
-        vals = [e.get("matched") for e in done if isinstance(e.get("matched"), bool)]
-        if vals:
-            return all(vals)
-        return None
+        """Whether every process matched single-device execution (None when not known)."""
+        if self.result is not None:
+            return self.result.matched
+        flags = [e.get("matched") for e in self.events if e.get("event") == "done"]
+        flags = [f for f in flags if isinstance(f, bool)]
+        return all(flags) if flags else None
 
     def __repr__(self) -> str:
         state = "error" if self.error else ("done" if self.done else "running")
         return (f"LaunchRecord({self.plan.label!r}, {self.num_processes}x{self.devices_per_process} "
                 f"devices, {state}, {len(self.step_events)} step events)")
-
-
-def _first_attr(obj: Any, names: tuple[str, ...]) -> Any:
-    if obj is None:
-        return None
-    for n in names:
-        v = obj.get(n) if isinstance(obj, Mapping) else getattr(obj, n, None)
-        if v is not None:
-            return v
-    return None
 
 
 def _ms(t: float | None) -> str:
@@ -482,19 +462,9 @@ class Explorer:
     def launch_spec(self) -> dict[str, Any]:
         """The workload spec a launch passes to ``autoplan.exec.launch``: ``{"model", "size"}`` and
         the workload's config fields that differ from the size's defaults."""
-        wl = self._get_workload()
-        spec: dict[str, Any] = {"model": wl.name, "size": wl.size}
-        try:
-            from autoplan.models._registry import MODELS  # noqa: PLC0415
-            from autoplan.models._workload import resolve_config  # noqa: PLC0415
+        from autoplan.exec import describe_workload  # noqa: PLC0415
 
-            base = resolve_config(MODELS[wl.name], wl.size, None, {})
-        except Exception:  # noqa: BLE001 - then every config field is passed
-            base = {}
-        for k, v in dict(wl.config).items():
-            if k not in base or base[k] != v:
-                spec[k] = v
-        return spec
+        return describe_workload(self._get_workload())
 
     # ---- search ----------------------------------------------------------------------------
     def search(self) -> bool:
@@ -828,23 +798,20 @@ class Explorer:
         try:
             rec.handle = launch(plan, spec, num_processes=procs, devices_per_process=per,
                                 steps=steps, timeout=timeout)
-            deadline = time.monotonic() + timeout + 60
-            while True:
+            # poll until the workers exit, one reports an error, or the launch's time is up; then
+            # wait() returns the result or raises LaunchError (after killing every worker)
+            deadline = time.monotonic() + timeout + 5
+            while not rec.handle.done and time.monotonic() < deadline:
                 new = list(rec.handle.poll() or [])
                 if new:
                     rec.events.extend(new)
                     self._draw_launch(rec)
-                    errs = [e for e in new if e.get("event") == "error"]
-                    if errs:
-                        self._launch_status.value = f"error: {str(errs[0].get('message', errs[0]))[:200]}"
-                if rec.handle.done:
-                    break
-                if time.monotonic() > deadline:
-                    rec.handle.cancel()
-                    raise TimeoutError(f"launch still running after {timeout} s; cancelled")
+                    self._launch_status.value = self._running_text(rec)
+                    if any(e.get("event") == "error" for e in new):
+                        break
                 time.sleep(0.2)
-            rec.events.extend(list(rec.handle.poll() or []))
             rec.result = rec.handle.wait(60)
+            rec.events = list(rec.handle.events)
         except Exception as err:
             rec.error = f"{type(err).__name__}: {err}"
             self._launch_status.value = f"launch failed: {rec.error[:200]}"
@@ -853,12 +820,22 @@ class Explorer:
             rec.finished = time.time()
             self._launch_button.disabled = self.plan is None
             self._draw_launch(rec)
-        errors = [e for e in rec.events if e.get("event") == "error"]
-        if errors and rec.error is None:
-            rec.error = str(errors[0].get("message", errors[0]))
-        self._launch_status.value = ("finished" if rec.error is None else f"finished with errors: {rec.error[:200]}") + (
-            f": {len(rec.losses)} steps in {rec.finished - rec.started:.1f} s")
+        self._launch_status.value = (f"finished: {len(rec.losses)} steps in "
+                                     f"{rec.finished - rec.started:.1f} s")
         self._launch_result.value = self._launch_summary_html(rec)
+
+    @staticmethod
+    def _running_text(rec: LaunchRecord) -> str:
+        errs = [e for e in rec.events if e.get("event") == "error"]
+        if errs:
+            return f"error in process {errs[0].get('process')}: {str(errs[0].get('message'))[:200]}"
+        steps = {int(e["step"]) for e in rec.step_events}
+        if not steps:
+            started = {e.get("process") for e in rec.events if e.get("event") == "start"}
+            return (f"{len(started)} of {rec.num_processes} workers joined; tracing and compiling "
+                    "the first step")
+        return (f"running [{rec.plan.label}] on {rec.num_processes} x {rec.devices_per_process} "
+                f"CPU devices: {len(steps)}/{rec.steps} steps")
 
     def _draw_launch(self, rec: LaunchRecord) -> None:
         fw = self.figures["launch"]
