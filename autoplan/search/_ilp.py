@@ -82,6 +82,7 @@ from autoplan.search._solver import SolverTimeoutWarning, solve
 from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated
 from autoplan.search._strategies import (
     Strategy,
+    _op_key,
     derive,
     is_follower,
     is_generator,
@@ -133,6 +134,40 @@ class _Member:
     idx: np.ndarray  # node strategy -> index into strats
     strats: list[Strategy]
     leader: int | None  # operand position followed (None for a root)
+    in_ids: list[np.ndarray | None] = field(default_factory=list)  # per operand, over strats
+
+
+@dataclass
+class _Tables:
+    """Per strategy list: costs and the spec ids of every operand and result."""
+
+    cost: np.ndarray
+    out_ids: list[np.ndarray]
+    out_tiles: list[np.ndarray]
+    in_ids: list[np.ndarray | None]
+
+
+def _tables(prob: ILPProblem, strats: list[Strategy], cache: dict[tuple, _Tables]) -> _Tables:
+    key = tuple(map(id, strats))
+    hit = cache.get(key)
+    if hit is not None and hit.cost.shape[0] == len(strats):
+        return hit
+    sizes = dict(zip(prob.mesh.axis_names, prob.mesh.shape))
+    n_out = len(strats[0].out_specs)
+    n_in = len(strats[0].in_specs)
+    out_ids = [np.array([prob.intern(s.out_specs[j]) for s in strats], dtype=np.int64)
+               for j in range(n_out)]
+    out_tiles = [np.array([math.prod(sizes[a] for e in s.out_specs[j] if e for a in e)
+                           for s in strats], dtype=float) for j in range(n_out)]
+    in_ids: list[np.ndarray | None] = []
+    for j in range(n_in):
+        if any(s.in_specs[j] is None for s in strats):
+            in_ids.append(None)
+        else:
+            in_ids.append(np.array([prob.intern(s.in_specs[j]) for s in strats], dtype=np.int64))
+    tab = _Tables(np.array([s.cost for s in strats]), out_ids, out_tiles, in_ids)
+    cache[key] = tab
+    return tab
 
 
 @dataclass
@@ -341,6 +376,8 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         prob.tensor_src[t] = (nid, np.array([prob.intern(s) for s in specs], dtype=np.int64))
 
     # ---- operators: roots and followers --------------------------------------------------------
+    follow_cache: dict[tuple, Any] = {}
+    table_cache: dict[tuple, _Tables] = {}
     saved: set[int] = set()
     for i in op_ids:
         op = graph.ops[i]
@@ -359,25 +396,29 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             k = leader_operand(op, cands, graph) if cands else None
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
-                uniq, inv = np.unique(src_ids, return_inverse=True)
-                strats = [derive(op, mesh, k, prob.specs[u]) for u in uniq]
-                if all(s is not None for s in strats):
-                    member = _Member(nid, inv.reshape(-1), strats, k)  # type: ignore[arg-type]
+                ckey = (_op_key(op), k, src_ids.tobytes())
+                hit = follow_cache.get(ckey)
+                if hit is None:
+                    uniq, inv = np.unique(src_ids, return_inverse=True)
+                    strats = [derive(op, mesh, k, prob.specs[u]) for u in uniq]
+                    hit = (strats, inv.reshape(-1)) if all(s is not None for s in strats) else None
+                    follow_cache[ckey] = hit
+                if hit is not None:
+                    member = _Member(nid, hit[1], hit[0], k)  # type: ignore[arg-type]
         if member is None:
             strats = strategies(op, graph, mesh, prob.unknown)
             node = _Node(i, "op", None, strats, np.zeros(len(strats)), np.zeros(len(strats)))
             prob.nodes.append(node)
             member = _Member(len(prob.nodes) - 1, np.arange(len(strats)), strats, None)
         prob.members[i] = member
+        tab = _tables(prob, member.strats, table_cache)
+        member.in_ids = tab.in_ids
         node = prob.nodes[member.node]
-        node.cost = node.cost + np.array([s.cost for s in member.strats])[member.idx]
+        node.cost = node.cost + tab.cost[member.idx]
         for j, t in enumerate(op.outputs):
-            ids = np.array([prob.intern(s.out_specs[j]) for s in member.strats], dtype=np.int64)
-            prob.tensor_src[t] = (member.node, ids[member.idx])
+            prob.tensor_src[t] = (member.node, tab.out_ids[j][member.idx])
             if t in saved:
-                ten = graph.tensors[t]
-                per = ten.nbytes / np.array([_tiles_of(s.out_specs[j], mesh) for s in member.strats])
-                node.memory = node.memory + per[member.idx]
+                node.memory = node.memory + graph.tensors[t].nbytes / tab.out_tiles[j][member.idx]
 
     # ---- fixed tensors produced inside, and updated-input pairs --------------------------------
     for t, spec in fixed_specs.items():
@@ -427,9 +468,11 @@ def _tensor_edges(prob: ILPProblem):
             if len(graph.tensors[t].shape) == 0:
                 continue
             u, src = prob.tensor_src[t]
-            dl = np.array([prob.intern(s.in_specs[j]) if s.in_specs[j] is not None else
-                           prob.intern(replicated(len(graph.tensors[t].shape))) for s in m.strats],
-                          dtype=np.int64)
+            dl = m.in_ids[j] if j < len(m.in_ids) else None
+            if dl is None:
+                dl = np.array([prob.intern(s.in_specs[j]) if s.in_specs[j] is not None else
+                               prob.intern(replicated(len(graph.tensors[t].shape)))
+                               for s in m.strats], dtype=np.int64)
             out.append((t, u, src, m.node, dl[m.idx]))
     for o, i in prob.out_pairs:
         u, src = prob.tensor_src[o]
@@ -442,6 +485,7 @@ class _ReshardTable:
     def __init__(self, prob: ILPProblem):
         self.prob = prob
         self.cache: dict[tuple, float] = {}
+        self.mcache: dict[tuple, np.ndarray] = {}
 
     def time(self, t: int, a: int, b: int, backward: bool = False) -> float:
         if a == b:
@@ -457,13 +501,26 @@ class _ReshardTable:
 
     def matrix(self, t: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """``R[i, j]`` for arrays of source and destination spec ids."""
+        ten = self.prob.graph.tensors[t]
+        key = (src.tobytes(), dst.tobytes(), ten.shape, ten.dtype)
+        hit = self.mcache.get(key)
+        if hit is not None:
+            return hit
         us, iu = np.unique(src, return_inverse=True)
         ud, idd = np.unique(dst, return_inverse=True)
         small = np.array([[self.time(t, int(a), int(b)) for b in ud] for a in us])
-        return small[np.ix_(iu.reshape(-1), idd.reshape(-1))]
+        out = small[np.ix_(iu.reshape(-1), idd.reshape(-1))]
+        self.mcache[key] = out
+        return out
 
     def diag(self, t: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        return np.array([self.time(t, int(a), int(b)) for a, b in zip(src, dst)])
+        ten = self.prob.graph.tensors[t]
+        key = ("d", src.tobytes(), dst.tobytes(), ten.shape, ten.dtype)
+        hit = self.mcache.get(key)
+        if hit is None:
+            hit = self.mcache[key] = np.array([self.time(t, int(a), int(b))
+                                               for a, b in zip(src, dst)])
+        return hit
 
 
 def _build_edges(prob: ILPProblem) -> None:
@@ -487,17 +544,39 @@ def _build_edges(prob: ILPProblem) -> None:
         b = prob.intern(spec)
         prob.nodes[u].cost = prob.nodes[u].cost + np.array([table.time(t, int(a), b) for a in src])
     edges = []
+    cache: dict[tuple, tuple] = {}
+    tens = prob.graph.tensors
     for (u, w), lst in pairs.items():
         rows_u = np.stack([src for _, src, _ in lst], axis=1)
         rows_w = np.stack([dst for _, _, dst in lst], axis=1)
-        gu_rows, gu = np.unique(rows_u, axis=0, return_inverse=True)
-        gw_rows, gw = np.unique(rows_w, axis=0, return_inverse=True)
-        gu, gw = gu.reshape(-1), gw.reshape(-1)
-        m = np.zeros((len(gu_rows), len(gw_rows)))
-        for e, (t, _, _) in enumerate(lst):
-            m += table.matrix(t, gu_rows[:, e], gw_rows[:, e])
-        _add_edge(prob, edges, u, w, gu, gw, m)
+        key = (rows_u.tobytes(), rows_u.shape, rows_w.tobytes(), rows_w.shape,
+               tuple((tens[t].shape, tens[t].dtype) for t, _, _ in lst))
+        hit = cache.get(key)
+        if hit is None:
+            gu_rows, gu = _unique_rows(rows_u)
+            gw_rows, gw = _unique_rows(rows_w)
+            m = np.zeros((len(gu_rows), len(gw_rows)))
+            for e, (t, _, _) in enumerate(lst):
+                m += table.matrix(t, gu_rows[:, e], gw_rows[:, e])
+            hit = cache[key] = (gu, gw, m)
+        _add_edge(prob, edges, u, w, *hit)
     prob.edges = edges
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` for small non-negative ints, faster."""
+    if rows.shape[1] == 1:
+        u, inv = np.unique(rows[:, 0], return_inverse=True)
+        return u[:, None], inv.reshape(-1)
+    base = int(rows.max()) + 1
+    if base ** rows.shape[1] < 2**62:
+        code = np.zeros(rows.shape[0], dtype=np.int64)
+        for c in range(rows.shape[1]):
+            code = code * base + rows[:, c]
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        return rows[first], inv.reshape(-1)
+    u, inv = np.unique(rows, axis=0, return_inverse=True)
+    return u, inv.reshape(-1)
 
 
 def _add_edge(prob: ILPProblem, edges: list, u: int, w: int, gu: np.ndarray, gw: np.ndarray,
@@ -690,6 +769,175 @@ def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int],
 
 
 # ---------------------------------------------------------------------------------------------
+# exact pre-solve reduction: eliminate nodes with at most two neighbours
+# ---------------------------------------------------------------------------------------------
+
+def _compress(m: np.ndarray, gu: np.ndarray, gw: np.ndarray):
+    """Merge identical rows / columns of an edge matrix (groups re-indexed)."""
+    ru, iu = np.unique(m, axis=0, return_inverse=True)
+    gu = iu.reshape(-1)[gu]
+    rw, iw = np.unique(ru, axis=1, return_inverse=True)
+    gw = iw.reshape(-1)[gw]
+    return rw, gu, gw
+
+
+class _Reducer:
+    """Variable elimination on the pairwise cost structure (exact).
+
+    A node with no neighbour takes its cheapest strategy; a node with one neighbour ``u`` is
+    folded into ``u``'s costs (``c_u[i] += min_j c_v[j] + R[i, j]``); a node with two neighbours
+    ``u, w`` becomes an edge between them (``R'[i, k] = min_j c_v[j] + R_1[i, j] + R_2[j, k]``).
+    Repeated until every remaining node has three or more neighbours. Eliminated nodes take the
+    best strategy given their neighbours' choices, in reverse order, after the solve. Not used
+    with a memory budget (the budget row couples every node).
+    """
+
+    def __init__(self, prob: ILPProblem):
+        self.cost = [n.cost.astype(float).copy() for n in prob.nodes]
+        self.k = [len(n.strategies) for n in prob.nodes]
+        self.edges: dict[int, list] = {}
+        self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
+        self.pair: dict[tuple[int, int], int] = {}
+        self.next_id = 0
+        self.eliminated: list[tuple] = []  # (v, [(neighbour, gv, gn, m_vn)], cost_v)
+        self.alive = [k > 1 for k in self.k]
+        for u, w, gu, gw, m in prob.edges:
+            self.add(u, w, gu, gw, m)
+
+    # -- edges ---------------------------------------------------------------------------------
+    def add(self, u: int, w: int, gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> None:
+        key = (min(u, w), max(u, w))
+        eid = self.pair.get(key)
+        if eid is not None:
+            ou, ow, ogu, ogw, om = self.edges.pop(eid)
+            del self.pair[key]
+            self.adj[ou].discard(eid)
+            self.adj[ow].discard(eid)
+            if ou != u:
+                gu, gw, m = gw, gu, m.T
+            # joint groups on each side: (old group, new group) pairs
+            pu, iu = np.unique(np.stack([ogu, gu], axis=1), axis=0, return_inverse=True)
+            pw, iw = np.unique(np.stack([ogw, gw], axis=1), axis=0, return_inverse=True)
+            m = om[np.ix_(pu[:, 0], pw[:, 0])] + m[np.ix_(pu[:, 1], pw[:, 1])]
+            u, w, gu, gw = ou, ow, iu.reshape(-1), iw.reshape(-1)
+        m, gu, gw = _compress(m, gu, gw)
+        if not m.any():
+            return
+        a = m[:, 0]
+        b = m[0, :] - m[0, 0]
+        if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
+            self.cost[u] = self.cost[u] + a[gu]
+            self.cost[w] = self.cost[w] + b[gw]
+            return
+        eid = self.next_id
+        self.next_id += 1
+        self.edges[eid] = [u, w, gu, gw, m]
+        self.pair[key] = eid
+        self.adj[u].add(eid)
+        self.adj[w].add(eid)
+
+    def _view(self, eid: int, v: int):
+        """Edge ``eid`` seen from ``v``: (neighbour, groups of v, groups of neighbour, m[v, n])."""
+        u, w, gu, gw, m = self.edges[eid]
+        if u == v:
+            return w, gu, gw, m
+        return u, gw, gu, m.T
+
+    def _remove_edge(self, eid: int) -> None:
+        u, w = self.edges[eid][0], self.edges[eid][1]
+        del self.edges[eid]
+        del self.pair[(min(u, w), max(u, w))]
+        self.adj[u].discard(eid)
+        self.adj[w].discard(eid)
+
+    # -- elimination ---------------------------------------------------------------------------
+    def _eff_k(self, v: int) -> int:
+        return int(np.isfinite(self.cost[v]).sum())
+
+    def _eliminable(self, v: int) -> bool:
+        return self.alive[v] and (len(self.adj[v]) <= 2 or self._eff_k(v) == 1)
+
+    def eliminate(self) -> bool:
+        """Eliminate while possible; True if anything was eliminated."""
+        stack = [v for v in range(len(self.k)) if self._eliminable(v)]
+        done = False
+        while stack:
+            v = stack.pop()
+            if not self._eliminable(v):
+                continue
+            done = True
+            views = [self._view(e, v) for e in self.adj[v]]
+            for e in list(self.adj[v]):
+                self._remove_edge(e)
+            c = self.cost[v]
+            self.eliminated.append((v, views, c))
+            self.alive[v] = False
+            if len(views) == 2 and self._eff_k(v) > 1:
+                (n1, gv1, gn1, m1), (n2, gv2, gn2, m2) = views
+                fin = np.flatnonzero(np.isfinite(c))
+                # over neighbour groups: a (columns of m1), b (columns of m2); j over v's options
+                t = (m1[gv1[fin]].T[:, :, None] + m2[gv2[fin]][None, :, :]
+                     + c[fin][None, :, None])  # G1 x k_v x G2
+                self.add(n1, n2, gn1, gn2, t.min(axis=1))
+                stack.extend([n1, n2])
+            else:
+                fin = np.flatnonzero(np.isfinite(c))
+                for n, gv, gn, m in views:
+                    tot = m[gv[fin]].T[gn] + c[fin][None, :]  # k_n x options of v
+                    self.cost[n] = self.cost[n] + tot.min(axis=1)
+                    stack.append(n)
+        return done
+
+    def prune(self) -> bool:
+        """Drop dominated strategies (cost +inf): ``i`` is dominated by ``j`` when ``j`` costs no
+        more at the node and on every incident edge whatever the neighbour does. Exact: some
+        optimum survives. True if anything was pruned."""
+        changed = False
+        for v in range(len(self.k)):
+            if not self.alive[v]:
+                continue
+            c = self.cost[v]
+            fin = np.flatnonzero(np.isfinite(c))
+            if len(fin) < 2:
+                continue
+            cols = [c[fin][:, None]]
+            for e in self.adj[v]:
+                _, gv, _, m = self._view(e, v)
+                cols.append(m[gv[fin]])
+            a = np.concatenate(cols, axis=1)
+            tol = 1e-12 * max(1e-30, float(np.abs(a).max()))
+            le = (a[None, :, :] <= a[:, None, :] + tol).all(axis=2)  # le[i, j]: a[j] <= a[i]
+            eq = le & le.T
+            order = np.arange(len(fin))
+            dom = le & (~eq | (order[None, :] < order[:, None]))
+            np.fill_diagonal(dom, False)
+            drop = fin[dom.any(axis=1)]
+            if len(drop):
+                c = c.copy()
+                c[drop] = np.inf
+                self.cost[v] = c
+                changed = True
+        return changed
+
+    def run(self, max_rounds: int = 4) -> None:
+        """Alternate elimination and dominance pruning until neither changes anything."""
+        self.eliminate()
+        for _ in range(max_rounds):
+            if not self.prune():
+                break
+            if not self.eliminate():
+                break
+
+    def recover(self, vec: list[int]) -> None:
+        """Fill in the eliminated nodes' choices (``vec`` holds the others')."""
+        for v, views, c in reversed(self.eliminated):
+            tot = c.copy()
+            for n, gv, gn, m in views:
+                tot = tot + m[gv, gn[vec[n]]]
+            vec[v] = int(np.argmin(tot))
+
+
+# ---------------------------------------------------------------------------------------------
 # solving
 # ---------------------------------------------------------------------------------------------
 
@@ -750,7 +998,7 @@ class ILPSolution:
 def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
               fixed: Mapping[int, Any] | None = None, memory_budget: float | None = None,
               pins: Mapping[str, Any] | None = None, time_limit: float = 60.0,
-              problem: ILPProblem | None = None) -> ILPSolution:
+              problem: ILPProblem | None = None, reduce: bool = True) -> ILPSolution:
     """Solve the intra-operator ILP of ``graph`` (or a segment of it) on ``mesh``.
 
     Args:
@@ -765,6 +1013,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         pins: ``{regex over input names: PartitionSpec}`` fixing inputs' specs.
         time_limit: solver seconds; at the limit the incumbent is used (SolverTimeoutWarning).
         problem: a prebuilt :func:`build_problem` result to reuse.
+        reduce: eliminate nodes with at most two neighbours before solving (exact; skipped with
+            a memory budget).
 
     Returns:
         The :class:`ILPSolution`.
@@ -791,26 +1041,61 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             least_memory=least)
 
     t0 = time.perf_counter()
+    reducer: _Reducer | None = None
+    costs = [n.cost for n in prob.nodes]
+    edges = prob.edges
+    active = [True] * len(prob.nodes)
+    if reduce and memory_budget is None:
+        reducer = _Reducer(prob)
+        reducer.run()
+        costs = reducer.cost
+        edges = [tuple(e) for e in reducer.edges.values()]
+        active = [reducer.alive[v] or reducer.k[v] == 1 for v in range(len(prob.nodes))]
     lp = pulp.LpProblem("autoplan_intra_op", pulp.LpMinimize)
+    costs = [np.array(c, dtype=float) for c in costs]
+    present = [np.isfinite(c) if active[v] and len(c) > 1 else None for v, c in enumerate(costs)]
+    # restrict edges to strategies still present; fold separable ones into node costs
+    kept_edges = []
+    for u, w, gu, gw, m in edges:
+        rows = np.unique(gu[present[u]])
+        cols = np.unique(gw[present[w]])
+        m = m[np.ix_(rows, cols)]
+        ru = np.full(int(gu.max()) + 1, -1)
+        ru[rows] = np.arange(len(rows))
+        rw = np.full(int(gw.max()) + 1, -1)
+        rw[cols] = np.arange(len(cols))
+        gu, gw = ru[gu], rw[gw]
+        a = m[:, 0]
+        b = m[0, :] - m[0, 0]
+        if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
+            costs[u] = costs[u] + np.where(gu >= 0, a[gu], 0.0)
+            costs[w] = costs[w] + np.where(gw >= 0, b[gw], 0.0)
+            continue
+        kept_edges.append((u, w, gu, gw, m))
     svars: list[list[Any] | None] = []
     terms: list[tuple[Any, float]] = []
     const = 0.0
     n_bin = n_edge = n_con = 0
     for nid, n in enumerate(prob.nodes):
         k = len(n.strategies)
-        if k == 1:
+        if k == 1 or not active[nid]:
             svars.append(None)
-            const += float(n.cost[0])
+            if k == 1:
+                const += float(costs[nid][0])
             continue
-        vs = [_var(lp, f"s{nid}_{i}", pulp.LpBinary) for i in range(k)]
-        n_bin += k
+        cost = costs[nid]
+        vs = [_var(lp, f"s{nid}_{i}", pulp.LpBinary) if present[nid][i] else None
+              for i in range(k)]
+        have = [v for v in vs if v is not None]
+        n_bin += len(have)
         svars.append(vs)
-        base = float(n.cost.min())
+        base = float(cost[present[nid]].min())
         const += base
-        terms.extend((v, (float(c) - base) * _SCALE) for v, c in zip(vs, n.cost) if c != base)
-        lp.addConstraint(pulp.LpAffineExpression([(v, 1) for v in vs]) == 1, f"one{nid}")
+        terms.extend((v, (float(c) - base) * _SCALE) for v, c in zip(vs, cost)
+                     if v is not None and c != base)
+        lp.addConstraint(pulp.LpAffineExpression([(v, 1) for v in have]) == 1, f"one{nid}")
         n_con += 1
-    for eid, (u, w, gu, gw, m) in enumerate(prob.edges):
+    for eid, (u, w, gu, gw, m) in enumerate(kept_edges):
         su, sw = svars[u], svars[w]
         assert su is not None and sw is not None
         nu, nw = m.shape
@@ -825,11 +1110,11 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
                 if c:
                     terms.append((ev[a][b], c * _SCALE))
         for a in range(nu):
-            members = [(su[i], -1) for i in np.flatnonzero(gu == a)]
+            members = [(su[i], -1) for i in np.flatnonzero(gu == a) if su[i] is not None]
             lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for b in range(nw)] + members) == 0,
                              f"r{eid}_{a}")
         for b in range(nw):
-            members = [(sw[j], -1) for j in np.flatnonzero(gw == b)]
+            members = [(sw[j], -1) for j in np.flatnonzero(gw == b) if sw[j] is not None]
             lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for a in range(nu)] + members) == 0,
                              f"c{eid}_{b}")
         n_con += nu + nw
@@ -841,7 +1126,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             if vs is None:
                 mconst += float(n.memory[0])
             else:
-                mt.extend((v, float(x)) for v, x in zip(vs, n.memory) if x)
+                mt.extend((v, float(x)) for v, x in zip(vs, n.memory) if v is not None and x)
         if mt:
             lp.addConstraint(pulp.LpAffineExpression(mt) <= memory_budget - mconst, "memory")
             n_con += 1
@@ -852,7 +1137,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
     solver_name = "none"
     solver_obj: float | None = None
     if n_bin == 0:
-        status = "trivial"
+        status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
         vec = [0] * len(prob.nodes)
     else:
         with warnings.catch_warnings(record=True) as caught:
@@ -881,8 +1166,10 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
                 if vs is None:
                     vec.append(0)
                 else:
-                    vals = [v.varValue or 0.0 for v in vs]
+                    vals = [-1.0 if v is None else (v.varValue or 0.0) for v in vs]
                     vec.append(int(np.argmax(vals)))
+    if reducer is not None:
+        reducer.recover(vec)
     solve_s = time.perf_counter() - t1
     bd = _breakdown(prob, vec)
     choice = {n.key: vec[nid] for nid, n in enumerate(prob.nodes)}

@@ -122,17 +122,19 @@ def test_ilp_optimum_equals_brute_force(prog, data):
     assume(math.prod(counts) <= LIMIT)
     event(f"combinations {10 ** int(math.log10(math.prod(counts)))}+")
     event(f"dots {steps.count('dot')}, train {train}")
-    sol = solve_ilp(g, mesh, problem=prob)
     keys = prob.node_keys
     best = math.inf
     for combo in itertools.product(*(range(k) for k in counts)):
         best = min(best, evaluate(g, mesh, dict(zip(keys, combo)), problem=prob))
-    assert sol.objective >= best - 1e-15
-    assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
-    # the solver's compressed model agrees with the first-principles evaluation
-    if sol.solver_objective is not None:
-        assert sol.solver_objective == pytest.approx(sol.objective, rel=1e-6, abs=1e-12)
-    assert evaluate(g, mesh, sol.choice, problem=prob) == pytest.approx(sol.objective)
+    # with and without the exact elimination of nodes with <= 2 neighbours
+    for reduce in (True, False):
+        sol = solve_ilp(g, mesh, problem=prob, reduce=reduce)
+        assert sol.objective >= best - 1e-15
+        assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-12), reduce
+        # the solver's compressed model agrees with the first-principles evaluation
+        if sol.solver_objective is not None:
+            assert sol.solver_objective == pytest.approx(sol.objective, rel=1e-6, abs=1e-12)
+        assert evaluate(g, mesh, sol.choice, problem=prob) == pytest.approx(sol.objective)
 
 
 # ---- hand-written training step ---------------------------------------------------------------
