@@ -34,6 +34,14 @@ Exact reductions applied before solving (each keeps the optimum unchanged):
   variables range over the distinct (source spec, destination spec) pairs rather than strategy
   pairs; all-zero edges are dropped, and edges whose cost matrix is separable
   (:math:`R_{ij} = a_i + b_j`, e.g. when one end has a single spec) fold into node costs.
+* **elimination** (without a memory budget): a node with at most two neighbours is solved out
+  (one neighbour: :math:`c_u[i] \mathrel{+}= \min_j c_v[j] + R[i,j]`; two: a new edge
+  :math:`R'[i,k] = \min_j c_v[j] + R_1[i,j] + R_2[j,k]`), repeatedly, and recovered after the
+  solve; a strategy that costs at least as much as another at its node and on every incident
+  edge, whatever the neighbours do, is dropped (dominance).
+
+:func:`evaluate` recomputes the objective of any complete assignment from first principles (no
+compression or elimination); the tests check the solver's optimum against brute force with it.
 
 Graph inputs (parameters, optimizer state, batch) have their own spec variables; each pays a
 small penalty proportional to its replicated bytes (Alpa's trick to prefer sharding weights when

@@ -16,7 +16,10 @@ size > 1 used at most once, several axes on one loop dimension in mesh order):
 * ``gather`` (embedding lookup ``jnp.take``): index/batch split, feature split, or
   vocabulary-parallel (table split on the indexed dimension, masked lookup, all-reduce);
 * ``scatter``/``scatter-add`` (its gradient): update split (partial sums, all-reduce), feature
-  split, or table split on the scattered dimension.
+  split, or table split on the scattered dimension;
+* ``reduce_sum`` over a split dimension: all-reduce (the follower rule) or the partial sums kept
+  scattered on a result dimension (reduce-scatter; listed by :func:`strategies`, used when the
+  reduction is not merged into its operand).
 
 Every other supported operator is a *follower*: given the spec of one operand, :func:`derive`
 infers the only sensible strategy (elementwise ops share the operand's spec, with size-1
@@ -765,5 +768,37 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[St
             if key not in seen:
                 seen.add(key)
                 out.append(st)
+        if prim == "reduce_sum" and len(op.out_shapes) == 1:
+            for st in _partial_sum_variants(op, mesh, out):
+                key = (st.in_specs, st.out_specs)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(st)
         return out
     return []
+
+
+def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy]) -> list[Strategy]:
+    """Reductions over a split dimension keeping the partial sums scattered: a reduce-scatter
+    onto a result dimension instead of the all-reduce (one mesh axis at a time)."""
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    out_shape = op.out_shapes[0]
+    extra = []
+    for st in base:
+        ar = [c for c in st.comm if c.kind == "all-reduce"]
+        if len(ar) != 1 or len(ar[0].axes) != 1:
+            continue
+        a = ar[0].axes[0]
+        ai = mesh.axis_names.index(a)
+        spec = st.out_specs[0]
+        for d in range(len(out_shape)):
+            cur = spec[d] or ()
+            if any(mesh.axis_names.index(b) > ai for b in cur):
+                continue
+            if out_shape[d] % (math.prod(sizes[b] for b in cur) * sizes[a]):
+                continue
+            new = tuple((e or ()) + (a,) if i == d else e for i, e in enumerate(spec))
+            extra.append(_finish(op, mesh, st.in_specs, (new,),
+                                 [("reduce-scatter", ar[0].bytes, (a,))],
+                                 work=_tiles(st.in_specs[0], sizes)))
+    return extra

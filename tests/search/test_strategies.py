@@ -272,3 +272,14 @@ def test_odd_params_never_crash(params):
                    out_dtypes=("float32",))
     assert strategies(weird, None, M24)
     derive(weird, M24, 0, (("x",), None))  # a rule or None, never an exception
+
+
+def test_reduce_over_split_dim_all_reduce_or_keep_partial():
+    g, op = trace_op(lambda x: x.sum(axis=0), (16, 32), prim="reduce_sum")
+    strats = strategies(op, g, M18)
+    Y = ("y",)
+    ar = [s for s in strats if s.in_specs[0] == (Y, None) and s.out_specs[0] == (None,)]
+    rs = [s for s in strats if s.in_specs[0] == (Y, None) and s.out_specs[0] == (Y,)]
+    assert [c.kind for c in ar[0].comm] == ["all-reduce"]
+    assert [(c.kind, c.bytes) for c in rs[0].comm] == [("reduce-scatter", 32 * 4)]
+    assert rs[0].comm[0].time == pytest.approx(M18.collective_time("reduce-scatter", 32 * 4, [1]))
