@@ -54,7 +54,7 @@ def text_of(cell) -> str:
             out.append(o.get("text", ""))
         elif "data" in o:
             out.append(o["data"].get("text/plain", ""))
-            out.append(o["data"].get("text/html", "")[:20000])
+            out.append(o["data"].get("text/html", ""))
     return "".join(out)
 
 

@@ -573,10 +573,7 @@ class Explorer:
                     "compare": compare_figure(self.result.plans, highlight=index)}
             for name, fig in figs.items():
                 sync_figure(self.figures[name], fig)
-                self._base[name] = [{"opacity": t.opacity, "line": t.line.to_plotly_json()
-                                     if hasattr(t, "line") and t.line is not None else None,
-                                     "marker_opacity": getattr(getattr(t, "marker", None), "opacity", None)}
-                                    for t in self.figures[name].data]
+                self._base[name] = [_restyle_base(t) for t in self.figures[name].data]
                 self._base_shapes[name] = list(fig.layout.shapes or ())
             self._wire_clicks()
             self._summary.value = plan._repr_html_()
@@ -668,7 +665,7 @@ class Explorer:
                     hit = self._layer_of_op.get(meta.get("op")) in layers
                 if hit:
                     cols.add(int(meta["column"]))
-                tr.opacity = 1.0 if (hit or not on) else DIM
+                tr.opacity = (1.0 if hit else DIM) if on else None
             shapes = list(self._base_shapes.get("sharding", []))
             for a, b in _runs(sorted(cols)):
                 shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": a + 0.02,
@@ -690,18 +687,17 @@ class Explorer:
                     tr.line = {"color": HIGHLIGHT_LINE, "width": 3}
                 else:
                     tr.line = base["line"]
-                tr.opacity = 1.0 if (hit or not on) else DIM
+                tr.opacity = (1.0 if hit else DIM) if on else None
         # timeline: the owning stage's bars
         fw = self.figures["timeline"]
         with fw.batch_update():
-            for tr in fw.data:
+            for tr, base in zip(fw.data, self._base.get("timeline", [])):
                 meta = tr.meta if isinstance(tr.meta, dict) else {}
                 if meta.get("kind") != "events":
                     continue
                 hit = on and meta.get("stage") == stage
-                tr.opacity = 1.0 if (hit or not on) else DIM
-                tr.marker.line = ({"color": HIGHLIGHT_LINE, "width": 1.5} if hit
-                                  else {"color": "white", "width": 0.5})
+                tr.opacity = (1.0 if hit else DIM) if on else None
+                tr.marker.line = {"color": HIGHLIGHT_LINE, "width": 1.5} if hit else base["marker_line"]
         if not on:
             self._focus_info.value = ("<small>click an operator in the sharding view, a device in "
                                       "the stage view or a bar of the timeline to select its layer "
@@ -871,6 +867,15 @@ class Explorer:
                 f"CPU devices, {len(rec.losses)} steps<br>measured step time {_ms(meas)}{ratio}; "
                 f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)})<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
+
+
+def _restyle_base(trace: Any) -> dict[str, Any]:
+    """What highlighting changes on a trace, as the figure drew it (restored on clearing)."""
+    line = getattr(trace, "line", None)
+    marker = getattr(trace, "marker", None)
+    mline = getattr(marker, "line", None) if marker is not None else None
+    return {"line": line.to_plotly_json() if line is not None else None,
+            "marker_line": mline.to_plotly_json() if mline is not None else None}
 
 
 def _runs(values: list[int]) -> list[tuple[int, int]]:

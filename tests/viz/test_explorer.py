@@ -245,12 +245,13 @@ def test_layer_selection_highlights_it_in_every_view(explorer):
         owned = t.meta["stage"] == owner
         assert (t.line.width == 3) == owned, t.meta
     assert layer in explorer._focus_info.value
-    # clearing restores every view
+    # clearing restores every view to the figure as drawn
     explorer.clear_selection()
-    assert all(t.opacity == 1.0 for t in tile_traces(explorer))
-    assert not [s for s in explorer.figures["sharding"].layout.shapes if s.name == "highlight"]
-    assert all(t.line.width != 3 for t in explorer.figures["stage"].data
-               if (t.meta or {}).get("kind") == "device")
+    assert explorer.focus == ""
+    for name, fn in (("sharding", sharding_figure), ("stage", stage_figure), ("timeline", timeline_figure)):
+        fw, want = explorer.figures[name], fn(plan)
+        assert without_uid(traces(fw)) == without_uid([t.to_plotly_json() for t in want.data]), name
+        assert fw.layout.shapes == want.layout.shapes
     with pytest.raises(ValueError, match="not a layer or stage"):
         explorer.select_layer("no_such_layer")
 
