@@ -1006,7 +1006,8 @@ class ILPSolution:
 def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
               fixed: Mapping[int, Any] | None = None, memory_budget: float | None = None,
               pins: Mapping[str, Any] | None = None, time_limit: float = 60.0,
-              problem: ILPProblem | None = None, reduce: bool = True) -> ILPSolution:
+              problem: ILPProblem | None = None, reduce: bool = True,
+              relax_first: bool = True) -> ILPSolution:
     """Solve the intra-operator ILP of ``graph`` (or a segment of it) on ``mesh``.
 
     Args:
@@ -1023,6 +1024,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         problem: a prebuilt :func:`build_problem` result to reuse.
         reduce: eliminate nodes with at most two neighbours before solving (exact; skipped with
             a memory budget).
+        relax_first: solve the LP relaxation first and keep it when integral (then it is the
+            ILP's optimum); otherwise, or if False, solve the MIP.
 
     Returns:
         The :class:`ILPSolution`.
@@ -1148,14 +1151,57 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
         vec = [0] * len(prob.nodes)
     else:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            res = solve(lp, time_limit=time_limit)
-        for w in caught:
-            warnings.warn(w.message, w.category, stacklevel=2)
-        solver_name = res.solver
-        timed_out = res.seconds >= 0.95 * time_limit
-        if res.status == "infeasible":
+        binaries = [v for vs in svars if vs is not None for v in vs if v is not None]
+
+        def values() -> list[list[float] | None]:
+            return [None if vs is None else [-1.0 if v is None else (v.varValue or 0.0) for v in vs]
+                    for vs in svars]
+
+        def run(limit: float):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = solve(lp, time_limit=limit)
+            for w in caught:
+                warnings.warn(w.message, w.category, stacklevel=3)
+            return res
+
+        res = None
+        vals: list[list[float] | None] | None = None
+        relaxed: list[list[float] | None] | None = None  # a fractional LP optimum
+        status = ""
+        if relax_first:
+            # the LP relaxation (s continuous in [0, 1]) is usually integral here: then it is the
+            # ILP optimum and the MIP machinery (presolve, heuristics) is skipped
+            for v in binaries:
+                v.cat = pulp.LpContinuous
+            res = run(time_limit)
+            for v in binaries:
+                v.cat = pulp.LpBinary
+            if res.status == "optimal":
+                vals = values()
+                if all(x is None or all(min(abs(y), abs(1 - y)) <= 1e-6 for y in x if y >= 0)
+                       for x in vals):
+                    status = "optimal"
+                else:
+                    relaxed, vals = vals, None
+            elif res.status == "feasible" and memory_budget is None:
+                vals, status = values(), "feasible"  # time limit (warned): round the relaxation
+        if not status:
+            remaining = time_limit - (time.perf_counter() - t1)
+            if res is None or remaining > 0.05 * time_limit:
+                res = run(remaining if res is not None else time_limit)
+                if res.status != "infeasible":
+                    vals, status = values(), res.status
+        solver_name = res.solver if res is not None else "none"
+        if not status and relaxed is not None and memory_budget is None:
+            warnings.warn(
+                f"ILP solver: no time left within time_limit={time_limit} s for the integer "
+                "solve after a fractional LP relaxation; its rounding is used. Fix: raise "
+                "time_limit.", SolverTimeoutWarning, stacklevel=2)
+            vals, status = relaxed, "feasible"
+        if not status:
+            timed_out = res is None or res.seconds >= 0.95 * time_limit or \
+                time.perf_counter() - t1 >= 0.95 * time_limit
             if not timed_out:
                 raise InfeasiblePlanError(
                     f"the intra-op ILP is infeasible on mesh {mesh.shape} (memory_budget="
@@ -1167,15 +1213,9 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             status = "timeout-greedy"
             vec = _greedy(prob, memory_budget)
         else:
-            status = res.status
-            solver_obj = None if res.objective is None else res.objective / _SCALE
-            vec = []
-            for vs in svars:
-                if vs is None:
-                    vec.append(0)
-                else:
-                    vals = [-1.0 if v is None else (v.varValue or 0.0) for v in vs]
-                    vec.append(int(np.argmax(vals)))
+            assert vals is not None and res is not None
+            solver_obj = None if res.objective is None or status != "optimal" else res.objective / _SCALE
+            vec = [0 if x is None else int(np.argmax(x)) for x in vals]
     if reducer is not None:
         reducer.recover(vec)
     solve_s = time.perf_counter() - t1

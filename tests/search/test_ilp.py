@@ -126,9 +126,9 @@ def test_ilp_optimum_equals_brute_force(prog, data):
     best = math.inf
     for combo in itertools.product(*(range(k) for k in counts)):
         best = min(best, evaluate(g, mesh, dict(zip(keys, combo)), problem=prob))
-    # with and without the exact elimination of nodes with <= 2 neighbours
-    for reduce in (True, False):
-        sol = solve_ilp(g, mesh, problem=prob, reduce=reduce)
+    # with and without the exact elimination of nodes with <= 2 neighbours and the LP relaxation
+    for reduce, relax in ((True, True), (False, False)):
+        sol = solve_ilp(g, mesh, problem=prob, reduce=reduce, relax_first=relax)
         assert sol.objective >= best - 1e-15
         assert sol.objective == pytest.approx(best, rel=1e-6, abs=1e-12), reduce
         # the solver's compressed model agrees with the first-principles evaluation
