@@ -48,7 +48,7 @@ import numpy as np
 from .._cluster import Cluster
 from .._graph import OpGraph
 from .._plan import Plan
-from ._clustering import _signature
+from ._clustering import _signature, cluster_layers
 from ._ilp import ILPSolution, _breakdown, build_problem, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
 
@@ -118,41 +118,46 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     mining = mine(graph)
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = find_segments(graph, mining=mining)
+    segs = _choose_segments(graph, find_segments(graph, mining=mining), mining)
     seg_of = np.full(len(graph.ops), -1)
     for s in segs:
         seg_of[list(s.ops)] = s.id
     K = len(segs)
     pins_set = _pinned_tensors(graph, pin)
-    # classes: structure of the segment (+ which inputs are pinned) when folding
-    sigs = []
-    for s in segs:
-        key = _signature(graph, s.ops)
-        if pin:
-            key += "|" + ",".join(str(p) for p, o in enumerate(s.ops)
-                                  for t in graph.ops[o].inputs if t in pins_set)
-        sigs.append(key if level == "folded" else f"{key}#{s.id}")
-    class_ids: dict[str, int] = {}
-    seg_class = [class_ids.setdefault(k, len(class_ids)) for k in sigs]
-    rep_of_class = {}
-    for s, c in zip(segs, seg_class):
-        rep_of_class.setdefault(c, s.id)
     boundaries = [_boundary_tensors(graph, seg_of, i) for i in range(K - 1)]
+    long_range = _long_range_inputs(graph, seg_of, K)
+    sig = [_signature(graph, s.ops) for s in segs]
     t_seg = time.perf_counter() - t1
 
     solves = 0
     variables = 0
     t_solve = 0.0
     cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
+    lr_fixed: list[dict[int, Any]] = [{} for _ in range(K)]
+    rep_of: dict[str, int] = {}
+
+    def class_key(i: int) -> str:
+        """Segments with equal keys are solved once when folding."""
+        key = sig[i]
+        if pin:
+            key += "|" + ",".join(str(p) for p, o in enumerate(segs[i].ops)
+                                  for t in graph.ops[o].inputs if t in pins_set)
+        if lr_fixed[i]:
+            pos = {o: p for p, o in enumerate(segs[i].ops)}
+            key += "|" + repr(sorted(
+                (pos[c], graph.ops[c].inputs.index(t), spec) for t, spec in lr_fixed[i].items()
+                for c in graph.consumers[t] if c in pos))
+        return key if level == "folded" else f"{key}#{i}"
 
     def solve_segment(i: int, a: tuple | None, b: tuple | None):
-        """c_i(a, b) and the strategies/specs of segment i (mapped from its class's rep)."""
+        """c_i(a, b) with the strategies and specs of segment i (mapped from its class's
+        representative when folding)."""
         nonlocal solves, variables, t_solve
-        cls = seg_class[i]
-        rep = rep_of_class[cls]
-        key = (cls, a, b)
+        ck = class_key(i)
+        rep = rep_of.setdefault(ck, i)
+        key = (ck, a, b)
         if key not in cache:
-            fixed = {}
+            fixed = dict(lr_fixed[rep])
             if a is not None and rep > 0:
                 fixed.update(dict(zip(boundaries[rep - 1], a)))
             if b is not None and rep < K - 1:
@@ -171,15 +176,25 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         return (obj, {omap[o]: s for o, s in strats.items() if o in omap},
                 {tmap[t]: s for t, s in specs.items() if t in tmap})
 
-    # 1. free solves; 2. candidates where neighbours disagree
+    # 1. free solves; tensors that skip segments get their producer's spec in their consumers
     free = [solve_segment(i, None, None) for i in range(K)]
+    if any(long_range):
+        for i in range(K):
+            for t in long_range[i]:
+                p = seg_of[graph.tensors[t].producer]
+                spec = free[p][2].get(t)
+                if spec is not None:
+                    lr_fixed[i][t] = spec
+        free = [solve_segment(i, None, None) if lr_fixed[i] else free[i] for i in range(K)]
+    # 2. boundary candidates: the specs either side chose, and replicated
     cands: list[list[tuple]] = []
     for i in range(K - 1):
         left = tuple(free[i][2].get(t) for t in boundaries[i])
         right = tuple(free[i + 1][2].get(t) for t in boundaries[i])
-        opts = [left] if left == right else [left, right]
-        cands.append([o for o in opts if all(s is not None for s in o)] or [left])
-    # 3. chain DP over boundary states (a state None = free when the boundary agrees)
+        rep = tuple((None,) * len(graph.tensors[t].shape) for t in boundaries[i])
+        opts = [left] if left == right else [left, right, rep]
+        cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))) or [left])
+    # 3. chain DP over boundary states (state None: free, where both sides agree)
     t2 = time.perf_counter()
     agree = [len(c) == 1 for c in cands]
 
@@ -195,16 +210,15 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         outs = state_options(i) if i < K - 1 else [None]
         for a, (acc, path) in best.items():
             for b in outs:
-                if a is None and b is None:
-                    obj = free[i][0]
-                else:
-                    obj = solve_segment(i, a, b)[0]
+                obj = free[i][0] if a is None and b is None else solve_segment(i, a, b)[0]
                 v = acc + obj
                 if b not in nxt or v < nxt[b][0]:
                     nxt[b] = (v, path + [(a, b)])
         best = nxt
-    _, path = min(best.values(), key=lambda x: x[0])
+    dp_value, path = min(best.values(), key=lambda x: x[0])
     t_dp = time.perf_counter() - t2
+    seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
+                 for i in range(K)]
 
     # 4. stitch and cost exactly on the whole graph's ILP
     t3 = time.perf_counter()
@@ -259,7 +273,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
         "mine_seconds": t_mine, "segment_seconds": t_seg, "solve_seconds": t_solve,
         "dp_seconds": t_dp, "stitch_seconds": t_stitch, "total_seconds": total,
-        "objective": sol.objective,
+        "objective": sol.objective, "dp_value": dp_value,
     }
     return LevelResult(plan, stats, analysis, sol)
 
@@ -274,20 +288,97 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
 
 
 def _boundary_tensors(graph: OpGraph, seg_of: np.ndarray, i: int) -> tuple[int, ...]:
-    """The main tensors crossing between segment i and i+1 (both directions): the largest
-    non-scalar ones."""
+    """The non-scalar tensors crossing between segments i and i+1, in either direction (the
+    activations going forward, their gradients coming back)."""
     crossing: list[int] = []
     for t, ten in enumerate(graph.tensors):
         if ten.producer < 0 or not ten.shape:
             continue
         p = seg_of[ten.producer]
-        users = {int(seg_of[c]) for c in graph.consumers[t]}
-        if (p == i and i + 1 in users) or (p == i + 1 and i in users):
+        if p not in (i, i + 1):
+            continue
+        other = i + 1 if p == i else i
+        if any(seg_of[c] == other for c in graph.consumers[t]):
             crossing.append(t)
-    if not crossing:
-        return ()
-    big = max(graph.tensors[t].size for t in crossing)
-    return tuple(t for t in crossing if graph.tensors[t].size == big)
+    return tuple(crossing)
+
+
+def _long_range_inputs(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[list[int]]:
+    """For each segment, the non-scalar tensors it reads from a segment that is not adjacent."""
+    out: list[list[int]] = [[] for _ in range(K)]
+    for t, ten in enumerate(graph.tensors):
+        if ten.producer < 0 or not ten.shape:
+            continue
+        p = int(seg_of[ten.producer])
+        for q in {int(seg_of[c]) for c in graph.consumers[t]}:
+            if abs(q - p) > 1:
+                out[q].append(t)
+    return out
+
+
+def _choose_segments(graph: OpGraph, segs: list, mining) -> list:
+    """The chain of segments the hierarchical levels solve.
+
+    A model's own layer structure is the best boundary set: when most forward operators carry a
+    named scope, the layers found from the scopes (operator clustering) are the segments. Without
+    scopes, TePDist's segments between critical nodes (one per mined layer instance) are used,
+    unless one segment holds most of the graph (critical nodes are scarce); then the heavy-operator
+    clustering is used. Fine-grained segments are coarsened (see :func:`_coarsen`).
+    """
+    from ._cones import Segment  # noqa: PLC0415
+
+    fwd = [op for op in graph.ops if op.role == "forward"]
+    scoped = sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
+    biggest = max(len(s.ops) for s in segs)
+    if not scoped and len(segs) >= 3 and biggest <= 0.5 * len(graph):
+        return _coarsen(graph, segs, mining)
+    layers = cluster_layers(graph)
+    out = [Segment(id=k, ops=ly.ops, main=ly.forward, critical=None, inputs=(), outputs=(),
+                   params=(), flops=ly.flops) for k, ly in enumerate(layers) if ly.ops]
+    out = [Segment(**{**s.__dict__, "id": k}) for k, s in enumerate(out)]
+    return _coarsen(graph, out, mining)
+
+
+def _coarsen(graph: OpGraph, segs: list, mining, max_segments: int | None = None) -> list:
+    """Merge neighbouring segments that are not mined layer instances until at most
+    ``max_segments`` remain (default: the mined instances plus 6): many tiny segments would make
+    boundary communication dominate the decomposition."""
+    from ._cones import Segment  # noqa: PLC0415
+
+    inst_of = {o: k for k, i in enumerate(i for c in mining.classes for i in c.instances) for o in i}
+    n_inst = sum(len(c.instances) for c in mining.classes)
+    limit = max_segments or max(8, n_inst + 6)
+    groups = [list(s.ops) for s in segs]
+
+    def mostly_one_instance(ops) -> bool:
+        counts: dict[int, int] = {}
+        for o in ops:
+            if o in inst_of:
+                counts[inst_of[o]] = counts.get(inst_of[o], 0) + 1
+        return bool(counts) and max(counts.values()) > len(ops) / 2
+
+    keep = [mostly_one_instance(s.ops) for s in segs]
+    while len(groups) > limit:
+        best, arg = None, None
+        for k in range(len(groups) - 1):
+            if keep[k] and keep[k + 1]:
+                continue
+            size = len(groups[k]) + len(groups[k + 1])
+            if best is None or size < best:
+                best, arg = size, k
+        if arg is None:
+            break
+        groups[arg] = sorted(groups[arg] + groups.pop(arg + 1))
+        keep[arg] = False
+        keep.pop(arg + 1)
+    if len(groups) == len(segs):
+        return segs
+    out = []
+    for k, ops in enumerate(groups):
+        crit = next((s.critical for s in reversed(segs) if s.ops and s.ops[-1] in set(ops)), None)
+        out.append(Segment(id=k, ops=tuple(ops), main=tuple(ops), critical=crit, inputs=(),
+                           outputs=(), params=(), flops=float(sum(graph.ops[o].flops for o in ops))))
+    return out
 
 
 def _position_maps(graph: OpGraph, rep_ops: Sequence[int], inst_ops: Sequence[int]):
