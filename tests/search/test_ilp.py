@@ -239,21 +239,29 @@ def test_segment_with_fixed_boundary(adam):
     mesh = CL.logical_mesh((1, 8))
     fwd = [op.id for op in adam if op.role == "forward"]
     first_dot = next(op for op in adam if op.primitive == "dot_general")
-    h_in = first_dot.inputs[0]  # x, a graph input read by the segment
-    fixed = {h_in: P("y")}
+    x = first_dot.inputs[0]  # a graph input read by the segment
+    fixed = {x: P("y")}
     sol = solve_ilp(adam, mesh, ops=fwd, fixed=fixed)
     assert set(sol.strategies) <= set(fwd)
-    assert sol.specs[h_in] == (("y",), None)
-    assert sol.strategies[first_dot.id].in_specs[0] == (("y",), None) or sol.comms
+    assert sol.specs[x] == (("y",), None)
     assert evaluate(adam, mesh, sol.choice, ops=fwd, fixed=fixed) == pytest.approx(sol.objective)
     # a tensor produced inside the segment is charged the resharding to its fixed spec
     out_t = first_dot.outputs[0]
-    sol2 = solve_ilp(adam, mesh, ops=fwd, fixed={out_t: P(None, "y")})
-    assert sol2.objective >= sol.objective - 1e-12 or True
-    assert evaluate(adam, mesh, sol2.choice, ops=fwd, fixed={out_t: P(None, "y")}) == \
-        pytest.approx(sol2.objective)
+    fixed2 = {x: P("y"), out_t: P(None, "y")}
+    sol2 = solve_ilp(adam, mesh, ops=fwd, fixed=fixed2)
+    assert sol2.objective >= sol.objective - 1e-12
+    assert evaluate(adam, mesh, sol2.choice, ops=fwd, fixed=fixed2) == pytest.approx(sol2.objective)
+    # the backward + update segment reads forward activations: boundary variables "%<id>"
+    rest = [op.id for op in adam if op.role != "forward"]
+    sol3 = solve_ilp(adam, mesh, ops=rest)
+    boundary = [k for k in sol3.choice if isinstance(k, str) and k.startswith("%")]
+    assert boundary
+    t = int(boundary[0][1:])
+    assert adam.ops[adam.tensors[t].producer].role == "forward"
     with pytest.raises(SearchError):
         solve_ilp(adam, mesh, ops=[10**6])
+    with pytest.raises(SearchError):
+        solve_ilp(adam, mesh, ops=fwd, fixed={x: P("x", "x")})
 
 
 def test_time_limit_returns_plan_with_warning():
