@@ -115,7 +115,16 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                        label: str = "autoplan", level: str = "exhaustive",
                        config: Mapping[str, Any] | None = None,
                        search_seconds: float = 0.0) -> Plan:
-    """A single-stage :class:`Plan` from an ILP solution over the whole graph."""
+    """A single-stage :class:`Plan` from an ILP solution over the whole graph.
+
+    ``predicted.step_time`` is the solution's compute plus communication (gradient collectives of
+    backward operators already discounted by the cluster's gamma; the small input penalty is not
+    included); ``comm_bytes`` sums each collective's ``B`` (the size in
+    :meth:`~autoplan.LogicalMesh.collective_time`'s formulas: the gathered size of an all-gather,
+    the buffer of an all-reduce or reduce-scatter, the group's tensor of an all-to-all);
+    ``comm_by_axis`` splits those bytes over the axes a collective spans (hierarchically, innermost
+    axis first); ``memory_per_device`` is the ILP's live memory (inputs plus saved activations).
+    """
     cluster = mesh.cluster
     input_of = graph.input_of_tensor
     inputs = tuple(
