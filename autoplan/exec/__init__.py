@@ -16,6 +16,10 @@ from autoplan.exec._hlo import collectives as collectives
 from autoplan.exec._hlo import comm_bytes as comm_bytes
 from autoplan.exec._interpret import FlatProgram as FlatProgram
 from autoplan.exec._interpret import flatten as flatten
+from autoplan.exec._launch import LaunchHandle as LaunchHandle
+from autoplan.exec._launch import LaunchResult as LaunchResult
+from autoplan.exec._launch import describe_workload as describe_workload
+from autoplan.exec._launch import launch as launch
 from autoplan.exec._pipeline import schedule_order as schedule_order
 from autoplan.exec._pipeline import schedule_table as schedule_table
 from autoplan.exec._run import EquivalenceResult as EquivalenceResult
@@ -28,6 +32,10 @@ __all__ = [
     "RunReport",
     "EquivalenceResult",
     "check_equivalence",
+    "launch",
+    "LaunchHandle",
+    "LaunchResult",
+    "describe_workload",
     "collectives",
     "comm_bytes",
     "Collective",

@@ -406,6 +406,12 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
     """
     S = len(plan.stages)
     M = plan.schedule.microbatches
+    if jax.process_count() > 1:
+        raise ExecutionError(
+            "pipeline plans run in one process only: moving activations between submeshes held by "
+            "different processes needs cross-host transfers this executor does not implement. "
+            "Fix: run the pipeline plan with autoplan.exec.run in one process, or launch an "
+            "intra-operator plan.")
     if M < 1:
         raise ExecutionError(f"schedule.microbatches should be at least 1. Got {M}.")
     order = _table_order(plan)

@@ -58,9 +58,6 @@ class EquivalenceResult:
         tensors: number of tensors compared (losses, gradients, results; per step).
         rtol, atol: the tolerance.
         message: a description (the error message when not matched).
-        raw_max_abs_diff: the largest difference of the results from the plain single-device
-            step (information only: it includes the optimizer's amplified rounding noise, see
-            :func:`check_equivalence`).
     """
 
     matched: bool
@@ -70,7 +67,6 @@ class EquivalenceResult:
     rtol: float
     atol: float
     message: str = ""
-    raw_max_abs_diff: float = 0.0
 
 
 @dataclass
@@ -414,7 +410,9 @@ def _compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
     if diff.size == 0:
         return 0.0, 0.0
     tol = atol + rtol * (scale if scale is not None else np.abs(b64[fin]))
-    return float(np.max(diff)), float(np.max(diff / tol))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / tol)
+    return float(np.max(diff)), float(np.max(ratio))
 
 
 def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -456,8 +454,9 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
       the run's own gradients**. Adam's first update is about ``lr sign(g)``: where a gradient
       element is near zero (a key bias in attention, a bias before a normalisation), rounding
       noise flips its sign and moves the parameter by up to ``2 lr`` in a way no reduction
-      order can avoid. Comparing the update on the same gradients checks the sharded optimizer
-      exactly; ``raw_max_abs_diff`` reports the difference from the plain single-device step.
+      order can avoid (measured on the tiny zoo models: up to 2e-3 on Wide-ResNet, 1e-4 on
+      Two-Tower, 4e-6 on GPT against rtol 1e-5 / atol 1e-6). Comparing the update on the same
+      gradients checks the sharded optimizer exactly, and the gradient check covers the rest.
 
     Args:
         r: the resolved workload.
@@ -490,13 +489,14 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         env2.update(zip(cross, run_grads))
         prog.evaluate(env2, [op for op in downstream if not set(op.outputs) & cross_set])
         sub = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env2, x) for x in prog.outputs])
-        return own, own_grads, sub
+        own_loss = own[0] if isinstance(own, tuple) else own
+        return own_loss, own_grads, sub  # the own update is dead code: XLA drops it
 
     dev = jax.local_devices()[0]
     ref_fn = None
     out_names: dict[int, str] = {}
     triple = False
-    max_diff, raw_diff, worst, worst_ratio, failed = 0.0, 0.0, "", -1.0, None
+    max_diff, worst, worst_ratio, failed = 0.0, "", -1.0, None
     names: set[str] = set()
     args = r.host_args
     for s, rec in enumerate(records):
@@ -512,15 +512,13 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
                 if not isinstance(ref, Lit):
                     out_names.setdefault(ref, _leaf_name(path, triple))
             gnames = _grad_names(graph, cross, out_names)
-        own, own_grads, sub = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
-        own_loss = float(np.asarray(own[0] if isinstance(own, tuple) else own).reshape(()))
+        own_loss, own_grads, sub = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
+        own_loss = float(np.asarray(own_loss).reshape(()))
         items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
         for g, og, gname in zip(rec.grads, own_grads, gnames):
             scale = float(np.max(np.abs(og))) if og.size else 0.0
             items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
         items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
-        for _n, a, b in _items(rec.outputs, own, triple):
-            raw_diff = max(raw_diff, _compare(a, b, rtol, atol)[0])
         for name, a, b, scale in items:
             names.add(name)
             d, ratio = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
@@ -541,16 +539,16 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
                f"tolerance (rtol {rtol:g}, atol {atol:g}, {kind}). Likely cause: a sharding or "
                "stage split that changes the computation (for pipelines also a loss that is not "
                "a mean over the batch). Fix: inspect that tensor's producers under the plan.")
-        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg, raw_diff)
+        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg)
     return EquivalenceResult(True, max_diff, worst, len(names), rtol, atol,
-                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors",
-                             raw_diff)
+                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors")
 
 
 def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         devices: Sequence[Any] | None = None, *, seed: int = 0, rtol: float = RTOL,
         atol: float = ATOL, on_step: Callable[[int, float, float], None] | None = None,
-        time_tasks: bool = True, compiler_options: Mapping[str, Any] | None = None) -> RunReport:
+        time_tasks: bool = True, compiler_options: Mapping[str, Any] | None = None,
+        raise_on_mismatch: bool = True) -> RunReport:
     """Run ``steps`` training steps of a workload under a plan on the devices JAX sees.
 
     Args:
@@ -570,6 +568,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         time_tasks: pipelines only: time each stage task alone for the schedule's ideal.
         compiler_options: XLA options for every compilation (e.g.
             ``{"xla_backend_optimization_level": 0}`` compiles CPU code several times faster).
+        raise_on_mismatch: raise :class:`~autoplan.EquivalenceError` on a mismatch (else only
+            record it in ``report.equivalence``).
 
     Returns:
         The :class:`RunReport`.
@@ -628,7 +628,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     if check:
         equivalence = check_equivalence(r, graph, res["crossing"], res["records"], rtol, atol,
                                         compiler_options)
-        if not equivalence.matched:
+        if not equivalence.matched and raise_on_mismatch:
             raise EquivalenceError(equivalence.message)
     return RunReport(
         model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),

@@ -1,0 +1,39 @@
+"""Shared cases of the executor's tests: tiny zoo workloads and hand-made plans, built once.
+
+(A module of its own, not ``conftest``: ``tests/conftest.py`` already owns that module name.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+from exec_plans import data_parallel_plan, pipeline_plan, tensor_parallel_plan, traced
+
+from autoplan import models
+
+#: same HLO and collectives, CPU code generated several times faster
+FAST = {"xla_backend_optimization_level": 0}
+MODELS = sorted(models.list_models())
+
+
+@functools.cache
+def workload(name: str):
+    """The tiny concrete workload of a zoo model (one object per model, so caches hit)."""
+    return models.get(name, "tiny", abstract=False)
+
+
+@functools.cache
+def graph(name: str):
+    """Its traced graph."""
+    return traced(workload(name))
+
+
+@functools.cache
+def plan(name: str, kind: str, schedule: str = "gpipe", microbatches: int = 2):
+    """A hand-made plan: ``kind`` is ``"dp"``, ``"tp"`` or ``"pp"``."""
+    wl, g = workload(name), graph(name)
+    if kind == "dp":
+        return data_parallel_plan(wl, g)
+    if kind == "tp":
+        return tensor_parallel_plan(wl, g)
+    return pipeline_plan(wl, g, schedule=schedule, microbatches=microbatches)
