@@ -48,11 +48,12 @@ __all__ = ["MODEL", "SIZES", "alpa_flops", "param_count"]
 
 
 def _gpt(h: int, layers: int, heads: int, seq_len: int = 1024, batch: int = 1024) -> dict:
-    return {"batch": batch, "seq_len": seq_len, "hidden": h, "layers": layers, "heads": heads, "vocab": 51200}
+    return {"batch": batch, "seq_len": seq_len, "hidden": h, "layers": layers, "heads": heads, "vocab": 51200,
+            "remat": False}
 
 
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"batch": 8, "seq_len": 16, "hidden": 32, "layers": 2, "heads": 4, "vocab": 256},
+    "tiny": {"batch": 8, "seq_len": 16, "hidden": 32, "layers": 2, "heads": 4, "vocab": 256, "remat": False},
     "125M": _gpt(768, 12, 12),
     "350M": _gpt(1024, 24, 16),
     "760M": _gpt(1536, 24, 16),
@@ -121,9 +122,14 @@ def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
     scoped = cfg["scopes"]
     with scope("embed", scoped):
         x = embed(params["embed"], batch["input_ids"])
+    def layer(lp: dict, x: jax.Array) -> jax.Array:
+        return block(lp, x, cfg["heads"], scoped)
+
+    if cfg["remat"]:  # rematerialisation: keep only each layer's input, recompute in backward
+        layer = jax.checkpoint(layer)
     for i, lp in enumerate(params["layers"]):
         with scope(f"layers_{i}", scoped):
-            x = block(lp, x, cfg["heads"], scoped)
+            x = layer(lp, x)
     with scope("head", scoped):
         return lm_head_loss(params, x, batch["labels"], scoped)
 

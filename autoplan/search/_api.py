@@ -99,9 +99,14 @@ def _rank(plans: list[Plan]) -> list[Plan]:
     return sorted(plans, key=key)
 
 
-def mesh_shapes_for(n: int, nodes: int, per_node: int) -> list[tuple[int, int]]:
-    """Logical 2-D mesh shapes (n0, n1) with n0.n1 = n; for a multi-node cluster only shapes whose
-    inner axis stays within a node or spans whole nodes."""
+def mesh_shapes_for(n: int, nodes: int, per_node: int, all_shapes: bool = False) -> list[tuple[int, int]]:
+    """Logical 2-D mesh shapes (n0, n1) with n0.n1 = n of a (nodes x per_node) (sub)mesh.
+
+    With ``all_shapes`` every such shape whose inner axis stays within a node or spans whole
+    nodes (Alpa's logical views of a physical mesh). By default a representative few, which is
+    what the search tries: the pure data-parallel view (n, 1), the physical view (nodes,
+    per_node), and the views with 2 and with half a node's devices on the inner axis.
+    """
     out = []
     for n1 in range(1, n + 1):
         if n % n1:
@@ -109,7 +114,11 @@ def mesh_shapes_for(n: int, nodes: int, per_node: int) -> list[tuple[int, int]]:
         if nodes > 1 and not (n1 <= per_node and per_node % n1 == 0 or n1 % per_node == 0):
             continue
         out.append((n // n1, n1))
-    return out
+    if all_shapes or len(out) <= 4:
+        return out
+    want = [(n, 1), (nodes, per_node) if nodes > 1 else (1, n), (n // 2, 2),
+            (n // max(1, per_node // 2), max(1, per_node // 2))]
+    return [s for s in dict.fromkeys(want) if s in out]
 
 
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
@@ -211,7 +220,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             stats.update({f"pipeline_{k}": v for k, v in pres.stats.items()})
         except InfeasiblePlanError as err:
             infeasible.append(err)
-    if baselines:
+            stats["pipeline_error"] = str(err)
         from ._baselines import baseline_plans  # noqa: PLC0415
 
         report("baselines", 0.85)

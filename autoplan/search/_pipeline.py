@@ -112,16 +112,22 @@ class _LayerCost:
     act_mem: float       # activation bytes per device per micro-batch
 
 
-def _param_bytes(plan: Plan, graph: OpGraph) -> float:
-    total = 0.0
+def _stage_memory(plan: Plan) -> tuple[float, float]:
+    """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
+    parameters, their gradients and the optimizer state as sharded; activations = the rest of
+    the plan's live memory (the micro-batch, boundary activations, values saved for backward)."""
+    state = grads = 0.0
     mesh = dict(zip(plan.axis_names, plan.mesh_shape))
     for i in plan.inputs:
         if i.kind not in ("parameter", "optimizer_state"):
             continue
         tiles = math.prod(mesh[a] for e in i.spec if e for a in e)
-        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
-        total += nbytes / tiles * (2 if i.kind == "parameter" else 1)  # + its gradient
-    return total
+        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize / tiles
+        state += nbytes
+        if i.kind == "parameter":
+            grads += nbytes
+    act = max(0.0, plan.predicted.memory_per_device - state)
+    return state + grads, act
 
 
 def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
@@ -190,9 +196,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                                               level="exhaustive")
                     solves += 1
                     p = res.plan
-                    par = _param_bytes(p, sub)
-                    lc = _LayerCost(p.predicted.step_time, par,
-                                    max(0.0, p.predicted.memory_per_device - par / 2 * 1.5))
+                    resident, act = _stage_memory(p)
+                    lc = _LayerCost(p.predicted.step_time, resident, act)
                     cost_cache[key] = lc
                 layer_cost[ly.index, k, c] = lc.time
                 pmem[ly.index, k, c] = lc.param_mem
@@ -226,18 +231,20 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         layouts.append([(cuts[i], cuts[i + 1], k, c) for i in range(N)])
     elif not use_ilp:
         tried: set = set()
-        for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
-            try:
-                r = stage_dp(t_intra, submeshes, N, M, B, param_mem=p_intra, act_mem=a_intra,
-                             device_memory=budget, max_stages=cap)
-            except InfeasiblePlanError:
-                continue
-            lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
-            if tuple(lay) not in tried:
-                tried.add(tuple(lay))
-                layouts.append(lay)
-            if len(layouts) >= max_candidates:
-                break
+        for mem_args in ({"param_mem": p_intra, "act_mem": a_intra, "device_memory": budget}, {}):
+            for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
+                try:
+                    r = stage_dp(t_intra, submeshes, N, M, B, max_stages=cap, **mem_args)
+                except InfeasiblePlanError:
+                    continue
+                lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
+                if tuple(lay) not in tried:
+                    tried.add(tuple(lay))
+                    layouts.append(lay)
+                if len(layouts) >= max_candidates:
+                    break
+            if layouts:
+                break  # else: nothing fits in memory; show the fastest layouts, marked as not fitting
     else:
         from ._stage_ilp import stage_ilp  # noqa: PLC0415
 
@@ -304,9 +311,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             fwd_t.append(p.predicted.step_time * frac)
             bwd_t.append(p.predicted.step_time * (1 - frac))
             s_from_end = len(lay) - si
-            par = _param_bytes(p, sub)
-            act = max(0.0, p.predicted.memory_per_device - par / 2 * 1.5)
-            mem = par + (s_from_end if schedule == "1f1b" else B) * act
+            resident, act = _stage_memory(p)
+            mem = resident + min(s_from_end if schedule == "1f1b" else B, B) * act
             mems.append(mem)
             for kind, v in p.predicted.comm_bytes.items():
                 comm_total[kind] = comm_total.get(kind, 0.0) + v * B
