@@ -362,7 +362,8 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
     For every :class:`~autoplan.OpSharding` its ``"output"`` tensor's spec is applied with
     ``jax.lax.with_sharding_constraint`` to the operator's result of the same rank (and, with
     ``exact_shapes``, the same shape). A spec whose mesh axes do not divide the result's
-    dimensions (a micro-batch smaller than the plan's batch, say) is skipped.
+    dimensions (a micro-batch smaller than the plan's batch, say), or recorded for an operator of
+    another primitive, is skipped.
 
     Args:
         mesh: the ``jax.sharding.Mesh`` the specs name axes of.
@@ -374,10 +375,12 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
         hook runs, i.e. while JAX traces the function).
     """
     wanted: dict[int, list[Any]] = {}
+    prim: dict[int, str] = {}
     for o in op_shardings:
         outs = [t for t in o.tensors if t.role == "output"]
         if outs:
             wanted.setdefault(o.op, []).extend(outs)
+            prim[o.op] = o.primitive
     sizes = dict(mesh.shape)
     counts = {"applied": 0, "skipped": 0}
 
@@ -393,6 +396,9 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
     def hook(op: FlatOp, outs: list[Any]) -> list[Any]:
         specs = wanted.get(op.id)
         if not specs:
+            return outs
+        if prim[op.id] and prim[op.id] != op.primitive:  # numbered for another trace
+            counts["skipped"] += len(specs)
             return outs
         outs = list(outs)
         for t in specs:

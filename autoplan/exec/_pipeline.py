@@ -5,8 +5,9 @@ How a step is split (all read off the traced graph; nothing is re-derived by han
 
 1. The training step is re-traced at the micro-batch shape (the batch leaves split on their
    leading dimension into ``plan.schedule.microbatches`` pieces) and flattened with
-   :func:`~autoplan.exec._interpret.flatten`; it must have the same operators as the full-batch
-   trace the plan was made for (a step whose structure depends on the batch size is refused).
+   :func:`~autoplan.exec._interpret.flatten`. The plan's operator ids (``Stage.ops``) are read in
+   this micro-batch trace, which is where the search assigns them; a trace whose structure
+   depends on the batch size (size-1 micro-batches often drop a few operators) is fine.
 2. Every operator gets a *phase*: ``forward``/``backward`` when it depends on the batch (its trace
    role decides which), ``update`` when it reads an accumulated (per-micro-batch) value, such as
    the optimizer reading the gradients, and ``prologue`` otherwise (operators that depend on
@@ -36,8 +37,11 @@ so tasks of different meshes overlap as the order allows.
 
 from __future__ import annotations
 
+import bisect
 import math
+import re
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +53,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
 from autoplan._plan import spec_to_pspec
+from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 
@@ -244,6 +249,7 @@ class PipelineOutcome:
     phases: dict[str, int]
     crossing: list[int] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
+    graph: Any = None
 
 
 @dataclass
@@ -287,10 +293,25 @@ def _table_order(plan: Any) -> list[tuple[int, int, str]]:
     return order
 
 
+def _layer_stage(node: Any, layer_stage: Mapping[str, int],
+                 op_units: Sequence[tuple[int, int]]) -> int | None:
+    """The stage whose layers hold an operator: by its top-level scope (``"(root)"`` for an
+    un-scoped one), or, for a graph without scopes whose layers are named ``op<id>`` (units
+    starting at that forward operator), the unit holding a forward operator."""
+    name = node.scope[0] if node.scope else "(root)"
+    if name in layer_stage:
+        return layer_stage[name]
+    if op_units and node.role == "forward" and not node.scope:
+        k = bisect.bisect_right([u for u, _ in op_units], node.id) - 1
+        return op_units[max(k, 0)][1]
+    return None
+
+
 def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     """(phase, stage) of every operator; see the module docstring."""
     S = len(plan.stages)
     layer_stage = {name: s for s, st in enumerate(plan.stages) for name in st.layers}
+    op_units = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
     spec_of = {(i.arg, i.path): i for i in plan.inputs}
     input_stage: dict[int, int] = {}
     batch: set[int] = set()
@@ -324,7 +345,11 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
                 f"operator {op.id} ({op.primitive}, role {node.role}) runs per micro-batch but reads "
                 "a value of the optimizer update. Fix: such a step cannot be pipelined; use an "
                 "intra-operator plan.")
-        stage = layer_stage.get(node.scope[0]) if node.scope else None
+        stage = _layer_stage(node, layer_stage, op_units)
+        if stage is None and phase == "backward":
+            # an un-scoped backward operator goes with the forward values it differentiates
+            fwd = [producer[t][1] for t in ins if t in producer and producer[t][0] == "forward"]
+            stage = min(fwd) if fwd else None
         if stage is None and same:
             stage = max(same, key=lambda p: key(*p))[1]
         if stage is None:
@@ -377,7 +402,7 @@ def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], S: int,
 
 
 def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
-                 arg_kinds: Sequence[str], graph: Any, devices: Sequence[Any], steps: int,
+                 arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], steps: int,
                  on_step: Callable[[int, float, float], None] | None = None,
                  time_tasks: bool = True, capture: bool = False,
                  compiler_options: Mapping[str, Any] | None = None) -> PipelineOutcome:
@@ -388,7 +413,9 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         fn: the training step ``(params, opt_state, batch) -> (loss, params, opt_state)``.
         host_args: its arguments as host (numpy) pytrees.
         arg_kinds: the kind of each argument (``"batch"`` ones are split into micro-batches).
-        graph: the full-batch trace the plan was made for.
+        full_graph: the full-batch trace the plan was made for (its fingerprint is checked by
+            the caller); the step is re-traced at the micro-batch size, and the plan's operator
+            ids (``Stage.ops``) are read in that micro-batch trace, as the search writes them.
         devices: the devices (``plan.mesh`` takes the stages' ids from them).
         steps: training steps.
         on_step: called with (step, loss, seconds) after each step.
@@ -431,14 +458,11 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         else:
             mb_abstract.append(jax.tree_util.tree_map(
                 lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+        graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds), name=full_graph.name)
     prog = flatten(fn, *mb_abstract)
-    try:
-        prog.check_matches(graph)
-    except ExecutionError as err:
-        raise ExecutionError(
-            "the training step traced at the micro-batch size has other operators than at the "
-            f"full batch size ({err}). Fix: the step's structure must not depend on the batch "
-            "size to be pipelined; use an intra-operator plan.") from err
+    prog.check_matches(graph)
 
     meshes = [plan.mesh(devices, s) for s in range(S)]
     mesh_devs = [frozenset(m.devices.flat) for m in meshes]
@@ -688,4 +712,5 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         losses=losses, step_times=step_times, outputs=outputs, compile_time=compile_time,
         collectives=colls, memory=memory, transfer_bytes=dict(transfer), task_times=task_times,
         ideal_time=ideal, order=order, constraints_applied=applied, constraints_skipped=skipped,
-        phases={t.name: len(t.ops) for t in tasks.values()}, crossing=crossing, records=records)
+        phases={t.name: len(t.ops) for t in tasks.values()}, crossing=crossing, records=records,
+        graph=graph)

@@ -8,7 +8,8 @@
   step is re-evaluated operator by operator (:mod:`autoplan.exec._interpret`, numbered as the
   trace numbers it) with ``with_sharding_constraint`` on the result of every operator the plan
   lists in its ``OpSharding`` entries;
-* a pipeline plan (several stages) runs on the stage executor of :mod:`autoplan.exec._pipeline`.
+* a pipeline plan (several stages), or a one-stage plan over several micro-batches (gradient
+  accumulation), runs on the stage executor of :mod:`autoplan.exec._pipeline`.
 
 With ``check=True`` the same steps run unsharded on one device from the same inputs; the losses of
 every step and the last step's results (loss, new parameters, new optimizer state) must agree
@@ -75,7 +76,8 @@ class RunReport:
 
     Attributes:
         model: the workload's name; ``label`` the plan's label.
-        mode: ``"intra-op"`` or ``"pipeline"``.
+        mode: ``"intra-op"``, ``"pipeline"``, or ``"accumulation"`` (one stage over several
+            micro-batches: gradient accumulation on the stage executor).
         layout: the plan's one-line description.
         num_devices: devices used.
         steps: training steps run.
@@ -347,6 +349,41 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
                 crossing=crossing, records=records)
 
 
+def _map_crossing(src: Any, crossing: Sequence[int], dst: Any) -> list[int]:
+    """The tensors of ``dst`` that are ``crossing`` of ``src`` (the micro-batch and full-batch
+    traces of one step): the same ids when both have the same operators, else matched by where
+    they enter the optimizer update, which does not depend on the batch size."""
+    same = len(src.ops) == len(dst.ops) and all(
+        a.primitive == b.primitive and a.inputs == b.inputs and a.outputs == b.outputs
+        for a, b in zip(src.ops, dst.ops))
+    if same:
+        return list(crossing)
+
+    def signatures(g: Any) -> tuple[list[Any], dict[Any, int]]:
+        upd = [op for op in g.ops if op.role == "update"]
+        pos = {op.id: k for k, op in enumerate(upd)}
+        sig: dict[Any, int] = {}
+        for op in g.ops:
+            if op.role == "update":
+                continue
+            for t in op.outputs:
+                uses = tuple(sorted((pos[c], g.ops[c].inputs.index(t)) for c in g.consumers[t]
+                                    if c in pos))
+                if uses:
+                    sig[uses + (g.tensors[t].shape,)] = t
+        return [(op.primitive, op.out_shapes) for op in upd], sig
+
+    upd_src, sig_src = signatures(src)
+    upd_dst, sig_dst = signatures(dst)
+    by_tensor = {t: k for k, t in sig_src.items()}
+    if upd_src != upd_dst or any(by_tensor.get(t) not in sig_dst for t in crossing):
+        raise ExecutionError(
+            "the optimizer update of the micro-batch trace differs from the full-batch one, so "
+            "the pipeline's gradients cannot be matched for the equivalence check. Fix: run with "
+            "check=False, or use micro-batches for which the step traces alike.")
+    return [sig_dst[by_tensor[t]] for t in crossing]
+
+
 def _to_host(x: Any) -> np.ndarray:
     """The full value of an array on this host (gathered from other processes if needed)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
@@ -596,7 +633,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
         raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
     plan.partition_specs(like=abstract)  # raises PlanMismatchError on another argument structure
-    if plan.is_pipeline:
+    if plan.is_pipeline or plan.schedule.microbatches > 1:
         po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
                           time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
         res = dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
@@ -605,8 +642,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                    constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
                    pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
                              "order": po.order, "phases": po.phases},
-                   crossing=po.crossing, records=po.records)
-        mode = "pipeline"
+                   crossing=_map_crossing(po.graph, po.crossing, graph), records=po.records)
+        mode = "pipeline" if plan.is_pipeline else "accumulation"
     else:
         res = _run_intra(plan, r, graph, devices, steps, on_step, check, compiler_options)
         mode = "intra-op"
@@ -622,7 +659,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     kinds = sorted({k for m, _ in stages.values() for k in m})
     compiled = {k: max(m.get(k, 0.0) for m, _ in stages.values()) for k in kinds}
     raw = {k: max(r_.get(k, 0.0) for _, r_ in stages.values()) for k in kinds}
-    if plan.is_pipeline:
+    if res["pipeline"]:
         res["pipeline"]["stage_comm_bytes"] = {s: m for s, (m, _) in stages.items()}
     equivalence = None
     if check:

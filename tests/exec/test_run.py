@@ -120,3 +120,21 @@ def test_workload_as_dict_and_several_steps_follow_single_device():
     np.testing.assert_allclose(rep.losses, losses, rtol=1e-5)
     assert rep.equivalence.tensors >= 3 * 3  # losses, gradients and results of every step
     assert all(math.isfinite(t) for t in rep.step_times)
+
+
+def test_plans_from_the_search_run_and_match():
+    import autoplan
+
+    if not hasattr(autoplan, "plan"):
+        pytest.skip("autoplan.plan (the search) is not available")
+    wl = workload("mlp")
+    res = autoplan.search(wl, "cpu:8", time_limit=20)
+    intra = next(p for p in res.candidates if not p.is_pipeline)
+    pipe = next((p for p in res.candidates if p.is_pipeline), None)
+    for p in [intra] + ([pipe] if pipe is not None else []):
+        rep = run(p, wl, compiler_options=FAST)
+        assert rep.equivalence.matched
+        assert rep.constraints_applied == len(p.ops) and rep.constraints_skipped == 0
+    if pipe is not None:  # micro-batches of one sample trace with fewer operators: still fine
+        assert rep.mode == "pipeline" and rep.pipeline["order"] == [
+            e for row in pipe.schedule.table for e in row if e is not None]
