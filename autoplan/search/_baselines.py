@@ -86,7 +86,7 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
                    time_limit: float = 60.0, config: dict | None = None,
                    pipeline: bool = False) -> list[Plan]:
     """The baselines that apply to this graph and cluster (see the module docstring)."""
-    from ._intra import intra_op_search  # noqa: PLC0415
+    from ._levels import level_search  # noqa: PLC0415
 
     n, per = cluster.num_devices, cluster.devices_per_node
     out: list[Plan] = []
@@ -95,8 +95,8 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                res = intra_op_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
-                                      label=label, level="exhaustive", config=config)
+                res = level_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
+                                   label=label, level="folded", config=config)
             out.append(res.plan)
         except AutoplanError:
             pass
@@ -112,7 +112,7 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    res = pipeline_search(workload, cluster, schedule=schedule, level="exhaustive",
+                    res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
                                           time_limit=time_limit, megatron=True, max_candidates=1)
                 out.extend(p.with_(label="baseline: Megatron TP x PP") for p in res.plans[:1])
             except AutoplanError:

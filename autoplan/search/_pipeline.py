@@ -165,9 +165,14 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     submeshes = submesh_shapes(N, M)
     from ._api import mesh_shapes_for  # noqa: PLC0415
 
-    configs = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
+    shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
+    # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one (the
+    # ILP with a memory budget of 1.2 x its least memory), which the DP takes when the fastest
+    # plans do not fit (Alpa's Eq. 5)
+    configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
     C = max(len(c) for c in configs)
     cost_cache: dict[tuple, _LayerCost] = {}
+    least_memory: dict[tuple, float] = {}
     solves = 0
     t1 = time.perf_counter()
     layer_cost = np.full((L, len(submeshes), C), np.inf)
@@ -186,15 +191,24 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             sub = subgraphs[ly.signature] = graph.subgraph(ly.ops, name=f"{graph.name}:{ly.name}")
         for k, (n, m) in enumerate(submeshes):
             view = replace(cluster, nodes=n, devices_per_node=m)
-            for c, shape in enumerate(configs[k]):
-                key = (ly.signature, n, m, shape)
+            for c, (shape, lean) in enumerate(configs[k]):
+                key = (ly.signature, n, m, shape, lean)
                 lc = cost_cache.get(key)
+                if lc is None and lean:
+                    fast = cost_cache[(ly.signature, n, m, shape, False)]
+                    least = least_memory[(ly.signature, n, m, shape)]
+                    if fast.param_mem + fast.act_mem <= 1.2 * least:
+                        lc = cost_cache[key] = fast  # the fastest plan is already lean
                 if lc is None:
+                    budget_kw = {}
+                    if lean:
+                        budget_kw["memory_budget"] = 1.2 * least_memory[(ly.signature, n, m, shape)]
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         res = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                              level="exhaustive")
+                                              level="exhaustive", **budget_kw)
                     solves += 1
+                    least_memory[(ly.signature, n, m, shape)] = res.solution.least_memory
                     p = res.plan
                     resident, act = _stage_memory(p)
                     lc = _LayerCost(p.predicted.step_time, resident, act)
@@ -226,18 +240,20 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         if L < N:
             raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {N} stages.")
         k = submeshes.index((1, M))
-        c = configs[k].index((1, M))
+        c = configs[k].index(((1, M), False))
         cuts = [round(i * L / N) for i in range(N + 1)]
         layouts.append([(cuts[i], cuts[i + 1], k, c) for i in range(N)])
     elif not use_ilp:
         tried: set = set()
         for mem_args in ({"param_mem": p_intra, "act_mem": a_intra, "device_memory": budget}, {}):
-            for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
+            for cap in sorted({max_s, *[s for s in (2, 4, 8, 16) if s < max_s]}, reverse=True):
                 try:
                     r = stage_dp(t_intra, submeshes, N, M, B, max_stages=cap, **mem_args)
                 except InfeasiblePlanError:
                     continue
                 lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
+                if len(lay) < 2:
+                    continue  # one stage: the intra-operator search covers it
                 if tuple(lay) not in tried:
                     tried.add(tuple(lay))
                     layouts.append(lay)
@@ -288,9 +304,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         for si, st in enumerate(lay):
             members = list(st[4]) if len(st) > 4 else list(range(st[0], st[1]))
             n, m = submeshes[st[2]]
-            shape = configs[st[2]][st[3]]
+            shape, lean = configs[st[2]][st[3]]
             ops = sorted(o for li in members for o in layers[li].ops)
-            key = (tuple(layers[li].signature for li in members), n, m, shape)
+            key = (tuple(layers[li].signature for li in members), n, m, shape, lean)
             view = replace(cluster, nodes=n, devices_per_node=m)
             res = stage_cache.get(key)
             sub = graph.subgraph(ops, name=f"{graph.name}:stage{si}")
@@ -300,10 +316,21 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     from ._baselines import megatron_pins  # noqa: PLC0415
 
                     pins = megatron_pins(sub, m)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res = intra_op_search(sub, view, shape, time_limit=time_limit, level=level,
-                                          pin=pins)
+                res = None
+                if lean:  # the memory-lean variant: the stage must fit the device
+                    try:
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            res = intra_op_search(sub, view, shape, time_limit=time_limit,
+                                                  level="exhaustive", pin=pins,
+                                                  memory_budget=budget)
+                    except InfeasiblePlanError:
+                        res = None
+                if res is None:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        res = intra_op_search(sub, view, shape, time_limit=time_limit, level=level,
+                                              pin=pins)
                 stage_cache[key] = res
                 solves += 1
             p = res.plan
