@@ -1,8 +1,18 @@
 """autoplan: an auto-parallel planner for JAX training steps.
 
-trace -> search -> Plan -> (viz | exec).
+trace -> search -> Plan -> (viz | exec):
+
+    >>> import autoplan
+    >>> wl = autoplan.models.get("gpt", size="tiny")
+    >>> graph = autoplan.trace(wl)                     # doctest: +SKIP
+    >>> result = autoplan.search(wl, "cpu:8")          # doctest: +SKIP
+    >>> result.best.partition_specs()                  # doctest: +SKIP
 """
 
+from . import models as models
+from . import search as search
+from ._cluster import Cluster as Cluster
+from ._cluster import LogicalMesh as LogicalMesh
 from ._errors import AutoplanError as AutoplanError
 from ._errors import ClusterError as ClusterError
 from ._errors import EquivalenceError as EquivalenceError
@@ -18,13 +28,17 @@ from ._graph import GraphInput as GraphInput
 from ._graph import OpGraph as OpGraph
 from ._graph import OpNode as OpNode
 from ._graph import Tensor as Tensor
+from ._plan import Plan as Plan
 from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
 from ._trace import trace as trace
-
-__version__ = "0.1.0"
-from ._cluster import Cluster as Cluster
-from ._cluster import LogicalMesh as LogicalMesh
-from ._plan import Plan as Plan
-from . import search as search
 from .search import SearchResult as SearchResult
 from .search import plan as plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "models", "search", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
+    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
+    "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
+    "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
+]
