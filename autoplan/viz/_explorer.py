@@ -16,10 +16,10 @@
   either); the other views then highlight it (the layer's operators in the sharding view, the
   owning stage's devices and timeline bars);
 * a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on local emulated
-  CPU devices (2 processes x 4 devices for an 8-device plan, else 1 process holding every
-  device), streams each step's loss and step time into a table and a live figure, and at the end
-  shows the measured step time and loss against the plan's prediction and whether the run
-  matched single-device results.
+  CPU devices (2 processes x 4 devices for an 8-device intra-operator plan, else 1 process
+  holding every device, see :func:`launch_layout`), streams each step's loss and step time
+  into a table and a live figure, and at the end shows the measured step time and loss against
+  the plan's prediction and whether the run matched single-device results.
 
 Searches and launches run in background threads, so the kernel stays free; their results reach
 the page through widget state, and every error is written into the explorer's ``Output``. The
@@ -55,7 +55,7 @@ from ._pipeline import stage_figure, timeline_figure
 from ._sharding import sharding_figure
 from ._style import TEMPLATE
 
-__all__ = ["Explorer", "LaunchRecord", "launch_layout"]
+__all__ = ["Explorer", "LaunchRecord", "launch_layout", "sync_figure", "fill_width"]
 
 LEVELS = ("folded", "hierarchical", "exhaustive")
 SCHEDULES = ("1f1b", "gpipe")
@@ -69,10 +69,12 @@ DIM = 0.25  # opacity of what is not selected
 HIGHLIGHT_LINE = "#111111"
 
 
-def launch_layout(num_devices: int) -> tuple[int, int]:
+def launch_layout(num_devices: int, pipeline: bool = False) -> tuple[int, int]:
     """``(num_processes, devices_per_process)`` used to launch a plan on local CPU devices: 2
-    processes of 4 devices for an 8-device plan, else one process holding every device."""
-    if num_devices == 8:
+    processes of 4 devices for an 8-device intra-operator plan, else one process holding every
+    device (``autoplan.exec`` runs pipeline plans in one process: it does not move activations
+    between processes)."""
+    if num_devices == 8 and not pipeline:
         return 2, 4
     return 1, max(1, num_devices)
 
@@ -182,9 +184,17 @@ def sync_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
     ``batch_update()`` (one message); otherwise the traces are swapped (one delete and one add
     message) and the layout relaid out in the batch. Properties that ``fig`` does not set are
     removed, so nothing of the previous figure is left behind.
+
+    A figure without a width fills the page's container: plotly.js answers a relayout of
+    ``height`` by fixing ``width`` at its current value and turning ``autosize`` off, so a
+    relayout of ``autosize=True, width=None`` follows every update.
     """
     new = [t.to_plotly_json() for t in fig.data]
     same = [t.type for t in fw.data] == [t.get("type", "scatter") for t in new]
+    lay = fig.layout.to_plotly_json()
+    fill = lay.get("width") is None
+    if fill:
+        lay["autosize"] = True
     with fw.batch_update():
         if same:
             for tr, d in zip(fw.data, new):
@@ -195,10 +205,22 @@ def sync_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
         else:
             fw.data = []
             fw.add_traces(new)
-        lay = fig.layout.to_plotly_json()
         for k in set(fw.layout.to_plotly_json()) - set(lay):
             fw.layout[k] = None
         fw.layout.update(lay, overwrite=True)
+    if fill:
+        fill_width(fw)
+
+
+def fill_width(fw: go.FigureWidget) -> None:
+    """Tell the page's views of ``fw`` to size its width to their container (keeping its height).
+
+    The Python layout already says so (``autosize=True``, no width); this relayout undoes what
+    plotly.js does on the page when a relayout sets ``height`` (it fixes ``width`` at its current
+    value and turns ``autosize`` off), and sizes views first drawn before they were attached.
+    """
+    if hasattr(fw, "_send_relayout_msg"):
+        fw._send_relayout_msg({"autosize": True, "width": None, "height": fw.layout.height})
 
 
 def _search_function() -> Callable[..., Any]:
@@ -313,7 +335,7 @@ class Explorer:
         self.figures: dict[str, go.FigureWidget] = {}
         for name in FIGURES:
             self.figures[name] = go.FigureWidget(layout={
-                "template": TEMPLATE, "height": 300 if name == "launch" else 360,
+                "template": TEMPLATE, "autosize": True, "height": 300 if name == "launch" else 360,
                 "title": {"text": f"{name}: run a search" if name != "launch"
                           else "launch: loss and step time per step"}})
         self._init_launch_figure()
@@ -327,8 +349,10 @@ class Explorer:
         self._launch_table = widgets.HTML(value="")
         self._launch_result = widgets.HTML(value="")
 
-        def box(fig: go.FigureWidget, width: str) -> widgets.Box:
-            return widgets.Box([fig], layout=widgets.Layout(width=width, min_width="0"))
+        def box(fig: go.FigureWidget, width: str) -> widgets.VBox:
+            # a column: the figure's element stretches to the box's width, and plotly sizes the
+            # figure to it (figures set no width of their own)
+            return widgets.VBox([fig], layout=widgets.Layout(width=width, min_width="0"))
 
         self.widget = widgets.VBox([
             widgets.HTML(_CSS + "<b>autoplan explorer</b>: search parallelisation plans, inspect "
@@ -576,6 +600,7 @@ class Explorer:
                 self._base[name] = [_restyle_base(t) for t in self.figures[name].data]
                 self._base_shapes[name] = list(fig.layout.shapes or ())
             self._wire_clicks()
+            fill_width(self.figures["launch"])
             self._summary.value = plan._repr_html_()
             old = self._focus.value
             opts: list[tuple[str, str]] = [("(no selection)", "")]
@@ -781,7 +806,7 @@ class Explorer:
     def _launch_job(self, plan: Plan, steps: int, timeout: float) -> None:
         from autoplan.exec import launch  # noqa: PLC0415
 
-        procs, per = launch_layout(plan.num_devices)
+        procs, per = launch_layout(plan.num_devices, plan.is_pipeline)
         spec = self.launch_spec()
         rec = LaunchRecord(plan=plan, spec=spec, num_processes=procs, devices_per_process=per,
                            steps=steps)
@@ -843,6 +868,7 @@ class Explorer:
             fw.data[2].y = [rec.plan.predicted.step_time] * 2
             fw.layout.title = {"text": f"launch of [{html.escape(rec.plan.label)}]: "
                                        f"{len(losses)}/{rec.steps} steps"}
+        fill_width(fw)
         rows = "".join(
             f"<tr><td>{e.get('step')}</td><td>{e.get('process', 0)}</td>"
             f"<td>{_loss(e.get('loss'))}</td>"

@@ -59,6 +59,7 @@ def test_launch_layout():
     assert launch_layout(4) == (1, 4)
     assert launch_layout(16) == (1, 16)
     assert launch_layout(1) == (1, 1)
+    assert launch_layout(8, pipeline=True) == (1, 8)  # exec runs pipeline plans in one process
 
 
 def test_sync_figure_swaps_and_restyles_in_place(intra_plan, pipeline_plan, gpipe_plan):
