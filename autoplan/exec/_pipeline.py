@@ -268,6 +268,16 @@ class StepRecord:
     grads: list[Any]
 
 
+@jax.jit
+def _add_lists(a: list[Any], b: list[Any]) -> list[Any]:
+    return [x + y for x, y in zip(a, b)]
+
+
+@jax.jit
+def _scale_list(a: list[Any], factor: float) -> list[Any]:
+    return [(x * factor).astype(x.dtype) for x in a]
+
+
 def _table_order(plan: Any) -> list[tuple[int, int, str]]:
     sch = plan.schedule
     S, m = len(plan.stages), sch.microbatches
@@ -567,14 +577,14 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         def value(t: int, s: int, mb: int | None, phase: str) -> Any:
             if t in in_info:
                 stage, sh, is_batch = in_info[t]
-                if is_batch:
-                    ck = (mb, t, s)
-                    if ck not in moved:
-                        host = inputs_now[t]
+                if is_batch:  # micro-batch slices, kept while the host batch stays the same
+                    host = inputs_now[t]
+                    ck = (id(host), mb, t, s)
+                    if ck not in batch_cache:
                         b = host.shape[0] // M
                         shd = sh if stage == s else NamedSharding(meshes[s], PartitionSpec())
-                        moved[ck] = place(host[mb * b:(mb + 1) * b], shd)
-                    return moved[ck]
+                        batch_cache[ck] = (host, place(host[mb * b:(mb + 1) * b], shd))
+                    return batch_cache[ck][1]
                 if stage == s:
                     return inputs_now[t]
                 ck = (None, t, s)
@@ -601,12 +611,17 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         def run_task(k: tuple[str, int], mb: int | None) -> None:
             task = tasks[k]
             outs = call(k, [value(t, k[1], mb, k[0]) for t in task.inputs])
+            summed = [t for t in task.outputs if t in accumulate]
+            if mb is not None and summed:  # one jitted add per task, not one per gradient
+                new = [v for t, v in zip(task.outputs, outs) if t in accumulate]
+                old = [acc.get(t) for t in summed]
+                if all(o is not None for o in old):
+                    new = _add_lists(old, new)
+                acc.update(zip(summed, new))
             for t, v in zip(task.outputs, outs):
                 if mb is None:
                     store[(None, t)] = v
                     continue
-                if t in accumulate:
-                    acc[t] = v if t not in acc else acc[t] + v
                 if consumers.get(t):
                     store[(mb, t)] = v
                     left[(mb, t)] = consumers[t]
@@ -626,8 +641,11 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         for mb, s, kind in order:
             if (kind, s) in tasks:
                 run_task((kind, s), mb)
-        for t, v in acc.items():
-            store[("acc", t)] = v / M if M > 1 else v
+        for s in range(S):  # the mean over micro-batches, one call per submesh
+            names = [t for t in acc if producer[t][1] == s]
+            vals = [acc[t] for t in names]
+            for t, v in zip(names, _scale_list(vals, 1.0 / M) if M > 1 and vals else vals):
+                store[("acc", t)] = v
         for s in range(S):
             if ("update", s) in tasks:
                 run_task(("update", s), None)
@@ -643,6 +661,7 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
                 flat_out.append(store[(None, r)])
         return jax.block_until_ready(flat_out), [store[("acc", t)] for t in crossing]
 
+    batch_cache: dict[Any, Any] = {}
     one_step()  # warm-up: compiles every task; its results are dropped
     losses: list[float] = []
     step_times: list[float] = []

@@ -322,7 +322,8 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
     compile_time = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))  # warm-up run
+    if steps:
+        jax.block_until_ready(compiled(*args))  # warm-up run
     losses, times, records, out = [], [], [], None
     for s in range(steps):
         t0 = time.perf_counter()
@@ -593,7 +594,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         workload: a :class:`autoplan.models.Workload` (or a dict ``{"model":..., "size":...,
             **overrides}``, or any object with ``fn``, ``args``, ``arg_kinds``).
         steps: training steps; each starts from the previous step's parameters and optimizer
-            state, on the same batch.
+            state, on the same batch. ``0`` compiles only (a pipeline runs its warm-up step,
+            which compiles its tasks): the report then has the collectives and memory, no
+            losses or times.
         check: compare every step with unsharded single-device execution (see
             :func:`check_equivalence`); raises on a mismatch. The compiled step then also returns
             the gradients, which the comparison needs.
@@ -623,8 +626,10 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         >>> report.equivalence.matched                         # doctest: +SKIP
         True
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ExecutionError(f"run: steps should be a positive integer. Got {steps!r}. Fix: steps=1.")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ExecutionError(f"run: steps should be a non-negative integer. Got {steps!r}. Fix: "
+                             "steps=1 (or 0 to compile only).")
+    check = check and steps > 0
     r = resolve_workload(workload, seed)
     devices = list(devices) if devices is not None else jax.devices()
     abstract = _abstract(r.host_args)
