@@ -4,7 +4,8 @@ Chromium through Playwright.
 Opens ``01_explore.ipynb``, runs every cell, waits for the explorer's search, switches the
 candidate and checks that the page's plotly figures changed in place, selects a stage and checks
 the highlight, clicks Launch and waits for the finished run's loss and its single-device check.
-Screenshots go to ``artifacts/browser/`` (and the explorer's to ``docs/img/explorer.png``).
+Screenshots go to ``artifacts/browser/``; with ``AUTOPLAN_UPDATE_DOCS=1`` (or when missing) they
+are copied to ``docs/img/explorer.png`` and ``docs/img/explorer-pipeline.png`` for the docs.
 Skipped only when Debian's Chromium (``/usr/bin/chromium``) is missing; CI installs it.
 """
 
@@ -207,8 +208,11 @@ def shoot(page, name: str, docs_copy: Path) -> None:
     shot = ARTIFACTS / name
     page.locator(".autoplan-explorer").screenshot(path=str(shot))
     assert shot.stat().st_size > 50_000
-    docs_copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(shot, docs_copy)
+    if os.environ.get("AUTOPLAN_UPDATE_DOCS") == "1" or not docs_copy.exists():
+        # the docs' copy is tracked by git: refreshed on request only, so test runs leave the
+        # work tree clean (AUTOPLAN_UPDATE_DOCS=1 pytest tests/test_browser.py)
+        docs_copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, docs_copy)
     page.set_viewport_size(size)
     page.wait_for_timeout(500)
 
