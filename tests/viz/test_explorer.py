@@ -147,6 +147,17 @@ def test_controls_build_the_search_arguments(monkeypatch):
     assert len(repr(ex)) < 200 and "plans=0" in repr(ex)
 
 
+def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
+    from autoplan.models import get
+
+    ex = Explorer(get("gpt", "tiny", layers=1, hidden=64), cluster="cpu:4", autostart=False)
+    assert (ex._model.value, ex._size.value) == ("gpt", "tiny")
+    assert ex.launch_spec() == {"model": "gpt", "size": "tiny", "layers": 1, "hidden": 64}
+    ex._model.value = "mlp"
+    ex._model.value = "gpt"
+    assert ex.launch_spec() == {"model": "gpt", "size": "tiny"}
+
+
 # ---- with a real search -----------------------------------------------------------------------
 def test_candidates_are_the_results_plans(explorer):
     res = explorer.result
