@@ -51,7 +51,7 @@ MEDIUM = {
     "two_tower": dict(batch=64, embed_dim=32),
     "mlp": dict(batch=64, features=128, hidden=256, layers=4),
 }
-FAST = {"xla_backend_optimization_level": 0}  # the HLO (and its collectives) is the same
+FAST = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}  # the HLO (and its collectives) is the same
 
 
 def plans_for(wl, mesh: tuple[int, int] | None, time_limit: float) -> list:
