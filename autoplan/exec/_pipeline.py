@@ -57,8 +57,8 @@ from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 
-__all__ = ["PipelineOutcome", "StepRecord", "schedule_table", "schedule_order", "run_pipeline", "ideal_makespan", "place",
-           "divisible"]
+__all__ = ["PipelineOutcome", "StepRecord", "schedule_table", "schedule_order", "run_pipeline",
+           "ideal_makespan", "place", "divisible"]
 
 PHASES = ("prologue", "forward", "backward", "update")
 _KIND = {"forward": "forward", "f": "forward", "fwd": "forward",
@@ -156,9 +156,8 @@ def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[tuple[
     """:func:`schedule_table` read tick by tick: a valid task order.
 
     Examples:
-        >>> schedule_order("1f1b", 2, 2)
-        [(0, 0, 'forward'), (1, 0, 'forward'), (0, 1, 'forward'), (0, 1, 'backward'), \
-(1, 1, 'forward'), (0, 0, 'backward'), (1, 1, 'backward'), (1, 0, 'backward')]
+        >>> [f"{k[0].upper()}{m}s{j}" for m, j, k in schedule_order("1f1b", 2, 2)]
+        ['F0s0', 'F1s0', 'F0s1', 'B0s1', 'B0s0', 'F1s1', 'B1s1', 'B1s0']
     """
     return [t for row in schedule_table(kind, num_stages, microbatches) for t in row if t is not None]
 
@@ -385,8 +384,8 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     return out
 
 
-def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], S: int,
-                 output_ids: set[int]) -> tuple[dict[tuple[str, int], _Task], dict[int, tuple[str, int]]]:
+def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: set[int]
+                 ) -> tuple[dict[tuple[str, int], _Task], dict[int, tuple[str, int]]]:
     tasks: dict[tuple[str, int], _Task] = {}
     producer: dict[int, tuple[str, int]] = {}
     for op, (phase, s) in zip(prog.ops, assign):
@@ -478,7 +477,7 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
     mesh_devs = [frozenset(m.devices.flat) for m in meshes]
     assign = _assign(plan, graph, prog)
     out_ids = {r for r in prog.outputs if not isinstance(r, Lit)}
-    tasks, producer = _build_tasks(prog, assign, S, out_ids)
+    tasks, producer = _build_tasks(prog, assign, out_ids)
 
     # plan shardings of the graph inputs
     spec_of = {(i.arg, i.path): i for i in plan.inputs}

@@ -11,10 +11,12 @@
 * a pipeline plan (several stages), or a one-stage plan over several micro-batches (gradient
   accumulation), runs on the stage executor of :mod:`autoplan.exec._pipeline`.
 
-With ``check=True`` the same steps run unsharded on one device from the same inputs; the losses of
-every step and the last step's results (loss, new parameters, new optimizer state) must agree
-within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``), else :class:`~autoplan.EquivalenceError`
-names the first differing tensor by its pytree path.
+With ``check=True`` every executed step is re-run unsharded on one device from the same inputs
+(see :func:`check_equivalence`): the loss, the gradients handed to the optimizer, and the new
+parameters and optimizer state (the single-device update applied to the run's own gradients) must
+agree within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``, norm-wise for gradients), else
+:class:`~autoplan.EquivalenceError` names the first differing tensor by its pytree path, with the
+largest difference and the tolerance.
 
 Everything works across processes too (after ``jax.distributed.initialize``): inputs are built
 with ``jax.make_array_from_callback``, and each process checks the shards it holds.
