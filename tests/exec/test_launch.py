@@ -84,3 +84,35 @@ def test_workload_is_described_by_name_size_and_overrides():
     assert spec == {"model": "gpt", "size": "tiny", "layers": 3, "heads": 2}
     with pytest.raises(LaunchError, match="cannot be sent"):
         describe_workload(lambda x: x)
+
+
+def test_cluster_environments_are_detected_for_auto_initialisation():
+    from autoplan.exec._worker import cluster_env_detected
+
+    assert not cluster_env_detected({})
+    assert cluster_env_detected({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"})
+    assert cluster_env_detected({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"})
+    assert not cluster_env_detected({"SLURM_JOB_ID": "7"})  # an allocation, not a task
+
+
+def test_workers_are_killed_when_the_launching_interpreter_exits(tmp_path):
+    import subprocess
+    import sys
+
+    plan("mlp", "dp").to_json(str(tmp_path / "plan.json"))
+    script = (
+        "import sys\n"
+        "from autoplan.exec import launch\n"
+        f"h = launch({str(tmp_path / 'plan.json')!r}, {{'model': 'mlp'}}, num_processes=2,\n"
+        "           devices_per_process=4, env={'AUTOPLAN_TEST_HANG_AT_STEP': '0'})\n"
+        "print(*h.pids, flush=True)\n"
+        "sys.exit(0)  # no wait(): the atexit hook must take the workers down\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr
+    pids = [int(x) for x in out.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids)
