@@ -99,10 +99,16 @@ def _is_chain(dag) -> bool:
 
 
 def _default_microbatches(batch: int, max_stages: int) -> int:
-    for b in (32, 16, 8, 4, 2, 1):
-        if batch % b == 0 and b <= max(1, batch):
-            return b
-    return 1
+    """Enough micro-batches to keep the bubble small and the activations of the in-flight
+    micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
+    (at least 2 when the batch allows)."""
+    cap = max(1, min(128, batch // 4))
+    b = 1
+    while b * 2 <= cap and batch % (b * 2) == 0:
+        b *= 2
+    if b == 1 and batch % 2 == 0:
+        b = 2
+    return b
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class _LayerCost:
     time: float          # fwd + bwd per micro-batch
     param_mem: float     # parameter + optimizer state + gradient bytes per device
     act_mem: float       # activation bytes per device per micro-batch
+    ilp_mem: float = 0.0  # the ILP's live memory of the plan (its memory model)
 
 
 def _stage_memory(plan: Plan) -> tuple[float, float]:
@@ -167,12 +174,13 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
 
     shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
     # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one (the
-    # ILP with a memory budget of 1.2 x its least memory), which the DP takes when the fastest
-    # plans do not fit (Alpa's Eq. 5)
+    # ILP with a memory budget halfway between its least memory and the fastest plan's), which
+    # the DP takes when the fastest plans do not fit (Alpa's Eq. 5)
     configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
     C = max(len(c) for c in configs)
     cost_cache: dict[tuple, _LayerCost] = {}
     least_memory: dict[tuple, float] = {}
+    lean_budget: dict[tuple, float] = {}
     solves = 0
     t1 = time.perf_counter()
     layer_cost = np.full((L, len(submeshes), C), np.inf)
@@ -199,10 +207,11 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     least = least_memory[(ly.signature, n, m, shape)]
                     if fast.param_mem + fast.act_mem <= 1.2 * least:
                         lc = cost_cache[key] = fast  # the fastest plan is already lean
+                    lean_budget[(ly.signature, n, m, shape)] = 0.5 * (least + fast.ilp_mem)
                 if lc is None:
                     budget_kw = {}
                     if lean:
-                        budget_kw["memory_budget"] = 1.2 * least_memory[(ly.signature, n, m, shape)]
+                        budget_kw["memory_budget"] = lean_budget[(ly.signature, n, m, shape)]
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         res = intra_op_search(sub, view, shape, time_limit=time_limit,
@@ -211,7 +220,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     least_memory[(ly.signature, n, m, shape)] = res.solution.least_memory
                     p = res.plan
                     resident, act = _stage_memory(p)
-                    lc = _LayerCost(p.predicted.step_time, resident, act)
+                    lc = _LayerCost(p.predicted.step_time, resident, act,
+                                    p.predicted.memory_per_device)
                     cost_cache[key] = lc
                 layer_cost[ly.index, k, c] = lc.time
                 pmem[ly.index, k, c] = lc.param_mem
