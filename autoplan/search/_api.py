@@ -221,6 +221,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         except InfeasiblePlanError as err:
             infeasible.append(err)
             stats["pipeline_error"] = str(err)
+    if baselines:
         from ._baselines import baseline_plans  # noqa: PLC0415
 
         report("baselines", 0.85)

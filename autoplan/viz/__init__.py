@@ -2,11 +2,15 @@
 
 Every figure is a ``plotly.graph_objects.Figure`` with deterministic colours: a device has the
 same colour everywhere (:func:`device_color`), and so does a stage and a mined class. ``viz``
-only reads plans; it imports neither ``autoplan.search`` nor ``autoplan.exec``.
+only reads plans: the figure and report modules import neither ``autoplan.search`` nor
+``autoplan.exec``. The :class:`Explorer` widget is the one place that drives both (a search when
+its controls change, a launch from its Launch button); it reaches them through ``autoplan`` at
+call time.
 """
 
 from ._compare import compare_figure as compare_figure
 from ._compare import pareto_front as pareto_front
+from ._explorer import Explorer as Explorer
 from ._graph import graph_figure as graph_figure
 from ._notebook import set_notebook_renderer as set_notebook_renderer
 from ._pipeline import stage_figure as stage_figure
@@ -24,6 +28,7 @@ from ._style import device_color as device_color
 from ._style import stage_color as stage_color
 
 __all__ = [
+    "Explorer",
     "sharding_figure",
     "stage_figure",
     "timeline_figure",
