@@ -432,9 +432,10 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     for t, spec in fixed_specs.items():
         if t in prob.tensor_src and t not in prob.input_node:
             prob.fixed_inside[t] = spec
-    if ops is None:
-        prob.out_pairs = [(o, i) for o, i in updated_input_pairs(graph)
-                          if o in prob.tensor_src and i in prob.input_node]
+    # updated inputs (new parameters / optimizer state) are charged the resharding back to the
+    # input's spec in a segment too, whenever the segment holds both ends
+    prob.out_pairs = [(o, i) for o, i in updated_input_pairs(graph)
+                      if o in prob.tensor_src and i in prob.input_node]
 
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
     # (a gradient reaches the optimizer update through movement/elementwise ops only; an

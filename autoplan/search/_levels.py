@@ -394,26 +394,42 @@ def _position_maps(graph: OpGraph, rep_ops: Sequence[int], inst_ops: Sequence[in
 
 
 def _stitch_vector(prob, op_strat: Mapping[int, Any], t_spec: Mapping[int, Any]) -> tuple[list[int], int]:
-    """A choice vector of the whole-graph problem reproducing the segments' strategies."""
+    """A choice vector of the whole-graph problem reproducing the segments' strategies.
+
+    A node of the whole problem may carry operators from several segments (Alpa's follower
+    merging crosses segment borders), so each node takes the strategy index that reproduces the
+    segments' choices for the most of its operators (and its own tensor's spec, for an input).
+    Returns the vector and the number of operators whose segment strategy could not be kept.
+    """
+    members: dict[int, list[tuple[int, Any]]] = {}
+    for o, m in prob.members.items():
+        members.setdefault(m.node, []).append((o, m))
     vec = []
     mismatches = 0
-    for n in prob.nodes:
-        want = None
-        if n.kind == "op" and isinstance(n.key, int):
-            st = op_strat.get(n.key)
-            if st is not None:
-                want = next((k for k, s in enumerate(n.strategies)
-                             if s.out_specs == st.out_specs and s.in_specs == st.in_specs), None)
-                if want is None:
-                    want = next((k for k, s in enumerate(n.strategies)
-                                 if s.out_specs == st.out_specs), None)
-        elif n.tensor is not None and n.tensor in t_spec:
-            want = next((k for k, s in enumerate(n.strategies)
-                         if s.out_specs[0] == t_spec[n.tensor]), None)
-        if want is None:
-            if len(n.strategies) > 1:
-                mismatches += 1
-            want = int(np.argmin(n.cost)) if len(n.cost) else 0
-        vec.append(want)
+    for nid, n in enumerate(prob.nodes):
+        k = len(n.strategies)
+        if k == 1:
+            vec.append(0)
+            continue
+        votes = np.zeros(k)
+        if n.kind != "op" and n.tensor is not None and n.tensor in t_spec:
+            want = t_spec[n.tensor]
+            votes += [2.0 if st.out_specs[0] == want else 0.0 for st in n.strategies]
+        mem = [(o, m) for o, m in members.get(nid, ()) if o in op_strat]
+        for o, m in mem:
+            target = op_strat[o]
+            for j in range(k):
+                st = m.strats[m.idx[j]]
+                if st.out_specs == target.out_specs and st.in_specs == target.in_specs:
+                    votes[j] += 1.0
+                elif st.out_specs == target.out_specs:
+                    votes[j] += 0.5
+        if votes.max() <= 0:
+            mismatches += len(mem)
+            vec.append(int(np.argmin(n.cost)))
+            continue
+        best = np.flatnonzero(votes == votes.max())
+        j = int(best[np.argmin(n.cost[best])])
+        mismatches += sum(1 for o, m in mem if m.strats[m.idx[j]] != op_strat[o])
+        vec.append(j)
     return vec, mismatches
-
