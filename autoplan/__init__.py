@@ -9,8 +9,6 @@ trace -> search -> Plan -> (viz | exec):
     >>> result.best.partition_specs()                  # doctest: +SKIP
 """
 
-from . import models as models
-from . import search as search
 from ._cluster import Cluster as Cluster
 from ._cluster import LogicalMesh as LogicalMesh
 from ._errors import AutoplanError as AutoplanError
@@ -31,10 +29,25 @@ from ._graph import Tensor as Tensor
 from ._plan import Plan as Plan
 from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
 from ._trace import trace as trace
-from .search import SearchResult as SearchResult
-from .search import plan as plan
 
 __version__ = "0.1.0"
+
+_LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None),
+         "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult")}
+
+
+def __getattr__(name: str):
+    """``autoplan.search``, ``autoplan.plan``, ``autoplan.models`` load on first use, so that
+    importing ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autoplan' has no attribute {name!r}")
 
 __all__ = [
     "models", "search", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
