@@ -1,0 +1,74 @@
+"""Search time by level as models get deeper, and folded plan quality against exhaustive.
+
+For GPT with 12/24/48/96 layers (d=1024, 16 heads, S=1024, batch 16) on a 2x4 mesh of one
+p3.16xlarge, and for MoE and Wide-ResNet, prints the intra-operator search time at each level
+(trace excluded) and each plan's predicted step time relative to the exhaustive plan. Then GPT-3
+175B folded on a 2x8 mesh (2 x p3.16xlarge).
+
+Targets: folded time at 96 layers <= 1.5x the time at 24 layers; GPT-3 175B folded in <= 10 s.
+The exhaustive ILP is skipped above ``--max-exhaustive-layers`` (default 24), where it takes minutes.
+
+Run: .venv/bin/python benchmarks/search_scaling.py [--quick]
+"""
+
+import argparse
+import platform
+import time
+import warnings
+
+import autoplan
+from autoplan import models
+from autoplan.search import level_search
+
+
+def timed(graph, cluster, mesh, level, time_limit=600.0):
+    t0 = time.perf_counter()
+    res = level_search(graph, cluster, mesh, level=level, time_limit=time_limit)
+    return time.perf_counter() - t0, res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="12 and 24 layers only")
+    ap.add_argument("--max-exhaustive-layers", type=int, default=24)
+    args = ap.parse_args()
+    warnings.simplefilter("ignore")
+    p3 = autoplan.Cluster.preset("p3.16xlarge")
+    print(f"machine: {platform.machine()}, python {platform.python_version()}")
+    print(f"{'model':<26} {'ops':>7} {'level':<13} {'search s':>9} {'ILPs':>5} {'classes':>7} "
+          f"{'step ms':>10} {'vs exhaustive':>13}")
+    cases = [("gpt", {"layers": n, "hidden": 1024, "heads": 16, "seq_len": 1024, "batch": 16},
+              f"GPT d=1024 L={n}", p3, (2, 4)) for n in ((12, 24) if args.quick else (12, 24, 48, 96))]
+    cases += [("moe", {"layers": 8, "batch": 16}, "MoE 380M L=8 b=16", p3, (2, 4)),
+              ("wide_resnet", {"batch": 64}, "Wide-ResNet 250M b=64", p3, (2, 4))]
+    folded_times = {}
+    for name, over, label, cluster, mesh in cases:
+        size = {"gpt": "125M", "moe": "380M", "wide_resnet": "250M"}[name]
+        g = autoplan.trace(models.get(name, size=size, **over))
+        ref = None
+        for level in ("exhaustive", "hierarchical", "folded"):
+            if level == "exhaustive" and over.get("layers", 0) > args.max_exhaustive_layers:
+                print(f"{label:<26} {len(g):>7} {level:<13} {'skipped':>9}")
+                continue
+            dt, res = timed(g, cluster, mesh, level)
+            step = res.plan.predicted.step_time
+            if level == "exhaustive":
+                ref = step
+            rel = f"{step / ref:>12.4f}x" if ref else f"{'-':>13}"
+            print(f"{label:<26} {len(g):>7} {level:<13} {dt:>9.2f} {res.stats.get('ilps_solved', 1):>5} "
+                  f"{res.stats.get('unique_classes', '-'):>7} {step * 1e3:>10.3f} {rel}")
+            if level == "folded":
+                folded_times[label] = dt
+    if not args.quick:
+        r = folded_times.get("GPT d=1024 L=96", 0) / max(folded_times.get("GPT d=1024 L=24", 1e-9), 1e-9)
+        print(f"\nfolded time at 96 layers / at 24 layers: {r:.2f} (target <= 1.5)")
+    g = autoplan.trace(models.get("gpt", size="175B"))
+    c2 = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
+    dt, res = timed(g, c2, (2, 8), "folded")
+    print(f"GPT-3 175B ({len(g)} ops) folded on 2x8: {dt:.2f} s (target <= 10 s), "
+          f"{res.stats['ilps_solved']} ILPs, {res.stats['unique_classes']} classes, "
+          f"step {res.plan.predicted.step_time:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
