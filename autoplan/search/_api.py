@@ -26,7 +26,6 @@ from .._cluster import Cluster
 from .._errors import AutoplanError, InfeasiblePlanError, SearchError
 from .._graph import OpGraph
 from .._plan import Plan
-from .._trace import trace
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS"]
 
@@ -85,7 +84,9 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
     if hasattr(workload_or_graph, "fn") and hasattr(workload_or_graph, "args"):
-        g = trace(workload_or_graph)
+        from ._pipeline import traced  # noqa: PLC0415
+
+        g = traced(workload_or_graph)
         return g, workload_or_graph, time.perf_counter() - t0
     raise SearchError("search: the first argument should be an autoplan.models Workload or an OpGraph "
                       f"from autoplan.trace. Got {type(workload_or_graph).__name__}. Fix: "

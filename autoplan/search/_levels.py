@@ -115,10 +115,11 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
     t0 = time.perf_counter()
     mesh = make_mesh(cluster, mesh_shape)
-    mining = mine(graph)
+    mining = _cached_analysis(graph, "mining", lambda: mine(graph))
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = _choose_segments(graph, find_segments(graph, mining=mining), mining)
+    segs = _cached_analysis(graph, "segments", lambda: _choose_segments(
+        graph, find_segments(graph, mining=mining), mining))
     seg_of = np.full(len(graph.ops), -1)
     for s in segs:
         seg_of[list(s.ops)] = s.id
@@ -276,6 +277,23 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         "objective": sol.objective, "dp_value": dp_value,
     }
     return LevelResult(plan, stats, analysis, sol)
+
+
+_ANALYSES: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+def _cached_analysis(graph: OpGraph, what: str, make):
+    """Mining and segments depend on the graph alone: computed once per graph, whatever the mesh
+    (a search tries several meshes and baselines on the same graph)."""
+    key = (id(graph), what)
+    hit = _ANALYSES.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    if len(_ANALYSES) > 64:
+        _ANALYSES.clear()
+    value = make()
+    _ANALYSES[key] = (graph, value)
+    return value
 
 
 def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:

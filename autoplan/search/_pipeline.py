@@ -70,6 +70,38 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
     return tuple(out)
 
 
+_TRACES: dict[tuple[int, int], tuple[Any, OpGraph, OpGraph]] = {}
+_FULL: dict[int, tuple[Any, OpGraph]] = {}
+
+
+def traced(workload: Any) -> OpGraph:
+    """``trace(workload)``, cached per workload object for the duration of a search."""
+    hit = _FULL.get(id(workload))
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    if len(_FULL) > 8:
+        _FULL.clear()
+    g = trace(workload)
+    _FULL[id(workload)] = (workload, g)
+    return g
+
+
+def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
+    """The full-batch and micro-batch graphs of a workload (cached: the pipeline search and the
+    Megatron TP x PP baseline use the same ones)."""
+    key = (id(workload), microbatches)
+    hit = _TRACES.get(key)
+    if hit is not None and hit[0] is workload:
+        return hit[1], hit[2]
+    if len(_TRACES) > 8:
+        _TRACES.clear()
+    full = traced(workload)
+    mb_args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds), microbatches)
+    graph = trace(workload.fn, *mb_args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
+    _TRACES[key] = (workload, full, graph)
+    return full, graph
+
+
 def layer_dag(graph: OpGraph, layers: list[LayerGroup]):
     """The layers' forward data-flow DAG (networkx): node ``i`` has ``flops``; an edge carries the
     ``bytes`` of forward tensors from layer i to layer j."""
@@ -157,12 +189,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got {stage_algorithm!r}.")
     t0 = time.perf_counter()
-    full = trace(workload)
     batch = int((getattr(workload, "config", {}) or {}).get("batch", 1))
     N, M = cluster.nodes, cluster.devices_per_node
     B = microbatches or _default_microbatches(batch, N * M)
-    mb_args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds), B)
-    graph = trace(workload.fn, *mb_args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
+    full, graph = _traces(workload, B)
     t_trace = time.perf_counter() - t0
     layers = cluster_layers(graph, num_layers)
     L = len(layers)
@@ -179,6 +209,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
     C = max(len(c) for c in configs)
     cost_cache: dict[tuple, _LayerCost] = {}
+    results: dict[tuple, Any] = {}
+    full_shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
     least_memory: dict[tuple, float] = {}
     lean_budget: dict[tuple, float] = {}
     solves = 0
@@ -207,6 +239,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     least = least_memory[(ly.signature, n, m, shape)]
                     if fast.param_mem + fast.act_mem <= 1.2 * least:
                         lc = cost_cache[key] = fast  # the fastest plan is already lean
+                        results[key + (False,)] = results[(ly.signature, n, m, shape, False, False)]
                     lean_budget[(ly.signature, n, m, shape)] = 0.5 * (least + fast.ilp_mem)
                 if lc is None:
                     budget_kw = {}
@@ -216,6 +249,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                         warnings.simplefilter("ignore")
                         res = intra_op_search(sub, view, shape, time_limit=time_limit,
                                               level="exhaustive", **budget_kw)
+                    results[key + (False,)] = res
                     solves += 1
                     least_memory[(ly.signature, n, m, shape)] = res.solution.least_memory
                     p = res.plan
@@ -298,7 +332,38 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             f"pipeline: no stage layout fits {budget:.4g} bytes per device.", least if np.isfinite(least) else None)
 
     plans = []
-    stage_cache: dict[tuple, Any] = {}
+    layer_subs: dict[int, OpGraph] = {}
+
+    def layer_sub(li: int) -> OpGraph:
+        if li not in layer_subs:
+            layer_subs[li] = graph.subgraph(layers[li].ops, name=f"{graph.name}:{layers[li].name}")
+        return layer_subs[li]
+
+    def layer_result(li: int, n: int, m: int, shape, lean: bool):
+        """The intra-op plan of layer li's kind on this submesh/logical mesh/variant (solved
+        once per layer kind: the representative's subgraph)."""
+        nonlocal solves
+        sig = layers[li].signature
+        key = (sig, n, m, shape, lean, megatron)
+        if key not in results:
+            sub = subgraphs.get(sig)
+            if sub is None:
+                sub = subgraphs[sig] = layer_sub(li)
+            view = replace(cluster, nodes=n, devices_per_node=m)
+            kw: dict[str, Any] = {}
+            if megatron:
+                from ._baselines import megatron_pins  # noqa: PLC0415
+
+                kw["pin"] = megatron_pins(sub, m)
+            if lean:
+                kw["memory_budget"] = lean_budget.get((sig, n, m, shape))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results[key] = intra_op_search(sub, view, shape, time_limit=time_limit,
+                                               level="exhaustive", **kw)
+            solves += 1
+        return results[key], subgraphs[sig]
+
     for lay in layouts:
         shapes = [submeshes[st[2]] for st in lay]
         try:
@@ -315,59 +380,57 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             members = list(st[4]) if len(st) > 4 else list(range(st[0], st[1]))
             n, m = submeshes[st[2]]
             shape, lean = configs[st[2]][st[3]]
-            ops = sorted(o for li in members for o in layers[li].ops)
-            key = (tuple(layers[li].signature for li in members), n, m, shape, lean)
-            view = replace(cluster, nodes=n, devices_per_node=m)
-            res = stage_cache.get(key)
-            sub = graph.subgraph(ops, name=f"{graph.name}:stage{si}")
-            if res is None:
-                pins = None
-                if megatron:
-                    from ._baselines import megatron_pins  # noqa: PLC0415
-
-                    pins = megatron_pins(sub, m)
-                res = None
-                if lean:  # the memory-lean variant: the stage must fit the device
-                    try:
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
-                            res = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                                  level="exhaustive", pin=pins,
-                                                  memory_budget=budget)
-                    except InfeasiblePlanError:
-                        res = None
-                if res is None:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        res = intra_op_search(sub, view, shape, time_limit=time_limit, level=level,
-                                              pin=pins)
-                stage_cache[key] = res
-                solves += 1
-            p = res.plan
-            frac = float(np.mean([fwd_frac[li] for li in members]))
-            fwd_t.append(p.predicted.step_time * frac)
-            bwd_t.append(p.predicted.step_time * (1 - frac))
+            f_time = b_time = resident = act = 0.0
+            stage_comm: dict[str, float] = {}
+            op_shardings = []
+            axis_names = ("x", "y")
+            for li in members:
+                res, rep_sub = layer_result(li, n, m, shape, lean)
+                p = res.plan
+                axis_names = p.axis_names
+                mine_sub = layer_sub(li)
+                f_time += p.predicted.step_time * fwd_frac[li]
+                b_time += p.predicted.step_time * (1 - fwd_frac[li])
+                r_mem, a_mem = _stage_memory(p)
+                resident += r_mem
+                act += a_mem
+                for kind, v in p.predicted.comm_bytes.items():
+                    stage_comm[kind] = stage_comm.get(kind, 0.0) + v
+                    comm_total[kind] = comm_total.get(kind, 0.0) + v * B
+                for kind, v in p.predicted.comm_time_by_kind.items():
+                    comm_time[kind] = comm_time.get(kind, 0.0) + v * B
+                for ax, v in p.predicted.comm_by_axis.items():
+                    by_axis[ax] = by_axis.get(ax, 0.0) + v * B
+                # the representative's solution, moved to this layer (same structure, same order)
+                names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine_sub.inputs)}
+                for o in p.stages[0].ops:
+                    op_shardings.append(replace(
+                        o, op=mine_sub.origin[o.op],
+                        tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
+                for spec, gi in zip(p.inputs, mine_sub.inputs):
+                    if gi.kind == "activation":
+                        continue
+                    inputs.setdefault(gi.name, replace(
+                        spec, arg=gi.arg, arg_name=gi.arg_name, path=gi.path, kind=gi.kind,
+                        stage=si, shape=tuple(full_shapes.get(gi.name, spec.shape))))
+            fwd_t.append(f_time)
+            bwd_t.append(b_time)
             s_from_end = len(lay) - si
-            resident, act = _stage_memory(p)
             mem = resident + min(s_from_end if schedule == "1f1b" else B, B) * act
             mems.append(mem)
-            for kind, v in p.predicted.comm_bytes.items():
-                comm_total[kind] = comm_total.get(kind, 0.0) + v * B
-            for kind, v in p.predicted.comm_time_by_kind.items():
-                comm_time[kind] = comm_time.get(kind, 0.0) + v * B
-            for ax, v in p.predicted.comm_by_axis.items():
-                by_axis[ax] = by_axis.get(ax, 0.0) + v * B
-            stage_inputs = _stage_inputs(p, si, sub, full)
-            for i in stage_inputs:
-                inputs.setdefault(i.name, i)
             names = tuple(nm for li in members for nm in layers[li].names)
             stages.append(Stage(
                 index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh=(n, m),
-                device_ids=tuple(placed[si]), mesh_shape=tuple(shape), axis_names=p.axis_names,
-                ops=tuple(replace(o, op=sub.origin[o.op]) for o in p.stages[0].ops),
-                forward_time=fwd_t[-1], backward_time=bwd_t[-1], memory=mem,
-                comm_bytes=dict(p.predicted.comm_bytes)))
-            out_bytes = sum(sub.tensors[o.tensor].nbytes for o in sub.outputs if o.path.startswith("%"))
+                device_ids=tuple(placed[si]), mesh_shape=tuple(shape), axis_names=axis_names,
+                ops=tuple(op_shardings), forward_time=f_time, backward_time=b_time, memory=mem,
+                comm_bytes=stage_comm))
+            ops = sorted(o for li in members for o in layers[li].ops)
+            inside = set(ops)
+            out_bytes = 0
+            for o in ops:
+                for t in graph.ops[o].outputs:
+                    if any(c not in inside for c in graph.consumers[t]):
+                        out_bytes += graph.tensors[t].nbytes
             boundary_bytes.append(out_bytes)
         # cross-mesh resharding: per boundary, min(send whole, send 1/n slices + all-gather)
         comm_s = []
@@ -415,16 +478,6 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
              "cost_seconds": t_costs, "dp_seconds": t_dp, "stage_algorithm": "ilp" if use_ilp else "dp"}
     plans.sort(key=lambda p: p.predicted.step_time)
     return PipelineResult(plans=plans, stats=stats)
-
-
-def _stage_inputs(p: Plan, stage: int, sub: OpGraph, full: OpGraph) -> list[InputSpec]:
-    shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
-    out = []
-    for i in p.inputs:
-        if i.kind == "activation" or i.name not in shapes:
-            continue
-        out.append(replace(i, stage=stage, shape=tuple(shapes[i.name])))
-    return out
 
 
 def _complete_inputs(full: OpGraph, inputs: dict[str, InputSpec]) -> list[InputSpec]:

@@ -83,3 +83,18 @@ def test_search_auto_ranks_pipeline_and_intra_op_with_baselines():
              <= p.cluster.device_memory]
     assert times == sorted(times)
     assert res.best.predicted.step_time <= min(p.predicted.step_time for p in res.baselines) * (1 + 1e-9)
+
+
+def test_searched_pipeline_plan_runs_and_matches_single_device():
+    from autoplan.exec import run
+
+    wl = models.get("gpt", size="tiny", layers=3, batch=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = autoplan.search(wl, "cpu:8", pipeline=True, microbatches=4, baselines=False)
+    pipe = res.best
+    assert pipe.is_pipeline and pipe.schedule.microbatches == 4
+    rep = run(pipe, wl.concrete(), steps=2, check=True,
+              compiler_options={"xla_backend_optimization_level": 0})
+    assert rep.mode == "pipeline" and rep.equivalence.matched
+    assert rep.constraints_skipped == 0 and rep.constraints_applied == len(pipe.ops) > 0
