@@ -202,7 +202,7 @@ class _Builder:
             e_scope_t, e_tf_t = tuple(e_scope), tuple(e_tf)
             name = eqn.primitive.name
             if name in _INLINE:
-                sub = self._inline_jaxpr(eqn)
+                sub = inline_jaxpr(eqn)
                 if sub is not None:
                     inner, consts = sub
                     const_ids = [self._const(c) for c in consts]
@@ -229,21 +229,6 @@ class _Builder:
         shape = tuple(int(d) for d in np.shape(arr))
         dtype = np.dtype(getattr(arr, "dtype", np.float32)).name
         return self.new_tensor(shape, dtype)
-
-    def _inline_jaxpr(self, eqn):
-        n = len(eqn.invars)
-        for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-            j = eqn.params.get(key)
-            if j is None:
-                continue
-            if isinstance(j, jcore.ClosedJaxpr):
-                if len(j.jaxpr.invars) == n and not j.jaxpr.constvars:
-                    return j.jaxpr, []
-                if len(j.jaxpr.invars) == n:
-                    return _closed_to_open(j)
-            elif isinstance(j, jcore.Jaxpr) and len(j.invars) == n and not j.constvars:
-                return j, []
-        return None
 
     def _scan(self, eqn, ins, scope, tf) -> list[int | None]:
         p = eqn.params
@@ -283,6 +268,25 @@ class _Builder:
                                [_aval_info(v)], scope, tf)
             results.append(y)
         return results
+
+
+def inline_jaxpr(eqn) -> tuple[Any, list[Any]] | None:
+    """The sub-jaxpr (and its consts) a container equation is inlined with, or None when the
+    equation has none whose inputs match its operands. Shared with the plan executor, which must
+    flatten exactly as the trace does."""
+    n = len(eqn.invars)
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        j = eqn.params.get(key)
+        if j is None:
+            continue
+        if isinstance(j, jcore.ClosedJaxpr):
+            if len(j.jaxpr.invars) == n and not j.jaxpr.constvars:
+                return j.jaxpr, []
+            if len(j.jaxpr.invars) == n:
+                return _closed_to_open(j)
+        elif isinstance(j, jcore.Jaxpr) and len(j.invars) == n and not j.constvars:
+            return j, []
+    return None
 
 
 def _closed_to_open(closed):

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 
 from autoplan._errors import ExecutionError
 from autoplan._plan import spec_to_pspec
-from autoplan._trace import _INLINE, _closed_to_open
+from autoplan._trace import _INLINE, _closed_to_open, inline_jaxpr
 
 __all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
 
@@ -245,7 +245,7 @@ class _Walker:
             ns = eqn.source_info.name_stack if name_stack is None else name_stack + eqn.source_info.name_stack
             name = eqn.primitive.name
             if name in _INLINE:
-                sub = _inline_jaxpr(eqn)
+                sub = inline_jaxpr(eqn)
                 if sub is not None:
                     inner, consts = sub
                     const_ids = [self.const(c) for c in consts]
@@ -292,23 +292,6 @@ class _Walker:
             (y,) = self.add("scan_stack", parts, 1, params={"dtype": v.aval.dtype}, name_stack=ns)
             results.append(y)
         return results
-
-
-def _inline_jaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
-    """The sub-jaxpr a container equation is inlined with (the trace's rule), or None."""
-    n = len(eqn.invars)
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        j = eqn.params.get(key)
-        if j is None:
-            continue
-        if isinstance(j, jcore.ClosedJaxpr):
-            if len(j.jaxpr.invars) == n and not j.jaxpr.constvars:
-                return j.jaxpr, []
-            if len(j.jaxpr.invars) == n:
-                return _closed_to_open(j)
-        elif isinstance(j, jcore.Jaxpr) and len(j.invars) == n and not j.constvars:
-            return j, []
-    return None
 
 
 def _abstract(x: Any) -> Any:
