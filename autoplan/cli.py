@@ -119,8 +119,15 @@ def cmd_launch(args) -> int:
                     devices_per_process=args.devices_per_process, steps=args.steps,
                     timeout=args.timeout)
     result = handle.wait(args.timeout)
-    print(result.summary() if hasattr(result, "summary") else result)
-    return 0
+    print(f"launch of [{plan.label}] {plan.describe()}: {args.num_processes} process(es) x "
+          f"{args.devices_per_process} device(s), {args.steps} step(s) in {result.wall_time:.1f} s")
+    for proc in sorted(result.losses):
+        losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
+        times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
+        print(f"  process {proc}: losses {losses}   step ms {times}")
+    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec}; "
+          f"{'matched' if result.matched else 'DID NOT match'} single-device results")
+    return 0 if result.matched else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,3 +57,16 @@ def test_console_script_entry_point():
     out = subprocess.run([sys.executable, "-m", "autoplan.cli", "models"], capture_output=True,
                          text=True, check=True).stdout
     assert "gpt" in out
+
+
+@pytest.mark.slow
+def test_launch_from_the_command_line(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["plan", "mlp", "--size", "tiny", "--cluster", "cpu:8", "--pipeline", "no",
+                 "--level", "exhaustive", "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["launch", str(path), "--model", "mlp", "--size", "tiny", "--num-processes", "2",
+                 "--devices-per-process", "4", "--steps", "2", "--timeout", "240"]) == 0
+    out = capsys.readouterr().out
+    assert "process 0: losses" in out and "process 1: losses" in out
+    assert "matched single-device results" in out
