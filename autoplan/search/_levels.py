@@ -51,6 +51,7 @@ from .._plan import Plan
 from ._clustering import _signature, cluster_layers
 from ._ilp import ILPSolution, _breakdown, build_problem, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
+from ._spec import pruned_by_shape_check
 
 __all__ = ["LevelResult", "level_search", "Analysis"]
 
@@ -272,6 +273,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         "segments": K, "unique_classes": len(set(seg_class)), "mined_classes": len(mining.classes),
         "fold_ratio": mining.fold_ratio, "ilps_solved": solves, "ilp_variables": variables,
         "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
+        "specs_pruned_by_shape_check": pruned_by_shape_check(
+            [graph.tensors[t].shape for s in segs if seg_class[s.id] >= 0
+             and rep_of.get(class_key(s.id)) == s.id for o in s.ops for t in graph.ops[o].outputs],
+            mesh),
         "mine_seconds": t_mine, "segment_seconds": t_seg, "solve_seconds": t_solve,
         "dp_seconds": t_dp, "stitch_seconds": t_stitch, "total_seconds": total,
         "objective": sol.objective, "dp_value": dp_value,

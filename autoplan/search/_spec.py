@@ -149,6 +149,28 @@ def _enumerate(shape: tuple[int, ...], names: tuple[str, ...], sizes: tuple[int,
     return tuple(out)
 
 
+@lru_cache(maxsize=65536)
+def _count_invalid(shape: tuple[int, ...], names: tuple[str, ...], sizes: tuple[int, ...]) -> int:
+    axes = [s for s in sizes if s > 1]
+    total = 0
+    for choice in itertools.product(range(-1, len(shape)), repeat=len(axes)):
+        split: dict[int, int] = {}
+        for size, d in zip(axes, choice):
+            if d >= 0:
+                split[d] = split.get(d, 1) * size
+        if any(shape[d] % n for d, n in split.items()):
+            total += 1
+    return total
+
+
+def pruned_by_shape_check(shapes: Sequence[Sequence[int]], mesh: LogicalMesh) -> int:
+    """How many axis-to-dimension assignments of these tensors' specs TAPAS's symbolic shape
+    check rejects (a dimension split over mesh axes whose sizes do not divide it) before any
+    strategy is costed."""
+    names, sizes = tuple(mesh.axis_names), tuple(mesh.shape)
+    return sum(_count_invalid(tuple(int(d) for d in sh), names, sizes) for sh in shapes if sh)
+
+
 def enumerate_specs(shape: Sequence[int], mesh: LogicalMesh,
                     max_split_dims: int | None = None) -> list[Spec]:
     """Every valid spec of ``shape`` on ``mesh``, the replicated one first.

@@ -55,8 +55,10 @@ def test_folding_solves_each_layer_kind_once(graphs):
     assert st["unique_classes"] <= 5  # embed, layer (first/middle/last may differ), head
     assert st["fold_ratio"] > 2
     for key in ("operators", "graphnodes", "segments", "unique_classes", "ilps_solved",
-                "ilp_variables", "mine_seconds", "solve_seconds", "dp_seconds"):
+                "ilp_variables", "mine_seconds", "solve_seconds", "dp_seconds",
+                "specs_pruned_by_shape_check"):
         assert key in st
+    assert st["specs_pruned_by_shape_check"] > 0
     a = fo.analysis
     assert len(a.segments) == st["segments"] and len(a.segment_class) == st["segments"]
     layers = a.layers_for_figure(g)
@@ -74,3 +76,13 @@ def test_search_reports_level_statistics():
         assert key in res.stats
     with pytest.raises(autoplan.SearchError, match="level should be one of"):
         autoplan.search(wl, "cpu:8", level="O7")
+
+
+def test_symbolic_shape_check_counts_invalid_assignments():
+    from autoplan.search._spec import enumerate_specs, pruned_by_shape_check
+
+    mesh = autoplan.Cluster.parse("cpu:8").logical_mesh((2, 4))
+    # dim of 6 on axes of 2 and 4: x alone divides it; y, and x with y, do not
+    assert pruned_by_shape_check([(6,)], mesh) == 2
+    assert len(enumerate_specs((6,), mesh)) == 2
+    assert pruned_by_shape_check([(8, 8)], mesh) == 0
