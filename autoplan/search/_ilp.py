@@ -434,20 +434,14 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             prob.fixed_inside[t] = spec
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
     # input's spec in a segment too, whenever the segment holds both ends
-    prob.out_pairs = [(o, i) for o, i in updated_input_pairs(graph)
+    prob.out_pairs = [(o, i) for o, i in _cached(graph, "updated_input_pairs",
+                                                 lambda: updated_input_pairs(graph))
                       if o in prob.tensor_src and i in prob.input_node]
 
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
     # (a gradient reaches the optimizer update through movement/elementwise ops only; an
     # activation gradient reaches it only through a reduction, e.g. a bias gradient)
-    feeds = [False] * len(graph.ops)
-    for op in reversed(graph.ops):
-        for t in op.outputs:
-            for c in consumers[t]:
-                co = graph.ops[c]
-                if co.role == "update" or (feeds[c] and not is_heavy(co)
-                                           and co.primitive not in _REDUCTIONS):
-                    feeds[op.id] = True
+    feeds = _gradient_feeds(graph)
     prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
 
     _build_edges(prob)
@@ -455,6 +449,34 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         prob.vars_before_merging = _count_unmerged(prob)
     prob.build_seconds = time.perf_counter() - t0
     return prob
+
+
+def _cached(graph: OpGraph, key: str, make):
+    """A property of the graph alone, computed once per graph (segment problems of one graph
+    share it)."""
+    store = graph.__dict__.setdefault("_autoplan_cache", {})
+    if key not in store:
+        store[key] = make()
+    return store[key]
+
+
+def _gradient_feeds(graph: OpGraph) -> list[bool]:
+    """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
+    only (it makes a gradient)."""
+
+    def make():
+        consumers = graph.consumers
+        feeds = [False] * len(graph.ops)
+        for op in reversed(graph.ops):
+            for t in op.outputs:
+                for c in consumers[t]:
+                    co = graph.ops[c]
+                    if co.role == "update" or (feeds[c] and not is_heavy(co)
+                                               and co.primitive not in _REDUCTIONS):
+                        feeds[op.id] = True
+        return feeds
+
+    return _cached(graph, "gradient_feeds", make)
 
 
 def _tiles_of(spec: Spec, mesh: LogicalMesh) -> int:

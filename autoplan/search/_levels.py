@@ -126,7 +126,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         seg_of[list(s.ops)] = s.id
     K = len(segs)
     pins_set = _pinned_tensors(graph, pin)
-    boundaries = [_boundary_tensors(graph, seg_of, i) for i in range(K - 1)]
+    boundaries = _all_boundary_tensors(graph, seg_of, K)
     long_range = _long_range_inputs(graph, seg_of, K)
     sig = [_signature(graph, s.ops) for s in segs]
     t_seg = time.perf_counter() - t1
@@ -310,20 +310,20 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
     return out
 
 
-def _boundary_tensors(graph: OpGraph, seg_of: np.ndarray, i: int) -> tuple[int, ...]:
-    """The non-scalar tensors crossing between segments i and i+1, in either direction (the
-    activations going forward, their gradients coming back)."""
-    crossing: list[int] = []
+def _all_boundary_tensors(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[tuple[int, ...]]:
+    """For each i < K-1, the non-scalar tensors crossing between segments i and i+1 in either
+    direction (one pass over the tensors)."""
+    out: list[list[int]] = [[] for _ in range(max(K - 1, 0))]
     for t, ten in enumerate(graph.tensors):
         if ten.producer < 0 or not ten.shape:
             continue
-        p = seg_of[ten.producer]
-        if p not in (i, i + 1):
-            continue
-        other = i + 1 if p == i else i
-        if any(seg_of[c] == other for c in graph.consumers[t]):
-            crossing.append(t)
-    return tuple(crossing)
+        p = int(seg_of[ten.producer])
+        users = {int(seg_of[c]) for c in graph.consumers[t]}
+        if p + 1 in users and p + 1 < K:
+            out[p].append(t)
+        if p - 1 in users and p >= 1:
+            out[p - 1].append(t)
+    return [tuple(sorted(x)) for x in out]
 
 
 def _long_range_inputs(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[list[int]]:
