@@ -30,7 +30,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan.search._ilp import ILPSolution, solve_ilp
+from autoplan.search._ilp import ILPSolution, build_problem, solve_ilp
 from autoplan.search._spec import replicated
 
 __all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "plan_from_solution"]
@@ -204,7 +204,8 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
                     memory_budget: float | None = None, pin: Mapping[str, Any] | None = None,
                     time_limit: float = 60.0, mesh_axis_names: Sequence[str] = ("x", "y"),
                     label: str = "autoplan", level: str = "exhaustive",
-                    config: Mapping[str, Any] | None = None) -> IntraOpResult:
+                    config: Mapping[str, Any] | None = None,
+                    count_unmerged: bool = True) -> IntraOpResult:
     """Search the intra-operator plan of a training step on the whole cluster (no pipeline).
 
     Args:
@@ -221,6 +222,8 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         label: the plan's label.
         level: the search level recorded in the plan.
         config: the workload's config (its ``batch`` gives the throughput).
+        count_unmerged: count the variables of Alpa's unmerged ILP for the statistics (the
+            pipeline search, which solves hundreds of layer ILPs, skips it).
 
     Returns:
         :class:`IntraOpResult` with the plan, the ILP solution and statistics.
@@ -240,7 +243,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
     """
     t0 = time.perf_counter()
     mesh = make_mesh(cluster, mesh_shape, mesh_axis_names)
-    sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit)
+    problem = None if count_unmerged else build_problem(graph, mesh, pins=pin, count_unmerged=False)
+    sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit,
+                    problem=problem)
     total = time.perf_counter() - t0
     plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
                               search_seconds=total)

@@ -248,7 +248,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         res = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                              level="exhaustive", **budget_kw)
+                                              level="exhaustive", count_unmerged=False,
+                                              **budget_kw)
                     results[key + (False,)] = res
                     solves += 1
                     least_memory[(ly.signature, n, m, shape)] = res.solution.least_memory
@@ -360,7 +361,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 results[key] = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                               level="exhaustive", **kw)
+                                               level="exhaustive", count_unmerged=False, **kw)
             solves += 1
         return results[key], subgraphs[sig]
 
