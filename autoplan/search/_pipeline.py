@@ -143,14 +143,6 @@ def _default_microbatches(batch: int, max_stages: int) -> int:
     return b
 
 
-@dataclass(frozen=True)
-class _LayerCost:
-    time: float          # fwd + bwd per micro-batch
-    param_mem: float     # parameter + optimizer state + gradient bytes per device
-    act_mem: float       # activation bytes per device per micro-batch
-    ilp_mem: float = 0.0  # the ILP's live memory of the plan (its memory model)
-
-
 def _stage_memory(plan: Plan) -> tuple[float, float]:
     """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
     parameters, their gradients and the optimizer state as sharded; activations = the rest of
@@ -208,59 +200,66 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     # the DP takes when the fastest plans do not fit (Alpa's Eq. 5)
     configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
     C = max(len(c) for c in configs)
-    cost_cache: dict[tuple, _LayerCost] = {}
     results: dict[tuple, Any] = {}
     full_shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
-    least_memory: dict[tuple, float] = {}
-    lean_budget: dict[tuple, float] = {}
     solves = 0
+    subgraphs: dict[str, OpGraph] = {}
+    layer_subs: dict[int, OpGraph] = {}
+
+    def layer_sub(li: int) -> OpGraph:
+        if li not in layer_subs:
+            layer_subs[li] = graph.subgraph(layers[li].ops, name=f"{graph.name}:{layers[li].name}")
+        return layer_subs[li]
+
+    def layer_result(li: int, n: int, m: int, shape, lean: bool):
+        """The intra-op plan of layer li's kind on this submesh/logical mesh/variant, solved once
+        per layer kind (on the first such layer's subgraph). The memory-lean variant is the ILP
+        with a memory budget halfway between the least memory and the fastest plan's, or the
+        fastest plan itself when that is within 1.2x of the least."""
+        nonlocal solves
+        sig = layers[li].signature
+        key = (sig, n, m, shape, lean, megatron)
+        if key not in results:
+            sub = subgraphs.get(sig)
+            if sub is None:
+                sub = subgraphs[sig] = layer_sub(li)
+            kw: dict[str, Any] = {}
+            if megatron:
+                from ._baselines import megatron_pins  # noqa: PLC0415
+
+                kw["pin"] = megatron_pins(sub, m)
+            if lean:
+                fast, _ = layer_result(li, n, m, shape, False)
+                least = fast.solution.least_memory
+                fast_mem = sum(_stage_memory(fast.plan))
+                if fast_mem <= 1.2 * least:
+                    results[key] = fast
+                    return fast, sub
+                kw["memory_budget"] = 0.5 * (least + fast.plan.predicted.memory_per_device)
+            view = replace(cluster, nodes=n, devices_per_node=m)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results[key] = intra_op_search(sub, view, shape, time_limit=time_limit,
+                                               level="exhaustive", count_unmerged=False, **kw)
+            solves += 1
+        return results[key], subgraphs[sig]
+
     t1 = time.perf_counter()
     layer_cost = np.full((L, len(submeshes), C), np.inf)
     fwd_frac = np.zeros(L)
     pmem = np.full((L, len(submeshes), C), np.inf)
     amem = np.full((L, len(submeshes), C), np.inf)
-    subgraphs: dict[str, OpGraph] = {}
     for ly in layers:
         fl_f = sum(graph.ops[o].flops for o in ly.forward)
         fl_b = sum(graph.ops[o].flops for o in ly.backward)
         fwd_frac[ly.index] = fl_f / max(fl_f + fl_b, 1.0)
         if megatron:
             continue
-        sub = subgraphs.get(ly.signature)
-        if sub is None:
-            sub = subgraphs[ly.signature] = graph.subgraph(ly.ops, name=f"{graph.name}:{ly.name}")
         for k, (n, m) in enumerate(submeshes):
-            view = replace(cluster, nodes=n, devices_per_node=m)
             for c, (shape, lean) in enumerate(configs[k]):
-                key = (ly.signature, n, m, shape, lean)
-                lc = cost_cache.get(key)
-                if lc is None and lean:
-                    fast = cost_cache[(ly.signature, n, m, shape, False)]
-                    least = least_memory[(ly.signature, n, m, shape)]
-                    if fast.param_mem + fast.act_mem <= 1.2 * least:
-                        lc = cost_cache[key] = fast  # the fastest plan is already lean
-                        results[key + (False,)] = results[(ly.signature, n, m, shape, False, False)]
-                    lean_budget[(ly.signature, n, m, shape)] = 0.5 * (least + fast.ilp_mem)
-                if lc is None:
-                    budget_kw = {}
-                    if lean:
-                        budget_kw["memory_budget"] = lean_budget[(ly.signature, n, m, shape)]
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        res = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                              level="exhaustive", count_unmerged=False,
-                                              **budget_kw)
-                    results[key + (False,)] = res
-                    solves += 1
-                    least_memory[(ly.signature, n, m, shape)] = res.solution.least_memory
-                    p = res.plan
-                    resident, act = _stage_memory(p)
-                    lc = _LayerCost(p.predicted.step_time, resident, act,
-                                    p.predicted.memory_per_device)
-                    cost_cache[key] = lc
-                layer_cost[ly.index, k, c] = lc.time
-                pmem[ly.index, k, c] = lc.param_mem
-                amem[ly.index, k, c] = lc.act_mem
+                res, _ = layer_result(ly.index, n, m, shape, lean)
+                layer_cost[ly.index, k, c] = res.plan.predicted.step_time
+                pmem[ly.index, k, c], amem[ly.index, k, c] = _stage_memory(res.plan)
     t_costs = time.perf_counter() - t1
     # t_intra[i, j, k, c] = sum of layer costs i..j (inf when any of them is impossible)
     def range_sums(a: np.ndarray) -> np.ndarray:
@@ -333,38 +332,6 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             f"pipeline: no stage layout fits {budget:.4g} bytes per device.", least if np.isfinite(least) else None)
 
     plans = []
-    layer_subs: dict[int, OpGraph] = {}
-
-    def layer_sub(li: int) -> OpGraph:
-        if li not in layer_subs:
-            layer_subs[li] = graph.subgraph(layers[li].ops, name=f"{graph.name}:{layers[li].name}")
-        return layer_subs[li]
-
-    def layer_result(li: int, n: int, m: int, shape, lean: bool):
-        """The intra-op plan of layer li's kind on this submesh/logical mesh/variant (solved
-        once per layer kind: the representative's subgraph)."""
-        nonlocal solves
-        sig = layers[li].signature
-        key = (sig, n, m, shape, lean, megatron)
-        if key not in results:
-            sub = subgraphs.get(sig)
-            if sub is None:
-                sub = subgraphs[sig] = layer_sub(li)
-            view = replace(cluster, nodes=n, devices_per_node=m)
-            kw: dict[str, Any] = {}
-            if megatron:
-                from ._baselines import megatron_pins  # noqa: PLC0415
-
-                kw["pin"] = megatron_pins(sub, m)
-            if lean:
-                kw["memory_budget"] = lean_budget.get((sig, n, m, shape))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                results[key] = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                               level="exhaustive", count_unmerged=False, **kw)
-            solves += 1
-        return results[key], subgraphs[sig]
-
     for lay in layouts:
         shapes = [submeshes[st[2]] for st in lay]
         try:
