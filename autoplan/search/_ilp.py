@@ -79,14 +79,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pulp
 
 from autoplan._cluster import LogicalMesh
 from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph, dtype_bytes
 from autoplan._plan import Comm
 from autoplan.search._reshard import reshard
-from autoplan.search._solver import SolverTimeoutWarning, solve
+from autoplan.search._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated
 from autoplan.search._strategies import (
     Strategy,
@@ -267,11 +266,10 @@ def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] | N
     out: dict[int, Spec] = {}
     for pattern, pspec in (pins or {}).items():
         try:
-            rx = re.compile(pattern)
+            hits = graph.find_inputs(pattern, names_only=True)
         except re.error as err:
             raise SearchError(f"pin: {pattern!r} should be a regular expression ({err}). Fix: "
                               "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
-        hits = [gi for gi in graph.inputs if rx.search(gi.name)]
         if not hits:
             names = ", ".join(gi.name for gi in graph.inputs[:3])
             raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
@@ -823,8 +821,9 @@ class _Reducer:
     with a memory budget (the budget row couples every node).
     """
 
-    def __init__(self, prob: ILPProblem):
-        self.cost = [n.cost.astype(float).copy() for n in prob.nodes]
+    def __init__(self, prob: ILPProblem, memory_weight: float = 0.0):
+        self.cost = [n.cost.astype(float) + memory_weight * np.asarray(n.memory, dtype=float)
+                     if memory_weight else n.cost.astype(float).copy() for n in prob.nodes]
         self.k = [len(n.strategies) for n in prob.nodes]
         self.edges: dict[int, list] = {}
         self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
@@ -998,6 +997,12 @@ class ILPSolution:
         unknown_primitives: primitives run replicated for lack of a rule.
         solver_objective: the objective as the solver's (compressed) model computes it, in
             seconds; equals ``objective`` up to rounding (a check of the model's assembly).
+        lower_bound: seconds no plan can beat (the LP relaxation's or the MIP's dual bound).
+        gap: ``(objective - lower_bound) / objective`` as the solver certified it (at most
+            ``mip_gap`` when optimal; 0 when the LP relaxation was integral).
+        dives: LP re-solves spent rounding a fractional relaxation (see
+            :func:`~autoplan.search._solver.solve_assignment`).
+        mip: whether branch-and-cut was needed.
     """
 
     choice: dict[int | str, int]
@@ -1023,6 +1028,10 @@ class ILPSolution:
     solver: str
     unknown_primitives: tuple[str, ...] = ()
     solver_objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = 0.0
+    dives: int = 0
+    mip: bool = False
     problem: ILPProblem | None = field(default=None, repr=False, compare=False)
 
 
@@ -1030,7 +1039,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
               fixed: Mapping[int, Any] | None = None, memory_budget: float | None = None,
               pins: Mapping[str, Any] | None = None, time_limit: float = 60.0,
               problem: ILPProblem | None = None, reduce: bool = True,
-              relax_first: bool = True) -> ILPSolution:
+              relax_first: bool = True, mip_gap: float = 1e-6,
+              memory_weight: float = 0.0) -> ILPSolution:
     """Solve the intra-operator ILP of ``graph`` (or a segment of it) on ``mesh``.
 
     Args:
@@ -1048,7 +1058,14 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         reduce: eliminate nodes with at most two neighbours before solving (exact; skipped with
             a memory budget).
         relax_first: solve the LP relaxation first and keep it when integral (then it is the
-            ILP's optimum); otherwise, or if False, solve the MIP.
+            ILP's optimum), dive to an integral solution when fractional, and run the MIP only
+            when the dive is not within ``mip_gap`` of the LP bound; if False, run the MIP.
+        memory_weight: seconds charged per byte of live memory per device: the ILP minimises
+            ``time + memory_weight * memory`` (a Lagrangian of the memory budget: every
+            solution is the fastest plan for its own memory). The reported objective is the
+            time alone.
+        mip_gap: relative optimality gap accepted (``(objective - bound) / objective``); the
+            default is exact up to rounding. The pipeline search's layer ILPs use 0.5%.
 
     Returns:
         The :class:`ILPSolution`.
@@ -1076,16 +1093,17 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
 
     t0 = time.perf_counter()
     reducer: _Reducer | None = None
-    costs = [n.cost for n in prob.nodes]
+    costs = [n.cost + memory_weight * np.asarray(n.memory, dtype=float) if memory_weight
+             else n.cost for n in prob.nodes]
     edges = prob.edges
     active = [True] * len(prob.nodes)
     if reduce and memory_budget is None:
-        reducer = _Reducer(prob)
+        reducer = _Reducer(prob, memory_weight)
         reducer.run()
         costs = reducer.cost
         edges = [tuple(e) for e in reducer.edges.values()]
         active = [reducer.alive[v] or reducer.k[v] == 1 for v in range(len(prob.nodes))]
-    lp = pulp.LpProblem("autoplan_intra_op", pulp.LpMinimize)
+    mm = MatrixModel()
     costs = [np.array(c, dtype=float) for c in costs]
     present = [np.isfinite(c) if active[v] and len(c) > 1 else None for v, c in enumerate(costs)]
     # restrict edges to strategies still present; fold separable ones into node costs
@@ -1106,125 +1124,85 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             costs[w] = costs[w] + np.where(gw >= 0, b[gw], 0.0)
             continue
         kept_edges.append((u, w, gu, gw, m))
-    svars: list[list[Any] | None] = []
-    terms: list[tuple[Any, float]] = []
+    # column index of each node's strategy variables (-1: absent), one-hot rows
+    scols: list[np.ndarray | None] = []
     const = 0.0
     n_bin = n_edge = n_con = 0
     for nid, n in enumerate(prob.nodes):
         k = len(n.strategies)
         if k == 1 or not active[nid]:
-            svars.append(None)
+            scols.append(None)
             if k == 1:
                 const += float(costs[nid][0])
             continue
-        cost = costs[nid]
-        vs = [_var(lp, f"s{nid}_{i}", pulp.LpBinary) if present[nid][i] else None
-              for i in range(k)]
-        have = [v for v in vs if v is not None]
-        n_bin += len(have)
-        svars.append(vs)
-        base = float(cost[present[nid]].min())
+        pres = present[nid]
+        cost = costs[nid][pres]
+        base = float(cost.min())
         const += base
-        terms.extend((v, (float(c) - base) * _SCALE) for v, c in zip(vs, cost)
-                     if v is not None and c != base)
-        lp.addConstraint(pulp.LpAffineExpression([(v, 1) for v in have]) == 1, f"one{nid}")
+        idx = np.full(k, -1, dtype=np.int64)
+        idx[pres] = mm.add_cols((cost - base) * _SCALE, integer=True)
+        scols.append(idx)
+        n_bin += int(pres.sum())
+        mm.add_rows(np.zeros(int(pres.sum()), dtype=np.int64), idx[pres], 1.0, 1.0, 1.0, 1)
         n_con += 1
-    for eid, (u, w, gu, gw, m) in enumerate(kept_edges):
-        su, sw = svars[u], svars[w]
+    for u, w, gu, gw, m in kept_edges:
+        su, sw = scols[u], scols[w]
         assert su is not None and sw is not None
         nu, nw = m.shape
         base = float(m.min())
         const += base
-        ev = [[_var(lp, f"e{eid}_{a}_{b}", pulp.LpContinuous) for b in range(nw)]
-              for a in range(nu)]
+        ev = mm.add_cols(((m - base) * _SCALE).ravel())  # e[a, b] at a * nw + b
         n_edge += nu * nw
-        for a in range(nu):
-            for b in range(nw):
-                c = float(m[a, b]) - base
-                if c:
-                    terms.append((ev[a][b], c * _SCALE))
-        for a in range(nu):
-            members = [(su[i], -1) for i in np.flatnonzero(gu == a) if su[i] is not None]
-            lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for b in range(nw)] + members) == 0,
-                             f"r{eid}_{a}")
-        for b in range(nw):
-            members = [(sw[j], -1) for j in np.flatnonzero(gw == b) if sw[j] is not None]
-            lp.addConstraint(pulp.LpAffineExpression([(ev[a][b], 1) for a in range(nu)] + members) == 0,
-                             f"c{eid}_{b}")
+        ku, kw = (su >= 0) & (gu >= 0), (sw >= 0) & (gw >= 0)
+        ones_e, neg_u, neg_w = np.ones(nu * nw), -np.ones(int(ku.sum())), -np.ones(int(kw.sum()))
+        # sum_b e[a, b] = sum of u's strategies in group a; sum_a e[a, b] likewise for w
+        mm.add_rows(np.concatenate([np.repeat(np.arange(nu), nw), gu[ku]]),
+                    np.concatenate([ev, su[ku]]), np.concatenate([ones_e, neg_u]), 0.0, 0.0, nu)
+        mm.add_rows(np.concatenate([np.tile(np.arange(nw), nu), gw[kw]]),
+                    np.concatenate([ev, sw[kw]]), np.concatenate([ones_e, neg_w]), 0.0, 0.0, nw)
         n_con += nu + nw
     if memory_budget is not None:
-        mt = []
+        mcols, mvals = [], []
         mconst = 0.0
         for nid, n in enumerate(prob.nodes):
-            vs = svars[nid]
-            if vs is None:
+            idx = scols[nid]
+            if idx is None:
                 mconst += float(n.memory[0])
             else:
-                mt.extend((v, float(x)) for v, x in zip(vs, n.memory) if v is not None and x)
-        if mt:
-            lp.addConstraint(pulp.LpAffineExpression(mt) <= memory_budget - mconst, "memory")
+                keep = (idx >= 0) & (np.asarray(n.memory) != 0)
+                mcols.append(idx[keep])
+                mvals.append(np.asarray(n.memory, dtype=float)[keep])
+        if mcols and sum(len(c) for c in mcols):
+            mc = np.concatenate(mcols)
+            mm.add_rows(np.zeros(len(mc), dtype=np.int64), mc, np.concatenate(mvals), -np.inf,
+                        memory_budget - mconst, 1)
             n_con += 1
-    lp.setObjective(pulp.LpAffineExpression(terms, constant=const * _SCALE))
+    mm.offset = const * _SCALE
     build_lp = time.perf_counter() - t0
 
     t1 = time.perf_counter()
     solver_name = "none"
     solver_obj: float | None = None
+    mip_bound: float | None = None
+    mip_achieved: float | None = 0.0
+    dives, used_mip = 0, False
     if n_bin == 0:
         status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
         vec = [0] * len(prob.nodes)
     else:
-        binaries = [v for vs in svars if vs is not None for v in vs if v is not None]
-
-        def values() -> list[list[float] | None]:
-            return [None if vs is None else [-1.0 if v is None else (v.varValue or 0.0) for v in vs]
-                    for vs in svars]
-
-        def run(limit: float):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                res = solve(lp, time_limit=limit)
-            for w in caught:
-                warnings.warn(w.message, w.category, stacklevel=3)
-            return res
-
-        res = None
-        vals: list[list[float] | None] | None = None
-        relaxed: list[list[float] | None] | None = None  # a fractional LP optimum
-        status = ""
-        if relax_first:
-            # the LP relaxation (s continuous in [0, 1]) is usually integral here: then it is the
-            # ILP optimum and the MIP machinery (presolve, heuristics) is skipped
-            for v in binaries:
-                v.cat = pulp.LpContinuous
-            res = run(time_limit)
-            for v in binaries:
-                v.cat = pulp.LpBinary
-            if res.status == "optimal":
-                vals = values()
-                if all(x is None or all(min(abs(y), abs(1 - y)) <= 1e-6 for y in x if y >= 0)
-                       for x in vals):
-                    status = "optimal"
-                else:
-                    relaxed, vals = vals, None
-            elif res.status == "feasible" and memory_budget is None:
-                vals, status = values(), "feasible"  # time limit (warned): round the relaxation
-        if not status:
-            remaining = time_limit - (time.perf_counter() - t1)
-            if res is None or remaining > 0.05 * time_limit:
-                res = run(remaining if res is not None else time_limit)
-                if res.status != "infeasible":
-                    vals, status = values(), res.status
-        solver_name = res.solver if res is not None else "none"
-        if not status and relaxed is not None and memory_budget is None:
-            warnings.warn(
-                f"ILP solver: no time left within time_limit={time_limit} s for the integer "
-                "solve after a fractional LP relaxation; its rounding is used. Fix: raise "
-                "time_limit.", SolverTimeoutWarning, stacklevel=2)
-            vals, status = relaxed, "feasible"
-        if not status:
-            timed_out = res is None or res.seconds >= 0.95 * time_limit or \
-                time.perf_counter() - t1 >= 0.95 * time_limit
+        groups = [idx[idx >= 0] for idx in scols if idx is not None]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = solve_assignment(mm, groups, time_limit=time_limit, mip_gap=mip_gap,
+                                   relax_first=relax_first)
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+        solver_name = res.result.solver
+        mip_bound = None if res.bound is None else res.bound / _SCALE
+        mip_achieved = res.gap
+        dives, used_mip = res.dives, res.mip
+        if res.x is None:
+            timed_out = time.perf_counter() - t1 >= 0.95 * time_limit
             if not timed_out:
                 raise InfeasiblePlanError(
                     f"the intra-op ILP is infeasible on mesh {mesh.shape} (memory_budget="
@@ -1236,9 +1214,14 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             status = "timeout-greedy"
             vec = _greedy(prob, memory_budget)
         else:
-            assert vals is not None and res is not None
-            solver_obj = None if res.objective is None or status != "optimal" else res.objective / _SCALE
-            vec = [0 if x is None else int(np.argmax(x)) for x in vals]
+            status = res.result.status
+            obj = res.result.objective
+            solver_obj = None if obj is None or status != "optimal" or memory_weight \
+                else obj / _SCALE
+            if memory_weight:
+                mip_bound = None  # a bound on time + weight * memory, not on the time
+            vec = [0 if idx is None else int(np.argmax(np.where(idx >= 0, res.x[idx], -1.0)))
+                   for idx in scols]
     if reducer is not None:
         reducer.recover(vec)
     solve_s = time.perf_counter() - t1
@@ -1253,14 +1236,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         num_nodes=len(prob.nodes), num_ops=len(prob.ops),
         build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=status,
         solver=solver_name, unknown_primitives=tuple(sorted(prob.unknown)),
-        solver_objective=solver_obj, problem=prob)
-
-
-def _var(lp: pulp.LpProblem, name: str, cat: str) -> pulp.LpVariable:
-    """A [0, 1] variable attached to ``lp`` (PuLP >= 3.3 style, LpVariable before)."""
-    if hasattr(lp, "add_variable"):
-        return lp.add_variable(name, 0, 1, cat=cat)
-    return pulp.LpVariable(name, 0, 1, cat=cat)
+        solver_objective=solver_obj, lower_bound=mip_bound, gap=mip_achieved, dives=dives,
+        mip=used_mip, problem=prob)
 
 
 def _greedy(prob: ILPProblem, memory_budget: float | None) -> list[int]:

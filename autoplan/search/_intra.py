@@ -30,7 +30,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan.search._ilp import ILPSolution, build_problem, solve_ilp
+from autoplan.search._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
 from autoplan.search._spec import replicated
 
 __all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "plan_from_solution"]
@@ -48,7 +48,8 @@ class IntraOpResult:
         stats: sizes and times: ``vars_before_merging``, ``vars_after_merging``,
             ``num_binaries``, ``num_edge_vars``, ``num_constraints``, ``num_nodes``, ``num_ops``,
             ``build_seconds``, ``solve_seconds``, ``total_seconds``, ``status``, ``solver``,
-            ``objective``, ``least_memory``, ``mesh_shape``.
+            ``objective``, ``lower_bound``, ``gap`` (certified relative optimality gap),
+            ``dives``, ``mip`` (whether branch-and-cut ran), ``least_memory``, ``mesh_shape``.
     """
 
     plan: Plan
@@ -205,7 +206,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
                     time_limit: float = 60.0, mesh_axis_names: Sequence[str] = ("x", "y"),
                     label: str = "autoplan", level: str = "exhaustive",
                     config: Mapping[str, Any] | None = None,
-                    count_unmerged: bool = True) -> IntraOpResult:
+                    count_unmerged: bool = True, mip_gap: float = 1e-6,
+                    memory_weight: float = 0.0, problem: ILPProblem | None = None
+                    ) -> IntraOpResult:
     """Search the intra-operator plan of a training step on the whole cluster (no pipeline).
 
     Args:
@@ -224,6 +227,12 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         config: the workload's config (its ``batch`` gives the throughput).
         count_unmerged: count the variables of Alpa's unmerged ILP for the statistics (the
             pipeline search, which solves hundreds of layer ILPs, skips it).
+        mip_gap: relative optimality gap the ILP may stop at (default: exact up to rounding).
+        memory_weight: seconds charged per byte of live memory (see
+            :func:`~autoplan.search._ilp.solve_ilp`); trades step time for memory without a
+            hard budget.
+        problem: a prebuilt :func:`~autoplan.search._ilp.build_problem` of ``graph`` on this
+            mesh with these pins (reused across solves that differ only in weights or budget).
 
     Returns:
         :class:`IntraOpResult` with the plan, the ILP solution and statistics.
@@ -243,9 +252,10 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
     """
     t0 = time.perf_counter()
     mesh = make_mesh(cluster, mesh_shape, mesh_axis_names)
-    problem = None if count_unmerged else build_problem(graph, mesh, pins=pin, count_unmerged=False)
+    if problem is None and not count_unmerged:
+        problem = build_problem(graph, mesh, pins=pin, count_unmerged=False)
     sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit,
-                    problem=problem)
+                    problem=problem, mip_gap=mip_gap, memory_weight=memory_weight)
     total = time.perf_counter() - t0
     plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
                               search_seconds=total)
@@ -263,6 +273,10 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         "status": sol.status,
         "solver": sol.solver,
         "objective": sol.objective,
+        "lower_bound": sol.lower_bound,
+        "gap": sol.gap,
+        "dives": sol.dives,
+        "mip": sol.mip,
         "least_memory": sol.least_memory,
         "mesh_shape": mesh.shape,
     }

@@ -42,6 +42,11 @@ from ._clustering import LayerGroup, cluster_layers
 
 __all__ = ["PipelineResult", "pipeline_search", "microbatch_workload_args", "layer_dag"]
 
+#: Relative optimality gap of the per-layer ILPs (certified by the LP bound or the MIP's dual
+#: bound). Memory-budgeted layer ILPs have integrality gaps of a few tenths of a percent that
+#: branch-and-cut needs seconds to close; the stage DP's choices differ by more than this.
+LAYER_MIP_GAP = 5e-3
+
 
 @dataclass
 class PipelineResult:
@@ -143,6 +148,44 @@ def _default_microbatches(batch: int, max_stages: int) -> int:
     return b
 
 
+def _lean_plan(fast, run, steps: int = 5):
+    """The memory-lean variant of a layer's plan: the fastest plan found whose live memory is at
+    most halfway between the least memory and the fastest plan's.
+
+    Instead of a memory-budgeted ILP (whose knapsack row makes the LP relaxation fractional and
+    branch-and-cut slow), this solves the Lagrangian ``min time + w * memory`` (``run(w)``), whose
+    every solution is the fastest plan for its own memory: ``w`` starts where the whole memory
+    range is worth the fastest plan's time, grows 4x until the memory target is met, then
+    bisects (geometrically) for the fastest plan that meets it. ``steps`` bounds the solves.
+    """
+    least = fast.solution.least_memory
+    fast_mem = fast.solution.memory_per_device
+    target = 0.5 * (least + fast_mem)
+    w = fast.solution.objective / max(fast_mem - least, 1.0)
+    lo, hi = 0.0, None
+    best = leanest = None
+    for _ in range(steps):
+        res = run(w)
+        mem = res.solution.memory_per_device
+        if leanest is None or mem < leanest.solution.memory_per_device:
+            leanest = res
+        if mem <= target * (1 + 1e-9):
+            if best is None or res.solution.objective < best.solution.objective:
+                best = res
+            hi = w
+        else:
+            lo = w
+        if hi is None:
+            w *= 4.0
+        elif lo == 0.0:
+            w = hi / 4.0
+        else:
+            w = math.sqrt(lo * hi)
+        if best is not None and best.solution.memory_per_device >= 0.75 * target:
+            break
+    return best if best is not None else leanest
+
+
 def _stage_memory(plan: Plan) -> tuple[float, float]:
     """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
     parameters, their gradients and the optimizer state as sharded; activations = the rest of
@@ -174,7 +217,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     Returns:
         The best plan per distinct number of stages (up to ``max_candidates``), best first.
     """
-    from ._intra import intra_op_search  # noqa: PLC0415
+    from ._ilp import build_problem  # noqa: PLC0415
+    from ._intra import intra_op_search, make_mesh  # noqa: PLC0415
     from ._schedule import schedule_events, schedule_stats, schedule_table  # noqa: PLC0415
     from ._stage_dp import place_submeshes, stage_dp, submesh_shapes  # noqa: PLC0415
 
@@ -205,6 +249,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     solves = 0
     subgraphs: dict[str, OpGraph] = {}
     layer_subs: dict[int, OpGraph] = {}
+    problems: dict[tuple, Any] = {}
 
     def layer_sub(li: int) -> OpGraph:
         if li not in layer_subs:
@@ -213,9 +258,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
 
     def layer_result(li: int, n: int, m: int, shape, lean: bool):
         """The intra-op plan of layer li's kind on this submesh/logical mesh/variant, solved once
-        per layer kind (on the first such layer's subgraph). The memory-lean variant is the ILP
-        with a memory budget halfway between the least memory and the fastest plan's, or the
-        fastest plan itself when that is within 1.2x of the least."""
+        per layer kind (on the first such layer's subgraph). The memory-lean variant is the
+        fastest plan whose memory is at most halfway between the least memory and the fastest
+        plan's (:func:`_lean_plan`), or the fastest plan itself when that is within 1.2x of the
+        least."""
         nonlocal solves
         sig = layers[li].signature
         key = (sig, n, m, shape, lean, megatron)
@@ -228,20 +274,30 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                 from ._baselines import megatron_pins  # noqa: PLC0415
 
                 kw["pin"] = megatron_pins(sub, m)
+            view = replace(cluster, nodes=n, devices_per_node=m)
+            pkey = (sig, n, m, shape, megatron)
+            if pkey not in problems:  # one ILP build serves the fast and the lean solves
+                problems[pkey] = build_problem(sub, make_mesh(view, shape), pins=kw.get("pin"),
+                                               count_unmerged=False)
+
+            def run(weight: float):
+                nonlocal solves
+                solves += 1
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return intra_op_search(sub, view, shape, time_limit=time_limit,
+                                           level="exhaustive", count_unmerged=False,
+                                           mip_gap=LAYER_MIP_GAP, memory_weight=weight,
+                                           problem=problems[pkey], **kw)
+
             if lean:
                 fast, _ = layer_result(li, n, m, shape, False)
-                least = fast.solution.least_memory
-                fast_mem = sum(_stage_memory(fast.plan))
-                if fast_mem <= 1.2 * least:
+                if sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory:
                     results[key] = fast
                     return fast, sub
-                kw["memory_budget"] = 0.5 * (least + fast.plan.predicted.memory_per_device)
-            view = replace(cluster, nodes=n, devices_per_node=m)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                results[key] = intra_op_search(sub, view, shape, time_limit=time_limit,
-                                               level="exhaustive", count_unmerged=False, **kw)
-            solves += 1
+                results[key] = _lean_plan(fast, run)
+            else:
+                results[key] = run(0.0)
         return results[key], subgraphs[sig]
 
     t1 = time.perf_counter()

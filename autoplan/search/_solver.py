@@ -1,4 +1,7 @@
-"""One place that runs PuLP models: HiGHS (through highspy) first, CBC as the fallback.
+"""One place that runs the ILPs: HiGHS (through highspy) first, CBC as the fallback.
+
+Models come either as PuLP problems (:func:`solve`) or in matrix form (:class:`MatrixModel`,
+:func:`solve_matrix`: passed to HiGHS in one call, the fast path for the intra-op ILPs).
 
 A time limit never loses work: when the solver stops at the limit with a feasible incumbent, that
 incumbent is returned and a :class:`SolverTimeoutWarning` is issued.
@@ -8,11 +11,14 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pulp
 
-__all__ = ["SolveResult", "SolverTimeoutWarning", "solve", "available_solvers"]
+__all__ = ["SolveResult", "SolverTimeoutWarning", "solve", "available_solvers", "MatrixModel",
+           "MatrixSolution", "solve_matrix", "AssignmentSolution", "solve_assignment"]
 
 
 class SolverTimeoutWarning(UserWarning):
@@ -101,3 +107,328 @@ def solve(prob: pulp.LpProblem, time_limit: float | None = 60.0, solver: str | N
             return SolveResult("infeasible", None, name, dt)
         return SolveResult("infeasible", None, name, dt)
     raise RuntimeError(f"every ILP solver failed: {last_err}")
+
+
+class MatrixModel:
+    """A linear model in matrix form: min ``c @ x + offset`` subject to ``lo <= A @ x <= hi``.
+
+    Columns and rows are added in blocks of numpy arrays, so building a model of a hundred
+    thousand variables costs a few numpy calls rather than one Python object per variable (the
+    intra-op ILPs are solved hundreds of times during a pipeline search). :func:`solve_matrix`
+    passes it to HiGHS in one call, or converts it to PuLP for CBC when highspy is missing.
+    """
+
+    def __init__(self) -> None:
+        self._cost: list[np.ndarray] = []
+        self._lb: list[np.ndarray] = []
+        self._ub: list[np.ndarray] = []
+        self._int: list[np.ndarray] = []
+        self._rows: list[np.ndarray] = []
+        self._cols: list[np.ndarray] = []
+        self._vals: list[np.ndarray] = []
+        self._rlo: list[np.ndarray] = []
+        self._rhi: list[np.ndarray] = []
+        self.num_cols = 0
+        self.num_rows = 0
+        self.offset = 0.0
+
+    def add_cols(self, cost: np.ndarray | Sequence[float], lb: float = 0.0, ub: float = 1.0,
+                 integer: bool = False) -> np.ndarray:
+        """Add ``len(cost)`` columns with bounds ``[lb, ub]``; returns their indices."""
+        cost = np.asarray(cost, dtype=np.float64).ravel()
+        n = len(cost)
+        self._cost.append(cost)
+        self._lb.append(np.full(n, lb, dtype=np.float64))
+        self._ub.append(np.full(n, ub, dtype=np.float64))
+        self._int.append(np.full(n, 1 if integer else 0, dtype=np.int32))
+        idx = np.arange(self.num_cols, self.num_cols + n)
+        self.num_cols += n
+        return idx
+
+    def add_rows(self, row: np.ndarray, col: np.ndarray, val: np.ndarray | float,
+                 lo: np.ndarray | float, hi: np.ndarray | float, count: int) -> np.ndarray:
+        """Add ``count`` rows given as triplets: ``row`` (0..count-1, local), ``col``, ``val``."""
+        row = np.asarray(row, dtype=np.int64)
+        col = np.asarray(col, dtype=np.int64)
+        self._rows.append(row + self.num_rows)
+        self._cols.append(col)
+        self._vals.append(np.broadcast_to(np.asarray(val, dtype=np.float64), row.shape).copy())
+        self._rlo.append(np.broadcast_to(np.asarray(lo, dtype=np.float64), (count,)).copy())
+        self._rhi.append(np.broadcast_to(np.asarray(hi, dtype=np.float64), (count,)).copy())
+        idx = np.arange(self.num_rows, self.num_rows + count)
+        self.num_rows += count
+        return idx
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The model as CSR arrays (``start`` has ``num_rows + 1`` entries)."""
+        cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+        rows, cols, vals = cat(self._rows, np.int64), cat(self._cols, np.int32), cat(self._vals, np.float64)
+        order = np.argsort(rows, kind="stable")
+        start = np.zeros(self.num_rows + 1, dtype=np.int64)
+        np.add.at(start, rows + 1, 1)
+        return dict(cost=cat(self._cost, np.float64), lb=cat(self._lb, np.float64),
+                    ub=cat(self._ub, np.float64), integrality=cat(self._int, np.int32),
+                    row_lo=cat(self._rlo, np.float64), row_hi=cat(self._rhi, np.float64),
+                    start=np.cumsum(start).astype(np.int32), index=cols[order],
+                    value=vals[order])
+
+
+@dataclass(frozen=True)
+class MatrixSolution:
+    """Outcome of :func:`solve_matrix`: a :class:`SolveResult` plus the column values."""
+
+    result: SolveResult
+    x: np.ndarray | None
+
+
+def _highs_available() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def solve_matrix(model: MatrixModel, time_limit: float | None = 60.0, relax: bool = False,
+                 solver: str | None = None, msg: bool = False) -> MatrixSolution:
+    """Solve a :class:`MatrixModel` (minimisation).
+
+    Args:
+        model: the model.
+        time_limit: seconds; at the limit a feasible incumbent is returned with a
+            :class:`SolverTimeoutWarning`.
+        relax: drop integrality (solve the LP relaxation).
+        solver: ``"HiGHS"`` (direct, through highspy) or ``"PULP_CBC_CMD"``; default HiGHS when
+            highspy is installed, else CBC.
+        msg: show the solver's log.
+    """
+    name = solver or ("HiGHS" if _highs_available() else "PULP_CBC_CMD")
+    if name == "HiGHS":
+        return _solve_highs(model, time_limit, relax, msg)
+    return _solve_via_pulp(model, time_limit, relax, name, msg)
+
+
+def _timeout_warning(name: str, time_limit: float | None) -> None:
+    warnings.warn(
+        f"ILP solver {name} stopped at its time limit ({time_limit} s) before proving "
+        "optimality; the best plan found so far is used. Fix: raise time_limit for a "
+        "better plan.", SolverTimeoutWarning, stacklevel=3)
+
+
+def _solve_highs(model: MatrixModel, time_limit: float | None, relax: bool,
+                 msg: bool) -> MatrixSolution:
+    import highspy
+
+    a = model.arrays()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(msg))
+    if time_limit is not None:
+        h.setOptionValue("time_limit", float(max(time_limit, 1e-3)))
+    integrality = a["integrality"]
+    if relax:
+        integrality = np.zeros_like(integrality)
+    t0 = time.perf_counter()
+    st = h.passModel(model.num_cols, model.num_rows, len(a["index"]), 2, 1, float(model.offset),
+                     a["cost"], a["lb"], a["ub"], a["row_lo"], a["row_hi"], a["start"][:-1],
+                     a["index"], a["value"], integrality)
+    if st == highspy.HighsStatus.kError:
+        raise RuntimeError(f"HiGHS refused the model ({model.num_cols} columns, "
+                           f"{model.num_rows} rows)")
+    h.run()
+    dt = time.perf_counter() - t0
+    status = h.getModelStatus()
+    S = highspy.HighsModelStatus
+    if status == S.kOptimal:
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        return MatrixSolution(SolveResult("optimal", float(h.getInfo().objective_function_value),
+                                          "HiGHS", dt), x)
+    if status in (S.kInfeasible, S.kUnboundedOrInfeasible):
+        return MatrixSolution(SolveResult("infeasible", None, "HiGHS", dt), None)
+    if h.getInfo().primal_solution_status == 2:  # a feasible incumbent at the limit
+        _timeout_warning("HiGHS", time_limit)
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        return MatrixSolution(SolveResult("feasible", float(h.getInfo().objective_function_value),
+                                          "HiGHS", dt), x)
+    return MatrixSolution(SolveResult("infeasible", None, "HiGHS", dt), None)
+
+
+def _solve_via_pulp(model: MatrixModel, time_limit: float | None, relax: bool, name: str,
+                    msg: bool) -> MatrixSolution:
+    a = model.arrays()
+    lp = pulp.LpProblem("autoplan", pulp.LpMinimize)
+    new_var = getattr(lp, "add_variable", None) or pulp.LpVariable  # PuLP >= 3.3, or before
+    xs = [new_var(f"x{i}", float(lo), float(hi),
+                  cat=pulp.LpInteger if (ig and not relax) else pulp.LpContinuous)
+          for i, (lo, hi, ig) in enumerate(zip(a["lb"], a["ub"], a["integrality"]))]
+    for r in range(model.num_rows):
+        s, e = a["start"][r], a["start"][r + 1]
+        expr = pulp.LpAffineExpression([(xs[j], float(v)) for j, v in
+                                        zip(a["index"][s:e], a["value"][s:e])])
+        lo, hi = float(a["row_lo"][r]), float(a["row_hi"][r])
+        if lo == hi:
+            lp.addConstraint(expr == lo, f"r{r}")
+        else:
+            if np.isfinite(lo):
+                lp.addConstraint(expr >= lo, f"l{r}")
+            if np.isfinite(hi):
+                lp.addConstraint(expr <= hi, f"u{r}")
+    lp.setObjective(pulp.LpAffineExpression([(x, float(c)) for x, c in zip(xs, a["cost"]) if c],
+                                            constant=model.offset))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = solve(lp, time_limit, name, msg)
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=3)
+    if res.status == "infeasible":
+        return MatrixSolution(res, None)
+    return MatrixSolution(res, np.array([x.varValue or 0.0 for x in xs], dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class AssignmentSolution:
+    """Outcome of :func:`solve_assignment`.
+
+    Attributes:
+        result: status (``"optimal"`` means within ``mip_gap`` of the LP bound or proven by the
+            MIP), objective, solver, seconds.
+        x: column values (None when infeasible).
+        bound: a lower bound on the optimum (the LP relaxation's or the MIP's dual bound).
+        gap: ``(objective - bound) / |objective|``, 0 when the LP optimum is integral.
+        dives: LP re-solves spent diving.
+        mip: whether the MIP was run.
+    """
+
+    result: SolveResult
+    x: np.ndarray | None
+    bound: float | None
+    gap: float | None
+    dives: int = 0
+    mip: bool = False
+
+
+def _fractional_groups(x: np.ndarray, groups: Sequence[np.ndarray], tol: float = 1e-6) -> list[int]:
+    return [i for i, g in enumerate(groups) if np.any((x[g] > tol) & (x[g] < 1 - tol))]
+
+
+def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
+                     time_limit: float | None = 60.0, mip_gap: float = 1e-6,
+                     max_dives: int = 64, relax_first: bool = True) -> AssignmentSolution:
+    """Solve an assignment ILP: each group of columns (binaries with a one-hot row) picks one.
+
+    The intra-op ILPs are nearly always integral or nearly so in their LP relaxation, so:
+
+    1. solve the LP relaxation (its optimum is a lower bound); if integral, it is optimal;
+    2. otherwise *dive*: fix the most decided fractional group to its largest column and
+       re-solve the LP (warm-started), until integral or ``max_dives``; ties between symmetric
+       strategies (the ``x`` and ``y`` axes of a square mesh) break after a dive or two;
+    3. accept the dive's solution when within ``mip_gap`` (relative) of the LP bound; otherwise
+       run the MIP (HiGHS branch-and-cut) from the dive's solution with that gap.
+
+    With ``relax_first=False`` the MIP is run directly. Without highspy the model goes to CBC
+    through PuLP as a plain MIP.
+    """
+    t0 = time.perf_counter()
+    if not _highs_available():
+        res = solve_matrix(model, time_limit=time_limit, solver="PULP_CBC_CMD")
+        return AssignmentSolution(res.result, res.x, res.result.objective, 0.0, mip=True)
+    import highspy
+
+    S = highspy.HighsModelStatus
+    a = model.arrays()
+
+    def make(integer: bool, limit: float | None):
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        if limit is not None:
+            h.setOptionValue("time_limit", float(max(limit, 1e-3)))
+        ig = a["integrality"] if integer else np.zeros_like(a["integrality"])
+        st = h.passModel(model.num_cols, model.num_rows, len(a["index"]), 2, 1,
+                         float(model.offset), a["cost"], a["lb"], a["ub"], a["row_lo"],
+                         a["row_hi"], a["start"][:-1], a["index"], a["value"], ig)
+        if st == highspy.HighsStatus.kError:
+            raise RuntimeError(f"HiGHS refused the model ({model.num_cols} columns, "
+                               f"{model.num_rows} rows)")
+        return h
+
+    def left() -> float | None:
+        return None if time_limit is None else time_limit - (time.perf_counter() - t0)
+
+    h = make(False, time_limit)
+    if relax_first:
+        h.run()
+        status = h.getModelStatus()
+    else:
+        status = S.kNotset
+    if status in (S.kInfeasible, S.kUnboundedOrInfeasible):
+        return AssignmentSolution(SolveResult("infeasible", None, "HiGHS", time.perf_counter() - t0),
+                                  None, None, None)
+    incumbent: tuple[float, np.ndarray] | None = None
+    bound: float | None = None
+    dives = 0
+    if status == S.kOptimal:
+        bound = float(h.getInfo().objective_function_value)
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        frac = _fractional_groups(x, groups)
+        while frac and dives < max_dives and (left() is None or left() > 0):
+            dives += 1
+            gi = max(frac, key=lambda i: float(x[groups[i]].max()))
+            col = int(groups[gi][int(np.argmax(x[groups[gi]]))])
+            h.changeColBounds(col, 1.0, 1.0)
+            h.run()
+            if h.getModelStatus() != S.kOptimal:  # infeasible (memory): forbid it instead
+                h.changeColBounds(col, 0.0, 0.0)
+                h.run()
+                if h.getModelStatus() != S.kOptimal:
+                    break
+            x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+            frac = _fractional_groups(x, groups)
+        if not frac:
+            incumbent = (float(h.getInfo().objective_function_value), x)
+            gap = (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
+            if gap <= mip_gap:
+                return AssignmentSolution(
+                    SolveResult("optimal", incumbent[0], "HiGHS", time.perf_counter() - t0),
+                    incumbent[1], bound, max(gap, 0.0), dives)
+    # the MIP, started from the dive's solution
+    limit = left()
+    if limit is not None and limit <= 0:
+        if incumbent is None:
+            return AssignmentSolution(SolveResult("infeasible", None, "HiGHS",
+                                                  time.perf_counter() - t0), None, bound, None, dives)
+        _timeout_warning("HiGHS", time_limit)
+        return AssignmentSolution(SolveResult("feasible", incumbent[0], "HiGHS",
+                                              time.perf_counter() - t0), incumbent[1], bound,
+                                  (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
+                                  if bound is not None else None, dives)
+    m = make(True, limit)
+    m.setOptionValue("mip_rel_gap", float(mip_gap))
+    if incumbent is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = incumbent[1].tolist()
+        sol.value_valid = True
+        m.setSolution(sol)
+    m.run()
+    ms = m.getModelStatus()
+    info = m.getInfo()
+    dt = time.perf_counter() - t0
+    has = info.primal_solution_status == 2
+    if ms == S.kOptimal or has:
+        x = np.asarray(m.getSolution().col_value, dtype=np.float64)
+        obj = float(info.objective_function_value)
+        if incumbent is not None and incumbent[0] < obj:
+            obj, x = incumbent
+        mb = float(info.mip_dual_bound)
+        gap = (obj - mb) / max(abs(obj), 1e-300)
+        if ms != S.kOptimal:
+            _timeout_warning("HiGHS", time_limit)
+        return AssignmentSolution(SolveResult("optimal" if ms == S.kOptimal else "feasible", obj,
+                                              "HiGHS", dt), x, mb, max(gap, 0.0), dives, True)
+    if ms in (S.kInfeasible, S.kUnboundedOrInfeasible):
+        return AssignmentSolution(SolveResult("infeasible", None, "HiGHS", dt), None, None, None,
+                                  dives, True)
+    if incumbent is not None:
+        _timeout_warning("HiGHS", time_limit)
+        return AssignmentSolution(SolveResult("feasible", incumbent[0], "HiGHS", dt), incumbent[1],
+                                  bound, None, dives, True)
+    return AssignmentSolution(SolveResult("infeasible", None, "HiGHS", dt), None, bound, None,
+                              dives, True)
