@@ -587,8 +587,8 @@ def _build_edges(prob: ILPProblem) -> None:
             m = np.zeros((len(gu_rows), len(gw_rows)))
             for e, (t, _, _) in enumerate(lst):
                 m += table.matrix(t, gu_rows[:, e], gw_rows[:, e])
-            hit = cache[key] = (gu, gw, m)
-        _add_edge(prob, edges, u, w, *hit)
+            hit = cache[key] = _compress_edge(gu, gw, m)
+        _add_edge(prob, edges, u, w, hit)
     prob.edges = edges
 
 
@@ -608,27 +608,32 @@ def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return u, inv.reshape(-1)
 
 
-def _add_edge(prob: ILPProblem, edges: list, u: int, w: int, gu: np.ndarray, gw: np.ndarray,
-              m: np.ndarray) -> None:
+def _compress_edge(gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> tuple | None:
+    """An edge's cost matrix with identical rows / columns merged: ``None`` (no cost),
+    ``("sep", cost_u, cost_w)`` when separable into node costs, or ``("edge", gu, gw, m)``."""
     if not m.any():
-        return
-    # merge groups with identical cost rows / columns
+        return None
     ru, iu = np.unique(m, axis=0, return_inverse=True)
-    iu = iu.reshape(-1)
-    gu = iu[gu]
-    m = ru
-    rw, iw = np.unique(m, axis=1, return_inverse=True)
-    iw = iw.reshape(-1)
-    gw = iw[gw]
+    gu = iu.reshape(-1)[gu]
+    rw, iw = np.unique(ru, axis=1, return_inverse=True)
+    gw = iw.reshape(-1)[gw]
     m = rw
     a = m[:, 0]
     b = m[0, :] - m[0, 0]
     resid = m - a[:, None] - b[None, :]
     if np.abs(resid).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
-        prob.nodes[u].cost = prob.nodes[u].cost + a[gu]
-        prob.nodes[w].cost = prob.nodes[w].cost + b[gw]
+        return ("sep", a[gu], b[gw])
+    return ("edge", gu, gw, m)
+
+
+def _add_edge(prob: ILPProblem, edges: list, u: int, w: int, compressed: tuple | None) -> None:
+    if compressed is None:
         return
-    edges.append((u, w, gu, gw, m))
+    if compressed[0] == "sep":
+        prob.nodes[u].cost = prob.nodes[u].cost + compressed[1]
+        prob.nodes[w].cost = prob.nodes[w].cost + compressed[2]
+        return
+    edges.append((u, w, *compressed[1:]))
 
 
 def _count_unmerged(prob: ILPProblem) -> int:
