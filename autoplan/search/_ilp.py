@@ -613,11 +613,7 @@ def _compress_edge(gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> tuple | Non
     ``("sep", cost_u, cost_w)`` when separable into node costs, or ``("edge", gu, gw, m)``."""
     if not m.any():
         return None
-    ru, iu = np.unique(m, axis=0, return_inverse=True)
-    gu = iu.reshape(-1)[gu]
-    rw, iw = np.unique(ru, axis=1, return_inverse=True)
-    gw = iw.reshape(-1)[gw]
-    m = rw
+    m, gu, gw = _compress(m, gu, gw)
     a = m[:, 0]
     b = m[0, :] - m[0, 0]
     resid = m - a[:, None] - b[None, :]
@@ -806,13 +802,26 @@ def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int],
 # exact pre-solve reduction: eliminate nodes with at most two neighbours
 # ---------------------------------------------------------------------------------------------
 
+def _unique_rows_float(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a small matrix in first-seen order, and each row's index among them
+    (``np.unique(m, axis=0, return_inverse=True)`` up to order, several times faster)."""
+    seen: dict[bytes, int] = {}
+    inv = np.fromiter((seen.setdefault(r.tobytes(), len(seen)) for r in m), np.int64, len(m))
+    if len(seen) == len(m):
+        return m, inv
+    first = np.zeros(len(seen), dtype=np.int64)
+    first[inv[::-1]] = np.arange(len(m) - 1, -1, -1)
+    return m[first], inv
+
+
 def _compress(m: np.ndarray, gu: np.ndarray, gw: np.ndarray):
     """Merge identical rows / columns of an edge matrix (groups re-indexed)."""
-    ru, iu = np.unique(m, axis=0, return_inverse=True)
-    gu = iu.reshape(-1)[gu]
-    rw, iw = np.unique(ru, axis=1, return_inverse=True)
-    gw = iw.reshape(-1)[gw]
-    return rw, gu, gw
+    m = np.ascontiguousarray(m)
+    ru, iu = _unique_rows_float(m)
+    gu = iu[gu]
+    rwt, iw = _unique_rows_float(np.ascontiguousarray(ru.T))
+    gw = iw[gw]
+    return np.ascontiguousarray(rwt.T), gu, gw
 
 
 class _Reducer:
@@ -851,10 +860,10 @@ class _Reducer:
             if ou != u:
                 gu, gw, m = gw, gu, m.T
             # joint groups on each side: (old group, new group) pairs
-            pu, iu = np.unique(np.stack([ogu, gu], axis=1), axis=0, return_inverse=True)
-            pw, iw = np.unique(np.stack([ogw, gw], axis=1), axis=0, return_inverse=True)
+            pu, iu = _unique_rows(np.stack([ogu, gu], axis=1))
+            pw, iw = _unique_rows(np.stack([ogw, gw], axis=1))
             m = om[np.ix_(pu[:, 0], pw[:, 0])] + m[np.ix_(pu[:, 1], pw[:, 1])]
-            u, w, gu, gw = ou, ow, iu.reshape(-1), iw.reshape(-1)
+            u, w, gu, gw = ou, ow, iu, iw
         m, gu, gw = _compress(m, gu, gw)
         if not m.any():
             return
