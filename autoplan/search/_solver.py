@@ -354,6 +354,9 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
         return None if time_limit is None else time_limit - (time.perf_counter() - t0)
 
     h = make(False, time_limit)
+    # HiGHS's presolve costs more than it saves on these LPs (about 3x the simplex time on a
+    # transformer layer's): the relaxation and the dives run without it, the MIP with it
+    h.setOptionValue("presolve", "off")
     if relax_first:
         h.run()
         status = h.getModelStatus()
