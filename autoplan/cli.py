@@ -68,7 +68,8 @@ def cmd_plan(args) -> int:
     wl = _workload(args)
     cluster = Cluster.parse(args.cluster)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
-          "schedule": args.schedule, "microbatches": args.microbatches}
+          "schedule": args.schedule, "microbatches": args.microbatches,
+          "submesh_hosts": args.submesh_hosts}
     if args.mesh:
         kw["mesh_shape"] = tuple(int(x) for x in args.mesh.split("x"))
     t0 = time.perf_counter()
@@ -154,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     sp.add_argument("--microbatches", type=int, default=None)
+    sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
+                    help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
+                         "and N hosts), auto (all up to 16 hosts)")
     sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
     sp.add_argument("-o", "--output", default=None, help="write the best plan as JSON")
     sp.set_defaults(func=cmd_plan)

@@ -127,6 +127,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
            pin: Mapping[str, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
+           submesh_hosts: str = "auto",
            progress: Callable[[str, float], None] | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
@@ -149,6 +150,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         num_layers: pipeline layers (default automatic).
         stage_algorithm: ``"dp"`` (Alpa), ``"ilp"`` (TePDist DAG ILP) or ``"auto"`` (the ILP when
             the layer graph is not a chain).
+        submesh_hosts: multi-host submesh shapes of the pipeline search: ``"all"`` (Alpa's
+            ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts and ``N``) or ``"auto"``
+            (``"all"`` up to 16 hosts).
         progress: called as ``progress(message, fraction)`` during the search.
 
     Returns:
@@ -216,7 +220,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         try:
             pres = pipeline_search(workload, cluster, schedule=schedule, microbatches=microbatches,
                                    level=level, memory_budget=memory_budget, time_limit=time_limit,
-                                   num_layers=num_layers, stage_algorithm=stage_algorithm)
+                                   num_layers=num_layers, stage_algorithm=stage_algorithm,
+                                   submesh_hosts=submesh_hosts)
             plans.extend(pres.plans)
             stats.update({f"pipeline_{k}": v for k, v in pres.stats.items()})
         except InfeasiblePlanError as err:

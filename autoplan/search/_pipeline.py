@@ -9,16 +9,18 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    logical mesh of that submesh, solve the intra-operator ILP on the layer's subgraph. Layers with
    the same structural signature share one solve (folding): a 96-layer GPT solves three layer
    kinds (embedding, block, head), not 98 layers.
-3. ``t_intra(i..j, submesh, logical)`` is the sum of its layers' costs per micro-batch (resharding
-   between layers inside a stage is re-costed exactly when the chosen stages are re-solved in
-   step 5); memory by Alpa's Eq. 5 from the layers' parameter/optimizer bytes and activation bytes.
+3. ``t_intra(i..j, submesh, logical)`` is the sum of its layers' costs per micro-batch (each
+   layer's ILP charges the resharding of its own inputs from the specs it assumes; resharding
+   between two layers whose plans disagree inside a stage is not charged); memory by Alpa's Eq. 5
+   from the layers' parameter/optimizer bytes and activation bytes. Each cell has two variants:
+   the fastest plan and a memory-lean one (:func:`_lean_plan`).
 4. Alpa's stage DP (:func:`~autoplan.search._stage_dp.stage_dp`) picks stages and submeshes; for a
    layer graph that is not a chain (U-Net skips, two towers) TePDist's stage ILP on the DAG
    (:func:`~autoplan.search._stage_ilp.stage_ilp`) assigns layers to stages instead, and the stages
    get equal-sized submeshes.
-5. Each chosen stage is solved as a whole on its logical mesh; the schedule (GPipe or 1F1B) is
-   simulated with the stages' forward/backward times and the cross-mesh resharding time of the
-   boundary tensors (send/recv, or Alpa's local all-gather: send 1/n of the tensor to each
+5. Each chosen stage is composed from its layers' solutions (the ones the DP costed); the
+   schedule (GPipe or 1F1B) is simulated with the stages' forward/backward times and the
+   cross-mesh resharding time of the boundary tensors (send/recv, or Alpa's local all-gather: send 1/n of the tensor to each
    destination device and all-gather there).
 """
 
@@ -46,6 +48,11 @@ __all__ = ["PipelineResult", "pipeline_search", "microbatch_workload_args", "lay
 #: bound). Memory-budgeted layer ILPs have integrality gaps of a few tenths of a percent that
 #: branch-and-cut needs seconds to close; the stage DP's choices differ by more than this.
 LAYER_MIP_GAP = 5e-3
+
+#: Up to this many hosts the pipeline search uses Alpa's full submesh set; beyond it, multi-host
+#: submeshes of a power-of-two number of hosts (plus all hosts): 11 shapes instead of 131 on 128
+#: DGX nodes.
+AUTO_ALL_HOSTS = 16
 
 
 @dataclass
@@ -208,8 +215,13 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     microbatches: int | None = None, level: str = "folded",
                     memory_budget: float | None = None, time_limit: float = 60.0,
                     num_layers: int | None = None, stage_algorithm: str = "auto",
-                    max_candidates: int = 3, megatron: bool = False) -> PipelineResult:
+                    max_candidates: int = 3, megatron: bool = False,
+                    submesh_hosts: str = "auto") -> PipelineResult:
     """Search pipeline plans (see the module docstring).
+
+    ``submesh_hosts`` picks the multi-host submesh shapes: ``"all"`` (Alpa's ``(2, M) .. (N, M)``),
+    ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
+    :data:`AUTO_ALL_HOSTS` hosts, ``"pow2"`` beyond).
 
     With ``megatron=True`` no search is made: the Megatron TP x PP baseline is built instead (one
     stage per node with equal layer counts, Megatron's tensor-parallel pins inside each node).
@@ -235,13 +247,17 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     dag = layer_dag(graph, layers)
     use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
 
-    submeshes = submesh_shapes(N, M)
+    if submesh_hosts not in ("auto", "all", "pow2"):
+        raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
+                          f"{submesh_hosts!r}.")
+    hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
+    submeshes = submesh_shapes(N, M, hosts)
     from ._api import mesh_shapes_for  # noqa: PLC0415
 
     shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
     # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one (the
-    # ILP with a memory budget halfway between its least memory and the fastest plan's), which
-    # the DP takes when the fastest plans do not fit (Alpa's Eq. 5)
+    # fastest plan within halfway between its least memory and the fastest plan's, _lean_plan),
+    # which the DP takes when the fastest plans do not fit (Alpa's Eq. 5)
     configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
     C = max(len(c) for c in configs)
     results: dict[tuple, Any] = {}

@@ -54,7 +54,8 @@ def _check_cluster(num_hosts: object, devices_per_host: object) -> None:
             )
 
 
-def submesh_shapes(num_hosts: int, devices_per_host: int) -> list[tuple[int, int]]:
+def submesh_shapes(num_hosts: int, devices_per_host: int, hosts: str = "all"
+                   ) -> list[tuple[int, int]]:
     """Alpa's candidate submesh shapes for an ``N x M`` cluster.
 
     One-host shapes ``(1, 1), (1, 2), (1, 4), ..., (1, M)`` followed by the multi-host shapes
@@ -70,11 +71,18 @@ def submesh_shapes(num_hosts: int, devices_per_host: int) -> list[tuple[int, int
     Args:
         num_hosts: ``N``, the number of hosts.
         devices_per_host: ``M``, the devices in each host.
+        hosts: ``"all"`` (Alpa: every ``(n, M)``, ``2 <= n <= N``) or ``"pow2"`` (``n`` a power of
+            two, plus ``N``): a smaller space for large clusters, where Alpa's set grows with
+            ``N`` and every shape costs one ILP per layer kind and logical mesh. Any ``N`` is
+            still covered (whole hosts always place).
 
     Returns:
         The shapes ``(hosts, devices per host)`` in increasing device count.
     """
     _check_cluster(num_hosts, devices_per_host)
+    if hosts not in ("all", "pow2"):
+        raise SearchError(f"submesh hosts: expected 'all' or 'pow2'. Got {hosts!r}. Fix: 'all' "
+                          "is Alpa's set; 'pow2' keeps multi-host shapes of 2, 4, 8, ... hosts.")
     n_hosts, m = int(num_hosts), int(devices_per_host)
     shapes: list[tuple[int, int]] = []
     p = 1
@@ -83,7 +91,10 @@ def submesh_shapes(num_hosts: int, devices_per_host: int) -> list[tuple[int, int
             shapes.append((1, p))
         p *= 2
     shapes.append((1, m))
-    shapes.extend((n, m) for n in range(2, n_hosts + 1))
+    if hosts == "all":
+        shapes.extend((n, m) for n in range(2, n_hosts + 1))
+    else:
+        shapes.extend((n, m) for n in range(2, n_hosts + 1) if _is_pow2(n) or n == n_hosts)
     return shapes
 
 

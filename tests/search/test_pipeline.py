@@ -98,3 +98,23 @@ def test_searched_pipeline_plan_runs_and_matches_single_device():
               compiler_options={"xla_backend_optimization_level": 0})
     assert rep.mode == "pipeline" and rep.equivalence.matched
     assert rep.constraints_skipped == 0 and rep.constraints_applied == len(pipe.ops) > 0
+
+
+def test_submesh_hosts_pow2_restricts_multi_host_stages(capsys):
+    from autoplan.cli import main
+
+    wl = models.get("gpt", size="tiny")
+    cl = autoplan.Cluster.preset("p3.16xlarge", 5)
+    full = autoplan.search(wl, cl, pipeline=True, baselines=False, submesh_hosts="all")
+    small = autoplan.search(wl, cl, pipeline=True, baselines=False, submesh_hosts="pow2")
+    assert full.stats["pipeline_submeshes"] == 8 and small.stats["pipeline_submeshes"] == 7
+    for plan in small.plans:
+        assert all(s.submesh[0] in (1, 2, 4, 5) for s in plan.stages)
+        assert sum(s.submesh[0] * s.submesh[1] for s in plan.stages) == 40
+    # a smaller space never finds a better plan than Alpa's full one
+    assert full.best.predicted.step_time <= small.best.predicted.step_time * (1 + 1e-9)
+    with pytest.raises(autoplan.SearchError, match="submesh_hosts"):
+        autoplan.search(wl, cl, pipeline=True, baselines=False, submesh_hosts="odd")
+    assert main(["plan", "gpt", "--size", "tiny", "--cluster", "p3.16xlarge:5", "--pipeline", "yes",
+                 "--submesh-hosts", "pow2"]) == 0
+    assert "autoplan-pipeline" in capsys.readouterr().out

@@ -102,6 +102,20 @@ def test_submesh_shapes_alpa_8x8():
     assert len(submesh_shapes(8, 8)) == 11
 
 
+def test_submesh_shapes_pow2_hosts_for_large_clusters():
+    one_host = [(1, 1), (1, 2), (1, 4), (1, 8)]
+    assert submesh_shapes(128, 8, "pow2") == one_host + [(n, 8) for n in (2, 4, 8, 16, 32, 64, 128)]
+    # N itself is always a shape, so a one-stage plan over the whole cluster stays possible
+    assert submesh_shapes(12, 8, "pow2") == one_host + [(2, 8), (4, 8), (8, 8), (12, 8)]
+    assert submesh_shapes(8, 8, "pow2") == submesh_shapes(8, 8)[:4] + [(2, 8), (4, 8), (8, 8)]
+    with pytest.raises(SearchError, match="submesh hosts"):
+        submesh_shapes(8, 8, "odd")
+    # every device count of whole hosts can still be covered exactly: 12 hosts = 8 + 4
+    r = stage_dp(np.ones((4, 4, len(submesh_shapes(12, 8, "pow2")), 1)),
+                 submesh_shapes(12, 8, "pow2"), 12, 8, 4)
+    assert sum(s.submesh[0] * s.submesh[1] for s in r.stages) == 96
+
+
 def test_submesh_shapes_small_and_non_power_of_two():
     assert submesh_shapes(1, 1) == [(1, 1)]
     assert submesh_shapes(2, 1) == [(1, 1), (2, 1)]
