@@ -3,7 +3,8 @@
 For Alpa's GPT suite (350M on 1 GPU up to 39B on 64 GPUs, remat on, global batch 1024) and its
 Wide-ResNet suite (250M on 1 GPU up to 13B on 64 GPUs, batch 1536), prints the best plan's stages
 (layers per stage, submesh, logical mesh), micro-batches, predicted step time and whether it fits
-the devices' memory, with the search time. Then GPT-3 175B on 16 DGX H100 nodes (128 GPUs).
+the devices' memory, with the search time. Then GPT-3 175B on 16 and 128 DGX H100 nodes (128 and
+1,024 GPUs).
 
 Targets: `autoplan plan gpt --size 39B --cluster p3.16xlarge:8` in <= 60 s; GPT-3 175B on
 dgx-h100:128 in <= 120 s.
@@ -63,9 +64,10 @@ def main() -> None:
             row("Wide-ResNet", size, gpus, res, time.perf_counter() - t0)
     if args.only in (None, "175b") and not args.quick:
         wl = models.get("gpt", size="175B", remat=True, dtype="bfloat16")
-        t0 = time.perf_counter()
-        res = autoplan.search(wl, "dgx-h100:16", baselines=False)
-        row("GPT-3", "175B", 128, res, time.perf_counter() - t0)
+        for nodes in (16, 128):  # 128 and 1,024 H100s; above 16 hosts submesh_hosts="pow2"
+            t0 = time.perf_counter()
+            res = autoplan.search(wl, f"dgx-h100:{nodes}", baselines=False)
+            row("GPT-3", "175B", nodes * 8, res, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
