@@ -281,6 +281,14 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
             """() => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
                  .some(el => ((el.layout && el.layout.shapes) || []).some(s => s.name === 'highlight'))""",
             timeout=60_000)
+        if "stages (" in target:
+            # the timeline's update is its own message after the sharding view's: wait for it
+            page.wait_for_function(
+                """() => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
+                     .some(el => el.layout && el.layout.title && el.layout.title.text
+                                 && el.layout.title.text.startsWith('Pipeline timeline')
+                                 && (el.data || []).some(t => t.opacity !== undefined && t.opacity < 1))""",
+                timeout=60_000)
         lit = figures(page)
         assert lit["sharding"]["highlights"] >= 1
         assert "selected stage" in explorer_text(page)
