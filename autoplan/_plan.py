@@ -304,7 +304,10 @@ class Plan:
     def describe(self) -> str:
         """A one-line description: stages and their logical meshes."""
         if not self.is_pipeline:
-            return f"intra-op on mesh {'x'.join(map(str, self.mesh_shape))}"
+            desc = f"intra-op on mesh {'x'.join(map(str, self.mesh_shape))}"
+            if self.schedule.microbatches > 1:
+                desc += f", {self.schedule.microbatches} mb accumulated"
+            return desc
         meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in self.stages)
         return f"{len(self.stages)} stages ({self.schedule.kind}, {self.schedule.microbatches} mb): {meshes}"
 

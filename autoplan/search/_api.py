@@ -187,7 +187,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
 
     n = cluster.num_devices
     do_intra = pipeline in (False, "auto")
-    do_pipe = pipeline in (True, "auto") and n > 1 and workload is not None
+    # on one device the pipeline search gives the one-stage, gradient-accumulation plan
+    do_pipe = pipeline in (True, "auto") and workload is not None
     if pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
                           "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "

@@ -361,15 +361,19 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         layouts.append([(cuts[i], cuts[i + 1], k, c) for i in range(N)])
     elif not use_ilp:
         tried: set = set()
+        single: list | None = None  # a one-stage layout: gradient accumulation over B micro-batches
         for mem_args in ({"param_mem": p_intra, "act_mem": a_intra, "device_memory": budget}, {}):
-            for cap in sorted({max_s, *[s for s in (2, 4, 8, 16) if s < max_s]}, reverse=True):
+            for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
                 try:
                     r = stage_dp(t_intra, submeshes, N, M, B, max_stages=cap, **mem_args)
                 except InfeasiblePlanError:
                     continue
                 lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
                 if len(lay) < 2:
-                    continue  # one stage: the intra-operator search covers it
+                    # the intra-operator search covers one stage over the whole batch; it is a
+                    # candidate only when nothing else fits (one device: gradient accumulation)
+                    single = single or (lay if mem_args else None)
+                    continue
                 if tuple(lay) not in tried:
                     tried.add(tuple(lay))
                     layouts.append(lay)
@@ -377,6 +381,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     break
             if layouts:
                 break  # else: nothing fits in memory; show the fastest layouts, marked as not fitting
+            if single is not None and B > 1:
+                layouts.append(single)
+                break
     else:
         from ._stage_ilp import stage_ilp  # noqa: PLC0415
 
