@@ -306,8 +306,31 @@ class AssignmentSolution:
     mip: bool = False
 
 
-def _fractional_groups(x: np.ndarray, groups: Sequence[np.ndarray], tol: float = 1e-6) -> list[int]:
-    return [i for i, g in enumerate(groups) if np.any((x[g] > tol) & (x[g] < 1 - tol))]
+class _Groups:
+    """The one-hot groups as flat arrays, for vectorised tests over all of them."""
+
+    def __init__(self, groups: Sequence[np.ndarray]):
+        self.groups = [np.asarray(g, dtype=np.int64) for g in groups if len(g)]
+        sizes = np.array([len(g) for g in self.groups], dtype=np.int64)
+        self.cols = np.concatenate(self.groups) if self.groups else np.zeros(0, np.int64)
+        self.gid = np.repeat(np.arange(len(self.groups)), sizes)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+    def most_decided_fractional(self, x: np.ndarray, tol: float = 1e-6) -> int | None:
+        """The column to fix next: the largest value of the fractional group whose largest value
+        is largest; None when every group is integral."""
+        if not self.groups:
+            return None
+        v = x[self.cols]
+        frac = (v > tol) & (v < 1 - tol)
+        if not frac.any():
+            return None
+        gmax = np.maximum.reduceat(v, self.starts)
+        fg = np.zeros(len(self.groups), dtype=bool)
+        fg[self.gid[frac]] = True
+        best = int(np.flatnonzero(fg)[np.argmax(gmax[fg])])
+        g = self.groups[best]
+        return int(g[int(np.argmax(x[g]))])
 
 
 def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
@@ -371,11 +394,10 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
     if status == S.kOptimal:
         bound = float(h.getInfo().objective_function_value)
         x = np.asarray(h.getSolution().col_value, dtype=np.float64)
-        frac = _fractional_groups(x, groups)
-        while frac and dives < max_dives and (left() is None or left() > 0):
+        flat = _Groups(groups)
+        col = flat.most_decided_fractional(x)
+        while col is not None and dives < max_dives and (left() is None or left() > 0):
             dives += 1
-            gi = max(frac, key=lambda i: float(x[groups[i]].max()))
-            col = int(groups[gi][int(np.argmax(x[groups[gi]]))])
             h.changeColBounds(col, 1.0, 1.0)
             h.run()
             if h.getModelStatus() != S.kOptimal:  # infeasible (memory): forbid it instead
@@ -384,8 +406,8 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
                 if h.getModelStatus() != S.kOptimal:
                     break
             x = np.asarray(h.getSolution().col_value, dtype=np.float64)
-            frac = _fractional_groups(x, groups)
-        if not frac:
+            col = flat.most_decided_fractional(x)
+        if col is None:
             incumbent = (float(h.getInfo().objective_function_value), x)
             gap = (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
             if gap <= mip_gap:
