@@ -20,8 +20,8 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    get equal-sized submeshes.
 5. Each chosen stage is composed from its layers' solutions (the ones the DP costed); the
    schedule (GPipe or 1F1B) is simulated with the stages' forward/backward times and the
-   cross-mesh resharding time of the boundary tensors (send/recv, or Alpa's local all-gather: send 1/n of the tensor to each
-   destination device and all-gather there).
+   cross-mesh resharding time of the boundary tensors (send/recv, or Alpa's local all-gather:
+   send 1/n of the tensor to each destination device and all-gather there).
 """
 
 from __future__ import annotations
