@@ -519,14 +519,7 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
         for a in partial:
             opts: list[int | None] = [None]
             if allow_rs:
-                ai = mesh.axis_names.index(a)
-                for d in range(len(out_shape)):
-                    cur = out[d] or ()
-                    if any(mesh.axis_names.index(b) > ai for b in cur):
-                        continue
-                    if out_shape[d] % (math.prod(sizes[b] for b in cur) * sizes[a]):
-                        continue
-                    opts.append(d)
+                opts.extend(_scatter_dims(out, out_shape, a, mesh))
             options.append(opts)
         for res in itertools.product(*options):
             o = list(base_out)
@@ -778,6 +771,24 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[St
     return []
 
 
+def _scatter_dims(spec: Sequence[Any], out_shape: Sequence[int], a: str,
+                  mesh: LogicalMesh) -> list[int]:
+    """The result dimensions a reduce-scatter over mesh axis ``a`` can scatter onto: ``a`` goes
+    last on the dimension (no axis already there comes after it in the mesh) and the dimension
+    divides by all its axes' sizes."""
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    ai = mesh.axis_names.index(a)
+    dims = []
+    for d in range(len(out_shape)):
+        cur = spec[d] or ()
+        if any(mesh.axis_names.index(b) > ai for b in cur):
+            continue
+        if out_shape[d] % (math.prod(sizes[b] for b in cur) * sizes[a]):
+            continue
+        dims.append(d)
+    return dims
+
+
 def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy]) -> list[Strategy]:
     """Reductions over a split dimension keeping the partial sums scattered: a reduce-scatter
     onto a result dimension instead of the all-reduce (one mesh axis at a time)."""
@@ -789,14 +800,8 @@ def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy]) -
         if len(ar) != 1 or len(ar[0].axes) != 1:
             continue
         a = ar[0].axes[0]
-        ai = mesh.axis_names.index(a)
         spec = st.out_specs[0]
-        for d in range(len(out_shape)):
-            cur = spec[d] or ()
-            if any(mesh.axis_names.index(b) > ai for b in cur):
-                continue
-            if out_shape[d] % (math.prod(sizes[b] for b in cur) * sizes[a]):
-                continue
+        for d in _scatter_dims(spec, out_shape, a, mesh):
             new = tuple((e or ()) + (a,) if i == d else e for i, e in enumerate(spec))
             extra.append(_finish(op, mesh, st.in_specs, (new,),
                                  [("reduce-scatter", ar[0].bytes, (a,))],
