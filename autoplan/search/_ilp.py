@@ -835,9 +835,10 @@ class _Reducer:
     with a memory budget (the budget row couples every node).
     """
 
-    def __init__(self, prob: ILPProblem, memory_weight: float = 0.0):
-        self.cost = [n.cost.astype(float) + memory_weight * np.asarray(n.memory, dtype=float)
-                     if memory_weight else n.cost.astype(float).copy() for n in prob.nodes]
+    def __init__(self, prob: ILPProblem, cost: Sequence[np.ndarray] | None = None):
+        """``cost``: each node's strategy costs (default the problem's own)."""
+        self.cost = [np.array(c, dtype=float) for c in
+                     (cost if cost is not None else [n.cost for n in prob.nodes])]
         self.k = [len(n.strategies) for n in prob.nodes]
         self.edges: dict[int, list] = {}
         self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
@@ -1112,7 +1113,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
     edges = prob.edges
     active = [True] * len(prob.nodes)
     if reduce and memory_budget is None:
-        reducer = _Reducer(prob, memory_weight)
+        reducer = _Reducer(prob, costs)
         reducer.run()
         costs = reducer.cost
         edges = [tuple(e) for e in reducer.edges.values()]

@@ -215,25 +215,33 @@ def _timeout_warning(name: str, time_limit: float | None) -> None:
         "better plan.", SolverTimeoutWarning, stacklevel=3)
 
 
-def _solve_highs(model: MatrixModel, time_limit: float | None, relax: bool,
-                 msg: bool) -> MatrixSolution:
+def _highs(model: MatrixModel, arrays: dict[str, np.ndarray], *, integer: bool,
+           time_limit: float | None, msg: bool = False):
+    """A ``highspy.Highs`` holding ``model`` (rowwise, minimisation), its LP relaxation unless
+    ``integer``."""
     import highspy
 
-    a = model.arrays()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(msg))
     if time_limit is not None:
         h.setOptionValue("time_limit", float(max(time_limit, 1e-3)))
-    integrality = a["integrality"]
-    if relax:
-        integrality = np.zeros_like(integrality)
-    t0 = time.perf_counter()
+    a = arrays
+    ig = a["integrality"] if integer else np.zeros_like(a["integrality"])
     st = h.passModel(model.num_cols, model.num_rows, len(a["index"]), 2, 1, float(model.offset),
                      a["cost"], a["lb"], a["ub"], a["row_lo"], a["row_hi"], a["start"][:-1],
-                     a["index"], a["value"], integrality)
+                     a["index"], a["value"], ig)
     if st == highspy.HighsStatus.kError:
         raise RuntimeError(f"HiGHS refused the model ({model.num_cols} columns, "
                            f"{model.num_rows} rows)")
+    return h
+
+
+def _solve_highs(model: MatrixModel, time_limit: float | None, relax: bool,
+                 msg: bool) -> MatrixSolution:
+    import highspy
+
+    t0 = time.perf_counter()
+    h = _highs(model, model.arrays(), integer=not relax, time_limit=time_limit, msg=msg)
     h.run()
     dt = time.perf_counter() - t0
     status = h.getModelStatus()
@@ -359,32 +367,17 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
     S = highspy.HighsModelStatus
     a = model.arrays()
 
-    def make(integer: bool, limit: float | None):
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        if limit is not None:
-            h.setOptionValue("time_limit", float(max(limit, 1e-3)))
-        ig = a["integrality"] if integer else np.zeros_like(a["integrality"])
-        st = h.passModel(model.num_cols, model.num_rows, len(a["index"]), 2, 1,
-                         float(model.offset), a["cost"], a["lb"], a["ub"], a["row_lo"],
-                         a["row_hi"], a["start"][:-1], a["index"], a["value"], ig)
-        if st == highspy.HighsStatus.kError:
-            raise RuntimeError(f"HiGHS refused the model ({model.num_cols} columns, "
-                               f"{model.num_rows} rows)")
-        return h
-
     def left() -> float | None:
         return None if time_limit is None else time_limit - (time.perf_counter() - t0)
 
-    h = make(False, time_limit)
-    # HiGHS's presolve costs more than it saves on these LPs (about 3x the simplex time on a
-    # transformer layer's): the relaxation and the dives run without it, the MIP with it
-    h.setOptionValue("presolve", "off")
+    status = S.kNotset
     if relax_first:
+        h = _highs(model, a, integer=False, time_limit=time_limit)
+        # HiGHS's presolve costs more than it saves on these LPs (about 3x the simplex time on a
+        # transformer layer's): the relaxation and the dives run without it, the MIP with it
+        h.setOptionValue("presolve", "off")
         h.run()
         status = h.getModelStatus()
-    else:
-        status = S.kNotset
     if status in (S.kInfeasible, S.kUnboundedOrInfeasible):
         return AssignmentSolution(SolveResult("infeasible", None, "HiGHS", time.perf_counter() - t0),
                                   None, None, None)
@@ -425,7 +418,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
                                               time.perf_counter() - t0), incumbent[1], bound,
                                   (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
                                   if bound is not None else None, dives)
-    m = make(True, limit)
+    m = _highs(model, a, integer=True, time_limit=limit)
     m.setOptionValue("mip_rel_gap", float(mip_gap))
     if incumbent is not None:
         sol = highspy.HighsSolution()
