@@ -168,6 +168,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
+    from ._pipeline import check_submesh_hosts  # noqa: PLC0415
+
+    check_submesh_hosts(submesh_hosts)
     if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
         raise SearchError(f"search: microbatches should be a positive integer. Got {microbatches!r}.")
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster

@@ -155,6 +155,14 @@ def _default_microbatches(batch: int, max_stages: int) -> int:
     return b
 
 
+def check_submesh_hosts(value: Any) -> None:
+    """Raise :class:`SearchError` unless ``value`` is a ``submesh_hosts`` choice."""
+    if value not in ("auto", "all", "pow2"):
+        raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
+                          f"{value!r}. Fix: 'all' is Alpa's full set of multi-host submeshes, "
+                          "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
+
+
 def _lean_plan(fast, run, steps: int = 5):
     """The memory-lean variant of a layer's plan: the fastest plan found whose live memory is at
     most halfway between the least memory and the fastest plan's.
@@ -247,9 +255,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     dag = layer_dag(graph, layers)
     use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
 
-    if submesh_hosts not in ("auto", "all", "pow2"):
-        raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
-                          f"{submesh_hosts!r}.")
+    check_submesh_hosts(submesh_hosts)
     hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
     submeshes = submesh_shapes(N, M, hosts)
     from ._api import mesh_shapes_for  # noqa: PLC0415

@@ -115,6 +115,8 @@ def test_submesh_hosts_pow2_restricts_multi_host_stages(capsys):
     assert full.best.predicted.step_time <= small.best.predicted.step_time * (1 + 1e-9)
     with pytest.raises(autoplan.SearchError, match="submesh_hosts"):
         autoplan.search(wl, cl, pipeline=True, baselines=False, submesh_hosts="odd")
+    with pytest.raises(autoplan.SearchError, match="submesh_hosts.*Fix"):  # checked up front
+        autoplan.search(wl, cl, pipeline=False, submesh_hosts="odd")
     assert main(["plan", "gpt", "--size", "tiny", "--cluster", "p3.16xlarge:5", "--pipeline", "yes",
                  "--submesh-hosts", "pow2"]) == 0
     assert "autoplan-pipeline" in capsys.readouterr().out
