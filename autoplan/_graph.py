@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import networkx as nx
@@ -24,6 +24,7 @@ ROLES = ("forward", "backward", "update")
 INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "activation", "constant")
 
 
+@cache
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of a dtype name (``"float32"`` -> 4); 0 for tokens."""
     try:
@@ -48,11 +49,11 @@ class Tensor:
     dtype: str
     producer: int = -1
 
-    @property
+    @cached_property
     def size(self) -> int:
         return int(math.prod(self.shape))
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.size * dtype_bytes(self.dtype)
 

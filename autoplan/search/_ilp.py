@@ -304,7 +304,8 @@ def _resolve_fixed(graph: OpGraph, mesh: LogicalMesh, fixed: Mapping[int, Any] |
 
 def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
                   fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None,
-                  count_unmerged: bool = True) -> ILPProblem:
+                  count_unmerged: bool = True, chosen: Mapping[int, Strategy] | None = None,
+                  chosen_specs: Mapping[int, Spec] | None = None) -> ILPProblem:
     """Build the merged problem: nodes with their strategies, followers, tensor edges, costs.
 
     Args:
@@ -314,6 +315,10 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         fixed: ``{tensor id: spec or PartitionSpec}`` fixed specs at a segment's boundary.
         pins: ``{regex over input names: PartitionSpec}`` fixed input specs.
         count_unmerged: also count the variables of the unmerged ILP (``vars_before_merging``).
+        chosen: ``{op id: strategy}``: these operators are nodes of their own with this one
+            strategy (no follower merging, no enumeration), to cost a given plan with
+            :func:`cost_strategies`; such a problem has no edges and is not for solving.
+        chosen_specs: ``{input tensor id: spec}``: the one spec of these inputs (with ``chosen``).
 
     Raises:
         SearchError: a pin or fixed spec is invalid, or a pin matches nothing.
@@ -334,12 +339,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     consumers = graph.consumers
 
     # ---- free tensors: constants and everything computed only from them -----------------------
-    free = set(t for t in graph.consts)
-    for op in graph.ops:
-        if is_heavy(op) or not (is_follower(op) or is_generator(op)):
-            continue
-        if all(t is None or t in free for t in op.inputs):
-            free.update(op.outputs)
+    free = set(_cached(graph, "free_tensors", lambda: _free_tensors(graph)))
     for t in fixed_specs:
         free.discard(t)
     prob.free_tensors = free
@@ -363,6 +363,8 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         gi = input_of.get(t)
         if t in fixed_specs:
             specs = [fixed_specs[t]]
+        elif chosen_specs is not None and t in chosen_specs:
+            specs = [chosen_specs[t]]
         elif t in pinned:
             specs = [pinned[t]]
         else:
@@ -396,7 +398,10 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         if all(t in free for t in op.outputs) and op.outputs:
             continue
         member: _Member | None = None
-        if not is_heavy(op) and is_follower(op):
+        if chosen is not None and i in chosen:
+            prob.nodes.append(_Node(i, "op", None, [chosen[i]], np.zeros(1), np.zeros(1)))
+            member = _Member(len(prob.nodes) - 1, np.zeros(1, dtype=np.int64), [chosen[i]], None)
+        elif not is_heavy(op) and is_follower(op):
             cands = [k for k, t in enumerate(op.inputs)
                      if t is not None and t in prob.tensor_src and op.in_shapes[k] is not None]
             k = leader_operand(op, cands, graph) if cands else None
@@ -442,7 +447,8 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     feeds = _gradient_feeds(graph)
     prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
 
-    _build_edges(prob)
+    if chosen is None:
+        _build_edges(prob)
     if count_unmerged:
         prob.vars_before_merging = _count_unmerged(prob)
     prob.build_seconds = time.perf_counter() - t0
@@ -456,6 +462,17 @@ def _cached(graph: OpGraph, key: str, make):
     if key not in store:
         store[key] = make()
     return store[key]
+
+
+def _free_tensors(graph: OpGraph) -> frozenset[int]:
+    """Constants and every tensor computed only from them (by cheap operators)."""
+    free = set(graph.consts)
+    for op in graph.ops:
+        if is_heavy(op) or not (is_follower(op) or is_generator(op)):
+            continue
+        if all(t is None or t in free for t in op.inputs):
+            free.update(op.outputs)
+    return frozenset(free)
 
 
 def _gradient_feeds(graph: OpGraph) -> list[bool]:
@@ -771,6 +788,28 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
                       specs, comms)
 
 
+def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
+                    input_specs: Mapping[int, Spec], *, pins: Mapping[str, Any] | None = None
+                    ) -> tuple[_Breakdown, int]:
+    """The cost of a whole-graph plan given as each operator's strategy and each input's spec,
+    costed as given (each operator its own node: no follower merging, no enumeration).
+
+    Every operand is charged the resharding from its producer's spec (or its input's) to the spec
+    its consumer's strategy needs, as in :func:`evaluate`. Operators missing from
+    ``op_strategy`` or inputs missing from ``input_specs`` (none in a complete plan) take their
+    cheapest strategy by compute.
+
+    Returns:
+        The breakdown and the number of decision nodes (operators or inputs) given no choice.
+    """
+    prob = build_problem(graph, mesh, pins=pins, count_unmerged=False, chosen=op_strategy,
+                         chosen_specs=input_specs)
+    vec = [0 if len(n.strategies) == 1 else int(np.argmin([s.compute_time for s in n.strategies]))
+           for n in prob.nodes]
+    missing = sum(1 for n in prob.nodes if len(n.strategies) > 1)
+    return _breakdown(prob, vec), missing
+
+
 def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int], *,
              problem: ILPProblem | None = None, ops: Sequence[int] | None = None,
              fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None) -> float:
@@ -991,14 +1030,17 @@ class ILPSolution:
     """The intra-operator plan found by :func:`solve_ilp`.
 
     Attributes:
-        choice: ``{node key: strategy index}`` of every decision node.
+        choice: ``{node key: strategy index}`` of every decision node (empty for a plan stitched
+            from segments, which is no single problem's assignment).
         strategies: ``{op id: Strategy}`` for every operator (followers resolved); free
             operators (built from constants) are absent.
         specs: ``{tensor id: spec}`` for every tensor the problem touches.
         objective: seconds (compute + communication + the small parameter penalty).
         compute_time, comm_time, penalty: its parts.
         memory_per_device: live bytes per device (inputs + activations saved for backward).
-        least_memory: the least such memory of any plan (exact; see the module docstring).
+        least_memory: the least such memory of any plan (exact; see the module docstring). For a
+            plan stitched from segments: the inputs each sharded as much as its shape allows
+            plus each segment's least saved activations (a lower bound).
         comms: ``(op id or None, Comm)`` of every collective (operators' own, tagged ``"op"`` or
             ``"grad-sync"``, and ``"reshard"``).
         vars_before_merging: binaries of Alpa's unmerged ILP.

@@ -24,10 +24,15 @@ candidate states of that boundary are the specs either side chose (TAPAS's pruni
 promising patterns: every candidate passed the ILP's symbolic shape checks), and the segments
 around it are solved for each candidate pair.
 
-The chosen per-segment strategies are stitched into one assignment of the whole graph's ILP and
-costed exactly with :func:`~autoplan.search._ilp.evaluate`'s breakdown (tensors that cross more
-than one boundary are resharded as needed and charged there), so the predicted step time of a
-folded plan is computed exactly as for an exhaustive plan.
+The chosen per-segment strategies are stitched into one plan of the whole graph and costed as
+chosen by :func:`~autoplan.search._ilp.cost_strategies`: every operator with its segment's
+strategy, every operand charged the resharding from its producer's spec to the spec its consumer
+needs (tensors that cross more than one boundary included), with the same cost terms as the
+exhaustive ILP's objective (an exhaustive plan costed this way gets exactly its ILP objective).
+A stitched plan can cost slightly *less* than the exhaustive one: the whole-graph ILP merges each
+follower operator (elementwise, reshape, ...) into the operator it follows (Alpa's merging, which
+keeps the ILP small), while a segment's ILP sees a boundary tensor as a variable of its own, so a
+follower just past a boundary may read a resharded operand that the merged model cannot express.
 
 References:
     TePDist (Alibaba PAI): hierarchical SPMD search over cones and segments, O2/O3.
@@ -38,6 +43,7 @@ References:
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,9 +55,9 @@ from .._cluster import Cluster
 from .._graph import OpGraph
 from .._plan import Plan
 from ._clustering import _signature, cluster_layers
-from ._ilp import ILPSolution, _breakdown, build_problem, solve_ilp
+from ._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
-from ._spec import pruned_by_shape_check
+from ._spec import enumerate_specs, pruned_by_shape_check
 
 __all__ = ["LevelResult", "level_search", "Analysis"]
 
@@ -120,7 +126,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
     segs = _cached_analysis(graph, "segments", lambda: _choose_segments(
-        graph, find_segments(graph, mining=mining), mining))
+        graph, lambda: find_segments(graph, mining=mining), mining))
     seg_of = np.full(len(graph.ops), -1)
     for s in segs:
         seg_of[list(s.ops)] = s.id
@@ -137,6 +143,8 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
     lr_fixed: list[dict[int, Any]] = [{} for _ in range(K)]
     rep_of: dict[str, int] = {}
+    act_least: dict[str, float] = {}  # class key -> least saved-activation memory
+    unknown: set[str] = set()
 
     def class_key(i: int) -> str:
         """Segments with equal keys are solved once when folding."""
@@ -170,6 +178,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
             t_solve += time.perf_counter() - ts
             solves += 1
             variables += sol.vars_after_merging
+            unknown.update(sol.unknown_primitives)
+            if a is None and b is None and sol.problem is not None:
+                act_least[ck] = float(sum(n.memory.min() for n in sol.problem.nodes
+                                          if n.kind == "op"))
             cache[key] = (sol.objective, sol.strategies, sol.specs)
         obj, strats, specs = cache[key]
         if rep == i:
@@ -222,11 +234,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
                  for i in range(K)]
 
-    # 4. stitch and cost exactly on the whole graph's ILP
+    # 4. stitch the segments' strategies and cost them as chosen on the whole graph
     t3 = time.perf_counter()
-    prob = build_problem(graph, mesh, pins=pin, count_unmerged=False)
     op_strat: dict[int, Any] = {}
-    t_spec: dict[int, Any] = {}
+    in_spec: dict[int, Any] = {}
     for i, (a, b) in enumerate(path):
         if a is None and b is None:
             _, strats, specs = free[i]
@@ -234,21 +245,22 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
             _, strats, specs = solve_segment(i, a, b)
         op_strat.update(strats)
         for t, s in specs.items():
-            if graph.tensors[t].producer < 0 or seg_of[graph.tensors[t].producer] == i:
-                t_spec[t] = s
-    vec, mismatches = _stitch_vector(prob, op_strat, t_spec)
-    bd = _breakdown(prob, vec)
+            if graph.tensors[t].producer < 0:
+                in_spec.setdefault(t, s)
+    bd, mismatches = cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
     t_stitch = time.perf_counter() - t3
     total = time.perf_counter() - t0
+    n_ops = sum(1 for o in range(len(graph.ops)) if o in bd.op_strategy)
     sol = ILPSolution(
-        choice={n.key: vec[k] for k, n in enumerate(prob.nodes)}, strategies=bd.op_strategy,
+        choice={}, strategies=bd.op_strategy,
         specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
         penalty=bd.penalty, memory_per_device=bd.memory,
-        least_memory=float(sum(n.memory.min() for n in prob.nodes)), comms=tuple(bd.comms),
-        vars_before_merging=prob.vars_before_merging, vars_after_merging=variables,
-        num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=len(prob.nodes),
-        num_ops=len(prob.ops), build_seconds=prob.build_seconds, solve_seconds=t_solve,
-        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(prob.unknown)))
+        least_memory=sum(act_least[class_key(i)] for i in range(K)) + _least_input_memory(
+            graph, mesh, pin),
+        comms=tuple(bd.comms), vars_before_merging=0, vars_after_merging=variables,
+        num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=n_ops,
+        num_ops=n_ops, build_seconds=0.0, solve_seconds=t_solve,
+        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(unknown)))
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
         res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
                               time_limit=time_limit, label=label, level=level, config=config)
@@ -301,6 +313,20 @@ def _cached_analysis(graph: OpGraph, what: str, make):
     return value
 
 
+def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> float:
+    """Bytes per device of the graph's inputs, each sharded as much as its shape allows (or as
+    pinned)."""
+    pinned = _resolve_pins(graph, mesh, pin)
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    total = 0.0
+    for gi in graph.inputs:
+        ten = graph.tensors[gi.tensor]
+        specs = [pinned[gi.tensor]] if gi.tensor in pinned else enumerate_specs(ten.shape, mesh)
+        tiles = max(math.prod(sizes[a] for e in sp if e for a in e) for sp in specs)
+        total += ten.nbytes / tiles
+    return total
+
+
 def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
     if not pin:
         return set()
@@ -339,22 +365,24 @@ def _long_range_inputs(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[list[
     return out
 
 
-def _choose_segments(graph: OpGraph, segs: list, mining) -> list:
+def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
     """The chain of segments the hierarchical levels solve.
 
     A model's own layer structure is the best boundary set: when most forward operators carry a
     named scope, the layers found from the scopes (operator clustering) are the segments. Without
     scopes, TePDist's segments between critical nodes (one per mined layer instance) are used,
     unless one segment holds most of the graph (critical nodes are scarce); then the heavy-operator
-    clustering is used. Fine-grained segments are coarsened (see :func:`_coarsen`).
+    clustering is used. ``tepdist_segments()`` computes TePDist's segments (only when needed).
+    Fine-grained segments are coarsened (see :func:`_coarsen`).
     """
     from ._cones import Segment  # noqa: PLC0415
 
     fwd = [op for op in graph.ops if op.role == "forward"]
     scoped = sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
-    biggest = max(len(s.ops) for s in segs)
-    if not scoped and len(segs) >= 3 and biggest <= 0.5 * len(graph):
-        return _coarsen(graph, segs, mining)
+    if not scoped:
+        segs = tepdist_segments()
+        if len(segs) >= 3 and max(len(s.ops) for s in segs) <= 0.5 * len(graph):
+            return _coarsen(graph, segs, mining)
     layers = cluster_layers(graph)
     out = [Segment(id=k, ops=ly.ops, main=ly.forward, critical=None, inputs=(), outputs=(),
                    params=(), flops=ly.flops) for k, ly in enumerate(layers) if ly.ops]
@@ -414,45 +442,3 @@ def _position_maps(graph: OpGraph, rep_ops: Sequence[int], inst_ops: Sequence[in
             if a is not None and b is not None:
                 tmap.setdefault(a, b)
     return omap, tmap
-
-
-def _stitch_vector(prob, op_strat: Mapping[int, Any], t_spec: Mapping[int, Any]) -> tuple[list[int], int]:
-    """A choice vector of the whole-graph problem reproducing the segments' strategies.
-
-    A node of the whole problem may carry operators from several segments (Alpa's follower
-    merging crosses segment borders), so each node takes the strategy index that reproduces the
-    segments' choices for the most of its operators (and its own tensor's spec, for an input).
-    Returns the vector and the number of operators whose segment strategy could not be kept.
-    """
-    members: dict[int, list[tuple[int, Any]]] = {}
-    for o, m in prob.members.items():
-        members.setdefault(m.node, []).append((o, m))
-    vec = []
-    mismatches = 0
-    for nid, n in enumerate(prob.nodes):
-        k = len(n.strategies)
-        if k == 1:
-            vec.append(0)
-            continue
-        votes = np.zeros(k)
-        if n.kind != "op" and n.tensor is not None and n.tensor in t_spec:
-            want = t_spec[n.tensor]
-            votes += [2.0 if st.out_specs[0] == want else 0.0 for st in n.strategies]
-        mem = [(o, m) for o, m in members.get(nid, ()) if o in op_strat]
-        for o, m in mem:
-            target = op_strat[o]
-            for j in range(k):
-                st = m.strats[m.idx[j]]
-                if st.out_specs == target.out_specs and st.in_specs == target.in_specs:
-                    votes[j] += 1.0
-                elif st.out_specs == target.out_specs:
-                    votes[j] += 0.5
-        if votes.max() <= 0:
-            mismatches += len(mem)
-            vec.append(int(np.argmin(n.cost)))
-            continue
-        best = np.flatnonzero(votes == votes.max())
-        j = int(best[np.argmin(n.cost[best])])
-        mismatches += sum(1 for o, m in mem if m.strats[m.idx[j]] != op_strat[o])
-        vec.append(j)
-    return vec, mismatches

@@ -38,10 +38,40 @@ def test_folded_and_hierarchical_match_exhaustive(graphs, case, mesh):
     t_ex = ex.plan.predicted.step_time
     assert hi.plan.predicted.step_time <= t_ex * 1.01
     assert fo.plan.predicted.step_time <= t_ex * 1.01
-    # the exhaustive ILP is optimal for the model the others are costed with
-    assert fo.plan.predicted.step_time >= t_ex * (1 - 1e-6)
+    # costed as chosen, a stitched plan may beat the merged whole-graph ILP, but only where a
+    # segment boundary lets a follower read a resharded operand: by little
+    assert fo.plan.predicted.step_time >= t_ex * 0.98
     assert fo.stats["unique_classes"] <= hi.stats["unique_classes"] == hi.stats["segments"]
     assert fo.stats["stitch_mismatches"] == 0
+    assert fo.solution.least_memory <= fo.solution.memory_per_device
+
+
+@pytest.mark.parametrize("case", ["gpt4", "moe", "wide_resnet", "mlp"])
+def test_costing_as_chosen_reproduces_the_ilp_objective(graphs, case):
+    """Stitched plans are costed operator by operator; on an exhaustive plan that costing gives
+    exactly the merged ILP's objective and memory, so the levels are compared on one measure."""
+    from autoplan.search._ilp import cost_strategies
+    from autoplan.search._intra import make_mesh
+
+    g = graphs[case]
+    cluster = autoplan.Cluster.parse(MESHES[(2, 4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = level_search(g, cluster, (2, 4), level="exhaustive").solution
+    inputs = {gi.tensor: ex.specs[gi.tensor] for gi in g.inputs}
+    bd, missing = cost_strategies(g, make_mesh(cluster, (2, 4)), ex.strategies, inputs)
+    assert missing == 0
+    assert bd.objective == pytest.approx(ex.objective, rel=1e-9)
+    assert bd.memory == pytest.approx(ex.memory_per_device, rel=1e-9)
+    # a strategy changed by hand is charged: the heaviest operator with other output specs
+    from autoplan.search._strategies import strategies as op_strategies
+
+    mesh = make_mesh(cluster, (2, 4))
+    heavy = max(ex.strategies, key=lambda i: g.ops[i].flops)
+    other = next(s for s in op_strategies(g.ops[heavy], g, mesh, set())
+                 if s.out_specs != ex.strategies[heavy].out_specs)
+    changed, _ = cost_strategies(g, mesh, {**ex.strategies, heavy: other}, inputs)
+    assert changed.objective != pytest.approx(bd.objective, rel=1e-6)
 
 
 def test_folding_solves_each_layer_kind_once(graphs):
