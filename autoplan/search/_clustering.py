@@ -179,15 +179,15 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
         for t in op.inputs:
             if t is not None:
                 t_layer[t] = max(t_layer.get(t, -1), layer_of[op.id])
-    # optimizer state shares its parameter's layer (matched by path suffix)
+    # optimizer state shares its parameter's layer (matched by path suffix, the longest)
     param_layer = {gi.path: t_layer[gi.tensor] for gi in graph.inputs
-                   if gi.kind == "parameter" and gi.tensor in t_layer}
+                   if gi.kind == "parameter" and gi.tensor in t_layer and gi.path}
     for gi in graph.inputs:
         if gi.kind == "optimizer_state" and gi.tensor not in t_layer:
-            for path, ly in param_layer.items():
-                if path and gi.path.endswith(path):
-                    t_layer[gi.tensor] = ly
-                    break
+            ly = next((param_layer[gi.path[i:]] for i in range(len(gi.path))
+                       if gi.path[i:] in param_layer), None)
+            if ly is not None:
+                t_layer[gi.tensor] = ly
     fwd_known = set(t_layer)
     last = num_layers - 1
     for op in graph.ops:

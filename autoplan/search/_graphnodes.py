@@ -381,9 +381,7 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
             flops=float(sum(ops[o].flops for o in mem)), scope=ops[main].scope,
             role=ops[main].role))
 
-    dg = nx.DiGraph()
-    for n in nodes:
-        dg.add_node(n.id, gn=n)
+    edata: dict[tuple[int, int], dict] = {}
     ports: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
     member_index = [0] * len(ops)
     for n in nodes:
@@ -400,15 +398,17 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
             u = node_of_op[p]
             if u == v:
                 continue
-            if dg.has_edge(u, v):
-                e = dg.edges[u, v]
-                if t not in e["tensors"]:
-                    e["tensors"].append(t)
-                    e["bytes"] += graph.tensors[t].nbytes
-            else:
-                dg.add_edge(u, v, tensors=[t], bytes=graph.tensors[t].nbytes)
+            e = edata.get((u, v))
+            if e is None:
+                edata[(u, v)] = {"tensors": [t], "bytes": graph.tensors[t].nbytes}
+            elif t not in e["tensors"]:
+                e["tensors"].append(t)
+                e["bytes"] += graph.tensors[t].nbytes
             ports.setdefault((u, v), []).append(
                 (member_index[p], ops[p].outputs.index(t), member_index[op.id], k))
+    dg = nx.DiGraph()
+    dg.add_nodes_from((n.id, {"gn": n}) for n in nodes)
+    dg.add_edges_from((u, v, d) for (u, v), d in edata.items())
     return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, nx=dg,
                           ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)
 
