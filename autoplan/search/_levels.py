@@ -245,7 +245,6 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
                     nxt[b] = (v, path + [(a, b)])
         best = nxt
     dp_value, path = min(best.values(), key=lambda x: x[0])
-
     t_dp = time.perf_counter() - t2
     seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
                  for i in range(K)]
@@ -266,7 +265,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     bd, mismatches = cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
     t_stitch = time.perf_counter() - t3
     total = time.perf_counter() - t0
-    n_ops = sum(1 for o in range(len(graph.ops)) if o in bd.op_strategy)
+    n_ops = len(bd.op_strategy)
     sol = ILPSolution(
         choice={}, strategies=bd.op_strategy,
         specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
