@@ -28,7 +28,6 @@ import math
 import statistics
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import EquivalenceError, ExecutionError, PlanMismatchError
+from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
@@ -234,18 +234,9 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
     return _Resolved(name, workload.fn, host, kinds, workload)
 
 
-_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-
-
 def _cached(r: _Resolved, key: Any, make: Callable[[], Any]) -> Any:
     """``make()`` once per workload object and key (traces, flat programs, the reference)."""
-    try:
-        store = _CACHE.setdefault(r.source, {})
-    except TypeError:  # not weak-referenceable: no caching
-        return make()
-    if key not in store:
-        store[key] = make()
-    return store[key]
+    return memo(r.source, key, make)
 
 
 def _graph(r: _Resolved) -> Any:

@@ -83,6 +83,7 @@ import numpy as np
 from autoplan._cluster import LogicalMesh
 from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph, dtype_bytes
+from autoplan._memo import memo
 from autoplan._plan import Comm
 from autoplan.search._reshard import reshard
 from autoplan.search._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
@@ -339,7 +340,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     consumers = graph.consumers
 
     # ---- free tensors: constants and everything computed only from them -----------------------
-    free = set(_cached(graph, "free_tensors", lambda: _free_tensors(graph)))
+    free = set(memo(graph, "free_tensors", lambda: _free_tensors(graph)))
     for t in fixed_specs:
         free.discard(t)
     prob.free_tensors = free
@@ -437,7 +438,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             prob.fixed_inside[t] = spec
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
     # input's spec in a segment too, whenever the segment holds both ends
-    prob.out_pairs = [(o, i) for o, i in _cached(graph, "updated_input_pairs",
+    prob.out_pairs = [(o, i) for o, i in memo(graph, "updated_input_pairs",
                                                  lambda: updated_input_pairs(graph))
                       if o in prob.tensor_src and i in prob.input_node]
 
@@ -453,15 +454,6 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         prob.vars_before_merging = _count_unmerged(prob)
     prob.build_seconds = time.perf_counter() - t0
     return prob
-
-
-def _cached(graph: OpGraph, key: str, make):
-    """A property of the graph alone, computed once per graph (segment problems of one graph
-    share it)."""
-    store = graph.__dict__.setdefault("_autoplan_cache", {})
-    if key not in store:
-        store[key] = make()
-    return store[key]
 
 
 def _free_tensors(graph: OpGraph) -> frozenset[int]:
@@ -491,7 +483,7 @@ def _gradient_feeds(graph: OpGraph) -> list[bool]:
                         feeds[op.id] = True
         return feeds
 
-    return _cached(graph, "gradient_feeds", make)
+    return memo(graph, "gradient_feeds", make)
 
 
 def _tiles_of(spec: Spec, mesh: LogicalMesh) -> int:

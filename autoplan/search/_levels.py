@@ -51,7 +51,6 @@ References:
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,9 +60,10 @@ import numpy as np
 
 from .._cluster import Cluster
 from .._graph import OpGraph
+from .._memo import memo
 from .._plan import Plan
 from ._clustering import _signature, cluster_layers
-from ._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
+from ._ilp import ILPSolution, _resolve_pins, _tiles_of, cost_strategies, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
 from ._spec import enumerate_specs, pruned_by_shape_check
 
@@ -130,10 +130,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
     t0 = time.perf_counter()
     mesh = make_mesh(cluster, mesh_shape)
-    mining = _cached_analysis(graph, "mining", lambda: mine(graph))
+    mining = memo(graph, "mining", lambda: mine(graph))
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = _cached_analysis(graph, "segments", lambda: _choose_segments(
+    segs = memo(graph, "segments", lambda: _choose_segments(
         graph, lambda: find_segments(graph, mining=mining), mining))
     seg_of = np.full(len(graph.ops), -1)
     for s in segs:
@@ -311,34 +311,15 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     return LevelResult(plan, stats, analysis, sol)
 
 
-_ANALYSES: dict[tuple[int, str], tuple[Any, Any]] = {}
-
-
-def _cached_analysis(graph: OpGraph, what: str, make):
-    """Mining and segments depend on the graph alone: computed once per graph, whatever the mesh
-    (a search tries several meshes and baselines on the same graph)."""
-    key = (id(graph), what)
-    hit = _ANALYSES.get(key)
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    if len(_ANALYSES) > 64:
-        _ANALYSES.clear()
-    value = make()
-    _ANALYSES[key] = (graph, value)
-    return value
-
-
 def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> float:
     """Bytes per device of the graph's inputs, each sharded as much as its shape allows (or as
     pinned)."""
     pinned = _resolve_pins(graph, mesh, pin)
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
     total = 0.0
     for gi in graph.inputs:
         ten = graph.tensors[gi.tensor]
         specs = [pinned[gi.tensor]] if gi.tensor in pinned else enumerate_specs(ten.shape, mesh)
-        tiles = max(math.prod(sizes[a] for e in sp if e for a in e) for sp in specs)
-        total += ten.nbytes / tiles
+        total += ten.nbytes / max(_tiles_of(sp, mesh) for sp in specs)
     return total
 
 

@@ -38,6 +38,7 @@ import numpy as np
 from .._cluster import Cluster, send_recv_time
 from .._errors import InfeasiblePlanError, SearchError
 from .._graph import OpGraph
+from .._memo import memo
 from .._plan import InputSpec, Plan, Predicted, Schedule, Stage
 from .._trace import trace
 from ._clustering import LayerGroup, cluster_layers
@@ -82,36 +83,22 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
     return tuple(out)
 
 
-_TRACES: dict[tuple[int, int], tuple[Any, OpGraph, OpGraph]] = {}
-_FULL: dict[int, tuple[Any, OpGraph]] = {}
-
-
 def traced(workload: Any) -> OpGraph:
-    """``trace(workload)``, cached per workload object for the duration of a search."""
-    hit = _FULL.get(id(workload))
-    if hit is not None and hit[0] is workload:
-        return hit[1]
-    if len(_FULL) > 8:
-        _FULL.clear()
-    g = trace(workload)
-    _FULL[id(workload)] = (workload, g)
-    return g
+    """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
+    search share it)."""
+    return memo(workload, ("search", "trace"), lambda: trace(workload))
 
 
 def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
-    """The full-batch and micro-batch graphs of a workload (cached: the pipeline search and the
-    Megatron TP x PP baseline use the same ones)."""
-    key = (id(workload), microbatches)
-    hit = _TRACES.get(key)
-    if hit is not None and hit[0] is workload:
-        return hit[1], hit[2]
-    if len(_TRACES) > 8:
-        _TRACES.clear()
-    full = traced(workload)
-    mb_args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds), microbatches)
-    graph = trace(workload.fn, *mb_args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
-    _TRACES[key] = (workload, full, graph)
-    return full, graph
+    """The full-batch and micro-batch graphs of a workload (once per workload object: the
+    pipeline search and the Megatron TP x PP baseline use the same ones)."""
+    def make() -> OpGraph:
+        args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds),
+                                        microbatches)
+        return trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds),
+                     name=traced(workload).name)
+
+    return traced(workload), memo(workload, ("search", "microbatch trace", microbatches), make)
 
 
 def layer_dag(graph: OpGraph, layers: list[LayerGroup]):

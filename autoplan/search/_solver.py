@@ -341,6 +341,11 @@ class _Groups:
         return int(g[int(np.argmax(x[g]))])
 
 
+def _rel_gap(objective: float, bound: float) -> float:
+    """``(objective - bound) / |objective|``: how far above the bound a solution may be."""
+    return (objective - bound) / max(abs(objective), 1e-300)
+
+
 def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
                      time_limit: float | None = 60.0, mip_gap: float = 1e-6,
                      max_dives: int = 64, relax_first: bool = True) -> AssignmentSolution:
@@ -402,7 +407,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
             col = flat.most_decided_fractional(x)
         if col is None:
             incumbent = (float(h.getInfo().objective_function_value), x)
-            gap = (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
+            gap = _rel_gap(incumbent[0], bound)
             if gap <= mip_gap:
                 return AssignmentSolution(
                     SolveResult("optimal", incumbent[0], "HiGHS", time.perf_counter() - t0),
@@ -416,8 +421,8 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
         _timeout_warning("HiGHS", time_limit)
         return AssignmentSolution(SolveResult("feasible", incumbent[0], "HiGHS",
                                               time.perf_counter() - t0), incumbent[1], bound,
-                                  (incumbent[0] - bound) / max(abs(incumbent[0]), 1e-300)
-                                  if bound is not None else None, dives)
+                                  _rel_gap(incumbent[0], bound) if bound is not None else None,
+                                  dives)
     m = _highs(model, a, integer=True, time_limit=limit)
     m.setOptionValue("mip_rel_gap", float(mip_gap))
     if incumbent is not None:
@@ -436,7 +441,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
         if incumbent is not None and incumbent[0] < obj:
             obj, x = incumbent
         mb = float(info.mip_dual_bound)
-        gap = (obj - mb) / max(abs(obj), 1e-300)
+        gap = _rel_gap(obj, mb)
         if ms != S.kOptimal:
             _timeout_warning("HiGHS", time_limit)
         return AssignmentSolution(SolveResult("optimal" if ms == S.kOptimal else "feasible", obj,

@@ -1,0 +1,36 @@
+"""Per-object memo: values computed from one object alone, kept as long as that object.
+
+Search and execution derive the same things from a workload or a graph again and again (traces,
+mining, per-graph tables of the ILP); :func:`memo` computes each once per object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_SLOT = "_autoplan_memo"
+
+
+def memo(owner: Any, key: Hashable, make: Callable[[], T]) -> T:
+    """``make()`` once per ``owner`` object and ``key``.
+
+    The value is stored on the owner itself (as :func:`functools.cached_property` does, so frozen
+    dataclasses work too) and lives as long as it; owners without a ``__dict__`` are not cached.
+    """
+    store = getattr(owner, "__dict__", None)
+    if store is None:
+        return make()
+    cache = store.setdefault(_SLOT, {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def forget(owner: Any) -> None:
+    """Drop everything :func:`memo` holds for ``owner`` (the next uses recompute)."""
+    store = getattr(owner, "__dict__", None)
+    if store is not None:
+        store.pop(_SLOT, None)
