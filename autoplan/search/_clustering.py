@@ -133,13 +133,16 @@ def _group(flops: Sequence[float], cross: np.ndarray, num_layers: int, eps: floa
     return cuts[::-1]
 
 
-def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5) -> list[LayerGroup]:
+def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5, *,
+                   max_layers: int | None = 64) -> list[LayerGroup]:
     """Cluster a training graph's operators into pipeline layers.
 
     Args:
         graph: the traced training step.
-        num_layers: how many layers; default: one per unit (named scope) up to 64, else 64.
+        num_layers: how many layers; default: one per unit (named scope) up to ``max_layers``,
+            else ``max_layers``.
         eps: Alpa's balance slack: each layer's FLOPs <= (1+eps) . average.
+        max_layers: the default's cap (None: one layer per unit however many there are).
 
     Returns:
         The layers in model order; every operator belongs to exactly one.
@@ -152,7 +155,7 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
         raise SearchError("cluster_layers: the graph has no forward operators to cluster.")
     n = len(units)
     if num_layers is None:
-        num_layers = min(n, 64)
+        num_layers = n if max_layers is None else min(n, max_layers)
     if not isinstance(num_layers, int) or num_layers <= 0 or num_layers > n:
         raise SearchError(f"cluster_layers: num_layers should be an integer in [1, {n}] (the "
                           f"number of units in this graph). Got {num_layers!r}.")
