@@ -19,6 +19,7 @@ import jax
 
 from autoplan._cluster import Cluster, LogicalMesh
 from autoplan._errors import ClusterError, SearchError
+from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._plan import (
     Comm,
@@ -201,6 +202,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                 jax_version=jax.__version__, notes=tuple(notes))
 
 
+@gc_paused
 def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
                     memory_budget: float | None = None, pin: Mapping[str, Any] | None = None,
                     time_limit: float = 60.0, mesh_axis_names: Sequence[str] = ("x", "y"),

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from .._cluster import Cluster
+from .._gc import gc_paused
 from .._graph import OpGraph
 from .._memo import memo
 from .._plan import Plan
@@ -107,6 +108,7 @@ class LevelResult:
     solution: ILPSolution | None = field(default=None, repr=False)
 
 
+@gc_paused
 def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
                  level: str = "folded", memory_budget: float | None = None,
                  pin: Mapping[str, Any] | None = None, time_limit: float = 60.0,
