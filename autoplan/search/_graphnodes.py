@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import networkx as nx
@@ -90,12 +91,25 @@ class OpLabeler:
         table: dict[str, int] = {}
         self.ids: list[int] = []
         self.strings: list[str] = []
+        # operators are first interned by a tuple of the label's parts (much cheaper than the
+        # string); the string is made once per distinct tuple, and equal strings share an id
+        quick: dict[tuple, int] = {}
         for op in graph.ops:
-            s = op_label(op)
-            i = table.get(s)
+            try:
+                k = (op.primitive, op.in_shapes, op.out_shapes, op.in_dtypes, op.out_dtypes,
+                     tuple([(p, v, type(v)) for p, v in sorted(op.params.items())
+                            if p not in _VOLATILE_PARAMS]))
+                i = quick.get(k)
+            except TypeError:  # an unhashable parameter: the string alone
+                k, i = None, None
             if i is None:
-                i = table[s] = len(self.strings)
-                self.strings.append(s)
+                s = op_label(op)
+                i = table.get(s)
+                if i is None:
+                    i = table[s] = len(self.strings)
+                    self.strings.append(s)
+                if k is not None:
+                    quick[k] = i
             self.ids.append(i)
         self._digests: dict[int, str] = {}
 
@@ -172,8 +186,8 @@ class GraphNodeGraph:
         graph: the operator graph.
         nodes: the GraphNodes, in order of their first operator.
         node_of_op: for each operator id, the id of its GraphNode.
-        nx: ``networkx.DiGraph`` over GraphNode ids; an edge ``u -> v`` carries ``tensors`` (the
-            ids of the tensors ``u`` passes to ``v``) and ``bytes`` (their total size).
+        edges: for each GraphNode edge ``(u, v)``: ``{"tensors": ids of the tensors u passes to
+            v, "bytes": their total size}``.
         ports: for each edge ``(u, v)``, the sorted tuple of ``(member index of the producer in u,
             output index, member index of the consumer in v, operand index)`` of the operands it
             carries: what the subgraph miner uses as edge labels.
@@ -183,12 +197,21 @@ class GraphNodeGraph:
     graph: OpGraph
     nodes: list[GraphNode]
     node_of_op: list[int]
-    nx: nx.DiGraph
+    edges: dict[tuple[int, int], dict] = field(repr=False)
     ports: dict[tuple[int, int], tuple[tuple[int, int, int, int], ...]] = field(repr=False)
     labeler: OpLabeler | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        """``networkx.DiGraph`` over GraphNode ids (node attribute ``gn``); an edge carries
+        ``tensors`` and ``bytes`` as in :attr:`edges`."""
+        dg = nx.DiGraph()
+        dg.add_nodes_from((n.id, {"gn": n}) for n in self.nodes)
+        dg.add_edges_from((u, v, d) for (u, v), d in self.edges.items())
+        return dg
 
     def __iter__(self):
         return iter(self.nodes)
@@ -210,7 +233,7 @@ class GraphNodeGraph:
         top = sorted(labels.items(), key=lambda kv: -kv[1])[:6]
         return (f"{len(self.graph)} operators -> {len(self.nodes)} GraphNodes "
                 f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}); edges "
-                f"{self.nx.number_of_edges()}; top labels: "
+                f"{len(self.edges)}; top labels: "
                 + "; ".join(f"{lab[:60]} x{c}" for lab, c in top))
 
 
@@ -227,25 +250,26 @@ class _Group:
         self.final = gid  # the group it was absorbed into (itself if not absorbed)
 
 
-def _producers(graph: OpGraph, op: OpNode) -> list[int]:
-    out: list[int] = []
-    for t in op.inputs:
-        if t is None:
-            continue
-        p = graph.tensors[t].producer
-        if p >= 0 and p not in out:
-            out.append(p)
-    return out
-
-
-def _consumer_ops(graph: OpGraph, op: OpNode) -> list[int]:
-    cons = graph.consumers
-    out: list[int] = []
-    for t in op.outputs:
-        for c in cons[t]:
-            if c not in out:
-                out.append(c)
-    return out
+def _op_links(graph: OpGraph) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """For each operator its distinct producer operators and its distinct consumer operators
+    (in operand / operator order), and for each tensor its index among its producer's outputs."""
+    ops = graph.ops
+    tprod = [t.producer for t in graph.tensors]
+    out_index = [0] * len(graph.tensors)
+    prods_of: list[list[int]] = []
+    cons_of: list[list[int]] = [[] for _ in ops]
+    for op in ops:
+        for j, t in enumerate(op.outputs):
+            out_index[t] = j
+        ps: list[int] = []
+        for t in op.inputs:
+            if t is not None:
+                p = tprod[t]
+                if p >= 0 and p not in ps:
+                    ps.append(p)
+                    cons_of[p].append(op.id)
+        prods_of.append(ps)
+    return prods_of, cons_of, out_index
 
 
 def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
@@ -270,44 +294,44 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         ['dot_general+broadcast_in_dim+add+tanh', 'reduce_sum']
     """
     ops = graph.ops
+    tensors = graph.tensors
     dep = data_dependent(graph)
+    prods_of, cons_of, out_index = _op_links(graph)
     group_of = [-1] * len(ops)
     groups: list[_Group] = []
-    single_user = [len(_consumer_ops(graph, op)) == 1 for op in ops]
+    single_user = [len(c) == 1 for c in cons_of]
 
     def new(op: OpNode, kind: str, side: bool, x_op: int = -1) -> None:
         g = _Group(len(groups), op.id, kind, op.role, side, x_op)
         groups.append(g)
         group_of[op.id] = g.id
 
-    def join(op: OpNode, g: _Group) -> None:
-        g.ops.append(op.id)
-        group_of[op.id] = g.id
-
     for op in ops:
-        prods = _producers(graph, op)
+        prods = prods_of[op.id]
         prim = op.primitive
         if not dep[op.id]:
             # side computation: group with side producers when they all lie in one side group
             pg = {group_of[p] for p in prods}
-            if prim not in ANCHORS and len(pg) == 1:
-                g = groups[next(iter(pg))]
+            if len(pg) == 1 and prim not in ANCHORS:
+                g = groups[pg.pop()]
                 if g.side and g.role == op.role:
-                    join(op, g)
+                    g.ops.append(op.id)
+                    group_of[op.id] = g.id
                     continue
             new(op, "side", True)
             continue
-        data_groups = {group_of[p] for p in prods if dep[p]}
         if prim in ANCHORS:
             new(op, "heavy" if prim in HEAVY else "anchor", False)
             continue
+        data_groups = {group_of[p] for p in prods if dep[p]}
         if prim in REDUCTIONS:
             # a reduction of a value private to a normalisation continues it
             if len(data_groups) == 1:
                 g = groups[next(iter(data_groups))]
                 if (g.kind == "norm" and g.role == op.role
                         and all(single_user[p] for p in prods if dep[p])):
-                    join(op, g)
+                    g.ops.append(op.id)
+                    group_of[op.id] = g.id
                     continue
             x_op = next((p for p in prods if dep[p]), -1)
             new(op, "norm", False, x_op)
@@ -327,7 +351,8 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
                     target = g
                     break
         if target is not None:
-            join(op, target)
+            target.ops.append(op.id)
+            group_of[op.id] = target.id
         else:
             new(op, "op", False)
 
@@ -337,7 +362,7 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
             continue
         targets: set[int] = set()
         for o in g.ops:
-            for c in _consumer_ops(graph, ops[o]):
+            for c in cons_of[o]:
                 cg = group_of[c]
                 if cg != g.id:
                     targets.add(groups[cg].final)
@@ -349,66 +374,61 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         members.setdefault(g.final, []).extend(g.ops)
     order = sorted(members, key=lambda gid: min(members[gid]))
     node_of_op = [-1] * len(ops)
+    member_index = [0] * len(ops)
     key_table: dict[tuple, int] = {}
     labeler = OpLabeler(graph)
+    label_ids = labeler.ids
     nodes: list[GraphNode] = []
     for nid, gid in enumerate(order):
-        mem = sorted(members[gid])
-        for o in mem:
+        mem = members[gid]
+        mem.sort()
+        for i, o in enumerate(mem):
             node_of_op[o] = nid
-        g = groups[gid]
-        main = g.ops[0]
-        pos = {o: i for i, o in enumerate(mem)}
+            member_index[o] = i
+        main = groups[gid].ops[0]
         struct = []
         for o in mem:
-            op = ops[o]
             ins = []
-            for t in op.inputs:
+            for t in ops[o].inputs:
                 if t is None:
                     ins.append(-1)
                     continue
-                p = graph.tensors[t].producer
-                if p >= 0 and p in pos:
-                    ins.append((pos[p], ops[p].outputs.index(t)))
+                p = tensors[t].producer
+                if p < 0:
+                    ins.append(-3)
+                elif node_of_op[p] == nid:
+                    ins.append((member_index[p], out_index[t]))
                 else:
-                    ins.append(-2 if p >= 0 else -3)
-            struct.append((labeler.ids[o], tuple(ins)))
-        skey = (ops[main].role, tuple(struct))
-        key = key_table.setdefault(skey, len(key_table))
+                    ins.append(-2)
+            struct.append((label_ids[o], tuple(ins)))
+        mop = ops[main]
+        key = key_table.setdefault((mop.role, tuple(struct)), len(key_table))
         nodes.append(GraphNode(
             id=nid, ops=tuple(mem), main=main,
-            label="+".join(ops[o].primitive for o in mem), key=key, kind=g.kind,
-            flops=float(sum(ops[o].flops for o in mem)), scope=ops[main].scope,
-            role=ops[main].role))
+            label="+".join([ops[o].primitive for o in mem]), key=key, kind=groups[gid].kind,
+            flops=float(sum([ops[o].flops for o in mem])), scope=mop.scope, role=mop.role))
 
-    edata: dict[tuple[int, int], dict] = {}
+    edges: dict[tuple[int, int], dict] = {}
     ports: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    member_index = [0] * len(ops)
-    for n in nodes:
-        for i, o in enumerate(n.ops):
-            member_index[o] = i
     for op in ops:
         v = node_of_op[op.id]
         for k, t in enumerate(op.inputs):
             if t is None:
                 continue
-            p = graph.tensors[t].producer
+            p = tensors[t].producer
             if p < 0:
                 continue
             u = node_of_op[p]
             if u == v:
                 continue
-            e = edata.get((u, v))
+            e = edges.get((u, v))
             if e is None:
-                edata[(u, v)] = {"tensors": [t], "bytes": graph.tensors[t].nbytes}
-            elif t not in e["tensors"]:
+                edges[(u, v)] = {"tensors": [t], "bytes": tensors[t].nbytes}
+                ports[(u, v)] = [(member_index[p], out_index[t], member_index[op.id], k)]
+                continue
+            if t not in e["tensors"]:
                 e["tensors"].append(t)
-                e["bytes"] += graph.tensors[t].nbytes
-            ports.setdefault((u, v), []).append(
-                (member_index[p], ops[p].outputs.index(t), member_index[op.id], k))
-    dg = nx.DiGraph()
-    dg.add_nodes_from((n.id, {"gn": n}) for n in nodes)
-    dg.add_edges_from((u, v, d) for (u, v), d in edata.items())
-    return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, nx=dg,
+                e["bytes"] += tensors[t].nbytes
+            ports[(u, v)].append((member_index[p], out_index[t], member_index[op.id], k))
+    return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, edges=edges,
                           ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)
-

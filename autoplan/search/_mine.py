@@ -54,6 +54,9 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan.search._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
 
@@ -219,11 +222,19 @@ class _Index:
         self.inn: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.ebytes: dict[tuple[int, int], int] = {}
+        src: list[int] = []
+        dst: list[int] = []
+        elab: list[int] = []
         for (u, v), ports in gng.ports.items():
             e = etab.setdefault(ports, len(etab))
             self.out[u].append((e, v))
             self.inn[v].append((e, u))
-            self.ebytes[(u, v)] = gng.nx.edges[u, v]["bytes"]
+            self.ebytes[(u, v)] = gng.edges[(u, v)]["bytes"]
+            src.append(u)
+            dst.append(v)
+            elab.append(e)
+        self.edge_arrays = (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64),
+                            np.array(elab, dtype=np.uint64))
         # GraphNodes reading the same parameter / optimizer-state input: a third kind of adjacency
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
         self.share: list[list[tuple[int, int]]] = [[] for _ in range(n)]
@@ -263,18 +274,38 @@ class _Index:
                         self.slot_edge[sk] = (d, e)
                         m[sk] = nb
                 self.slots[d].append(m)
+        # every node's neighbours in all directions, with the (direction, edge label) of each
+        self.nbrs: list[list[tuple[tuple[int, int], int]]] = [
+            [(self.slot_edge[sk], nb) for d in (0, 1, 2) for sk, nb in self.slots[d][g].items()]
+            for g in range(n)]
 
-    def wl(self, rounds: int) -> list[int]:
-        lab = list(self.key)
+    def wl(self, rounds: int) -> list[list[int]]:
+        """Weisfeiler-Lehman labels after 0, 1, .., ``rounds`` refinements of the keys, over
+        arrays.
+
+        A node's new label names (its label, the multiset of (edge label, label) of its
+        producers, that of its consumers); each multiset is summed from 64-bit hashes of its
+        elements (order-free; two different multisets collide with probability ~2^-64).
+        """
+        lab = np.asarray(self.key, dtype=np.uint64)
+        src, dst, elab = self.edge_arrays
+        levels = [list(self.key)]
         for _ in range(rounds):
-            tab: dict[tuple, int] = {}
-            new = [0] * self.n
-            for g in range(self.n):
-                sig = (lab[g], tuple(sorted((e, lab[u]) for e, u in self.inn[g])),
-                       tuple(sorted((e, lab[v]) for e, v in self.out[g])))
-                new[g] = tab.setdefault(sig, len(tab))
-            lab = new
-        return lab
+            h_in = np.zeros(self.n, dtype=np.uint64)
+            h_out = np.zeros(self.n, dtype=np.uint64)
+            np.add.at(h_in, dst, _mix((elab << np.uint64(32)) | lab[src]))
+            np.add.at(h_out, src, _mix((elab << np.uint64(32)) | lab[dst]))
+            _, inv = np.unique(np.stack([lab, h_in, h_out], axis=1), axis=0, return_inverse=True)
+            lab = inv.reshape(-1).astype(np.uint64)
+            levels.append(lab.astype(np.int64).tolist())
+        return levels
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a 64-bit mixing of each element (uint64 arithmetic wraps)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 @dataclass
@@ -306,18 +337,18 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     owner: dict[int, tuple[int, int]] = {s: (j, 0) for j, s in enumerate(seeds)}
     primary = 0 if order == "producers" else 1
     slots = ix.slots
-    slot_edge = ix.slot_edge
     backward = ix.backward
     blame = [0] * n_inst
     odd = max(1, n_inst // 3)
 
+    nbrs = ix.nbrs
+
     def signature(c: int, j: int) -> tuple:
         sig = []
-        for d in (0, 1, 2):
-            for sk, nb in slots[d][c].items():
-                ow = owner.get(nb)
-                if ow is not None and ow[0] == j:
-                    sig.append((slot_edge[sk], ow[1]))
+        for se, nb in nbrs[c]:
+            ow = owner.get(nb)
+            if ow is not None and ow[0] == j:
+                sig.append((se, ow[1]))
         sig.sort()
         return tuple(sig)
 
@@ -489,6 +520,7 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
     return best, trials, cands
 
 
+@gc_paused
 def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
          graphnodes: GraphNodeGraph | None = None, wl_rounds: int = 3, seeds_per_level: int = 2,
          max_classes: int | None = None, complete_gain: float = 0.05,
@@ -532,7 +564,7 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
     timings["graphnodes"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     ix = _Index(gng)
-    wl_levels = [ix.wl(r) for r in range(wl_rounds + 1)]
+    wl_levels = ix.wl(wl_rounds)
     timings["signatures"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
