@@ -22,6 +22,7 @@ References:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from .._errors import SearchError
 from .._graph import OpGraph
+from .._memo import memo
 
 __all__ = ["LayerGroup", "cluster_layers", "HEAVY"]
 
@@ -235,20 +237,29 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
 
 def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     """Structural identity of a layer: its operators' primitives, shapes and the wiring among
-    them, independent of ids and scope names."""
-    import hashlib  # noqa: PLC0415
+    them, independent of ids and scope names (memoised per graph and operator set: the levels
+    ask again for the layers clustering just signed)."""
+    key = tuple(sorted(ops))
+    return memo(graph, ("layer_signature", key), lambda: _make_signature(graph, key))
 
-    ops = sorted(ops)
+
+def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
+    words = memo(graph, "signature_words", dict)  # (primitive, out shapes, role) -> text
     local = {o: i for i, o in enumerate(ops)}
-    h = hashlib.sha256()
+    tensors = graph.tensors
+    parts = []
     for o in ops:
         op = graph.ops[o]
+        w = words.get((op.primitive, op.out_shapes, op.role))
+        if w is None:
+            w = words[(op.primitive, op.out_shapes, op.role)] = (
+                f"{op.primitive}|{op.out_shapes}|{op.role}|")
         srcs = []
         for t in op.inputs:
             if t is None:
                 srcs.append("lit")
                 continue
-            p = graph.tensors[t].producer
-            srcs.append(str(local[p] - local[o]) if p in local else f"ext{graph.tensors[t].shape}")
-        h.update(f"{op.primitive}|{op.out_shapes}|{op.role}|{','.join(srcs)};".encode())
-    return h.hexdigest()[:16]
+            p = tensors[t].producer
+            srcs.append(str(local[p] - local[o]) if p in local else f"ext{tensors[t].shape}")
+        parts.append(w + ",".join(srcs) + ";")
+    return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
