@@ -794,12 +794,107 @@ def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int,
     Returns:
         The breakdown and the number of decision nodes (operators or inputs) given no choice.
     """
-    prob = build_problem(graph, mesh, pins=pins, count_unmerged=False, chosen=op_strategy,
-                         chosen_specs=input_specs)
-    vec = [0 if len(n.strategies) == 1 else int(np.argmin([s.compute_time for s in n.strategies]))
-           for n in prob.nodes]
-    missing = sum(1 for n in prob.nodes if len(n.strategies) > 1)
-    return _breakdown(prob, vec), missing
+    free = memo(graph, "free_tensors", lambda: _free_tensors(graph))
+    if any(i not in op_strategy for i, op in enumerate(graph.ops)
+           if not (op.outputs and all(t in free for t in op.outputs))):
+        # an operator without a strategy: the general problem resolves it (followers from their
+        # leaders), then each node takes its cheapest strategy by compute
+        prob = build_problem(graph, mesh, pins=pins, count_unmerged=False, chosen=op_strategy,
+                             chosen_specs=input_specs)
+        vec = [0 if len(n.strategies) == 1 else
+               int(np.argmin([s.compute_time for s in n.strategies])) for n in prob.nodes]
+        missing = sum(1 for n in prob.nodes if len(n.strategies) > 1)
+        return _breakdown(prob, vec), missing
+    return _cost_complete(graph, mesh, op_strategy, input_specs, pins, free)
+
+
+def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
+                   input_specs: Mapping[int, Spec], pins: Mapping[str, Any] | None,
+                   free: frozenset[int]) -> tuple[_Breakdown, int]:
+    """:func:`cost_strategies` of a plan that gives every operator a strategy, in one pass over
+    the operators (the same terms, in the same order, as ``_breakdown`` of the chosen problem)."""
+    tensors = graph.tensors
+    pinned = _resolve_pins(graph, mesh, pins)
+    specs: dict[int, Spec] = {}
+    penalty = memory = 0.0
+    missing = 0
+    for gi in graph.inputs:
+        t = gi.tensor
+        ten = tensors[t]
+        if t in input_specs:
+            spec = input_specs[t]
+        elif t in pinned:
+            spec = pinned[t]
+        else:
+            options = enumerate_specs(ten.shape, mesh)
+            missing += len(options) > 1
+            spec = options[0]  # every input strategy computes nothing: the first is cheapest
+        st = _spec_strategy(spec, ten.shape, ten.dtype, mesh)
+        penalty += float(_penalty_vec(ten.nbytes, [st], mesh)[0])
+        memory += st.memory
+        specs[t] = spec
+    feeds = _gradient_feeds(graph)
+    chosen: list[tuple[int, Strategy]] = []
+    compute = comm = 0.0
+    comms: list[tuple[int | None, Comm]] = []
+    for op in graph.ops:
+        if op.outputs and all(t in free for t in op.outputs):
+            continue
+        i = op.id
+        st = op_strategy[i]
+        chosen.append((i, st))
+        compute += st.compute_time
+        if st.comm:
+            tag = "grad-sync" if op.role == "backward" and feeds[i] else "op"
+            for c in st.comm:
+                comm += c.time
+                comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
+        for j, t in enumerate(op.outputs):
+            specs[t] = st.out_specs[j]
+    consumers = graph.consumers
+    ops = graph.ops
+    for i, _st in chosen:
+        op = ops[i]
+        if op.role == "forward":
+            for t in op.outputs:
+                if any(ops[c].role == "backward" for c in consumers[t]):
+                    memory += tensors[t].nbytes / _tiles_of(specs[t], mesh)
+
+    def charge(t: int, src: Spec, dst: Spec, op_id: int | None) -> float:
+        ten = tensors[t]
+        tt, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+        for c in cs:
+            comms.append((op_id, c))
+        return tt
+
+    for i, st in chosen:
+        for j, t in enumerate(ops[i].inputs):
+            if t is None or t not in specs:
+                continue
+            shape = tensors[t].shape
+            if not shape:
+                continue
+            dst = st.in_specs[j]
+            if dst is None:
+                dst = replicated(len(shape))
+            if dst != specs[t]:
+                comm += charge(t, specs[t], dst, i)
+    input_tensors = graph.input_of_tensor
+    for o, inp in memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph)):
+        if o in specs and inp in input_tensors:
+            comm += charge(o, specs[o], specs[inp], None)
+    # free tensors: the spec their first consumer needs
+    chosen_of = dict(chosen)
+    for t in free:
+        for c in consumers[t]:
+            st = chosen_of.get(c)
+            if st is not None:
+                j = ops[c].inputs.index(t)
+                if st.in_specs[j] is not None:
+                    specs[t] = st.in_specs[j]
+                    break
+    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory,
+                      chosen_of, specs, comms), missing
 
 
 def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int], *,
