@@ -50,13 +50,10 @@ References:
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from .._cluster import Cluster
 from .._gc import gc_paused
@@ -137,13 +134,13 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     t1 = time.perf_counter()
     segs = memo(graph, "segments", lambda: _choose_segments(
         graph, lambda: find_segments(graph, mining=mining), mining))
-    seg_of = np.full(len(graph.ops), -1)
+    seg_of = [-1] * len(graph.ops)
     for s in segs:
-        seg_of[list(s.ops)] = s.id
+        for o in s.ops:
+            seg_of[o] = s.id
     K = len(segs)
     pins_set = _pinned_tensors(graph, pin)
-    boundaries = _all_boundary_tensors(graph, seg_of, K)
-    long_range = _long_range_inputs(graph, seg_of, K)
+    boundaries, long_range = _crossings(graph, seg_of, K)
     sig = [_signature(graph, s.ops) for s in segs]
     t_seg = time.perf_counter() - t1
 
@@ -194,11 +191,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
                                           if n.kind == "op"))
             cache[key] = (sol.objective, sol.strategies, sol.specs)
         obj, strats, specs = cache[key]
-        if rep == i:
-            return obj, strats, specs
-        omap, tmap = _position_maps(graph, segs[rep].ops, segs[i].ops)
-        return (obj, {omap[o]: s for o, s in strats.items() if o in omap},
-                {tmap[t]: s for t, s in specs.items() if t in tmap})
+        return obj, _SegmentView(graph, segs[rep].ops, segs[i].ops, strats, specs)
 
     # 1. free solves; tensors that skip segments get their producer's spec in their consumers
     free = [solve_segment(i, None, None) for i in range(K)]
@@ -206,7 +199,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         for i in range(K):
             for t in long_range[i]:
                 p = seg_of[graph.tensors[t].producer]
-                spec = free[p][2].get(t)
+                spec = free[p][1].spec(t)
                 if spec is not None:
                     lr_fixed[i][t] = spec
         free = [solve_segment(i, None, None) if lr_fixed[i] else free[i] for i in range(K)]
@@ -214,11 +207,11 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     cands: list[list[tuple]] = []
     for i in range(K - 1):
         bt = boundaries[i]
-        left = tuple(free[i][2].get(t) for t in bt)
-        right = tuple(free[i + 1][2].get(t) for t in bt)
+        left = tuple(free[i][1].spec(t) for t in bt)
+        right = tuple(free[i + 1][1].spec(t) for t in bt)
         opts = [left]
         if left != right:
-            prod = tuple(free[int(seg_of[graph.tensors[t].producer])][2].get(t) for t in bt)
+            prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) for t in bt)
             shapes = [graph.tensors[t].shape for t in bt]
             rep = tuple((None,) * len(graph.tensors[t].shape) for t in bt)
             opts += [right, rep, prod] + [
@@ -256,14 +249,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     op_strat: dict[int, Any] = {}
     in_spec: dict[int, Any] = {}
     for i, (a, b) in enumerate(path):
-        if a is None and b is None:
-            _, strats, specs = free[i]
-        else:
-            _, strats, specs = solve_segment(i, a, b)
-        op_strat.update(strats)
-        for t, s in specs.items():
-            if graph.tensors[t].producer < 0:
-                in_spec.setdefault(t, s)
+        view = free[i][1] if a is None and b is None else solve_segment(i, a, b)[1]
+        op_strat.update(view.strategies())
+        for t, s in view.input_specs():
+            in_spec.setdefault(t, s)
     bd, mismatches = cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
     t_stitch = time.perf_counter() - t3
     total = time.perf_counter() - t0
@@ -334,33 +323,33 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
     return out
 
 
-def _all_boundary_tensors(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[tuple[int, ...]]:
-    """For each i < K-1, the non-scalar tensors crossing between segments i and i+1 in either
-    direction (one pass over the tensors)."""
-    out: list[list[int]] = [[] for _ in range(max(K - 1, 0))]
+def _crossings(graph: OpGraph, seg_of: list[int], K: int
+               ) -> tuple[list[tuple[int, ...]], list[list[int]]]:
+    """The non-scalar tensors crossing between segments, in one pass over the tensors.
+
+    Returns:
+        For each i < K-1, the tensors crossing between segments i and i+1 in either direction
+        (sorted); and for each segment, the tensors it reads from a segment that is not adjacent.
+    """
+    bound: list[list[int]] = [[] for _ in range(max(K - 1, 0))]
+    long_range: list[list[int]] = [[] for _ in range(K)]
+    consumers = graph.consumers
     for t, ten in enumerate(graph.tensors):
-        if ten.producer < 0 or not ten.shape:
+        p = ten.producer
+        if p < 0 or not ten.shape:
             continue
-        p = int(seg_of[ten.producer])
-        users = {int(seg_of[c]) for c in graph.consumers[t]}
+        p = seg_of[p]
+        users = {seg_of[c] for c in consumers[t]}
+        if not users or users == {p}:
+            continue
         if p + 1 in users and p + 1 < K:
-            out[p].append(t)
+            bound[p].append(t)
         if p - 1 in users and p >= 1:
-            out[p - 1].append(t)
-    return [tuple(sorted(x)) for x in out]
-
-
-def _long_range_inputs(graph: OpGraph, seg_of: np.ndarray, K: int) -> list[list[int]]:
-    """For each segment, the non-scalar tensors it reads from a segment that is not adjacent."""
-    out: list[list[int]] = [[] for _ in range(K)]
-    for t, ten in enumerate(graph.tensors):
-        if ten.producer < 0 or not ten.shape:
-            continue
-        p = int(seg_of[ten.producer])
-        for q in {int(seg_of[c]) for c in graph.consumers[t]}:
+            bound[p - 1].append(t)
+        for q in users:
             if abs(q - p) > 1:
-                out[q].append(t)
-    return out
+                long_range[q].append(t)
+    return [tuple(sorted(x)) for x in bound], long_range
 
 
 def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
@@ -430,13 +419,56 @@ def _coarsen(graph: OpGraph, segs: list, mining, max_segments: int | None = None
     return out
 
 
-def _position_maps(graph: OpGraph, rep_ops: Sequence[int], inst_ops: Sequence[int]):
-    """Operator and tensor correspondences between two structurally equal segments."""
-    omap = dict(zip(rep_ops, inst_ops))
-    tmap: dict[int, int] = {}
-    for r, q in zip(rep_ops, inst_ops):
-        ro, qo = graph.ops[r], graph.ops[q]
-        for a, b in itertools.chain(zip(ro.outputs, qo.outputs), zip(ro.inputs, qo.inputs)):
-            if a is not None and b is not None:
-                tmap.setdefault(a, b)
-    return omap, tmap
+class _SegmentView:
+    """A segment's solved strategies and specs, taken from its class representative's solve
+    through the position-by-position correspondence of the two (equal) operator lists; mapped on
+    use, since the chain DP needs only the objectives and the boundaries only a few specs."""
+
+    def __init__(self, graph: OpGraph, rep_ops: Sequence[int], ops: Sequence[int],
+                 strats: Mapping[int, Any], specs: Mapping[int, Any]):
+        self.graph, self.rep_ops, self.ops = graph, rep_ops, ops
+        self.strats, self.specs = strats, specs
+        self.same = rep_ops is ops or tuple(rep_ops) == tuple(ops)
+        self._pos: dict[int, int] | None = None
+
+    def _position(self) -> dict[int, int]:
+        if self._pos is None:
+            self._pos = {o: k for k, o in enumerate(self.ops)}
+        return self._pos
+
+    def strategies(self) -> dict[int, Any]:
+        """``{operator id: strategy}`` of this segment's operators."""
+        if self.same:
+            return dict(self.strats)
+        rep_pos = {o: k for k, o in enumerate(self.rep_ops)}
+        return {self.ops[rep_pos[o]]: s for o, s in self.strats.items() if o in rep_pos}
+
+    def spec(self, t: int):
+        """The spec the solve gave tensor ``t`` (made or read by this segment), or None."""
+        if self.same:
+            return self.specs.get(t)
+        ops = self.graph.ops
+        pos = self._position()
+        p = self.graph.tensors[t].producer
+        if p in pos:
+            return self.specs.get(ops[self.rep_ops[pos[p]]].outputs[ops[p].outputs.index(t)])
+        for c in self.graph.consumers[t]:
+            if c in pos:
+                return self.specs.get(ops[self.rep_ops[pos[c]]].inputs[ops[c].inputs.index(t)])
+        return None
+
+    def input_specs(self) -> list[tuple[int, Any]]:
+        """``(graph input tensor, spec)`` for the graph inputs this segment reads."""
+        tensors, ops = self.graph.tensors, self.graph.ops
+        ins = [(t, s) for t, s in self.specs.items() if tensors[t].producer < 0]
+        if self.same:
+            return ins
+        rep_pos = {o: k for k, o in enumerate(self.rep_ops)}
+        out = []
+        for t, s in ins:
+            r = next((c for c in self.graph.consumers[t] if c in rep_pos), None)
+            if r is not None:
+                u = ops[self.ops[rep_pos[r]]].inputs[ops[r].inputs.index(t)]
+                if u is not None and tensors[u].producer < 0:
+                    out.append((u, s))
+        return out
