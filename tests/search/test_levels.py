@@ -116,3 +116,17 @@ def test_symbolic_shape_check_counts_invalid_assignments():
     assert pruned_by_shape_check([(6,)], mesh) == 2
     assert len(enumerate_specs((6,), mesh)) == 2
     assert pruned_by_shape_check([(8, 8)], mesh) == 0
+
+
+def test_a_deep_scoped_model_gets_one_segment_per_layer():
+    """More named-scope layers than pipeline clustering's default cap (64): the levels still
+    cut one segment per layer (plus embedding and head), so the folded search solves the same
+    three classes as on a shallow model instead of merged multi-layer segments."""
+    g = autoplan.trace(models.get("gpt", size="tiny", layers=66, hidden=32, heads=2, seq_len=8,
+                                  batch=8, vocab=64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fo = level_search(g, autoplan.Cluster.parse("p3.16xlarge:1"), (2, 4), level="folded")
+    assert fo.stats["segments"] == 66 + 2
+    assert fo.stats["unique_classes"] == 3
+    assert fo.stats["stitch_mismatches"] == 0
