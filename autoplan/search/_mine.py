@@ -337,11 +337,10 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     owner: dict[int, tuple[int, int]] = {s: (j, 0) for j, s in enumerate(seeds)}
     primary = 0 if order == "producers" else 1
     slots = ix.slots
+    nbrs = ix.nbrs
     backward = ix.backward
     blame = [0] * n_inst
     odd = max(1, n_inst // 3)
-
-    nbrs = ix.nbrs
 
     def signature(c: int, j: int) -> tuple:
         sig = []
