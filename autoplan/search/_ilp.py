@@ -74,7 +74,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +87,7 @@ from autoplan._memo import memo
 from autoplan._plan import Comm
 from autoplan.search._reshard import reshard
 from autoplan.search._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
-from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated
+from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
 from autoplan.search._strategies import (
     Strategy,
     _op_key,
@@ -256,8 +256,7 @@ def _penalty_vec(nbytes: float, strategies_: Sequence[Strategy], mesh: LogicalMe
 
 
 def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: LogicalMesh) -> Strategy:
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
-    t = math.prod(sizes[a] for e in spec if e for a in e)
+    t = tiles(spec, mesh)
     name = "".join("R" if not e else "S(" + ",".join(e) + ")" for e in spec) or "scalar"
     return Strategy(name, (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
 
@@ -484,11 +483,6 @@ def _gradient_feeds(graph: OpGraph) -> list[bool]:
         return feeds
 
     return memo(graph, "gradient_feeds", make)
-
-
-def _tiles_of(spec: Spec, mesh: LogicalMesh) -> int:
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
-    return math.prod(sizes[a] for e in spec if e for a in e)
 
 
 def _tensor_edges(prob: ILPProblem):
@@ -723,7 +717,6 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
                 penalty += float(n.penalty[vec[nid]])
             if n.kind == "input":
                 memory += st.memory
-    saved_mem = 0.0
     for i in prob.ops:
         m = prob.members.get(i)
         if m is None:
@@ -737,47 +730,74 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
             comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
         for j, t in enumerate(graph.ops[i].outputs):
             specs[t] = st.out_specs[j]
-    for i in prob.ops:
-        op = graph.ops[i]
-        if i not in op_strategy:
-            continue
-        if op.role == "forward":
+    saved, comm = _charge_plan(graph, mesh, prob.ops, op_strategy, specs, prob.out_pairs,
+                               prob.fixed_inside, prob.free_tensors, comms, comm)
+    memory += saved
+    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
+                      specs, comms)
+
+
+def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
+                 op_strategy: Mapping[int, Strategy], specs: dict[int, Spec],
+                 out_pairs: Sequence[tuple[int, int]], fixed_inside: Mapping[int, Spec],
+                 free_tensors: Iterable[int], comms: list[tuple[int | None, Comm]],
+                 comm: float) -> tuple[float, float]:
+    """The terms of a plan that follow from its operators' strategies and its tensors' specs.
+
+    ``specs`` holds the spec of every tensor with a source (an input, a boundary, an operator
+    result); ``op_strategy`` the strategy of every operator costed (the others in ``op_ids``
+    are free). Appends the resharding collectives to ``comms`` and gives each free tensor the
+    spec its first consumer needs.
+
+    Returns:
+        ``(saved activation bytes per device, communication seconds)``: the forward results the
+        backward pass reads; ``comm`` (the operators' own collectives) plus the resharding of
+        every operand from its spec to the one its consumer needs, of each updated input back
+        to its input's spec, and of each fixed tensor made inside to its spec.
+    """
+    tensors, ops, consumers = graph.tensors, graph.ops, graph.consumers
+    saved = 0.0
+    for i in op_ids:
+        op = ops[i]
+        if op.role == "forward" and i in op_strategy:
             for t in op.outputs:
-                if any(graph.ops[c].role == "backward" for c in graph.consumers[t]):
-                    saved_mem += graph.tensors[t].nbytes / _tiles_of(specs[t], mesh)
-    memory += saved_mem
+                if any(ops[c].role == "backward" for c in consumers[t]):
+                    saved += tensors[t].nbytes / tiles(specs[t], mesh)
 
     def charge(t: int, src: Spec, dst: Spec, op_id: int | None) -> float:
-        ten = graph.tensors[t]
+        ten = tensors[t]
         tt, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
         for c in cs:
             comms.append((op_id, c))
         return tt
 
-    for i in prob.ops:
+    for i in op_ids:
         st = op_strategy.get(i)
         if st is None:
             continue
-        for j, t in enumerate(graph.ops[i].inputs):
-            if t is None or t not in prob.tensor_src or len(graph.tensors[t].shape) == 0:
+        for j, t in enumerate(ops[i].inputs):
+            if t is None or t not in specs:
                 continue
-            dst = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(graph.tensors[t].shape))
-            comm += charge(t, specs[t], dst, i)
-    for o, inp in prob.out_pairs:
+            shape = tensors[t].shape
+            if not shape:
+                continue
+            dst = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(shape))
+            if dst != specs[t]:
+                comm += charge(t, specs[t], dst, i)
+    for o, inp in out_pairs:
         comm += charge(o, specs[o], specs[inp], None)
-    for t, spec in prob.fixed_inside.items():
+    for t, spec in fixed_inside.items():
         comm += charge(t, specs[t], spec, None)
     # free tensors: the spec their first consumer needs
-    for t in prob.free_tensors:
-        for c in graph.consumers[t]:
+    for t in free_tensors:
+        for c in consumers[t]:
             st = op_strategy.get(c)
             if st is not None:
-                j = graph.ops[c].inputs.index(t)
+                j = ops[c].inputs.index(t)
                 if st.in_specs[j] is not None:
                     specs[t] = st.in_specs[j]
                     break
-    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
-                      specs, comms)
+    return saved, comm
 
 
 def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
@@ -834,15 +854,14 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
         memory += st.memory
         specs[t] = spec
     feeds = _gradient_feeds(graph)
-    chosen: list[tuple[int, Strategy]] = []
+    chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order
     compute = comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
     for op in graph.ops:
         if op.outputs and all(t in free for t in op.outputs):
             continue
         i = op.id
-        st = op_strategy[i]
-        chosen.append((i, st))
+        st = chosen[i] = op_strategy[i]
         compute += st.compute_time
         if st.comm:
             tag = "grad-sync" if op.role == "backward" and feeds[i] else "op"
@@ -851,50 +870,14 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
                 comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
         for j, t in enumerate(op.outputs):
             specs[t] = st.out_specs[j]
-    consumers = graph.consumers
-    ops = graph.ops
-    for i, _st in chosen:
-        op = ops[i]
-        if op.role == "forward":
-            for t in op.outputs:
-                if any(ops[c].role == "backward" for c in consumers[t]):
-                    memory += tensors[t].nbytes / _tiles_of(specs[t], mesh)
-
-    def charge(t: int, src: Spec, dst: Spec, op_id: int | None) -> float:
-        ten = tensors[t]
-        tt, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
-        for c in cs:
-            comms.append((op_id, c))
-        return tt
-
-    for i, st in chosen:
-        for j, t in enumerate(ops[i].inputs):
-            if t is None or t not in specs:
-                continue
-            shape = tensors[t].shape
-            if not shape:
-                continue
-            dst = st.in_specs[j]
-            if dst is None:
-                dst = replicated(len(shape))
-            if dst != specs[t]:
-                comm += charge(t, specs[t], dst, i)
     input_tensors = graph.input_of_tensor
-    for o, inp in memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph)):
-        if o in specs and inp in input_tensors:
-            comm += charge(o, specs[o], specs[inp], None)
-    # free tensors: the spec their first consumer needs
-    chosen_of = dict(chosen)
-    for t in free:
-        for c in consumers[t]:
-            st = chosen_of.get(c)
-            if st is not None:
-                j = ops[c].inputs.index(t)
-                if st.in_specs[j] is not None:
-                    specs[t] = st.in_specs[j]
-                    break
-    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory,
-                      chosen_of, specs, comms), missing
+    out_pairs = [(o, inp) for o, inp in memo(graph, "updated_input_pairs",
+                                             lambda: updated_input_pairs(graph))
+                 if o in specs and inp in input_tensors]
+    saved, comm = _charge_plan(graph, mesh, list(chosen), chosen, specs, out_pairs, {}, free,
+                               comms, comm)
+    return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory + saved, chosen,
+                      specs, comms), missing
 
 
 def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int], *,

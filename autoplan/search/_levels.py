@@ -61,9 +61,9 @@ from .._graph import OpGraph
 from .._memo import memo
 from .._plan import Plan
 from ._clustering import _signature, cluster_layers
-from ._ilp import ILPSolution, _resolve_pins, _tiles_of, cost_strategies, solve_ilp
+from ._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
-from ._spec import enumerate_specs, pruned_by_shape_check
+from ._spec import enumerate_specs, pruned_by_shape_check, tiles
 
 __all__ = ["LevelResult", "level_search", "Analysis"]
 
@@ -310,7 +310,7 @@ def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> 
     for gi in graph.inputs:
         ten = graph.tensors[gi.tensor]
         specs = [pinned[gi.tensor]] if gi.tensor in pinned else enumerate_specs(ten.shape, mesh)
-        total += ten.nbytes / max(_tiles_of(sp, mesh) for sp in specs)
+        total += ten.nbytes / max(tiles(sp, mesh) for sp in specs)
     return total
 
 
