@@ -814,25 +814,26 @@ def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int,
     Returns:
         The breakdown and the number of decision nodes (operators or inputs) given no choice.
     """
-    free = memo(graph, "free_tensors", lambda: _free_tensors(graph))
-    if any(i not in op_strategy for i, op in enumerate(graph.ops)
-           if not (op.outputs and all(t in free for t in op.outputs))):
-        # an operator without a strategy: the general problem resolves it (followers from their
-        # leaders), then each node takes its cheapest strategy by compute
-        prob = build_problem(graph, mesh, pins=pins, count_unmerged=False, chosen=op_strategy,
-                             chosen_specs=input_specs)
-        vec = [0 if len(n.strategies) == 1 else
-               int(np.argmin([s.compute_time for s in n.strategies])) for n in prob.nodes]
-        missing = sum(1 for n in prob.nodes if len(n.strategies) > 1)
-        return _breakdown(prob, vec), missing
-    return _cost_complete(graph, mesh, op_strategy, input_specs, pins, free)
+    done = _cost_complete(graph, mesh, op_strategy, input_specs, pins)
+    if done is not None:
+        return done
+    # an operator without a strategy: the general problem resolves it (followers from their
+    # leaders), then each node takes its cheapest strategy by compute
+    prob = build_problem(graph, mesh, pins=pins, count_unmerged=False, chosen=op_strategy,
+                         chosen_specs=input_specs)
+    vec = [0 if len(n.strategies) == 1 else
+           int(np.argmin([s.compute_time for s in n.strategies])) for n in prob.nodes]
+    missing = sum(1 for n in prob.nodes if len(n.strategies) > 1)
+    return _breakdown(prob, vec), missing
 
 
 def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
-                   input_specs: Mapping[int, Spec], pins: Mapping[str, Any] | None,
-                   free: frozenset[int]) -> tuple[_Breakdown, int]:
-    """:func:`cost_strategies` of a plan that gives every operator a strategy, in one pass over
-    the operators (the same terms, in the same order, as ``_breakdown`` of the chosen problem)."""
+                   input_specs: Mapping[int, Spec], pins: Mapping[str, Any] | None
+                   ) -> tuple[_Breakdown, int] | None:
+    """:func:`cost_strategies` in one pass over the operators (the same terms, in the same
+    order, as ``_breakdown`` of the chosen problem); None when an operator that is not free has
+    no strategy."""
+    free = memo(graph, "free_tensors", lambda: _free_tensors(graph))
     tensors = graph.tensors
     pinned = _resolve_pins(graph, mesh, pins)
     specs: dict[int, Spec] = {}
@@ -861,7 +862,10 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
         if op.outputs and all(t in free for t in op.outputs):
             continue
         i = op.id
-        st = chosen[i] = op_strategy[i]
+        st = op_strategy.get(i)
+        if st is None:
+            return None
+        chosen[i] = st
         compute += st.compute_time
         if st.comm:
             tag = "grad-sync" if op.role == "backward" and feeds[i] else "op"
