@@ -150,12 +150,16 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
         The layers in model order; every operator belongs to exactly one.
 
     Raises:
-        SearchError: ``num_layers`` is not a positive integer or exceeds the number of units.
+        SearchError: ``num_layers`` is not a positive integer or exceeds the number of units, or
+            ``max_layers`` is not a positive integer or None.
     """
     units = _units(graph)
     if not units:
         raise SearchError("cluster_layers: the graph has no forward operators to cluster.")
     n = len(units)
+    if max_layers is not None and (not isinstance(max_layers, int) or max_layers <= 0):
+        raise SearchError(f"cluster_layers: max_layers should be a positive integer or None (one "
+                          f"layer per unit). Got {max_layers!r}.")
     if num_layers is None:
         num_layers = n if max_layers is None else min(n, max_layers)
     if not isinstance(num_layers, int) or num_layers <= 0 or num_layers > n:

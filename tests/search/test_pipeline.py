@@ -29,6 +29,10 @@ def test_clustering_balances_and_covers_every_op():
     assert sigs[1] == sigs[2] == sigs[3]  # repeated layers share a structural signature
     with pytest.raises(autoplan.SearchError, match="num_layers"):
         cluster_layers(g, 99)
+    assert len(cluster_layers(g, max_layers=2)) == 2
+    assert len(cluster_layers(g, max_layers=None)) == len(cluster_layers(g))  # 6 units < 64
+    with pytest.raises(autoplan.SearchError, match="max_layers .* Got 0"):
+        cluster_layers(g, max_layers=0)
 
 
 def test_pipeline_plans_use_every_device_once(gpt_pipeline):
