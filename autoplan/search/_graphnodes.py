@@ -128,21 +128,7 @@ def data_dependent(graph: OpGraph) -> list[bool]:
     every graph input counts. Operators that are not data dependent compute only from parameters,
     optimizer state, constants and literals (parameter broadcasts, masks, optimizer constants).
     """
-    kinds = {gi.tensor: gi.kind for gi in graph.inputs}
-    data = {t for t, k in kinds.items() if k in ("batch", "input")}
-    if not data:
-        data = set(kinds)
-    dep_t = bytearray(len(graph.tensors))
-    for t in data:
-        dep_t[t] = 1
-    out = [False] * len(graph.ops)
-    for op in graph.ops:
-        d = any(t is not None and dep_t[t] for t in op.inputs)
-        out[op.id] = d
-        if d:
-            for t in op.outputs:
-                dep_t[t] = 1
-    return out
+    return _Links(graph).dep
 
 
 @dataclass(frozen=True)
@@ -250,26 +236,44 @@ class _Group:
         self.final = gid  # the group it was absorbed into (itself if not absorbed)
 
 
-def _op_links(graph: OpGraph) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """For each operator its distinct producer operators and its distinct consumer operators
-    (in operand / operator order), and for each tensor its index among its producer's outputs."""
-    ops = graph.ops
-    tprod = [t.producer for t in graph.tensors]
-    out_index = [0] * len(graph.tensors)
-    prods_of: list[list[int]] = []
-    cons_of: list[list[int]] = [[] for _ in ops]
-    for op in ops:
-        for j, t in enumerate(op.outputs):
-            out_index[t] = j
-        ps: list[int] = []
-        for t in op.inputs:
-            if t is not None:
-                p = tprod[t]
-                if p >= 0 and p not in ps:
-                    ps.append(p)
-                    cons_of[p].append(op.id)
-        prods_of.append(ps)
-    return prods_of, cons_of, out_index
+class _Links:
+    """What one pass over the operators learns: each operator's distinct producer operators and
+    distinct consumer operators (in operand / operator order), whether it depends on the batch
+    (see :func:`data_dependent`), and each tensor's producer and index among its outputs."""
+
+    __slots__ = ("prods_of", "cons_of", "dep", "producer", "out_index")
+
+    def __init__(self, graph: OpGraph):
+        ops = graph.ops
+        producer = [t.producer for t in graph.tensors]
+        out_index = [0] * len(producer)
+        batch = {gi.tensor for gi in graph.inputs if gi.kind in ("batch", "input")}
+        dep_t = bytearray(len(producer))
+        for t in batch or (gi.tensor for gi in graph.inputs):
+            dep_t[t] = 1
+        prods_of: list[list[int]] = []
+        cons_of: list[list[int]] = [[] for _ in ops]
+        dep = [False] * len(ops)
+        for op in ops:
+            o = op.id
+            ps: list[int] = []
+            d = False
+            for t in op.inputs:
+                if t is not None:
+                    if dep_t[t]:
+                        d = True
+                    p = producer[t]
+                    if p >= 0 and p not in ps:
+                        ps.append(p)
+                        cons_of[p].append(o)
+            prods_of.append(ps)
+            for j, t in enumerate(op.outputs):
+                out_index[t] = j
+                if d:
+                    dep_t[t] = 1
+            dep[o] = d
+        self.prods_of, self.cons_of, self.dep = prods_of, cons_of, dep
+        self.producer, self.out_index = producer, out_index
 
 
 def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
@@ -295,8 +299,9 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
     """
     ops = graph.ops
     tensors = graph.tensors
-    dep = data_dependent(graph)
-    prods_of, cons_of, out_index = _op_links(graph)
+    links = _Links(graph)
+    dep, prods_of, cons_of = links.dep, links.prods_of, links.cons_of
+    producer, out_index = links.producer, links.out_index
     group_of = [-1] * len(ops)
     groups: list[_Group] = []
     single_user = [len(c) == 1 for c in cons_of]
@@ -375,60 +380,57 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
     order = sorted(members, key=lambda gid: min(members[gid]))
     node_of_op = [-1] * len(ops)
     member_index = [0] * len(ops)
-    key_table: dict[tuple, int] = {}
-    labeler = OpLabeler(graph)
-    label_ids = labeler.ids
-    nodes: list[GraphNode] = []
     for nid, gid in enumerate(order):
         mem = members[gid]
         mem.sort()
         for i, o in enumerate(mem):
             node_of_op[o] = nid
             member_index[o] = i
-        main = groups[gid].ops[0]
-        struct = []
-        for o in mem:
-            ins = []
-            for t in ops[o].inputs:
-                if t is None:
-                    ins.append(-1)
-                    continue
-                p = tensors[t].producer
-                if p < 0:
-                    ins.append(-3)
-                elif node_of_op[p] == nid:
-                    ins.append((member_index[p], out_index[t]))
-                else:
-                    ins.append(-2)
-            struct.append((label_ids[o], tuple(ins)))
-        mop = ops[main]
-        key = key_table.setdefault((mop.role, tuple(struct)), len(key_table))
-        nodes.append(GraphNode(
-            id=nid, ops=tuple(mem), main=main,
-            label="+".join([ops[o].primitive for o in mem]), key=key, kind=groups[gid].kind,
-            flops=float(sum([ops[o].flops for o in mem])), scope=mop.scope, role=mop.role))
-
+    labeler = OpLabeler(graph)
+    label_ids = labeler.ids
+    # one pass over the operands (operators in order, so each GraphNode's members come in member
+    # order): the GraphNodes' internal wiring, and the edges between GraphNodes with their ports
+    struct: list[list[tuple]] = [[] for _ in order]
     edges: dict[tuple[int, int], dict] = {}
     ports: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
     for op in ops:
-        v = node_of_op[op.id]
+        o = op.id
+        v = node_of_op[o]
+        ins = []
         for k, t in enumerate(op.inputs):
             if t is None:
+                ins.append(-1)
                 continue
-            p = tensors[t].producer
+            p = producer[t]
             if p < 0:
+                ins.append(-3)
                 continue
             u = node_of_op[p]
             if u == v:
+                ins.append((member_index[p], out_index[t]))
                 continue
+            ins.append(-2)
+            port = (member_index[p], out_index[t], member_index[o], k)
             e = edges.get((u, v))
             if e is None:
                 edges[(u, v)] = {"tensors": [t], "bytes": tensors[t].nbytes}
-                ports[(u, v)] = [(member_index[p], out_index[t], member_index[op.id], k)]
+                ports[(u, v)] = [port]
                 continue
             if t not in e["tensors"]:
                 e["tensors"].append(t)
                 e["bytes"] += tensors[t].nbytes
-            ports[(u, v)].append((member_index[p], out_index[t], member_index[op.id], k))
+            ports[(u, v)].append(port)
+        struct[v].append((label_ids[o], tuple(ins)))
+    key_table: dict[tuple, int] = {}
+    nodes: list[GraphNode] = []
+    for nid, gid in enumerate(order):
+        mem = members[gid]
+        main = groups[gid].ops[0]
+        mop = ops[main]
+        key = key_table.setdefault((mop.role, tuple(struct[nid])), len(key_table))
+        nodes.append(GraphNode(
+            id=nid, ops=tuple(mem), main=main,
+            label="+".join([ops[o].primitive for o in mem]), key=key, kind=groups[gid].kind,
+            flops=float(sum([ops[o].flops for o in mem])), scope=mop.scope, role=mop.role))
     return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, edges=edges,
                           ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)

@@ -306,11 +306,17 @@ def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> 
     """Bytes per device of the graph's inputs, each sharded as much as its shape allows (or as
     pinned)."""
     pinned = _resolve_pins(graph, mesh, pin)
+    most: dict[tuple[int, ...], int] = {}  # shape -> most tiles a spec of it gives
     total = 0.0
     for gi in graph.inputs:
         ten = graph.tensors[gi.tensor]
-        specs = [pinned[gi.tensor]] if gi.tensor in pinned else enumerate_specs(ten.shape, mesh)
-        total += ten.nbytes / max(tiles(sp, mesh) for sp in specs)
+        if gi.tensor in pinned:
+            total += ten.nbytes / tiles(pinned[gi.tensor], mesh)
+            continue
+        n = most.get(ten.shape)
+        if n is None:
+            n = most[ten.shape] = max(tiles(sp, mesh) for sp in enumerate_specs(ten.shape, mesh))
+        total += ten.nbytes / n
     return total
 
 

@@ -239,41 +239,56 @@ class _Index:
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
         self.share: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         graph = gng.graph
-        member = {}
-        for g in gng.nodes:
-            for i, o in enumerate(g.ops):
-                member[o] = i
-        readers: dict[int, list[tuple[int, int, int]]] = {}
-        state = {gi.tensor for gi in graph.inputs if gi.kind in ("parameter", "optimizer_state")}
-        for op in graph.ops:
-            for k, t in enumerate(op.inputs):
-                if t is not None and t in state:
-                    readers.setdefault(t, []).append((gng.node_of_op[op.id], member[op.id], k))
-        for rs in readers.values():
-            if len(rs) > 16:  # an input read everywhere links nothing in particular
+        node_of_op = gng.node_of_op
+        consumers = graph.consumers
+        state = sorted((consumers[gi.tensor][0], gi.tensor) for gi in graph.inputs
+                       if gi.kind in ("parameter", "optimizer_state") and consumers[gi.tensor])
+        for _first, t in state:
+            readers = consumers[t]
+            if len(readers) > 16:  # an input read everywhere links nothing in particular
                 continue
+            rs = [(node_of_op[c], gng.nodes[node_of_op[c]].ops.index(c), k)
+                  for c in dict.fromkeys(readers)
+                  for k, x in enumerate(graph.ops[c].inputs) if x == t]
             for ga, ma, ka in rs:
                 for gb, mb, kb in rs:
                     if ga != gb:
                         e = etab.setdefault(("share", ma, ka, mb, kb), len(etab))
                         self.share[ga].append((e, gb))
-        # slots: (direction, edge label, neighbour key, rank, count) -> neighbour
+        # slots: (direction, edge label, neighbour key, rank, count) -> neighbour; and for each
+        # node and direction, an id of its set of slots (equal ids: the same slots)
         stab: dict[tuple, int] = {}
+        settab: dict[tuple[int, ...], int] = {}
+        key = self.key
         self.slots: tuple[list[dict[int, int]], ...] = ([], [], [])
+        self.slot_set: tuple[list[int], ...] = ([], [], [])
         self.slot_edge: dict[int, tuple[int, int]] = {}
         for d, adj in ((0, self.inn), (1, self.out), (2, self.share)):
+            slots_d, set_d = self.slots[d], self.slot_set[d]
             for g in range(n):
-                by: dict[tuple[int, int], list[int]] = {}
-                for e, nb in adj[g]:
-                    by.setdefault((e, self.key[nb]), []).append(nb)
                 m: dict[int, int] = {}
-                for (e, k), nbs in by.items():
-                    nbs.sort()
-                    for r, nb in enumerate(nbs):
-                        sk = stab.setdefault((d, e, k, r, len(nbs)), len(stab))
+                nb_list = adj[g]
+                if len(nb_list) == 1:  # the common case: one neighbour, one slot
+                    e, nb = nb_list[0]
+                    sk = stab.get((d, e, key[nb], 0, 1))
+                    if sk is None:
+                        sk = stab[(d, e, key[nb], 0, 1)] = len(stab)
                         self.slot_edge[sk] = (d, e)
-                        m[sk] = nb
-                self.slots[d].append(m)
+                    m[sk] = nb
+                elif nb_list:
+                    by: dict[tuple[int, int], list[int]] = {}
+                    for e, nb in nb_list:
+                        by.setdefault((e, key[nb]), []).append(nb)
+                    for (e, k), nbs in by.items():
+                        nbs.sort()
+                        for r, nb in enumerate(nbs):
+                            sk = stab.get((d, e, k, r, len(nbs)))
+                            if sk is None:
+                                sk = stab[(d, e, k, r, len(nbs))] = len(stab)
+                                self.slot_edge[sk] = (d, e)
+                            m[sk] = nb
+                slots_d.append(m)
+                set_d.append(settab.setdefault(tuple(m), len(settab)))
         # every node's neighbours in all directions, with the (direction, edge label) of each
         self.nbrs: list[list[tuple[tuple[int, int], int]]] = [
             [(self.slot_edge[sk], nb) for d in (0, 1, 2) for sk, nb in self.slots[d][g].items()]
@@ -333,49 +348,65 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     backward pass runs the layers in reverse), or the mirror image for ``"consumers"``.
     """
     n_inst = len(seeds)
-    inst = [[s] for s in seeds]
-    owner: dict[int, tuple[int, int]] = {s: (j, 0) for j, s in enumerate(seeds)}
+    # the pattern by position: cols[p][j] is instance j's GraphNode at position p; and for each
+    # GraphNode, the instance owning it (-1: none) and its position there
+    cols: list[list[int]] = [list(seeds)]
+    own_inst = [-1] * ix.n
+    own_pos = [0] * ix.n
+    for j, s in enumerate(seeds):
+        own_inst[s] = j
     primary = 0 if order == "producers" else 1
     slots = ix.slots
+    slot_set = ix.slot_set
+    forward = ix.forward
     nbrs = ix.nbrs
     backward = ix.backward
     blame = [0] * n_inst
     odd = max(1, n_inst // 3)
+    others = range(1, n_inst)
 
-    def signature(c: int, j: int) -> tuple:
-        sig = []
-        for se, nb in nbrs[c]:
-            ow = owner.get(nb)
-            if ow is not None and ow[0] == j:
-                sig.append((se, ow[1]))
+    def signature(c: int, j: int) -> list:
+        """How ``c`` connects to instance ``j``: (direction and edge label, position) pairs."""
+        sig = [(se, own_pos[nb]) for se, nb in nbrs[c] if own_inst[nb] == j]
         sig.sort()
-        return tuple(sig)
+        return sig
 
     def extend(p: int, d: int, forward_only: bool, pending: list[int]) -> None:
-        maps = [slots[d][inst[j][p]] for j in range(n_inst)]
-        if n_inst > 2:
+        slots_d, set_d = slots[d], slot_set[d]
+        at = cols[p]
+        maps = [slots_d[g] for g in at]
+        # the instances whose slots here differ from instance 0's (usually none)
+        s0 = set_d[at[0]]
+        differ = [j for j in others if set_d[at[j]] != s0]
+        if n_inst > 2 and differ and differ[0] == 1:
             for sk in maps[1]:
                 if sk not in maps[0] and all(sk in maps[j] for j in range(2, n_inst)):
                     blame[0] += 1
-        for sk in list(maps[0]):
-            cands = [maps[j].get(sk) for j in range(n_inst)]
-            if None in cands:
-                missing = [j for j, c in enumerate(cands) if c is None]
-                if len(missing) <= odd:
-                    for j in missing:
-                        blame[j] += 1
+        for sk, c0 in list(maps[0].items()):
+            if differ:
+                missing = [j for j in differ if sk not in maps[j]]
+                if missing:
+                    if len(missing) <= odd:
+                        for j in missing:
+                            blame[j] += 1
+                    continue
+            # instance 0's candidate decides most rejections alone
+            if claimed[c0] or own_inst[c0] >= 0 or (forward_only and not forward[c0]):
                 continue
-            if any(claimed[c] or c in owner or (forward_only and not ix.forward[c]) for c in cands):
+            cands = [m[sk] for m in maps]
+            if any(claimed[c] or own_inst[c] >= 0 or (forward_only and not forward[c])
+                   for c in cands):
                 continue
             if len(set(cands)) != n_inst:
                 continue
-            sig0 = signature(cands[0], 0)
-            if any(signature(cands[j], j) != sig0 for j in range(1, n_inst)):
+            sig0 = signature(c0, 0)
+            if any(signature(cands[j], j) != sig0 for j in others):
                 continue
-            pos = len(inst[0])
+            pos = len(cols)
             for j, c in enumerate(cands):
-                inst[j].append(c)
-                owner[c] = (j, pos)
+                own_inst[c] = j
+                own_pos[c] = pos
+            cols.append(cands)
             pending.append(pos)
 
     def run(positions: list[int], forward_only: bool) -> None:
@@ -383,7 +414,7 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
         lo: deque[tuple[int, int]] = deque()
 
         def push(p: int) -> None:
-            d = 1 - primary if backward[inst[0][p]] else primary
+            d = 1 - primary if backward[cols[p][0]] else primary
             hi.append((p, d))
             lo.append((p, 1 - d))
             lo.append((p, 2))
@@ -400,10 +431,11 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     run([0], forward_only=ix.forward[seeds[0]])
     # attach what hangs off the instance one edge away first, then grow freely
     first: list[int] = []
-    for p in range(len(inst[0])):
+    for p in range(len(cols)):
         for d in (0, 1, 2):
             extend(p, d, False, first)
-    run(list(range(len(inst[0]))), forward_only=False)
+    run(list(range(len(cols))), forward_only=False)
+    inst = [[col[j] for col in cols] for j in range(n_inst)]
     return inst, blame
 
 
