@@ -23,6 +23,7 @@ References:
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ import numpy as np
 from .._errors import SearchError
 from .._graph import OpGraph
 from .._memo import memo
+from ._graphnodes import op_labels
 
 __all__ = ["LayerGroup", "cluster_layers", "HEAVY"]
 
@@ -247,23 +249,36 @@ def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     return memo(graph, ("layer_signature", key), lambda: _make_signature(graph, key))
 
 
+_ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
+
+
 def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
-    words = memo(graph, "signature_words", dict)  # (primitive, out shapes, role) -> text
+    # each operator as its structural label (primitive, shapes, dtypes, params: see
+    # ``op_labels``) with its role, and its operand count; then per operand its producer's offset
+    # in ``ops`` (negative: producers come first), 0 for a literal, or a stable 64-bit hash of an
+    # outside tensor's shape
+    ids = op_labels(graph).ids
+    shape_words = memo(graph, "signature_shape_words", dict)
     local = {o: i for i, o in enumerate(ops)}
-    tensors = graph.tensors
-    parts = []
-    for o in ops:
-        op = graph.ops[o]
-        w = words.get((op.primitive, op.out_shapes, op.role))
-        if w is None:
-            w = words[(op.primitive, op.out_shapes, op.role)] = (
-                f"{op.primitive}|{op.out_shapes}|{op.role}|")
-        srcs = []
+    tensors, graph_ops = graph.tensors, graph.ops
+    code = array("q")
+    for i, o in enumerate(ops):
+        op = graph_ops[o]
+        code.append(ids[o] * 4 + _ROLE_CODE.get(op.role, 3))
+        code.append(len(op.inputs))
         for t in op.inputs:
             if t is None:
-                srcs.append("lit")
+                code.append(0)
                 continue
-            p = tensors[t].producer
-            srcs.append(str(local[p] - local[o]) if p in local else f"ext{tensors[t].shape}")
-        parts.append(w + ",".join(srcs) + ";")
-    return hashlib.sha256("".join(parts).encode()).hexdigest()[:16]
+            j = local.get(tensors[t].producer)
+            if j is not None:
+                code.append(j - i)
+                continue
+            shape = tensors[t].shape
+            w = shape_words.get(shape)
+            if w is None:
+                w = shape_words[shape] = int.from_bytes(
+                    hashlib.blake2b(repr(shape).encode(), digest_size=8).digest(), "little",
+                    signed=True)
+            code.append(w)
+    return hashlib.sha256(code.tobytes()).hexdigest()[:16]

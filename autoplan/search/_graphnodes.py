@@ -39,6 +39,7 @@ from typing import Any
 import networkx as nx
 
 from autoplan._graph import OpGraph, OpNode
+from autoplan._memo import memo
 
 __all__ = [
     "GraphNode",
@@ -48,6 +49,7 @@ __all__ = [
     "ANCHORS",
     "data_dependent",
     "op_label",
+    "op_labels",
     "OpLabeler",
 ]
 
@@ -119,6 +121,11 @@ class OpLabeler:
         if d is None:
             d = self._digests[i] = hashlib.blake2b(self.strings[i].encode(), digest_size=8).hexdigest()
         return d
+
+
+def op_labels(graph: OpGraph) -> OpLabeler:
+    """The graph's :class:`OpLabeler` (made once per graph)."""
+    return memo(graph, "op_labeler", lambda: OpLabeler(graph))
 
 
 def data_dependent(graph: OpGraph) -> list[bool]:
@@ -386,7 +393,7 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         for i, o in enumerate(mem):
             node_of_op[o] = nid
             member_index[o] = i
-    labeler = OpLabeler(graph)
+    labeler = op_labels(graph)
     label_ids = labeler.ids
     # one pass over the operands (operators in order, so each GraphNode's members come in member
     # order): the GraphNodes' internal wiring, and the edges between GraphNodes with their ports

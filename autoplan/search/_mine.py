@@ -371,20 +371,26 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
         sig.sort()
         return sig
 
+    def differing(col: list[int]) -> tuple[list[int], ...]:
+        """Per direction, the instances whose slots at this position differ from instance
+        0's (usually none)."""
+        return tuple([j for j in others if slot_set[d][col[j]] != slot_set[d][col[0]]]
+                     for d in (0, 1, 2))
+
+    differ_at = [differing(cols[0])]
+
     def extend(p: int, d: int, forward_only: bool, pending: list[int]) -> None:
-        slots_d, set_d = slots[d], slot_set[d]
+        slots_d = slots[d]
         at = cols[p]
-        maps = [slots_d[g] for g in at]
-        # the instances whose slots here differ from instance 0's (usually none)
-        s0 = set_d[at[0]]
-        differ = [j for j in others if set_d[at[j]] != s0]
+        differ = differ_at[p][d]
+        map0 = slots_d[at[0]]
         if n_inst > 2 and differ and differ[0] == 1:
-            for sk in maps[1]:
-                if sk not in maps[0] and all(sk in maps[j] for j in range(2, n_inst)):
+            for sk in slots_d[at[1]]:
+                if sk not in map0 and all(sk in slots_d[at[j]] for j in range(2, n_inst)):
                     blame[0] += 1
-        for sk, c0 in list(maps[0].items()):
+        for sk, c0 in map0.items():
             if differ:
-                missing = [j for j in differ if sk not in maps[j]]
+                missing = [j for j in differ if sk not in slots_d[at[j]]]
                 if missing:
                     if len(missing) <= odd:
                         for j in missing:
@@ -393,7 +399,7 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
             # instance 0's candidate decides most rejections alone
             if claimed[c0] or own_inst[c0] >= 0 or (forward_only and not forward[c0]):
                 continue
-            cands = [m[sk] for m in maps]
+            cands = [slots_d[g][sk] for g in at]
             if any(claimed[c] or own_inst[c] >= 0 or (forward_only and not forward[c])
                    for c in cands):
                 continue
@@ -407,6 +413,7 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
                 own_inst[c] = j
                 own_pos[c] = pos
             cols.append(cands)
+            differ_at.append(differing(cands))
             pending.append(pos)
 
     def run(positions: list[int], forward_only: bool) -> None:
@@ -458,19 +465,16 @@ def _aligned_ops(gng: GraphNodeGraph, inst: list[int]) -> tuple[int, ...]:
 
 
 def _positional_signature(graph: OpGraph, labeler: OpLabeler, aligned: Sequence[int]) -> tuple:
+    """Each operator's label and, per operand, ``(position of its producer, output index)`` when
+    the producer is in ``aligned``, -1 when it is not, None for a literal."""
     pos = {o: i for i, o in enumerate(aligned)}
-    sig = []
-    for o in aligned:
-        op = graph.ops[o]
-        ins = []
-        for t in op.inputs:
-            if t is None:
-                ins.append(None)
-                continue
-            p = graph.tensors[t].producer
-            ins.append((pos[p], graph.ops[p].outputs.index(t)) if p in pos else -1)
-        sig.append((labeler.ids[o], tuple(ins)))
-    return tuple(sig)
+    ops, tensors, ids = graph.ops, graph.tensors, labeler.ids
+    return tuple([
+        (ids[o], tuple([
+            None if t is None
+            else (pos[p], ops[p].outputs.index(t)) if (p := tensors[t].producer) in pos else -1
+            for t in ops[o].inputs]))
+        for o in aligned])
 
 
 def _saved(tr: _Trial, ix: _Index) -> int:
