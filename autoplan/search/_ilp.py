@@ -839,6 +839,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     specs: dict[int, Spec] = {}
     penalty = memory = 0.0
     missing = 0
+    terms: dict[tuple, tuple[float, float]] = {}  # (spec, shape, dtype) -> (penalty, memory)
     for gi in graph.inputs:
         t = gi.tensor
         ten = tensors[t]
@@ -850,9 +851,13 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
             options = enumerate_specs(ten.shape, mesh)
             missing += len(options) > 1
             spec = options[0]  # every input strategy computes nothing: the first is cheapest
-        st = _spec_strategy(spec, ten.shape, ten.dtype, mesh)
-        penalty += float(_penalty_vec(ten.nbytes, [st], mesh)[0])
-        memory += st.memory
+        term = terms.get((spec, ten.shape, ten.dtype))
+        if term is None:
+            st = _spec_strategy(spec, ten.shape, ten.dtype, mesh)
+            term = terms[(spec, ten.shape, ten.dtype)] = (
+                float(_penalty_vec(ten.nbytes, [st], mesh)[0]), st.memory)
+        penalty += term[0]
+        memory += term[1]
         specs[t] = spec
     feeds = _gradient_feeds(graph)
     chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order

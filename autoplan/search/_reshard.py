@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from autoplan._cluster import LogicalMesh
 from autoplan._graph import dtype_bytes
+from autoplan._memo import memo
 from autoplan._plan import Comm
 
 __all__ = ["reshard", "reshard_time"]
@@ -35,8 +36,14 @@ _CACHE: dict[tuple, tuple[float, tuple[Comm, ...]]] = {}
 _CACHE_MAX = 1 << 20
 
 
-def _mesh_key(mesh: LogicalMesh) -> tuple:
-    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster)
+_MESH_IDS: dict[tuple, int] = {}
+
+
+def mesh_id(mesh: LogicalMesh) -> int:
+    """A small integer naming what a mesh's costs depend on (its shape, axis names, alpha, beta
+    and cluster; equal meshes share it), kept on the mesh: a cheap part of cache keys."""
+    return memo(mesh, "mesh_id", lambda: _MESH_IDS.setdefault(
+        (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster), len(_MESH_IDS)))
 
 
 def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: LogicalMesh,
@@ -67,7 +74,7 @@ def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: 
     if src == dst:
         return 0.0, ()
     itemsize = dtype if isinstance(dtype, int) else dtype_bytes(dtype)
-    key = (_mesh_key(mesh), src, dst, tuple(shape), itemsize, backward)
+    key = (mesh_id(mesh), src, dst, tuple(shape), itemsize, backward)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit

@@ -48,6 +48,7 @@ from typing import Any
 from autoplan._cluster import LogicalMesh
 from autoplan._graph import OpGraph, OpNode, dtype_bytes
 from autoplan._plan import Comm
+from autoplan.search._reshard import mesh_id
 from autoplan.search._spec import Spec, enumerate_specs, replicated, spec_name
 
 __all__ = [
@@ -151,10 +152,6 @@ def is_generator(op: OpNode) -> bool:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-def _mesh_key(mesh: LogicalMesh) -> tuple:
-    return (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster)
-
 
 def _op_key(op: OpNode) -> tuple:
     return (op.primitive, repr(op.params), op.in_shapes, op.out_shapes, op.in_dtypes,
@@ -663,7 +660,7 @@ def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec) -> Strategy | None
     Returns:
         The strategy, or None when ``op`` has no follower rule.
     """
-    key = (_mesh_key(mesh), _op_key(op), k, spec)
+    key = (mesh_id(mesh), _op_key(op), k, spec)
     if key in _DERIVE_CACHE:
         return _DERIVE_CACHE[key]
     sizes = dict(zip(mesh.axis_names, mesh.shape))
@@ -706,7 +703,7 @@ def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
          'RS(y) x S(y)R -> RR (all-reduce y)', 'RS(y) x S(y)R -> S(y)R (reduce-scatter y)',
          'RS(y) x S(y)R -> RS(y) (reduce-scatter y)']
     """
-    key = (_mesh_key(mesh), _op_key(op))
+    key = (mesh_id(mesh), _op_key(op))
     hit = _STRAT_CACHE.get(key)
     if hit is None:
         try:
