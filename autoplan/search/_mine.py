@@ -497,13 +497,25 @@ def _orient(ix: _Index, best: _Trial, seeds: list[int], claimed: bytearray,
     return best, 1
 
 
+def _subsumed(seeds: Sequence[int], r: _Trial, where: dict[int, int]) -> bool:
+    """Whether ``seeds`` sit at one position of every instance of the grown ``r``. Such seeds
+    enter ``r``'s occurrences at another node, and are not grown again: the growth is taken to
+    reach the same maximal pattern (it does on GPT, MoE, Wide-ResNet and MLP, where growing them
+    anyway changes no class)."""
+    if len(seeds) != len(r.inst):
+        return False
+    p = where.get(seeds[0])
+    return p is not None and all(where.get(s) == p for s in seeds)
+
+
 def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytearray,
                   min_support: int, min_size: int, seeds_per_level: int, complete_gain: float) -> tuple[_Trial | None, int, list[tuple[int, int]]]:
     """One round of the greedy cover: grow candidate seeds, return the class that saves most.
 
     Candidates: for each signature level and each distinct count, the heaviest (then earliest)
     seed label; per level the ``seeds_per_level`` counts covering the most operators. Identical
-    seed sets found at several levels are grown once.
+    seed sets found at several levels are grown once, and so are seed sets at one position of
+    every instance of a pattern grown already (:func:`_subsumed`).
 
     Returns:
         The best grown class (None if no seed grew to ``min_size`` GraphNodes), the number of
@@ -529,8 +541,13 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
                 cands.append((level, lab))
     trials = 0
     results: list[_Trial] = []
+    where: list[dict[int, int]] = []  # per result: GraphNode -> its position in its instance
     for level, lab in cands:
-        inst, blame = _grow(ix, groups[level][lab], claimed, "producers")
+        seeds = groups[level][lab]
+        if any(_subsumed(seeds, r, w) for r, w in zip(results, where)):
+            continue
+        inst, blame = _grow(ix, seeds, claimed, "producers")
+        where.append({g: p for m in inst for p, g in enumerate(m)})
         trials += 1
         results.append(_Trial((level, lab), "producers", inst, _cover(ix, inst), blame=blame))
     ok = [r for r in results if len(r.inst[0]) >= min_size]
@@ -545,8 +562,12 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
         seeds = [m[0] for m in best.inst]
         j = max(range(len(seeds)), key=lambda i: best.blame[i])
         rest = seeds[:j] + seeds[j + 1:]
-        inst, blame = _grow(ix, rest, claimed, "producers")
-        trials += 1
+        hit = next((r for r, w in zip(results, where) if _subsumed(rest, r, w)), None)
+        if hit is not None:  # grown already, from other seeds of the same occurrences
+            inst, blame = hit.inst, hit.blame
+        else:
+            inst, blame = _grow(ix, rest, claimed, "producers")
+            trials += 1
         cand = _Trial(best.seed_label, "producers", inst, _cover(ix, inst), blame=blame)
         if cand.covered / len(inst) < (1.0 + complete_gain) * best.covered / len(best.inst):
             break
