@@ -775,15 +775,18 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
         st = op_strategy.get(i)
         if st is None:
             continue
+        in_specs = st.in_specs
         for j, t in enumerate(ops[i].inputs):
-            if t is None or t not in specs:
+            if t is None:
                 continue
-            shape = tensors[t].shape
-            if not shape:
+            src = specs.get(t)
+            if src is None:
                 continue
-            dst = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(shape))
-            if dst != specs[t]:
-                comm += charge(t, specs[t], dst, i)
+            dst = in_specs[j]
+            if dst is None:
+                dst = replicated(len(tensors[t].shape))
+            if dst != src and tensors[t].shape:  # scalars are never resharded
+                comm += charge(t, src, dst, i)
     for o, inp in out_pairs:
         comm += charge(o, specs[o], specs[inp], None)
     for t, spec in fixed_inside.items():
@@ -864,7 +867,8 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     compute = comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
     for op in graph.ops:
-        if op.outputs and all(t in free for t in op.outputs):
+        outs = op.outputs
+        if outs and outs[0] in free and all(t in free for t in outs):
             continue
         i = op.id
         st = op_strategy.get(i)
