@@ -34,6 +34,9 @@ from .._graph import OpGraph
 from .._memo import memo
 from ._graphnodes import op_labels
 
+_ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
+_ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
+
 __all__ = ["LayerGroup", "cluster_layers", "HEAVY"]
 
 HEAVY = frozenset({"dot_general", "conv_general_dilated"})
@@ -225,8 +228,7 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
     for u, (name, _) in enumerate(units):
         groups[layer_of_unit[u]]["names"].append(name)
     for op in graph.ops:
-        key = {"forward": "f", "backward": "b", "update": "u"}[op.role]
-        groups[layer_of[op.id]][key].append(op.id)
+        groups[layer_of[op.id]][_ROLE_KEY[op.role]].append(op.id)
     owned: list[list[str]] = [[] for _ in range(num_layers)]
     for gi in graph.inputs:
         if gi.kind in ("parameter", "optimizer_state") and gi.tensor in t_layer:
@@ -247,9 +249,6 @@ def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     ask again for the layers clustering just signed)."""
     key = tuple(sorted(ops))
     return memo(graph, ("layer_signature", key), lambda: _make_signature(graph, key))
-
-
-_ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
 
 
 def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:

@@ -342,11 +342,20 @@ def _crossings(graph: OpGraph, seg_of: list[int], K: int
     consumers = graph.consumers
     for t, ten in enumerate(graph.tensors):
         p = ten.producer
-        if p < 0 or not ten.shape:
+        cs = consumers[t]
+        if p < 0 or not cs:
             continue
         p = seg_of[p]
-        users = {seg_of[c] for c in consumers[t]}
-        if not users or users == {p}:
+        if len(cs) == 1:  # most tensors: one reader, in the producer's segment
+            q = seg_of[cs[0]]
+            if q == p:
+                continue
+            users = {q}
+        else:
+            users = {seg_of[c] for c in cs}
+            if users == {p}:
+                continue
+        if not ten.shape:
             continue
         if p + 1 in users and p + 1 < K:
             bound[p].append(t)
