@@ -263,6 +263,9 @@ class _Index:
         self.slots: tuple[list[dict[int, int]], ...] = ([], [], [])
         self.slot_set: tuple[list[int], ...] = ([], [], [])
         self.slot_edge: dict[int, tuple[int, int]] = {}
+        slot_edge = self.slot_edge
+        # every node's neighbours in all directions, with the (direction, edge label) of each
+        self.nbrs: list[list[tuple[tuple[int, int], int]]] = [[] for _ in range(n)]
         for d, adj in ((0, self.inn), (1, self.out), (2, self.share)):
             slots_d, set_d = self.slots[d], self.slot_set[d]
             for g in range(n):
@@ -273,8 +276,9 @@ class _Index:
                     sk = stab.get((d, e, key[nb], 0, 1))
                     if sk is None:
                         sk = stab[(d, e, key[nb], 0, 1)] = len(stab)
-                        self.slot_edge[sk] = (d, e)
+                        slot_edge[sk] = (d, e)
                     m[sk] = nb
+                    self.nbrs[g].append((slot_edge[sk], nb))
                 elif nb_list:
                     by: dict[tuple[int, int], list[int]] = {}
                     for e, nb in nb_list:
@@ -285,14 +289,11 @@ class _Index:
                             sk = stab.get((d, e, k, r, len(nbs)))
                             if sk is None:
                                 sk = stab[(d, e, k, r, len(nbs))] = len(stab)
-                                self.slot_edge[sk] = (d, e)
+                                slot_edge[sk] = (d, e)
                             m[sk] = nb
+                    self.nbrs[g].extend([(slot_edge[sk], nb) for sk, nb in m.items()])
                 slots_d.append(m)
                 set_d.append(settab.setdefault(tuple(m), len(settab)))
-        # every node's neighbours in all directions, with the (direction, edge label) of each
-        self.nbrs: list[list[tuple[tuple[int, int], int]]] = [
-            [(self.slot_edge[sk], nb) for d in (0, 1, 2) for sk, nb in self.slots[d][g].items()]
-            for g in range(n)]
 
     def wl(self, rounds: int) -> list[list[int]]:
         """Weisfeiler-Lehman labels after 0, 1, .., ``rounds`` refinements of the keys, over
