@@ -60,7 +60,8 @@ ILP; a budget below it raises :class:`~autoplan.InfeasiblePlanError` with that v
 Sub-graphs: ``ops`` restricts the ILP to some operators (a segment); tensors they read from
 outside become boundary variables, and ``fixed`` fixes any tensor's spec at the boundary (a
 tensor read from outside gets exactly that spec; a tensor produced inside is charged the
-resharding to it). ``pins`` fixes graph inputs' specs by regular expression.
+resharding to it once per use outside the sub-graph, as the whole graph reshards per consumer).
+``pins`` fixes graph inputs' specs by regular expression.
 
 References:
     Zheng, Li, Zhang, Zhuang, Chen, Huang, Wang, Xu, Zhuo, Xing, Gonzalez, Stoica. "Alpa:
@@ -208,6 +209,9 @@ class ILPProblem:
     input_node: dict[int, int]  # tensor id -> node index (inputs and boundaries)
     unknown: set[str]
     grad_ops: set[int]
+    #: per tensor of ``fixed_inside``: how many times its fixed-spec resharding is charged (its
+    #: uses outside the problem's operators, at least 1; see :func:`build_problem`)
+    fixed_uses: dict[int, int] = field(default_factory=dict)
     vars_before_merging: int = 0
     edges: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
     build_seconds: float = 0.0
@@ -432,9 +436,17 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
                 node.memory = node.memory + graph.tensors[t].nbytes / tab.out_tiles[j][member.idx]
 
     # ---- fixed tensors produced inside, and updated-input pairs --------------------------------
+    # Charged once per use outside the segment: the whole graph (and a stitched plan, costed by
+    # cost_strategies) reshards an operand per consumer, from the producer's spec to the
+    # consumer's, so when the other segment's consumers read the fixed spec the producer -> fixed
+    # resharding is paid once by each of them (a boundary activation read by a convolution, a
+    # residual add and a shortcut convolution is gathered three times, not once); charged once,
+    # the segments' objectives would undercount the stitched plan.
     for t, spec in fixed_specs.items():
         if t in prob.tensor_src and t not in prob.input_node:
             prob.fixed_inside[t] = spec
+            prob.fixed_uses[t] = max(1, sum(
+                graph.ops[c].inputs.count(t) for c in consumers[t] if c not in in_seg))
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
     # input's spec in a segment too, whenever the segment holds both ends
     prob.out_pairs = [(o, i) for o, i in memo(graph, "updated_input_pairs",
@@ -574,7 +586,9 @@ def _build_edges(prob: ILPProblem) -> None:
     for t, spec in prob.fixed_inside.items():
         u, src = prob.tensor_src[t]
         b = prob.intern(spec)
-        prob.nodes[u].cost = prob.nodes[u].cost + np.array([table.time(t, int(a), b) for a in src])
+        n = prob.fixed_uses.get(t, 1)
+        prob.nodes[u].cost = prob.nodes[u].cost + n * np.array([table.time(t, int(a), b)
+                                                                for a in src])
     edges = []
     cache: dict[tuple, tuple] = {}
     tens = prob.graph.tensors
@@ -731,7 +745,8 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
         for j, t in enumerate(graph.ops[i].outputs):
             specs[t] = st.out_specs[j]
     saved, comm = _charge_plan(graph, mesh, prob.ops, op_strategy, specs, prob.out_pairs,
-                               prob.fixed_inside, prob.free_tensors, comms, comm)
+                               prob.fixed_inside, prob.free_tensors, comms, comm,
+                               prob.fixed_uses)
     memory += saved
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
                       specs, comms)
@@ -741,7 +756,8 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                  op_strategy: Mapping[int, Strategy], specs: dict[int, Spec],
                  out_pairs: Sequence[tuple[int, int]], fixed_inside: Mapping[int, Spec],
                  free_tensors: Iterable[int], comms: list[tuple[int | None, Comm]],
-                 comm: float) -> tuple[float, float]:
+                 comm: float, fixed_uses: Mapping[int, int] | None = None
+                 ) -> tuple[float, float]:
     """The terms of a plan that follow from its operators' strategies and its tensors' specs.
 
     ``specs`` holds the spec of every tensor with a source (an input, a boundary, an operator
@@ -753,7 +769,8 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
         ``(saved activation bytes per device, communication seconds)``: the forward results the
         backward pass reads; ``comm`` (the operators' own collectives) plus the resharding of
         every operand from its spec to the one its consumer needs, of each updated input back
-        to its input's spec, and of each fixed tensor made inside to its spec.
+        to its input's spec, and of each fixed tensor made inside to its spec (``fixed_uses[t]``
+        times, default once).
     """
     tensors, ops, consumers = graph.tensors, graph.ops, graph.consumers
     saved = 0.0
@@ -764,12 +781,13 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                 if any(ops[c].role == "backward" for c in consumers[t]):
                     saved += tensors[t].nbytes / tiles(specs[t], mesh)
 
-    def charge(t: int, src: Spec, dst: Spec, op_id: int | None) -> float:
+    def charge(t: int, src: Spec, dst: Spec, op_id: int | None, times: int = 1) -> float:
         ten = tensors[t]
         tt, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
-        for c in cs:
-            comms.append((op_id, c))
-        return tt
+        for _ in range(times):
+            for c in cs:
+                comms.append((op_id, c))
+        return tt * times
 
     for i in op_ids:
         st = op_strategy.get(i)
@@ -790,7 +808,7 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
     for o, inp in out_pairs:
         comm += charge(o, specs[o], specs[inp], None)
     for t, spec in fixed_inside.items():
-        comm += charge(t, specs[t], spec, None)
+        comm += charge(t, specs[t], spec, None, (fixed_uses or {}).get(t, 1))
     # free tensors: the spec their first consumer needs
     for t in free_tensors:
         for c in consumers[t]:
@@ -1190,7 +1208,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             read from outside become boundary variables.
         fixed: ``{tensor id: spec tuple or PartitionSpec}``: a tensor read from outside the
             segment (or a graph input) gets exactly this spec; a tensor produced inside is charged
-            the resharding to it.
+            the resharding to it once per use outside the segment (at least once).
         memory_budget: bytes per device for live memory (inputs and saved activations).
         pins: ``{regex over input names: PartitionSpec}`` fixing inputs' specs.
         time_limit: solver seconds; at the limit the incumbent is used (SolverTimeoutWarning).
