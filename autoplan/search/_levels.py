@@ -303,11 +303,22 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
     def bound(i: int, a: tuple | None, b: tuple | None) -> float:
         """c_i(a, b) when solved, else its best lower bound solved so far (fixing more boundary
-        tensors never lowers a segment's optimum: c_i(a, b) >= c_i(a, free), c_i(free, b))."""
+        tensors never lowers a segment's optimum: c_i(a, b) >= c_i(a, free), c_i(free, b)).
+        An instance valued from its representative with other use counts (see extra_uses)
+        takes its representative's one-sided optima as bounds only where it has at least as
+        many uses as the representative (it then pays at least as much for any plan), else
+        its free solve alone."""
         if a is None or b is None or solved(i, a, b):
             return exact(i, a, b)
-        return max([free[i][0]] + [exact(i, x, y) for x, y in ((a, None), (None, b))
-                                   if solved(i, x, y)])
+        ui, ur = outside_uses[i], outside_uses[rep_of[ckey[i]]]
+        if ui == ur:
+            one_sided = [exact(i, x, y) for x, y in ((a, None), (None, b)) if solved(i, x, y)]
+        elif len(ui) == len(ur) and all(u >= v for u, v in zip(ui, ur) if min(u, v) >= 0):
+            one_sided = [cache[(ckey[i], x, y)][0] for x, y in ((a, None), (None, b))
+                         if solved(i, x, y)]
+        else:
+            one_sided = []
+        return max([free[i][0]] + one_sided)
 
     while True:
         best: dict[Any, tuple[float, list]] = {}
