@@ -171,9 +171,11 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
         raise SearchError(f"cluster_layers: num_layers should be an integer in [1, {n}] (the "
                           f"number of units in this graph). Got {num_layers!r}.")
     unit_of = {op: u for u, (_, ops) in enumerate(units) for op in ops}
-    uflops = [sum(graph.ops[o].flops for o in ops) for _, ops in units]
-    cross = _crossing_bytes(graph, unit_of, n)
-    cuts = _group(uflops, cross, num_layers, eps) if num_layers < n else list(range(1, n + 1))
+    if num_layers < n:  # group units into layers (one layer per unit needs no grouping)
+        uflops = [sum(graph.ops[o].flops for o in ops) for _, ops in units]
+        cuts = _group(uflops, _crossing_bytes(graph, unit_of, n), num_layers, eps)
+    else:
+        cuts = list(range(1, n + 1))
     layer_of_unit = np.zeros(n, dtype=int)
     start = 0
     for k, end in enumerate(cuts):
