@@ -148,3 +148,19 @@ def test_chain_dp_value_is_the_stitched_plans_cost_on_wide_resnet():
     assert fo.stats["dp_value"] == pytest.approx(fo.stats["objective"], rel=1e-9)
     assert fo.stats["objective"] <= ex.solution.objective * (1 + 1e-4)
     assert fo.stats["unique_classes"] < fo.stats["segments"]
+
+
+def test_long_range_tensors_are_fixed_on_both_sides_on_two_tower():
+    """The user tower's output skips the item tower's segments to reach the head (and its
+    gradient comes back): fixed only in its consumers, the producing segment's chosen solve made
+    another spec and the chain DP valued its plan 0.2 ms below the plan's cost, 8.4% above the
+    exhaustive ILP. Fixed on both sides, with the spec chosen among the chain's vocabulary, the
+    DP's value is the plan's cost and the plan is within 2% of exhaustive."""
+    g = autoplan.trace(models.get("two_tower", size="large"))
+    cluster = autoplan.Cluster.preset("p3.16xlarge")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = level_search(g, cluster, (2, 4), level="exhaustive")
+        fo = level_search(g, cluster, (2, 4), level="folded")
+    assert fo.stats["dp_value"] == pytest.approx(fo.stats["objective"], rel=1e-9)
+    assert fo.stats["objective"] <= ex.solution.objective * 1.02
