@@ -445,8 +445,8 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     for t, spec in fixed_specs.items():
         if t in prob.tensor_src and t not in prob.input_node:
             prob.fixed_inside[t] = spec
-            prob.fixed_uses[t] = max(1, sum(
-                graph.ops[c].inputs.count(t) for c in consumers[t] if c not in in_seg))
+            # (``consumers`` lists an operator once per operand it reads ``t`` as)
+            prob.fixed_uses[t] = max(1, sum(1 for c in consumers[t] if c not in in_seg))
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
     # input's spec in a segment too, whenever the segment holds both ends
     prob.out_pairs = [(o, i) for o, i in memo(graph, "updated_input_pairs",

@@ -175,9 +175,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     boundaries, long_range = _crossings(graph, seg_of, K)
     # per segment, for each tensor of its two boundaries: how often it is read outside the
     # segment when the segment makes it (-1 when it does not); a boundary spec fixed on a tensor
-    # made inside is charged once per such use (see extra_uses)
+    # made inside is charged once per such use (see extra_uses; ``consumers`` lists an operator
+    # once per operand it reads the tensor as)
     outside_uses = [tuple(
-        sum(graph.ops[c].inputs.count(t) for c in graph.consumers[t] if seg_of[c] != i)
+        sum(1 for c in graph.consumers[t] if seg_of[c] != i)
         if seg_of[graph.tensors[t].producer] == i else -1
         for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
     sig = [_signature(graph, s.ops) for s in segs]

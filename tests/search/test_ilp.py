@@ -264,6 +264,20 @@ def test_segment_with_fixed_boundary(adam):
         solve_ilp(adam, mesh, ops=fwd, fixed={x: P("x", "x")})
 
 
+def test_fixed_tensor_made_inside_is_charged_once_per_outside_operand():
+    """A fixed boundary tensor made inside a segment is charged per operand that reads it
+    outside (as the stitched plan reshards per operand): ``h * h`` reads it twice, so twice."""
+    g = autoplan.trace(lambda w, x: (lambda h: (h * h).sum())(x @ w),
+                       jax.ShapeDtypeStruct((8, 8), jnp.float32),
+                       jax.ShapeDtypeStruct((4, 8), jnp.float32))
+    mesh = CL.logical_mesh((2, 4))
+    dot = next(op for op in g.ops if op.primitive == "dot_general")
+    h = dot.outputs[0]
+    assert len(g.consumers[h]) == 2  # one operator, two operands
+    prob = build_problem(g, mesh, ops=[dot.id], fixed={h: (None, None)})
+    assert prob.fixed_uses == {h: 2}
+
+
 def test_time_limit_returns_plan_with_warning():
     g = adam_graph()
     mesh = CL.logical_mesh((2, 4))
