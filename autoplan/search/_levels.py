@@ -270,6 +270,20 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     lr_all = list(dict.fromkeys(t for lst in long_range for t in lst))
     adjacent = {t for bt in boundaries for t in bt}
 
+    def vocabulary(free: list) -> list:
+        """The chain's spec vocabulary: every spec a free solve gave a boundary tensor it
+        makes."""
+        return list(dict.fromkeys(
+            sp for bt in boundaries for t in bt
+            if (sp := free[seg_of[graph.tensors[t].producer]][1].spec(t)) is not None))
+
+    valid: dict[tuple[int, ...], set] = {}  # shape -> its valid specs
+
+    def fits(spec, shape: tuple[int, ...]) -> bool:
+        if shape not in valid:
+            valid[shape] = set(enumerate_specs(shape, mesh))
+        return spec in valid[shape]
+
     def run_chain(assign: dict[int, Any]):
         for i in range(K):
             lr_fixed[i] = {t: assign[t] for t in long_range[i] if t in assign}
@@ -278,17 +292,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
                 lr_fixed[seg_of[graph.tensors[t].producer]][t] = spec
         free = [solve_segment(i, None, None) if lr_fixed[i] else free0[i] for i in range(K)]
         # 2. boundary candidates where the free solves disagree (see the module docstring)
-        # the chain's spec vocabulary: every spec a free solve gave a boundary tensor it produces
-        vocab = list(dict.fromkeys(
-            sp for bt in boundaries for t in bt
-            if (sp := free[seg_of[graph.tensors[t].producer]][1].spec(t)) is not None))
-        valid: dict[tuple[int, ...], set] = {}  # shape -> its valid specs
-
-        def fits(spec, shape: tuple[int, ...]) -> bool:
-            if shape not in valid:
-                valid[shape] = set(enumerate_specs(shape, mesh))
-            return spec in valid[shape]
-
+        vocab = vocabulary(free)
         cands: list[list[tuple]] = []
         for i in range(K - 1):
             bt = boundaries[i]
@@ -366,12 +370,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     if lr_all:
         prod0 = {t: free0[seg_of[graph.tensors[t].producer]][1].spec(t) for t in lr_all}
         prod0 = {t: sp for t, sp in prod0.items() if sp is not None}
-        vocab0 = list(dict.fromkeys(
-            sp for bt in boundaries for t in bt
-            if (sp := free0[seg_of[graph.tensors[t].producer]][1].spec(t)) is not None))
+        vocab0 = vocabulary(free0)
         vocab0 += [sp for sp in prod0.values() if sp not in vocab0]
-        assigns = [prod0] + [{t: v if v in set(enumerate_specs(graph.tensors[t].shape, mesh))
-                              else sp for t, sp in prod0.items()} for v in vocab0]
+        assigns = [prod0] + [{t: v if fits(v, graph.tensors[t].shape) else sp
+                              for t, sp in prod0.items()} for v in vocab0]
         assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
     else:
         assigns = [{}]
