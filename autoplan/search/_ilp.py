@@ -343,7 +343,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     consumers = graph.consumers
 
     # ---- free tensors: constants and everything computed only from them -----------------------
-    free = set(memo(graph, "free_tensors", lambda: _free_tensors(graph)))
+    free = set(_free_tensors(graph))
     for t in fixed_specs:
         free.discard(t)
     prob.free_tensors = free
@@ -449,8 +449,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             prob.fixed_uses[t] = max(1, sum(1 for c in consumers[t] if c not in in_seg))
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
     # input's spec in a segment too, whenever the segment holds both ends
-    prob.out_pairs = [(o, i) for o, i in memo(graph, "updated_input_pairs",
-                                                 lambda: updated_input_pairs(graph))
+    prob.out_pairs = [(o, i) for o, i in _updated_pairs(graph)
                       if o in prob.tensor_src and i in prob.input_node]
 
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
@@ -468,14 +467,24 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
 
 
 def _free_tensors(graph: OpGraph) -> frozenset[int]:
-    """Constants and every tensor computed only from them (by cheap operators)."""
-    free = set(graph.consts)
-    for op in graph.ops:
-        if is_heavy(op) or not (is_follower(op) or is_generator(op)):
-            continue
-        if all(t is None or t in free for t in op.inputs):
-            free.update(op.outputs)
-    return frozenset(free)
+    """Constants and every tensor computed only from them (by cheap operators); once per
+    graph."""
+
+    def make() -> frozenset[int]:
+        free = set(graph.consts)
+        for op in graph.ops:
+            if is_heavy(op) or not (is_follower(op) or is_generator(op)):
+                continue
+            if all(t is None or t in free for t in op.inputs):
+                free.update(op.outputs)
+        return frozenset(free)
+
+    return memo(graph, "free_tensors", make)
+
+
+def _updated_pairs(graph: OpGraph) -> list[tuple[int, int]]:
+    """:func:`updated_input_pairs`, once per graph."""
+    return memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph))
 
 
 def _gradient_feeds(graph: OpGraph) -> list[bool]:
@@ -738,18 +747,27 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
         st = m.strats[m.idx[vec[m.node]]]
         op_strategy[i] = st
         compute += st.compute_time
-        for c in st.comm:
-            comm += c.time
-            tag = "grad-sync" if i in prob.grad_ops else "op"
-            comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
-        for j, t in enumerate(graph.ops[i].outputs):
-            specs[t] = st.out_specs[j]
+        comm = _take_strategy(i, graph.ops[i].outputs, st, i in prob.grad_ops, specs, comms, comm)
     saved, comm = _charge_plan(graph, mesh, prob.ops, op_strategy, specs, prob.out_pairs,
                                prob.fixed_inside, prob.free_tensors, comms, comm,
                                prob.fixed_uses)
     memory += saved
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
                       specs, comms)
+
+
+def _take_strategy(i: int, outputs: Sequence[int], st: Strategy, grad: bool,
+                   specs: dict[int, Spec], comms: list[tuple[int | None, Comm]],
+                   comm: float) -> float:
+    """Record operator ``i``'s strategy in a plan being costed: its results' specs, and its
+    own collectives in ``comms`` (tagged ``"grad-sync"`` when ``grad``: a gradient-producing
+    backward operator). Returns ``comm`` plus their seconds."""
+    for c in st.comm:
+        comm += c.time
+        comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, "grad-sync" if grad else "op")))
+    for j, t in enumerate(outputs):
+        specs[t] = st.out_specs[j]
+    return comm
 
 
 def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
@@ -854,7 +872,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     """:func:`cost_strategies` in one pass over the operators (the same terms, in the same
     order, as ``_breakdown`` of the chosen problem); None when an operator that is not free has
     no strategy."""
-    free = memo(graph, "free_tensors", lambda: _free_tensors(graph))
+    free = _free_tensors(graph)
     tensors = graph.tensors
     pinned = _resolve_pins(graph, mesh, pins)
     specs: dict[int, Spec] = {}
@@ -894,16 +912,9 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
             return None
         chosen[i] = st
         compute += st.compute_time
-        if st.comm:
-            tag = "grad-sync" if op.role == "backward" and feeds[i] else "op"
-            for c in st.comm:
-                comm += c.time
-                comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, tag)))
-        for j, t in enumerate(op.outputs):
-            specs[t] = st.out_specs[j]
+        comm = _take_strategy(i, outs, st, op.role == "backward" and feeds[i], specs, comms, comm)
     input_tensors = graph.input_of_tensor
-    out_pairs = [(o, inp) for o, inp in memo(graph, "updated_input_pairs",
-                                             lambda: updated_input_pairs(graph))
+    out_pairs = [(o, inp) for o, inp in _updated_pairs(graph)
                  if o in specs and inp in input_tensors]
     saved, comm = _charge_plan(graph, mesh, list(chosen), chosen, specs, out_pairs, {}, free,
                                comms, comm)
