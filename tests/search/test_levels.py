@@ -132,6 +132,16 @@ def test_a_deep_scoped_model_gets_one_segment_per_layer():
     assert fo.stats["stitch_mismatches"] == 0
 
 
+def _exhaustive_and_folded(workload):
+    """The exhaustive and folded searches of a workload on a 2x4 mesh of one p3.16xlarge."""
+    g = autoplan.trace(workload)
+    cluster = autoplan.Cluster.preset("p3.16xlarge")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return (level_search(g, cluster, (2, 4), level="exhaustive"),
+                level_search(g, cluster, (2, 4), level="folded"))
+
+
 @pytest.mark.slow
 def test_chain_dp_value_is_the_stitched_plans_cost_on_wide_resnet():
     """A Wide-ResNet block's input is read by a convolution, the residual add and the shortcut
@@ -139,12 +149,7 @@ def test_chain_dp_value_is_the_stitched_plans_cost_on_wide_resnet():
     segment that makes it is charged once per outside use. Charged once, the chain DP valued its
     plan 0.94 ms below the plan's cost and settled 1.5% above the exhaustive ILP; with the
     chain's spec vocabulary as boundary candidates both levels now reach the exhaustive plan."""
-    g = autoplan.trace(models.get("wide_resnet", size="250M", batch=64))
-    cluster = autoplan.Cluster.preset("p3.16xlarge")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ex = level_search(g, cluster, (2, 4), level="exhaustive")
-        fo = level_search(g, cluster, (2, 4), level="folded")
+    ex, fo = _exhaustive_and_folded(models.get("wide_resnet", size="250M", batch=64))
     assert fo.stats["dp_value"] == pytest.approx(fo.stats["objective"], rel=1e-9)
     assert fo.stats["objective"] <= ex.solution.objective * (1 + 1e-4)
     assert fo.stats["unique_classes"] < fo.stats["segments"]
@@ -156,11 +161,6 @@ def test_long_range_tensors_are_fixed_on_both_sides_on_two_tower():
     another spec and the chain DP valued its plan 0.2 ms below the plan's cost, 8.4% above the
     exhaustive ILP. Fixed on both sides, with the spec chosen among the chain's vocabulary, the
     DP's value is the plan's cost and the plan is within 2% of exhaustive."""
-    g = autoplan.trace(models.get("two_tower", size="large"))
-    cluster = autoplan.Cluster.preset("p3.16xlarge")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ex = level_search(g, cluster, (2, 4), level="exhaustive")
-        fo = level_search(g, cluster, (2, 4), level="folded")
+    ex, fo = _exhaustive_and_folded(models.get("two_tower", size="large"))
     assert fo.stats["dp_value"] == pytest.approx(fo.stats["objective"], rel=1e-9)
     assert fo.stats["objective"] <= ex.solution.objective * 1.02
