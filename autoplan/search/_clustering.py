@@ -23,7 +23,6 @@ References:
 from __future__ import annotations
 
 import hashlib
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ import numpy as np
 from .._errors import SearchError
 from .._graph import OpGraph
 from .._memo import memo
+from ._arrays import operand_arrays
 from ._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
@@ -73,9 +73,17 @@ class LayerGroup:
         return self.names[0] if len(self.names) == 1 else f"{self.names[0]}..{self.names[-1]}"
 
 
+def _forward(graph: OpGraph) -> tuple[list, bool]:
+    """The forward operators, and whether the model is *scoped*: at least half of them carry a
+    named scope (made once per graph)."""
+    def make():
+        fwd = [op for op in graph.ops if op.role == "forward"]
+        return fwd, sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
+    return memo(graph, "forward_scoped", make)
+
+
 def _units(graph: OpGraph) -> list[tuple[str, list[int]]]:
-    fwd = [op for op in graph.ops if op.role == "forward"]
-    scoped = sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
+    fwd, scoped = _forward(graph)
     units: list[tuple[str, list[int]]] = []
     index: dict[str, int] = {}
     if scoped:
@@ -170,77 +178,88 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
     if not isinstance(num_layers, int) or num_layers <= 0 or num_layers > n:
         raise SearchError(f"cluster_layers: num_layers should be an integer in [1, {n}] (the "
                           f"number of units in this graph). Got {num_layers!r}.")
-    unit_of = {op: u for u, (_, ops) in enumerate(units) for op in ops}
     if num_layers < n:  # group units into layers (one layer per unit needs no grouping)
+        unit_of = {op: u for u, (_, ops) in enumerate(units) for op in ops}
         uflops = [sum(graph.ops[o].flops for o in ops) for _, ops in units]
         cuts = _group(uflops, _crossing_bytes(graph, unit_of, n), num_layers, eps)
     else:
         cuts = list(range(1, n + 1))
-    layer_of_unit = np.zeros(n, dtype=int)
+    layer_of_unit = [0] * n
     start = 0
     for k, end in enumerate(cuts):
-        layer_of_unit[start:end] = k
+        layer_of_unit[start:end] = [k] * (end - start)
         start = end
-    layer_of = {op: int(layer_of_unit[u]) for op, u in unit_of.items()}
-    scope_layer = {name: int(layer_of_unit[u]) for u, (name, _) in enumerate(units)}
+    # operator -> layer and tensor -> layer as lists (-1: not assigned yet); every forward
+    # operator is in a unit
+    ops = graph.ops
+    layer_of = [-1] * len(ops)
+    for u, (_, uops) in enumerate(units):
+        k = layer_of_unit[u]
+        for o in uops:
+            layer_of[o] = k
+    scope_layer = {name: layer_of_unit[u] for u, (name, _) in enumerate(units)}
 
     # a tensor read by backward or update ops belongs to the latest forward layer that reads it
     # (an activation saved for backward, a parameter), else to the layer that made it
-    t_layer: dict[int, int] = {}
-    for op in graph.ops:
-        if op.id not in layer_of:
+    t_layer = [-1] * len(graph.tensors)
+    rest = []  # the backward and update operators, in order
+    for op in ops:
+        if op.role != "forward":
+            rest.append(op)
             continue
+        k = layer_of[op.id]
         for t in op.outputs:
-            t_layer.setdefault(t, layer_of[op.id])
+            if t_layer[t] < 0:
+                t_layer[t] = k
         for t in op.inputs:
-            if t is not None:
-                t_layer[t] = max(t_layer.get(t, -1), layer_of[op.id])
+            if t is not None and t_layer[t] < k:
+                t_layer[t] = k
     # optimizer state shares its parameter's layer (matched by path suffix, the longest)
     param_layer = {gi.path: t_layer[gi.tensor] for gi in graph.inputs
-                   if gi.kind == "parameter" and gi.tensor in t_layer and gi.path}
+                   if gi.kind == "parameter" and t_layer[gi.tensor] >= 0 and gi.path}
     for gi in graph.inputs:
-        if gi.kind == "optimizer_state" and gi.tensor not in t_layer:
+        if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0:
             ly = next((param_layer[gi.path[i:]] for i in range(len(gi.path))
                        if gi.path[i:] in param_layer), None)
             if ly is not None:
                 t_layer[gi.tensor] = ly
-    fwd_known = set(t_layer)
+    # the layers known from the forward pass (and optimizer state); later entries are inherited
+    fwd_layer = list(t_layer)
     last = num_layers - 1
-    for op in graph.ops:
-        if op.role == "forward":
-            continue
+    for op in rest:
         ly = None
         if op.role == "backward" and op.scope and op.scope[0] in scope_layer:
             ly = scope_layer[op.scope[0]]
         else:
-            own = [t_layer[t] for t in op.inputs if t is not None and t in fwd_known]
-            inherited = [t_layer[t] for t in op.inputs
-                         if t is not None and t in t_layer and t not in fwd_known]
+            own = [fwd_layer[t] for t in op.inputs if t is not None and fwd_layer[t] >= 0]
             if own:
                 ly = max(own) if op.role == "backward" else min(own)
-            elif inherited:
-                ly = min(inherited)
+            else:
+                inherited = [t_layer[t] for t in op.inputs if t is not None and t_layer[t] >= 0]
+                if inherited:
+                    ly = min(inherited)
         if ly is None:
             ly = last if op.role == "update" else 0
         layer_of[op.id] = ly
         for t in op.outputs:
-            t_layer.setdefault(t, ly)
+            if t_layer[t] < 0:
+                t_layer[t] = ly
 
     groups: list[dict] = [{"f": [], "b": [], "u": [], "names": []} for _ in range(num_layers)]
     for u, (name, _) in enumerate(units):
         groups[layer_of_unit[u]]["names"].append(name)
-    for op in graph.ops:
+    for op in ops:
         groups[layer_of[op.id]][_ROLE_KEY[op.role]].append(op.id)
     owned: list[list[str]] = [[] for _ in range(num_layers)]
     for gi in graph.inputs:
-        if gi.kind in ("parameter", "optimizer_state") and gi.tensor in t_layer:
+        if gi.kind in ("parameter", "optimizer_state") and t_layer[gi.tensor] >= 0:
             owned[t_layer[gi.tensor]].append(gi.name)
     out = []
     for k, g in enumerate(groups):
-        ops = g["f"] + g["b"]
+        ops_k = g["f"] + g["b"]
         out.append(LayerGroup(
             index=k, names=tuple(g["names"]), forward=tuple(g["f"]), backward=tuple(g["b"]),
-            update=tuple(g["u"]), flops=float(sum(graph.ops[o].flops for o in ops)),
+            update=tuple(g["u"]), flops=float(sum([ops[o].flops for o in ops_k])),
             params=tuple(owned[k]), signature=_signature(graph, g["f"] + g["b"] + g["u"])))
     return out
 
@@ -257,29 +276,40 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
     # each operator as its structural label (primitive, shapes, dtypes, params: see
     # ``op_labels``) with its role, and its operand count; then per operand its producer's offset
     # in ``ops`` (negative: producers come first), 0 for a literal, or a stable 64-bit hash of an
-    # outside tensor's shape
-    ids = op_labels(graph).ids
+    # outside tensor's shape; the int64 sequence is built with numpy (``ops`` is sorted)
+    arr = operand_arrays(graph)
+    head = memo(graph, "signature_op_codes", lambda: np.asarray(op_labels(graph).ids, dtype=np.int64)
+                * 4 + np.asarray([_ROLE_CODE.get(op.role, 3) for op in graph.ops], dtype=np.int64))
     shape_words = memo(graph, "signature_shape_words", dict)
-    local = {o: i for i, o in enumerate(ops)}
-    tensors, graph_ops = graph.tensors, graph.ops
-    code = array("q")
-    for i, o in enumerate(ops):
-        op = graph_ops[o]
-        code.append(ids[o] * 4 + _ROLE_CODE.get(op.role, 3))
-        code.append(len(op.inputs))
-        for t in op.inputs:
-            if t is None:
-                code.append(0)
-                continue
-            j = local.get(tensors[t].producer)
-            if j is not None:
-                code.append(j - i)
-                continue
-            shape = tensors[t].shape
+    o = np.asarray(ops, dtype=np.int64)
+    n = len(o)
+    cnt = arr.count[o]
+    first = np.zeros(n, dtype=np.int64)  # each operator's first operand in the local order
+    np.cumsum(cnt[:-1], out=first[1:])
+    total = int(cnt.sum())
+    offs = np.arange(total, dtype=np.int64) - np.repeat(first, cnt)
+    who = np.repeat(np.arange(n, dtype=np.int64), cnt)  # local index of each operand's reader
+    t = arr.tensor[np.repeat(arr.start[o], cnt) + offs]
+    p = np.where(t >= 0, arr.producer[np.maximum(t, 0)], -1)
+    j = np.minimum(np.searchsorted(o, p), n - 1)
+    inside = (p >= 0) & (o[j] == p)
+    code = np.where(inside, j - who, 0)
+    outside = np.flatnonzero((t >= 0) & ~inside)
+    if len(outside):
+        tensors = graph.tensors
+        words = []
+        for x in t[outside].tolist():
+            shape = tensors[x].shape
             w = shape_words.get(shape)
             if w is None:
                 w = shape_words[shape] = int.from_bytes(
                     hashlib.blake2b(repr(shape).encode(), digest_size=8).digest(), "little",
                     signed=True)
-            code.append(w)
-    return hashlib.sha256(code.tobytes()).hexdigest()[:16]
+            words.append(w)
+        code[outside] = np.asarray(words, dtype=np.int64)
+    out = np.empty(2 * n + total, dtype=np.int64)
+    at = 2 * np.arange(n, dtype=np.int64) + first
+    out[at] = head[o]
+    out[at + 1] = cnt
+    out[np.repeat(at + 2, cnt) + offs] = code
+    return hashlib.sha256(out.tobytes()).hexdigest()[:16]

@@ -86,12 +86,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._cluster import Cluster
 from .._gc import gc_paused
 from .._graph import OpGraph
 from .._memo import memo
 from .._plan import Plan
-from ._clustering import _signature, cluster_layers
+from ._arrays import operand_arrays
+from ._clustering import _forward, _signature, cluster_layers
 from ._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
 from ._intra import intra_op_search, make_mesh, plan_from_solution
 from ._reshard import reshard
@@ -474,7 +477,7 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
 
 def _crossings(graph: OpGraph, seg_of: list[int], K: int
                ) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-    """The non-scalar tensors crossing between segments, in one pass over the tensors.
+    """The non-scalar tensors crossing between segments.
 
     Returns:
         For each i < K-1, the tensors crossing between segments i and i+1 in either direction
@@ -482,31 +485,30 @@ def _crossings(graph: OpGraph, seg_of: list[int], K: int
     """
     bound: list[list[int]] = [[] for _ in range(max(K - 1, 0))]
     long_range: list[list[int]] = [[] for _ in range(K)]
-    consumers = graph.consumers
-    for t, ten in enumerate(graph.tensors):
-        p = ten.producer
-        cs = consumers[t]
-        if p < 0 or not cs:
+    # over the flat operand arrays: (tensor, reading segment) pairs whose producer is an
+    # operator of another segment, each pair once, in tensor order
+    arr = operand_arrays(graph)
+    seg = np.asarray(seg_of, dtype=np.int64)
+    t = arr.tensor
+    made = t >= 0
+    made[made] = arr.producer[t[made]] >= 0
+    t = t[made]
+    q = seg[arr.reader[made]]
+    p = seg[arr.producer[t]]
+    other = q != p
+    pair = np.unique(t[other] * K + q[other])
+    t, q = pair // K, pair % K
+    p = seg[arr.producer[t]]
+    tensors = graph.tensors
+    for ti, pi, qi in zip(t.tolist(), p.tolist(), q.tolist()):
+        if not tensors[ti].shape:
             continue
-        p = seg_of[p]
-        if len(cs) == 1:  # most tensors: one reader, in the producer's segment
-            q = seg_of[cs[0]]
-            if q == p:
-                continue
-            users = {q}
+        if qi == pi + 1:
+            bound[pi].append(ti)
+        elif qi == pi - 1:
+            bound[qi].append(ti)
         else:
-            users = {seg_of[c] for c in cs}
-            if users == {p}:
-                continue
-        if not ten.shape:
-            continue
-        if p + 1 in users and p + 1 < K:
-            bound[p].append(t)
-        if p - 1 in users and p >= 1:
-            bound[p - 1].append(t)
-        for q in users:
-            if abs(q - p) > 1:
-                long_range[q].append(t)
+            long_range[qi].append(ti)
     return [tuple(sorted(x)) for x in bound], long_range
 
 
@@ -522,8 +524,7 @@ def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
     """
     from ._cones import Segment  # noqa: PLC0415
 
-    fwd = [op for op in graph.ops if op.role == "forward"]
-    scoped = sum(1 for op in fwd if op.scope) >= 0.5 * max(1, len(fwd))
+    scoped = _forward(graph)[1]
     if not scoped:
         segs = tepdist_segments()
         if len(segs) >= 3 and max(len(s.ops) for s in segs) <= 0.5 * len(graph):
@@ -541,9 +542,11 @@ def _coarsen(graph: OpGraph, segs: list, mining, max_segments: int | None = None
     boundary communication dominate the decomposition."""
     from ._cones import Segment  # noqa: PLC0415
 
-    inst_of = {o: k for k, i in enumerate(i for c in mining.classes for i in c.instances) for o in i}
     n_inst = sum(len(c.instances) for c in mining.classes)
     limit = max_segments or max(8, n_inst + 6)
+    if len(segs) <= limit:
+        return segs
+    inst_of = {o: k for k, i in enumerate(i for c in mining.classes for i in c.instances) for o in i}
     groups = [list(s.ops) for s in segs]
 
     def mostly_one_instance(ops) -> bool:

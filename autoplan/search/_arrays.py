@@ -1,0 +1,57 @@
+"""Per-graph numpy arrays of the operator wiring, for analyses that vectorise.
+
+A traced training step has tens of thousands of operators; passes written as Python loops over
+them dominate the folded search of a deep model. :func:`operand_arrays` flattens the operands once
+per graph (CSR layout), so that layer signatures and segment crossings are computed with numpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from operator import attrgetter
+from typing import NamedTuple
+
+import numpy as np
+
+from .._graph import OpGraph
+from .._memo import memo
+
+__all__ = ["OperandArrays", "operand_arrays"]
+
+
+class OperandArrays(NamedTuple):
+    """The operands of all operators, flattened in operator order.
+
+    Attributes:
+        count: per operator, its number of operands (literals included).
+        start: per operator, the offset of its first operand in ``tensor`` (length ops + 1).
+        tensor: per operand, the tensor id, or -1 for a literal.
+        reader: per operand, the id of the operator reading it.
+        producer: per tensor, the id of the operator making it (-1: a graph input).
+    """
+
+    count: np.ndarray
+    start: np.ndarray
+    tensor: np.ndarray
+    reader: np.ndarray
+    producer: np.ndarray
+
+
+def _make(graph: OpGraph) -> OperandArrays:
+    inputs = list(map(attrgetter("inputs"), graph.ops))
+    count = np.fromiter(map(len, inputs), np.int64, len(inputs))
+    start = np.zeros(len(inputs) + 1, dtype=np.int64)
+    np.cumsum(count, out=start[1:])
+    flat = list(itertools.chain.from_iterable(inputs))
+    if None in flat:
+        flat = [-1 if t is None else t for t in flat]
+    tensor = np.asarray(flat, dtype=np.int64).reshape(-1)
+    reader = np.repeat(np.arange(len(inputs), dtype=np.int64), count)
+    producer = np.fromiter(map(attrgetter("producer"), graph.tensors), np.int64,
+                           len(graph.tensors))
+    return OperandArrays(count, start, tensor, reader, producer)
+
+
+def operand_arrays(graph: OpGraph) -> OperandArrays:
+    """The graph's :class:`OperandArrays` (made once per graph)."""
+    return memo(graph, "operand_arrays", lambda: _make(graph))
