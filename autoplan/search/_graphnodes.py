@@ -31,9 +31,12 @@ absorbed side groups have no data producers.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 import networkx as nx
@@ -94,13 +97,22 @@ class OpLabeler:
         self.ids: list[int] = []
         self.strings: list[str] = []
         # operators are first interned by a tuple of the label's parts (much cheaper than the
-        # string); the string is made once per distinct tuple, and equal strings share an id
+        # string); the string is made once per distinct tuple, and equal strings share an id.
+        # The tuple holds the params in their own order with the type of each value (so that
+        # ``1``, ``1.0`` and ``True`` differ), unsorted and unfiltered, which is cheaper: equal
+        # tuples here were equal in the sorted, filtered form, and params in another order or
+        # differing volatile params only cost one more string (equal strings share an id).
         quick: dict[tuple, int] = {}
+        ids = self.ids
+        strings = self.strings
         for op in graph.ops:
-            try:
+            params = op.params
+            if params:
                 k = (op.primitive, op.in_shapes, op.out_shapes, op.in_dtypes, op.out_dtypes,
-                     tuple([(p, v, type(v)) for p, v in sorted(op.params.items())
-                            if p not in _VOLATILE_PARAMS]))
+                     *params.items(), *map(type, params.values()))
+            else:
+                k = (op.primitive, op.in_shapes, op.out_shapes, op.in_dtypes, op.out_dtypes)
+            try:
                 i = quick.get(k)
             except TypeError:  # an unhashable parameter: the string alone
                 k, i = None, None
@@ -108,11 +120,11 @@ class OpLabeler:
                 s = op_label(op)
                 i = table.get(s)
                 if i is None:
-                    i = table[s] = len(self.strings)
-                    self.strings.append(s)
+                    i = table[s] = len(strings)
+                    strings.append(s)
                 if k is not None:
                     quick[k] = i
-            self.ids.append(i)
+            ids.append(i)
         self._digests: dict[int, str] = {}
 
     def digest(self, op_id: int) -> str:
@@ -135,7 +147,18 @@ def data_dependent(graph: OpGraph) -> list[bool]:
     every graph input counts. Operators that are not data dependent compute only from parameters,
     optimizer state, constants and literals (parameter broadcasts, masks, optimizer constants).
     """
-    return _Links(graph).dep
+    dep_t = bytearray(len(graph.tensors))
+    for t in _batch_inputs(graph):
+        dep_t[t] = 1
+    dep = [False] * len(graph.ops)
+    for op in graph.ops:
+        for t in op.inputs:
+            if t is not None and dep_t[t]:
+                dep[op.id] = True
+                for u in op.outputs:
+                    dep_t[u] = 1
+                break
+    return dep
 
 
 @dataclass(frozen=True)
@@ -230,57 +253,10 @@ class GraphNodeGraph:
                 + "; ".join(f"{lab[:60]} x{c}" for lab, c in top))
 
 
-class _Group:
-    __slots__ = ("id", "ops", "kind", "role", "x_op", "side", "final")
-
-    def __init__(self, gid: int, first: int, kind: str, role: str, side: bool, x_op: int = -1):
-        self.id = gid
-        self.ops = [first]
-        self.kind = kind
-        self.role = role
-        self.side = side
-        self.x_op = x_op  # for a normalisation: the operator that produced the reduced tensor
-        self.final = gid  # the group it was absorbed into (itself if not absorbed)
-
-
-class _Links:
-    """What one pass over the operators learns: each operator's distinct producer operators and
-    distinct consumer operators (in operand / operator order), whether it depends on the batch
-    (see :func:`data_dependent`), and each tensor's producer and index among its outputs."""
-
-    __slots__ = ("prods_of", "cons_of", "dep", "producer", "out_index")
-
-    def __init__(self, graph: OpGraph):
-        ops = graph.ops
-        producer = [t.producer for t in graph.tensors]
-        out_index = [0] * len(producer)
-        batch = {gi.tensor for gi in graph.inputs if gi.kind in ("batch", "input")}
-        dep_t = bytearray(len(producer))
-        for t in batch or (gi.tensor for gi in graph.inputs):
-            dep_t[t] = 1
-        prods_of: list[list[int]] = []
-        cons_of: list[list[int]] = [[] for _ in ops]
-        dep = [False] * len(ops)
-        for op in ops:
-            o = op.id
-            ps: list[int] = []
-            d = False
-            for t in op.inputs:
-                if t is not None:
-                    if dep_t[t]:
-                        d = True
-                    p = producer[t]
-                    if p >= 0 and p not in ps:
-                        ps.append(p)
-                        cons_of[p].append(o)
-            prods_of.append(ps)
-            for j, t in enumerate(op.outputs):
-                out_index[t] = j
-                if d:
-                    dep_t[t] = 1
-            dep[o] = d
-        self.prods_of, self.cons_of, self.dep = prods_of, cons_of, dep
-        self.producer, self.out_index = producer, out_index
+def _batch_inputs(graph: OpGraph) -> list[int]:
+    """The tensor ids of the batch (see :func:`data_dependent`)."""
+    batch = [gi.tensor for gi in graph.inputs if gi.kind in ("batch", "input")]
+    return batch or [gi.tensor for gi in graph.inputs]
 
 
 def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
@@ -306,138 +282,240 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
     """
     ops = graph.ops
     tensors = graph.tensors
-    links = _Links(graph)
-    dep, prods_of, cons_of = links.dep, links.prods_of, links.cons_of
-    producer, out_index = links.producer, links.out_index
-    group_of = [-1] * len(ops)
-    groups: list[_Group] = []
-    single_user = [len(c) == 1 for c in cons_of]
-
-    def new(op: OpNode, kind: str, side: bool, x_op: int = -1) -> None:
-        g = _Group(len(groups), op.id, kind, op.role, side, x_op)
-        groups.append(g)
-        group_of[op.id] = g.id
-
-    for op in ops:
-        prods = prods_of[op.id]
-        prim = op.primitive
-        if not dep[op.id]:
-            # side computation: group with side producers when they all lie in one side group
-            pg = {group_of[p] for p in prods}
-            if len(pg) == 1 and prim not in ANCHORS:
-                g = groups[pg.pop()]
-                if g.side and g.role == op.role:
-                    g.ops.append(op.id)
-                    group_of[op.id] = g.id
-                    continue
-            new(op, "side", True)
-            continue
-        if prim in ANCHORS:
-            new(op, "heavy" if prim in HEAVY else "anchor", False)
-            continue
-        data_groups = {group_of[p] for p in prods if dep[p]}
-        if prim in REDUCTIONS:
-            # a reduction of a value private to a normalisation continues it
-            if len(data_groups) == 1:
-                g = groups[next(iter(data_groups))]
-                if (g.kind == "norm" and g.role == op.role
-                        and all(single_user[p] for p in prods if dep[p])):
-                    g.ops.append(op.id)
-                    group_of[op.id] = g.id
-                    continue
-            x_op = next((p for p in prods if dep[p]), -1)
-            new(op, "norm", False, x_op)
-            continue
-        # follower: join the producers' group when there is exactly one (same role), or a
-        # normalisation whose values and input are all this operator reads
-        target = None
-        if len(data_groups) == 1:
-            g = groups[next(iter(data_groups))]
-            if g.role == op.role and not g.side:
-                target = g
-        elif len(data_groups) == 2:
-            for gid in data_groups:
-                g = groups[gid]
-                if (g.kind == "norm" and g.role == op.role and g.x_op >= 0
-                        and all(group_of[p] == gid or p == g.x_op for p in prods if dep[p])):
-                    target = g
-                    break
-        if target is not None:
-            target.ops.append(op.id)
-            group_of[op.id] = target.id
-        else:
-            new(op, "op", False)
-
-    # absorb side groups into their single consuming group, consumers first
-    for g in reversed(groups):
-        if not g.side:
-            continue
-        targets: set[int] = set()
-        for o in g.ops:
-            for c in cons_of[o]:
-                cg = group_of[c]
-                if cg != g.id:
-                    targets.add(groups[cg].final)
-        if len(targets) == 1:
-            g.final = next(iter(targets))
-
-    members: dict[int, list[int]] = {}
-    for g in groups:
-        members.setdefault(g.final, []).extend(g.ops)
-    order = sorted(members, key=lambda gid: min(members[gid]))
-    node_of_op = [-1] * len(ops)
-    member_index = [0] * len(ops)
-    for nid, gid in enumerate(order):
-        mem = members[gid]
-        mem.sort()
-        for i, o in enumerate(mem):
-            node_of_op[o] = nid
-            member_index[o] = i
+    group_of, g_main, g_kind, g_role, final = _group(graph)
+    # number the GraphNodes in order of their first operator: a GraphNode's first operator is the
+    # first operator of its lowest group, and groups are numbered in order of their first operator
+    node_of_group = [-1] * len(g_main)
+    node_main: list[int] = []  # the group that started each GraphNode (its final group)
+    for gid, f in enumerate(final):
+        v = node_of_group[f]
+        if v < 0:
+            v = node_of_group[f] = len(node_main)
+            node_main.append(f)
+        node_of_group[gid] = v
     labeler = op_labels(graph)
-    label_ids = labeler.ids
     # one pass over the operands (operators in order, so each GraphNode's members come in member
-    # order): the GraphNodes' internal wiring, and the edges between GraphNodes with their ports
-    struct: list[list[tuple]] = [[] for _ in order]
+    # order): the GraphNodes' members and internal wiring, and the edges between GraphNodes with
+    # their ports. A tensor's GraphNode and (member index, output index) are set when its producer
+    # is visited, the latter packed into one int (member * wide + output, wide above any output
+    # count). A GraphNode's wiring
+    # is one flat list of ints: per member its label id, its operand count, and per operand that
+    # int, or -1 (a literal), -2 (from another GraphNode) or -3 (a graph input). With its role
+    # that is its structure key: equal keys mean equal structures, as with per-member tuples.
+    wide = 1 + max(map(len, map(attrgetter("outputs"), ops)), default=0)
+    t_node = [-1] * len(tensors)
+    t_slot = [0] * len(tensors)
+    members: list[list[int]] = [[] for _ in node_main]
+    wiring: list[list[int]] = [[] for _ in node_main]
+    flops: list[float] = []
+    node_of_op = [node_of_group[gid] for gid in group_of]
     edges: dict[tuple[int, int], dict] = {}
     ports: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    for op in ops:
-        o = op.id
-        v = node_of_op[o]
-        ins = []
-        for k, t in enumerate(op.inputs):
+    for op, v, lab in zip(ops, node_of_op, labeler.ids):
+        mem = members[v]
+        mi = len(mem)
+        mem.append(op.id)
+        flops.append(op.flops)
+        ins = op.inputs
+        w = wiring[v]
+        w.append(lab)
+        w.append(len(ins))
+        k = 0
+        for t in ins:
             if t is None:
-                ins.append(-1)
-                continue
-            p = producer[t]
-            if p < 0:
-                ins.append(-3)
-                continue
-            u = node_of_op[p]
-            if u == v:
-                ins.append((member_index[p], out_index[t]))
-                continue
-            ins.append(-2)
-            port = (member_index[p], out_index[t], member_index[o], k)
-            e = edges.get((u, v))
-            if e is None:
-                edges[(u, v)] = {"tensors": [t], "bytes": tensors[t].nbytes}
-                ports[(u, v)] = [port]
-                continue
-            if t not in e["tensors"]:
-                e["tensors"].append(t)
-                e["bytes"] += tensors[t].nbytes
-            ports[(u, v)].append(port)
-        struct[v].append((label_ids[o], tuple(ins)))
+                w.append(-1)
+            else:
+                u = t_node[t]
+                if u == v:
+                    w.append(t_slot[t])
+                elif u < 0:
+                    w.append(-3)
+                else:
+                    w.append(-2)
+                    s = t_slot[t]
+                    port = (s // wide, s % wide, mi, k)
+                    e = edges.get((u, v))
+                    if e is None:
+                        uv = (u, v)
+                        edges[uv] = {"tensors": [t], "bytes": tensors[t].nbytes}
+                        ports[uv] = [port]
+                    else:
+                        if t not in e["tensors"]:
+                            e["tensors"].append(t)
+                            e["bytes"] += tensors[t].nbytes
+                        ports[(u, v)].append(port)
+            k += 1
+        s = mi * wide
+        for t in op.outputs:
+            t_node[t] = v
+            t_slot[t] = s
+            s += 1
+    # equal keys mean equal member labels, hence equal primitive sequences: one label per key.
+    # A GraphNode is made by filling its instance dict: the same object as GraphNode(...) gives
+    # (the dataclass has no __post_init__), without the frozen __init__'s object.__setattr__ per
+    # field, which is a third of this loop
+    new_node = object.__new__
     key_table: dict[tuple, int] = {}
+    label_of_key: list[str] = []
     nodes: list[GraphNode] = []
-    for nid, gid in enumerate(order):
-        mem = members[gid]
-        main = groups[gid].ops[0]
-        mop = ops[main]
-        key = key_table.setdefault((mop.role, tuple(struct[nid])), len(key_table))
-        nodes.append(GraphNode(
-            id=nid, ops=tuple(mem), main=main,
-            label="+".join([ops[o].primitive for o in mem]), key=key, kind=groups[gid].kind,
-            flops=float(sum([ops[o].flops for o in mem])), scope=mop.scope, role=mop.role))
+    flops_of = flops.__getitem__
+    for nid, gid in enumerate(node_main):
+        mem = members[nid]
+        role = g_role[gid]
+        key = key_table.setdefault((role, *wiring[nid]), len(key_table))
+        if key == len(label_of_key):
+            label_of_key.append("+".join([ops[o].primitive for o in mem]))
+        main = g_main[gid]
+        node = new_node(GraphNode)
+        node.__dict__.update(id=nid, ops=tuple(mem), main=main, label=label_of_key[key], key=key,
+                             kind=g_kind[gid], flops=float(sum(map(flops_of, mem))),
+                             scope=ops[main].scope, role=role)
+        nodes.append(node)
     return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, edges=edges,
                           ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)
+
+
+def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], list[int]]:
+    """The grouping of :func:`group_graphnodes` (see the module docstring), in one pass over the
+    operators that also learns which operators depend on the batch.
+
+    Returns ``(group_of, main, kind, role, final)``: each operator's group; each group's first
+    operator, kind and role; and the group each group ends in (itself, or the group a side group
+    is absorbed into). Groups are numbered in order of their first operator.
+
+    Each tensor carries one code that says all the grouping needs of it: the group of its producer
+    ``g`` when that depends on the batch (``>= 0``), ``-3 - g`` for a side group's tensor, ``-2``
+    for a batch input and ``-1`` for other graph inputs and constants.
+    """
+    ops = graph.ops
+    tensors = graph.tensors
+    code = [-1] * len(tensors)
+    for t in _batch_inputs(graph):
+        code[t] = -2
+    group_of: list[int] = []
+    g_main: list[int] = []
+    g_kind: list[str] = []
+    g_role: list[str] = []
+    g_x: list[int] = []  # for a normalisation: the operator that produced the reduced tensor
+    users: dict[int, set[int]] = {}  # side group -> the other groups that read its values
+    reads: Counter | None = None  # reads of each tensor (by operand), made when first needed
+    anchors, heavy, reductions = ANCHORS, HEAVY, REDUCTIONS
+    for op in ops:
+        role = op.role
+        prim = op.primitive
+        # one look at the operands: a batch dependence, the first two distinct data groups read
+        # (more: a third), and the side groups read
+        d = False
+        a = b = -1
+        more = False
+        sides = None
+        for t in op.inputs:
+            if t is None:
+                continue
+            c = code[t]
+            if c >= 0:
+                d = True
+                if a < 0:
+                    a = c
+                elif c != a and c != b:
+                    if b < 0:
+                        b = c
+                    else:
+                        more = True
+            elif c == -2:
+                d = True
+            elif c != -1:
+                if sides is None:
+                    sides = [-3 - c]
+                else:
+                    sides.append(-3 - c)
+        g = -1
+        if not d:
+            # side computation: group with side producers when they all lie in one side group
+            if sides is not None and prim not in anchors and g_role[sides[0]] == role:
+                s = sides[0]
+                if all(x == s for x in sides):
+                    g = s
+            if g < 0:
+                g = _new(g_main, g_kind, g_role, g_x, op.id, "side", role)
+        elif prim in anchors:
+            g = _new(g_main, g_kind, g_role, g_x, op.id, "heavy" if prim in heavy else "anchor",
+                     role)
+        elif prim in reductions:
+            # a reduction of a value private to a normalisation continues it
+            if a >= 0 and b < 0 and g_kind[a] == "norm" and g_role[a] == role:
+                if reads is None:
+                    reads = _reads(ops)
+                if _private(op, tensors, ops, code, reads):
+                    g = a
+            if g < 0:
+                x = next((tensors[t].producer for t in op.inputs
+                          if t is not None and code[t] >= 0), -1)
+                g = _new(g_main, g_kind, g_role, g_x, op.id, "norm", role, x)
+        else:
+            # follower: join the producers' group when there is exactly one (same role), or a
+            # normalisation whose values and input are all this operator reads
+            if a >= 0 and b < 0:
+                if g_role[a] == role:  # (a data group is never a side group)
+                    g = a
+            elif b >= 0 and not more:
+                for gid in {a, b}:  # (a set's order decides between two normalisations)
+                    x = g_x[gid]
+                    if (g_kind[gid] == "norm" and g_role[gid] == role and x >= 0
+                            and all(code[t] == gid or tensors[t].producer == x
+                                    for t in op.inputs if t is not None and code[t] >= 0)):
+                        g = gid
+                        break
+            if g < 0:
+                g = _new(g_main, g_kind, g_role, g_x, op.id, "op", role)
+        group_of.append(g)
+        if sides is not None:
+            for s in sides:
+                if s != g:
+                    u = users.get(s)
+                    if u is None:
+                        users[s] = {g}
+                    else:
+                        u.add(g)
+        c = g if d else -3 - g
+        for t in op.outputs:
+            code[t] = c
+    # absorb side groups into their single consuming group, consumers first
+    final = list(range(len(g_main)))
+    for s in sorted(users, reverse=True):
+        targets = {final[g] for g in users[s]}
+        if len(targets) == 1:
+            final[s] = targets.pop()
+    return group_of, g_main, g_kind, g_role, final
+
+
+def _new(g_main: list[int], g_kind: list[str], g_role: list[str], g_x: list[int], first: int,
+         kind: str, role: str, x: int = -1) -> int:
+    """Start a group at operator ``first``; returns its id."""
+    g_main.append(first)
+    g_kind.append(kind)
+    g_role.append(role)
+    g_x.append(x)
+    return len(g_main) - 1
+
+
+def _reads(ops: list[OpNode]) -> Counter:
+    """How many operands read each tensor."""
+    return Counter(chain.from_iterable(map(attrgetter("inputs"), ops)))
+
+
+def _private(op: OpNode, tensors: list, ops: list[OpNode], code: list[int],
+             reads: Counter) -> bool:
+    """Whether every batch-dependent producer of ``op`` has ``op`` as its only consumer: no
+    operand outside ``op`` reads any of its outputs."""
+    mine = Counter(t for t in op.inputs if t is not None and code[t] >= 0)
+    seen = set()
+    for t in mine:
+        p = tensors[t].producer
+        if p in seen:
+            continue
+        seen.add(p)
+        outs = ops[p].outputs
+        if sum(reads[u] for u in outs) != sum(mine[u] for u in outs):
+            return False
+    return True
