@@ -53,6 +53,8 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
 
 import numpy as np
 
@@ -211,33 +213,26 @@ class _Index:
 
     def __init__(self, gng: GraphNodeGraph):
         self.gng = gng
-        n = len(gng.nodes)
+        nodes = gng.nodes
+        n = len(nodes)
         self.n = n
-        self.key = [g.key for g in gng.nodes]
-        self.nops = [len(g.ops) for g in gng.nodes]
-        self.flops = [g.flops for g in gng.nodes]
-        self.forward = [g.role == "forward" for g in gng.nodes]
-        self.backward = [g.role == "backward" for g in gng.nodes]
+        self.key = [g.key for g in nodes]
+        self.nops = [len(g.ops) for g in nodes]
+        self.flops = [g.flops for g in nodes]
+        self.forward = [g.role == "forward" for g in nodes]
+        self.backward = [g.role == "backward" for g in nodes]
+        # edges (u, v) with their interned port labels, as arrays
         etab: dict[tuple, int] = {}
-        self.inn: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        self.out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        self.ebytes: dict[tuple[int, int], int] = {}
-        src: list[int] = []
-        dst: list[int] = []
-        elab: list[int] = []
-        for (u, v), ports in gng.ports.items():
-            e = etab.setdefault(ports, len(etab))
-            self.out[u].append((e, v))
-            self.inn[v].append((e, u))
-            self.ebytes[(u, v)] = gng.edges[(u, v)]["bytes"]
-            src.append(u)
-            dst.append(v)
-            elab.append(e)
-        self.edge_arrays = (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64),
-                            np.array(elab, dtype=np.uint64))
+        elab = np.array([etab.setdefault(p, len(etab)) for p in gng.ports.values()],
+                        dtype=np.int64)
+        src, dst = _pairs(gng.ports, len(elab))
+        self.edge_arrays = (src, dst, elab.astype(np.uint64))
         # GraphNodes reading the same parameter / optimizer-state input: a third kind of adjacency
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
         self.share: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        share_g: list[int] = []  # the share entries as flat lists, in the order appended
+        share_e: list[int] = []
+        share_nb: list[int] = []
         graph = gng.graph
         node_of_op = gng.node_of_op
         consumers = graph.consumers
@@ -247,7 +242,7 @@ class _Index:
             readers = consumers[t]
             if len(readers) > 16:  # an input read everywhere links nothing in particular
                 continue
-            rs = [(node_of_op[c], gng.nodes[node_of_op[c]].ops.index(c), k)
+            rs = [(node_of_op[c], nodes[node_of_op[c]].ops.index(c), k)
                   for c in dict.fromkeys(readers)
                   for k, x in enumerate(graph.ops[c].inputs) if x == t]
             for ga, ma, ka in rs:
@@ -255,45 +250,64 @@ class _Index:
                     if ga != gb:
                         e = etab.setdefault(("share", ma, ka, mb, kb), len(etab))
                         self.share[ga].append((e, gb))
+                        share_g.append(ga)
+                        share_e.append(e)
+                        share_nb.append(gb)
         # slots: (direction, edge label, neighbour key, rank, count) -> neighbour; and for each
-        # node and direction, an id of its set of slots (equal ids: the same slots)
-        stab: dict[tuple, int] = {}
-        settab: dict[tuple[int, ...], int] = {}
-        key = self.key
+        # node and direction, an id of its set of slots (equal ids: the same slots). Built over
+        # arrays (_slots_of); only the per-node dictionaries and tuples are made in Python.
+        key = np.array(self.key, dtype=np.int64)
+        directions = ((dst, elab, src), (src, elab, dst),
+                      (np.array(share_g, dtype=np.int64), np.array(share_e, dtype=np.int64),
+                       np.array(share_nb, dtype=np.int64)))
         self.slots: tuple[list[dict[int, int]], ...] = ([], [], [])
         self.slot_set: tuple[list[int], ...] = ([], [], [])
         self.slot_edge: dict[int, tuple[int, int]] = {}
+        settab: dict[tuple[int, ...], int] = {}
+        per_dir = []
+        for d, (g, e, nb) in enumerate(directions):
+            order = np.argsort(g, kind="stable")  # each node's entries in its adjacency order
+            g, sk, e, nb = _slots_of(d, g[order], e[order], nb[order], key, self.slot_edge)
+            bounds = np.searchsorted(g, np.arange(n + 1)).tolist()
+            sks, nbs = sk.tolist(), nb.tolist()
+            self.slots[d].extend([{sks[a]: nbs[a]} if b - a == 1 else
+                                  dict(zip(sks[a:b], nbs[a:b])) if b != a else {}
+                                  for a, b in zip(bounds, bounds[1:])])
+            self.slot_set[d].extend([settab.setdefault(tuple(sks[a:b]), len(settab))
+                                     for a, b in zip(bounds, bounds[1:])])
+            per_dir.append((g, sk, e * 3 + d, nb))
+        # the slots as sorted arrays too: per direction, node * slots + slot -> neighbour
+        self.slot_arrays = []
+        for g, sk, _code, nb in per_dir:
+            gk = g * len(self.slot_edge) + sk
+            order = np.argsort(gk)
+            self.slot_arrays.append((gk[order], nb[order]))
+        # every node's neighbours in all directions, in slot order, with the (direction, edge
+        # label) of each: node g's are entries ptr[g]:ptr[g + 1] of nbr_arrays (neighbour,
+        # 3 * edge label + direction) and of nbr_lists (ptr, (direction, edge label), neighbour)
+        g, sk, code, nb = (np.concatenate(c) for c in zip(*per_dir))
+        order = np.argsort(g, kind="stable")
+        g, sk, code, nb = g[order], sk[order], code[order], nb[order]
+        ptr = np.searchsorted(g, np.arange(n + 1))
+        self.nbr_arrays = (ptr, nb, code)
         slot_edge = self.slot_edge
-        # every node's neighbours in all directions, with the (direction, edge label) of each
-        self.nbrs: list[list[tuple[tuple[int, int], int]]] = [[] for _ in range(n)]
-        for d, adj in ((0, self.inn), (1, self.out), (2, self.share)):
-            slots_d, set_d = self.slots[d], self.slot_set[d]
-            for g in range(n):
-                m: dict[int, int] = {}
-                nb_list = adj[g]
-                if len(nb_list) == 1:  # the common case: one neighbour, one slot
-                    e, nb = nb_list[0]
-                    sk = stab.get((d, e, key[nb], 0, 1))
-                    if sk is None:
-                        sk = stab[(d, e, key[nb], 0, 1)] = len(stab)
-                        slot_edge[sk] = (d, e)
-                    m[sk] = nb
-                    self.nbrs[g].append((slot_edge[sk], nb))
-                elif nb_list:
-                    by: dict[tuple[int, int], list[int]] = {}
-                    for e, nb in nb_list:
-                        by.setdefault((e, key[nb]), []).append(nb)
-                    for (e, k), nbs in by.items():
-                        nbs.sort()
-                        for r, nb in enumerate(nbs):
-                            sk = stab.get((d, e, k, r, len(nbs)))
-                            if sk is None:
-                                sk = stab[(d, e, k, r, len(nbs))] = len(stab)
-                                slot_edge[sk] = (d, e)
-                            m[sk] = nb
-                    self.nbrs[g].extend([(slot_edge[sk], nb) for sk, nb in m.items()])
-                slots_d.append(m)
-                set_d.append(settab.setdefault(tuple(m), len(settab)))
+        self.nbr_lists = (ptr.tolist(), [slot_edge[s] for s in sk.tolist()], nb.tolist())
+        self.forward_array = np.array(self.forward, dtype=bool)
+        self.slot_set_array = np.array(self.slot_set, dtype=np.int64)
+
+    @cached_property
+    def nbrs(self) -> list[list[tuple[tuple[int, int], int]]]:
+        """Each node's neighbours in all directions (in slot order) with the (direction, edge
+        label) of each (made when asked: the growth reads ``nbr_lists``)."""
+        ptr, ses, nbs = self.nbr_lists
+        return [list(zip(ses[a:b], nbs[a:b])) for a, b in zip(ptr, ptr[1:])]
+
+    @cached_property
+    def edge_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The GraphNode edges as arrays: source, destination, bytes."""
+        edges = self.gng.edges
+        src, dst = _pairs(edges, len(edges))
+        return src, dst, np.array([e["bytes"] for e in edges.values()], dtype=np.int64)
 
     def wl(self, rounds: int) -> list[list[int]]:
         """Weisfeiler-Lehman labels after 0, 1, .., ``rounds`` refinements of the keys, over
@@ -305,15 +319,26 @@ class _Index:
         """
         lab = np.asarray(self.key, dtype=np.uint64)
         src, dst, elab = self.edge_arrays
+        elab = elab << np.uint64(32)
         levels = [list(self.key)]
+        # the sums per node as sums of runs of the edges sorted by node (uint64 sums wrap)
+        by_dst, by_src = np.argsort(dst, kind="stable"), np.argsort(src, kind="stable")
+        dst_runs = np.flatnonzero(_runs(dst[by_dst]))
+        src_runs = np.flatnonzero(_runs(src[by_src]))
         for _ in range(rounds):
             h_in = np.zeros(self.n, dtype=np.uint64)
             h_out = np.zeros(self.n, dtype=np.uint64)
-            np.add.at(h_in, dst, _mix((elab << np.uint64(32)) | lab[src]))
-            np.add.at(h_out, src, _mix((elab << np.uint64(32)) | lab[dst]))
-            _, inv = np.unique(np.stack([lab, h_in, h_out], axis=1), axis=0, return_inverse=True)
-            lab = inv.reshape(-1).astype(np.uint64)
-            levels.append(lab.astype(np.int64).tolist())
+            if len(src):
+                h_in[dst[by_dst[dst_runs]]] = np.add.reduceat(
+                    _mix(elab | lab[src])[by_dst], dst_runs)
+                h_out[src[by_src[src_runs]]] = np.add.reduceat(
+                    _mix(elab | lab[dst])[by_src], src_runs)
+            # new labels: the ranks of the distinct (label, h_in, h_out) rows, in row order
+            order = np.lexsort((h_out, h_in, lab))
+            new = np.empty(self.n, dtype=np.int64)
+            new[order] = np.cumsum(_runs(lab[order], h_in[order], h_out[order])) - 1
+            lab = new.astype(np.uint64)
+            levels.append(new.tolist())
         return levels
 
 
@@ -322,6 +347,70 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
+
+
+def _runs(*cols: np.ndarray) -> np.ndarray:
+    """For rows sorted by ``cols``: whether each row starts a run of equal rows."""
+    start = np.ones(len(cols[0]), dtype=bool)
+    if len(start):
+        start[1:] = np.any([c[1:] != c[:-1] for c in cols], axis=0)
+    return start
+
+
+def _pairs(d: dict[tuple[int, int], object], m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(u, v)`` keys of ``d`` (``m`` of them) as two arrays."""
+    uv = np.fromiter(chain.from_iterable(d), dtype=np.int64, count=2 * m)
+    return uv[0::2].copy(), uv[1::2].copy()
+
+
+def _slots_of(d: int, g: np.ndarray, e: np.ndarray, nb: np.ndarray, key: np.ndarray,
+              slot_edge: dict[int, tuple[int, int]]) -> tuple[np.ndarray, ...]:
+    """One direction's neighbour slots, over arrays.
+
+    ``g``, ``e``, ``nb``: the direction's adjacency entries (node, edge label, neighbour), grouped
+    by node, each node's in its list order. A node's neighbours of one (edge label, neighbour key)
+    form a group; groups come in the order of their first entry, and within a group the
+    neighbours by id, the ``r``-th of ``c`` taking slot ``(d, edge label, key, r, c)``. Slots are
+    numbered from ``len(slot_edge)`` in the order first met (nodes in id order, each node's slots
+    in that order), and ``slot_edge`` gets each new slot's ``(d, edge label)``.
+
+    This is the slot numbering of a per-node loop over dictionaries, done with a few sorts.
+
+    Returns:
+        The entries in slot order: node, slot id, edge label, neighbour.
+    """
+    m = len(g)
+    k = key[nb]
+    pos = np.arange(m)
+    # groups (node, edge label, neighbour key), each with its first entry's position
+    o = np.lexsort((pos, k, e, g))
+    start = _runs(g[o], e[o], k[o])
+    grp = np.empty(m, dtype=np.int64)
+    grp[o] = np.cumsum(start) - 1
+    first = np.empty(m, dtype=np.int64)
+    first[o] = o[start][grp[o]]
+    # slot order: by node, group's first entry, neighbour id; a group is then one run
+    s = np.lexsort((nb, first, g))
+    g, e, k, nb, grp = g[s], e[s], k[s], nb[s], grp[s]
+    start = _runs(grp)
+    run_at = np.flatnonzero(start)
+    run_len = np.diff(np.append(run_at, m))
+    run = np.cumsum(start) - 1
+    rank = pos - run_at[run]
+    count = run_len[run]
+    # slot ids by first appearance of (edge label, key, rank, count)
+    o = np.lexsort((count, rank, k, e))
+    start = _runs(e[o], k[o], rank[o], count[o])
+    uid = np.empty(m, dtype=np.int64)
+    uid[o] = np.cumsum(start) - 1
+    firsts = o[start]  # the stable sort puts each slot's first entry first
+    by_first = np.argsort(firsts)
+    base = len(slot_edge)
+    sk_of_uid = np.empty(len(firsts), dtype=np.int64)
+    sk_of_uid[by_first] = np.arange(base, base + len(firsts))
+    for i, el in enumerate(e[firsts[by_first]].tolist()):
+        slot_edge[base + i] = (d, el)
+    return g, sk_of_uid[uid], e, nb
 
 
 @dataclass
@@ -334,8 +423,27 @@ class _Trial:
     blame: list[int] = field(default_factory=list)
 
 
+def _frequent(labels: Sequence[int], min_support: int) -> dict[int, list[int]]:
+    """The labels given to at least ``min_support`` GraphNodes, each with its GraphNodes in id
+    order, in the order of their first GraphNode (a dictionary of lists built over arrays)."""
+    lab = np.asarray(labels, dtype=np.int64)
+    order = np.argsort(lab, kind="stable")
+    start = np.flatnonzero(_runs(lab[order]))
+    end = np.append(start[1:], len(lab))
+    frequent = end - start >= min_support
+    start, end = start[frequent], end[frequent]
+    by_first = np.argsort(order[start])  # a run's first GraphNode is its smallest
+    members = order.tolist()
+    return {lab: members[a:b] for lab, a, b in zip(lab[order[start[by_first]]].tolist(),
+                                                    start[by_first].tolist(),
+                                                    end[by_first].tolist())}
+
+
 def _cover(ix: _Index, inst: list[list[int]]) -> int:
-    return sum(ix.nops[g] for m in inst for g in m)
+    return sum(map(ix.nops.__getitem__, chain.from_iterable(inst)))
+
+
+_WIDE = 32  # from this many instances on, _grow checks candidate columns over arrays
 
 
 def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
@@ -349,32 +457,78 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     backward pass runs the layers in reverse), or the mirror image for ``"consumers"``.
     """
     n_inst = len(seeds)
-    # the pattern by position: cols[p][j] is instance j's GraphNode at position p; and for each
-    # GraphNode, the instance owning it (-1: none) and its position there
+    # the pattern by position: cols[p][j] is instance j's GraphNode at position p; for each
+    # GraphNode, whether an instance owns it, and (own_inst, own_pos) which one, at which
+    # position (-1, 0: none)
     cols: list[list[int]] = [list(seeds)]
-    own_inst = [-1] * ix.n
-    own_pos = [0] * ix.n
-    for j, s in enumerate(seeds):
-        own_inst[s] = j
+    owned = bytearray(ix.n)
+    for s in seeds:
+        owned[s] = 1
     primary = 0 if order == "producers" else 1
     slots = ix.slots
     slot_set = ix.slot_set
     forward = ix.forward
-    nbrs = ix.nbrs
     backward = ix.backward
     blame = [0] * n_inst
     odd = max(1, n_inst // 3)
     others = range(1, n_inst)
+    # With many instances, a candidate column is checked over arrays: the same tests, at a cost
+    # that hardly grows with the instances (Python, per instance, costs more from about _WIDE
+    # instances on). own_inst and own_pos are then arrays, else lists.
+    ptr, nb_node, nb_code = ix.nbr_arrays
+    # a signature entry's code (below big), offset by its instance: instance * big + code
+    big = (int(nb_code.max(initial=0)) + 1) * ix.n
+    wide = n_inst >= _WIDE and big * n_inst < 2**62
+    if wide:
+        own_inst_a = np.full(ix.n, -1, dtype=np.int64)
+        own_inst_a[cols[0]] = np.arange(n_inst)
+        own_pos_a = np.zeros(ix.n, dtype=np.int64)
+        owned_a = np.frombuffer(owned, dtype=np.uint8)  # views: writes reach the bytearrays
+        claimed_a = np.frombuffer(claimed, dtype=np.uint8)
+        forward_a, slot_set_a = ix.forward_array, ix.slot_set_array
+        rows = np.arange(n_inst)
+        offsets = rows * big
+        cols_a = [np.array(cols[0], dtype=np.int64)]  # cols as arrays
+        n_slots = len(ix.slot_edge)
+    else:
+        own_inst = [-1] * ix.n
+        own_pos = [0] * ix.n
+        for j, s in enumerate(seeds):
+            own_inst[s] = j
+        ptr_l, ses, nbs = ix.nbr_lists
 
     def signature(c: int, j: int) -> list:
         """How ``c`` connects to instance ``j``: (direction and edge label, position) pairs."""
-        sig = [(se, own_pos[nb]) for se, nb in nbrs[c] if own_inst[nb] == j]
+        a, b = ptr_l[c], ptr_l[c + 1]
+        sig = [(se, own_pos[nb]) for se, nb in zip(ses[a:b], nbs[a:b]) if own_inst[nb] == j]
         sig.sort()
         return sig
+
+    def same_signatures(c: np.ndarray) -> bool:
+        """Whether ``signature(c[j], j)`` is the same for every instance ``j``, over arrays:
+        each signature entry coded as ``(3 * edge label + direction) * n + position`` (below
+        ``big``), plus ``j * big``. Sorted, the codes fall into equal rows after removing the
+        offsets exactly when every instance has the same multiset of codes (had some instance
+        more, a row would hold codes of two instances, and the rows could not all agree)."""
+        start = ptr[c]
+        lens = ptr[c + 1] - start
+        j = np.repeat(offsets, lens)
+        idx = np.arange(len(j)) + np.repeat(start - (np.cumsum(lens) - lens), lens)
+        nb = nb_node[idx]
+        inside = own_inst_a[nb] * big == j
+        if np.count_nonzero(inside) % n_inst:
+            return False
+        code = np.sort((j + nb_code[idx] * ix.n + own_pos_a[nb])[inside]).reshape(n_inst, -1)
+        return bool((code - offsets[:, None] == code[0]).all())
 
     def differing(col: list[int]) -> tuple[list[int], ...]:
         """Per direction, the instances whose slots at this position differ from instance
         0's (usually none)."""
+        if wide:
+            differ = slot_set_a[:, col] != slot_set_a[:, col[:1]]
+            if not differ.any():
+                return [], [], []
+            return tuple([np.flatnonzero(row).tolist() for row in differ])
         return tuple([j for j in others if slot_set[d][col[j]] != slot_set[d][col[0]]]
                      for d in (0, 1, 2))
 
@@ -385,6 +539,8 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
         at = cols[p]
         differ = differ_at[p][d]
         map0 = slots_d[at[0]]
+        if wide:
+            slot_gk_d, slot_nb_d = ix.slot_arrays[d]
         if n_inst > 2 and differ and differ[0] == 1:
             for sk in slots_d[at[1]]:
                 if sk not in map0 and all(sk in slots_d[at[j]] for j in range(2, n_inst)):
@@ -398,21 +554,35 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
                             blame[j] += 1
                     continue
             # instance 0's candidate decides most rejections alone
-            if claimed[c0] or own_inst[c0] >= 0 or (forward_only and not forward[c0]):
-                continue
-            cands = [slots_d[g][sk] for g in at]
-            if any(claimed[c] or own_inst[c] >= 0 or (forward_only and not forward[c])
-                   for c in cands):
-                continue
-            if len(set(cands)) != n_inst:
-                continue
-            sig0 = signature(c0, 0)
-            if any(signature(cands[j], j) != sig0 for j in others):
+            if claimed[c0] or owned[c0] or (forward_only and not forward[c0]):
                 continue
             pos = len(cols)
-            for j, c in enumerate(cands):
-                own_inst[c] = j
-                own_pos[c] = pos
+            if wide:  # every instance has slot sk here (the differing ones were checked)
+                c = slot_nb_d[np.searchsorted(slot_gk_d, cols_a[p] * n_slots + sk)]
+                distinct = np.sort(c)
+                if ((distinct[1:] == distinct[:-1]).any() or claimed_a[c].any()
+                        or owned_a[c].any() or (forward_only and not forward_a[c].all())
+                        or not same_signatures(c)):
+                    continue
+                own_inst_a[c] = rows
+                own_pos_a[c] = pos
+                owned_a[c] = 1
+                cols_a.append(c)
+                cands = c.tolist()
+            else:
+                cands = [slots_d[g][sk] for g in at]
+                if len(set(cands)) != n_inst:
+                    continue
+                if any(claimed[c] or owned[c] or (forward_only and not forward[c])
+                       for c in cands):
+                    continue
+                sig0 = signature(c0, 0)
+                if any(signature(cands[j], j) != sig0 for j in others):
+                    continue
+                for j, c in enumerate(cands):
+                    own_inst[c] = j
+                    own_pos[c] = pos
+                    owned[c] = 1
             cols.append(cands)
             differ_at.append(differing(cands))
             pending.append(pos)
@@ -448,26 +618,27 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
 
 
 def _boundary_bytes(ix: _Index, inst: list[list[int]]) -> int:
-    total = 0
-    for members in inst:
-        s = set(members)
-        for g in members:
-            for _e, v in ix.out[g]:
-                if v not in s:
-                    total += ix.ebytes[(g, v)]
-            for _e, u in ix.inn[g]:
-                if u not in s:
-                    total += ix.ebytes[(u, g)]
-    return total
+    """Bytes crossing instance boundaries: each instance's edges to GraphNodes outside it (an
+    edge between two instances counts for both)."""
+    own = np.full(ix.n, -1, dtype=np.int64)
+    for j, members in enumerate(inst):
+        own[members] = j
+    src, dst, nbytes = ix.edge_bytes
+    a, b = own[src], own[dst]
+    crossing = (a != b).astype(np.int64) * ((a >= 0).astype(np.int64) + (b >= 0))
+    return int(crossing @ nbytes)
 
 
 def _aligned_ops(gng: GraphNodeGraph, inst: list[int]) -> tuple[int, ...]:
-    return tuple(o for g in inst for o in gng.nodes[g].ops)
+    nodes = gng.nodes
+    return tuple(chain.from_iterable([nodes[g].ops for g in inst]))
 
 
 def _positional_signature(graph: OpGraph, labeler: OpLabeler, aligned: Sequence[int]) -> tuple:
     """Each operator's label and, per operand, ``(position of its producer, output index)`` when
-    the producer is in ``aligned``, -1 when it is not, None for a literal."""
+    the producer is in ``aligned``, -1 when it is not, None for a literal.
+
+    The definition :func:`_same_signature_as_first` checks, for all instances at once."""
     pos = {o: i for i, o in enumerate(aligned)}
     ops, tensors, ids = graph.ops, graph.tensors, labeler.ids
     return tuple([
@@ -476,6 +647,67 @@ def _positional_signature(graph: OpGraph, labeler: OpLabeler, aligned: Sequence[
             else (pos[p], ops[p].outputs.index(t)) if (p := tensors[t].producer) in pos else -1
             for t in ops[o].inputs]))
         for o in aligned])
+
+
+def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
+                             aligned: Sequence[Sequence[int]]) -> list[int]:
+    """The indices ``j`` of the instances whose :func:`_positional_signature` equals instance
+    0's (0 included), computed over arrays for all instances at once.
+
+    The instances must be disjoint. Each operand is coded as -2 (a literal), -1 (made outside
+    its instance), or ``position * k + output index`` of its producer in its instance (``k``
+    exceeds every output index); an instance matches when its labels, operand counts and
+    operand codes equal instance 0's. A tensor's producer is the operator listing it among its
+    outputs (which ``_positional_signature`` relies on too). Reading each operator once, in id
+    order, costs much less than reading them in instance order (memory locality).
+    """
+    size = len(aligned[0])
+    rows = [j for j, a in enumerate(aligned) if len(a) == size]
+    m = len(rows)
+    ops = graph.ops
+    by_row = np.array([aligned[j] for j in rows], dtype=np.int64).reshape(m, size)
+    row_of_op = np.full(len(ops), -1, dtype=np.int64)
+    pos_of_op = np.zeros(len(ops), dtype=np.int64)
+    row_of_op[by_row] = np.arange(m)[:, None]
+    pos_of_op[by_row] = np.arange(size)
+    label = np.array(labeler.ids, dtype=np.int64)[by_row]
+    # operands and results of the operators, in id order
+    flat = np.sort(by_row, axis=None)
+    opl = [ops[o] for o in flat.tolist()]
+    ins = [op.inputs for op in opl]
+    outs = [op.outputs for op in opl]
+    n_in = np.fromiter(map(len, ins), dtype=np.int64, count=len(opl))
+    n_out = np.fromiter(map(len, outs), dtype=np.int64, count=len(opl))
+    n_in_of = np.zeros(len(ops), dtype=np.int64)
+    n_in_of[flat] = n_in
+    n_in_rows = n_in_of[by_row]
+    ok = (label == label[0]).all(axis=1) & (n_in_rows == n_in_rows[0]).all(axis=1)
+    # each result tensor's instance, its producer's position, and its first output index
+    out_t = np.fromiter(chain.from_iterable(outs), dtype=np.int64, count=int(n_out.sum()))
+    out_op = np.repeat(flat, n_out)
+    n_t = len(graph.tensors)
+    t_row = np.full(n_t, -1, dtype=np.int64)
+    t_row[out_t] = row_of_op[out_op]
+    t_pos = np.zeros(n_t, dtype=np.int64)
+    t_pos[out_t] = pos_of_op[out_op]
+    t_index = np.full(n_t, len(out_t), dtype=np.int64)
+    np.minimum.at(t_index, out_t, np.arange(len(out_t)) - np.repeat(np.cumsum(n_out) - n_out, n_out))
+    # each operand's code, instance, and place among its instance's operands
+    t = np.array(list(chain.from_iterable(ins)), dtype=float)  # a literal (None) is NaN
+    literal = np.isnan(t)
+    t = np.where(literal, -1, t).astype(np.int64)
+    op = np.repeat(flat, n_in)
+    row = row_of_op[op]
+    inside = ~literal & (t_row[t] == row)
+    k = int(n_out.max(initial=0)) + 1
+    code = np.where(literal, -2, np.where(inside, t_pos[t] * k + t_index[t], -1))
+    nth = np.arange(len(t)) - np.repeat(np.cumsum(n_in) - n_in, n_in)  # operand index
+    first = np.cumsum(n_in_rows[0]) - n_in_rows[0]  # where each position's operands start
+    keep = ok[row]
+    block = np.zeros((m, int(n_in_rows[0].sum())), dtype=np.int64)
+    block[row[keep], first[pos_of_op[op[keep]]] + nth[keep]] = code[keep]
+    same = ok & (block == block[0]).all(axis=1)
+    return [rows[r] for r in np.flatnonzero(same).tolist()]
 
 
 def _saved(tr: _Trial, ix: _Index) -> int:
@@ -490,11 +722,14 @@ def _orient(ix: _Index, best: _Trial, seeds: list[int], claimed: bytearray,
     other = "consumers" if best.order == "producers" else "producers"
     inst, blame = _grow(ix, seeds, claimed, other)
     alt = _Trial(best.seed_label, other, inst, _cover(ix, inst), blame=blame)
-    if _saved(alt, ix) >= _saved(best, ix) and len(alt.inst[0]) >= min_size:
-        best.boundary = _boundary_bytes(ix, best.inst)
-        alt.boundary = _boundary_bytes(ix, alt.inst)
-        if (_saved(alt, ix), -alt.boundary) > (_saved(best, ix), -best.boundary):
+    if len(alt.inst[0]) >= min_size:
+        if _saved(alt, ix) > _saved(best, ix):
             return alt, 1
+        if _saved(alt, ix) == _saved(best, ix):  # a tie: the boundary bytes decide
+            best.boundary = _boundary_bytes(ix, best.inst)
+            alt.boundary = _boundary_bytes(ix, alt.inst)
+            if alt.boundary < best.boundary:
+                return alt, 1
     return best, 1
 
 
@@ -526,14 +761,16 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
     seen: set[tuple[int, ...]] = set()
     for level, grp in enumerate(groups):
         best_for_count: dict[int, int] = {}
+        best_weight: dict[int, tuple[float, int]] = {}  # (max flops, -first seed) of those
         mass: dict[int, int] = {}
         for lab, free in grp.items():
             c = len(free)
-            mass[c] = mass.get(c, 0) + sum(ix.nops[g] for g in free)
-            cur = best_for_count.get(c)
-            if cur is None or (max(ix.flops[g] for g in free), -free[0]) > (
-                    max(ix.flops[g] for g in grp[cur]), -grp[cur][0]):
+            mass[c] = mass.get(c, 0) + sum(map(ix.nops.__getitem__, free))
+            weight = (max(map(ix.flops.__getitem__, free)), -free[0])
+            cur = best_weight.get(c)
+            if cur is None or weight > cur:
                 best_for_count[c] = lab
+                best_weight[c] = weight
         for c in sorted(mass, key=lambda c: (-mass[c], -c))[:seeds_per_level]:
             lab = best_for_count[c]
             key = tuple(grp[lab])
@@ -628,12 +865,7 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
     claimed = bytearray(ix.n)
     found: list[_Trial] = []
     trials = 0
-    by_label: list[dict[int, list[int]]] = []
-    for wl in wl_levels:
-        bl: dict[int, list[int]] = {}
-        for g, lab in enumerate(wl):
-            bl.setdefault(lab, []).append(g)
-        by_label.append({lab: m for lab, m in bl.items() if len(m) >= min_support})
+    by_label = [_frequent(wl, min_support) for wl in wl_levels]
     dead: set[tuple[int, int]] = set()
     while max_classes is None or len(found) < max_classes:
         groups: list[dict[int, list[int]]] = []
@@ -672,8 +904,7 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
         if verify:
             # position-by-position isomorphism to the representative (exact, linear); isomorphic
             # instances then share the representative's canonical hash
-            ref = _positional_signature(graph, labeler, aligned[0])
-            keep = [j for j in keep if _positional_signature(graph, labeler, aligned[j]) == ref]
+            keep = _same_signature_as_first(graph, labeler, aligned)
         if len(keep) < min_support:
             continue
         h = canonical_hash(graph, aligned[keep[0]], labeler=labeler)
@@ -688,12 +919,10 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
                for i, c in enumerate(classes)]
     timings["verify"] = time.perf_counter() - t3
 
-    assigned = bytearray(len(graph.ops))
+    assigned = np.zeros(len(graph.ops), dtype=bool)
     for c in classes:
-        for inst in c.instances:
-            for o in inst:
-                assigned[o] = 1
-    unassigned = tuple(o for o in range(len(graph.ops)) if not assigned[o])
+        assigned[list(chain.from_iterable(c.instances))] = True
+    unassigned = tuple(np.flatnonzero(~assigned).tolist())
     folded = sum(c.size for c in classes) + len(unassigned)
     fold_ratio = len(graph.ops) / folded if folded else 1.0
     timings["total"] = time.perf_counter() - t0

@@ -198,3 +198,47 @@ def test_min_support_and_min_size():
     assert mine(g, min_size=50).classes == []
     r = mine(g, min_size=50)
     assert r.fold_ratio == 1.0 and len(r.unassigned) == len(g)
+
+
+@pytest.mark.parametrize("name", ["gpt", "wide_resnet"])
+def test_array_growth_equals_per_instance_growth(name, monkeypatch):
+    """From ``_WIDE`` instances on, the growth checks candidates over arrays; forcing that path
+    on every class must find exactly the classes the per-instance path finds."""
+    from autoplan.search import _mine
+
+    graph = zoo_graph(name, layers=6) if name == "gpt" else zoo_graph(name)
+    ref = mine(graph)
+    monkeypatch.setattr(_mine, "_WIDE", 2)
+    wide = mine(graph)
+    assert [(c.hash, c.instances, c.aligned) for c in wide.classes] == \
+        [(c.hash, c.instances, c.aligned) for c in ref.classes]
+    assert len(ref.classes) >= 1
+
+
+def test_array_verification_matches_positional_signatures():
+    """The all-instances verification keeps exactly the instances whose per-instance positional
+    signature equals the representative's, also when instances are perturbed (an operator
+    swapped for its neighbour, two positions exchanged, a shorter instance)."""
+    from autoplan.search._graphnodes import op_labels
+    from autoplan.search._mine import _positional_signature, _same_signature_as_first
+
+    graph = zoo_graph("gpt", layers=6)
+    labeler = op_labels(graph)
+    aligned = [list(a) for a in mine(graph).classes[0].aligned]
+    assert len(aligned) == 6
+    variants = [aligned,
+                [aligned[0], aligned[1][:-1]] + aligned[2:],
+                [aligned[0], aligned[1][1:] + aligned[1][:1]] + aligned[2:],
+                [aligned[0]] + [a[:3] + [a[4], a[3]] + a[5:] for a in aligned[1:3]] + aligned[3:]]
+    swapped = [list(a) for a in aligned]
+    k = next(i for i in range(len(swapped[2]) - 1)
+             if graph.ops[swapped[2][i]].primitive != graph.ops[swapped[2][i + 1]].primitive)
+    swapped[2][k], swapped[2][k + 1] = swapped[2][k + 1], swapped[2][k]
+    variants.append(swapped)
+    kept_counts = []
+    for inst in variants:
+        ref = _positional_signature(graph, labeler, inst[0])
+        expect = [j for j, a in enumerate(inst) if _positional_signature(graph, labeler, a) == ref]
+        assert _same_signature_as_first(graph, labeler, inst) == expect
+        kept_counts.append(len(expect))
+    assert kept_counts[0] == 6 and min(kept_counts[1:]) < 6
