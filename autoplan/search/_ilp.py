@@ -77,6 +77,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,7 @@ PARAM_PENALTY = 1e-3
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
                          "argmin"})
 _SCALE = 1e6  # objective in microseconds inside the solver (better conditioned)
+_OUTPUT_LEAF = re.compile(r"^\[(\d+)\](.*)$")  # output leaf ``[k]<path>``
 
 
 class UnsupportedPrimitiveWarning(UserWarning):
@@ -201,7 +203,7 @@ class ILPProblem:
     nodes: list[_Node]
     members: dict[int, _Member]
     tensor_src: dict[int, tuple[int, np.ndarray]]
-    free_tensors: set[int]
+    free_tensors: frozenset[int]
     specs: list[Spec]
     spec_id: dict[Spec, int]
     out_pairs: list[tuple[int, int]]  # (output tensor, input tensor)
@@ -239,7 +241,7 @@ def updated_input_pairs(graph: OpGraph) -> list[tuple[int, int]]:
     by_key = {(gi.arg, gi.path): gi for gi in graph.inputs}
     out = []
     for o in graph.outputs:
-        m = re.match(r"^\[(\d+)\](.*)$", o.path)
+        m = _OUTPUT_LEAF.match(o.path)
         if not m:
             continue
         gi = by_key.get((int(m.group(1)) - 1, m.group(2)))
@@ -337,15 +339,16 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     pinned = _resolve_pins(graph, mesh, pins)
     fixed_specs = _resolve_fixed(graph, mesh, fixed)
     prob = ILPProblem(graph=graph, mesh=mesh, ops=op_ids, nodes=[], members={}, tensor_src={},
-                      free_tensors=set(), specs=[], spec_id={}, out_pairs=[], fixed_inside={},
+                      free_tensors=frozenset(), specs=[], spec_id={}, out_pairs=[], fixed_inside={},
                       input_node={}, unknown=set(), grad_ops=set())
     input_of = graph.input_of_tensor
     consumers = graph.consumers
 
     # ---- free tensors: constants and everything computed only from them -----------------------
-    free = set(_free_tensors(graph))
-    for t in fixed_specs:
-        free.discard(t)
+    # (the graph's set itself unless a fixed tensor is in it: no copy per segment problem)
+    free = _free_tensors(graph)
+    if any(t in free for t in fixed_specs):
+        free = free.difference(fixed_specs)
     prob.free_tensors = free
 
     # ---- input and boundary nodes --------------------------------------------------------------
@@ -390,13 +393,9 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     # ---- operators: roots and followers --------------------------------------------------------
     follow_cache: dict[tuple, Any] = {}
     table_cache: dict[tuple, _Tables] = {}
-    saved: set[int] = set()
-    for i in op_ids:
-        op = graph.ops[i]
-        if op.role == "forward":
-            for t in op.outputs:
-                if any(graph.ops[c].role == "backward" for c in consumers[t]):
-                    saved.add(t)
+    read_back = _backward_read(graph)
+    saved = set(filter(read_back.__contains__, chain.from_iterable(
+        graph.ops[i].outputs for i in op_ids if graph.ops[i].role == "forward")))
     for i in op_ids:
         op = graph.ops[i]
         if all(t in free for t in op.outputs) and op.outputs:
@@ -448,9 +447,12 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             # (``consumers`` lists an operator once per operand it reads ``t`` as)
             prob.fixed_uses[t] = max(1, sum(1 for c in consumers[t] if c not in in_seg))
     # updated inputs (new parameters / optimizer state) are charged the resharding back to the
-    # input's spec in a segment too, whenever the segment holds both ends
-    prob.out_pairs = [(o, i) for o, i in _updated_pairs(graph)
-                      if o in prob.tensor_src and i in prob.input_node]
+    # input's spec in a segment too, whenever the segment holds both ends (looked up from the
+    # problem's inputs, in the graph's order of the pairs)
+    pairs_of = _updated_pairs_by_input(graph)
+    hits = sorted((k, o, i) for i in prob.input_node for k, o in pairs_of.get(i, ())
+                  if o in prob.tensor_src)
+    prob.out_pairs = [(o, i) for _, o, i in hits]
 
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
     # (a gradient reaches the optimizer update through movement/elementwise ops only; an
@@ -471,13 +473,18 @@ def _free_tensors(graph: OpGraph) -> frozenset[int]:
     graph."""
 
     def make() -> frozenset[int]:
-        free = set(graph.consts)
+        # ``None`` (a literal operand) counts as free, so that one C-level ``issuperset`` tests
+        # the operands; it rules out almost every operator before the primitive tests
+        free: set[int | None] = set(graph.consts)
+        free.add(None)
         for op in graph.ops:
+            if not free.issuperset(op.inputs):
+                continue
             if is_heavy(op) or not (is_follower(op) or is_generator(op)):
                 continue
-            if all(t is None or t in free for t in op.inputs):
-                free.update(op.outputs)
-        return frozenset(free)
+            free.update(op.outputs)
+        free.discard(None)
+        return frozenset(free)  # type: ignore[arg-type]
 
     return memo(graph, "free_tensors", make)
 
@@ -487,20 +494,57 @@ def _updated_pairs(graph: OpGraph) -> list[tuple[int, int]]:
     return memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph))
 
 
+def _updated_pairs_by_input(graph: OpGraph) -> dict[int, list[tuple[int, int]]]:
+    """``{input tensor: [(position in updated_input_pairs, output tensor)]}``, once per graph (a
+    segment problem looks up its own inputs' pairs instead of scanning every pair)."""
+
+    def make() -> dict[int, list[tuple[int, int]]]:
+        out: dict[int, list[tuple[int, int]]] = {}
+        for k, (o, i) in enumerate(_updated_pairs(graph)):
+            out.setdefault(i, []).append((k, o))
+        return out
+
+    return memo(graph, "updated_pairs_by_input", make)
+
+
+def _backward_read(graph: OpGraph) -> frozenset[int]:
+    """The tensors some backward operator reads (a forward result among them is an activation
+    saved for backward), once per graph."""
+
+    def make() -> frozenset[int]:
+        read: set[int | None] = set()
+        for op in graph.ops:
+            if op.role == "backward":
+                read.update(op.inputs)
+        read.discard(None)
+        return frozenset(read)  # type: ignore[arg-type]
+
+    return memo(graph, "backward_read", make)
+
+
 def _gradient_feeds(graph: OpGraph) -> list[bool]:
     """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
     only (it makes a gradient)."""
 
     def make():
-        consumers = graph.consumers
-        feeds = [False] * len(graph.ops)
-        for op in reversed(graph.ops):
+        ops, consumers = graph.ops, graph.consumers
+        feeds = [False] * len(ops)
+        # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
+        # gradient and passes it on: not heavy, not a reduction); operators are visited
+        # consumers first, so an operator's consumers are marked before it is
+        marks = [op.role == "update" for op in ops]
+        for op in reversed(ops):
             for t in op.outputs:
                 for c in consumers[t]:
-                    co = graph.ops[c]
-                    if co.role == "update" or (feeds[c] and not is_heavy(co)
-                                               and co.primitive not in _REDUCTIONS):
-                        feeds[op.id] = True
+                    if marks[c]:
+                        break
+                else:
+                    continue
+                i = op.id
+                feeds[i] = True
+                if not is_heavy(op) and op.primitive not in _REDUCTIONS:
+                    marks[i] = True
+                break
         return feeds
 
     return memo(graph, "gradient_feeds", make)
@@ -748,9 +792,13 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
         op_strategy[i] = st
         compute += st.compute_time
         comm = _take_strategy(i, graph.ops[i].outputs, st, i in prob.grad_ops, specs, comms, comm)
+    free = prob.free_tensors
+    if len(prob.ops) < len(graph.ops):
+        # only the free tensors the problem's operators read can get a spec: found from those
+        # operators rather than from every free tensor of the graph
+        free = dict.fromkeys(t for i in prob.ops for t in graph.ops[i].inputs if t in free)
     saved, comm = _charge_plan(graph, mesh, prob.ops, op_strategy, specs, prob.out_pairs,
-                               prob.fixed_inside, prob.free_tensors, comms, comm,
-                               prob.fixed_uses)
+                               prob.fixed_inside, free, comms, comm, prob.fixed_uses)
     memory += saved
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
                       specs, comms)
@@ -765,8 +813,7 @@ def _take_strategy(i: int, outputs: Sequence[int], st: Strategy, grad: bool,
     for c in st.comm:
         comm += c.time
         comms.append((i, Comm(c.kind, c.bytes, c.axes, c.time, "grad-sync" if grad else "op")))
-    for j, t in enumerate(outputs):
-        specs[t] = st.out_specs[j]
+    specs.update(zip(outputs, st.out_specs))
     return comm
 
 
@@ -791,13 +838,9 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
         times, default once).
     """
     tensors, ops, consumers = graph.tensors, graph.ops, graph.consumers
+    read_back = _backward_read(graph)
     saved = 0.0
-    for i in op_ids:
-        op = ops[i]
-        if op.role == "forward" and i in op_strategy:
-            for t in op.outputs:
-                if any(ops[c].role == "backward" for c in consumers[t]):
-                    saved += tensors[t].nbytes / tiles(specs[t], mesh)
+    n_tiles: dict[Spec, int] = {}  # spec -> tiles(spec, mesh)
 
     def charge(t: int, src: Spec, dst: Spec, op_id: int | None, times: int = 1) -> float:
         ten = tensors[t]
@@ -807,18 +850,28 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                 comms.append((op_id, c))
         return tt * times
 
+    # one pass over the operators (each visited once: deep graphs' operators do not all stay in
+    # the processor's caches): the saved activations (forward results a backward operator
+    # reads), and the resharding of every operand to the spec its consumer needs
+    spec_of = specs.get  # (no tensor id is None: a literal operand has no spec)
+    strategy_of = op_strategy.get
     for i in op_ids:
-        st = op_strategy.get(i)
+        st = strategy_of(i)
         if st is None:
             continue
-        in_specs = st.in_specs
-        for j, t in enumerate(ops[i].inputs):
-            if t is None:
+        op = ops[i]
+        if op.role == "forward":
+            for t in op.outputs:
+                if t in read_back:
+                    sp = specs[t]
+                    n = n_tiles.get(sp)
+                    if n is None:
+                        n = n_tiles[sp] = tiles(sp, mesh)
+                    saved += tensors[t].nbytes / n
+        for t, dst in zip(op.inputs, st.in_specs):
+            src = spec_of(t)
+            if src is None or src is dst:
                 continue
-            src = specs.get(t)
-            if src is None:
-                continue
-            dst = in_specs[j]
             if dst is None:
                 dst = replicated(len(tensors[t].shape))
             if dst != src and tensors[t].shape:  # scalars are never resharded
@@ -902,17 +955,22 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order
     compute = comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
+    strategy_of = op_strategy.get
     for op in graph.ops:
         outs = op.outputs
-        if outs and outs[0] in free and all(t in free for t in outs):
+        if outs and outs[0] in free and free.issuperset(outs):
             continue
         i = op.id
-        st = op_strategy.get(i)
+        st = strategy_of(i)
         if st is None:
             return None
         chosen[i] = st
         compute += st.compute_time
-        comm = _take_strategy(i, outs, st, op.role == "backward" and feeds[i], specs, comms, comm)
+        if st.comm:
+            comm = _take_strategy(i, outs, st, op.role == "backward" and feeds[i], specs, comms,
+                                  comm)
+        else:  # (what _take_strategy does for a strategy without collectives, inline)
+            specs.update(zip(outs, st.out_specs))
     input_tensors = graph.input_of_tensor
     out_pairs = [(o, inp) for o, inp in _updated_pairs(graph)
                  if o in specs and inp in input_tensors]

@@ -9,7 +9,9 @@ communication.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -104,10 +106,17 @@ def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
         raise SearchError(f"mesh_shape {shape} does not fit cluster {cluster.spec}: {err}") from None
 
 
-def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float]) -> None:
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
+def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float],
+                  sizes: Mapping[str, int] | None = None) -> None:
+    """Add the bytes of ``c`` to ``out`` per mesh axis (``sizes``: the mesh's axis sizes, when
+    the caller has them)."""
+    if sizes is None:
+        sizes = dict(zip(mesh.axis_names, mesh.shape))
     b = c.bytes
-    for a in sorted(c.axes, key=mesh.axis_names.index, reverse=True):  # innermost first
+    axes = c.axes
+    if len(axes) > 1:
+        axes = sorted(axes, key=mesh.axis_names.index, reverse=True)  # innermost first
+    for a in axes:
         out[a] = out.get(a, 0.0) + b
         if c.kind in ("all-reduce", "reduce-scatter"):
             b /= sizes[a]
@@ -128,34 +137,48 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     axis first); ``memory_per_device`` is the ILP's live memory (inputs plus saved activations).
     """
     cluster = mesh.cluster
+    graph_ops, graph_tensors, specs = graph.ops, graph.tensors, sol.specs
     input_of = graph.input_of_tensor
-    inputs = tuple(
-        InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, graph.tensors[gi.tensor].shape,
-                  graph.tensors[gi.tensor].dtype,
-                  sol.specs.get(gi.tensor, replicated(len(graph.tensors[gi.tensor].shape))))
-        for gi in graph.inputs)
+    inputs = []
+    for gi in graph.inputs:
+        ten = graph_tensors[gi.tensor]
+        spec = specs[gi.tensor] if gi.tensor in specs else replicated(len(ten.shape))
+        inputs.append(InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, ten.shape, ten.dtype,
+                                spec))
     op_comm: dict[int, list[Comm]] = {}
     for i, c in sol.comms:
         if i is not None and c.where != "reshard":
             op_comm.setdefault(i, []).append(c)
+    # one pass over the strategies: the operators the plan lists, and each operator's compute
+    # time on its side of the step (added after the collectives below, in this order)
+    planned: list[int] = []
+    fwd_compute: list[float] = []
+    bwd_compute: list[float] = []
+    for i, st in sol.strategies.items():
+        op = graph_ops[i]
+        (fwd_compute if op.role == "forward" else bwd_compute).append(st.compute_time)
+        if op.primitive in _PLAN_PRIMITIVES:
+            planned.append(i)
+    planned.sort()
     ops = []
-    for i, st in sorted(sol.strategies.items()):
-        op = graph.ops[i]
-        if op.primitive not in _PLAN_PRIMITIVES:
-            continue
+    for i in planned:
+        op, st = graph_ops[i], sol.strategies[i]
         tensors = []
-        for j, t in enumerate(op.inputs):
+        for t, spec in zip(op.inputs, st.in_specs):
             if t is None:
                 continue
-            ten = graph.tensors[t]
+            ten = graph_tensors[t]
             gi = input_of.get(t)
-            name = gi.name if gi is not None else f"%{t}"
-            role = "weight" if gi is not None and gi.kind == "parameter" else "input"
-            spec = st.in_specs[j] if st.in_specs[j] is not None else replicated(len(ten.shape))
+            if gi is None:
+                name, role = f"%{t}", "input"
+            else:
+                name, role = gi.name, "weight" if gi.kind == "parameter" else "input"
+            if spec is None:
+                spec = replicated(len(ten.shape))
             tensors.append(TensorSharding(name, role, ten.shape, ten.dtype, spec))
-        for j, t in enumerate(op.outputs):
-            ten = graph.tensors[t]
-            tensors.append(TensorSharding(f"%{t}", "output", ten.shape, ten.dtype, st.out_specs[j]))
+        for t, spec in zip(op.outputs, st.out_specs):
+            ten = graph_tensors[t]
+            tensors.append(TensorSharding(f"%{t}", "output", ten.shape, ten.dtype, spec))
         layer = op.scope[0] if op.scope else "(root)"
         ops.append(OpSharding(op=i, primitive=op.primitive, scope=op.scope_name, layer=layer,
                               role=op.role, strategy=st.name, tensors=tuple(tensors),
@@ -164,20 +187,19 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     comm_bytes: dict[str, float] = {}
     comm_time_by_kind: dict[str, float] = {}
     comm_by_axis: dict[str, float] = {}
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
     fwd = bwd = 0.0
     for i, c in sol.comms:
         comm_bytes[c.kind] = comm_bytes.get(c.kind, 0.0) + c.bytes
         comm_time_by_kind[c.kind] = comm_time_by_kind.get(c.kind, 0.0) + c.time
-        _comm_by_axis(c, mesh, comm_by_axis)
-        if i is not None and graph.ops[i].role == "forward":
+        _comm_by_axis(c, mesh, comm_by_axis, sizes)
+        if i is not None and graph_ops[i].role == "forward":
             fwd += c.time
         else:
             bwd += c.time
-    for i, st in sol.strategies.items():
-        if graph.ops[i].role == "forward":
-            fwd += st.compute_time
-        else:
-            bwd += st.compute_time
+    # (``reduce(add, ...)`` adds one by one, left to right, as a loop of ``+=`` does)
+    fwd = functools.reduce(operator.add, fwd_compute, fwd)
+    bwd = functools.reduce(operator.add, bwd_compute, bwd)
     step = sol.compute_time + sol.comm_time
     devices = mesh.size
     batch = (config or {}).get("batch")
@@ -197,7 +219,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     if sol.unknown_primitives:
         notes.append("replicated for lack of a sharding rule: " + ", ".join(sol.unknown_primitives))
     return Plan(model=graph.name, fingerprint=graph.fingerprint, cluster=cluster, stages=(stage,),
-                inputs=inputs, schedule=Schedule("none", 1, 1), predicted=predicted, label=label,
+                inputs=tuple(inputs), schedule=Schedule("none", 1, 1), predicted=predicted, label=label,
                 level=level, config=dict(config or {}), search_seconds=search_seconds,
                 jax_version=jax.__version__, notes=tuple(notes))
 
