@@ -51,8 +51,10 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
+import numpy as np
 
 from autoplan._graph import OpGraph
+from autoplan.search._arrays import operand_arrays
 from autoplan.search._graphnodes import data_dependent
 
 __all__ = [
@@ -255,14 +257,19 @@ def _primary_dependent(graph: OpGraph) -> list[bool]:
     data = [t for t, k in kinds.items() if k in ("batch", "input")] or list(kinds)
     best: list[bool] | None = None
     best_score = (-1.0, -1)
+    ops = graph.ops
     for src in data:
-        dep_t = {src}
-        dep = [False] * len(graph.ops)
-        for op in graph.ops:
-            if any(t in dep_t for t in op.inputs if t is not None):
-                dep[op.id] = True
-                dep_t.update(op.outputs)
-        score = (sum(op.flops for op in graph.ops if dep[op.id]), sum(dep))
+        dep_t = bytearray(len(graph.tensors))
+        dep_t[src] = 1
+        dep = [False] * len(ops)
+        for op in ops:
+            for t in op.inputs:
+                if t is not None and dep_t[t]:
+                    dep[op.id] = True
+                    for u in op.outputs:
+                        dep_t[u] = 1
+                    break
+        score = (sum([op.flops for op, d in zip(ops, dep) if d]), sum(dep))
         if score > best_score:
             best, best_score = dep, score
     return best if best is not None else data_dependent(graph)
@@ -525,29 +532,38 @@ def _build_segments(graph: OpGraph, seg: list[int], n_seg: int, main: Sequence[i
     main_of: list[list[int]] = [[] for _ in range(n_seg)]
     for o in main:
         main_of[seg[o]].append(o)
-    results = {o.tensor for o in graph.outputs}
-    cons = graph.consumers
+    # per segment, over the flat operand arrays: the graph inputs it reads (params), the tensors
+    # it reads from other segments (inputs), and the tensors it makes that other segments read or
+    # that are graph results (outputs); each sorted
+    arr = operand_arrays(graph)
+    seg_a = np.asarray(seg, dtype=np.int64)
+    made = arr.tensor >= 0
+    t = arr.tensor[made]
+    p = arr.producer[t]
+    k_read = seg_a[arr.reader[made]]
+    k_made = seg_a[np.maximum(p, 0)]
+    cross = (p >= 0) & (k_made != k_read)
+    res = np.fromiter((o.tensor for o in graph.outputs), np.int64)
+    res = res[arr.producer[res] >= 0]
+    n_t = len(graph.tensors)
+
+    def per_segment(k: np.ndarray, x: np.ndarray) -> list[tuple[int, ...]]:
+        pairs = np.unique(k * n_t + x)
+        k, x = pairs // n_t, pairs % n_t
+        cuts = np.searchsorted(k, np.arange(n_seg + 1))
+        xs = x.tolist()
+        return [tuple(xs[cuts[i]:cuts[i + 1]]) for i in range(n_seg)]
+
+    params_of = per_segment(k_read[p < 0], t[p < 0])
+    ins_of = per_segment(k_read[cross], t[cross])
+    outs_of = per_segment(np.concatenate([k_made[cross], seg_a[arr.producer[res]]]),
+                          np.concatenate([t[cross], res]))
+    ops = graph.ops
     out = []
     for k in range(n_seg):
-        ins: set[int] = set()
-        outs: set[int] = set()
-        params: set[int] = set()
-        for o in members[k]:
-            op = graph.ops[o]
-            for t in op.inputs:
-                if t is None:
-                    continue
-                p = graph.tensors[t].producer
-                if p < 0:
-                    params.add(t)
-                elif seg[p] != k:
-                    ins.add(t)
-            for t in op.outputs:
-                if t in results or any(seg[c] != k for c in cons[t]):
-                    outs.add(t)
         out.append(Segment(
             id=k, ops=tuple(members[k]), main=tuple(main_of[k]),
             critical=bounds[k] if k < len(bounds) else None,
-            inputs=tuple(sorted(ins)), outputs=tuple(sorted(outs)), params=tuple(sorted(params)),
-            flops=float(sum(graph.ops[o].flops for o in members[k]))))
+            inputs=ins_of[k], outputs=outs_of[k], params=params_of[k],
+            flops=float(sum([ops[o].flops for o in members[k]]))))
     return out
