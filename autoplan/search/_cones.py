@@ -55,7 +55,7 @@ import numpy as np
 
 from autoplan._graph import OpGraph
 from autoplan.search._arrays import operand_arrays
-from autoplan.search._graphnodes import data_dependent
+from autoplan.search._graphnodes import batch_inputs, data_dependent, dependent_on
 
 __all__ = [
     "Cone",
@@ -253,22 +253,11 @@ def _primary_dependent(graph: OpGraph) -> list[bool]:
     """Operators that depend on the *primary* data input: of the batch inputs (kind ``"batch"``
     or ``"input"``, else any graph input), the one whose dependent operators carry the most FLOPs
     (a GPT's token ids rather than its labels)."""
-    kinds = {gi.tensor: gi.kind for gi in graph.inputs}
-    data = [t for t, k in kinds.items() if k in ("batch", "input")] or list(kinds)
     best: list[bool] | None = None
     best_score = (-1.0, -1)
     ops = graph.ops
-    for src in data:
-        dep_t = bytearray(len(graph.tensors))
-        dep_t[src] = 1
-        dep = [False] * len(ops)
-        for op in ops:
-            for t in op.inputs:
-                if t is not None and dep_t[t]:
-                    dep[op.id] = True
-                    for u in op.outputs:
-                        dep_t[u] = 1
-                    break
+    for src in batch_inputs(graph):
+        dep = dependent_on(graph, (src,))
         score = (sum([op.flops for op, d in zip(ops, dep) if d]), sum(dep))
         if score > best_score:
             best, best_score = dep, score

@@ -51,6 +51,8 @@ __all__ = [
     "HEAVY",
     "ANCHORS",
     "data_dependent",
+    "dependent_on",
+    "batch_inputs",
     "op_label",
     "op_labels",
     "OpLabeler",
@@ -147,8 +149,14 @@ def data_dependent(graph: OpGraph) -> list[bool]:
     every graph input counts. Operators that are not data dependent compute only from parameters,
     optimizer state, constants and literals (parameter broadcasts, masks, optimizer constants).
     """
+    return dependent_on(graph, batch_inputs(graph))
+
+
+def dependent_on(graph: OpGraph, sources: Iterable[int]) -> list[bool]:
+    """For each operator, whether it depends (transitively) on any of the tensors ``sources``:
+    one pass in operator (topological) order with a flag per tensor."""
     dep_t = bytearray(len(graph.tensors))
-    for t in _batch_inputs(graph):
+    for t in sources:
         dep_t[t] = 1
     dep = [False] * len(graph.ops)
     for op in graph.ops:
@@ -253,7 +261,7 @@ class GraphNodeGraph:
                 + "; ".join(f"{lab[:60]} x{c}" for lab, c in top))
 
 
-def _batch_inputs(graph: OpGraph) -> list[int]:
+def batch_inputs(graph: OpGraph) -> list[int]:
     """The tensor ids of the batch (see :func:`data_dependent`)."""
     batch = [gi.tensor for gi in graph.inputs if gi.kind in ("batch", "input")]
     return batch or [gi.tensor for gi in graph.inputs]
@@ -390,7 +398,7 @@ def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], 
     ops = graph.ops
     tensors = graph.tensors
     code = [-1] * len(tensors)
-    for t in _batch_inputs(graph):
+    for t in batch_inputs(graph):
         code[t] = -2
     group_of: list[int] = []
     g_main: list[int] = []
