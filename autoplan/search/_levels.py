@@ -84,6 +84,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -590,18 +591,23 @@ class _SegmentView:
         self.graph, self.rep_ops, self.ops = graph, rep_ops, ops
         self.strats, self.specs = strats, specs
         self.same = rep_ops is ops or tuple(rep_ops) == tuple(ops)
-        self._pos: dict[int, int] | None = None
 
+    @cached_property
     def _position(self) -> dict[int, int]:
-        if self._pos is None:
-            self._pos = {o: k for k, o in enumerate(self.ops)}
-        return self._pos
+        """Each operator's position in the segment."""
+        return {o: k for k, o in enumerate(self.ops)}
+
+    @cached_property
+    def _rep_position(self) -> dict[int, int]:
+        """Each representative operator's position in its segment (read by both
+        :meth:`strategies` and :meth:`input_specs` when stitching)."""
+        return {o: k for k, o in enumerate(self.rep_ops)}
 
     def strategies(self) -> dict[int, Any]:
         """``{operator id: strategy}`` of this segment's operators."""
         if self.same:
             return dict(self.strats)
-        rep_pos = {o: k for k, o in enumerate(self.rep_ops)}
+        rep_pos = self._rep_position
         return {self.ops[rep_pos[o]]: s for o, s in self.strats.items() if o in rep_pos}
 
     def spec(self, t: int):
@@ -609,7 +615,7 @@ class _SegmentView:
         if self.same:
             return self.specs.get(t)
         ops = self.graph.ops
-        pos = self._position()
+        pos = self._position
         p = self.graph.tensors[t].producer
         if p in pos:
             return self.specs.get(ops[self.rep_ops[pos[p]]].outputs[ops[p].outputs.index(t)])
@@ -624,7 +630,7 @@ class _SegmentView:
         ins = [(t, s) for t, s in self.specs.items() if tensors[t].producer < 0]
         if self.same:
             return ins
-        rep_pos = {o: k for k, o in enumerate(self.rep_ops)}
+        rep_pos = self._rep_position
         out = []
         for t, s in ins:
             r = next((c for c in self.graph.consumers[t] if c in rep_pos), None)
