@@ -33,12 +33,14 @@ from ._trace import trace as trace
 __version__ = "0.1.0"
 
 _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None),
+         "exec": ("autoplan.exec", None), "viz": ("autoplan.viz", None),
          "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult")}
 
 
 def __getattr__(name: str):
-    """``autoplan.search``, ``autoplan.plan``, ``autoplan.models`` load on first use, so that
-    importing ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
+    """``autoplan.search``, ``autoplan.plan``, ``autoplan.models``, ``autoplan.exec`` and
+    ``autoplan.viz`` load on first use: ``import autoplan`` stays light, and importing
+    ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 
@@ -50,7 +52,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'autoplan' has no attribute {name!r}")
 
 __all__ = [
-    "models", "search", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
+    "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",

@@ -23,7 +23,7 @@ import warnings
 
 import autoplan
 from autoplan.models import get
-from autoplan.search._ilp import build_problem, solve_ilp
+from autoplan.search.intra._ilp import build_problem, solve_ilp
 
 
 def run(layers: int, mesh_shape: tuple[int, int], time_limit: float) -> dict:

@@ -19,8 +19,8 @@ import warnings
 
 import autoplan
 from autoplan.models import get
-from autoplan.search._cones import segments
-from autoplan.search._mine import mine
+from autoplan.search.fold._cones import segments
+from autoplan.search.fold._mine import mine
 
 
 def run(label: str, workload) -> dict:

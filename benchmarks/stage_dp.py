@@ -1,4 +1,4 @@
-"""Benchmark of Alpa's stage-mesh DP (:func:`autoplan.search._stage_dp.stage_dp`).
+"""Benchmark of Alpa's stage-mesh DP (:func:`autoplan.search.pipeline._stage_dp.stage_dp`).
 
 Random GPT-like stage costs on an 8 x 8 cluster (Alpa's 11 submesh shapes), C = 4 logical
 configs, B = 16 micro-batches, L in (16, 32, 64) layers; with and without a memory limit.
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from autoplan.search._stage_dp import stage_dp, submesh_shapes
+from autoplan.search.pipeline._stage_dp import stage_dp, submesh_shapes
 
 
 def costs(L: int, N: int, M: int, C: int, seed: int, penalty: float = 0.6):

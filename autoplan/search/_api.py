@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._cluster import Cluster
-from .._errors import AutoplanError, InfeasiblePlanError, SearchError
-from .._graph import OpGraph
-from .._plan import Plan
+from autoplan._cluster import Cluster
+from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
+from autoplan._graph import OpGraph
+from autoplan._plan import Plan
+from autoplan.search.intra._intra import mesh_shapes_for
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS"]
 
@@ -84,7 +85,7 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
     if hasattr(workload_or_graph, "fn") and hasattr(workload_or_graph, "args"):
-        from ._pipeline import traced  # noqa: PLC0415
+        from autoplan.search.pipeline._pipeline import traced  # noqa: PLC0415
 
         g = traced(workload_or_graph)
         return g, workload_or_graph, time.perf_counter() - t0
@@ -98,28 +99,6 @@ def _rank(plans: list[Plan]) -> list[Plan]:
         fits = p.predicted.memory_per_device <= p.cluster.device_memory
         return (not fits, p.predicted.step_time, p.label)
     return sorted(plans, key=key)
-
-
-def mesh_shapes_for(n: int, nodes: int, per_node: int, all_shapes: bool = False) -> list[tuple[int, int]]:
-    """Logical 2-D mesh shapes (n0, n1) with n0.n1 = n of a (nodes x per_node) (sub)mesh.
-
-    With ``all_shapes`` every such shape whose inner axis stays within a node or spans whole
-    nodes (Alpa's logical views of a physical mesh). By default a representative few, which is
-    what the search tries: the pure data-parallel view (n, 1), the physical view (nodes,
-    per_node), and the views with 2 and with half a node's devices on the inner axis.
-    """
-    out = []
-    for n1 in range(1, n + 1):
-        if n % n1:
-            continue
-        if nodes > 1 and not (n1 <= per_node and per_node % n1 == 0 or n1 % per_node == 0):
-            continue
-        out.append((n // n1, n1))
-    if all_shapes or len(out) <= 4:
-        return out
-    want = [(n, 1), (nodes, per_node) if nodes > 1 else (1, n), (n // 2, 2),
-            (n // max(1, per_node // 2), max(1, per_node // 2))]
-    return [s for s in dict.fromkeys(want) if s in out]
 
 
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
@@ -168,7 +147,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
-    from ._pipeline import check_submesh_hosts  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
 
     check_submesh_hosts(submesh_hosts)
     if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
@@ -186,7 +165,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     plans: list[Plan] = []
     analysis = None
 
-    from ._levels import level_search  # noqa: PLC0415
+    from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
     n = cluster.num_devices
     do_intra = pipeline in (False, "auto")
@@ -218,7 +197,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                 else:
                     stats.setdefault(key, val)
     if do_pipe:
-        from ._pipeline import pipeline_search  # noqa: PLC0415
+        from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
 
         report("pipeline search", 0.55)
         try:
@@ -232,7 +211,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             infeasible.append(err)
             stats["pipeline_error"] = str(err)
     if baselines:
-        from ._baselines import baseline_plans  # noqa: PLC0415
+        from autoplan.search._baselines import baseline_plans  # noqa: PLC0415
 
         report("baselines", 0.85)
         with warnings.catch_warnings():

@@ -17,76 +17,19 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from jax.sharding import PartitionSpec as P
+from autoplan._cluster import Cluster
+from autoplan._errors import AutoplanError
+from autoplan._graph import OpGraph
+from autoplan._plan import Plan
+from autoplan.search.intra._pins import data_parallel_pins, megatron_pins
 
-from .._cluster import Cluster
-from .._errors import AutoplanError
-from .._graph import OpGraph
-from .._plan import Plan
-
-__all__ = ["baseline_plans", "megatron_pins", "data_parallel_pins"]
-
-# (regex over an input's path, spec) in Megatron-LM's layout; first match wins
-_MEGATRON = [
-    (r"\['(qkv|query|key|value|fc1|wi|up|gate)'\]\['kernel'\]$", P(None, "y")),
-    (r"\['(qkv|query|key|value|fc1|up|gate)'\]\['bias'\]$", P("y")),
-    (r"\['(out|fc2|wo|down|proj)'\]\['kernel'\]$", P("y", None)),
-    (r"\['wi'\]$", P(None, None, "y")),
-    (r"\['wo'\]$", P(None, "y", None)),
-    (r"\['(wte|tok|token|embedding)'\]$", P("y", None)),
-    (r"\['head'\]\['kernel'\]$", P(None, "y")),
-]
-
-
-def data_parallel_pins(graph: OpGraph) -> dict[str, Any]:
-    pins: dict[str, Any] = {}
-    for gi in graph.inputs:
-        shape = graph.tensors[gi.tensor].shape
-        key = "^" + _escape(gi.name) + "$"
-        if gi.kind == "batch":
-            pins[key] = P("x") if shape else P()
-        elif gi.kind in ("parameter", "optimizer_state"):
-            pins[key] = P()
-    return pins
-
-
-def megatron_pins(graph: OpGraph, tp: int) -> dict[str, Any] | None:
-    """Megatron pins for the graph's inputs, or None when the model has no Megatron layers."""
-    import re  # noqa: PLC0415
-
-    pins: dict[str, Any] = {}
-    matched = 0
-    for gi in graph.inputs:
-        shape = graph.tensors[gi.tensor].shape
-        key = "^" + _escape(gi.name) + "$"
-        if gi.kind == "batch":
-            pins[key] = P("x") if shape else P()
-            continue
-        if gi.kind not in ("parameter", "optimizer_state"):
-            continue
-        spec = P()
-        for rx, s in _MEGATRON:
-            if re.search(rx, gi.path) and len(tuple(s)) <= len(shape):
-                dims_ok = all(e is None or shape[d] % tp == 0 for d, e in enumerate(tuple(s)))
-                if dims_ok:
-                    spec = s
-                    matched += gi.kind == "parameter"
-                break
-        pins[key] = spec
-    return pins if matched else None
-
-
-def _escape(name: str) -> str:
-    import re  # noqa: PLC0415
-
-    return re.escape(name)
-
+__all__ = ["baseline_plans"]
 
 def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",
                    time_limit: float = 60.0, config: dict | None = None,
                    pipeline: bool = False) -> list[Plan]:
     """The baselines that apply to this graph and cluster (see the module docstring)."""
-    from ._levels import level_search  # noqa: PLC0415
+    from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
     n, per = cluster.num_devices, cluster.devices_per_node
     out: list[Plan] = []
@@ -107,7 +50,7 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
     if pins is not None and n > 1:
         attempt("baseline: Megatron TP", (n // tp, tp), pins)
         if pipeline and cluster.nodes > 1 and workload is not None:
-            from ._pipeline import pipeline_search  # noqa: PLC0415
+            from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
 
             try:
                 with warnings.catch_warnings():

@@ -279,7 +279,7 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
 
     Examples:
         >>> import jax, jax.numpy as jnp, autoplan
-        >>> from autoplan.search._graphnodes import group_graphnodes
+        >>> from autoplan.search.fold._graphnodes import group_graphnodes
         >>> f = lambda w, b, x: jnp.tanh(x @ w + b).sum()
         >>> g = autoplan.trace(f, jax.ShapeDtypeStruct((4, 8), jnp.float32),
         ...                    jax.ShapeDtypeStruct((8,), jnp.float32),

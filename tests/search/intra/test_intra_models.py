@@ -11,8 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 import autoplan
 from autoplan import Cluster, InfeasiblePlanError, Plan, SearchError
-from autoplan.search._intra import default_mesh_shape, intra_op_search
-from autoplan.search._solver import SolverTimeoutWarning
+from autoplan.search.intra._intra import default_mesh_shape, intra_op_search
+from autoplan.search.intra._solver import SolverTimeoutWarning
 
 models = pytest.importorskip("autoplan.models")
 

@@ -1,4 +1,4 @@
-"""TAPAS GraphNodes and repeated-subgraph mining (autoplan.search._graphnodes, _mine)."""
+"""TAPAS GraphNodes and repeated-subgraph mining (autoplan.search.fold._graphnodes, _mine)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import networkx as nx
 import pytest
 
 import autoplan
-from autoplan.search._graphnodes import group_graphnodes
-from autoplan.search._mine import canonical_hash, mine
+from autoplan.search.fold._graphnodes import group_graphnodes
+from autoplan.search.fold._mine import canonical_hash, mine
 
 F32 = jnp.float32
 
@@ -204,7 +204,7 @@ def test_min_support_and_min_size():
 def test_array_growth_equals_per_instance_growth(name, monkeypatch):
     """From ``_WIDE`` instances on, the growth checks candidates over arrays; forcing that path
     on every class must find exactly the classes the per-instance path finds."""
-    from autoplan.search import _mine
+    from autoplan.search.fold import _mine
 
     graph = zoo_graph(name, layers=6) if name == "gpt" else zoo_graph(name)
     ref = mine(graph)
@@ -219,8 +219,8 @@ def test_array_verification_matches_positional_signatures():
     """The all-instances verification keeps exactly the instances whose per-instance positional
     signature equals the representative's, also when instances are perturbed (an operator
     swapped for its neighbour, two positions exchanged, a shorter instance)."""
-    from autoplan.search._graphnodes import op_labels
-    from autoplan.search._mine import _positional_signature, _same_signature_as_first
+    from autoplan.search.fold._graphnodes import op_labels
+    from autoplan.search.fold._mine import _positional_signature, _same_signature_as_first
 
     graph = zoo_graph("gpt", layers=6)
     labeler = op_labels(graph)

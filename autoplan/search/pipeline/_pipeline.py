@@ -4,7 +4,7 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
 
 1. Trace the training step at micro-batch size (the batch leaves' leading dimension divided by the
    number of micro-batches ``B``) and cluster its operators into layers
-   (:func:`~autoplan.search._clustering.cluster_layers`).
+   (:func:`~autoplan.search.fold._clustering.cluster_layers`).
 2. For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M), (2,M) ... (N,M)) and
    logical mesh of that submesh, solve the intra-operator ILP on the layer's subgraph. Layers with
    the same structural signature share one solve (folding): a 96-layer GPT solves three layer
@@ -14,9 +14,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    between two layers whose plans disagree inside a stage is not charged); memory by Alpa's Eq. 5
    from the layers' parameter/optimizer bytes and activation bytes. Each cell has two variants:
    the fastest plan and a memory-lean one (:func:`_lean_plan`).
-4. Alpa's stage DP (:func:`~autoplan.search._stage_dp.stage_dp`) picks stages and submeshes; for a
+4. Alpa's stage DP (:func:`~autoplan.search.pipeline._stage_dp.stage_dp`) picks stages and submeshes; for a
    layer graph that is not a chain (U-Net skips, two towers) TePDist's stage ILP on the DAG
-   (:func:`~autoplan.search._stage_ilp.stage_ilp`) assigns layers to stages instead, and the stages
+   (:func:`~autoplan.search.pipeline._stage_ilp.stage_ilp`) assigns layers to stages instead, and the stages
    get equal-sized submeshes.
 5. Each chosen stage is composed from its layers' solutions (the ones the DP costed); the
    schedule (GPipe or 1F1B) is simulated with the stages' forward/backward times and the
@@ -35,13 +35,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._cluster import Cluster, send_recv_time
-from .._errors import InfeasiblePlanError, SearchError
-from .._graph import OpGraph
-from .._memo import memo
-from .._plan import InputSpec, Plan, Predicted, Schedule, Stage
-from .._trace import trace
-from ._clustering import LayerGroup, cluster_layers
+from autoplan._cluster import Cluster, send_recv_time
+from autoplan._errors import InfeasiblePlanError, SearchError
+from autoplan._graph import OpGraph
+from autoplan._memo import memo
+from autoplan._plan import InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan._trace import trace
+from autoplan.search.fold._clustering import LayerGroup, cluster_layers
 
 __all__ = ["PipelineResult", "pipeline_search", "microbatch_workload_args", "layer_dag"]
 
@@ -224,10 +224,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     Returns:
         The best plan per distinct number of stages (up to ``max_candidates``), best first.
     """
-    from ._ilp import build_problem  # noqa: PLC0415
-    from ._intra import intra_op_search, make_mesh  # noqa: PLC0415
-    from ._schedule import schedule_events, schedule_stats, schedule_table  # noqa: PLC0415
-    from ._stage_dp import place_submeshes, stage_dp, submesh_shapes  # noqa: PLC0415
+    from autoplan.search.intra._ilp import build_problem  # noqa: PLC0415
+    from autoplan.search.intra._intra import intra_op_search, make_mesh, mesh_shapes_for  # noqa: PLC0415
+    from autoplan.search.pipeline._schedule import schedule_events, schedule_stats, schedule_table  # noqa: PLC0415
+    from autoplan.search.pipeline._stage_dp import place_submeshes, stage_dp, submesh_shapes  # noqa: PLC0415
 
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got {stage_algorithm!r}.")
@@ -245,8 +245,6 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     check_submesh_hosts(submesh_hosts)
     hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
     submeshes = submesh_shapes(N, M, hosts)
-    from ._api import mesh_shapes_for  # noqa: PLC0415
-
     shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
     # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one (the
     # fastest plan within halfway between its least memory and the fastest plan's, _lean_plan),
@@ -280,7 +278,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                 sub = subgraphs[sig] = layer_sub(li)
             kw: dict[str, Any] = {}
             if megatron:
-                from ._baselines import megatron_pins  # noqa: PLC0415
+                from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
 
                 kw["pin"] = megatron_pins(sub, m)
             view = replace(cluster, nodes=n, devices_per_node=m)
@@ -378,7 +376,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                 layouts.append(single)
                 break
     else:
-        from ._stage_ilp import stage_ilp  # noqa: PLC0415
+        from autoplan.search.pipeline._stage_ilp import stage_ilp  # noqa: PLC0415
 
         for S in sorted({s for s in (2, 4, 8) if s <= max_s and (N * M) % s == 0}):
             per = N * M // S

@@ -11,7 +11,7 @@ where :math:`s_v \in \{0,1\}^{k_v}` is one-hot (:math:`\sum_i s_{v,i} = 1`), :ma
 strategies' own communication (the collectives of Alpa's table: all-reduce, reduce-scatter ...),
 :math:`d_v` their compute time (FLOPs over the devices doing distinct work; replicated work costs
 the full FLOPs), and :math:`R_{uv}[i,j]` the time to reshard the tensor ``u`` produces under its
-strategy ``i`` into the spec ``v``'s strategy ``j`` needs (:mod:`autoplan.search._reshard`). The
+strategy ``i`` into the spec ``v``'s strategy ``j`` needs (:mod:`autoplan.search.intra._reshard`). The
 quadratic term is linearised with edge variables :math:`e_{uv} \in [0,1]^{k_u \times k_v}`, only
 where both ends have more than one strategy:
 
@@ -87,10 +87,10 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph, dtype_bytes
 from autoplan._memo import memo
 from autoplan._plan import Comm
-from autoplan.search._reshard import reshard
-from autoplan.search._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
-from autoplan.search._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
-from autoplan.search._strategies import (
+from autoplan.search.intra._reshard import reshard
+from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
+from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
+from autoplan.search.intra._strategies import (
     Strategy,
     _op_key,
     derive,
@@ -1228,7 +1228,7 @@ class ILPSolution:
         gap: ``(objective - lower_bound) / objective`` as the solver certified it (at most
             ``mip_gap`` when optimal; 0 when the LP relaxation was integral).
         dives: LP re-solves spent rounding a fractional relaxation (see
-            :func:`~autoplan.search._solver.solve_assignment`).
+            :func:`~autoplan.search.intra._solver.solve_assignment`).
         mip: whether branch-and-cut was needed.
     """
 

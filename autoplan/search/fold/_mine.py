@@ -10,7 +10,7 @@ reuses it for every occurrence (the search space is *folded*).
 
 :func:`mine` implements that Apriori growth with *embeddings*, which keeps it near linear:
 
-1. **GraphNodes** (:func:`~autoplan.search._graphnodes.group_graphnodes`) are the units; each has
+1. **GraphNodes** (:func:`~autoplan.search.fold._graphnodes.group_graphnodes`) are the units; each has
    a structural key (operator primitives, shapes, dtypes and params; no scope names, so a model
    traced with ``scopes=False`` folds the same).
 2. **Frequent single nodes.** Weisfeiler-Lehman refinement of the keys over the GraphNode DAG
@@ -60,7 +60,7 @@ import numpy as np
 
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan.search._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
+from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
 
 __all__ = ["RepeatedClass", "MiningResult", "mine", "canonical_hash"]
 
@@ -163,7 +163,7 @@ def canonical_hash(graph: OpGraph, ops: Iterable[int], iterations: int = 3,
                    labeler: OpLabeler | None = None) -> str:
     """Canonical Weisfeiler-Lehman hash of the subgraph induced by ``ops``.
 
-    Nodes are labelled by :func:`~autoplan.search._graphnodes.op_label` (primitive, shapes,
+    Nodes are labelled by :func:`~autoplan.search.fold._graphnodes.op_label` (primitive, shapes,
     dtypes, params; no scopes or ids), edges by ``(output index, operand index)``. Each round
     relabels a node with the hash of its label and the sorted labels of its in- and out-neighbours
     with their edge labels; the result hashes the sorted multiset of final labels. Isomorphic

@@ -1,4 +1,4 @@
-"""TePDist cones, critical nodes and segments (autoplan.search._cones)."""
+"""TePDist cones, critical nodes and segments (autoplan.search.fold._cones)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autoplan
-from autoplan.search._cones import (
+from autoplan.search.fold._cones import (
     cone_roots,
     cones,
     critical_nodes,

@@ -9,6 +9,9 @@ incumbent is returned and a :class:`SolverTimeoutWarning` is issued.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -51,6 +54,7 @@ def _make(name: str, time_limit: float | None, msg: bool):
         kw = {"msg": msg}
         if time_limit is not None:
             kw["timeLimit"] = float(time_limit)
+        new_highs()  # the process's first instance, made without its banner
         return pulp.HiGHS(**kw)
     kw = {"msg": msg}
     if time_limit is not None:
@@ -215,13 +219,43 @@ def _timeout_warning(name: str, time_limit: float | None) -> None:
         "better plan.", SolverTimeoutWarning, stacklevel=3)
 
 
+_BANNER_LOCK = threading.Lock()
+_BANNER_DONE = False
+
+
+def new_highs():
+    """A ``highspy.Highs`` instance. HiGHS writes its copyright banner to the process's standard
+    output (file descriptor 1) when the first instance of a process is made, whatever its
+    options; that one construction runs with descriptor 1 pointed at ``os.devnull``, so a user's
+    output (the CLI's tables, a notebook's cells) never carries it."""
+    global _BANNER_DONE
+    import highspy  # noqa: PLC0415
+
+    if _BANNER_DONE:
+        return highspy.Highs()
+    with _BANNER_LOCK:
+        if _BANNER_DONE:
+            return highspy.Highs()
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _BANNER_DONE = True
+        return h
+
+
 def _highs(model: MatrixModel, arrays: dict[str, np.ndarray], *, integer: bool,
            time_limit: float | None, msg: bool = False):
     """A ``highspy.Highs`` holding ``model`` (rowwise, minimisation), its LP relaxation unless
     ``integer``."""
     import highspy
 
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", bool(msg))
     if time_limit is not None:
         h.setOptionValue("time_limit", float(max(time_limit, 1e-3)))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan._errors import InfeasiblePlanError, SearchError
-from autoplan.search._stage_dp import (
+from autoplan.search.pipeline._stage_dp import (
     StageDPResult,
     place_submeshes,
     stage_dp,

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._graph import OpGraph
-from .._memo import memo
+from autoplan._graph import OpGraph
+from autoplan._memo import memo
 
 __all__ = ["OperandArrays", "operand_arrays"]
 

@@ -1,7 +1,7 @@
 """The intra-operator pass as a plan: solve Alpa's ILP on one logical mesh, return a :class:`Plan`.
 
 :func:`intra_op_search` views the whole cluster as one logical mesh (default ``(1, n)`` on one
-node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search._ilp.solve_ilp`
+node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp.solve_ilp`
 and turns the solution into a single-stage :class:`autoplan.Plan`: the spec of every graph
 input, the strategy of every dot/conv operator, and the predicted step time, memory and
 communication.
@@ -33,10 +33,11 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan.search._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
-from autoplan.search._spec import replicated
+from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
+from autoplan.search.intra._spec import replicated
 
-__all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "plan_from_solution"]
+__all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "mesh_shapes_for",
+           "plan_from_solution"]
 
 _PLAN_PRIMITIVES = ("dot_general", "conv_general_dilated")
 
@@ -65,6 +66,28 @@ def default_mesh_shape(cluster: Cluster) -> tuple[int, int]:
     if cluster.nodes == 1:
         return (1, cluster.devices_per_node)
     return (cluster.nodes, cluster.devices_per_node)
+
+
+def mesh_shapes_for(n: int, nodes: int, per_node: int, all_shapes: bool = False) -> list[tuple[int, int]]:
+    """Logical 2-D mesh shapes (n0, n1) with n0.n1 = n of a (nodes x per_node) (sub)mesh.
+
+    With ``all_shapes`` every such shape whose inner axis stays within a node or spans whole
+    nodes (Alpa's logical views of a physical mesh). By default a representative few, which is
+    what the search tries: the pure data-parallel view (n, 1), the physical view (nodes,
+    per_node), and the views with 2 and with half a node's devices on the inner axis.
+    """
+    out = []
+    for n1 in range(1, n + 1):
+        if n % n1:
+            continue
+        if nodes > 1 and not (n1 <= per_node and per_node % n1 == 0 or n1 % per_node == 0):
+            continue
+        out.append((n // n1, n1))
+    if all_shapes or len(out) <= 4:
+        return out
+    want = [(n, 1), (nodes, per_node) if nodes > 1 else (1, n), (n // 2, 2),
+            (n // max(1, per_node // 2), max(1, per_node // 2))]
+    return [s for s in dict.fromkeys(want) if s in out]
 
 
 def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
@@ -244,7 +267,7 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             ``cluster.device_memory`` to require a plan that fits the device).
         pin: ``{regex over input names: PartitionSpec}`` fixing some inputs' specs.
         time_limit: ILP solver seconds (at the limit the best plan found is used, with a
-            :class:`~autoplan.search._solver.SolverTimeoutWarning`).
+            :class:`~autoplan.search.intra._solver.SolverTimeoutWarning`).
         mesh_axis_names: names of the mesh axes.
         label: the plan's label.
         level: the search level recorded in the plan.
@@ -253,9 +276,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             pipeline search, which solves hundreds of layer ILPs, skips it).
         mip_gap: relative optimality gap the ILP may stop at (default: exact up to rounding).
         memory_weight: seconds charged per byte of live memory (see
-            :func:`~autoplan.search._ilp.solve_ilp`); trades step time for memory without a
+            :func:`~autoplan.search.intra._ilp.solve_ilp`); trades step time for memory without a
             hard budget.
-        problem: a prebuilt :func:`~autoplan.search._ilp.build_problem` of ``graph`` on this
+        problem: a prebuilt :func:`~autoplan.search.intra._ilp.build_problem` of ``graph`` on this
             mesh with these pins (reused across solves that differ only in weights or budget).
 
     Returns:

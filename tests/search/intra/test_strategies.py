@@ -1,4 +1,4 @@
-"""Per-operator strategy tables (autoplan.search._strategies)."""
+"""Per-operator strategy tables (autoplan.search.intra._strategies)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import autoplan
 from autoplan import Cluster
 from autoplan._graph import OpNode
-from autoplan.search._strategies import derive, leader_operand, strategies
+from autoplan.search.intra._strategies import derive, leader_operand, strategies
 
 CL = Cluster.preset("p3.16xlarge")
 M18 = CL.logical_mesh((1, 8))

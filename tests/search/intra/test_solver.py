@@ -1,4 +1,4 @@
-"""The solver layer (autoplan.search._solver): matrix-form models passed to HiGHS in one call,
+"""The solver layer (autoplan.search.intra._solver): matrix-form models passed to HiGHS in one call,
 the assignment solve (LP relaxation, diving, branch-and-cut), the CBC fallback; the Lagrangian
 memory weight of the intra-op ILP and the pipeline's memory-lean layer plans."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import autoplan
 from autoplan import Cluster
-from autoplan.search._ilp import build_problem, evaluate, solve_ilp
-from autoplan.search._solver import MatrixModel, solve_assignment, solve_matrix
+from autoplan.search.intra._ilp import build_problem, evaluate, solve_ilp
+from autoplan.search.intra._solver import MatrixModel, solve_assignment, solve_matrix
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -173,8 +173,8 @@ def test_memory_weight_trades_time_for_memory(mlp):
 
 
 def test_lean_plan_meets_its_memory_target(mlp):
-    from autoplan.search._intra import intra_op_search
-    from autoplan.search._pipeline import _lean_plan
+    from autoplan.search.intra._intra import intra_op_search
+    from autoplan.search.pipeline._pipeline import _lean_plan
 
     cl = Cluster.preset("p3.16xlarge")
     fast = intra_op_search(mlp, cl, (2, 4))

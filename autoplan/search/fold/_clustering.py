@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._errors import SearchError
-from .._graph import OpGraph
-from .._memo import memo
-from ._arrays import operand_arrays
-from ._graphnodes import op_labels
+from autoplan._errors import SearchError
+from autoplan._graph import OpGraph
+from autoplan._memo import memo
+from autoplan.search.fold._arrays import operand_arrays
+from autoplan.search.fold._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
 _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}

@@ -8,7 +8,7 @@ import autoplan
 from autoplan import models
 from autoplan._plan import Plan
 from autoplan.search import cluster_layers, pipeline_search
-from autoplan.search._pipeline import _is_chain, layer_dag
+from autoplan.search.pipeline._pipeline import _is_chain, layer_dag
 
 
 @pytest.fixture(scope="module")

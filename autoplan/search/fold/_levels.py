@@ -2,7 +2,7 @@
 
 * ``"exhaustive"`` — one ILP over the whole graph (Alpa; TePDist's O3).
 * ``"hierarchical"`` — TePDist's O2: the graph is cut into segments between critical nodes
-  (:func:`~autoplan.search._cones.segments`, one per repeated layer plus the embedding and the
+  (:func:`~autoplan.search.fold._cones.segments`, one per repeated layer plus the embedding and the
   head); an ILP per segment for each pair of boundary strategies, then a dynamic program along the
   chain of segments picks the boundary strategies:
 
@@ -44,7 +44,7 @@ other path can be cheaper, and the result is the full DP's.
 
 A boundary tensor fixed to spec ``a`` is charged, in the segment producing it, the resharding
 from its producer's spec to ``a`` once per use in the other segments (``fixed_uses`` of
-:func:`~autoplan.search._ilp.build_problem`), and each consumer there ``a`` -> its own spec: the
+:func:`~autoplan.search.intra._ilp.build_problem`), and each consumer there ``a`` -> its own spec: the
 stitched plan is costed per consumer (producer's spec -> consumer's), so when the consumers read
 ``a`` (or the producer makes ``a``) the segments' objectives sum to exactly the stitched plan's.
 Charged once, a Wide-ResNet activation read by a convolution, a residual add and a shortcut
@@ -64,7 +64,7 @@ the exhaustive ILP to 1.1% (size ``large``) and from 10.5% to 5.9% (``base``), f
 ILPs. The assignment is one spec for all long-range tensors, not one per tensor.
 
 The chosen per-segment strategies are stitched into one plan of the whole graph and costed as
-chosen by :func:`~autoplan.search._ilp.cost_strategies`: every operator with its segment's
+chosen by :func:`~autoplan.search.intra._ilp.cost_strategies`: every operator with its segment's
 strategy, every operand charged the resharding from its producer's spec to the spec its consumer
 needs (tensors that cross more than one boundary included), with the same cost terms as the
 exhaustive ILP's objective (an exhaustive plan costed this way gets exactly its ILP objective).
@@ -89,17 +89,17 @@ from typing import Any
 
 import numpy as np
 
-from .._cluster import Cluster
-from .._gc import gc_paused
-from .._graph import OpGraph
-from .._memo import memo
-from .._plan import Plan
-from ._arrays import operand_arrays
-from ._clustering import _forward, _signature, cluster_layers
-from ._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
-from ._intra import intra_op_search, make_mesh, plan_from_solution
-from ._reshard import reshard
-from ._spec import enumerate_specs, pruned_by_shape_check, tiles
+from autoplan._cluster import Cluster
+from autoplan._gc import gc_paused
+from autoplan._graph import OpGraph
+from autoplan._memo import memo
+from autoplan._plan import Plan
+from autoplan.search.fold._arrays import operand_arrays
+from autoplan.search.fold._clustering import _forward, _signature, cluster_layers
+from autoplan.search.intra._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
+from autoplan.search.intra._intra import intra_op_search, make_mesh, plan_from_solution
+from autoplan.search.intra._reshard import reshard
+from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
 __all__ = ["LevelResult", "level_search", "Analysis"]
 
@@ -109,7 +109,7 @@ class Analysis:
     """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
 
     Attributes:
-        mining: the :class:`~autoplan.search._mine.MiningResult`.
+        mining: the :class:`~autoplan.search.fold._mine.MiningResult`.
         segments: the TePDist segments (chain order).
         segment_class: class id of each segment (equal ids share one solve when folded).
         critical: the critical nodes that end the segments.
@@ -160,8 +160,8 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
                       "solve_seconds": res.solution.solve_seconds})
         return LevelResult(res.plan, stats, None, res.solution)
 
-    from ._cones import segments as find_segments  # noqa: PLC0415
-    from ._mine import mine  # noqa: PLC0415
+    from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
+    from autoplan.search.fold._mine import mine  # noqa: PLC0415
 
     t0 = time.perf_counter()
     mesh = make_mesh(cluster, mesh_shape)
@@ -523,7 +523,7 @@ def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
     clustering is used. ``tepdist_segments()`` computes TePDist's segments (only when needed).
     Fine-grained segments are coarsened (see :func:`_coarsen`).
     """
-    from ._cones import Segment  # noqa: PLC0415
+    from autoplan.search.fold._cones import Segment  # noqa: PLC0415
 
     scoped = _forward(graph)[1]
     if not scoped:
@@ -541,7 +541,7 @@ def _coarsen(graph: OpGraph, segs: list, mining, max_segments: int | None = None
     """Merge neighbouring segments that are not mined layer instances until at most
     ``max_segments`` remain (default: the mined instances plus 6): many tiny segments would make
     boundary communication dominate the decomposition."""
-    from ._cones import Segment  # noqa: PLC0415
+    from autoplan.search.fold._cones import Segment  # noqa: PLC0415
 
     n_inst = sum(len(c.instances) for c in mining.classes)
     limit = max_segments or max(8, n_inst + 6)

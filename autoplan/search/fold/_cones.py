@@ -37,7 +37,7 @@ the zoo's GPT (tiny, 2 and 8 layers): even on the main part of the whole step on
 critical, all in the embedding and the first LayerNorm's mean (after that, values saved for the
 backward pass leave the chain); the forward part has 94 (2 layers) and 298 (8 layers) critical
 nodes: every value on the residual stream and inside the sub-blocks' chains (several per layer);
-:func:`segments` keeps one boundary per repeated layer (found by :func:`~autoplan.search._mine.mine`)
+:func:`segments` keeps one boundary per repeated layer (found by :func:`~autoplan.search.fold._mine.mine`)
 and attaches every other operator (side computations, saved values, backward and update operators)
 to the segment of the forward operators it belongs to: to the parameter it reads, the forward
 values it reads, or its consumers (see :func:`segments`), so a GPT yields one segment per layer
@@ -54,8 +54,8 @@ import networkx as nx
 import numpy as np
 
 from autoplan._graph import OpGraph
-from autoplan.search._arrays import operand_arrays
-from autoplan.search._graphnodes import batch_inputs, data_dependent, dependent_on
+from autoplan.search.fold._arrays import operand_arrays
+from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
 
 __all__ = [
     "Cone",
@@ -368,7 +368,7 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
 
     The critical nodes of the main part (:func:`critical_nodes`) cut it into a chain. With
     ``granularity="layer"`` only the critical nodes around repeated layers are kept: for every
-    instance of every repeated class (:func:`~autoplan.search._mine.mine`) holding critical
+    instance of every repeated class (:func:`~autoplan.search.fold._mine.mine`) holding critical
     nodes, its last critical node and the last critical node before it, so a GPT gives
     ``[embedding] [layer 0] ... [layer L-1] [head]`` and a Wide-ResNet one segment per block;
     without a repeated class every critical node is kept (``granularity="critical"``).
@@ -396,7 +396,7 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
         part: ``"forward"`` (default; see :func:`main_part`) or ``"all"``.
         granularity: ``"layer"`` or ``"critical"``.
         attach: ``"structure"`` or ``"scope"``.
-        mining: a :class:`~autoplan.search._mine.MiningResult` of ``graph`` (mined here if needed).
+        mining: a :class:`~autoplan.search.fold._mine.MiningResult` of ``graph`` (mined here if needed).
 
     Returns:
         The segments in chain order; they partition the operators.
@@ -410,7 +410,7 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
     bounds: list[int] | None = None
     if granularity == "layer" and crit:
         if mining is None:
-            from autoplan.search._mine import mine  # noqa: PLC0415 - avoid an import cycle
+            from autoplan.search.fold._mine import mine  # noqa: PLC0415 - avoid an import cycle
 
             mining = mine(graph)
         bounds = _layer_boundaries(graph, crit, mining)

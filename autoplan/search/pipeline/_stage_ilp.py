@@ -5,7 +5,7 @@ Every node ``v`` gets an integer stage ``x_v in [0, S - 1]``; an edge ``u -> v``
 bytes on edges that cross a stage boundary are minimised. Unlike a split of a topological order
 (Alpa's layer clustering, GPipe), parallel branches may go to different stages at will.
 
-Formulation (solved with :func:`autoplan.search._solver.solve`):
+Formulation (solved with :func:`autoplan.search.intra._solver.solve`):
 
 * Cumulative binaries ``z[v, k] = [x_v <= k]`` for ``k`` in ``v``'s window, with
   ``z[v, k] <= z[v, k + 1]``. They give ``x_v = sum_k (1 - z[v, k])`` (an integer variable
@@ -45,7 +45,7 @@ import networkx as nx
 import pulp
 
 from autoplan._errors import InfeasiblePlanError, SearchError
-from autoplan.search._solver import solve
+from autoplan.search.intra._solver import solve
 
 __all__ = ["StageILPResult", "StageBalanceWarning", "stage_ilp", "stage_windows"]
 

@@ -50,8 +50,8 @@ def test_folded_and_hierarchical_match_exhaustive(graphs, case, mesh):
 def test_costing_as_chosen_reproduces_the_ilp_objective(graphs, case):
     """Stitched plans are costed operator by operator; on an exhaustive plan that costing gives
     exactly the merged ILP's objective and memory, so the levels are compared on one measure."""
-    from autoplan.search._ilp import cost_strategies
-    from autoplan.search._intra import make_mesh
+    from autoplan.search.intra._ilp import cost_strategies
+    from autoplan.search.intra._intra import make_mesh
 
     g = graphs[case]
     cluster = autoplan.Cluster.parse(MESHES[(2, 4)])
@@ -64,7 +64,7 @@ def test_costing_as_chosen_reproduces_the_ilp_objective(graphs, case):
     assert bd.objective == pytest.approx(ex.objective, rel=1e-9)
     assert bd.memory == pytest.approx(ex.memory_per_device, rel=1e-9)
     # a strategy changed by hand is charged: the heaviest operator with other output specs
-    from autoplan.search._strategies import strategies as op_strategies
+    from autoplan.search.intra._strategies import strategies as op_strategies
 
     mesh = make_mesh(cluster, (2, 4))
     heavy = max(ex.strategies, key=lambda i: g.ops[i].flops)
@@ -109,7 +109,7 @@ def test_search_reports_level_statistics():
 
 
 def test_symbolic_shape_check_counts_invalid_assignments():
-    from autoplan.search._spec import enumerate_specs, pruned_by_shape_check
+    from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check
 
     mesh = autoplan.Cluster.parse("cpu:8").logical_mesh((2, 4))
     # dim of 6 on axes of 2 and 4: x alone divides it; y, and x with y, do not

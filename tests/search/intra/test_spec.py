@@ -1,4 +1,4 @@
-"""Sharding specs over a logical mesh (autoplan.search._spec) and resharding costs (_reshard)."""
+"""Sharding specs over a logical mesh (autoplan.search.intra._spec) and resharding costs (_reshard)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from autoplan import Cluster, SearchError
-from autoplan.search._reshard import reshard
-from autoplan.search._spec import (
+from autoplan.search.intra._reshard import reshard
+from autoplan.search.intra._spec import (
     alpa_name,
     bytes_per_device,
     check_spec,

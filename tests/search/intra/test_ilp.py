@@ -1,4 +1,4 @@
-"""The intra-operator ILP (autoplan.search._ilp): optimality against brute force, memory budgets,
+"""The intra-operator ILP (autoplan.search.intra._ilp): optimality against brute force, memory budgets,
 pins, sub-graphs, time limits, unsupported primitives."""
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from jax.sharding import PartitionSpec as P
 
 import autoplan
 from autoplan import Cluster, InfeasiblePlanError, SearchError
-from autoplan.search._ilp import (
+from autoplan.search.intra._ilp import (
     UnsupportedPrimitiveWarning,
     build_problem,
     evaluate,
     solve_ilp,
     updated_input_pairs,
 )
-from autoplan.search._solver import SolverTimeoutWarning
-from autoplan.search._spec import enumerate_specs, to_pspec
+from autoplan.search.intra._solver import SolverTimeoutWarning
+from autoplan.search.intra._spec import enumerate_specs, to_pspec
 
 CL = Cluster.preset("p3.16xlarge")
 S = jax.ShapeDtypeStruct

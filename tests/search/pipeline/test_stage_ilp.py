@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplan._errors import SearchError
-from autoplan.search._stage_ilp import StageBalanceWarning, stage_ilp, stage_windows
+from autoplan.search.pipeline._stage_ilp import StageBalanceWarning, stage_ilp, stage_windows
 
 
 def graph(nodes: dict, edges: list) -> nx.DiGraph:

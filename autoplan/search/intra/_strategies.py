@@ -26,7 +26,7 @@ infers the only sensible strategy (elementwise ops share the operand's spec, wit
 broadcast dimensions replicated; transpose permutes it; reshape maps splits through the factoring
 of dimensions; a reduction over a split dimension all-reduces; slice/pad/concatenate/cumsum/sort
 replicate the dimension they cut or scan...). The ILP merges followers into the operand they
-follow (see :mod:`autoplan.search._ilp`).
+follow (see :mod:`autoplan.search.intra._ilp`).
 
 Costs: ``compute_time`` is the operator's FLOPs divided by the number of devices doing distinct
 work (replicated work costs the full FLOPs), at the cluster's achievable FLOP rate;
@@ -48,8 +48,8 @@ from typing import Any
 from autoplan._cluster import LogicalMesh
 from autoplan._graph import OpGraph, OpNode, dtype_bytes
 from autoplan._plan import Comm
-from autoplan.search._reshard import mesh_id
-from autoplan.search._spec import Spec, enumerate_specs, replicated, spec_name
+from autoplan.search.intra._reshard import mesh_id
+from autoplan.search.intra._spec import Spec, enumerate_specs, replicated, spec_name
 
 __all__ = [
     "Strategy",

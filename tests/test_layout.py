@@ -1,0 +1,107 @@
+"""The package's shape: no import circle anywhere in ``autoplan/``, the search's algorithm
+families in their own sub-packages, and the lazily loaded sub-packages reachable from
+``import autoplan``."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import networkx as nx
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "autoplan"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> nx.DiGraph:
+    """Module -> module edges of every ``import`` / ``from ... import`` in ``autoplan/``
+    (module level and inside functions alike)."""
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    g = nx.DiGraph()
+    g.add_nodes_from(modules)
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        package = name if is_pkg else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                # ``from pkg import sub`` imports the sub-module when there is one
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod
+                           for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    g.add_edge(name, t)
+    return g
+
+
+def test_no_import_circle_in_the_package():
+    g = import_graph()
+    assert len(g) > 40  # every module was read
+    cycles = list(nx.simple_cycles(g))
+    assert cycles == [], f"import circles: {cycles[:5]}"
+
+
+def test_the_import_graph_sees_a_circle_when_there_is_one(tmp_path):
+    g = import_graph()
+    g.add_edge("autoplan.search.intra._ilp", "autoplan.search._api")  # what a circle looks like
+    assert list(nx.simple_cycles(g))
+
+
+def test_search_families_live_in_their_own_subpackages():
+    search = ROOT / "search"
+    assert {p.name for p in search.iterdir() if (p / "__init__.py").exists()} == {
+        "intra", "fold", "pipeline"}
+    assert (search / "intra" / "_ilp.py").exists()
+    assert (search / "fold" / "_mine.py").exists()
+    assert (search / "pipeline" / "_stage_dp.py").exists()
+    g = import_graph()
+    # intra depends on no other family; fold only on intra
+    for mod in g:
+        if mod.startswith("autoplan.search.intra"):
+            assert not any(t.startswith(("autoplan.search.fold", "autoplan.search.pipeline",
+                                         "autoplan.search._")) for t in g.successors(mod)), mod
+        if mod.startswith("autoplan.search.fold"):
+            assert not any(t.startswith(("autoplan.search.pipeline", "autoplan.search._"))
+                           for t in g.successors(mod)), mod
+
+
+def test_viz_and_exec_never_import_each_other_and_search_imports_neither():
+    g = import_graph()
+    for mod in g:
+        succ = list(g.successors(mod))
+        if mod.startswith("autoplan.viz") and mod != "autoplan.viz._explorer":
+            # the Explorer is the one place that drives a search and a launch (documented in
+            # autoplan.viz); the figures and the report only read plans
+            assert not any(t.startswith("autoplan.exec") for t in succ), mod
+        if mod.startswith("autoplan.exec"):
+            assert not any(t.startswith("autoplan.viz") for t in succ), mod
+        if mod.startswith("autoplan.search"):
+            assert not any(t.startswith(("autoplan.viz", "autoplan.exec")) for t in succ), mod
+
+
+def test_exec_and_viz_are_reachable_after_import_autoplan():
+    code = ("import autoplan; import sys; "
+            "assert 'autoplan.viz' not in sys.modules and 'autoplan.exec' not in sys.modules; "
+            "print(autoplan.exec.run.__name__, autoplan.viz.Explorer.__name__, "
+            "autoplan.search.search.__name__, autoplan.models.get.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["run", "Explorer", "search", "get"]
