@@ -1,6 +1,7 @@
 """The autoplan command line."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,14 @@ def test_launch_from_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "process 0: losses" in out and "process 1: losses" in out
     assert "matched single-device results" in out
+
+
+def test_the_cli_stdout_carries_no_solver_banner(tmp_path):
+    # HiGHS writes a copyright banner to file descriptor 1 when a process makes its first
+    # solver instance: only a fresh process shows whether it reaches the user
+    out = subprocess.run([sys.executable, "-m", "autoplan.cli", "plan", "mlp", "--cluster",
+                          "cpu:8", "--pipeline", "yes"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr
+    assert "HiGHS" not in out.stdout and "Copyright" not in out.stdout
+    assert out.stdout.lstrip().startswith("#")  # the ranked table comes first
