@@ -722,8 +722,12 @@ def _cluster_hint(plan: Any, plan_path: str | None, spec: Mapping[str, Any]) -> 
                 "mpi) for the command.")
     lines = []
     for kind in CLUSTER_KINDS:
-        cmd = cluster_command(kind, plan_path, spec, plan.num_devices,
-                              plan.cluster.devices_per_node)
+        try:
+            cmd = cluster_command(kind, plan_path, spec, plan.num_devices,
+                                  plan.cluster.devices_per_node)
+        except LaunchError:  # devices that do not spread over whole nodes: say how to ask
+            cmd = (f"autoplan launch {plan_path} --model {spec_arguments(spec)} --print-command "
+                   f"{kind} --nodes N")
         lines.append(f"  {kind}: {cmd}")
     return "Run it on a cluster, with a path every node reads:\n" + "\n".join(lines) + "\n"
 

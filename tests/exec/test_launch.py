@@ -7,7 +7,6 @@ each process stopped."""
 
 from __future__ import annotations
 
-import glob
 import os
 import socket
 import subprocess
@@ -18,79 +17,17 @@ import time
 import pytest
 from exec_cases import FAST, plan, workload
 from exec_plans import data_parallel_plan
+from launch_cases import address_text, is_loopback, launch_folders, listening_addresses, wait_gone
 
 from autoplan import LaunchError, PlanMismatchError, models
 from autoplan.exec import _launch, describe_workload, launch
 
 
-def gone(pid: int) -> bool:
-    """No process is left in the worker's process group (it led its own session)."""
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def wait_gone(pids: list[int], seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while not all(gone(p) for p in pids) and time.monotonic() < end:
-        time.sleep(0.1)
-    return all(gone(p) for p in pids)
-
-
-def launch_folders() -> set[str]:
-    return set(glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "autoplan-launch-*")))
-
-
-def _address(hexaddr: str) -> str:
-    """``0100007F:1F90`` or a 32-hex-digit IPv6 address from /proc/net/tcp*, as text."""
-    import ipaddress
-
-    host, port = hexaddr.split(":")
-    raw = bytes.fromhex(host)
-    if len(raw) == 4:
-        ip = ipaddress.IPv4Address(raw[::-1])
-    else:  # four little-endian 32-bit words
-        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-    return f"{ip}:{int(port, 16)}"
-
-
-def listening_addresses(pid: int) -> list[str]:
-    """The local addresses of the TCP sockets process ``pid`` listens on: its socket inodes
-    (``/proc/<pid>/fd``) matched with the LISTEN entries of ``/proc/<pid>/net/tcp`` and ``tcp6``."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    out = []
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as f:
-            next(f)
-            for line in f:
-                cols = line.split()
-                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    out.append(_address(cols[1]))
-    return out
-
-
-def is_loopback(address: str) -> bool:
-    import ipaddress
-
-    return ipaddress.ip_address(address.rsplit(":", 1)[0].strip("[]")).is_loopback
-
-
 def test_proc_addresses_are_decoded():
-    assert _address("0100007F:1F90") == "127.0.0.1:8080"
-    assert _address("0000000000000000FFFF00000100007F:9C40") == "127.0.0.1:40000"
-    assert _address("00000000000000000000000001000000:0016") == "::1:22"
-    assert _address("00000000000000000000000000000000:0016") == ":::22"
+    assert address_text("0100007F:1F90") == "127.0.0.1:8080"
+    assert address_text("0000000000000000FFFF00000100007F:9C40") == "127.0.0.1:40000"
+    assert address_text("00000000000000000000000001000000:0016") == "::1:22"
+    assert address_text("00000000000000000000000000000000:0016") == ":::22"
     assert not is_loopback(":::22") and is_loopback("::1:22") and not is_loopback("0.0.0.0:80")
 
 
