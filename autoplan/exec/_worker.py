@@ -143,8 +143,11 @@ class _Progress:
         self._still = 0  # looks in a row at an unmoved main thread
         self._compiling = False
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         if interval > 0:
-            threading.Thread(target=self._run, name="autoplan-heartbeat", daemon=True).start()
+            self._thread = threading.Thread(target=self._run, name="autoplan-heartbeat",
+                                            daemon=True)
+            self._thread.start()
 
     def set(self, phase: str, step: int | None = None) -> None:
         self.phase, self.step = phase, step
@@ -181,7 +184,12 @@ class _Progress:
             self._stop.wait(_SAMPLE)
 
     def stop(self) -> None:
+        """Stop the heartbeats and wait for the thread: no Python thread of ours may still run
+        (or run a garbage collection into JAX's callback) while the interpreter shuts down, where
+        CPython ends such threads inside whatever native call they are in."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
 
 
 def _stack(frame: Any, depth: int) -> list[str]:
@@ -339,7 +347,7 @@ def _join(args: argparse.Namespace, jax: Any) -> str | None:
 
     address, nproc, pid, ids = clusters.ClusterEnv.auto_detect_unset_distributed_params(
         None, None, None, local_ids, method, 300)
-    bind = args.bind or os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
+    bind = args.bind or os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or None
     if bind is None and pid == 0 and address is not None:
         bind = _scheduler_bind(address)
     jax.distributed.initialize(coordinator_address=address, num_processes=nproc, process_id=pid,
@@ -349,17 +357,25 @@ def _join(args: argparse.Namespace, jax: Any) -> str | None:
 
 
 def _loopback_cpu_collectives() -> None:
-    """CPU collectives (gloo) listening on 127.0.0.1 instead of the host name's address."""
+    """Start the CPU backend with collectives (gloo) listening on 127.0.0.1 instead of the host
+    name's address (JAX has no option for it: the backend factory is swapped for one that passes
+    the collectives, then put back, so that the client alone owns them, as in JAX's own path)."""
     import functools  # noqa: PLC0415
 
     from jax._src import distributed, xla_bridge  # noqa: PLC0415
     from jax._src.lib import _jax  # noqa: PLC0415
 
+    original = xla_bridge._backend_factories["cpu"]
     collectives = _jax.make_gloo_tcp_collectives(
         distributed_client=distributed.global_state.client, hostname="127.0.0.1")
     xla_bridge.register_backend_factory(
         "cpu", functools.partial(xla_bridge.make_cpu_client, collectives=collectives),
         priority=0, fail_quietly=False)
+    del collectives
+    try:
+        xla_bridge.backends()
+    finally:
+        xla_bridge._backend_factories["cpu"] = original
 
 
 def _read_plan(args: argparse.Namespace) -> str:
