@@ -15,7 +15,9 @@
 3. **Workers** (:mod:`autoplan.exec._worker`), each in its own session (process group). Each
    gets the plan as the first line of its stdin and keeps that pipe: when the launcher exits,
    however it dies (SIGKILL included), the pipe closes and the worker ends itself and its group
-   within a second. Nothing is written to disk. The workers' module search path is this
+   within a second. (Linux's ``PR_SET_PDEATHSIG`` would fire when the *thread* that started
+   the worker ends, and the Explorer launches from a background thread; a pipe follows the
+   process, and works beyond Linux.) Nothing is written to disk. The workers' module search path is this
    process's (``sys.path`` and the current directory), so a user's module imports there too.
    Everything listens on 127.0.0.1 only: the ``jax.distributed`` coordination service and the
    CPU collectives.
@@ -364,13 +366,6 @@ class LaunchHandle:
                                     seed=a["seed"], check=a["check"], python=a["python"],
                                     compiler_options=a["compiler_options"],
                                     heartbeat=a["heartbeat"])
-
-    def commands(self) -> list[tuple[list[str], dict[str, str]]]:
-        """Each worker's command line and the environment variables set for it (on top of the
-        launcher's), for the current port."""
-        port = self.ports[-1]
-        return [(self._command(i, port), self.layout.env(i, self._env))
-                for i in range(self.num_processes)]
 
     def _spawn(self, port: int) -> None:
         self.ports.append(port)

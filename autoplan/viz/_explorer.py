@@ -853,7 +853,9 @@ class Explorer:
         try:
             rec.spec = self.launch_spec()
             self._draw_launch(rec)
-            rec.handle = launch(plan, rec.spec, steps=steps, timeout=timeout)
+            # the workload object (sent as rec.spec): its fingerprint is checked in this kernel,
+            # from the trace the search made, instead of in a probe process
+            rec.handle = launch(plan, self._get_workload(), steps=steps, timeout=timeout)
             lay = rec.handle.layout
             rec.num_processes, rec.devices_per_process = lay.num_processes, lay.devices_per_process
             rec.layout = lay.describe()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import ipaddress
 import os
-import tempfile
 import time
 
 
@@ -26,9 +25,11 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> bool:
     return all(gone(p) for p in pids)
 
 
-def launch_folders() -> set[str]:
-    """The ``autoplan-launch-*`` folders in the temporary directory (a launch makes none)."""
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "autoplan-launch-*")))
+def launch_folders(tmp: str | os.PathLike) -> set[str]:
+    """The ``autoplan-launch-*`` folders in ``tmp``: the temporary directory a test gives its
+    launcher and workers (``TMPDIR``), apart from the machine's, where other programs may make
+    such folders. A launch makes none."""
+    return set(glob.glob(os.path.join(os.fspath(tmp), "autoplan-launch-*")))
 
 
 def address_text(hexaddr: str) -> str:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -32,14 +33,16 @@ def test_proc_addresses_are_decoded():
 
 
 @pytest.mark.slow
-def test_two_processes_of_four_devices_run_tiny_gpt_and_a_taken_port_is_retried():
-    before = launch_folders()
+def test_two_processes_of_four_devices_run_tiny_gpt_and_a_taken_port_is_retried(tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this launcher's and its workers'
     with socket.socket() as taken:  # another program holds the port the launch tries first
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         p = plan("gpt", "tp")  # a (2, 4) mesh: "x" spans the two processes
-        handle = launch(p, workload("gpt"), steps=2, timeout=200, compiler_options=FAST, port=port)
+        handle = launch(p, workload("gpt"), steps=2, timeout=200, compiler_options=FAST, port=port,
+                        env={"TMPDIR": str(tmp_path)})
         # no accelerator attached: the devices are emulated, 2 processes of 4 by default
         assert (handle.layout.platform, handle.num_processes, handle.layout.devices_per_process) == \
             ("cpu", 2, 4)
@@ -71,7 +74,24 @@ def test_two_processes_of_four_devices_run_tiny_gpt_and_a_taken_port_is_retried(
     assert set(beats) == {0, 1} and all("phase" in b and "progress" in b for b in beats.values())
     assert not any(e["event"] == "heartbeat" for e in seen)  # heartbeats are kept apart
     assert wait_gone(handle.pids, 5)
-    assert launch_folders() == before  # nothing written to disk
+    assert launch_folders(tmp_path) == set()  # nothing written to disk
+
+
+@pytest.mark.slow
+def test_a_taken_port_with_no_retries_left_fails_the_launch_with_the_workers_last_lines():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        handle = launch(plan("mlp", "dp"), workload("mlp"), steps=1, timeout=120, port=port,
+                        port_retries=0, platform="cpu")
+        with pytest.raises(LaunchError) as info:
+            handle.wait()
+    msg = str(info.value)
+    assert f"reported CoordinatorPortTaken: coordinator port {port} on 127.0.0.1 is taken" in msg
+    assert "[worker 0]" in msg and "[worker 1]" in msg
+    assert handle.ports == [port]
+    assert wait_gone(handle.pids, 5)
 
 
 @pytest.mark.slow

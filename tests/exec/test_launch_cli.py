@@ -87,10 +87,11 @@ def test_trace_and_plan_take_module_function_specs(tmp_path, capsys, monkeypatch
 def test_a_killed_launcher_leaves_no_worker_and_no_launch_folder(tmp_path, sig):
     path = tmp_path / "plan.json"
     plan("mlp", "dp").to_json(str(path))
-    before = launch_folders()
+    tmp = tmp_path / "tmp"  # the launcher's and its workers' temporary directory
+    tmp.mkdir()
     proc = subprocess.Popen(
         [*cli(tmp_path), "launch", str(path), "--model", "mlp", "--hang-timeout", "600"],
-        env=user_env(AUTOPLAN_TEST_HANG_AT_STEP="0"), stdout=subprocess.PIPE,
+        env=user_env(AUTOPLAN_TEST_HANG_AT_STEP="0", TMPDIR=str(tmp)), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()
@@ -112,7 +113,7 @@ def test_a_killed_launcher_leaves_no_worker_and_no_launch_folder(tmp_path, sig):
     # the workers' process groups: gone within 10 s (at once unless the launcher was SIGKILLed,
     # then the workers notice its pipe close)
     assert wait_gone(pids, 10), [p for p in pids if not gone(p)]
-    assert launch_folders() == before
+    assert launch_folders(tmp) == set()
 
 
 def test_print_command_prints_the_cluster_lines(tmp_path, capsys):
