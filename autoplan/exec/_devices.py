@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as err:
             want = args.platform or "any platform"
             raise LaunchError(f"launch: JAX found no devices for {want}: {err}. Fix: check the "
-                              "driver and the jax plugin for it, or pass platform='cpu' to emulate "
+                              "driver and the jax plugin for it, or pass --platform cpu (platform='cpu') to emulate "
                               "devices on the CPU.") from err
         d = devices[0]
         platform = d.platform
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.platform in ("gpu", "cuda", "rocm") and platform != "gpu":
             raise LaunchError(f"launch: platform {args.platform!r} was asked for but JAX finds "
                               f"only {platform} devices here. Fix: install the jax plugin for the "
-                              "GPU (e.g. pip install 'jax[cuda12]'), or pass platform='cpu'.")
+                              "GPU (e.g. pip install 'jax[cuda12]'), or pass --platform cpu (platform='cpu').")
         rec: dict[str, Any] = {"devices": asdict(DeviceInfo(platform, runtime, len(devices),
                                                             str(getattr(d, "device_kind", platform))))}
         if args.workload is not None:

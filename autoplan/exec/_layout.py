@@ -139,7 +139,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
             + (cluster_hint or "Fix: run it on a cluster (autoplan launch PLAN.json --model ... "
                "--print-command slurm|mpi prints the command)")
             + f" Or make a plan for {devices.count} device{'s' if devices.count != 1 else ''}, or "
-              "pass platform='cpu' to emulate the devices on the CPU.")
+              "pass --platform cpu (platform='cpu') to emulate the devices on the CPU.")
     if num_processes is None and devices_per_process is None:
         devices_per_process = d if per_host else 1
     p, k = _split(d, num_processes, devices_per_process, f"{devices.platform} devices")
