@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from autoplan import LaunchError
+from autoplan import LaunchError, PlanMismatchError
 from autoplan.exec._devices import DeviceInfo
 from autoplan.exec._launch import HANG_FACTOR, HANG_FLOOR, Watchdog, spec_arguments
 from autoplan.exec._layout import (
@@ -36,7 +36,7 @@ def test_emulated_cpu_devices_default_to_two_processes_when_they_split():
     assert choose_layout(8, CPU, per_host=True).num_processes == 1
     assert (choose_layout(8, CPU, num_processes=4).devices_per_process,
             choose_layout(8, CPU, devices_per_process=8).num_processes) == (2, 1)
-    with pytest.raises(LaunchError, match="2 x 2 = 4"):
+    with pytest.raises(PlanMismatchError, match="2 x 2 = 4"):
         choose_layout(8, CPU, 2, 2)
     with pytest.raises(LaunchError, match="do not split evenly over num_processes=3"):
         choose_layout(8, CPU, 3)
