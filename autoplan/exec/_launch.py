@@ -27,7 +27,8 @@
    workers built different data (their argument digests differ), when no worker has made
    progress for the hang limit (heartbeats every ``heartbeat`` seconds say whether a worker's
    main thread moves; the limit is ``hang_timeout``, by default
-   ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``), or at ``timeout``. A coordinator
+   ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``, see :class:`Watchdog`), or at
+   ``timeout``. A coordinator
    port found taken is retried on another port (``port_retries`` times).
 
 Example:
@@ -170,14 +171,20 @@ class Watchdog:
     Args:
         workers: number of workers.
         now: the start time (``time.monotonic()``).
-        hang_timeout: a fixed limit in seconds; None: ``max(floor, factor x slowest step)``.
+        hang_timeout: a fixed limit in seconds; None: ``max(floor, factor x slowest step)``,
+            times ``check_scale`` for a worker in its ``checking`` phase.
         floor, factor: the default limit's terms.
+        check_scale: the plan's device count: the single-device reference of the equivalence
+            check does every device's work on one device, so its steps may take that much
+            longer than the sharded ones.
     """
 
     def __init__(self, workers: int, now: float, hang_timeout: float | None = None,
-                 floor: float = HANG_FLOOR, factor: float = HANG_FACTOR) -> None:
+                 floor: float = HANG_FLOOR, factor: float = HANG_FACTOR,
+                 check_scale: int = 1) -> None:
         self.fixed = hang_timeout
         self.floor, self.factor = floor, factor
+        self.check_scale = max(1, int(check_scale))
         self.last = [now] * workers
         self.counter: list[Any] = [None] * workers
         self.beat: list[dict[str, Any]] = [{} for _ in range(workers)]
@@ -204,10 +211,16 @@ class Watchdog:
         if ev.get("event") == "step" and isinstance(ev.get("step_time"), (int, float)):
             self.slowest = max(self.slowest, float(ev["step_time"]))
 
+    def limit_of(self, worker: int) -> float:
+        """The limit for one worker: :attr:`limit`, scaled while it checks (default limit)."""
+        if self.fixed is None and self.beat[worker].get("phase") == "checking":
+            return self.limit * self.check_scale
+        return self.limit
+
     def stalled(self, now: float, running: list[int]) -> str | None:
         """Why the launch is hung, or None."""
         limit = self.limit
-        if not running or any(now - self.last[w] < limit for w in running):
+        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
             return None
         how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
                f"max({self.floor:g} s, {self.factor:g} x the slowest step "
@@ -354,12 +367,17 @@ class LaunchHandle:
             self._kill_workers()
             self._close()
             raise
-        self._watchdog = Watchdog(self.num_processes, time.monotonic(), hang_timeout)
+        self._watchdog = self._new_watchdog()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True,
                                             name="autoplan-launch-supervisor")
         self._supervisor.start()
 
     # ---- starting ----------------------------------------------------------------------
+    def _new_watchdog(self) -> Watchdog:
+        lay = self.layout
+        return Watchdog(self.num_processes, time.monotonic(), self._hang_timeout,
+                        check_scale=lay.num_processes * lay.devices_per_process)
+
     def _command(self, index: int, port: int) -> list[str]:
         a = self._args
         return local_worker_command(self.layout, index, port, self.spec, steps=a["steps"],
@@ -521,7 +539,7 @@ class LaunchHandle:
                                 "port": port, "attempt": self._attempt})
             self._beats = {}
         self._spawn(port)
-        self._watchdog = Watchdog(self.num_processes, time.monotonic(), self._hang_timeout)
+        self._watchdog = self._new_watchdog()
 
     def _fail(self, why: str) -> None:
         self._kill_workers()
@@ -756,7 +774,8 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         seed: PRNG seed of the workload's arrays (the same in every worker).
         compiler_options: XLA options for the workers' compilations.
         hang_timeout: seconds without progress from any worker that fail the launch (None:
-            ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``).
+            ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``, times the plan's device
+            count while a worker checks against one device).
         heartbeat: seconds between the workers' heartbeats.
         port: the coordinator port to try first (None: a free one).
         port_retries: how many other ports to try when the coordinator port is taken.

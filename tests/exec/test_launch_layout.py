@@ -189,6 +189,12 @@ def test_the_watchdog_fails_a_launch_only_when_no_worker_progresses():
     # steps raise the limit to HANG_FACTOR x the slowest; a fixed hang_timeout overrides
     wd.see({"event": "step", "worker": 0, "step_time": 30.0}, 300.0)
     assert wd.limit == HANG_FACTOR * 30.0
+    # checking against one device does every device's work there: a longer default limit
+    wd = Watchdog(2, 0.0, check_scale=8)
+    wd.see(_beat(0, 1, phase="checking"), 0.0)
+    wd.see(_beat(1, 1, phase="running"), 0.0)
+    assert (wd.limit_of(0), wd.limit_of(1)) == (8 * HANG_FLOOR, HANG_FLOOR)
+    assert wd.stalled(HANG_FLOOR + 1, [0, 1]) is None and wd.stalled(HANG_FLOOR + 1, [1]) is not None
     assert Watchdog(1, 0.0, hang_timeout=7).limit == 7
     assert Watchdog(1, 0.0, hang_timeout=7).stalled(7.5, [0]).startswith(
         "no worker made progress for 7 s (the limit: hang_timeout=7 s)")
