@@ -108,7 +108,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
     if platform is not None and platform not in PLATFORMS:
         raise LaunchError(f"launch: platform should be one of {sorted(PLATFORMS)} or None (detect). "
                           f"Got {platform!r}. Fix: e.g. platform='gpu'.")
-    cmd = [python or sys.executable, "-m", "autoplan.exec._devices"]
+    cmd = [python or sys.executable, "-m", "autoplan.exec._devices", "--launcher-pipe"]
     if platform:
         cmd += ["--platform", platform]
     if workload is not None:
@@ -141,7 +141,8 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
     line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
     if line is None:
         tail = "\n".join(err.strip().splitlines()[-12:])
-        raise LaunchError(f"launch: the device probe exited with status {proc.returncode} and no "
+        raise LaunchError(f"launch: the device probe ({' '.join(cmd[:3])}) exited with status "
+                          f"{proc.returncode} and no "
                           f"answer. Its last lines:\n{tail}\nFix: check that JAX starts in this "
                           "environment ('python -c \"import jax; print(jax.devices())\"').")
     rec = json.loads(line)
@@ -247,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Report the attached JAX devices (and trace a workload).")
     p.add_argument("--platform", default=None, choices=sorted(PLATFORMS))
     p.add_argument("--workload", default=None, help="JSON workload spec to trace")
+    p.add_argument("--launcher-pipe", action="store_true",
+                   help="stdin is the launcher's pipe: exit when it closes")
     args = p.parse_args(argv)
     out = _events_out()
-    exit_with_launcher("autoplan device probe")
+    if args.launcher_pipe:
+        exit_with_launcher("autoplan device probe")
     try:
         import jax  # noqa: PLC0415
 

@@ -839,7 +839,8 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
             f"for, or make a plan for this one: autoplan plan {spec_arguments(spec)} -o plan.json.")
     layout = choose_layout(plan.num_devices, info, num_processes, devices_per_process,
                            per_host=per_host, env=wenv,
-                           cluster_hint=_cluster_hint(plan, plan_path, spec))
+                           cluster_hint=_cluster_hint(plan, plan_path, spec),
+                           requested=platform is not None)
     left = timeout - (time.monotonic() - t0)
     if left <= 0:
         raise LaunchError(f"launch: the preflight took the whole timeout ({timeout:g} s). Fix: "

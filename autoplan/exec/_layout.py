@@ -55,7 +55,8 @@ class WorkerLayout:
         emulated: CPU devices emulated with ``jax_num_cpu_devices`` (no accelerator is used).
         visible: per worker, the value of ``visible_var`` (None: left as it is).
         visible_var: ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``, or None.
-        devices: what was detected.
+        devices: what was detected (for an asked-for platform, what was found of it).
+        requested: the platform was asked for (``platform=``), not detected.
     """
 
     platform: str
@@ -65,6 +66,7 @@ class WorkerLayout:
     visible: tuple[str | None, ...]
     visible_var: str | None
     devices: DeviceInfo
+    requested: bool = False
 
     def env(self, index: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment variables worker ``index`` gets on top of ``base``."""
@@ -80,7 +82,7 @@ class WorkerLayout:
         """E.g. ``"2 processes x 4 emulated CPU devices (no accelerator attached)"``."""
         procs = f"{self.num_processes} process{'es' if self.num_processes != 1 else ''}"
         if self.emulated:
-            why = " (no accelerator attached)" if not self.devices.accelerator else ""
+            why = " (platform cpu asked for)" if self.requested else " (no accelerator attached)"
             return f"{procs} x {self.devices_per_process} emulated CPU devices{why}"
         unit = self.devices.platform.upper()
         return (f"{procs} x {self.devices_per_process} {unit}{'s' if self.devices_per_process != 1 else ''}"
@@ -95,7 +97,8 @@ def _positive(name: str, v: Any) -> None:
 
 def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | None = None,
                   devices_per_process: int | None = None, *, per_host: bool = False,
-                  env: Mapping[str, str] | None = None, cluster_hint: str = "") -> WorkerLayout:
+                  env: Mapping[str, str] | None = None, cluster_hint: str = "",
+                  requested: bool = False) -> WorkerLayout:
     """The workers that run a plan of ``num_devices`` devices on this machine.
 
     Args:
@@ -107,6 +110,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
         per_host: GPUs: one worker holding every GPU the plan uses, instead of one per GPU.
         env: the environment the workers inherit (for the visible GPUs already set).
         cluster_hint: text telling how to run a plan that needs more devices than attached.
+        requested: the platform was asked for rather than detected (said by ``describe()``).
 
     Raises:
         PlanMismatchError: both counts given and their product is not ``num_devices``.
@@ -121,7 +125,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
         if num_processes is None and devices_per_process is None:
             num_processes = 1 if per_host or d % 2 or d < 2 else 2
         p, k = _split(d, num_processes, devices_per_process, "emulated CPU devices")
-        return WorkerLayout("cpu", p, k, True, (None,) * p, None, devices)
+        return WorkerLayout("cpu", p, k, True, (None,) * p, None, devices, requested)
     if devices.platform == "tpu":
         if (num_processes or 1) != 1:
             raise LaunchError(f"launch: TPU hosts run one worker each. Got num_processes="
@@ -132,7 +136,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
                 f"({devices.kind}); one worker per host holds every chip. Fix: make a plan for "
                 f"{devices.count} devices, or run it on a slice with that many per host."
                 + (f" {cluster_hint}" if cluster_hint else ""))
-        return WorkerLayout("tpu", 1, d, False, (None,), None, devices)
+        return WorkerLayout("tpu", 1, d, False, (None,), None, devices, requested)
     if d > devices.count:
         raise LaunchError(
             f"launch: the plan uses {d} devices but this machine has {devices.describe()}. "
@@ -148,7 +152,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
     if not ids:
         ids = [str(i) for i in range(devices.count)]
     visible = tuple(",".join(ids[i * k:(i + 1) * k]) if var else None for i in range(p))
-    return WorkerLayout(devices.runtime, p, k, False, visible, var, devices)
+    return WorkerLayout(devices.runtime, p, k, False, visible, var, devices, requested)
 
 
 def _split(d: int, p: int | None, k: int | None, what: str) -> tuple[int, int]:

@@ -32,6 +32,8 @@ def test_emulated_cpu_devices_default_to_two_processes_when_they_split():
     assert (lay.platform, lay.num_processes, lay.devices_per_process, lay.emulated) == ("cpu", 2, 4, True)
     assert lay.env(0) == {"JAX_PLATFORMS": "cpu"}
     assert lay.describe() == "2 processes x 4 emulated CPU devices (no accelerator attached)"
+    assert choose_layout(8, CPU, requested=True).describe() == \
+        "2 processes x 4 emulated CPU devices (platform cpu asked for)"
     assert (choose_layout(3, CPU).num_processes, choose_layout(1, CPU).num_processes) == (1, 1)
     assert choose_layout(8, CPU, per_host=True).num_processes == 1
     assert (choose_layout(8, CPU, num_processes=4).devices_per_process,
@@ -213,3 +215,18 @@ def test_workers_read_their_scheduler_as_jax_does():
     assert _scheduler_bind("10.1.2.3:61234") == "10.1.2.3:61234"
     assert _scheduler_bind("[fd00::7]:61234") == "[fd00::7]:61234"
     assert _scheduler_bind("127.0.0.1:61234") is None and _scheduler_bind("localhost:61234") is None
+
+
+def test_the_attached_devices_are_found_by_a_probe_process(monkeypatch):
+    import os
+
+    from autoplan.exec import _devices, detect_devices
+
+    monkeypatch.setattr(_devices, "_DETECTED", {})
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    info = detect_devices(env=env)
+    assert (info.platform, info.runtime, info.accelerator) == ("cpu", "cpu", False)
+    assert info.describe() == "no accelerator attached (CPU)"
+    assert list(_devices._DETECTED.values()) == [info]  # asked once per environment
+    monkeypatch.setattr(_devices, "preflight", lambda *a, **k: pytest.fail("probed again"))
+    assert detect_devices(env=env) is info
