@@ -41,7 +41,14 @@ from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
-from autoplan.exec._pipeline import StepRecord, divisible, place, run_pipeline
+from autoplan.exec._pipeline import (
+    StepRecord,
+    _runtime_error,
+    divisible,
+    error_summary,
+    place,
+    run_pipeline,
+)
 
 __all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
 
@@ -100,8 +107,11 @@ class RunReport:
         equivalence: the comparison with one device (None when ``check=False``).
         constraints_applied, constraints_skipped: the plan's operator shardings applied, or
             skipped because the result's shape did not fit the spec.
-        pipeline: for pipelines: ``task_times`` (seconds per task), ``ideal_time`` (the
-            schedule's makespan with those times), ``order`` and ``phases``.
+        pipeline: for pipelines and gradient accumulation: ``task_times`` (seconds per task,
+            each timed alone), ``ideal_time`` (the schedule's makespan with those times, plus the
+            prologue and update), ``order``, ``phases`` (operators per task) and ``dispatches``
+            (programs and transfers this process dispatches per step: one for gradient
+            accumulation, which runs as one scanned program).
         outputs: the last step's results (global arrays), not printed.
     """
 
@@ -281,6 +291,41 @@ def _crossing(graph: Any) -> list[int]:
     return out
 
 
+#: primitives that call back into Python while a compiled program runs
+_CALLBACKS = ("callback", "debug_callback", "pure_callback", "io_callback", "inside_call")
+
+
+def _preflight(r: _Resolved, compiler_options: Mapping[str, Any] | None) -> None:
+    """Run a step that calls back into Python once on one device before running it sharded.
+
+    A Python callback that raises inside a program with collectives leaves the other devices
+    waiting in the collective, and XLA ends the whole process when its rendezvous times out: a
+    notebook kernel would die. On one device there is no collective, so the same failure is an
+    ordinary exception, raised here before anything is sharded.
+
+    Raises:
+        ExecutionError: the step failed on one device (the message holds its error).
+    """
+    prog = _program(r)
+    names = sorted({op.primitive for op in prog.ops
+                    if any(op.primitive.endswith(c) for c in _CALLBACKS)})
+    if not names:
+        return
+    dev = jax.local_devices()[0]
+    try:
+        args = jax.device_put(r.host_args, dev)
+        compiled = _cached(r, ("preflight", dev.id, repr(sorted((compiler_options or {}).items()))),
+                           lambda: jax.jit(r.fn).lower(*args).compile(compiler_options=compiler_options))
+        jax.block_until_ready(compiled(*args))
+    except Exception as err:  # the user's callback may raise anything
+        first = error_summary(err)
+        raise ExecutionError(
+            f"the training step of {r.name} calls back into Python ({', '.join(names)}) and failed "
+            f"on one device: {first}. It was not run under the plan: a callback failing inside a "
+            "sharded program with collectives ends the whole process. Fix: make the step run "
+            "with jax.jit(workload.fn) on one device first.") from err
+
+
 def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], steps: int,
                on_step: Callable[[int, float, float], None] | None, capture: bool,
                compiler_options: Mapping[str, Any] | None):
@@ -315,12 +360,18 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
     compile_time = time.perf_counter() - t0
+    def one_step(a):
+        try:
+            return jax.block_until_ready(compiled(*a))
+        except jax.errors.JaxRuntimeError as err:
+            raise _runtime_error("the sharded step", None, err) from err
+
     if steps:
-        jax.block_until_ready(compiled(*args))  # warm-up run
+        one_step(args)  # warm-up run
     losses, times, records, out = [], [], [], None
     for s in range(steps):
         t0 = time.perf_counter()
-        out, grads = jax.block_until_ready(compiled(*args))
+        out, grads = one_step(args)
         dt = time.perf_counter() - t0
         loss = _first_scalar(out[0] if isinstance(out, tuple) else out)
         losses.append(loss)
@@ -631,6 +682,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
         raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
     plan.partition_specs(like=abstract)  # raises PlanMismatchError on another argument structure
+    if len(devices) > 1:
+        _preflight(r, compiler_options)
     if plan.is_pipeline or plan.schedule.microbatches > 1:
         po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
                           time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
@@ -639,7 +692,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                    constraints_applied=po.constraints_applied,
                    constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
                    pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
-                             "order": po.order, "phases": po.phases},
+                             "order": po.order, "phases": po.phases,
+                             "dispatches": po.dispatches},
                    crossing=_map_crossing(po.graph, po.crossing, graph), records=po.records)
         mode = "pipeline" if plan.is_pipeline else "accumulation"
     else:
