@@ -14,12 +14,22 @@
 With ``check=True`` every executed step is re-run unsharded on one device from the same inputs
 (see :func:`check_equivalence`): the loss, the gradients handed to the optimizer, and the new
 parameters and optimizer state (the single-device update applied to the run's own gradients) must
-agree within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``, norm-wise for gradients), else
-:class:`~autoplan.EquivalenceError` names the first differing tensor by its pytree path, with the
-largest difference and the tolerance.
+agree within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``, norm-wise for gradients; NaN and
+infinity position by position), else :class:`~autoplan.EquivalenceError` names the first
+differing tensor by its pytree path, with the largest difference and the tolerance.
+
+Nothing the executor does ends the caller's process: every step is one dispatched program
+(intra-operator and gradient accumulation) or one program per pipeline task, with no two programs
+with collectives in flight on the same devices of the CPU backend (see
+:mod:`autoplan.exec._pipeline`); an XLA runtime error becomes :class:`~autoplan.ExecutionError`
+naming the program; and a step that calls back into Python is first run on one device, because
+a callback failing inside a sharded program with collectives leaves the other devices waiting,
+and XLA ends the process when its rendezvous times out.
 
 Everything works across processes too (after ``jax.distributed.initialize``): inputs are built
-with ``jax.make_array_from_callback``, and each process checks the shards it holds.
+with ``jax.make_array_from_callback``, each process runs the programs of the (sub)meshes holding
+its devices, and each checks the shards it holds (a pipeline shares its results so that every
+process checks all of them).
 """
 
 from __future__ import annotations
@@ -62,12 +72,14 @@ class EquivalenceResult:
 
     Attributes:
         matched: every compared tensor is within tolerance.
-        max_abs_diff: the largest absolute difference over all compared tensors.
+        max_abs_diff: the largest absolute difference over all compared finite elements.
         worst: the pytree path of the tensor with the largest difference relative to its
             tolerance (the first failing one when not matched).
         tensors: number of tensors compared (losses, gradients, results; per step).
         rtol, atol: the tolerance.
         message: a description (the error message when not matched).
+        nonfinite_inputs: the input leaves holding NaN or infinity (empty when all are finite);
+            non-finite results are then compared position by position, NaN equal to NaN.
     """
 
     matched: bool
@@ -77,6 +89,7 @@ class EquivalenceResult:
     rtol: float
     atol: float
     message: str = ""
+    nonfinite_inputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -475,26 +488,56 @@ def _grad_names(graph: Any, crossing: Sequence[int], out_names: Mapping[int, str
 
 
 def _compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
-             scale: float | None = None) -> tuple[float, float]:
-    """(max |a - b|, the worst ratio of difference to tolerance); ratio > 1 fails. With
-    ``scale`` the tolerance is norm-wise: ``atol + rtol scale`` for every element."""
+             scale: float | None = None) -> tuple[float, float, int]:
+    """``(max |a - b|, worst ratio of difference to tolerance, non-finite mismatches)``; a
+    ratio above 1 or any non-finite mismatch fails.
+
+    Finite elements pass when ``|a - b| <= atol + rtol |b|`` (with ``scale``, norm-wise:
+    ``atol + rtol scale`` for every element). Non-finite elements are compared position by
+    position: NaN equals NaN, and an infinity equals the infinity of the same sign; a NaN or
+    infinity where the other side has something else is a mismatch (counted, and reported as an
+    infinite difference).
+    """
     if a.shape != b.shape:
-        return math.inf, math.inf
+        return math.inf, math.inf, max(a.size, b.size, 1)
     if a.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    if not np.array_equal(np.isfinite(a64), np.isfinite(b64)):
-        return math.inf, math.inf
-    fin = np.isfinite(b64)
-    if not np.array_equal(a64[~fin], b64[~fin]):
-        return math.inf, math.inf
-    diff = np.abs(a64[fin] - b64[fin])
+    fa, fb = np.isfinite(a64), np.isfinite(b64)
+    both = fa & fb
+    nonfinite = ~(fa & fb)
+    bad = int(np.count_nonzero(nonfinite & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))))
+    if bad:
+        return math.inf, math.inf, bad
+    diff = np.abs(a64[both] - b64[both])
     if diff.size == 0:
-        return 0.0, 0.0
-    tol = atol + rtol * (scale if scale is not None else np.abs(b64[fin]))
+        return 0.0, 0.0, 0
+    tol = atol + rtol * (scale if scale is not None else np.abs(b64[both]))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / tol)
-    return float(np.max(diff)), float(np.max(ratio))
+    return float(np.max(diff)), float(np.max(ratio)), 0
+
+
+def nonfinite_leaves(args: Any) -> list[str]:
+    """Pytree paths of the floating-point leaves of ``args`` holding NaN or infinity, with
+    what they hold (``"batch['x'] (3 NaN)"``)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        x = np.asarray(leaf)
+        if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.complexfloating):
+            continue
+        nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+        if nan or inf:
+            what = ", ".join(p for p in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if p)
+            out.append(f"{_arg_path(path)} ({what})")
+    return out
+
+
+def _arg_path(path: Sequence[Any]) -> str:
+    if path and isinstance(path[0], jax.tree_util.SequenceKey):
+        head = ("params", "opt_state", "batch")[path[0].idx] if path[0].idx < 3 else f"arg{path[0].idx}"
+        return head + jax.tree_util.keystr(tuple(path[1:]))
+    return jax.tree_util.keystr(tuple(path))
 
 
 def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -521,7 +564,8 @@ def _shards(name: str, a: Any, b: np.ndarray) -> list[tuple[str, np.ndarray, np.
 
 def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records: Sequence[Any],
                       rtol: float = RTOL, atol: float = ATOL,
-                      compiler_options: Mapping[str, Any] | None = None) -> EquivalenceResult:
+                      compiler_options: Mapping[str, Any] | None = None,
+                      microbatches: int = 1) -> EquivalenceResult:
     """Compare executed steps with single-device execution, step by step.
 
     Every step is re-run unsharded on this process's first device from the same inputs (the
@@ -540,6 +584,11 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
       Two-Tower, 4e-6 on GPT against rtol 1e-5 / atol 1e-6). Comparing the update on the same
       gradients checks the sharded optimizer exactly, and the gradient check covers the rest.
 
+    Non-finite values are compared position by position: NaN equals NaN and an infinity equals
+    the infinity of the same sign, so a step that makes NaN on one device and under the plan
+    alike matches; a NaN or infinity on one side only is a mismatch. When the inputs themselves
+    hold NaN or infinity, the verdict lists them (``nonfinite_inputs``) and says so.
+
     Args:
         r: the resolved workload.
         graph: its full-batch trace.
@@ -547,6 +596,8 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         records: the executed steps (``StepRecord``).
         rtol, atol: the tolerance.
         compiler_options: XLA options for the reference's compilation.
+        microbatches: the plan's micro-batches (a mismatch then names the loss's form as a
+            likely cause).
 
     Returns:
         The comparison (``worst`` names the first failing tensor when one fails).
@@ -581,6 +632,7 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
     max_diff, worst, worst_ratio, failed = 0.0, "", -1.0, None
     names: set[str] = set()
     args = r.host_args
+    nonfinite_in = nonfinite_leaves(args)
     for s, rec in enumerate(records):
         host_grads = [_to_host(g) for g in rec.grads]
         dargs = jax.device_put(args, dev)
@@ -598,32 +650,58 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         own_loss = float(np.asarray(own_loss).reshape(()))
         items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
         for g, og, gname in zip(rec.grads, own_grads, gnames):
-            scale = float(np.max(np.abs(og))) if og.size else 0.0
+            fin = np.abs(og[np.isfinite(og)]) if og.size else og
+            scale = float(np.max(fin)) if fin.size else 0.0
             items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
         items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
         for name, a, b, scale in items:
             names.add(name)
-            d, ratio = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
-            max_diff = max(max_diff, d)
+            d, ratio, bad = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
+            if math.isfinite(d):
+                max_diff = max(max_diff, d)
             if ratio > worst_ratio:
                 worst, worst_ratio = name, ratio
-            if ratio > 1.0 and failed is None:
-                failed = (name, d, scale is not None)
+            if (ratio > 1.0 or bad) and failed is None:
+                failed = (name, d, scale is not None, bad)
         if s + 1 < len(records):
             if not triple:
                 break
             args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
                     jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
     if failed is not None:
-        name, d, normwise = failed
+        name, d, normwise, bad = failed
         kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
-        msg = (f"{name} differs from single-device execution: max |diff| {d:.3e} exceeds the "
-               f"tolerance (rtol {rtol:g}, atol {atol:g}, {kind}). Likely cause: a sharding or "
-               "stage split that changes the computation (for pipelines also a loss that is not "
-               "a mean over the batch). Fix: inspect that tensor's producers under the plan.")
-        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg)
+        if bad:
+            what = (f"{bad} element(s) are NaN or infinite on one side and not the same on the "
+                    "other (non-finite values are compared position by position)")
+        else:
+            what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
+        if microbatches > 1:
+            cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
+                     "of per-example terms over the batch (batch-normalisation statistics, in-batch "
+                     "negatives, a sum) gives other numbers by construction; else a sharding or "
+                     "stage split that changes the computation. Fix: use a plan without "
+                     "micro-batches for such a loss, or inspect that tensor's producers under the "
+                     "plan.")
+        else:
+            cause = ("Likely cause: a sharding that changes the computation. Fix: inspect that "
+                     "tensor's producers under the plan.")
+        if nonfinite_in:
+            cause = (f"Note: the inputs themselves are not finite ({_listed(nonfinite_in)}), and NaN "
+                     "and infinity spread differently under another order of operations; check "
+                     "them first. " + cause)
+        msg = f"{name} differs from single-device execution: {what}. {cause}"
+        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg,
+                                 tuple(nonfinite_in))
+    note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
+            "position by position" if nonfinite_in else "")
     return EquivalenceResult(True, max_diff, worst, len(names), rtol, atol,
-                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors")
+                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors{note}",
+                             tuple(nonfinite_in))
+
+
+def _listed(items: Sequence[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
@@ -716,7 +794,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     equivalence = None
     if check:
         equivalence = check_equivalence(r, graph, res["crossing"], res["records"], rtol, atol,
-                                        compiler_options)
+                                        compiler_options, plan.schedule.microbatches)
         if not equivalence.matched and raise_on_mismatch:
             raise EquivalenceError(equivalence.message)
     return RunReport(
