@@ -1003,6 +1003,57 @@ def error_summary(err: BaseException) -> str:
     return head
 
 
+def first_scalar(x: Any) -> float:
+    """A scalar result as a float (read from this process's first shard)."""
+    if isinstance(x, jax.Array):
+        return float(np.asarray(x.addressable_data(0)).reshape(()))
+    return float(np.asarray(x).reshape(()))
+
+
+def run_program(compiled: Any, args: Sequence[Any], steps: int, what: str,
+                advance: Callable[[Any, Sequence[Any]], Sequence[Any]],
+                loss_of: Callable[[Any], float],
+                on_step: Callable[[int, float, float], None] | None, keep_all: bool
+                ) -> tuple[list[float], list[float], list[Any], Sequence[Any]]:
+    """A step that is one compiled program: a warm-up run, then ``steps`` timed runs, each
+    from the arguments ``advance(previous result, previous arguments)`` gives.
+
+    Returns:
+        ``(losses, seconds per step, results, last arguments)``; ``results`` holds every step's
+        result with ``keep_all``, else only the last one.
+
+    Raises:
+        ExecutionError: the program failed while running (XLA's error, summarised).
+    """
+    def one(a: Sequence[Any]) -> Any:
+        try:
+            return jax.block_until_ready(compiled(*a))
+        except jax.errors.JaxRuntimeError as err:
+            raise _runtime_error(what, None, err) from err
+
+    if steps:
+        one(args)  # warm-up run
+    losses: list[float] = []
+    times: list[float] = []
+    results: list[Any] = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        res = one(args)
+        dt = time.perf_counter() - t0
+        loss = loss_of(res)
+        losses.append(loss)
+        times.append(dt)
+        if keep_all:
+            results.append(res)
+        else:
+            results = [res]
+        if on_step is not None:
+            on_step(step, loss, dt)
+        if step + 1 < steps:
+            args = advance(res, args)
+    return losses, times, results, args
+
+
 def _runtime_error(what: str, mb: int | None, err: Exception) -> ExecutionError:
     where = f"{what}" + (f" (micro-batch {mb})" if mb is not None and mb >= 0 else "")
     return ExecutionError(f"{where} failed while running: {error_summary(err)}. Fix: run the step "
@@ -1183,9 +1234,7 @@ def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
                 records.append(StepRecord(loss, jax.tree_util.tree_unflatten(
                     prog.out_tree, host[:len(flat)]), host[len(flat):]))
         else:
-            first = flat[0]
-            loss = float(np.asarray(first.addressable_data(0) if isinstance(first, jax.Array)
-                                    else first).reshape(()))
+            loss = first_scalar(flat[0])
             if capture:
                 records.append(StepRecord(loss, outputs, grads))
         losses.append(loss)
@@ -1298,39 +1347,22 @@ def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
     compiled = jax.jit(sp.scan_fn(capture)).lower(*args).compile(compiler_options=compiler_options)
     compile_time = time.perf_counter() - t0
 
-    def one_step(a: list[Any]) -> tuple[list[Any], list[Any]]:
-        try:
-            return jax.block_until_ready(compiled(*a))
-        except jax.errors.JaxRuntimeError as err:
-            raise _runtime_error("the accumulated step", None, err) from err
+    def advance(result: Any, a: Sequence[Any]) -> list[Any]:
+        flat = result[0]
+        if len(flat) != len(fixed) + 1:
+            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
+                                 "new_opt_state). Fix: run steps=1.")
+        a = list(a)
+        for i, v in zip(fixed, flat[1:]):
+            a[i] = v
+        return a
 
-    if steps:
-        one_step(args)  # warm-up run
-    losses: list[float] = []
-    step_times: list[float] = []
-    records: list[StepRecord] = []
-    outputs: Any = None
-    for step in range(steps):
-        t0 = time.perf_counter()
-        flat, grads = one_step(args)
-        dt = time.perf_counter() - t0
-        outputs = jax.tree_util.tree_unflatten(prog.out_tree, flat)
-        first = flat[0]
-        loss = float(np.asarray(first.addressable_data(0) if isinstance(first, jax.Array)
-                                else first).reshape(()))
-        losses.append(loss)
-        step_times.append(dt)
-        if capture:
-            records.append(StepRecord(loss, outputs, list(grads)))
-        if on_step is not None:
-            on_step(step, loss, dt)
-        if step + 1 < steps:
-            if len(flat) != len(fixed) + 1:
-                raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                     "new_opt_state). Fix: run steps=1.")
-            args = list(args)
-            for i, v in zip(fixed, flat[1:]):
-                args[i] = v
+    losses, step_times, results, args = run_program(
+        compiled, args, steps, "the accumulated step", advance, lambda res: first_scalar(res[0][0]),
+        on_step, keep_all=capture)
+    outputs = jax.tree_util.tree_unflatten(prog.out_tree, results[-1][0]) if results else None
+    records = [StepRecord(loss, jax.tree_util.tree_unflatten(prog.out_tree, flat), list(grads))
+               for loss, (flat, grads) in zip(losses, results)] if capture else []
     order = [(i, 0, k) for i in range(M) for k in ("forward", "backward")]
     task_times: dict[str, float] = {}
     runner = None

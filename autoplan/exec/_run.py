@@ -53,11 +53,12 @@ from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
-    _runtime_error,
     divisible,
     error_summary,
+    first_scalar,
     place,
     run_pipeline,
+    run_program,
 )
 
 __all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
@@ -285,12 +286,6 @@ def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
             and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
 
 
-def _first_scalar(x: Any) -> float:
-    if isinstance(x, jax.Array):
-        return float(np.asarray(x.addressable_data(0)).reshape(()))
-    return float(np.asarray(x).reshape(()))
-
-
 def _crossing(graph: Any) -> list[int]:
     """Tensors the optimizer update reads from the forward/backward pass: the gradients."""
     upd = {op.id for op in graph.ops if op.role == "update"}
@@ -373,31 +368,22 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
     compile_time = time.perf_counter() - t0
-    def one_step(a):
-        try:
-            return jax.block_until_ready(compiled(*a))
-        except jax.errors.JaxRuntimeError as err:
-            raise _runtime_error("the sharded step", None, err) from err
 
-    if steps:
-        one_step(args)  # warm-up run
-    losses, times, records, out = [], [], [], None
-    for s in range(steps):
-        t0 = time.perf_counter()
-        out, grads = one_step(args)
-        dt = time.perf_counter() - t0
-        loss = _first_scalar(out[0] if isinstance(out, tuple) else out)
-        losses.append(loss)
-        times.append(dt)
-        if capture:
-            records.append(StepRecord(loss, out, grads))
-        if on_step is not None:
-            on_step(s, loss, dt)
-        if s + 1 < steps:
-            if out_sh is None:
-                raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                     "new_opt_state). Fix: run steps=1.")
-            args = (out[1], out[2], args[2])
+    def advance(result: Any, a: Sequence[Any]) -> tuple[Any, ...]:
+        if out_sh is None:
+            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
+                                 "new_opt_state). Fix: run steps=1.")
+        return (result[0][1], result[0][2], a[2])
+
+    def loss_of(result: Any) -> float:
+        out = result[0]
+        return first_scalar(out[0] if isinstance(out, tuple) else out)
+
+    losses, times, results, _ = run_program(compiled, args, steps, "the sharded step", advance,
+                                            loss_of, on_step, keep_all=capture)
+    records = [StepRecord(loss, out, grads) for loss, (out, grads) in zip(losses, results)] \
+        if capture else []
+    out = results[-1][0] if results else None
     colls = [("step", 0, c, 1) for c in collectives(compiled.as_text())]
     ms = memory_stats(compiled)
     memory = {d.id: ms for d in mesh.devices.flat}

@@ -11,7 +11,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from exec_cases import graph, plan, workload
+from exec_cases import graph, plan, single_device_losses, workload
 
 import autoplan
 from autoplan import models
@@ -32,13 +32,7 @@ def test_gradient_accumulation_is_one_program_per_step_and_follows_one_device(fa
     assert rep.mode == "accumulation" and rep.equivalence.matched
     assert rep.pipeline["dispatches"] == 1
     # every step starts from the previous one's parameters, as single-device training does
-    f = jax.jit(wl.fn)
-    args, losses = wl.args, []
-    for _ in range(3):
-        loss, params, opt = f(*args)
-        losses.append(float(loss))
-        args = (params, opt, args[2])
-    np.testing.assert_allclose(rep.losses, losses, rtol=1e-5)
+    np.testing.assert_allclose(rep.losses, single_device_losses(wl, 3), rtol=1e-5)
     # collectives inside the scan run once per micro-batch, the others once per step
     times = {t for *_x, t in rep.collectives}
     assert m in times and times <= {1, m}
