@@ -908,6 +908,7 @@ class _Runner:
                               if (isinstance(ins, _Run) and sp.local[ins.task.stage])
                               or (isinstance(ins, _Send) and (sp.local[ins.src] or sp.local[ins.dst])))
         self.batch_cache: dict[tuple, Any] = {}
+        self.keep_args = False  # keep each task's last arguments, to time it alone afterwards
 
     def _jit(self, task: _Task) -> Any:
         nv, na = self.sp.task_arg_count(task)
@@ -951,10 +952,13 @@ class _Runner:
             task.compiled = self.fns[(task.phase, task.stage)].lower(*args).compile(
                 compiler_options=self.compiler_options)
             self.compile_time += time.perf_counter() - t0
-            task.has_collectives = bool(collectives(task.compiled.as_text()))
+            text = task.compiled.as_text()
+            task.has_collectives = bool(collectives(text)) or any(
+                a in text for a in ("replica_groups=", "source_target_pairs="))
         if self.sp.cpu and task.has_collectives:
             self._wait([task.stage])
-        task.last_args = args
+        if self.keep_args:
+            task.last_args = args
         outs = task.compiled(*args)
         if self.sp.cpu and task.has_collectives:
             self.pending[task.stage].extend(outs)
@@ -986,8 +990,8 @@ class _Runner:
                     self.pending[ins.dst].extend(witness)
             for k in ins.drop:
                 slots.pop(k, None)
-        for s in range(sp.S):
-            self.pending[s] = []
+        if sp.cpu:
+            self._wait(range(sp.S))
         return slots
 
 
@@ -1170,7 +1174,8 @@ def _next_state(sp: _Split, state: dict[int, Any], flat_out: Sequence[Any],
         home, sh, _ = sp.in_info[t]
         if s is None or s == home:
             if sp.local[home]:
-                new[t] = v if getattr(v, "sharding", None) == sh else jax.device_put(v, sh)
+                same = isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sh, v.ndim)
+                new[t] = v if same else jax.device_put(v, sh)
             continue
         aval = (tuple(sp.graph.tensors[t].shape), np.dtype(sp.graph.tensors[t].dtype))
         moved = transfer([v], sp.meshes[s], sp.meshes[home], [aval])
@@ -1212,6 +1217,7 @@ def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
             raise _runtime_error("the pipeline step", None, err) from err
         return flat, grads
 
+    runner.keep_args = time_tasks and steps == 0
     one_step()  # warm-up: compiles every task; its results are dropped
     losses: list[float] = []
     step_times: list[float] = []
@@ -1220,6 +1226,7 @@ def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
     where = [s for _k, s in out_keys]
     multi = jax.process_count() > 1
     for step in range(steps):
+        runner.keep_args = time_tasks and step == steps - 1
         t0 = time.perf_counter()
         flat, grads = one_step()
         dt = time.perf_counter() - t0
@@ -1270,8 +1277,7 @@ def _time_tasks(runner: _Runner) -> dict[str, float]:
         for _ in range(3):
             args = list(task.last_args)
             for i in donated:
-                shape, dt = args[i].shape, args[i].dtype
-                args[i] = jax.device_put(np.zeros(shape, dt), shardings[i])
+                args[i] = place(np.zeros(args[i].shape, args[i].dtype), shardings[i])
             jax.block_until_ready(args)
             t0 = time.perf_counter()
             jax.block_until_ready(task.compiled(*args))
@@ -1369,6 +1375,7 @@ def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
     if time_tasks:
         # the same step as separate programs, to time a micro-batch's forward and backward alone
         runner = _Runner(sp, compiler_options, capture=False)
+        runner.keep_args = True
         state = {t: args[i] for i, t in zip(fixed, [prog.input_ids[i] for i in fixed])}
         runner.step(runner.inputs(host_leaves, state))
         task_times = _time_tasks(runner)
