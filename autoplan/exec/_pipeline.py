@@ -47,8 +47,9 @@ each *task* (phase, stage) a program jitted on the stage's submesh (``plan.mesh(
 This is the fewest dispatches the schedule allows: a stage cannot run the forwards of several
 micro-batches as one program without making the next stage wait for all of them (GPipe would
 then run the stages one after the other, ``S m (f + b)`` instead of ``(m + S - 1)(f + b)``), and
-in 1F1B every task reads a value its neighbour made one tick earlier. So a pipeline step is
-``S (2 m + 2)`` dispatches, and everything else (accumulation, means, zeroing) is folded into them.
+in 1F1B nearly every task reads a value its neighbour made one tick earlier. So a pipeline step
+is ``S (2 m + 2)`` programs plus the transfers between stages, and everything else
+(accumulation, means, zeroing) is folded into those programs.
 All of a step's dispatch decisions are made once, before the first step, as a list of
 instructions (run a task, send values to another stage); a step walks that list.
 
@@ -65,7 +66,7 @@ XLA's CPU runtime runs each device's share of a program on a thread pool as larg
 number of devices, and a collective blocks its threads until every participant arrives: two
 programs with collectives on the same devices in flight at once can starve each other, and XLA
 then ends the process after its rendezvous timeout. On CPU the executor therefore waits for a
-submesh's previous work before it dispatches a program with collectives there (programs on
+submesh's earlier programs with collectives before it dispatches another one there (programs on
 different submeshes still overlap); on GPUs, streams order the programs and nothing waits.
 """
 
@@ -94,7 +95,8 @@ from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 
 __all__ = ["PipelineOutcome", "StepRecord", "schedule_table", "schedule_order", "run_pipeline",
-           "ideal_makespan", "place", "divisible", "transfer", "executions_per_run"]
+           "run_program", "ideal_makespan", "place", "divisible", "transfer", "executions_per_run",
+           "error_summary", "first_scalar"]
 
 PHASES = ("prologue", "forward", "backward", "update")
 PER_MB = ("forward", "backward")
@@ -1299,7 +1301,7 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
 
     def account(name: str, stage: int, compiled: Any, times: int) -> None:
         text = compiled.as_text()
-        per_comp = executions_per_run(text, M)
+        per_comp = executions_per_run(text)  # the scan's loop records its trip count
         for c in collectives(text):
             colls.append((name, stage, c, times * per_comp.get(c.computation, 1)))
         ms = memory_stats(compiled)

@@ -126,7 +126,8 @@ class RunReport:
             prologue and update), ``order``, ``phases`` (operators per task) and ``dispatches``
             (programs and transfers this process dispatches per step: one for gradient
             accumulation, which runs as one scanned program).
-        outputs: the last step's results (global arrays), not printed.
+        outputs: the last step's results (global arrays), not printed; across processes, a
+            pipeline's results held only by other processes' stages are None.
     """
 
     model: str
@@ -708,12 +709,15 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         check: compare every step with unsharded single-device execution (see
             :func:`check_equivalence`); raises on a mismatch. The compiled step then also returns
             the gradients, which the comparison needs.
-        devices: the devices to run on (default ``jax.devices()``); their number must equal the
-            plan's.
+        devices: the devices to run on (default ``jax.devices()``, every process's after
+            ``jax.distributed.initialize``); their number must equal the plan's. Each process
+            runs the programs of the (sub)meshes that hold its devices.
         seed: PRNG seed of the concrete arguments when the workload is abstract or a dict.
         rtol, atol: the equivalence tolerance.
         on_step: called with (step, loss, seconds) after each step.
-        time_tasks: pipelines only: time each stage task alone for the schedule's ideal.
+        time_tasks: pipelines and gradient accumulation: time each task alone for the
+            schedule's ideal (``report.pipeline``); gradient accumulation, which runs as one
+            program, then also compiles its tasks as separate programs to time them.
         compiler_options: XLA options for every compilation (e.g.
             ``{"xla_backend_optimization_level": 0}`` compiles CPU code several times faster).
         raise_on_mismatch: raise :class:`~autoplan.EquivalenceError` on a mismatch (else only
@@ -726,7 +730,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         PlanMismatchError: the plan was made for another model, argument structure or number of
             devices.
         EquivalenceError: ``check`` and the results differ from single-device execution.
-        ExecutionError: the plan cannot be executed as given (see the message).
+        ExecutionError: the plan cannot be executed as given, a program failed while running
+            (XLA's error, summarised), or a step that calls back into Python failed on one device
+            (it is then not run under the plan); see the message.
 
     Examples:
         >>> import autoplan.exec as ex                         # doctest: +SKIP

@@ -12,11 +12,12 @@ import jax
 import numpy as np
 import pytest
 from exec_cases import graph, plan, single_device_losses, workload
+from exec_plans import pipeline_plan
 
 import autoplan
 from autoplan import models
 from autoplan._plan import Schedule
-from autoplan.exec import run
+from autoplan.exec import run, schedule_order
 from autoplan.exec._pipeline import executions_per_run
 
 
@@ -73,16 +74,15 @@ def test_a_pipeline_dispatches_one_program_per_task(schedule, fast):
     assert reps[4].pipeline["dispatches"] - reps[2].pipeline["dispatches"] == 2 * (2 * S + 2 * (S - 1))
 
 
-def test_three_unequal_stages_from_the_search_run_and_match(fast):
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_three_stages_on_unequal_submeshes_match(schedule, fast):
     wl = workload("gpt")
-    res = autoplan.search(models.get("gpt", "tiny"), "cpu:8")
-    three = [p for p in res.candidates if len(p.stages) == 3]
-    assert three, [p.describe() for p in res.candidates]
-    p = three[0]
-    assert len({s.num_devices for s in p.stages}) > 1  # submeshes of different sizes
+    p = pipeline_plan(wl, graph("gpt"), schedule, microbatches=2, sizes=(4, 2, 2))
     rep = run(p, wl, steps=2, compiler_options=fast, time_tasks=False)
     assert rep.mode == "pipeline" and rep.equivalence.matched
     assert rep.losses[1] < rep.losses[0]
+    assert set(rep.memory) == set(range(8))
+    assert rep.pipeline["order"] == schedule_order(schedule, 3, 2)
 
 
 def test_accumulators_are_float32_for_half_precision_and_laid_out_like_their_parameter():
