@@ -14,8 +14,8 @@ import pytest
 from exec_cases import FAST, plan, workload
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from autoplan.exec import _pipeline, launch, run
-from autoplan.exec._pipeline import transfer
+from autoplan.exec import _pipeline, _transfer, launch, run
+from autoplan.exec._transfer import transfer
 
 
 def _mesh(ids):
@@ -48,11 +48,11 @@ def test_the_collective_transfer_moves_every_bit(src, dst):
 
 def test_a_pipeline_with_collective_transfers_matches_in_one_process(monkeypatch, fast):
     monkeypatch.setattr(_pipeline, "_FORCE_COLLECTIVE_TRANSFERS", True)
-    before = len(_pipeline._UNION_CACHE)
+    before = len(_transfer._UNION_CACHE)
     rep = run(plan("mlp", "pp", "1f1b"), workload("mlp"), steps=2, compiler_options=fast,
               time_tasks=False)
     assert rep.equivalence.matched and rep.losses[1] < rep.losses[0]
-    assert len(_pipeline._UNION_CACHE) > before  # the union programs were built and used
+    assert len(_transfer._UNION_CACHE) > before  # the union programs were built and used
 
 
 def _interleaved(p):
