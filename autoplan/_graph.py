@@ -276,8 +276,9 @@ class OpGraph:
         inside the model's root module, ``"scan_2"`` for iteration 2 of an unrolled
         ``lax.scan``. Scopes that name a kind of layer rather than one (Equinox's
         ``eqx.nn.Linear``, ``jnp.einsum``'s subscripts) recur along the forward pass and are not
-        layers. Backward and update operators get the layer of their own scope path (the
-        backward pass keeps the forward pass's scopes). All None when no depth qualifies.
+        layers. Every operator gets the layer whose scope path appears in its own (the backward
+        pass keeps the forward pass's scopes; the backward of a rematerialised block repeats the
+        enclosing ones, ``Mixer/Mixer/MixerBlock_0/...``). All None when no depth qualifies.
         """
         fwd = [op for op in self.ops if op.role == "forward"]
         total = sum(op.flops for op in fwd) or 1.0
@@ -298,10 +299,16 @@ class OpGraph:
                         runs.append(op.scope[d])
             if len(set(runs)) < 2 or len(set(runs)) != len(runs) or covered < 0.5 * total:
                 continue
-            valid = set(runs)
-            head = "/".join(prefix + ("",)) if prefix else ""
-            return [head + op.scope[d] if len(op.scope) > d and op.scope[:d] == prefix
-                    and op.scope[d] in valid else None for op in self.ops]
+            paths = {prefix + (name,) for name in runs}
+            out: list[str | None] = []
+            for op in self.ops:
+                sc = op.scope
+                # (the scope path may sit deeper than in the forward pass: the backward of a
+                # rematerialised block repeats the enclosing scopes)
+                hit = next((sc[j:j + d + 1] for j in range(len(sc) - d)
+                            if sc[j:j + d + 1] in paths), None)
+                out.append("/".join(hit) if hit is not None else None)
+            return out
         return [None] * len(self.ops)
 
     @cached_property
