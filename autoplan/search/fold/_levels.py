@@ -102,6 +102,7 @@ from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._clustering import _forward, _signature, cluster_layers
 from autoplan.search.intra._ilp import (
     ILPSolution,
+    _free_tensors,
     _resolve_pins,
     _updated_pairs,
     cost_strategies,
@@ -408,21 +409,27 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         cands: list[list[tuple]] = []
         for i in range(K - 1):
             bt = boundaries[i]
+            shapes = [graph.tensors[t].shape for t in bt]
+            rep = tuple((None,) * len(sh) for sh in shapes)
             left = tuple(free[i][1].spec(t) for t in bt)
             right = tuple(free[i + 1][1].spec(t) for t in bt)
+            # a side whose ILP does not decide a tensor's spec (it reads it only in operators
+            # that are not decided, or not at all) takes the other side's, or replicated
+            left, right = (tuple(x if x is not None else y if y is not None else r
+                                 for x, y, r in zip(p, q, rep))
+                           for p, q in ((left, right), (right, left)))
             opts = [left]
             if left != right:
-                prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) for t in bt)
-                shapes = [graph.tensors[t].shape for t in bt]
-                rep = tuple((None,) * len(graph.tensors[t].shape) for t in bt)
+                prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) or x
+                             for t, x in zip(bt, left))
                 opts += [right, rep, prod] + [
                     tuple(sj if shapes[m] == shapes[j] else prod[m] for m in range(len(bt)))
                     for j, sj in enumerate(prod)]
                 opts += [tuple(v if fits(v, shapes[m]) else prod[m] for m in range(len(bt)))
                          for v in vocab]
-            cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))) or [left])
+            cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))))
         # 3. chain DP over boundary states (state None: free, where both sides agree)
-        agree = [len(c) == 1 for c in cands]
+        agree = [len(c) == 1 for c in cands]  # (left == right: the options hold both else)
 
         def state_options(i: int) -> list[tuple | None]:
             return [None] if agree[i] else list(cands[i])
@@ -605,7 +612,8 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
 
 def _crossings(graph: OpGraph, seg_of: list[int], K: int
                ) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-    """The non-scalar tensors crossing between segments.
+    """The non-scalar tensors crossing between segments (constants and what is computed from
+    them alone excluded: the ILP decides nothing about them).
 
     Returns:
         For each i < K-1, the tensors crossing between segments i and i+1 in either direction
@@ -628,8 +636,9 @@ def _crossings(graph: OpGraph, seg_of: list[int], K: int
     t, q = pair // K, pair % K
     p = seg[arr.producer[t]]
     tensors = graph.tensors
+    free = _free_tensors(graph)  # constants and what is computed from them alone: no decision
     for ti, pi, qi in zip(t.tolist(), p.tolist(), q.tolist()):
-        if not tensors[ti].shape:
+        if not tensors[ti].shape or ti in free:
             continue
         if qi == pi + 1:
             bound[pi].append(ti)
