@@ -34,7 +34,7 @@ from jax.extend import core as jcore
 
 from ._errors import TraceError
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
-from ._workload import arg_trees, infer_arg_kinds
+from ._workload import arg_trees, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
 
@@ -396,14 +396,14 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         raise TraceError(f"trace: fn should be a callable JAX function or a Workload. Got "
                          f"{type(fn).__name__}: {fn!r}. Fix: pass the training step function.")
     flat_with_path, _ = jax.tree_util.tree_flatten_with_path((args, kwargs))
-    for path, leaf in flat_with_path:
-        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
-                leaf, bool | int | float | complex):
-            raise TraceError(
-                f"trace: every argument leaf should be an array or jax.ShapeDtypeStruct. Got "
-                f"{type(leaf).__name__} at {jax.tree_util.keystr(path)}: {leaf!r:.80}. Fix: pass "
-                "arrays (or jax.ShapeDtypeStruct for abstract tracing), or close over non-array "
-                "values with functools.partial.")
+    bad = non_array_leaf((args, kwargs))
+    if bad is not None:
+        path, leaf = bad
+        raise TraceError(
+            f"trace: every argument leaf should be an array or jax.ShapeDtypeStruct. Got "
+            f"{type(leaf).__name__} at {path}: {leaf!r:.80}. Fix: pass arrays (or "
+            "jax.ShapeDtypeStruct for abstract tracing), or close over non-array values with "
+            "functools.partial.")
     n = len(args)
     kinds = tuple(arg_kinds) if arg_kinds is not None else infer_arg_kinds(fn, args)
     if len(kinds) != n:

@@ -25,7 +25,7 @@ import jax
 
 from autoplan._errors import ModelError
 
-__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "ARG_KINDS"]
+__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf", "ARG_KINDS"]
 
 #: The kinds a positional argument of a training step can have.
 ARG_KINDS = ("parameter", "optimizer_state", "batch", "input")
@@ -170,6 +170,17 @@ def arg_trees(args: Sequence[Any]) -> tuple[ArgTree, ...]:
     return tuple(out)
 
 
+def non_array_leaf(tree: Any) -> tuple[str, Any] | None:
+    """The first leaf of ``tree`` that is neither an array (anything with ``shape`` and
+    ``dtype``: arrays, ``jax.ShapeDtypeStruct``) nor a Python number, as ``(keystr path, leaf)``;
+    None when there is none."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
+                leaf, bool | int | float | complex):
+            return jax.tree_util.keystr(path), leaf
+    return None
+
+
 def _leading_batch(args: Sequence[Any], kinds: Sequence[str]) -> int | None:
     """The leading dimension shared by every non-scalar batch leaf, when there is one."""
     dims = {int(x.shape[0]) for a, k in zip(args, kinds) if k == "batch"
@@ -234,14 +245,13 @@ class Workload:
                 f"step. Got {type(args).__name__}. Fix: Workload(train_step, (params, opt_state, "
                 "batch)), or (params,) for a step of one argument.")
         args = tuple(args)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
-            if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
-                    leaf, bool | int | float | complex):
-                raise ModelError(
-                    f"Workload: every leaf of args should be an array or jax.ShapeDtypeStruct. "
-                    f"Got {type(leaf).__name__} at args{jax.tree_util.keystr(path)}: {leaf!r:.60}. "
-                    "Fix: split non-array state off (nnx.split, eqx.partition) and close over it "
-                    "in the step.")
+        bad = non_array_leaf(args)
+        if bad is not None:
+            path, leaf = bad
+            raise ModelError(
+                f"Workload: every leaf of args should be an array or jax.ShapeDtypeStruct. "
+                f"Got {type(leaf).__name__} at args{path}: {leaf!r:.60}. Fix: split non-array "
+                "state off (nnx.split, eqx.partition) and close over it in the step.")
         if arg_kinds is None:
             kinds = infer_arg_kinds(fn, args)
         else:

@@ -22,6 +22,8 @@ initialisers run under ``jax.eval_shape``); the values are drawn with numpy:
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import flax.linen as nn
 import jax
@@ -45,6 +47,10 @@ def _fill(tree, seed: int, scale: float = 0.2):
         return jnp.zeros(x.shape, x.dtype)
 
     return jax.tree.map(leaf, tree)
+
+
+def _normal(rng, shape, scale):
+    return jnp.asarray(scale * rng.standard_normal(shape), jnp.float32)
 
 
 def _optimizer_state(tx, params):
@@ -254,9 +260,7 @@ def make_scan_cnn(blocks: int = 3, channels: int = 8, image: int = 8, classes: i
 
     def init(seed):
         rng = np.random.default_rng(seed)
-
-        def normal(shape, scale):
-            return jnp.asarray(scale * rng.standard_normal(shape), jnp.float32)
+        normal = functools.partial(_normal, rng)
 
         params = {
             "stem": normal((3, 3, 3, channels), 0.3),
@@ -298,9 +302,7 @@ def make_control_flow_mlp(layers: int = 3, d: int = 32, batch: int = 16,
 
     def init(seed):
         rng = np.random.default_rng(seed)
-
-        def normal(shape, scale):
-            return jnp.asarray(scale * rng.standard_normal(shape), jnp.float32)
+        normal = functools.partial(_normal, rng)
 
         params = [{"w": normal((d, d), 1 / np.sqrt(d)), "b": jnp.zeros((d,))}
                   for _ in range(layers)]
