@@ -49,6 +49,19 @@ def test_layer_names_follow_the_libraries_scopes(graphs):
         assert any(op.scope for op in g) and not any(g.layer_names)
 
 
+@pytest.mark.parametrize("make, prefix", [(user_steps.make_linen_scan, "LinenScanNet/"),
+                                          (user_steps.make_nnx_scan, "")])
+def test_layers_stacked_with_the_libraries_scans_are_layers(make, prefix):
+    """``nn.scan`` and ``nnx.scan`` over stacked layers: each iteration is a layer for the
+    pipeline search (with the model's input and output layers around them for linen)."""
+    g = autoplan.trace(make(layers=4))
+    names = [ly.name for ly in cluster_layers(g)]
+    scans = [f"{prefix}scan_{i}" for i in range(4)]
+    assert [n for n in names if "scan_" in n] == scans
+    bwd = {g.layer_names[op.id] for op in g if op.role == "backward"}
+    assert set(scans) <= bwd
+
+
 @pytest.mark.parametrize("name, blocks", [("nnx_transformer", 2), ("equinox_cnn", 2),
                                           ("control_flow_mlp", 2)])
 def test_layers_without_scopes_are_the_mined_blocks(graphs, name, blocks):

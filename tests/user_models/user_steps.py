@@ -360,6 +360,78 @@ def make_unscoped_mlp(layers: int = 6, d: int = 64, batch: int = 32) -> autoplan
     return autoplan.Workload(train_step, init(0), name="unscoped_mlp", init=init)
 
 
+# ---------------------------------------------------------------------------------------------
+# layers stacked with the libraries' own scans (abstract arguments: for tracing)
+
+
+class ScannedLayer(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        return x + nn.Dense(x.shape[-1])(nn.relu(nn.Dense(2 * x.shape[-1])(x))), None
+
+
+class LinenScanNet(nn.Module):
+    layers: int
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Dense(32)(x)
+        stack = nn.scan(ScannedLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                        length=self.layers)
+        x, _ = stack()(x, None)
+        return nn.Dense(10)(x)
+
+
+class NNXBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.fc = nnx.Linear(32, 32, rngs=rngs)
+
+    def __call__(self, x):
+        return x + nnx.relu(self.fc(x))
+
+
+class NNXScanNet(nnx.Module):
+    def __init__(self, layers: int):
+        self.inp = nnx.Linear(8, 32, rngs=nnx.Rngs(0))
+        keys = jax.random.split(jax.random.key(1), layers)
+        self.blocks = nnx.vmap(lambda k: NNXBlock(nnx.Rngs(k)))(keys)
+        self.out = nnx.Linear(32, 10, rngs=nnx.Rngs(2))
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def body(x, block):
+            return block(x)
+
+        return self.out(body(self.inp(x), self.blocks))
+
+
+def _regression_step(apply, tx):
+    def train_step(params, opt_state, batch):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean(apply(p, batch) ** 2))(params)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    return train_step
+
+
+def make_linen_scan(layers: int = 4) -> autoplan.Workload:
+    """Flax linen layers stacked with ``nn.scan``; abstract arguments."""
+    model, tx = LinenScanNet(layers), optax.adam(1e-3)
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+    params = jax.eval_shape(model.init, jax.random.key(0), x)["params"]
+    step = _regression_step(lambda p, b: model.apply({"params": p}, b), tx)
+    return autoplan.Workload(step, (params, jax.eval_shape(tx.init, params), x), name="linen_scan")
+
+
+def make_nnx_scan(layers: int = 4) -> autoplan.Workload:
+    """Flax NNX blocks made with ``nnx.vmap`` and applied with ``nnx.scan``; abstract arguments."""
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: NNXScanNet(layers)), nnx.Param)
+    tx = optax.adam(1e-3)
+    step = _regression_step(lambda p, b: nnx.merge(graphdef, p)(b), tx)
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+    return autoplan.Workload(step, (params, jax.eval_shape(tx.init, params), x), name="nnx_scan")
+
+
 MAKERS = {
     "nnx_transformer": make_nnx_transformer,
     "linen_mixer": make_linen_mixer,
