@@ -126,8 +126,14 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
     time), and the index of the best: the first within ``memory_budget``, candidate or baseline
     alike, so the search never hands back a plan it predicts slower than one it holds."""
     ranked = _rank(plans)
-    i = next(k for k, p in enumerate(ranked) if memory_budget is None
-             or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9))
+    i = next((k for k, p in enumerate(ranked) if memory_budget is None
+              or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)), None)
+    if i is None:
+        least = min(p.predicted.memory_per_device for p in ranked)
+        raise InfeasiblePlanError(
+            f"search: no plan fits the memory budget {memory_budget:.4g} bytes per device; the "
+            f"least any plan needs is {least:.4g} bytes. Fix: raise memory_budget, use more "
+            "devices, or a smaller model.", least)
     return ranked, i
 
 

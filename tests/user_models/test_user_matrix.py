@@ -159,6 +159,8 @@ def test_a_baseline_predicted_faster_is_the_best_plan_labelled_as_such(searched)
     ranked, i = _rank_and_pick([heavy if p is faster else p for p in plans], budget)
     assert ranked[i].label != "baseline: data parallel"
     assert ranked[i].predicted.memory_per_device <= budget
+    with pytest.raises(autoplan.InfeasiblePlanError, match="least any plan needs"):
+        _rank_and_pick(plans, 1.0)
     assert res.stats["best_label"] == res.best.label
     assert res.table().splitlines()[1].startswith("*")
 
