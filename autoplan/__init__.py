@@ -30,6 +30,7 @@ from ._loader import load_workload as load_workload
 from ._plan import Plan as Plan
 from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
 from ._trace import trace as trace
+from ._workload import Workload as Workload
 
 __version__ = "0.1.0"
 
@@ -57,5 +58,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "load_workload",
+    "Workload", "load_workload",
 ]

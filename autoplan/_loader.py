@@ -109,9 +109,10 @@ class LoadedWorkload:
         name: the spec's ``module:function`` (plans record it as their model).
         fn: the training step.
         args: its positional arguments (arrays or ``jax.ShapeDtypeStruct`` leaves).
-        arg_kinds: one kind per argument: the object's own ``arg_kinds``, else by count
-            (three arguments are ``(parameter, optimizer_state, batch)``, two ``(parameter,
-            batch)``).
+        arg_kinds: one kind per argument: the object's own ``arg_kinds``, else read off the
+            arguments and the step's signature (:func:`autoplan._workload.infer_arg_kinds`: an
+            optax state is the optimizer state; ``(params, opt_state, batch)`` by name or
+            position).
         spec: ``{"model": "module:function", **kwargs}``: how to load it again (in a worker);
             None for an object built in this process only.
         source: the object the function returned.
@@ -126,11 +127,17 @@ class LoadedWorkload:
 
     @property
     def config(self) -> dict[str, Any]:
-        """The source's ``config`` when it has one, else the spec's keyword arguments."""
+        """The source's ``config`` when it has one, else the spec's keyword arguments; with
+        ``"batch"``, the batch arguments' leading dimension, when they agree on one."""
+        from autoplan._workload import _leading_batch  # noqa: PLC0415
+
         cfg = getattr(self.source, "config", None)
-        if isinstance(cfg, Mapping):
-            return dict(cfg)
-        return {k: v for k, v in (self.spec or {}).items() if k != "model"}
+        out = dict(cfg) if isinstance(cfg, Mapping) else {
+            k: v for k, v in (self.spec or {}).items() if k != "model"}
+        batch = _leading_batch(self.args, self.arg_kinds)
+        if batch is not None:
+            out.setdefault("batch", batch)
+        return out
 
     @property
     def abstract(self) -> bool:
@@ -332,7 +339,7 @@ def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, s
     """
     import jax  # noqa: PLC0415
 
-    from autoplan._trace import _default_kinds  # noqa: PLC0415
+    from autoplan._workload import infer_arg_kinds  # noqa: PLC0415
 
     def is_abstract(o: Any) -> bool:
         return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(o.args))
@@ -358,7 +365,7 @@ def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, s
         raise ModelError(f"workload {label!r}: fn should be the training step function. Got "
                          f"{type(obj.fn).__name__}. Fix: fn=train_step.")
     kinds = getattr(obj, "arg_kinds", None)
-    kinds = tuple(kinds) if kinds is not None else _default_kinds(len(args))
+    kinds = tuple(kinds) if kinds is not None else infer_arg_kinds(obj.fn, args)
     if len(kinds) != len(args):
         raise ModelError(f"workload {label!r}: arg_kinds should give one kind per argument "
                          f"({len(args)}). Got {kinds}. Fix: e.g. ('parameter', "

@@ -51,6 +51,7 @@ def test_a_user_module_is_found_through_the_current_directory(user_dir):
     assert isinstance(wl, LoadedWorkload)
     assert wl.name == "optax_mlp:workload"
     assert wl.arg_kinds == ("parameter", "optimizer_state", "batch")
+    assert wl.config == {"layers": 2, "batch": 16}  # the batch: the batch leaves' leading dimension
     assert wl.spec == {"model": "optax_mlp:workload", "layers": 2}
     assert workload_spec(wl) == wl.spec
     assert wl.abstract  # the function takes 'abstract': planning gets shapes only
@@ -96,6 +97,11 @@ def test_the_concrete_data_protocol(user_dir, tmp_path):
             return types.SimpleNamespace(fn=step, args=[W, X])
 
         WORKLOAD = types.SimpleNamespace(fn=step, args=(jnp.ones((4, 2)), jnp.ones((8, 4))))
+
+        def public_record():            # autoplan.Workload: shapes, and init(seed) for data
+            import autoplan
+            return autoplan.Workload(step, (W, X), init=lambda seed: (
+                jax.random.normal(jax.random.key(seed), (4, 2)), jnp.ones((8, 4))))
         """)
     wl = load_workload("steps_mod:concrete_only")
     assert not wl.abstract and wl.arg_kinds == ("parameter", "batch")
@@ -106,6 +112,9 @@ def test_the_concrete_data_protocol(user_dir, tmp_path):
     assert load_workload("steps_mod:shapes_only").args[0].shape == (4, 2)  # a list is a tuple
     with pytest.raises(ModelError, match="no way to make concrete ones"):
         load_workload("steps_mod:shapes_only", abstract=False)
+    rec = load_workload("steps_mod:public_record")
+    assert rec.abstract and rec.config["batch"] == 8 and rec.spec == {"model": "steps_mod:public_record"}
+    assert not load_workload("steps_mod:public_record", abstract=False, seed=2).abstract
     obj = load_workload("steps_mod:WORKLOAD")  # a workload object named directly
     assert obj.spec == {"model": "steps_mod:WORKLOAD"} and not obj.abstract
     with pytest.raises(ModelError, match="is a workload object, not a function"):
