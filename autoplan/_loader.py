@@ -265,7 +265,7 @@ def workload_spec(workload: Any) -> dict[str, Any] | None:
     return parse_spec({"model": name, "size": size, **overrides})
 
 
-# ---- helpers ------------------------------------------------------------------------------
+# ---- loading -------------------------------------------------------------------------------
 def _resolve(name: str) -> Any:
     module_name, _, attrs = name.partition(":")
     cwd = os.getcwd()

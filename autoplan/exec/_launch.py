@@ -12,7 +12,7 @@
    with all its GPUs), one per TPU host, or emulated CPU devices when no accelerator is
    attached; the counts default from the plan and the devices. A plan that needs more devices
    than are attached is refused with the ``srun``/``mpirun`` lines that run it on a cluster.
-3. **Workers** (:mod:`autoplan.exec._worker`), each in its own session (process group). Each
+3. **Workers** (:mod:`autoplan.exec._worker`), each in a process group of its own. Each
    gets the plan as the first line of its stdin and keeps that pipe: when the launcher exits,
    however it dies (SIGKILL included), the pipe closes and the worker ends itself and its group
    within a second. (Linux's ``PR_SET_PDEATHSIG`` would fire when the *thread* that started
@@ -659,7 +659,7 @@ class LaunchHandle:
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, sig)  # the worker leads its own session/group
+        os.killpg(proc.pid, sig)  # the worker heads a process group of its own
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -1,4 +1,4 @@
-"""Helpers of the launch tests: whether a worker's process group is gone, launch folders, and
+"""What the launch tests share: whether a worker's process group is gone, launch folders, and
 the addresses a process listens on (read from /proc)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 
 def gone(pid: int) -> bool:
-    """No process is left in the worker's process group (it led its own session)."""
+    """No process is left in the worker's process group (the worker started one of its own)."""
     try:
         os.killpg(pid, 0)
     except ProcessLookupError:
