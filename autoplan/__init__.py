@@ -26,6 +26,7 @@ from ._graph import GraphInput as GraphInput
 from ._graph import OpGraph as OpGraph
 from ._graph import OpNode as OpNode
 from ._graph import Tensor as Tensor
+from ._loader import load_workload as load_workload
 from ._plan import Plan as Plan
 from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
 from ._trace import trace as trace
@@ -57,5 +58,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "Workload",
+    "Workload", "load_workload",
 ]

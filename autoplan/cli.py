@@ -3,9 +3,16 @@
     autoplan models                                   list workloads and sizes
     autoplan trace gpt --size 1.3B                    trace a train step, print its graph summary
     autoplan plan gpt --size 39B --cluster p3.16xlarge:8 -o plan.json
+    autoplan plan mypkg.train:workload --cluster cpu:8 -o plan.json    a user's own workload
     autoplan show plan.json                           print a plan file's summary
     autoplan report plan.json -o report.html          self-contained HTML report
-    autoplan launch plan.json --model gpt --size tiny --num-processes 2 --devices-per-process 4
+    autoplan launch plan.json --model gpt --size tiny  run it on the devices attached
+    autoplan launch plan.json --model gpt --print-command slurm      the srun line for a cluster
+
+A workload is a zoo name (``autoplan models``) or ``module:function`` (see
+``autoplan._loader``): the function is imported from the current directory or ``PYTHONPATH``
+and called with the ``--set KEY=VALUE`` items (and ``--size``/``--batch`` when given) as keyword
+arguments.
 """
 
 from __future__ import annotations
@@ -34,11 +41,23 @@ def _overrides(items: Sequence[str] | None) -> dict:
     return out
 
 
-def _workload(args, abstract=True):
-    from . import models  # noqa: PLC0415
+def _spec(args) -> dict:
+    """The workload spec of the model arguments: ``{"model": ..., size, batch, overrides}``."""
+    from ._loader import parse_spec  # noqa: PLC0415
 
-    return models.get(args.model, size=args.size, batch=args.batch, abstract=abstract,
-                      **_overrides(args.set))
+    overrides = _overrides(args.set)
+    for key in ("model", "size", "batch"):
+        if key in overrides:
+            raise AutoplanError(f"--set {key}=... is not a config field. Got --set "
+                                f"{key}={overrides[key]!r}. Fix: use "
+                                f"{'the model argument' if key == 'model' else '--' + key}.")
+    return parse_spec(args.model, size=args.size, batch=args.batch, **overrides)
+
+
+def _workload(args, abstract=True):
+    from ._loader import load_workload  # noqa: PLC0415
+
+    return load_workload(_spec(args), abstract=abstract)
 
 
 def cmd_models(args) -> int:
@@ -109,19 +128,50 @@ def cmd_report(args) -> int:
 
 
 def cmd_launch(args) -> int:
+    import signal  # noqa: PLC0415
+
     from ._plan import Plan  # noqa: PLC0415
-    from .exec import launch  # noqa: PLC0415
+    from .exec import _launch  # noqa: PLC0415
+    from .exec._layout import cluster_command  # noqa: PLC0415
 
     plan = Plan.from_json(args.plan)
-    spec = {"model": args.model, "size": args.size, **_overrides(args.set)}
-    if args.batch:
-        spec["batch"] = args.batch
-    handle = launch(plan, spec, num_processes=args.num_processes,
-                    devices_per_process=args.devices_per_process, steps=args.steps,
-                    timeout=args.timeout)
-    result = handle.wait(args.timeout)
-    print(f"launch of [{plan.label}] {plan.describe()}: {args.num_processes} process(es) x "
-          f"{args.devices_per_process} device(s), {args.steps} step(s) in {result.wall_time:.1f} s")
+    spec = _spec(args)
+    if args.print_command:
+        # a plan made for emulated CPU devices runs on CPUs unless told otherwise
+        platform = args.platform or ("cpu" if plan.cluster.device_kind == "cpu" else None)
+        print(cluster_command(args.print_command, args.plan, spec, plan.num_devices,
+                              plan.cluster.devices_per_node, nodes=args.nodes, platform=platform,
+                              per_host=args.per_host, steps=args.steps, seed=args.seed))
+        return 0
+    handle = None
+    try:
+        # SIGTERM and SIGHUP end the launch as Ctrl-C does: workers stopped, one line, no traceback
+        with _launch.raise_on_signals():
+            handle = _launch.launch(
+                args.plan, spec, num_processes=args.num_processes,
+                devices_per_process=args.devices_per_process, steps=args.steps,
+                timeout=args.timeout, platform=args.platform, per_host=args.per_host,
+                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port)
+            print(f"launching [{plan.label}] {plan.describe()} on {handle.layout.describe()}; "
+                  f"worker pids {' '.join(map(str, handle.pids))}", flush=True)
+            while not handle.done:
+                for ev in handle.poll():
+                    if ev.get("event") == "step" and ev.get("process") == 0:
+                        print(f"  step {ev['step']}: loss {ev['loss']:.6f} "
+                              f"({ev['step_time'] * 1e3:.1f} ms)", flush=True)
+                    elif ev.get("event") == "retry":
+                        print(f"  {ev['reason']}: retrying on port {ev['port']}", flush=True)
+                time.sleep(0.1)
+            result = handle.wait()
+    except (KeyboardInterrupt, _launch.LaunchInterrupted) as err:
+        if handle is not None:
+            handle.cancel()
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"autoplan: launch interrupted by {signal.Signals(signum).name}; every worker was "
+              "stopped", file=sys.stderr)
+        return 128 + int(signum)
+    print(f"launch of [{plan.label}] {plan.describe()}: {result.layout}, {args.steps} step(s) in "
+          f"{result.wall_time:.1f} s")
     for proc in sorted(result.losses):
         losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
         times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
@@ -137,18 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
 
-    def model_args(sp):
-        sp.add_argument("model", help="zoo model name (see 'autoplan models')")
-        sp.add_argument("--size", default="tiny", help="model size (default tiny)")
-        sp.add_argument("--batch", type=int, default=None, help="global batch (default: the size's)")
+    def model_args(sp, flag=False):
+        help_ = ("zoo model name (see 'autoplan models') or module:function, a function "
+                 "returning the user's workload (found in the current directory or PYTHONPATH)")
+        if flag:
+            sp.add_argument("--model", required=True, help=help_)
+        else:
+            sp.add_argument("model", help=help_)
+        sp.add_argument("--size", default=None,
+                        help="model size (zoo default tiny; passed to a function as size=)")
+        sp.add_argument("--batch", type=int, default=None,
+                        help="global batch (default: the size's; passed to a function as batch=)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set layers=4")
+                        help="override a config field (zoo) or pass a keyword argument "
+                             "(function), e.g. --set layers=4")
 
-    sp = sub.add_parser("trace", help="trace a zoo model's train step and print its graph")
+    sp = sub.add_parser("trace", help="trace a workload's train step and print its graph")
     model_args(sp)
     sp.set_defaults(func=cmd_trace)
 
-    sp = sub.add_parser("plan", help="search plans for a zoo model on a cluster")
+    sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)
     sp.add_argument("--cluster", default="cpu:8", help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
     sp.add_argument("--level", default="auto", choices=["auto", "exhaustive", "hierarchical", "folded"],
@@ -173,16 +231,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", default="report.html")
     sp.set_defaults(func=cmd_report)
 
-    sp = sub.add_parser("launch", help="run a plan in worker processes through jax.distributed")
+    sp = sub.add_parser("launch", help="run a plan on the devices attached (workers joined by "
+                                       "jax.distributed), or print the command for a cluster")
     sp.add_argument("plan")
-    sp.add_argument("--model", required=True)
-    sp.add_argument("--size", default="tiny")
-    sp.add_argument("--batch", type=int, default=None)
-    sp.add_argument("--set", action="append", metavar="KEY=VALUE")
-    sp.add_argument("--num-processes", type=int, default=2)
-    sp.add_argument("--devices-per-process", type=int, default=4)
+    model_args(sp, flag=True)
+    sp.add_argument("--platform", default=None, choices=["cpu", "gpu", "cuda", "rocm", "tpu"],
+                    help="default: detected (emulated CPU devices only when no accelerator is "
+                         "attached)")
+    sp.add_argument("--num-processes", type=int, default=None,
+                    help="default: one per GPU, one per TPU host, or 2 for emulated CPU devices")
+    sp.add_argument("--devices-per-process", type=int, default=None,
+                    help="default: the plan's devices divided by the processes")
+    sp.add_argument("--per-host", action="store_true",
+                    help="GPUs: one worker per host holding all its GPUs (default one per GPU)")
     sp.add_argument("--steps", type=int, default=2)
-    sp.add_argument("--timeout", type=float, default=300.0)
+    sp.add_argument("--seed", type=int, default=0, help="PRNG seed of the workload's arrays")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole launch")
+    sp.add_argument("--hang-timeout", type=float, default=None,
+                    help="seconds without progress from any worker that fail the launch "
+                         "(default: max(60, 5 x the slowest step))")
+    sp.add_argument("--port", type=int, default=None,
+                    help="coordinator port to try first (default: a free one; a taken port is "
+                         "retried on another)")
+    sp.add_argument("--print-command", default=None, choices=["slurm", "mpi"],
+                    help="print the srun (SLURM) or mpirun (Open MPI) command that runs the plan "
+                         "on a cluster (one worker per GPU, or per node for CPU/TPU or with "
+                         "--per-host), and exit")
+    sp.add_argument("--nodes", type=int, default=None,
+                    help="--print-command: nodes to use (default: as the plan's cluster)")
     sp.set_defaults(func=cmd_launch)
     return p
 
