@@ -262,6 +262,11 @@ class Plan:
             that the recorded paths cannot rebuild (``"flax.nnx.statelib.State"``, ``"None"``,
             ``"tuple"``, ...; see :class:`autoplan._workload.ArgTree`); empty for nested dicts
             and lists. Written to the plan file.
+        analysis: the folding analysis of the graph the plan was searched on, as plain data
+            (segments in model order with their mined classes, critical nodes, fold ratio, the
+            ILPs and level of the search; see :mod:`autoplan.search.fold._summary`), or None.
+            Written to the plan file (optional there: files without it read as None), so
+            :func:`autoplan.viz.graph_figure` draws a plan file's mined subgraphs too.
         arg_trees: the argument pytrees' structures themselves, kept in memory by plans that a
             search made from a workload's arguments (not written to the plan file): the JAX
             views then return pytrees of the user's own types without ``like=``.
@@ -281,6 +286,7 @@ class Plan:
     jax_version: str = ""
     notes: tuple[str, ...] = ()
     arg_types: tuple[tuple[str, ...], ...] = ()
+    analysis: Mapping[str, Any] | None = None
     arg_trees: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     # ---- structure ---------------------------------------------------------------------
@@ -467,6 +473,34 @@ class Plan:
                 rules.append((f"{base}_{d}", None if not e else (e[0] if len(e) == 1 else tuple(e))))
         return rules
 
+    def to_code(self, *, logical_axis_rules: bool | None = None) -> str:
+        """A short, runnable Python snippet that applies this plan in a user's own script.
+
+        The snippet builds the plan's mesh (one per stage for a pipeline plan) and defines
+        ``shardings_for(args)`` (``shardings_for(args, stage)`` for a pipeline plan), which
+        returns ``NamedSharding`` pytrees mirroring the train step's positional arguments, in
+        their own container types: ready for ``jax.jit(step, in_shardings=...)`` and
+        ``jax.device_put``. The specs are written as a few rules over the leaves' paths (one
+        per kind of leaf, repeated layers sharing a rule; see :mod:`autoplan._code`), checked to
+        reproduce every input's spec; ``shardings_for(args)`` equals
+        ``plan.named_shardings(like=args)``.
+
+        Args:
+            logical_axis_rules: add Flax logical axis rules (:meth:`logical_axis_rules`, the
+                sharded dimensions); default when the step's arguments hold Flax types.
+
+        Returns:
+            The Python source.
+
+        Examples:
+            >>> print(plan.to_code())                                          # doctest: +SKIP
+            >>> ns = {}; exec(plan.to_code(), ns)                              # doctest: +SKIP
+            >>> step = jax.jit(train_step, in_shardings=ns["shardings_for"](args))  # doctest: +SKIP
+        """
+        from ._code import plan_to_code  # noqa: PLC0415
+
+        return plan_to_code(self, logical_axis_rules=logical_axis_rules)
+
     # ---- files -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": "autoplan.plan", "schema_version": SCHEMA_VERSION}
@@ -519,7 +553,8 @@ class Plan:
                        schedule=schedule, predicted=predicted, label=d["label"], level=d["level"],
                        config=dict(d["config"]), search_seconds=d["search_seconds"],
                        jax_version=d["jax_version"], notes=tuple(d.get("notes", ())),
-                       arg_types=tuple(tuple(str(x) for x in t) for t in d.get("arg_types", ())))
+                       arg_types=tuple(tuple(str(x) for x in t) for t in d.get("arg_types", ())),
+                       analysis=_analysis_from(d.get("analysis")))
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise PlanFileError(f"Plan.from_json: the plan file is malformed ({type(err).__name__}: "
                                 f"{err}). Fix: re-create it with 'autoplan plan -o'.") from err
@@ -606,6 +641,15 @@ class Plan:
                 "<details><summary>PartitionSpecs</summary><table><tr><th>input</th><th>kind</th>"
                 f"<th>shape</th><th>PartitionSpec</th><th>stage</th></tr>{rows}</table>{more}"
                 "</details></div>")
+
+
+def _analysis_from(a: Any) -> Mapping[str, Any] | None:
+    """A plan file's ``analysis`` (absent in older files: None)."""
+    if a is None:
+        return None
+    if not isinstance(a, Mapping) or not isinstance(a.get("layers"), list):
+        raise TypeError(f"'analysis' should be a mapping with a 'layers' list. Got {str(a)[:60]!r}")
+    return dict(a)
 
 
 def _layer_span(layers: Sequence[str]) -> str:

@@ -143,7 +143,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            pin: Mapping[str, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
            submesh_hosts: str = "auto",
-           progress: Callable[[str, float], None] | None = None) -> SearchResult:
+           progress: Callable[[str, float], None] | None = None,
+           partial: Callable[[SearchResult], None] | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -172,9 +173,15 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts and ``N``) or ``"auto"``
             (``"all"`` up to 16 hosts).
         progress: called as ``progress(message, fraction)`` during the search.
+        partial: called once with a :class:`SearchResult` of the intra-operator candidates,
+            ranked, when the pipeline search is still to run (``stats["partial"]`` is True): a
+            caller can show them while the rest of the search runs.
 
     Returns:
-        A :class:`SearchResult`.
+        A :class:`SearchResult`. Every plan carries the folding analysis of the graph as plain
+        data (``plan.analysis``: segments in model order, their mined classes, TePDist's
+        critical nodes, the fold ratio, and the ILPs and level of the search that made it), so
+        :func:`autoplan.viz.graph_figure` can draw it from the plan or its file.
 
     Raises:
         SearchError: bad options. InfeasiblePlanError: no plan fits ``memory_budget``.
@@ -200,6 +207,11 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     report("tracing", 0.0)
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
     config = dict(getattr(workload, "config", {}) or {})
+    if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
+        lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
+                if gi.kind == "batch" and graph.tensors[gi.tensor].shape}
+        if len(lead) == 1:
+            config["batch"] = lead.pop()
     stats: dict[str, Any] = {"operators": len(graph), "trace_seconds": t_trace, "level": level}
     plans: list[Plan] = []
     analysis = None
@@ -232,6 +244,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             analysis = analysis or res.analysis
             mesh_key = "x".join(map(str, shape))
             stats.setdefault("level_used", {})[mesh_key] = res.stats.get("level", level)
+            stats.setdefault("ilps_by_mesh", {})[mesh_key] = res.stats.get("ilps_solved")
             stats.setdefault("level_reason", {})[mesh_key] = res.stats.get(
                 "level_reason", f"level={level!r} asked for")
             for key, val in res.stats.items():
@@ -241,6 +254,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                     stats[key] = stats.get(key, 0) + val
                 else:
                     stats.setdefault(key, val)
+    if do_pipe and partial is not None and plans:
+        ranked = _rank(_finish_plans(plans, graph, analysis, stats))
+        partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
+                             graph=graph, analysis=analysis))
     if do_pipe:
         from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
 
@@ -277,9 +294,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     if memory_budget is not None:
         plans = [p for p in plans if p.label.startswith("baseline")
                  or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
-    if graph.arg_trees is not None:  # the JAX views mirror the user's own pytrees
-        types = tuple(t.types for t in graph.arg_trees)
-        plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]
+    plans = _finish_plans(plans, graph, analysis, stats)
     total = time.perf_counter() - t_start
     stats["search_seconds"] = total - t_trace
     ranked, i = _rank_and_pick(plans, memory_budget)
@@ -287,6 +302,31 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     stats["best_label"] = best.label
     report("done", 1.0)
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)
+
+
+def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
+                  stats: Mapping[str, Any]) -> list[Plan]:
+    """Each plan with the argument pytrees' structure (the JAX views then mirror the user's own
+    types), the graph's folding analysis (:func:`~autoplan.search.fold._summary.
+    analysis_summary`) and the ILPs and level of the search that made it: an intra-operator
+    candidate's mesh, the pipeline search's layer solves; None for a baseline."""
+    from autoplan.search.fold._summary import analysis_summary  # noqa: PLC0415
+
+    if graph.arg_trees is not None:
+        types = tuple(t.types for t in graph.arg_trees)
+        plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]
+    base = analysis_summary(graph, analysis)
+    out = []
+    for p in plans:
+        ilps = level = None
+        if p.label == "autoplan" and not p.is_pipeline:
+            mesh = "x".join(map(str, p.mesh_shape))
+            ilps = (stats.get("ilps_by_mesh") or {}).get(mesh)
+            level = (stats.get("level_used") or {}).get(mesh)
+        elif p.label == "autoplan-pipeline":
+            ilps, level = stats.get("pipeline_layer_solves"), p.level
+        out.append(p.with_(analysis={**base, "ilps": ilps, "level": level}))
+    return out
 
 
 def plan(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", **kwargs: Any) -> Plan:
