@@ -13,10 +13,13 @@ from ._compare import pareto_front as pareto_front
 from ._explorer import Explorer as Explorer
 from ._graph import graph_figure as graph_figure
 from ._notebook import set_notebook_renderer as set_notebook_renderer
+from ._pipeline import memory_breakdown as memory_breakdown
+from ._pipeline import memory_figure as memory_figure
 from ._pipeline import stage_figure as stage_figure
 from ._pipeline import timeline_events as timeline_events
 from ._pipeline import timeline_figure as timeline_figure
 from ._report import report_html as report_html
+from ._sharding import op_layers as op_layers
 from ._sharding import sharding_figure as sharding_figure
 from ._sharding import tile_color as tile_color
 from ._sharding import tile_devices as tile_devices
@@ -25,6 +28,7 @@ from ._style import GREYS as GREYS
 from ._style import REPLICATED_COLOR as REPLICATED_COLOR
 from ._style import class_color as class_color
 from ._style import device_color as device_color
+from ._style import mesh_color as mesh_color
 from ._style import stage_color as stage_color
 
 __all__ = [
@@ -32,6 +36,8 @@ __all__ = [
     "sharding_figure",
     "stage_figure",
     "timeline_figure",
+    "memory_figure",
+    "memory_breakdown",
     "compare_figure",
     "graph_figure",
     "report_html",
@@ -39,6 +45,8 @@ __all__ = [
     "tile_devices",
     "tile_grid",
     "tile_color",
+    "op_layers",
+    "mesh_color",
     "timeline_events",
     "pareto_front",
     "device_color",

@@ -1,12 +1,18 @@
-"""Comparing plans: step time against memory with the Pareto front, and cost breakdowns.
+"""Comparing plans: step time against memory with the Pareto front, cost breakdowns, what changed.
 
 A plan ``p`` is dominated when another plan ``q`` is no worse in both predicted step time and
 memory per device and better in one: ``t_q <= t_p``, ``m_q <= m_p``, ``(t_q, m_q) != (t_p, m_p)``.
 The Pareto front is the set of plans nobody dominates.
+
+Equivalent plans are shown once (:func:`equivalent_groups`): two plans are equivalent when they
+predict the same step time and memory and shard every tensor alike up to a renaming of the
+mesh axes of equal size (a plan on an ``8x1`` mesh splitting over ``x`` and one on ``1x8``
+splitting over ``y`` are one plan), on the same devices.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,10 +21,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .._cluster import COLLECTIVES
-from .._plan import Plan
-from ._style import TEMPLATE, escape, fmt_bytes, fmt_seconds
+from .._plan import Plan, Stage
+from ._style import TEMPLATE, escape, fmt_bytes, fmt_in_unit, time_unit
 
-__all__ = ["compare_figure", "as_plans", "pareto_front", "COMPONENT_COLORS"]
+__all__ = ["compare_figure", "as_plans", "pareto_front", "equivalent_groups", "short_label",
+           "cost_parts", "COMPONENT_COLORS"]
 
 COMPONENT_COLORS = {
     "compute": "#4c78a8", "all-reduce": "#e45756", "all-gather": "#f58518",
@@ -26,6 +33,11 @@ COMPONENT_COLORS = {
     "bubble": "#bab0ac",
 }
 _EXTRA = ("#9d755d", "#ff9da6", "#54a24b", "#79706e")
+_SHORT = (("baseline: Megatron TP x PP", "TPxPP"), ("baseline: Megatron TP", "TP"),
+          ("baseline: data parallel", "DP"), ("autoplan-pipeline", "pipeline"),
+          ("autoplan", "auto"))
+_POSITIONS = ("top center", "bottom center", "middle right", "middle left", "top right",
+              "bottom left", "top left", "bottom right")
 
 
 def as_plans(plans: Any) -> list[Plan]:
@@ -67,62 +79,157 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(keep, key=lambda i: (points[i][0], points[i][1], i))
 
 
-def _gib_ticks(values: Sequence[float]) -> tuple[list[float], list[str]]:
-    """Tick positions in bytes at round multiples of a GiB (or MiB) step, and their labels."""
+def short_label(label: str) -> str:
+    """A plan label in a few letters for axis ticks (``baseline: data parallel`` -> ``DP``)."""
+    for long, short in _SHORT:
+        if label == long:
+            return short
+    return label if len(label) <= 12 else label[:11] + "\u2026"
+
+
+def _stage_forms(s: Stage, plan: Plan) -> list[tuple]:
+    """The stage's shardings under every renaming of its mesh axes of more than one device to
+    ``a0, a1, ...`` that keeps the axes' sizes (size-1 axes dropped: they split nothing)."""
+    eff = [(a, n) for a, n in zip(s.axis_names, s.mesh_shape) if n > 1]
+    forms = []
+    for perm in itertools.permutations(range(len(eff))):
+        if [eff[p][1] for p in perm] != sorted(n for _, n in eff):
+            continue
+        rename = {eff[p][0]: f"a{k}" for k, p in enumerate(perm)}
+
+        def canon(spec: Sequence[Any], rename: dict[str, str] = rename) -> tuple:
+            return tuple(tuple(rename[a] for a in (e or ()) if a in rename) or None for e in spec)
+
+        inputs = tuple(sorted((i.name, canon(i.spec)) for i in plan.inputs
+                              if len(plan.stages) == 1 or i.stage == s.index))
+        ops = tuple((o.op, tuple((t.role, canon(t.spec)) for t in o.tensors)) for o in s.ops)
+        forms.append((tuple(sorted(n for _, n in eff)), tuple(sorted(s.device_ids)), inputs, ops))
+    return forms
+
+
+def _canonical(plan: Plan) -> tuple:
+    stages = tuple(min(_stage_forms(s, plan), key=repr) for s in plan.stages)
+    sch = plan.schedule
+    return (stages, sch.kind, sch.microbatches)
+
+
+def _same_prediction(a: Plan, b: Plan) -> bool:
+    pa, pb = a.predicted, b.predicted
+    return (math.isclose(pa.step_time, pb.step_time, rel_tol=1e-9, abs_tol=0.0)
+            and math.isclose(pa.memory_per_device, pb.memory_per_device, rel_tol=1e-9, abs_tol=0.0))
+
+
+def equivalent_groups(plans: Sequence[Plan]) -> list[list[int]]:
+    """Plans grouped by equivalence (see the module docstring), each group in the plans' order,
+    groups ordered by their first plan.
+
+    Examples:
+        A plan and itself on the transposed mesh (``8x1`` over ``x``, ``1x8`` over ``y``)
+        form one group; a plan with another prediction does not join it.
+    """
+    keys: list[tuple] = []
+    groups: list[list[int]] = []
+    for i, p in enumerate(plans):
+        key = _canonical(p)
+        for k, g in zip(keys, groups):
+            if k == key and _same_prediction(plans[g[0]], p):
+                g.append(i)
+                break
+        else:
+            keys.append(key)
+            groups.append([i])
+    return groups
+
+
+def _gib_ticks(values: Sequence[float], top: float | None = None) -> tuple[list[float], list[str]]:
+    """Tick positions in bytes at round multiples of a GiB (or MiB, KiB) step, and their labels."""
     vals = [v for v in values if _finite(v)]
     if not vals:
         return [], []
-    hi = max(vals)
-    unit, name = (2**30, "GiB") if hi >= 2**30 else (2**20, "MiB")
-    lo_u, hi_u = min(vals) / unit, hi / unit
-    span = max(hi_u - lo_u, hi_u * 0.2, 1e-9)
+    hi = top if top is not None else max(vals)
+    unit, name = next(((2.0 ** p, n) for p, n in ((30, "GiB"), (20, "MiB"), (10, "KiB"))
+                       if hi >= 2.0 ** p), (1.0, "B"))
+    lo_u, hi_u = 0.0, hi / unit
+    span = max(hi_u - lo_u, 1e-9)
     raw = span / 5
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo_u / step) - 1
-    last = math.ceil(hi_u / step) + 1
-    ticks = [k * step for k in range(max(first, 0), last + 1)]
+    ticks = [k * step for k in range(int(math.ceil(hi_u / step)) + 1)]
     return [t * unit for t in ticks], [f"{t:g} {name}" for t in ticks]
-
-
-def _unique_labels(plans: Sequence[Plan]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for p in plans:
-        n = seen.get(p.label, 0)
-        seen[p.label] = n + 1
-        out.append(p.label if n == 0 else f"{p.label} #{n + 1}")
-    return out
 
 
 def _finite(*xs: float) -> bool:
     return all(x is not None and math.isfinite(x) for x in xs)
 
 
-def _match_highlight(highlight: Any, plans: Sequence[Plan], labels: Sequence[str]) -> int | None:
-    if highlight is None:
+def _match(target: Any, plans: Sequence[Plan]) -> int | None:
+    if target is None:
         return None
-    if isinstance(highlight, Plan):
-        return next((i for i, p in enumerate(plans) if p is highlight or p == highlight), None)
-    if isinstance(highlight, int) and not isinstance(highlight, bool):
-        return highlight if 0 <= highlight < len(plans) else None
-    return next((i for i, lab in enumerate(labels) if lab == highlight), None)
+    if isinstance(target, Plan):
+        return next((i for i, p in enumerate(plans) if p is target), None) \
+            if any(p is target for p in plans) else \
+            next((i for i, p in enumerate(plans) if p == target), None)
+    if isinstance(target, int) and not isinstance(target, bool):
+        return target if 0 <= target < len(plans) else None
+    return next((i for i, p in enumerate(plans) if p.label == target), None)
 
 
-def compare_figure(plans: Any, highlight: Any = None) -> go.Figure:
-    """Compare plans: (a) predicted step time against memory per device, (b) cost breakdown.
+def cost_parts(plan: Plan) -> dict[str, float]:
+    """Where a plan's predicted step time goes: compute, each collective kind, the bubble."""
+    q = plan.predicted
+    out = {"compute": q.compute_time}
+    for k, v in q.comm_time_by_kind.items():
+        out[k] = v
+    out["bubble"] = q.bubble_fraction * q.step_time
+    return out
 
-    Panel (a) has one point per plan at ``x = predicted.step_time`` (seconds), ``y =
-    predicted.memory_per_device`` (bytes), labelled with the plan's label (trace ``meta.kind ==
-    "plans"``), and the Pareto front as a line through the non-dominated plans in step-time order
-    (``meta.kind == "pareto"``). Panel (b) stacks, per plan, compute time, the time of each
-    collective kind in ``predicted.comm_time_by_kind`` and the bubble
-    (``bubble_fraction * step_time``), with the predicted step time as a diamond (the parts
-    overlap, so their sum can exceed it).
+
+def _label_positions(xy: Sequence[tuple[float, float]]) -> list[str]:
+    """A text position per point such that labels of points close together (within 5% of both
+    axes' spans) do not take the same side."""
+    if not xy:
+        return []
+    xs, ys = [p[0] for p in xy], [p[1] for p in xy]
+    sx = (max(xs) - min(xs)) or 1.0
+    sy = (max(ys) - min(ys)) or 1.0
+    out: list[str] = []
+    for i, (x, y) in enumerate(xy):
+        near = {out[j] for j in range(i) if abs(xy[j][0] - x) <= 0.05 * sx
+                and abs(xy[j][1] - y) <= 0.08 * sy}
+        out.append(next((p for p in _POSITIONS if p not in near), _POSITIONS[i % len(_POSITIONS)]))
+    return out
+
+
+def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
+                   merge: bool = True) -> go.Figure:
+    """Compare plans: (a) predicted step time against memory per device, (b) cost breakdown,
+    and with ``reference``, (c) what changed from it.
+
+    Plans are numbered by their place in ``plans`` (``#k``, as the Explorer's candidate list);
+    equivalent plans (:func:`equivalent_groups`) are one point and one bar labelled with every
+    number (``#0=#1``); plans with equal predictions but different shardings share a point
+    labelled with each number. Labels are numbers only, placed so close points do not collide;
+    hovering a point gives every plan's label, layout, step time, throughput, memory and MFU.
+
+    Panel (a) has one point per group at ``x = predicted.step_time`` (seconds), ``y =
+    predicted.memory_per_device`` (bytes) (trace ``meta.kind == "plans"``, ``meta.plans`` the
+    representatives' indices, ``meta.groups`` every group), and the Pareto front through the
+    non-dominated plans in step-time order (``meta.kind == "pareto"``). Plans that do not fit
+    in the device's memory are drawn in a shaded band above it (their ``y`` is their place in
+    the band; the hover gives their memory), so one 1,000 GiB plan does not squash the rest.
+    Panel (b) stacks, per group, compute time, the time of each collective kind in
+    ``predicted.comm_time_by_kind`` and the bubble (``bubble_fraction * step_time``), with the
+    predicted step time as a diamond (the parts overlap, so their sum can exceed it). Panel (c),
+    with ``reference``: per component and in total, the selected plan's time minus the
+    reference's.
 
     Args:
         plans: a list of Plans, or any object with a ``.plans`` attribute (a single Plan works).
-        highlight: a plan, its index or its label, drawn as a star; ``None`` for none.
+        highlight: the selected plan (a plan, its index or its label), drawn as a red star and
+            named in the title; ``None`` for none.
+        reference: a plan to compare the selected one against (a plan not in ``plans`` is
+            added, drawn as an open diamond with an arrow to the selected plan).
+        merge: show equivalent plans once (default).
 
     Returns:
         A ``plotly.graph_objects.Figure``.
@@ -131,79 +238,187 @@ def compare_figure(plans: Any, highlight: Any = None) -> go.Figure:
         TypeError: ``plans`` holds no Plans.
     """
     plans = as_plans(plans)
-    labels = _unique_labels(plans)
-    hi = _match_highlight(highlight, plans, labels)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.1,
-                        subplot_titles=("(a) step time vs memory per device",
-                                        "(b) where the step time goes"))
-    ok = [i for i, p in enumerate(plans)
-          if _finite(p.predicted.step_time, p.predicted.memory_per_device)]
-    pts = [(plans[i].predicted.step_time, plans[i].predicted.memory_per_device) for i in ok]
-    front = [ok[k] for k in pareto_front(pts)]
+    hi = _match(highlight, plans)
+    ref = None
+    if reference is not None:
+        ref = _match(reference, plans)
+        if ref is None and isinstance(reference, Plan):
+            plans = plans + [reference]
+            ref = len(plans) - 1
+    groups = equivalent_groups(plans) if merge else [[i] for i in range(len(plans))]
+    group_of = {i: g for g in groups for i in g}
+    # the selected and reference plans stand for their groups
+    reps = []
+    for g in groups:
+        rep = next((i for i in g if i in (hi, ref)), g[0])
+        reps.append(rep)
+    dev_mem = {p.cluster.device_memory for p in plans}
+    cap = next(iter(dev_mem)) if len(dev_mem) == 1 else None
+    ok = [i for i in reps if _finite(plans[i].predicted.step_time, plans[i].predicted.memory_per_device)]
+    fits = [i for i in ok if cap is None or plans[i].predicted.memory_per_device <= cap]
+    over = sorted((i for i in ok if i not in fits), key=lambda i: plans[i].predicted.memory_per_device)
+    top_fit = max((plans[i].predicted.memory_per_device for i in fits), default=0.0)
+    band = None
+    if over:
+        base = cap if cap is not None else top_fit
+        band = (base * 1.06, base * 1.40)
+    ypos: dict[int, float] = {i: plans[i].predicted.memory_per_device for i in fits}
+    for k, i in enumerate(over):
+        ypos[i] = band[0] + (band[1] - band[0]) * (k + 0.5) / len(over)
+    # points sharing a place (equal predictions, different shardings) share a marker
+    places: dict[tuple[float, float], list[int]] = {}
+    for i in ok:
+        places.setdefault((plans[i].predicted.step_time, ypos[i]), []).append(i)
+    unit = time_unit(max((plans[i].predicted.step_time for i in ok), default=0.0))
+
+    def number(i: int) -> str:
+        return "=".join(f"#{j}" for j in group_of[i])
 
     def hover(i: int) -> str:
-        p = plans[i].predicted
-        return (f"<b>{escape(labels[i])}</b><br>{escape(plans[i].describe())}<br>step "
-                f"{fmt_seconds(p.step_time)}, {p.throughput:.1f} samples/s<br>memory/device "
-                f"{fmt_bytes(p.memory_per_device)}<br>MFU {p.mfu * 100:.1f}%")
+        out = []
+        for j in group_of[i]:
+            p = plans[j].predicted
+            mem = fmt_bytes(p.memory_per_device)
+            if cap is not None and p.memory_per_device > cap:
+                mem += f" (<b>does not fit</b> in {fmt_bytes(cap)})"
+            out.append(f"<b>#{j} {escape(plans[j].label)}</b>: {escape(plans[j].describe())}<br>"
+                       f"step {fmt_in_unit(p.step_time, unit)}, {p.throughput:,.1f} samples/s, "
+                       f"MFU {p.mfu * 100:.1f}%<br>memory/device {mem}")
+        if len(group_of[i]) > 1:
+            out.append("<i>equivalent plans: the same shardings up to swapping mesh axes</i>")
+        return "<br>".join(out)
 
+    cols = 3 if ref is not None and hi is not None else 2
+    widths = [0.44, 0.34, 0.22] if cols == 3 else [0.5, 0.5]
+    titles = ["(a) step time vs memory per device", "(b) where the step time goes"]
+    if cols == 3:
+        titles.append(f"(c) #{hi} minus #{ref}")
+    fig = make_subplots(rows=1, cols=cols, column_widths=widths, horizontal_spacing=0.08,
+                        subplot_titles=titles)
+    pts = [(plans[i].predicted.step_time, plans[i].predicted.memory_per_device) for i in fits]
+    front = [fits[k] for k in pareto_front(pts)]
     fig.add_trace(go.Scatter(
-        x=[plans[i].predicted.step_time for i in front],
-        y=[plans[i].predicted.memory_per_device for i in front],
+        x=[plans[i].predicted.step_time / unit[0] for i in front], y=[ypos[i] for i in front],
         mode="lines", line={"color": "#888888", "dash": "dash", "width": 1.5, "shape": "hv"},
         name="Pareto front", hoverinfo="skip", meta={"kind": "pareto", "plans": front}), 1, 1)
+    shown = [ps[0] for ps in places.values()]
+    positions = _label_positions([(plans[i].predicted.step_time, ypos[i]) for i in shown])
+    sel = {i for i in (hi,) if i is not None}
+
+    def at(i: int) -> list[int]:
+        return places[(plans[i].predicted.step_time, ypos[i])]
+
     fig.add_trace(go.Scatter(
-        x=[plans[i].predicted.step_time for i in ok], y=[plans[i].predicted.memory_per_device for i in ok],
-        mode="markers+text", text=[escape(labels[i]) for i in ok], textposition="top center",
-        marker={"size": [18 if i == hi else 11 for i in ok],
-                "symbol": ["star" if i == hi else ("circle" if i in front else "circle-open")
-                           for i in ok],
-                "color": ["#d62728" if i == hi else "#4c78a8" for i in ok],
-                "line": {"width": 1.5, "color": "#4c78a8"}},
-        hovertext=[hover(i) for i in ok], hoverinfo="text", name="plans",
-        meta={"kind": "plans", "plans": ok}), 1, 1)
-    mem = {p.cluster.device_memory for p in plans}
-    top = max((p[1] for p in pts), default=0.0)
-    if len(mem) == 1 and top >= 0.5 * next(iter(mem)):
-        dm = next(iter(mem))
-        fig.add_hline(y=dm, line={"color": "#d62728", "dash": "dot", "width": 1}, row=1, col=1,
-                      annotation_text=f"device memory {fmt_bytes(dm)}",
-                      annotation_position="top left")
+        x=[plans[i].predicted.step_time / unit[0] for i in shown], y=[ypos[i] for i in shown],
+        mode="markers+text", text=[", ".join(number(j) for j in at(i)) for i in shown],
+        textposition=positions, textfont={"size": 11},
+        marker={"size": [18 if set(at(i)) & sel else 11 for i in shown],
+                "symbol": ["star" if set(at(i)) & sel else
+                           ("circle" if any(j in front for j in at(i)) else "circle-open")
+                           for i in shown],
+                "color": ["#d62728" if set(at(i)) & sel else
+                          ("#4c78a8" if i not in over else "#999999") for i in shown],
+                "line": {"width": 1.5, "color": ["#7f0000" if set(at(i)) & sel else "#4c78a8"
+                                                 for i in shown]}},
+        hovertext=["<br>".join(hover(j) for j in at(i)) for i in shown], hoverinfo="text",
+        name="plans", customdata=[at(i) for i in shown],
+        meta={"kind": "plans", "plans": shown, "groups": [group_of[i] for i in shown]}), 1, 1)
+    annotations: list[dict[str, Any]] = []
+    if ref is not None and hi is not None and ref in ypos and hi in ypos and ref != hi:
+        fig.add_trace(go.Scatter(
+            x=[plans[ref].predicted.step_time / unit[0]], y=[ypos[ref]], mode="markers",
+            marker={"size": 16, "symbol": "diamond-open", "color": "#111111",
+                    "line": {"width": 2}},
+            name=f"#{ref} (reference)", hovertext=[hover(ref)], hoverinfo="text",
+            meta={"kind": "reference", "plan": ref}), 1, 1)
+        annotations.append({"x": plans[hi].predicted.step_time / unit[0], "y": ypos[hi],
+                            "ax": plans[ref].predicted.step_time / unit[0], "ay": ypos[ref],
+                            "xref": "x", "yref": "y", "axref": "x", "ayref": "y",
+                            "showarrow": True, "arrowhead": 3, "arrowwidth": 1.5,
+                            "arrowcolor": "#111111", "text": ""})
+    if cap is not None and (band is not None or top_fit >= 0.5 * cap):
+        fig.add_hline(y=cap, line={"color": "#d62728", "dash": "dot", "width": 1}, row=1, col=1,
+                      annotation_text=f"device memory {fmt_bytes(cap)}",
+                      annotation_position="bottom right", annotation_font_size=10)
+    if band is not None:
+        fig.add_hrect(y0=band[0] * 0.98, y1=band[1] * 1.02, fillcolor="#d62728", opacity=0.07,
+                      line_width=0, row=1, col=1, annotation_text="do not fit (hover for memory)",
+                      annotation_position="top left", annotation_font_size=10)
 
     kinds: list[str] = []
-    for p in plans:
-        for k in p.predicted.comm_time_by_kind:
+    for i in reps:
+        for k in plans[i].predicted.comm_time_by_kind:
             if k not in kinds:
                 kinds.append(k)
     kinds.sort(key=lambda k: (COLLECTIVES.index(k) if k in COLLECTIVES else len(COLLECTIVES), k))
-    parts = [("compute", [p.predicted.compute_time for p in plans])]
-    parts += [(k, [p.predicted.comm_time_by_kind.get(k, 0.0) for p in plans]) for k in kinds]
-    parts.append(("bubble", [p.predicted.bubble_fraction * p.predicted.step_time for p in plans]))
+    names = ["compute", *kinds, "bubble"]
+    order = sorted(reps)
+    ticks = [f"{number(i)} {short_label(plans[i].label)}" for i in order]
     extra = iter(_EXTRA * 4)
-    for name, vals in parts:
-        color = COMPONENT_COLORS.get(name) or next(extra)
+    colors = {n: COMPONENT_COLORS.get(n) or next(extra) for n in names}
+    for name in names:
+        vals = [cost_parts(plans[i]).get(name, 0.0) for i in order]
         fig.add_trace(go.Bar(
-            x=labels, y=vals, name=name, marker={"color": color},
-            customdata=[[fmt_seconds(v)] for v in vals],
-            hovertemplate=f"%{{x}}: {name} %{{customdata[0]}}<extra></extra>",
-            meta={"kind": "breakdown", "component": name}), 1, 2)
+            x=ticks, y=[v / unit[0] for v in vals], name=name, marker={"color": colors[name]},
+            customdata=[[fmt_in_unit(v, unit), plans[i].label] for v, i in zip(vals, order)],
+            hovertemplate=f"%{{x}} %{{customdata[1]}}: {name} %{{customdata[0]}}<extra></extra>",
+            meta={"kind": "breakdown", "component": name, "plans": order}), 1, 2)
     fig.add_trace(go.Scatter(
-        x=labels, y=[p.predicted.step_time for p in plans], mode="markers", name="step time",
-        marker={"symbol": "diamond", "size": 10, "color": "#222222"},
-        customdata=[[fmt_seconds(p.predicted.step_time)] for p in plans],
+        x=ticks, y=[plans[i].predicted.step_time / unit[0] for i in order], mode="markers",
+        name="step time", marker={"symbol": "diamond", "size": 10, "color": "#222222"},
+        customdata=[[fmt_in_unit(plans[i].predicted.step_time, unit)] for i in order],
         hovertemplate="%{x}: predicted step %{customdata[0]}<extra></extra>",
         meta={"kind": "step_time"}), 1, 2)
-    dropped = len(plans) - len(ok)
-    sub = (f"{len(front)} of {len(ok)} plans on the Pareto front (dashed)"
-           + (f"; {dropped} plan(s) without a finite prediction left out of (a)" if dropped else "")
-           + (f"; star = {escape(labels[hi])}" if hi is not None else ""))
+    if hi is not None:  # the selected plan's tick: a red star and bold
+        k = order.index(reps[groups.index(group_of[hi])])
+        shown_ticks = [f"<b><span style='color:#d62728'>\u2605 {t}</span></b>" if j == k else t
+                       for j, t in enumerate(ticks)]
+        fig.update_xaxes(tickvals=ticks, ticktext=shown_ticks, row=1, col=2)
+    if cols == 3:
+        a, b = cost_parts(plans[hi]), cost_parts(plans[ref])
+        comps = [n for n in names if a.get(n, 0.0) or b.get(n, 0.0)]
+        diffs = [(a.get(n, 0.0) - b.get(n, 0.0)) for n in comps]
+        total = plans[hi].predicted.step_time - plans[ref].predicted.step_time
+        mem = plans[hi].predicted.memory_per_device - plans[ref].predicted.memory_per_device
+        ys = [*comps, "step time"]
+        vals = [*diffs, total]
+        fig.add_trace(go.Bar(
+            x=[v / unit[0] for v in vals], y=ys, orientation="h",
+            marker={"color": ["#2ca02c" if v < 0 else "#d62728" for v in vals]},
+            customdata=[[("+" if v >= 0 else "\u2212") + fmt_in_unit(abs(v), unit)] for v in vals],
+            hovertemplate="%{y}: %{customdata[0]}<extra></extra>", showlegend=False,
+            text=[("+" if v >= 0 else "\u2212") + fmt_in_unit(abs(v), unit) for v in vals],
+            textposition="auto", name="difference",
+            meta={"kind": "difference", "plan": hi, "reference": ref, "components": ys,
+                  "seconds": vals, "memory": mem}), 1, 3)
+        fig.update_yaxes(autorange="reversed", row=1, col=3)
+        sign = "+" if mem >= 0 else "\u2212"
+        fig.update_xaxes(title_text=f"time ({unit[1]}); memory {sign}{fmt_bytes(abs(mem))}",
+                         zeroline=True, row=1, col=3)
+    merged = sum(len(g) - 1 for g in groups)
+    sub = (f"{len(front)} of {len(fits)} fitting plans on the Pareto front (dashed)"
+           + (f"; {len(over)} do not fit in device memory (shaded band)" if over else "")
+           + (f"; {merged} equivalent plan{'s' if merged != 1 else ''} merged (#a=#b)" if merged else "")
+           + (f"; \u2605 = #{hi} {escape(plans[hi].label)}" if hi is not None else ""))
+    dropped = len(reps) - len(ok)
+    if dropped:
+        sub += f"; {dropped} without a finite prediction left out of (a)"
     fig.update_layout(
-        template=TEMPLATE, barmode="stack", height=480, hovermode="closest",
+        template=TEMPLATE, barmode="stack", height=470, hovermode="closest",
         title={"text": f"Comparing {len(plans)} plans of {escape(plans[0].model)}<br><sup>{sub}</sup>",
-               "x": 0.01, "xanchor": "left"},
-        margin={"t": 110, "l": 70, "r": 20, "b": 60}, legend={"title": {"text": "cost"}})
-    fig.update_xaxes(title_text="predicted step time", tickformat="~s", ticksuffix="s", row=1, col=1)
-    tickvals, ticktext = _gib_ticks([p[1] for p in pts])
-    fig.update_yaxes(title_text="memory per device", tickvals=tickvals, ticktext=ticktext, row=1, col=1)
-    fig.update_yaxes(title_text="time per step", tickformat="~s", ticksuffix="s", row=1, col=2)
+               "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        margin={"t": 110, "l": 70, "r": 20, "b": 70}, legend={"title": {"text": "cost"}},
+        annotations=list(fig.layout.annotations) + annotations,
+        meta={"kind": "compare", "unit": unit[1], "groups": groups, "highlight": hi,
+              "reference": ref})
+    fig.update_xaxes(title_text=f"predicted step time ({unit[1]})", row=1, col=1)
+    ymax = band[1] * 1.05 if band is not None else max(top_fit, 1e-30) * 1.2
+    if cap is not None and band is None and top_fit >= 0.5 * cap:
+        ymax = max(ymax, cap * 1.08)
+    tickvals, ticktext = _gib_ticks([ypos[i] for i in fits] + ([cap] if band else []),
+                                    top=(cap if band is not None and cap else None))
+    fig.update_yaxes(title_text="memory per device", tickvals=tickvals, ticktext=ticktext,
+                     range=[0, ymax], row=1, col=1)
+    fig.update_yaxes(title_text=f"time per step ({unit[1]})", row=1, col=2)
+    fig.update_xaxes(tickangle=-30 if len(order) > 4 else 0, tickfont={"size": 10}, row=1, col=2)
     return fig

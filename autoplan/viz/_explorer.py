@@ -1,37 +1,44 @@
-"""The interactive plan explorer: search, inspect and launch plans from a notebook.
+"""The interactive plan explorer: search, inspect, question and launch plans from a notebook.
 
 :class:`Explorer` is an ipywidgets layer over the static figures of :mod:`autoplan.viz`:
 
-* controls for the model (a zoo name, or a user's ``module:function`` typed into the model box,
-  loaded by :func:`autoplan._loader.load_workload`) and size, the cluster preset and its node
-  count, the search level, the
-  pipeline schedule and the number of micro-batches, and a Search button with a progress bar fed
-  by the search's ``progress(message, fraction)`` callback;
-* a candidate selector over every ranked plan of the :class:`~autoplan.search.SearchResult`
-  (candidates and baselines), a summary pane (``plan._repr_html_()``) and four
-  ``plotly.graph_objects.FigureWidget`` views (operator sharding, stages on the cluster, the
-  pipeline timeline, the comparison of all plans). The FigureWidgets are created once, with the
-  explorer, and changed in place under ``batch_update()`` when the candidate changes: each one
-  stores ~5 MB of plotly.js in a notebook's widget state, so none is ever added;
-* linked selection: clicking an operator's tile in the sharding view selects its layer, clicking a
-  device in the stage view or a bar of the timeline selects that stage (the layer Dropdown does
-  either); the other views then highlight it (the layer's operators in the sharding view, the
-  owning stage's devices and timeline bars);
+* controls for the workload (a zoo name and size, a user's ``module:function`` typed into the
+  model box, or a workload object or traced graph passed in), the cluster (a preset and its node
+  count), the search level (``auto`` by default), the pipeline schedule and micro-batches, and a
+  per-device memory budget; **Search** runs ``autoplan.search`` in a background thread, shows the
+  intra-operator candidates as soon as they are ranked (before the pipeline search ends), and
+  keeps every result of the session, so a repeated search with the same settings is instant;
+* a candidate selector over the ranked plans (equivalent plans, the same shardings up to swapping
+  mesh axes, listed once), a full-width summary, and seven views: operator sharding (folded by
+  layer class, with a drill-down into one layer), stages on the cluster, memory per device,
+  the mined subgraphs (segments coloured by class, critical nodes, fold ratio, ILPs), the
+  pipeline timeline, the comparison of all plans (against the previous answer or the plan
+  before a what-if), and the launch;
+* linked selection: clicking an operator, a device, a stage's memory bar, a timeline bar or a
+  mined segment selects its layer or stage, and every view highlights it;
+* what-if: clicking a tensor in the sharding view picks a graph input (the operator's weight for
+  an activation), a spec from its candidates on the plan's mesh pins it, and a re-solve with
+  ``search(..., pin=...)`` adds the new plan beside the old one, with the cost difference broken
+  down; **undo** takes the last pin back;
+* a code pane with ``plan.to_code()`` and a copy button;
 * a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on the devices
   attached, as ``autoplan launch`` does (platform and worker counts detected: one worker per
-  GPU, or emulated CPU devices in 2 processes when no accelerator is attached), streams each
-  step's loss and step time
-  into a table and a live figure, and at the end shows the measured step time and loss against
-  the plan's prediction and whether the run matched single-device results.
+  GPU, or emulated CPU devices in 2 processes when no accelerator is attached; pipeline plans
+  run their stages on their own submeshes across the processes), streams each step's loss and
+  step time, and at the end shows the measured step time against the prediction and whether
+  the run matched single-device results. The panel is cleared when the model, size or cluster
+  changes.
 
-Searches and launches run in background threads, so the kernel stays free; their results reach
-the page through widget state, and every error is written into the explorer's ``Output``. The
-explorer calls ``autoplan.search`` and ``autoplan.exec`` only when asked to (imports inside the
-methods), so importing :mod:`autoplan.viz` still imports neither.
+Every figure is a :class:`~autoplan.viz._widget.PlotView`: its whole state is one synced trait,
+so the views are right after the first search, after a page reload and in a reopened notebook,
+and plotly.js is loaded once per page (never stored in the notebook). Searches, redraws and
+launches run in background threads, so the kernel stays free; every error is written into the
+explorer's ``Output``. The explorer reaches ``autoplan.search`` and ``autoplan.exec`` only when
+asked to (imports inside the methods), so importing :mod:`autoplan.viz` imports neither.
 
 Example (in a notebook)::
 
-    from autoplan.viz._explorer import Explorer
+    from autoplan.viz import Explorer
     ex = Explorer(model="gpt", size="tiny", cluster="cpu:8")   # starts the search
     ex                                                          # shows the widget
     ex.wait_idle(300); ex.select(1); ex.select_layer("layers_0"); ex.launch()
@@ -39,38 +46,49 @@ Example (in a notebook)::
 
 from __future__ import annotations
 
+import copy
 import html
+import json
+import math
+import re
 import statistics
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from .._cluster import PRESETS, Cluster
-from .._plan import Plan
-from ._compare import compare_figure
-from ._pipeline import stage_figure, timeline_figure
-from ._sharding import sharding_figure
-from ._style import TEMPLATE
+from .._errors import AutoplanError, ModelError, SearchError
+from .._plan import Plan, spec_str, spec_to_pspec
+from ._compare import compare_figure, cost_parts, equivalent_groups
+from ._graph import graph_figure
+from ._pipeline import memory_figure, stage_figure, timeline_figure
+from ._sharding import op_layers, sharding_figure
+from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, pspec_text, time_unit
+from ._widget import CodeView, PlotView
 
-__all__ = ["Explorer", "LaunchRecord", "sync_figure", "fill_width"]
+__all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
 
-LEVELS = ("folded", "hierarchical", "exhaustive")
+LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 SCHEDULES = ("1f1b", "gpipe")
-MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-FIGURES = ("sharding", "stage", "timeline", "compare", "launch")
+MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+FIGURES = ("sharding", "stage", "memory", "graph", "timeline", "compare", "launch")
 AUTO = 0  # the micro-batches Dropdown's value for "searched" (ipywidgets shows None as blank)
 NO_SIZE = "-"  # the size Dropdown's value for a user's workload (it has no zoo sizes)
-_CSS = ("<style>.autoplan-explorer pre {white-space: pre; font-size: 11px; line-height: 1.3;}"
-        ".autoplan-explorer table {font-size: 12px; border-collapse: collapse;}"
-        ".autoplan-explorer td, .autoplan-explorer th {padding: 1px 8px; text-align: right;}</style>")
 DIM = 0.25  # opacity of what is not selected
 HIGHLIGHT_LINE = "#111111"
+_CSS = ("<style>.autoplan-explorer pre {white-space: pre-wrap; font-size: 11px; line-height: 1.3;"
+        " margin: 2px 0;}"
+        ".autoplan-explorer .autoplan-plan table {font-size: 12px; border-collapse: collapse;}"
+        ".autoplan-explorer .autoplan-plan td, .autoplan-explorer .autoplan-plan th "
+        "{padding: 1px 8px; text-align: left;}"
+        ".autoplan-explorer .autoplan-section {font-weight: 600; margin-top: 8px;}"
+        ".autoplan-explorer table.autoplan-diff td {padding: 1px 10px; text-align: right;}"
+        "</style>")
 
 
 @dataclass
@@ -81,6 +99,7 @@ class LaunchRecord:
         plan: the plan launched; ``spec`` the workload spec given to ``autoplan.exec.launch``.
         num_processes, devices_per_process, steps: how it ran (0 devices until the launcher has
             chosen the layout); ``layout`` says it in words (platform included).
+        context: ``(model, size, cluster)`` of the search the plan came from.
         handle: the ``LaunchHandle`` (None until the launch has started).
         events: every event polled from the handle, in order.
         result: the ``LaunchResult`` (None until finished).
@@ -93,6 +112,7 @@ class LaunchRecord:
     num_processes: int
     devices_per_process: int
     steps: int
+    context: tuple[str, str, str] = ("", "", "")
     layout: str = ""
     handle: Any = None
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -173,52 +193,6 @@ def _loss(v: Any) -> str:
     return "-" if v is None else f"{float(v):.6f}"
 
 
-def sync_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
-    """Make FigureWidget ``fw`` show ``fig``, in place.
-
-    When the traces have the same count and types, every trace and the layout are restyled in one
-    ``batch_update()`` (one message); otherwise the traces are swapped (one delete and one add
-    message) and the layout relaid out in the batch. Properties that ``fig`` does not set are
-    removed, so nothing of the previous figure is left behind.
-
-    A figure without a width fills the page's container: plotly.js answers a relayout of
-    ``height`` by fixing ``width`` at its current value and turning ``autosize`` off, so a
-    relayout of ``autosize=True, width=None`` follows every update.
-    """
-    new = [t.to_plotly_json() for t in fig.data]
-    same = [t.type for t in fw.data] == [t.get("type", "scatter") for t in new]
-    lay = fig.layout.to_plotly_json()
-    fill = lay.get("width") is None
-    if fill:
-        lay["autosize"] = True
-    with fw.batch_update():
-        if same:
-            for tr, d in zip(fw.data, new):
-                old = tr.to_plotly_json()
-                for k in set(old) - set(d) - {"type", "uid"}:
-                    tr[k] = None
-                tr.update(d, overwrite=True)
-        else:
-            fw.data = []
-            fw.add_traces(new)
-        for k in set(fw.layout.to_plotly_json()) - set(lay):
-            fw.layout[k] = None
-        fw.layout.update(lay, overwrite=True)
-    if fill:
-        fill_width(fw)
-
-
-def fill_width(fw: go.FigureWidget) -> None:
-    """Tell the page's views of ``fw`` to size its width to their container (keeping its height).
-
-    The Python layout already says so (``autosize=True``, no width); this relayout undoes what
-    plotly.js does on the page when a relayout sets ``height`` (it fixes ``width`` at its current
-    value and turns ``autosize`` off), and sizes views first drawn before they were attached.
-    """
-    if hasattr(fw, "_send_relayout_msg"):
-        fw._send_relayout_msg({"autosize": True, "width": None, "height": fw.layout.height})
-
-
 def _search_function() -> Callable[..., Any]:
     """``autoplan.search`` (a function re-exported by the package, or the subpackage's)."""
     import importlib  # noqa: PLC0415
@@ -231,36 +205,65 @@ def _search_function() -> Callable[..., Any]:
     return importlib.import_module("autoplan.search").search
 
 
+def _is_graph(obj: Any) -> bool:
+    from .._graph import OpGraph  # noqa: PLC0415
+
+    return isinstance(obj, OpGraph)
+
+
+def spec_choices(shape: Sequence[int], mesh_shape: Sequence[int], axis_names: Sequence[str]
+                 ) -> list[tuple]:
+    """Every spec of a tensor of ``shape`` on the mesh, replicated first: each mesh axis of more
+    than one device unused or splitting one dimension it divides (several axes on a dimension in
+    mesh order); as the search enumerates them."""
+    from autoplan.search.intra._spec import enumerate_specs  # noqa: PLC0415
+
+    cl = Cluster.preset("cpu", 1, devices_per_node=max(1, math.prod(mesh_shape)))
+    mesh = cl.logical_mesh(tuple(mesh_shape))
+    names = dict(zip(mesh.axis_names, axis_names))
+    return [tuple(None if not e else tuple(names.get(a, a) for a in e) for e in s)
+            for s in enumerate_specs(tuple(shape), mesh)]
+
+
 class Explorer:
-    """Search, compare, inspect and launch plans in a notebook.
+    """Search, compare, inspect, question and launch plans in a notebook.
 
     Args:
         workload: what to plan: a spec (a zoo name, a user's ``"module:function"``, or a dict
-            ``{"model": ..., **kwargs}``, see :mod:`autoplan._loader`), an
-            :class:`autoplan.models.Workload` (its name, size and config overrides are used), or
-            a workload loaded from ``"module:function"``; changing the model or size in the widget
-            replaces it. Default: the zoo's ``model`` at ``size``.
+            ``{"model": ..., **kwargs}``, see :mod:`autoplan._loader`), a workload object (an
+            :class:`autoplan.Workload`, a zoo :class:`autoplan.models.Workload` whose name, size
+            and config overrides are kept, or one loaded from ``"module:function"``), or an
+            :class:`autoplan.OpGraph` from :func:`autoplan.trace` (intra-operator plans only;
+            launching needs a workload the workers can import). Changing the model or size in
+            the widget replaces it. Default: the zoo's ``model`` at ``size``.
         cluster: a :class:`~autoplan.Cluster` or ``"preset:nodes"`` (``"cpu:8"`` = 8 emulated
             devices on one host).
         model, size: the workload when ``workload`` is None (``model`` may be
             ``"module:function"``; the model box takes either too).
-        level: ``"folded"``, ``"hierarchical"`` or ``"exhaustive"``.
+        level: ``"auto"`` (default), ``"exhaustive"``, ``"hierarchical"`` or ``"folded"``.
         schedule: ``"1f1b"`` or ``"gpipe"``.
         microbatches: the number of micro-batches of pipeline plans (None: searched).
+        memory_budget: bytes per device the plans must fit (None: the device's memory ranks them).
         autostart: start a search now (in the background).
+
+    Raises:
+        ModelError: an unknown model or size. SearchError: a bad level, schedule, number of
+            micro-batches or memory budget. ClusterError: a bad cluster.
 
     Attributes:
         widget: the root ``ipywidgets.VBox`` (displaying the explorer displays it).
-        result: the last ``SearchResult`` (None before the first search finishes).
+        result: the last ``SearchResult`` (None before the first search ranks plans).
         plan: the selected plan (None before).
         last_launch: the last :class:`LaunchRecord` (None before the first launch).
-        figures: ``{name: FigureWidget}`` for ``sharding``, ``stage``, ``timeline``, ``compare``
-            and ``launch``; the same five objects for the explorer's whole life.
+        figures: ``{name: PlotView}`` for ``sharding``, ``stage``, ``memory``, ``graph``,
+            ``timeline``, ``compare`` and ``launch``; the same objects for the explorer's life.
+        code: the :class:`~autoplan.viz._widget.CodeView` showing ``plan.to_code()``.
     """
 
     def __init__(self, workload: Any = None, cluster: Cluster | str = "cpu:8", *, model: str = "gpt",
-                 size: str = "tiny", level: str = "folded", schedule: str = "1f1b",
-                 microbatches: int | None = None, autostart: bool = True) -> None:
+                 size: str = "tiny", level: str = "auto", schedule: str = "1f1b",
+                 microbatches: int | None = None, memory_budget: float | None = None,
+                 autostart: bool = True) -> None:
         from autoplan._loader import is_function_spec, load_workload, workload_spec  # noqa: PLC0415
         from autoplan.models import list_models  # noqa: PLC0415
 
@@ -268,19 +271,32 @@ class Explorer:
         if isinstance(workload, (str, Mapping)):
             workload = load_workload(workload)  # a spec: loaded now, so a bad one fails here
         if workload is not None:
-            spec = workload_spec(workload) or {}
-            model = str(spec.get("model") or getattr(workload, "name", None) or "(given workload)")
+            if not (_is_graph(workload) or (hasattr(workload, "fn") and hasattr(workload, "args"))):
+                raise ModelError(
+                    "Explorer: workload should be a spec ('gpt', 'mypkg.train:workload', a dict), "
+                    "a workload (an autoplan.Workload or anything with fn and args) or an OpGraph "
+                    f"from autoplan.trace. Got {type(workload).__name__}. Fix: "
+                    "Explorer(autoplan.Workload(train_step, (params, opt_state, batch))).")
+            spec = (workload_spec(workload) or {}) if not _is_graph(workload) else {}
+            model = str(spec.get("model") or getattr(workload, "name", None) or "workload")
             size = spec.get("size", getattr(workload, "size", None) or NO_SIZE)
         if not (model in models or is_function_spec(model) or workload is not None):
-            raise ValueError(f"Explorer: model should be one of {sorted(models)} or a user's "
-                             f"'module:function'. Got {model!r}.")
+            raise ModelError(f"Explorer: model should be one of {sorted(models)} or a user's "
+                             f"'module:function'. Got {model!r}. Fix: e.g. model='gpt'.")
         if model in models and size not in models[model]:
-            raise ValueError(f"Explorer: size should be one of {models[model]} for {model!r}. "
+            raise ModelError(f"Explorer: size should be one of {models[model]} for {model!r}. "
                              f"Got {size!r}.")
         if level not in LEVELS:
-            raise ValueError(f"Explorer: level should be one of {LEVELS}. Got {level!r}.")
+            raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}.")
         if schedule not in SCHEDULES:
-            raise ValueError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
+            raise SearchError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
+        if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
+            raise SearchError(f"Explorer: microbatches should be None or a positive integer. Got "
+                              f"{microbatches!r}.")
+        if memory_budget is not None and not (isinstance(memory_budget, int | float)
+                                              and memory_budget > 0):
+            raise SearchError(f"Explorer: memory_budget should be None or a positive number of "
+                              f"bytes. Got {memory_budget!r}. Fix: e.g. memory_budget=8 * 2**30.")
         cl = Cluster.parse(cluster)
         self._models = models
         self._workload = workload
@@ -290,20 +306,27 @@ class Explorer:
         self.last_launch: LaunchRecord | None = None
         self._lock = threading.RLock()
         self._threads: dict[str, threading.Thread] = {}
-        self._layer_of_op: dict[int, str] = {}
-        self._stage_of_layer: dict[str, int] = {}
-        self._base: dict[str, list[dict[str, Any]]] = {}
-        self._base_shapes: dict[str, list[Any]] = {}
         self._quiet = 0
+        self._whatif: list[Plan] = []  # plans made by what-if pins, after the result's
+        self._pins: list[dict[str, Any]] = []  # {"name", "spec", "before", "plan"}
+        self._pin_target: str | None = None
+        self._reference: Plan | None = None
+        self._reference_note = ""
+        self._memo: dict[tuple, Any] = {}
+        self._context: tuple[str, str, str] = ("", "", "")
+        self._search_key_now: tuple | None = None
+        self._base: dict[str, dict[str, Any]] = {}
+        self._op_layer: dict[int, str] = {}
+        self._stage_of_op: dict[int, int] = {}
+        self._generation = 0
 
         wide = {"description_width": "initial"}
         # ---- controls
-        # the model box: a zoo name from the list, or a user's module:function typed in
         self._model = widgets.Combobox(options=list(models), value=model, description="model",
                                        placeholder="zoo name or module:function",
                                        ensure_option=False, continuous_update=False, style=wide,
                                        layout=widgets.Layout(width="260px"))
-        zoo = model in models
+        zoo = model in models and size in models[model]
         self._size = widgets.Dropdown(options=models[model] if zoo else [NO_SIZE],
                                       value=size if zoo else NO_SIZE, description="size",
                                       disabled=not zoo, style=wide,
@@ -312,7 +335,7 @@ class Explorer:
         self._preset = widgets.Dropdown(options=presets, value=cl.name, description="cluster",
                                         style=wide, layout=widgets.Layout(width="210px"))
         count = cl.devices_per_node if cl.name == "cpu" else cl.nodes
-        self._nodes = widgets.BoundedIntText(value=count, min=1, max=1024,
+        self._nodes = widgets.BoundedIntText(value=count, min=1, max=4096,
                                              description="devices" if cl.name == "cpu" else "nodes",
                                              style=wide, layout=widgets.Layout(width="130px"))
         self._level = widgets.Dropdown(options=list(LEVELS), value=level, description="level",
@@ -320,36 +343,55 @@ class Explorer:
         self._schedule = widgets.Dropdown(options=list(SCHEDULES), value=schedule,
                                           description="schedule", style=wide,
                                           layout=widgets.Layout(width="150px"))
-        if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
-            raise ValueError(f"Explorer: microbatches should be None or a positive integer. Got "
-                             f"{microbatches!r}.")
         mb_opts = [("auto", AUTO)] + [(str(m), m) for m in MICROBATCH_CHOICES]
         if microbatches is not None and microbatches not in MICROBATCH_CHOICES:
             mb_opts.append((str(microbatches), microbatches))
         self._microbatches = widgets.Dropdown(options=mb_opts, value=microbatches or AUTO,
                                               description="micro-batches", style=wide,
                                               layout=widgets.Layout(width="180px"))
+        self._budget = widgets.BoundedFloatText(
+            value=round(memory_budget / 2**30, 4) if memory_budget else 0.0, min=0.0, max=1e6,
+            step=0.5, description="memory budget GiB", style=wide,
+            tooltip="per-device memory the plans must fit; 0: the device's memory",
+            layout=widgets.Layout(width="210px"))
         self._search_button = widgets.Button(description="Search", button_style="primary",
                                              icon="search", tooltip="search plans with these settings")
         self._progress = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
                                                layout=widgets.Layout(width="240px"))
         self._status = widgets.Label(value="no search yet")
         self._candidate = widgets.Dropdown(options=[], description="candidate", style=wide,
-                                           layout=widgets.Layout(width="720px"))
+                                           layout=widgets.Layout(width="760px"))
         self._focus = widgets.Dropdown(options=[("(no selection)", "")], value="",
                                        description="layer", style=wide,
                                        layout=widgets.Layout(width="340px"))
+        self._drill = widgets.ToggleButton(value=False, description="drill into layer",
+                                           icon="search-plus", disabled=True,
+                                           tooltip="show every operator of the selected layer in "
+                                                   "the sharding view")
         self._focus_info = widgets.HTML(value="")
-        self._summary = widgets.HTML(value="<i>the selected plan's summary shows here</i>")
+        self._summary = widgets.HTML(value="<i>the selected plan's summary shows here</i>",
+                                     layout=widgets.Layout(width="100%"))
         self._errors = widgets.Output(layout=widgets.Layout(max_height="240px", overflow="auto"))
         # ---- figures: created once, updated in place
-        self.figures: dict[str, go.FigureWidget] = {}
+        self.figures: dict[str, PlotView] = {}
         for name in FIGURES:
-            self.figures[name] = go.FigureWidget(layout={
-                "template": TEMPLATE, "autosize": True, "height": 300 if name == "launch" else 360,
+            self.figures[name] = PlotView(layout=widgets.Layout(width="100%", min_width="0"))
+            self.figures[name].show({"data": [], "layout": {
+                "template": TEMPLATE, "height": 300 if name in ("launch", "memory") else 340,
                 "title": {"text": f"{name}: run a search" if name != "launch"
-                          else "launch: loss and step time per step"}})
-        self._init_launch_figure()
+                          else "launch: loss and step time per step"}}})
+            self.figures[name].on_click(self._guarded("click", self._click_handler(name)))
+        # ---- what-if and code
+        self._pin_info = widgets.HTML(value=self._pin_hint())
+        self._pin_spec = widgets.Dropdown(options=[], description="spec", style=wide,
+                                          layout=widgets.Layout(width="300px"), disabled=True)
+        self._pin_button = widgets.Button(description="pin and re-solve", icon="thumb-tack",
+                                          disabled=True, tooltip="fix this input's spec and "
+                                                                 "search the plan's mesh again")
+        self._undo_button = widgets.Button(description="undo", icon="undo", disabled=True,
+                                           tooltip="take the last pin back")
+        self._pins_html = widgets.HTML(value="")
+        self.code = CodeView(layout=widgets.Layout(width="100%"))
         # ---- launch controls
         self._steps = widgets.BoundedIntText(value=5, min=2, max=1000, description="steps",
                                              style=wide, layout=widgets.Layout(width="120px"))
@@ -359,34 +401,44 @@ class Explorer:
         self._launch_status = widgets.Label(value="no launch yet")
         self._launch_table = widgets.HTML(value="")
         self._launch_result = widgets.HTML(value="")
+        self._init_launch_figure()
 
-        def box(fig: go.FigureWidget, width: str) -> widgets.VBox:
-            # a column: the figure's element stretches to the box's width, and plotly sizes the
-            # figure to it (figures set no width of their own)
-            return widgets.VBox([fig], layout=widgets.Layout(width=width, min_width="0"))
+        def section(text: str) -> widgets.HTML:
+            return widgets.HTML(f"<div class='autoplan-section'>{text}</div>")
 
+        def col(children: list[Any], width: str) -> widgets.VBox:
+            return widgets.VBox(children, layout=widgets.Layout(width=width, min_width="0"))
+
+        wrap = widgets.Layout(flex_flow="row wrap", width="100%")
         self.widget = widgets.VBox([
-            widgets.HTML(_CSS + "<b>autoplan explorer</b>: search parallelisation plans, inspect "
-                         "and launch them"),
+            widgets.HTML(_CSS + "<b>autoplan explorer</b>: search parallelisation plans, see "
+                         "why they win, ask what if, and launch them"),
             widgets.HBox([self._model, self._size, self._preset, self._nodes, self._level,
-                          self._schedule, self._microbatches],
-                         layout=widgets.Layout(flex_flow="row wrap")),
-            widgets.HBox([self._search_button, self._progress, self._status]),
+                          self._schedule, self._microbatches, self._budget], layout=wrap),
+            widgets.HBox([self._search_button, self._progress, self._status], layout=wrap),
             self._errors,
-            widgets.HBox([self._candidate, self._focus], layout=widgets.Layout(flex_flow="row wrap")),
+            widgets.HBox([self._candidate, self._focus, self._drill], layout=wrap),
             self._focus_info,
-            widgets.HBox([widgets.Box([self._summary], layout=widgets.Layout(
-                              width="45%", max_height="420px", overflow="auto")),
-                          box(self.figures["stage"], "55%")]),
-            box(self.figures["sharding"], "100%"),
-            box(self.figures["timeline"], "100%"),
-            box(self.figures["compare"], "100%"),
-            widgets.HTML("<b>launch</b> the selected plan on the devices attached (emulated CPU "
-                         "devices when there is no accelerator)"),
-            widgets.HBox([self._steps, self._launch_button, self._launch_status]),
-            widgets.HBox([box(self.figures["launch"], "55%"),
+            self._summary,
+            widgets.HBox([col([self.figures["stage"]], "55%"), col([self.figures["memory"]], "45%")],
+                         layout=widgets.Layout(width="100%")),
+            self.figures["sharding"],
+            section("what if: click a tensor in the sharding view, pick a spec, re-solve"),
+            widgets.HBox([self._pin_spec, self._pin_button, self._undo_button], layout=wrap),
+            self._pin_info,
+            self._pins_html,
+            self.figures["graph"],
+            self.figures["timeline"],
+            self.figures["compare"],
+            section("code: the selected plan's mesh and shardings for your training script"),
+            self.code,
+            section("launch the selected plan on the devices attached (emulated CPU devices when "
+                    "there is no accelerator)"),
+            widgets.HBox([self._steps, self._launch_button, self._launch_status], layout=wrap),
+            widgets.HBox([col([self.figures["launch"]], "58%"),
                           widgets.Box([self._launch_table], layout=widgets.Layout(
-                              width="45%", max_height="320px", overflow="auto"))]),
+                              width="42%", max_height="320px", overflow="auto"))],
+                         layout=widgets.Layout(width="100%")),
             self._launch_result,
         ], layout=widgets.Layout(width="100%"))
         self.widget.add_class("autoplan-explorer")
@@ -397,14 +449,17 @@ class Explorer:
         self._preset.observe(self._on_preset, names=["value"])
         self._candidate.observe(self._on_candidate, names=["value"])
         self._focus.observe(self._on_focus, names=["value"])
+        self._drill.observe(self._on_drill, names=["value"])
         self._search_button.on_click(lambda _b: self.search())
         self._launch_button.on_click(lambda _b: self.launch())
+        self._pin_button.on_click(lambda _b: self._guarded("what-if", self._pin_clicked)())
+        self._undo_button.on_click(lambda _b: self._guarded("undo", self.undo)())
         if autostart:
             self.search()
 
     # ---- display ---------------------------------------------------------------------------
     def __repr__(self) -> str:
-        n = len(self.result.plans) if self.result is not None else 0
+        n = len(self.plans)
         sel = self._candidate.value if self.plan is not None else None
         return (f"Explorer(model={self._model.value!r}, size={self._size.value!r}, "
                 f"cluster={self._cluster_spec()!r}, plans={n}, selected={sel})")
@@ -413,6 +468,9 @@ class Explorer:
         from IPython.display import display  # noqa: PLC0415
 
         display(self.widget)
+        # plotly.js for this page, sent once now (the views also ask for it when they draw on a
+        # page that has none, e.g. after a reload): one message, on the kernel's output channel
+        self.figures["sharding"].push_plotly()
 
     # ---- errors and threads ------------------------------------------------------------------
     def _report(self, where: str, err: BaseException) -> None:
@@ -440,7 +498,7 @@ class Explorer:
             return True
 
     def wait_idle(self, timeout: float | None = None) -> Explorer:
-        """Wait until no search, view update or launch is running.
+        """Wait until no search, view update, what-if or launch is running.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds.
@@ -501,7 +559,7 @@ class Explorer:
 
         name = str(self._model.value or "").strip()
         if name not in self._models and not is_function_spec(name):
-            raise ValueError(f"Explorer: the model box should hold one of {sorted(self._models)} "
+            raise ModelError(f"Explorer: the model box should hold one of {sorted(self._models)} "
                              f"or a user's 'module:function'. Got {name!r}.")
         size = self._size.value if name in self._models else None
         self._workload = load_workload(name, size=size)
@@ -513,15 +571,38 @@ class Explorer:
         "module:function", **kwargs}`` for a user's workload.
 
         Raises:
-            LaunchError: a workload built in the notebook only (define it in a module instead).
+            LaunchError: a workload built in the notebook only, or a traced graph (define a
+                function returning the workload in a module instead).
         """
+        from autoplan._errors import LaunchError  # noqa: PLC0415
         from autoplan.exec import describe_workload  # noqa: PLC0415
 
-        return describe_workload(self._get_workload())
+        wl = self._get_workload()
+        if _is_graph(wl):
+            raise LaunchError(
+                f"launch: the explorer was given a traced graph ({wl.name}), which holds no "
+                "training step the workers can run. Fix: give the explorer the workload as "
+                "'module:function' (a function in a module that returns it).")
+        return describe_workload(wl)
+
+    def _memory_budget(self) -> float | None:
+        v = float(self._budget.value or 0.0)
+        if v < 0 or not math.isfinite(v):
+            raise SearchError(f"Explorer: the memory budget should be a positive number of GiB, or "
+                              f"0 for the device's memory. Got {v!r}.")
+        return v * 2**30 if v > 0 else None
+
+    def _options(self) -> dict[str, Any]:
+        return {"schedule": self._schedule.value, "microbatches": self._microbatches.value or None,
+                "level": self._level.value, "memory_budget": self._memory_budget()}
 
     # ---- search ----------------------------------------------------------------------------
     def search(self) -> bool:
         """Start a search with the current settings in the background.
+
+        A search whose workload, cluster and options equal an earlier one of this explorer
+        shows that result at once. The intra-operator candidates are shown as soon as they are
+        ranked; the pipeline candidates and baselines join them when the search ends.
 
         Returns:
             False (and starts nothing) when a search is already running.
@@ -535,6 +616,16 @@ class Explorer:
         self._progress.value = max(0.0, min(1.0, float(fraction)))
         self._status.value = f"{message} ({fraction * 100:.0f}%)"
 
+    def _workload_key(self, wl: Any) -> tuple:
+        from autoplan._loader import workload_spec  # noqa: PLC0415
+
+        if _is_graph(wl):
+            return ("graph", wl.fingerprint, id(wl))
+        spec = workload_spec(wl)
+        if spec is None:
+            return ("object", id(wl))
+        return ("spec", json.dumps(spec, sort_keys=True, default=str))
+
     def _search_job(self) -> None:
         self._search_button.disabled = True
         self._progress.bar_style = ""
@@ -545,9 +636,18 @@ class Explorer:
                 f" ({self._size.value})" if self._size.value != NO_SIZE else "")
             wl = self._get_workload()
             cl = self._cluster()
-            res = _search_function()(wl, cl, pipeline="auto", schedule=self._schedule.value,
-                         microbatches=self._microbatches.value or None, level=self._level.value,
-                         progress=self._progress_cb)
+            opts = self._options()
+            key = (self._workload_key(wl), json.dumps(cl.to_dict(), sort_keys=True, default=str),
+                   json.dumps(opts, sort_keys=True))
+            context = (str(self._model.value), str(self._size.value), cl.spec)
+            res = self._memo.get(key)
+            repeated = res is not None
+            if res is None:
+                kw: dict[str, Any] = dict(opts, pipeline=False if _is_graph(wl) else "auto",
+                                          progress=self._progress_cb)
+                kw["partial"] = lambda part: self._apply_result(part, key, context, partial=True)
+                res = _search_function()(wl, cl, **kw)
+                self._memo[key] = res
         except Exception as err:
             self._progress.bar_style = "danger"
             self._status.value = f"search failed: {type(err).__name__}: {str(err)[:200]}"
@@ -555,52 +655,93 @@ class Explorer:
         finally:
             self._search_button.disabled = False
         secs = time.perf_counter() - t0
-        self._apply_result(res)
+        self._apply_result(res, key, context)
         self._progress.value = 1.0
         self._progress.bar_style = "success"
         size = getattr(wl, "size", None)
-        self._status.value = (f"{len(res.plans)} plans for {wl.name}"
-                              f"{f' ({size})' if size else ''} on {cl.spec} in "
-                              f"{secs:.1f} s; best: {res.best.label}, {res.best.describe()}, "
+        name = getattr(wl, "name", None) or str(self._model.value)
+        how = "repeated search: this explorer's earlier result" if repeated else f"in {secs:.1f} s"
+        self._status.value = (f"{len(res.plans)} plans for {name}"
+                              f"{f' ({size})' if size else ''} on {cl.spec} {how}; best: "
+                              f"{res.best.label}, {res.best.describe()}, "
                               f"{_ms(res.best.predicted.step_time)}")
 
-    def _apply_result(self, res: Any) -> None:
+    def _apply_result(self, res: Any, key: tuple, context: tuple[str, str, str], *,
+                      partial: bool = False) -> None:
         with self._lock:
+            same_search = key == self._search_key_now
+            keep = self.plan if same_search else None
+            if not same_search:
+                before = self.plan
+                self._reference, self._reference_note = None, ""
+                if before is not None and context[:2] == self._context[:2] and not before.label.startswith("what-if"):
+                    self._reference = before
+                    self._reference_note = "the previous answer (before the settings changed)"
+                self._whatif, self._pins, self._pin_target = [], [], None
+            if (self.last_launch is not None and self.last_launch.context != context):
+                self._clear_launch(f"no launch yet for {context[0]} on {context[2]}")
+            self._search_key_now = key
+            self._context = context
             self.result = res
-            self.plan = None
-            opts = []
-            for k, p in enumerate(res.plans):
-                fits = p.predicted.memory_per_device <= p.cluster.device_memory
-                opts.append((f"{k}. {p.label}: {p.describe()}, {_ms(p.predicted.step_time)}"
-                             + ("" if fits else " (does not fit)"), k))
-            self._quiet += 1
-            try:
-                self._candidate.options = opts
-                self._candidate.value = None
-            finally:
-                self._quiet -= 1
-        self.select(0)
+            self._generation += 1
+            self._refresh_candidates()
+            index = 0
+            if keep is not None:
+                index = next((k for k, p in enumerate(self.plans) if _same_plan(p, keep)), 0)
+            if partial:
+                self._status.value = (f"{len(res.plans)} intra-operator plans so far; searching "
+                                      "pipeline plans and baselines")
+        self.select(index)
+
+    def _refresh_candidates(self) -> None:
+        plans = self.plans
+        opts = []
+        for g in equivalent_groups(plans):
+            k = g[0]
+            p = plans[k]
+            fits = p.predicted.memory_per_device <= p.cluster.device_memory
+            same = "".join(f" = #{j} {plans[j].describe().split(' on mesh ')[-1]}" for j in g[1:])
+            opts.append((f"{k}. {p.label}: {p.describe()}, {_ms(p.predicted.step_time)}"
+                         + same + ("" if fits else " (does not fit)"), k))
+        self._quiet += 1
+        try:
+            self._candidate.options = opts
+            self._candidate.value = None
+        finally:
+            self._quiet -= 1
 
     # ---- candidate -------------------------------------------------------------------------
     @property
+    def plans(self) -> list[Plan]:
+        """Every plan the explorer holds: the result's ranked plans, then the what-if plans."""
+        return (list(self.result.plans) if self.result is not None else []) + list(self._whatif)
+
+    @property
     def candidates(self) -> list[Plan]:
-        """The plans the candidate selector offers, in its order (the result's ranked plans)."""
-        return [self.result.plans[v] for _, v in self._candidate.options] if self.result else []
+        """The plans the candidate selector offers, in its order (one per group of equivalent
+        plans)."""
+        plans = self.plans
+        return [plans[v] for _, v in self._candidate.options]
 
     def select(self, index: int) -> Plan:
-        """Select candidate ``index`` of the result's ranked plans and update every view (in the
-        calling thread).
+        """Select plan ``index`` of :attr:`plans` (a plan of a group of equivalent plans selects
+        the group) and update every view (in the calling thread).
 
         Raises:
-            RuntimeError: no search result yet. IndexError: no such candidate.
+            RuntimeError: no search result yet. IndexError: no such plan.
         """
         if self.result is None:
             raise RuntimeError("Explorer.select: no search result yet. Fix: run ex.search() and "
                                "ex.wait_idle() first.")
-        n = len(self.result.plans)
-        if not isinstance(index, int) or not 0 <= index < n:
+        plans = self.plans
+        n = len(plans)
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
             raise IndexError(f"Explorer.select: index should be in [0, {n}). Got {index!r}.")
         with self._lock:
+            shown = {v for _, v in self._candidate.options}
+            if index not in shown:  # an equivalent plan: its group's entry
+                group = next(g for g in equivalent_groups(plans) if index in g)
+                index = next(k for k in group if k in shown)
             self._quiet += 1
             try:
                 self._candidate.value = index
@@ -613,49 +754,111 @@ class Explorer:
         if self._quiet or change["new"] is None:
             return
         # a change from the page: build the figures off the kernel's main thread
-        self._start("view", lambda: self._show(change["new"]))
+        self._start("view", lambda: self.select(change["new"]))
+
+    def _reference_for(self, plan: Plan) -> tuple[Plan | None, str]:
+        for p in self._pins:
+            if p["plan"] is plan:
+                return p["before"], f"before pinning {p['name']} to {pspec_text(p['spec'])}"
+        if self._reference is not None and self._reference is not plan:
+            return self._reference, self._reference_note
+        return None, ""
 
     def _show(self, index: int) -> None:
         with self._lock:
-            plan = self.result.plans[index]
+            plans = self.plans
+            plan = plans[index]
             self.plan = plan
-            self._layer_of_op = {o.op: o.layer for s in plan.stages for o in s.ops}
-            self._stage_of_layer = {}
-            for s in plan.stages:
-                for name in s.layers:
-                    self._stage_of_layer.setdefault(name, s.index)
-            figs = {"sharding": sharding_figure(plan), "stage": stage_figure(plan),
+            self._op_layer = op_layers(plan)
+            self._stage_of_op = {o.op: s.index for s in plan.stages for o in s.ops}
+            ref, note = self._reference_for(plan)
+            figs = {"stage": stage_figure(plan), "memory": memory_figure(plan),
                     "timeline": timeline_figure(plan),
-                    "compare": compare_figure(self.result.plans, highlight=index)}
+                    "compare": compare_figure(plans, highlight=index, reference=ref),
+                    "graph": self._graph_figure(plan)}
             for name, fig in figs.items():
-                sync_figure(self.figures[name], fig)
-                self._base[name] = [_restyle_base(t) for t in self.figures[name].data]
-                self._base_shapes[name] = list(fig.layout.shapes or ())
-            self._wire_clicks()
-            fill_width(self.figures["launch"])
-            self._summary.value = plan._repr_html_()
-            old = self._focus.value
-            opts: list[tuple[str, str]] = [("(no selection)", "")]
-            for s in plan.stages:
-                lo, hi = s.layer_range
-                opts.append((f"stage {s.index}: layers {lo}-{hi - 1}, mesh "
-                             f"{'x'.join(map(str, s.mesh_shape))}", f"stage:{s.index}"))
-                for name in s.layers:
-                    opts.append((f"  {name} (stage {s.index})", f"layer:{name}"))
-            self._quiet += 1
-            try:
-                self._focus.options = opts
-                self._focus.value = old if old in {v for _, v in opts} else ""
-            finally:
-                self._quiet -= 1
+                self._set_base(name, fig)
+            self._summary.value = self._summary_html(plan, note)
+            self._refresh_focus_options(plan)
+            self._draw_sharding()
             self._highlight(self._focus.value)
             self._launch_button.disabled = False
+            self.code.code = plan.to_code()
+            self.code.note = (f"plan [{plan.label}] {plan.describe()}; "
+                              "shardings_for(args) equals plan.named_shardings(like=args)")
+            if self._pin_target is not None and not any(i.name == self._pin_target for i in plan.inputs):
+                self._pin_target = None
+            self._refresh_pin_panel()
+
+    def _graph_figure(self, plan: Plan) -> Any:
+        import plotly.graph_objects as go  # noqa: PLC0415
+
+        if plan.analysis:
+            return graph_figure(plan)
+        return go.Figure(layout={"template": TEMPLATE, "height": 200, "title": {
+            "text": f"Mined subgraphs: plan [{html.escape(plan.label)}] carries no folding analysis"}})
+
+    def _set_base(self, name: str, fig: Any) -> None:
+        from ._widget import figure_json  # noqa: PLC0415
+
+        self._base[name] = figure_json(fig)
+        self.figures[name].show(self._base[name])
+
+    def _summary_html(self, plan: Plan, reference_note: str) -> str:
+        text = plan.summary()
+        generic = {o.layer for o in plan.ops} <= {"", "(root)"} and plan.ops
+        layers = ""
+        if generic:
+            names = list(dict.fromkeys(self._op_layer.values()))
+            layers = (f"<br><small>layers named from parameter paths: "
+                      f"{html.escape(', '.join(names[:12]))}{' ...' if len(names) > 12 else ''}</small>")
+        ref = (f"<br><small>compared with {html.escape(reference_note)}</small>"
+               if reference_note else "")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan.notes)
+        rows = "".join(
+            f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
+            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(spec_to_pspec(i.spec)))}"
+            f"</code></td><td>{i.stage}</td></tr>" for i in plan.inputs[:300])
+        more = f"<p>... {len(plan.inputs) - 300} more inputs</p>" if len(plan.inputs) > 300 else ""
+        return (f"<div class='autoplan-plan'><pre>{html.escape(text)}</pre>{layers}{ref}"
+                f"<details><summary>notes of the search</summary><ul>{notes}</ul></details>"
+                "<details><summary>PartitionSpecs</summary><table><tr><th>input</th><th>kind</th>"
+                f"<th>shape</th><th>PartitionSpec</th><th>stage</th></tr>{rows}</table>{more}"
+                "</details></div>")
 
     # ---- linked selection ------------------------------------------------------------------
     @property
     def focus(self) -> str:
         """The selection: ``""``, ``"layer:<name>"`` or ``"stage:<index>"``."""
         return self._focus.value
+
+    def _refresh_focus_options(self, plan: Plan) -> None:
+        old = self._focus.value
+        opts: list[tuple[str, str]] = [("(no selection)", "")]
+        shown: set[str] = set()
+        layers_of_stage: dict[int, list[str]] = {}
+        for op, name in self._op_layer.items():
+            st = self._stage_of_op.get(op, 0)
+            if name not in layers_of_stage.setdefault(st, []):
+                layers_of_stage[st].append(name)
+        for s in plan.stages:
+            lo, hi = s.layer_range
+            opts.append((f"stage {s.index}: layers {lo}-{hi - 1}, mesh "
+                         f"{'x'.join(map(str, s.mesh_shape))}", f"stage:{s.index}"))
+            names = [n for n in s.layers if n not in ("", "(root)")]
+            names += [n for n in layers_of_stage.get(s.index, []) if n not in names]
+            for name in names:
+                if name in shown:
+                    continue
+                shown.add(name)
+                opts.append((f"  {name} (stage {s.index})", f"layer:{name}"))
+        self._quiet += 1
+        try:
+            self._focus.options = opts
+            self._focus.value = old if old in {v for _, v in opts} else ""
+        finally:
+            self._quiet -= 1
+        self._drill.disabled = not self._focus.value.startswith("layer:")
 
     def select_layer(self, name: str) -> None:
         """Select layer ``name`` of the selected plan and highlight it in every view."""
@@ -667,6 +870,18 @@ class Explorer:
 
     def clear_selection(self) -> None:
         self._set_focus("")
+
+    def drill_down(self, on: bool = True) -> None:
+        """Show every operator of the selected layer in the sharding view (``on=False``: the
+        folded overview again)."""
+        self._quiet += 1
+        try:
+            self._drill.value = bool(on)
+        finally:
+            self._quiet -= 1
+        with self._lock:
+            self._draw_sharding()
+            self._highlight(self._focus.value)
 
     def _set_focus(self, value: str) -> None:
         if self.plan is None:
@@ -682,143 +897,447 @@ class Explorer:
                 self._focus.value = value
             finally:
                 self._quiet -= 1
-            self._highlight(value)
+            self._after_focus(value)
 
     def _on_focus(self, change: Mapping[str, Any]) -> None:
         if self._quiet or self.plan is None:
             return
         with self._lock:
-            self._highlight(change["new"] or "")
+            self._after_focus(change["new"] or "")
 
-    def _focus_sets(self, value: str) -> tuple[set[str], int | None]:
-        plan = self.plan
-        if not value or plan is None:
-            return set(), None
-        kind, _, arg = value.partition(":")
-        if kind == "stage":
-            k = int(arg)
-            st = next((s for s in plan.stages if s.index == k), None)
-            return (set(st.layers) if st else set()), k
-        return {arg}, self._stage_of_layer.get(arg)
+    def _on_drill(self, change: Mapping[str, Any]) -> None:
+        if self._quiet or self.plan is None:
+            return
+        self._start("view", lambda: self.drill_down(bool(change["new"])))
 
-    def _highlight(self, value: str) -> None:
-        """Dim what is not selected and outline what is, in the sharding, stage and timeline views."""
+    def _after_focus(self, value: str) -> None:
+        self._drill.disabled = not value.startswith("layer:")
+        if self._drill.value:
+            self._draw_sharding()
+        self._highlight(value)
+
+    def _draw_sharding(self) -> None:
         plan = self.plan
         if plan is None:
             return
-        layers, stage = self._focus_sets(value)
+        value = self._focus.value
+        layer = value.split(":", 1)[1] if (self._drill.value and value.startswith("layer:")) else None
+        from ._widget import figure_json  # noqa: PLC0415
+
+        self._base["sharding"] = figure_json(sharding_figure(plan, layer=layer))
+
+    def _selection(self, value: str) -> tuple[set[int], int | None, set[str]]:
+        """The selected planned operator ids, the stage owning the selection and the layers."""
+        plan = self.plan
+        if not value or plan is None:
+            return set(), None, set()
+        kind, _, arg = value.partition(":")
+        if kind == "stage":
+            k = int(arg)
+            ops = {o for o, s in self._stage_of_op.items() if s == k}
+            st = next((s for s in plan.stages if s.index == k), None)
+            return ops, k, set(st.layers if st else ()) | {self._op_layer[o] for o in ops}
+        ops = {o for o, name in self._op_layer.items() if name == arg}
+        stage = next((self._stage_of_op[o] for o in sorted(ops)), None)
+        if stage is None:
+            stage = next((s.index for s in plan.stages if arg in s.layers), None)
+        return ops, stage, {arg}
+
+    def _highlight(self, value: str) -> None:
+        """Draw the selection in every view: the sharding view boxes its columns and dims the
+        rest, the stage view outlines the owning stage's devices, the memory and graph views
+        and the timeline dim what is not selected."""
+        plan = self.plan
+        if plan is None:
+            return
+        ops, stage, layers = self._selection(value)
         on = bool(value)
-        # sharding: the selected layer's (or stage's) operator columns
-        fw = self.figures["sharding"]
-        cols: set[int] = set()
-        with fw.batch_update():
-            for tr in fw.data:
-                meta = tr.meta if isinstance(tr.meta, dict) else {}
-                if meta.get("kind") != "tile":
-                    continue
-                if value.startswith("stage:"):
-                    hit = meta.get("stage") == stage
+        # sharding: the columns holding a selected operator
+        fig = copy.deepcopy(self._base["sharding"])
+        cols = [c for c in (fig["layout"].get("meta") or {}).get("columns", [])]
+        hit_cols = [k for k, c in enumerate(cols)
+                    if on and (set(c["ops"]) & ops or set(c["layers"]) & layers
+                               or (value.startswith("stage:") and c["stage"] == stage))]
+        shapes = list(fig["layout"].get("shapes") or [])
+        if on and cols:
+            for k in range(len(cols)):
+                if k in hit_cols:
+                    shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": k + 0.01,
+                                   "x1": k + 0.99, "y0": 0.0, "y1": 1.0, "name": "highlight",
+                                   "line": {"color": HIGHLIGHT_LINE, "width": 2.5},
+                                   "fillcolor": "rgba(0,0,0,0)"})
                 else:
-                    hit = self._layer_of_op.get(meta.get("op")) in layers
-                if hit:
-                    cols.add(int(meta["column"]))
-                tr.opacity = (1.0 if hit else DIM) if on else None
-            shapes = list(self._base_shapes.get("sharding", []))
-            for a, b in _runs(sorted(cols)):
-                shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": a + 0.02,
-                               "x1": b + 0.98, "y0": 0.0, "y1": 1.0, "name": "highlight",
-                               "line": {"color": HIGHLIGHT_LINE, "width": 2.5},
+                    shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": k,
+                                   "x1": k + 1, "y0": 0.0, "y1": 1.0, "name": "dim", "layer": "above",
+                                   "line": {"width": 0}, "fillcolor": "rgba(255,255,255,0.7)"})
+        fig["layout"]["shapes"] = shapes
+        self.figures["sharding"].show(fig)
+        # stage view: the owning stage's devices outlined, the others faded
+        fig = copy.deepcopy(self._base["stage"])
+        meta = fig["layout"].get("meta") or {}
+        per, owner = meta.get("per_host", 1), meta.get("owner", [])
+        devices = [d for d, s in enumerate(owner) if on and s == stage]
+        img = next((t for t in fig["data"] if (t.get("meta") or {}).get("kind") == "devices"), None)
+        shapes = list(fig["layout"].get("shapes") or [])
+        if on and stage is not None and img is not None:
+            for d, s in enumerate(owner):
+                if s != stage:
+                    h, j = divmod(d, per)
+                    img["z"][h][j] = [round(v + (255 - v) * (1 - DIM)) for v in img["z"][h][j]]
+            for h, a, b in _row_runs(devices, per):
+                shapes.append({"type": "rect", "x0": a - 0.5, "x1": b + 0.5, "y0": h - 0.5,
+                               "y1": h + 0.5, "name": "highlight", "layer": "above",
+                               "line": {"color": HIGHLIGHT_LINE, "width": 3},
                                "fillcolor": "rgba(0,0,0,0)"})
-            fw.layout.shapes = shapes
-        # stage view: the owning stage's devices
-        fw = self.figures["stage"]
-        devices: list[int] = []
-        with fw.batch_update():
-            for tr, base in zip(fw.data, self._base.get("stage", [])):
-                meta = tr.meta if isinstance(tr.meta, dict) else {}
-                if meta.get("kind") != "device":
-                    continue
-                hit = on and stage is not None and stage in (meta.get("stages") or [meta.get("stage")])
-                if hit:
-                    devices.append(int(meta["device"]))
-                    tr.line = {"color": HIGHLIGHT_LINE, "width": 3}
-                else:
-                    tr.line = base["line"]
-                tr.opacity = (1.0 if hit else DIM) if on else None
+        fig["layout"]["shapes"] = shapes
+        self.figures["stage"].show(fig)
+        # memory: the stage's bar
+        fig = copy.deepcopy(self._base["memory"])
+        for t in fig["data"]:
+            n = len(t.get("y") or [])
+            t.setdefault("marker", {})["opacity"] = (
+                [1.0 if s.index == stage else DIM for s in plan.stages][:n] if on and stage is not None
+                else None)
+        self.figures["memory"].show(fig)
+        # graph: the segments holding a selected operator (or named as the layer)
+        fig = copy.deepcopy(self._base["graph"])
+        for t in fig["data"]:
+            m = t.get("meta") or {}
+            if m.get("kind") != "layers":
+                continue
+            hit = [bool(on and (set(p) & ops or nm in layers))
+                   for nm, p in zip(m.get("names", []), m.get("planned", []))]
+            t.setdefault("marker", {})["opacity"] = ([1.0 if h else DIM for h in hit]
+                                                     if on and any(hit) else None)
+        self.figures["graph"].show(fig)
         # timeline: the owning stage's bars
-        fw = self.figures["timeline"]
-        with fw.batch_update():
-            for tr, base in zip(fw.data, self._base.get("timeline", [])):
-                meta = tr.meta if isinstance(tr.meta, dict) else {}
-                if meta.get("kind") != "events":
-                    continue
-                hit = on and meta.get("stage") == stage
-                tr.opacity = (1.0 if hit else DIM) if on else None
-                tr.marker.line = {"color": HIGHLIGHT_LINE, "width": 1.5} if hit else base["marker_line"]
+        fig = copy.deepcopy(self._base["timeline"])
+        for t in fig["data"]:
+            m = t.get("meta") or {}
+            if m.get("kind") in ("events",):
+                t["opacity"] = (1.0 if m.get("stage") == stage else DIM) if on else None
+                if on and m.get("stage") == stage:
+                    t.setdefault("marker", {})["line"] = {"color": HIGHLIGHT_LINE, "width": 1.5}
+        self.figures["timeline"].show(fig)
         if not on:
             self._focus_info.value = ("<small>click an operator in the sharding view, a device in "
-                                      "the stage view or a bar of the timeline to select its layer "
-                                      "or stage</small>")
+                                      "the stage view, a segment of the mined subgraphs, a memory "
+                                      "bar or a bar of the timeline to select its layer or stage"
+                                      "</small>")
             return
-        ops = [o for s in plan.stages for o in s.ops if o.layer in layers]
         what = value.split(":", 1)[1]
         label = f"stage {what}" if value.startswith("stage:") else f"layer <code>{html.escape(what)}</code>"
+        folded = ""
+        if value.startswith("layer:") and hit_cols and cols:
+            c = cols[hit_cols[0]]
+            if len(c["layers"]) > 1:
+                folded = f", one of {len(c['layers'])} layers sharded alike (one column)"
+        st_devices = next((list(s.device_ids) for s in plan.stages if s.index == stage), [])
         self._focus_info.value = (
-            f"<small>selected {label}: {len(ops)} planned operators "
-            f"({len(cols)} drawn in the sharding view), stage {stage}, devices "
-            f"{_span(sorted(devices))}</small>")
+            f"<small>selected {label}: {len(ops)} planned operators in {len(hit_cols)} column"
+            f"{'s' if len(hit_cols) != 1 else ''} of the sharding view{folded}; stage {stage}, "
+            f"devices {_span(st_devices)}</small>")
 
-    def _wire_clicks(self) -> None:
-        for tr in self.figures["sharding"].data:
-            tr.on_click(self._guarded("click", self._on_tile_click), append=False)
-        for name in ("stage", "timeline"):
-            for tr in self.figures[name].data:
-                tr.on_click(self._guarded("click", self._on_stage_click), append=False)
+    # ---- clicks ------------------------------------------------------------------------------
+    def _click_handler(self, name: str) -> Callable[[dict[str, Any]], None]:
+        return lambda event: self.on_figure_click(name, event)
 
-    def _on_tile_click(self, trace: Any, points: Any, _state: Any = None) -> None:
-        if not points.point_inds:
+    def on_figure_click(self, figure: str, event: Mapping[str, Any]) -> None:
+        """What a click on the page does (also callable with an event dict, as the page sends
+        it: ``{"trace", "point", "x", "y", "customdata"}``): in the sharding view it selects the
+        operator's layer and picks the tensor for a what-if pin; in the stage, memory and
+        timeline views it selects the stage; in the mined subgraphs the segment's layer; in
+        the comparison the plan."""
+        if self.plan is None:
             return
-        meta = trace.meta if isinstance(trace.meta, dict) else {}
-        layer = self._layer_of_op.get(meta.get("op"))
-        if layer and f"layer:{layer}" in {v for _, v in self._focus.options}:
-            self.select_layer(layer)
-
-    def _on_stage_click(self, trace: Any, points: Any, _state: Any = None) -> None:
-        if not points.point_inds:
+        base = self._base.get(figure)
+        data = (base or {}).get("data", [])
+        k = event.get("trace")
+        if not isinstance(k, int) or not 0 <= k < len(data):
             return
-        meta = trace.meta if isinstance(trace.meta, dict) else {}
-        stage = meta.get("stage")
-        if meta.get("kind") == "events" and trace.customdata is not None:
-            stage = int(trace.customdata[points.point_inds[0]][4])
-        if stage is not None:
-            self.select_stage(int(stage))
+        meta = data[k].get("meta") or {}
+        kind = meta.get("kind")
+        point = list(event.get("point") or [0])
+        cd = event.get("customdata")
+        if figure == "sharding" and kind == "tensors":
+            op, tensor = int(cd[0]), str(cd[1])
+            layer = self._op_layer.get(op)
+            if layer and f"layer:{layer}" in {v for _, v in self._focus.options}:
+                self.select_layer(layer)
+            self.set_pin_target(tensor, op=op)
+        elif figure == "stage" and kind == "devices":
+            owner = (base["layout"].get("meta") or {}).get("owner", [])
+            per = (base["layout"].get("meta") or {}).get("per_host", 1)
+            row, col = (point + [0, 0])[:2] if len(point) >= 2 else (int(event.get("y") or 0),
+                                                                     int(event.get("x") or 0))
+            d = int(row) * per + int(col)
+            if 0 <= d < len(owner) and owner[d] is not None:
+                self.select_stage(int(owner[d]))
+        elif figure == "memory" and kind == "memory":
+            i = int(point[0])
+            if 0 <= i < len(self.plan.stages):
+                self.select_stage(self.plan.stages[i].index)
+        elif figure == "timeline" and kind in ("events", "steady") and cd:
+            self.select_stage(int(cd[4]))
+        elif figure == "graph" and kind == "layers":
+            i = int(point[0])
+            names, planned = meta.get("names", []), meta.get("planned", [])
+            opts = {v for _, v in self._focus.options}
+            if i < len(names) and f"layer:{names[i]}" in opts:
+                self.select_layer(names[i])
+            elif i < len(planned):
+                layer = next((self._op_layer[o] for o in planned[i] if o in self._op_layer), None)
+                if layer:
+                    self.select_layer(layer)
+        elif figure == "compare" and kind in ("plans", "reference"):
+            target = int(cd[0]) if isinstance(cd, list) and cd else meta.get("plan")
+            if target is not None:
+                self._start("view", lambda: self.select(int(target)))
+
+    # ---- what-if -----------------------------------------------------------------------------
+    def _pin_hint(self) -> str:
+        return ("<small>click a tensor in the sharding view: a parameter, optimizer state or batch "
+                "input is pinned as chosen (for an activation, its operator's weight)</small>")
+
+    def set_pin_target(self, tensor: str, op: int | None = None) -> str | None:
+        """Choose the graph input a what-if pin will fix: ``tensor`` when it is an input of the
+        selected plan, else the weight of operator ``op``. Returns the input's name (None when
+        neither is an input)."""
+        plan = self.plan
+        if plan is None:
+            raise RuntimeError("Explorer: select a candidate first.")
+        names = {i.name for i in plan.inputs}
+        target = tensor if tensor in names else None
+        if target is None and op is not None:
+            o = next((o for o in plan.ops if o.op == op), None)
+            if o is not None:
+                target = next((t.name for t in o.tensors if t.role == "weight" and t.name in names),
+                              None)
+        self._pin_target = target
+        self._refresh_pin_panel(None if target else
+                                f"{html.escape(tensor)} is an activation and operator {op} reads "
+                                "no parameter: pick a weight, an optimizer state or a batch input")
+        return target
+
+    def pin_choices(self) -> list[tuple[str, tuple]]:
+        """``(label, spec)`` for every spec the pin target can take on the selected plan's mesh
+        (its current spec first)."""
+        plan = self.plan
+        if plan is None or self._pin_target is None:
+            return []
+        inp = next(i for i in plan.inputs if i.name == self._pin_target)
+        st = next((s for s in plan.stages if s.index == inp.stage), plan.stages[0])
+        specs = spec_choices(inp.shape, st.mesh_shape, st.axis_names)
+        cur = tuple(inp.spec)
+        specs = [cur] + [s for s in specs if s != cur]
+        return [(f"{pspec_text(s)} = {spec_str(s)}" + (" (current)" if s == cur else ""), s)
+                for s in specs]
+
+    def _refresh_pin_panel(self, message: str | None = None) -> None:
+        plan = self.plan
+        target = self._pin_target
+        pipeline = plan is not None and plan.is_pipeline
+        if target is None or plan is None:
+            self._pin_spec.options = []
+            self._pin_spec.disabled = True
+            self._pin_button.disabled = True
+            self._pin_info.value = f"<small>{message}</small>" if message else self._pin_hint()
+        else:
+            inp = next(i for i in plan.inputs if i.name == target)
+            choices = self.pin_choices()
+            self._quiet += 1
+            try:
+                self._pin_spec.options = [(lab, k) for k, (lab, _) in enumerate(choices)]
+                self._pin_spec.value = 1 if len(choices) > 1 else 0
+            finally:
+                self._quiet -= 1
+            self._pin_spec.disabled = pipeline
+            self._pin_button.disabled = pipeline or self.busy_with("what-if")
+            why = ("<br><b>pins apply to intra-operator plans</b>: pipeline stages are searched "
+                   "per layer and take no pins; select an intra-operator candidate"
+                   if pipeline else "")
+            self._pin_info.value = (
+                f"<small>pin <code>{html.escape(target)}</code> ({inp.kind}, "
+                f"{'x'.join(map(str, inp.shape)) or 'scalar'}, now {pspec_text(inp.spec)}) on mesh "
+                f"{'x'.join(map(str, plan.mesh_shape))}: {len(choices)} specs{why}</small>")
+        self._undo_button.disabled = not self._pins
+        rows = "".join(
+            f"<li><code>{html.escape(p['name'])}</code> = {html.escape(pspec_text(p['spec']))}: "
+            f"{self._diff_text(p['before'], p['plan'])}</li>" for p in self._pins)
+        self._pins_html.value = f"<small>pins:<ol>{rows}</ol></small>" if rows else ""
+
+    def busy_with(self, kind: str) -> bool:
+        t = self._threads.get(kind)
+        return t is not None and t.is_alive()
+
+    @staticmethod
+    def _diff_text(before: Plan, after: Plan) -> str:
+        unit = time_unit(max(before.predicted.step_time, after.predicted.step_time))
+        a, b = cost_parts(before), cost_parts(after)
+        parts = []
+        for k in dict.fromkeys([*a, *b]):
+            d = b.get(k, 0.0) - a.get(k, 0.0)
+            if abs(d) > 1e-12 * max(1.0, before.predicted.step_time):
+                parts.append(f"{k} {'+' if d >= 0 else '&minus;'}{fmt_in_unit(abs(d), unit)}")
+        dt = after.predicted.step_time - before.predicted.step_time
+        dm = after.predicted.memory_per_device - before.predicted.memory_per_device
+        return (f"step time {fmt_in_unit(before.predicted.step_time, unit)} &rarr; "
+                f"{fmt_in_unit(after.predicted.step_time, unit)} "
+                f"({'+' if dt >= 0 else '&minus;'}{fmt_in_unit(abs(dt), unit)}"
+                + (f": {', '.join(parts)}" if parts else "") + "); memory "
+                f"{'+' if dm >= 0 else '&minus;'}{fmt_bytes(abs(dm))} per device")
+
+    def _pin_clicked(self) -> None:
+        choices = self.pin_choices()
+        if not choices or self._pin_target is None:
+            return
+        self.what_if(self._pin_target, choices[int(self._pin_spec.value or 0)][1])
+
+    def what_if(self, name: str, spec: Any) -> bool:
+        """Pin input ``name`` to ``spec`` (a spec tuple or a ``PartitionSpec``), with the pins
+        made before, and re-solve the selected plan's mesh in the background; the new plan
+        joins the candidates (label ``what-if: ...``), is selected and compared with the plan
+        before it.
+
+        Returns:
+            False (and starts nothing) when a what-if is already running.
+
+        Raises:
+            RuntimeError: no plan selected. SearchError: the selected plan is a pipeline plan,
+                or ``name`` is not one of its inputs.
+        """
+        plan = self.plan
+        if plan is None:
+            raise RuntimeError("Explorer.what_if: no plan selected. Fix: run a search first.")
+        if plan.is_pipeline:
+            raise SearchError("Explorer.what_if: pins apply to intra-operator plans; the selected "
+                              f"plan [{plan.label}] has {len(plan.stages)} pipeline stages. Fix: "
+                              "select an intra-operator candidate.")
+        inp = next((i for i in plan.inputs if i.name == name), None)
+        if inp is None:
+            raise SearchError(f"Explorer.what_if: {name!r} is not an input of the selected plan. "
+                              f"Fix: pick one of its inputs, e.g. {plan.inputs[0].name!r}.")
+        from .._plan import pspec_to_spec  # noqa: PLC0415
+
+        if not isinstance(spec, tuple):
+            spec = pspec_to_spec(spec, len(inp.shape))
+        spec = tuple(None if not e else tuple(e) for e in spec)
+        started = self._start("what-if", lambda: self._what_if_job(plan, name, spec))
+        if started:
+            self._pin_button.disabled = True
+            self._pin_info.value = (f"<small>re-solving mesh {'x'.join(map(str, plan.mesh_shape))} "
+                                    f"with <code>{html.escape(name)}</code> = "
+                                    f"{html.escape(pspec_text(spec))}...</small>")
+        return started
+
+    def _what_if_job(self, before: Plan, name: str, spec: tuple) -> None:
+        generation = self._generation
+        pins = {("^" + re.escape(p["name"]) + "$"): spec_to_pspec(p["spec"])
+                for p in self._pins if self._chain_has(before, p)}
+        pins["^" + re.escape(name) + "$"] = spec_to_pspec(spec)
+        wl = self._get_workload()
+        opts = self._options()
+        t0 = time.perf_counter()
+        try:
+            res = _search_function()(wl, self._cluster(), pipeline=False,
+                                     mesh_shape=tuple(before.mesh_shape), level=opts["level"],
+                                     memory_budget=opts["memory_budget"], pin=pins,
+                                     baselines=False)
+        except AutoplanError as err:
+            self._refresh_pin_panel(f"the pin cannot be honoured: {html.escape(str(err))}")
+            raise
+        new = res.best.with_(label=f"what-if: {name} = {pspec_text(spec)}")
+        with self._lock:
+            if generation != self._generation:
+                return  # a new search replaced the result meanwhile
+            self._whatif.append(new)
+            self._pins.append({"name": name, "spec": spec, "before": before, "plan": new,
+                               "seconds": time.perf_counter() - t0})
+            self._refresh_candidates()
+        self.select(len(self.plans) - 1)
+
+    def _chain_has(self, plan: Plan, pin: Mapping[str, Any]) -> bool:
+        """Whether ``pin`` was made on the way to ``plan`` (pins stack: a what-if of a what-if
+        keeps the first pin)."""
+        p = plan
+        seen = 0
+        while p is not None and seen < 100:
+            step = next((q for q in self._pins if q["plan"] is p), None)
+            if step is None:
+                return False
+            if step is pin:
+                return True
+            p = step["before"]
+            seen += 1
+        return False
+
+    def undo(self) -> Plan | None:
+        """Take the last what-if pin back: its plan leaves the candidates and the plan before it
+        is selected again. Returns that plan (None when there was no pin)."""
+        with self._lock:
+            if not self._pins:
+                return None
+            last = self._pins.pop()
+            self._whatif = [p for p in self._whatif if p is not last["plan"]]
+            self._refresh_candidates()
+            before = last["before"]
+            index = next((k for k, p in enumerate(self.plans) if p is before),
+                         next((k for k, p in enumerate(self.plans) if p == before), 0))
+            self.select(index)
+            return before
 
     # ---- launch ----------------------------------------------------------------------------
+    def _launch_figure(self, rec: LaunchRecord | None) -> dict[str, Any]:
+        losses = rec.losses if rec else []
+        times = rec.step_times if rec else []
+        pred = rec.plan.predicted.step_time if rec else None
+        unit = time_unit(max([*times, pred or 0.0]) if (times or pred) else 0.0)
+        steps = rec.steps if rec else 0
+        data = [
+            {"type": "scatter", "x": list(range(len(losses))), "y": losses, "mode": "lines+markers",
+             "name": "loss", "line": {"color": "#4c78a8"}, "meta": {"kind": "loss"}},
+            {"type": "scatter", "x": list(range(len(times))), "y": [t / unit[0] for t in times],
+             "mode": "lines+markers", "name": "step time", "yaxis": "y2",
+             "line": {"color": "#e45756"}, "meta": {"kind": "step_time", "unit": unit[1]},
+             "customdata": [fmt_in_unit(t, unit) for t in times],
+             "hovertemplate": "step %{x}: %{customdata}<extra></extra>"},
+            {"type": "scatter", "x": [0, max(steps - 1, 1)] if rec else [],
+             "y": [pred / unit[0]] * 2 if rec else [], "mode": "lines",
+             "name": "predicted step time", "yaxis": "y2",
+             "line": {"color": "#e45756", "dash": "dot"}, "meta": {"kind": "predicted"}},
+        ]
+        title = ("launch: loss and step time per step" if rec is None else
+                 f"launch of [{html.escape(rec.plan.label)}]: {len(losses)}/{rec.steps} steps")
+        layout = {
+            "template": TEMPLATE, "height": 300, "title": {"text": title},
+            "xaxis": {"title": {"text": "step"}, "dtick": 1},
+            "yaxis": {"title": {"text": "loss"}},
+            # log: emulated CPU devices run far slower than the cluster the plan was costed on
+            "yaxis2": {"title": {"text": f"step time ({unit[1]}, log)"}, "overlaying": "y",
+                       "side": "right", "type": "log", "showgrid": False},
+            "legend": {"orientation": "h", "y": -0.25},
+            "margin": {"t": 60, "l": 60, "r": 70, "b": 40},
+            "meta": {"kind": "launch", "unit": unit[1]},
+        }
+        return {"data": data, "layout": layout}
+
     def _init_launch_figure(self) -> None:
-        fw = self.figures["launch"]
-        fw.add_traces([
-            go.Scatter(x=[], y=[], mode="lines+markers", name="loss", line={"color": "#4c78a8"},
-                       meta={"kind": "loss"}),
-            go.Scatter(x=[], y=[], mode="lines+markers", name="step time", yaxis="y2",
-                       line={"color": "#e45756"}, meta={"kind": "step_time"}),
-            go.Scatter(x=[], y=[], mode="lines", name="predicted step time", yaxis="y2",
-                       line={"color": "#e45756", "dash": "dot"}, meta={"kind": "predicted"}),
-        ])
-        fw.update_layout(xaxis={"title": {"text": "step"}, "dtick": 1},
-                         yaxis={"title": {"text": "loss"}},
-                         # log: emulated CPU devices run ~100x slower than the cluster predicted
-                         yaxis2={"title": {"text": "step time (log)"}, "overlaying": "y",
-                                 "side": "right", "type": "log", "dtick": 1, "tickformat": "~s",
-                                 "ticksuffix": "s", "showgrid": False},
-                         legend={"orientation": "h", "y": -0.25},
-                         margin={"t": 60, "l": 60, "r": 60, "b": 40})
+        self.figures["launch"].show(self._launch_figure(None))
+
+    def _clear_launch(self, status: str = "no launch yet") -> None:
+        self.last_launch = None
+        self._launch_status.value = status
+        self._launch_table.value = ""
+        self._launch_result.value = ""
+        self._init_launch_figure()
 
     def launch(self, steps: int | None = None, timeout: float = 900.0) -> bool:
         """Run the selected plan on the devices attached, in the background.
 
         The launcher detects the platform and chooses the workers as ``autoplan launch`` does (one
-        per GPU; emulated CPU devices in 2 processes when no accelerator is attached); a plan that
-        needs more devices than attached fails with the cluster commands in the status.
+        per GPU; emulated CPU devices in 2 processes when no accelerator is attached); pipeline
+        plans run each stage on its own submesh across the processes. A plan that needs more
+        devices than attached fails with the cluster commands in the status.
 
         Args:
             steps: training steps (default: the widget's value).
@@ -836,15 +1355,21 @@ class Explorer:
         if steps is not None:
             self._steps.value = int(steps)
         n = int(self._steps.value)
-        started = self._start("launch", lambda: self._launch_job(plan, n, timeout))
+        context = self._context
+        started = self._start("launch", lambda: self._launch_job(plan, n, timeout, context))
         if not started:
             self._launch_status.value = "a launch is already running"
         return started
 
-    def _launch_job(self, plan: Plan, steps: int, timeout: float) -> None:
+    def _current(self, rec: LaunchRecord) -> bool:
+        return self.last_launch is rec
+
+    def _launch_job(self, plan: Plan, steps: int, timeout: float,
+                    context: tuple[str, str, str]) -> None:
         from autoplan.exec import launch  # noqa: PLC0415
 
-        rec = LaunchRecord(plan=plan, spec={}, num_processes=0, devices_per_process=0, steps=steps)
+        rec = LaunchRecord(plan=plan, spec={}, num_processes=0, devices_per_process=0, steps=steps,
+                           context=context)
         self.last_launch = rec
         self._launch_button.disabled = True
         self._launch_result.value = ""
@@ -859,29 +1384,35 @@ class Explorer:
             lay = rec.handle.layout
             rec.num_processes, rec.devices_per_process = lay.num_processes, lay.devices_per_process
             rec.layout = lay.describe()
-            self._launch_status.value = f"launching [{plan.label}] {plan.describe()} on {rec.layout}"
+            if self._current(rec):
+                self._launch_status.value = f"launching [{plan.label}] {plan.describe()} on {rec.layout}"
             # the handle supervises its workers (errors, hangs, its timeout); poll until it is over
             while not rec.handle.done:
                 new = list(rec.handle.poll() or [])
                 if new:
                     rec.events.extend(new)
-                    self._draw_launch(rec)
-                    self._launch_status.value = self._running_text(rec)
+                    if self._current(rec):
+                        self._draw_launch(rec)
+                        self._launch_status.value = self._running_text(rec)
                 time.sleep(0.2)
             rec.result = rec.handle.wait(60)
             rec.events = list(rec.handle.events)
         except Exception as err:
             rec.error = f"{type(err).__name__}: {err}"
-            self._launch_status.value = f"launch failed: {rec.error[:200]}"
-            # the whole message: the workers' last lines, or the cluster commands for a plan
-            # that needs more devices than attached
-            self._launch_result.value = (f"<pre class='autoplan-launch-error'>"
-                                         f"{html.escape(rec.error)}</pre>")
+            if self._current(rec):
+                self._launch_status.value = f"launch failed: {rec.error[:200]}"
+                # the whole message: the workers' last lines, or the cluster commands for a plan
+                # that needs more devices than attached
+                self._launch_result.value = (f"<pre class='autoplan-launch-error'>"
+                                             f"{html.escape(rec.error)}</pre>")
             raise
         finally:
             rec.finished = time.time()
             self._launch_button.disabled = self.plan is None
-            self._draw_launch(rec)
+            if self._current(rec):
+                self._draw_launch(rec)
+        if not self._current(rec):
+            return
         self._launch_status.value = (f"finished: {len(rec.losses)} steps in "
                                      f"{rec.finished - rec.started:.1f} s")
         self._launch_result.value = self._launch_summary_html(rec)
@@ -899,20 +1430,13 @@ class Explorer:
         return f"running [{rec.plan.label}] on {rec.layout}: {len(steps)}/{rec.steps} steps"
 
     def _draw_launch(self, rec: LaunchRecord) -> None:
-        fw = self.figures["launch"]
-        losses, times = rec.losses, rec.step_times
-        with fw.batch_update():
-            fw.data[0].x, fw.data[0].y = list(range(len(losses))), losses
-            fw.data[1].x, fw.data[1].y = list(range(len(times))), times
-            fw.data[2].x = [0, max(rec.steps - 1, 1)]
-            fw.data[2].y = [rec.plan.predicted.step_time] * 2
-            fw.layout.title = {"text": f"launch of [{html.escape(rec.plan.label)}]: "
-                                       f"{len(losses)}/{rec.steps} steps"}
-        fill_width(fw)
+        self.figures["launch"].show(self._launch_figure(rec))
+        unit = time_unit(max(rec.step_times, default=0.0))
         rows = "".join(
             f"<tr><td>{e.get('step')}</td><td>{e.get('process', 0)}</td>"
             f"<td>{_loss(e.get('loss'))}</td>"
-            f"<td>{_ms(e.get('step_time'))}</td></tr>"
+            f"<td>{fmt_in_unit(e.get('step_time'), unit) if e.get('step_time') is not None else '-'}"
+            f"</td></tr>"
             for e in rec.step_events[-40:])
         self._launch_table.value = (
             "<table class='autoplan-launch-table'><tr><th>step</th><th>process</th><th>loss</th>"
@@ -921,7 +1445,18 @@ class Explorer:
     def _launch_summary_html(self, rec: LaunchRecord) -> str:
         pred = rec.plan.predicted.step_time
         meas = rec.measured_step_time
-        ratio = f" ({meas / pred:.1f}x the prediction)" if meas and pred > 0 else ""
+        ratio = ""
+        if meas and pred > 0:
+            ratio = f" ({meas / pred:.1f}x the prediction"
+            cl = rec.plan.cluster
+            if cl.device_kind == "cpu" or cl.name == "cpu":
+                ratio += (": the prediction is the cost model of the preset cluster "
+                          f"{html.escape(cl.spec)}, and emulated CPU devices share this "
+                          "machine's cores")
+            else:
+                ratio += (f": the prediction is for {html.escape(cl.spec)} "
+                          f"({html.escape(cl.device_kind)}), not the devices that ran it")
+            ratio += ")"
         m = rec.matched
         check = {True: "<b style='color:#2ca02c'>matched single-device results</b>",
                  False: "<b style='color:#d62728'>did NOT match single-device results</b>",
@@ -930,27 +1465,26 @@ class Explorer:
         err = f"<br><b style='color:#d62728'>error</b>: {html.escape(rec.error)}" if rec.error else ""
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
                 f"{html.escape(rec.plan.describe())}, {html.escape(rec.layout)}, "
-                f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}{ratio}; "
-                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)})<br>final loss "
+                f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}; "
+                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}){ratio}<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
 
 
-def _restyle_base(trace: Any) -> dict[str, Any]:
-    """What highlighting changes on a trace, as the figure drew it (restored on clearing)."""
-    line = getattr(trace, "line", None)
-    marker = getattr(trace, "marker", None)
-    mline = getattr(marker, "line", None) if marker is not None else None
-    return {"line": line.to_plotly_json() if line is not None else None,
-            "marker_line": mline.to_plotly_json() if mline is not None else None}
+def _same_plan(a: Plan, b: Plan) -> bool:
+    """The same plan found again (a later result of one search: equal up to its timings)."""
+    return (a.label, a.describe(), a.predicted.step_time, a.predicted.memory_per_device) == (
+        b.label, b.describe(), b.predicted.step_time, b.predicted.memory_per_device)
 
 
-def _runs(values: list[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for v in values:
-        if out and v == out[-1][1] + 1:
-            out[-1] = (out[-1][0], v)
+def _row_runs(devices: Sequence[int], per: int) -> list[tuple[int, int, int]]:
+    """``(host, first slot, last slot)`` of each run of consecutive devices on one host."""
+    out: list[tuple[int, int, int]] = []
+    for d in sorted(devices):
+        h, j = divmod(d, per)
+        if out and out[-1][0] == h and out[-1][2] == j - 1:
+            out[-1] = (h, out[-1][1], j)
         else:
-            out.append((v, v))
+            out.append((h, j, j))
     return out
 
 
@@ -959,5 +1493,6 @@ def _span(ids: list[int]) -> str:
         return "-"
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}-{ids[-1]}"
+    if len(ids) > 8:
+        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
     return ", ".join(map(str, ids))
-

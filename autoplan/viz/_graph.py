@@ -1,8 +1,14 @@
-"""The operator graph condensed by layers: boxes along the model coloured by mined class.
+"""The mined subgraphs: the operator graph condensed by layers, boxes coloured by mined class.
 
-Layers whose operator cones the miner found to be the same (same class) share a colour, so the
-repetition that folding exploits is visible; segment boundaries are dashed lines, critical nodes
-(the cut points between segments) are marked, and the title states the fold ratio.
+Layers (or segments) whose structure the miner found to be the same (same class) share a
+colour, so the repetition that folding exploits is visible (TAPAS); segment boundaries are dashed
+lines, critical nodes (TePDist's cut points between segments) are marked, and the title states
+the fold ratio and how many ILPs the search solved.
+
+``graph_figure`` takes the layers directly, or a :class:`~autoplan.search.SearchResult` or
+:class:`~autoplan.Plan` carrying the folding analysis the search records (``plan.analysis``,
+kept in the plan file): the segments in model order, their classes, the critical nodes, the
+fold ratio and the ILP count.
 """
 
 from __future__ import annotations
@@ -45,16 +51,34 @@ def _boundaries(segments: Sequence[Any], names: dict[str, int], n: int) -> list[
     return sorted(b for b in out if 0 < b < n)
 
 
-def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
+def _from_analysis(source: Any) -> tuple[dict[str, Any], str, Any]:
+    """``(analysis, model name, plan)`` of a Plan or SearchResult."""
+    plan = source
+    if hasattr(source, "best") and hasattr(source, "plans"):  # a SearchResult
+        plan = next((p for p in [source.best, *source.plans] if getattr(p, "analysis", None)),
+                    source.best)
+    analysis = getattr(plan, "analysis", None)
+    if not isinstance(analysis, Mapping) or not analysis.get("layers"):
+        raise ValueError(
+            f"graph_figure: the {type(source).__name__} carries no folding analysis (a plan made "
+            "by hand or read from a file an older autoplan wrote). Got analysis="
+            f"{str(analysis)[:40]}. Fix: search again with autoplan.search, or pass the layers.")
+    return dict(analysis), str(getattr(plan, "model", "")), plan
+
+
+def graph_figure(layers: Any,
                  classes: Sequence[int | None] | Mapping[Any, int | None] | None = None,
                  segments: Sequence[Any] | None = None, critical: Sequence[Any] | None = None,
                  fold_ratio: float | None = None, title: str | None = None) -> go.Figure:
-    """The operator graph condensed by layers.
+    """The mined subgraphs: the operator graph condensed by layers.
 
     Args:
         layers: the layers in model order, each ``{"name": str, "flops": float, "ops": int,
             "class": int | None}``; or a mapping ``{"layers": [...], "edges": [(src, dst), ...]}``
-            whose edges (layer indices or names) are drawn as arcs when they skip a layer.
+            whose edges (layer indices or names) are drawn as arcs when they skip a layer; or a
+            :class:`~autoplan.search.SearchResult` or :class:`~autoplan.Plan` carrying the
+            search's folding analysis (its segments as the layers, their mined classes, the
+            critical nodes, the fold ratio and the ILPs of the search that made the plan).
         classes: per-layer mined classes overriding the layers' ``"class"`` (a list, or a mapping
             from layer index or name to class).
         segments: segment boundaries: indices (or names) of the layers that start a segment, or
@@ -66,13 +90,26 @@ def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
     Returns:
         A ``plotly.graph_objects.Figure``: one bar trace of the layers (``meta.kind == "layers"``,
         ``marker.color[i]`` the colour of layer ``i``'s class, ``customdata[i] = [name, flops,
-        ops, class]``), the critical markers (``meta.kind == "critical"``), skip edges
-        (``meta.kind == "edges"``) and a legend entry per class.
+        ops, class]``, ``meta.planned[i]`` the planned operator ids of layer ``i`` when known),
+        the critical markers (``meta.kind == "critical"``), skip edges (``meta.kind ==
+        "edges"``) and a legend entry per class.
 
     Raises:
-        ValueError: a layer lacks a name, or a reference names no layer.
+        ValueError: a layer lacks a name, a reference names no layer, or a plan or search
+            result carries no folding analysis.
     """
     edges: Sequence[Any] = ()
+    ilps = level = None
+    if not isinstance(layers, Mapping | Sequence) or isinstance(layers, str):
+        analysis, model, _ = _from_analysis(layers)
+        critical = analysis.get("critical") if critical is None else critical
+        fold_ratio = analysis.get("fold_ratio") if fold_ratio is None else fold_ratio
+        ilps, level = analysis.get("ilps"), analysis.get("level")
+        n_seg = len(analysis["layers"])
+        title = title or (f"Mined subgraphs of {model}: {n_seg} segment{'s' if n_seg != 1 else ''} "
+                          f"in {analysis.get('classes', '?')} class"
+                          f"{'es' if analysis.get('classes') != 1 else ''}")
+        layers = analysis["layers"]
     if isinstance(layers, Mapping):
         edges = layers.get("edges", ()) or ()
         layers = layers["layers"]
@@ -93,6 +130,7 @@ def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
                 raise ValueError(f"graph_figure: classes should have one entry per layer ({n}). "
                                  f"Got {len(classes)}.")
             cls = list(classes)
+    planned = [list(lay.get("planned") or []) for lay in layers]
     flops = [float(lay.get("flops", 0.0) or 0.0) for lay in layers]
     ops = [int(lay.get("ops", 0) or 0) for lay in layers]
     top = max(flops, default=0.0)
@@ -109,7 +147,9 @@ def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
                        for i, lay in enumerate(layers)],
         "hovertemplate": ("<b>%{customdata[0]}</b> (layer %{x})<br>%{customdata[1]:.3~s}FLOP, "
                           "%{customdata[2]} ops<br>class %{customdata[3]}<extra></extra>"),
-        "showlegend": False, "name": "layers", "meta": {"kind": "layers", "classes": cls},
+        "showlegend": False, "name": "layers",
+        "meta": {"kind": "layers", "classes": cls, "names": [str(lay["name"]) for lay in layers],
+                 "planned": planned},
     }]
     if crit:
         traces.append({
@@ -156,23 +196,27 @@ def graph_figure(layers: Sequence[Mapping[str, Any]] | Mapping[str, Any],
         for k, (lo, hi) in enumerate(zip(starts, ends))]
     n_cls = len([c for c in counts if c is not None])
     head = escape(title) if title else f"Operator graph by layer: {n} layers, {sum(ops)} ops"
-    notes = [f"{n_cls} mined classes (same colour = same class)"]
+    notes = [f"{n_cls} classes (same colour = same structure: solved once when folded)"]
     if bounds:
         notes.append(f"{len(bounds) + 1} segments (dashed boundaries)")
     if crit:
-        notes.append(f"{len(crit)} critical nodes (red)")
+        notes.append(f"{len(crit)} end at a critical node (red: TePDist's cut points)")
     if fold_ratio is not None:
         head += f"; fold ratio {fold_ratio:.3g}x"
+    if ilps is not None:
+        head += f"; {ilps} ILP{'s' if ilps != 1 else ''}" + (f" ({escape(level)})" if level else "")
     ticktext = [escape(lay["name"]) for lay in layers]
     layout = {
         "template": TEMPLATE, "bargap": 0.1, "hovermode": "closest",
         "title": {"text": f"{head}<br><sup>{'; '.join(notes)}; box height ~ sqrt(FLOPs)</sup>",
                   "x": 0.01, "xanchor": "left"},
-        "xaxis": {"tickvals": list(range(n)), "ticktext": ticktext, "tickangle": -60,
+        "xaxis": {"tickvals": list(range(0, n, max(1, n // 40))),
+                  "ticktext": ticktext[::max(1, n // 40)], "tickangle": -45 if n > 8 else 0,
                   "tickfont": {"size": 9}, "range": [-0.6, n - 0.4], "showgrid": False,
-                  "title": {"text": "layer (model order)"}},
+                  "title": {"text": "layer (model order)"}, "automargin": True},
         "yaxis": {"visible": False, "range": [0, 1.6 if n_skip else 1.3]},
-        "shapes": shapes, "annotations": annotations, "height": 420,
-        "margin": {"t": 100, "l": 30, "r": 20, "b": 120}, "legend": {"title": {"text": "mined class"}},
+        "shapes": shapes, "annotations": annotations, "height": 400,
+        "margin": {"t": 100, "l": 30, "r": 20, "b": 60}, "legend": {"title": {"text": "class"}},
+        "meta": {"kind": "graph"},
     }
     return go.Figure(data=traces, layout=layout)

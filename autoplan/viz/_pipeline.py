@@ -1,13 +1,18 @@
-"""Pipeline figures: which devices each stage uses, and the schedule's timeline.
+"""Pipeline figures: which devices each stage uses, the schedule's timeline, and memory per device.
 
 ``stage_figure`` draws the cluster as a ``hosts x devices`` grid coloured by stage (Alpa's
-stage-to-submesh assignment); ``timeline_figure`` draws ``plan.schedule.events`` as bars on one
-row per mesh, forward in a light and backward in a dark shade of the stage's colour, so the
-pipeline bubbles show as gaps.
+stage-to-submesh assignment), one image however many devices (1,024 devices are one trace);
+``timeline_figure`` draws ``plan.schedule.events`` as bars on one row per mesh, forward in a light
+and backward in a dark shade of the stage's colour, so the pipeline bubbles show as gaps; with
+many micro-batches the steady state is drawn as one bar per mesh with its counts, and buttons
+zoom to the ramp-up and the ramp-down. ``memory_figure`` stacks, per stage, what each of its
+devices holds (parameters, optimizer state, batch, and the rest of the predicted memory:
+activations in flight) against the device's capacity.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,18 +23,23 @@ from ._style import (
     IDLE_COLOR,
     TEMPLATE,
     UNUSED_COLOR,
+    dtype_bytes,
     escape,
     fmt_bytes,
-    fmt_seconds,
+    fmt_in_unit,
     legend_swatch,
     shade,
     stage_color,
+    time_unit,
     tint,
 )
 
-__all__ = ["stage_figure", "timeline_figure", "timeline_events", "kind_color"]
+__all__ = ["stage_figure", "timeline_figure", "timeline_events", "kind_color", "memory_figure",
+           "memory_breakdown", "GROUP_EVENTS"]
 
 Event = tuple[float, float, int, int, int, str]
+#: a timeline of more events than this draws each mesh's steady state as one bar
+GROUP_EVENTS = 160
 
 
 def _layer_text(stage: Stage) -> str:
@@ -46,85 +56,122 @@ def _mesh_text(stage: Stage) -> str:
     return "x".join(map(str, stage.mesh_shape)) + " (" + ", ".join(stage.axis_names) + ")"
 
 
+def _span(ids: Sequence[int]) -> str:
+    ids = sorted(ids)
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    if len(ids) > 8:
+        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
+    return ", ".join(map(str, ids))
+
+
+def _rgb(color: str) -> list[int]:
+    c = color.lstrip("#")
+    return [int(c[k:k + 2], 16) for k in (0, 2, 4)]
+
+
 def stage_figure(plan: Plan) -> go.Figure:
     """The cluster's devices (rows = hosts, columns = devices of a host) coloured by stage.
 
-    Each stage is annotated with its layer range and logical mesh; devices that no stage uses are
-    left blank. Every device cell is its own trace with ``meta = {"kind": "device", "device",
-    "host", "slot", "stage" (None when unused), "stages"}``.
+    One RGB image (``meta.kind == "devices"``, ``meta.per_host``): the cell of device ``d`` is at
+    row ``d // per_host``, column ``d % per_host``, coloured by the stage using it (white when
+    unused); hovering a cell names the device, its stage, the stage's layers and logical mesh.
+    Each stage is labelled on its devices (``stage k`` where its cells are wide enough, ``k``
+    otherwise) and described in full in the legend. Device numbers are written on the cells up
+    to 64 devices.
 
     Args:
         plan: the plan to draw.
 
     Returns:
-        A ``plotly.graph_objects.Figure``.
+        A ``plotly.graph_objects.Figure``; ``layout.meta = {"kind": "stage", "owner": [stage of
+        each device or None], "per_host": ...}``.
     """
     cl = plan.cluster
     hosts, per = cl.nodes, cl.devices_per_node
+    n = hosts * per
     owner: dict[int, list[int]] = {}
     for s in plan.stages:
         for d in s.device_ids:
             owner.setdefault(d, []).append(s.index)
     by_index = {s.index: s for s in plan.stages}
-    traces: list[dict[str, Any]] = []
-    label_x, label_y, label_t = [], [], []
-    for d in range(hosts * per):
-        h, j = divmod(d, per)
-        stages = owner.get(d, [])
-        st = stages[0] if stages else None
-        color = stage_color(st) if st is not None else UNUSED_COLOR
-        if st is None:
-            text = f"device {d} (host {h}, slot {j})<br>unused"
-        else:
+    z, hover = [], []
+    for h in range(hosts):
+        row, trow = [], []
+        for j in range(per):
+            d = h * per + j
+            stages = owner.get(d, [])
+            st = stages[0] if stages else None
+            row.append(_rgb(stage_color(st) if st is not None else UNUSED_COLOR))
+            if st is None:
+                trow.append(f"device {d} (host {h}, slot {j})<br>unused")
+                continue
             s = by_index[st]
             text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
                     f"submesh {s.submesh[0]}x{s.submesh[1]}, logical mesh {_mesh_text(s)}<br>"
-                    f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)}")
+                    f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
             if len(stages) > 1:
                 text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
-        traces.append({
-            "type": "scatter", "x": [j, j + 1, j + 1, j, j], "y": [h, h, h + 1, h + 1, h],
-            "mode": "lines", "fill": "toself", "fillcolor": color,
-            "line": {"color": "#555555", "width": 1}, "hoveron": "fills", "hoverinfo": "text",
-            "text": text, "showlegend": False, "name": f"device {d}",
-            "meta": {"kind": "device", "device": d, "host": h, "slot": j, "stage": st,
-                     "stages": stages},
-        })
-        label_x.append(j + 0.5)
-        label_y.append(h + 0.82)
-        label_t.append(str(d))
-    traces.append({"type": "scatter", "x": label_x, "y": label_y, "text": label_t, "mode": "text",
-                   "textfont": {"size": 10, "color": "#222222"}, "hoverinfo": "skip",
-                   "showlegend": False, "meta": {"kind": "labels"}})
+            trow.append(text)
+        z.append(row)
+        hover.append(trow)
+    traces: list[dict[str, Any]] = [{
+        "type": "image", "z": z, "hovertext": hover, "hoverinfo": "text", "name": "devices",
+        "meta": {"kind": "devices", "per_host": per}}]
+    if n <= 64:
+        traces.append({"type": "scatter", "x": [d % per for d in range(n)],
+                       "y": [d // per - 0.3 for d in range(n)], "text": [str(d) for d in range(n)],
+                       "mode": "text", "textfont": {"size": 9, "color": "#222222"},
+                       "hoverinfo": "skip", "showlegend": False, "meta": {"kind": "labels"}})
+    # cell width in pixels, roughly, at the page's usual ~900 px plot width
+    cell_px = 900 / max(per, 1)
     annotations = []
     for s in plan.stages:
         if not s.device_ids:
             continue
-        xs = [d % per + 0.5 for d in s.device_ids]
-        ys = [d // per + 0.5 for d in s.device_ids]
-        annotations.append({
-            "x": sum(xs) / len(xs), "y": sum(ys) / len(ys), "showarrow": False,
-            "text": f"<b>stage {s.index}</b><br>{_layer_text(s)}<br>mesh {_mesh_text(s)}",
-            "font": {"size": 10, "color": "#111111"}, "bgcolor": "rgba(255,255,255,0.7)"})
-        traces.append(legend_swatch(f"stage {s.index}: {_layer_text(s)}, mesh {_mesh_text(s)}",
+        xs = [d % per for d in s.device_ids]
+        ys = [d // per for d in s.device_ids]
+        wide = (max(xs) - min(xs) + 1) * cell_px
+        text = f"<b>stage {s.index}</b>" if wide >= 70 else f"<b>{s.index}</b>"
+        if wide >= 160 and len(set(ys)) <= 2:
+            text += f"<br>mesh {'x'.join(map(str, s.mesh_shape))}"
+        annotations.append({"x": (min(xs) + max(xs)) / 2, "y": (min(ys) + max(ys)) / 2 + 0.08,
+                            "showarrow": False, "text": text,
+                            "font": {"size": 10 if wide >= 70 else 9, "color": "#111111"},
+                            "bgcolor": "rgba(255,255,255,0.75)"})
+        traces.append(legend_swatch(f"stage {s.index}: {_layer_text(s)}, mesh {_mesh_text(s)}, "
+                                    f"devices {_span(s.device_ids)}",
                                     stage_color(s.index), group=f"stage{s.index}", stage=s.index))
-    if len(owner) < hosts * per:
+    if len(owner) < n:
         traces.append(legend_swatch("unused", UNUSED_COLOR, group="unused"))
     used = len(owner)
+    tick_every = max(1, hosts // 16)
+    grid = []  # white lines between the cells, up to 64 hosts x 32 devices
+    if per <= 32 and hosts <= 64:
+        line = {"color": "white", "width": 1}
+        grid += [{"type": "line", "x0": j - 0.5, "x1": j - 0.5, "y0": -0.5, "y1": hosts - 0.5,
+                  "line": line, "layer": "above"} for j in range(1, per)]
+        grid += [{"type": "line", "x0": -0.5, "x1": per - 0.5, "y0": h - 0.5, "y1": h - 0.5,
+                  "line": line, "layer": "above"} for h in range(1, hosts)]
     layout = {
         "template": TEMPLATE,
-        "title": {"text": f"Stages on the cluster {escape(cl.spec)} ({hosts} hosts x {per} devices): "
-                          f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''} on "
-                          f"{used} of {hosts * per} devices<br><sup>colour = pipeline stage; each "
-                          "stage's layers and logical mesh written on it; blank = unused</sup>",
-                  "x": 0.01, "xanchor": "left"},
-        "xaxis": {"tickvals": [j + 0.5 for j in range(per)], "ticktext": [f"dev {j}" for j in range(per)],
-                  "range": [-0.05, per + 0.05], "showgrid": False, "zeroline": False, "side": "top"},
-        "yaxis": {"tickvals": [h + 0.5 for h in range(hosts)],
-                  "ticktext": [f"host {h}" for h in range(hosts)], "range": [hosts + 0.05, -0.05],
+        "title": {"text": f"Stages on the cluster {escape(cl.spec)} ({hosts} host{'s' if hosts != 1 else ''} "
+                          f"x {per} devices): {len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''} "
+                          f"on {used} of {n} devices<br><sup>colour = pipeline stage (legend: its "
+                          "layers, logical mesh and devices); white = unused</sup>",
+                  "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "xaxis": {"tickvals": list(range(per)) if per <= 32 else None,
+                  "ticktext": [f"dev {j}" for j in range(per)] if per <= 32 else None,
+                  "showgrid": False, "zeroline": False, "side": "top", "constrain": "domain"},
+        "yaxis": {"tickvals": list(range(0, hosts, tick_every)),
+                  "ticktext": [f"host {h}" for h in range(0, hosts, tick_every)],
                   "showgrid": False, "zeroline": False},
-        "annotations": annotations, "height": 200 + 90 * hosts,
-        "margin": {"t": 120, "l": 70, "r": 20, "b": 20}, "hovermode": "closest",
+        "annotations": annotations, "shapes": grid,
+        "height": int(min(900, 190 + max(60, 34 * hosts) + 18 * min(len(plan.stages), 12))),
+        "margin": {"t": 95, "l": 70, "r": 20, "b": 20}, "hovermode": "closest",
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.02, "x": 0, "font": {"size": 10}},
+        "meta": {"kind": "stage", "per_host": per,
+                 "owner": [owner.get(d, [None])[0] for d in range(n)]},
     }
     return go.Figure(data=traces, layout=layout)
 
@@ -181,19 +228,41 @@ def _idle(events: Sequence[Event], meshes: int, end: float) -> list[tuple[int, f
     return gaps
 
 
-def timeline_figure(plan: Plan) -> go.Figure:
+def _split_steady(events: Sequence[Event], meshes: int, keep: int
+                  ) -> tuple[list[Event], list[tuple[int, list[Event]]]]:
+    """Per mesh, its first and last ``keep`` events (ramp-up, ramp-down) and the events between
+    them (the steady state)."""
+    shown: list[Event] = []
+    steady: list[tuple[int, list[Event]]] = []
+    for m in range(meshes):
+        evs = sorted(e for e in events if e[2] == m)
+        if len(evs) <= 2 * keep + 1:
+            shown += evs
+            continue
+        shown += evs[:keep] + evs[-keep:]
+        steady.append((m, evs[keep:-keep]))
+    return shown, steady
+
+
+def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     """The pipeline timeline: one row per mesh, one bar per event of ``plan.schedule.events``.
 
     A bar spans ``[start, end]`` of its event on its mesh's row and is labelled with the
-    micro-batch number; forward bars are a light and backward bars a dark shade of the stage's
-    colour; idle gaps are light grey bars (``meta.kind == "idle"``). Bars are grouped in one
-    horizontal bar trace per (stage, kind) with ``base`` = starts, ``x`` = durations, ``y`` =
-    mesh and ``customdata`` rows ``[start, end, mesh, microbatch, stage, kind]``, and ``meta =
-    {"kind": "events", "stage", "event_kind"}``. Works for GPipe, 1F1B and single-stage plans
-    (see :func:`timeline_events`).
+    micro-batch number (where it fits); forward bars are a light and backward bars a dark shade
+    of the stage's colour; idle gaps are light grey bars (``meta.kind == "idle"``). Bars are
+    grouped in one horizontal bar trace per (stage, kind) with ``base`` = starts, ``x`` =
+    durations, ``y`` = mesh and ``customdata`` rows ``[start, end, mesh, microbatch, stage, kind]``
+    in seconds, and ``meta = {"kind": "events", "stage", "event_kind"}``; the axis and the hover
+    text use one unit (s, ms or µs: ``layout.meta["unit"]``), so ``base`` and ``x`` are in it.
+
+    With more than :data:`GROUP_EVENTS` events (or ``group=True``), each mesh keeps its first and
+    last ``2 x stages + 2`` events (the ramp-up and ramp-down) and draws the events between them
+    as one bar (``meta.kind == "steady"``) labelled with the micro-batches and counts it holds;
+    buttons zoom to the whole step, the ramp-up and the ramp-down.
 
     Args:
         plan: the plan to draw.
+        group: draw the steady state grouped (default: when there are many events).
 
     Returns:
         A ``plotly.graph_objects.Figure``.
@@ -202,37 +271,70 @@ def timeline_figure(plan: Plan) -> go.Figure:
     sch = plan.schedule
     meshes = max([e[2] for e in events] + [len(plan.stages) - 1, 0]) + 1
     end = max([e[1] for e in events], default=0.0)
+    scale, uname = time_unit(end) if unit == "s" else (1.0, "tick")
+    u = (scale, uname)
+    keep = 2 * len(plan.stages) + 2
+    grouped = (len(events) > GROUP_EVENTS) if group is None else bool(group)
+    shown, steady = _split_steady(events, meshes, keep) if grouped else (list(events), [])
     groups: dict[tuple[int, str], list[Event]] = {}
-    for e in events:
+    for e in shown:
         groups.setdefault((e[4], e[5]), []).append(e)
     kind_rank = {"forward": 0, "backward": 1}
     traces: list[dict[str, Any]] = []
-    gaps = _idle(events, meshes, end)
+    gaps = _idle(events, meshes, end) if not grouped else _idle(
+        shown + [(min(s[0] for s in evs), max(s[1] for s in evs), m, -1, -1, "steady")
+                 for m, evs in steady], meshes, end)
     if gaps:
         traces.append({
             "type": "bar", "orientation": "h", "y": [g[0] for g in gaps],
-            "base": [g[1] for g in gaps], "x": [g[2] - g[1] for g in gaps],
+            "base": [g[1] / scale for g in gaps], "x": [(g[2] - g[1]) / scale for g in gaps],
             "marker": {"color": IDLE_COLOR, "line": {"width": 0}}, "width": 0.8,
             "name": "idle (bubble)", "legendgroup": "idle",
-            "customdata": [[g[1], g[2], g[0]] for g in gaps],
-            "hovertemplate": ("idle on mesh %{customdata[2]}<br>%{customdata[0]:.4~g} to "
-                              f"%{{customdata[1]:.4~g}} {unit}<extra></extra>"),
+            "customdata": [[fmt_in_unit(g[1], u), fmt_in_unit(g[2], u), g[0]] for g in gaps],
+            "hovertemplate": ("idle on mesh %{customdata[2]}<br>%{customdata[0]} to "
+                              "%{customdata[1]}<extra></extra>"),
             "meta": {"kind": "idle"},
         })
     for (st, kind) in sorted(groups, key=lambda k: (k[0], kind_rank.get(k[1], 2), k[1])):
         evs = groups[(st, kind)]
         traces.append({
-            "type": "bar", "orientation": "h", "y": [e[2] for e in evs], "base": [e[0] for e in evs],
-            "x": [e[1] - e[0] for e in evs], "width": 0.8,
-            "text": [str(e[3]) for e in evs], "textposition": "inside", "insidetextanchor": "middle",
-            "textangle": 0, "constraintext": "inside",
+            "type": "bar", "orientation": "h", "y": [e[2] for e in evs],
+            "base": [e[0] / scale for e in evs], "x": [(e[1] - e[0]) / scale for e in evs],
+            "width": 0.8, "text": [str(e[3]) for e in evs], "textposition": "inside",
+            "insidetextanchor": "middle", "textangle": 0, "constraintext": "inside",
             "marker": {"color": kind_color(st, kind), "line": {"color": "white", "width": 0.5}},
             "name": f"stage {st} {kind}", "legendgroup": f"stage{st}",
-            "customdata": [list(e) for e in evs],
+            "customdata": [list(e) + [fmt_in_unit(e[0], u), fmt_in_unit(e[1], u)] for e in evs],
             "hovertemplate": (f"stage {st} {kind} of micro-batch %{{customdata[3]}}<br>mesh "
-                              "%{customdata[2]}: %{customdata[0]:.4~g} to %{customdata[1]:.4~g} "
-                              f"{unit}<extra></extra>"),
+                              "%{customdata[2]}: %{customdata[6]} to %{customdata[7]}<extra></extra>"),
             "meta": {"kind": "events", "stage": st, "event_kind": kind},
+        })
+    if steady:
+        xs, bases, ys, texts, cds, colors = [], [], [], [], [], []
+        for m, evs in steady:
+            a, b = min(e[0] for e in evs), max(e[1] for e in evs)
+            mbs = sorted({e[3] for e in evs})
+            nf = sum(1 for e in evs if e[5] == "forward")
+            busy = sum(e[1] - e[0] for e in evs)
+            st = evs[0][4]
+            xs.append((b - a) / scale)
+            bases.append(a / scale)
+            ys.append(m)
+            texts.append(f"micro-batches {mbs[0]}-{mbs[-1]}: {nf} F + {len(evs) - nf} B")
+            cds.append([a, b, m, len(mbs), st, "steady", fmt_in_unit(a, u), fmt_in_unit(b, u),
+                        nf, len(evs) - nf, f"{(1 - busy / (b - a)) * 100:.1f}%" if b > a else "0%",
+                        mbs[0], mbs[-1]])
+            colors.append(tint(stage_color(st), 0.25))
+        traces.append({
+            "type": "bar", "orientation": "h", "y": ys, "base": bases, "x": xs, "width": 0.8,
+            "text": texts, "textposition": "inside", "insidetextanchor": "middle", "textangle": 0,
+            "marker": {"color": colors, "line": {"color": "white", "width": 0.5}},
+            "name": "steady state (grouped)", "customdata": cds,
+            "hovertemplate": ("steady state on mesh %{customdata[2]}: micro-batches "
+                              "%{customdata[11]}-%{customdata[12]}<br>%{customdata[8]} forward + "
+                              "%{customdata[9]} backward, idle %{customdata[10]}<br>"
+                              "%{customdata[6]} to %{customdata[7]}<extra></extra>"),
+            "meta": {"kind": "steady"},
         })
     busy = sum(e[1] - e[0] for e in events)
     bubble = 1 - busy / (meshes * end) if end > 0 else 0.0
@@ -242,23 +344,141 @@ def timeline_figure(plan: Plan) -> go.Figure:
         row_names.append(f"mesh {m}" + (f" ({'x'.join(map(str, s.mesh_shape))})" if s else ""))
     kind = sch.kind if sch.kind and sch.kind != "none" else "single stage"
     mb = max(sch.microbatches, len({e[3] for e in events}))
-    span = fmt_seconds(end) if unit == "s" else f"{end:g} clock ticks"
+    span = fmt_in_unit(end, u) if unit == "s" else f"{end:g} clock ticks"
     title = (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
              f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, {mb} micro-batch"
              f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}%"
              "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
-             "its number; grey = idle</sup>")
-    xaxis: dict[str, Any] = {"title": {"text": "time" if unit == "s" else "clock tick"},
-                             "zeroline": False, "range": [0, end * 1.01 if end > 0 else 1]}
-    if unit == "s":
-        xaxis.update({"tickformat": "~s", "ticksuffix": "s"})
+             "its number; grey = idle" + ("; the steady state of each mesh is one bar "
+                                          "(hover for its counts)" if steady else "") + "</sup>")
+    xaxis: dict[str, Any] = {"title": {"text": f"time ({uname})" if unit == "s" else "clock tick"},
+                             "zeroline": False, "range": [0, end / scale * 1.01 if end > 0 else 1]}
+    updatemenus = []
+    if steady:
+        up_to = max(min(e[0] for e in evs) for _, evs in steady)
+        down_from = min(max(e[1] for e in evs) for _, evs in steady)
+        pad = 0.02 * end
+        updatemenus = [{
+            "type": "buttons", "direction": "right", "x": 1.0, "xanchor": "right", "y": 1.02,
+            "yanchor": "bottom", "showactive": True, "pad": {"r": 2, "t": 2},
+            "font": {"size": 10},
+            "buttons": [
+                {"label": "whole step", "method": "relayout",
+                 "args": [{"xaxis.range": [0, end / scale * 1.01]}]},
+                {"label": "ramp-up", "method": "relayout",
+                 "args": [{"xaxis.range": [0, (up_to + pad) / scale]}]},
+                {"label": "ramp-down", "method": "relayout",
+                 "args": [{"xaxis.range": [(down_from - pad) / scale, end / scale * 1.01]}]},
+            ]}]
     layout = {
         "template": TEMPLATE, "barmode": "overlay", "bargap": 0.2,
-        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         "xaxis": xaxis,
         "yaxis": {"tickvals": list(range(meshes)), "ticktext": row_names,
                   "range": [meshes - 0.5, -0.5], "zeroline": False},
-        "height": 200 + 45 * meshes, "margin": {"t": 100, "l": 100, "r": 20, "b": 50},
+        "height": int(min(900, 220 + 40 * meshes)),
+        "margin": {"t": 100, "l": 100, "r": 20, "b": 50},
         "uniformtext": {"minsize": 7, "mode": "hide"}, "hovermode": "closest",
+        "updatemenus": updatemenus,
+        "meta": {"kind": "timeline", "unit": uname, "grouped": bool(steady)},
+    }
+    return go.Figure(data=traces, layout=layout)
+
+
+def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:
+    """What each device of each stage holds, in bytes (the same on every device of a stage: every
+    spec splits its tensor evenly over the mesh axes it names).
+
+    Returns:
+        One dict per stage: ``stage``, ``devices``, ``parameters``, ``optimizer_state``,
+        ``batch`` (batch and other inputs), ``activations`` (the rest of the stage's predicted
+        memory: activations saved for the backward pass, for the micro-batches in flight in a
+        pipeline, and gradient buffers; never negative), ``total`` (the stage's predicted memory
+        per device, or the inputs' bytes when larger) and ``capacity`` (the device's memory).
+    """
+    out = []
+    for s in plan.stages:
+        size = dict(zip(s.axis_names, s.mesh_shape))
+        parts = {"parameter": 0.0, "optimizer_state": 0.0, "batch": 0.0}
+        for i in plan.inputs:
+            if len(plan.stages) > 1 and i.stage != s.index:
+                continue
+            shards = math.prod(size.get(a, 1) for e in i.spec if e for a in e)
+            nbytes = math.prod(i.shape) * dtype_bytes(i.dtype) / shards
+            parts[i.kind if i.kind in parts else "batch"] += nbytes
+        held = sum(parts.values())
+        total = max(s.memory if len(plan.stages) > 1 else plan.predicted.memory_per_device, held)
+        out.append({"stage": s.index, "devices": list(s.device_ids),
+                    "parameters": parts["parameter"], "optimizer_state": parts["optimizer_state"],
+                    "batch": parts["batch"], "activations": max(0.0, total - held),
+                    "total": total, "capacity": plan.cluster.device_memory})
+    return out
+
+
+_MEMORY_PARTS = (("parameters", "parameters", "#4c78a8"),
+                 ("optimizer_state", "optimizer state", "#f58518"),
+                 ("batch", "batch and inputs", "#54a24b"),
+                 ("activations", "activations in flight (the rest)", "#b279a2"))
+
+
+def memory_figure(plan: Plan) -> go.Figure:
+    """Memory per device of each stage, stacked by what it holds, against the device's capacity.
+
+    One bar per stage (its devices all hold the same: every spec splits evenly), stacked as
+    :func:`memory_breakdown` says, with a dotted line at the device's memory; a stage over it
+    is marked "does not fit". The axis is in one unit (GiB, MiB or KiB, chosen by the largest
+    bar or the capacity when they are close).
+
+    Args:
+        plan: the plan to draw.
+
+    Returns:
+        A ``plotly.graph_objects.Figure``; one bar trace per part (``meta.kind == "memory"``,
+        ``meta.part``), values in ``layout.meta["unit"]``.
+    """
+    rows = memory_breakdown(plan)
+    cap = plan.cluster.device_memory
+    top = max((r["total"] for r in rows), default=0.0)
+    show_cap = top >= 0.25 * cap
+    ref = max(top, cap if show_cap else 0.0)
+    scale, uname = next(((2.0 ** p, n) for p, n in ((30, "GiB"), (20, "MiB"), (10, "KiB"))
+                         if ref >= 2.0 ** p), (1.0, "B"))
+    labels = [f"stage {r['stage']}<br>devices {_span(r['devices'])}" for r in rows]
+    traces = []
+    for key, name, color in _MEMORY_PARTS:
+        traces.append({
+            "type": "bar", "x": labels, "y": [r[key] / scale for r in rows], "name": name,
+            "marker": {"color": color},
+            "customdata": [[fmt_bytes(r[key]), fmt_bytes(r["total"]), len(r["devices"])] for r in rows],
+            "hovertemplate": (f"%{{x}}<br>{name}: %{{customdata[0]}} per device<br>total "
+                              "%{customdata[1]} on each of its %{customdata[2]} devices<extra></extra>"),
+            "meta": {"kind": "memory", "part": key}})
+    shapes, annotations = [], []
+    if show_cap:
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": cap / scale,
+                       "y1": cap / scale, "line": {"color": "#d62728", "dash": "dot", "width": 1.5}})
+        annotations.append({"xref": "paper", "x": 1, "y": cap / scale, "xanchor": "right",
+                            "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
+                            "text": f"device memory {fmt_bytes(cap)}"})
+    over = [r for r in rows if r["total"] > cap]
+    for r, lab in zip(rows, labels):
+        if r["total"] > cap:
+            annotations.append({"x": lab, "y": r["total"] / scale, "yanchor": "bottom",
+                                "showarrow": False, "text": "<b>does not fit</b>",
+                                "font": {"color": "#d62728", "size": 10}})
+    sub = (f"per device of each stage; device memory {fmt_bytes(cap)}"
+           + (f"; {len(over)} stage(s) over it" if over else
+              ("" if show_cap else f" (largest stage uses {top / cap * 100:.2g}% of it)")))
+    layout = {
+        "template": TEMPLATE, "barmode": "stack",
+        "title": {"text": f"Memory per device of {escape(plan.model)} [{escape(plan.label)}]"
+                          f"<br><sup>{sub}</sup>", "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "yaxis": {"title": {"text": f"memory per device ({uname})"},
+                  "range": [0, max(ref, 1e-30) / scale * 1.15]},
+        "xaxis": {"tickfont": {"size": 10}},
+        "shapes": shapes, "annotations": annotations,
+        "height": 360, "margin": {"t": 80, "l": 70, "r": 20, "b": 60},
+        "legend": {"orientation": "h", "y": -0.25, "x": 0, "font": {"size": 10}},
+        "hovermode": "closest", "meta": {"kind": "memory", "unit": uname},
     }
     return go.Figure(data=traces, layout=layout)

@@ -1,11 +1,25 @@
-"""The operator-sharding figure, after Alpa's Wide-ResNet figure (Zheng et al., OSDI 2022, Fig. 12).
+"""The operator-sharding figure, after Alpa's Wide-ResNet figure (Zheng et al., OSDI 2022, Fig. 12),
+made to read at scale.
 
-Each heavy operator along the model is a column; its tensors (input, weight, output) are blocks
-cut into tiles, one tile per distinct shard. A tile held by exactly one device has that device's
-colour; a tile held by every device of the mesh (replicated) is grey, as in Alpa's figure; a tile
-held by several but not all devices (split over some mesh axes, replicated over the others) has
-the colour of its lowest device id, striped, so the tiles of a tensor split 4 ways on a 2x4 mesh
-show 4 colours rather than 4 identical greys.
+**Overview** (``sharding_figure(plan)``). One column per *layer class*: consecutive or not, the
+layers whose operators are sharded identically (same operators, shapes and specs, on the same
+stage) share a column, labelled with their names and count (``layers_0 .. layers_23 (x24)``);
+a GPT of 96 layers draws as embedding, one block column and the head. The rows are the kinds of
+operator a layer holds (``attn.qkv``, ``mlp.fc1``, ``conv2`` ...), so the same operator of
+different layer classes lines up. A cell shows the operator's tensors side by side (input(s),
+weight, output), each a block whose size tells its bytes (side ~ 0.3 + 0.7 x its place between
+the smallest and largest tensor on a log scale: a 118 MB kernel looks bigger than a bias), cut
+into one tile per shard, with its split written on it in Alpa's notation (``S(x)R``).
+
+**Drill-down** (``sharding_figure(plan, layer="layers_3")``). One column per operator of one
+layer (forward, backward and update operators alike), the same blocks, larger.
+
+**Colour is keyed to mesh coordinates**, not one colour per device (which clashes past 8
+devices): the first mesh axis of more than one device is the hue, the second the lightness
+(:func:`~autoplan.viz._style.mesh_color`); a tile replicated along an axis lacks that
+component (no hue: sepia; no lightness: middle), a tile held by every device is grey, and a
+tile held by several devices is striped. A key at the right draws the mesh itself in these
+colours. A tile is held by the devices whose mesh coordinates it records.
 
 Tile geometry. A tensor of rank 2 with spec ``(s0, s1)`` on a mesh is cut into
 ``splits(s0) x splits(s1)`` tiles, where ``splits(s) = prod(mesh size of each axis in s)``. The
@@ -13,33 +27,42 @@ device with mesh coordinates ``c`` (device id = row-major index in the mesh) hol
 ``(r, q)`` with ``r`` the mixed-radix number of ``c`` on the axes of ``s0`` (first axis most
 significant) and ``q`` likewise on ``s1``. Tensors of rank > 2 are folded into two display
 dimensions: dims ``0 .. n-2`` form the rows (their split indices combined row-major) and the last
-dim the columns; a rank-1 tensor is one row, a scalar one tile.
+dim the columns; a rank-1 tensor is one row, a scalar one tile. More than 16 tiles along a
+display dimension are drawn as 16 bands.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import plotly.graph_objects as go
 
-from .._plan import OpSharding, Plan, Stage, TensorSharding, spec_str
+from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, spec_str
 from ._style import (
     PARTIAL_PATTERN,
     REPLICATED_COLOR,
     TEMPLATE,
-    device_color,
     dtype_bytes,
     escape,
     fmt_bytes,
-    legend_swatch,
+    mesh_color,
+    mesh_rgb,
     pspec_text,
+    short_list,
 )
 
-__all__ = ["tile_devices", "tile_grid", "tile_color", "sharding_figure"]
+__all__ = ["tile_devices", "tile_grid", "tile_color", "sharding_figure", "op_layers",
+           "sharding_columns", "MAX_BANDS"]
 
 _ROLE_RANK = {"input": 0, "weight": 1, "output": 2}
+_GENERIC_LEAVES = {"kernel", "w", "weight", "bias", "b", "scale", "embedding", "value"}
+_GENERIC_LAYERS = {"", "(root)"}
+#: the most tiles drawn along a display dimension (more are drawn as this many bands)
+MAX_BANDS = 16
+_KEY_DOMAIN = (0.89, 1.0)
 
 
 def _check(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence[int],
@@ -117,11 +140,7 @@ def tile_devices(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence
     tiles: list[list[list[int]]] = [[[] for _ in range(cols)] for _ in range(rows)]
     n = math.prod(mesh_shape)
     for dev in range(n):
-        coords, rest = [], dev
-        for s in reversed(mesh_shape):
-            rest, c = divmod(rest, s)
-            coords.append(c)
-        coords.reverse()
+        coords = _coords(dev, mesh_shape)
         idx = []
         for e in spec:
             i = 0
@@ -139,13 +158,111 @@ def tile_devices(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence
     return [[tuple(t) for t in row] for row in tiles]
 
 
-def tile_color(devices: Sequence[int], mesh_size: int) -> str:
-    """A tile's colour: :data:`REPLICATED_COLOR` (grey) when all ``mesh_size`` devices of the mesh
-    hold it (and more than one), else the colour of the lowest device id holding it (the figure
-    stripes it when that is more than one device)."""
-    if len(devices) >= mesh_size > 1:
+def _coords(dev: int, mesh_shape: Sequence[int]) -> list[int]:
+    coords, rest = [], dev
+    for s in reversed(mesh_shape):
+        rest, c = divmod(rest, s)
+        coords.append(c)
+    coords.reverse()
+    return coords
+
+
+def _shared_coords(devices: Sequence[int], mesh_shape: Sequence[int]) -> list[int | None]:
+    """Per mesh axis, the coordinate every device of ``devices`` has (None where they differ)."""
+    cs = [_coords(d, mesh_shape) for d in devices]
+    return [cs[0][a] if all(c[a] == cs[0][a] for c in cs) else None for a in range(len(mesh_shape))]
+
+
+def tile_color(devices: Sequence[int], mesh_shape: Sequence[int]) -> str:
+    """A tile's colour from the mesh coordinates its devices share (see
+    :func:`~autoplan.viz._style.mesh_color`): :data:`REPLICATED_COLOR` (grey) when every
+    device of a mesh of several holds it.
+
+    Args:
+        devices: the mesh-local ids (row-major) of the devices holding the tile.
+        mesh_shape: the logical mesh.
+    """
+    if len(devices) >= math.prod(mesh_shape) > 1:
         return REPLICATED_COLOR
-    return device_color(min(devices))
+    return mesh_color(_shared_coords(devices, mesh_shape), mesh_shape)
+
+
+# ---- which layer an operator is shown in ----------------------------------------------------
+def _param_container(name: str) -> str | None:
+    """``params[0]['w']`` -> ``params[0]``: the parameter's parent in its pytree."""
+    cut = name.find("[")
+    if cut < 0:
+        return None
+    arg, path = name[:cut], name[cut:]
+    keys = _parse_keystr(path)
+    if len(keys) < 2:
+        return name
+    return arg + "".join(f"[{k}]" if isinstance(k, int) else f"[{k!r}]" for k in keys[:-1])
+
+
+def op_layers(plan: Plan) -> dict[int, str]:
+    """The layer each planned operator is shown in: its recorded layer, or for an operator the
+    trace placed in no named scope, the parameter it reads (``params[0]`` for ``params[0]['w']``),
+    else the layer of the operator before it."""
+    out: dict[int, str] = {}
+    prev = None
+    for op in sorted((o for s in plan.stages for o in s.ops), key=lambda o: o.op):
+        name = op.layer if op.layer not in _GENERIC_LAYERS else None
+        if name is None:
+            w = next((t for t in op.tensors if t.role == "weight"), None)
+            name = _param_container(w.name) if w is not None else None
+        if name is None:
+            name = prev or f"op {op.op}"
+        out[op.op] = name
+        prev = name
+    return out
+
+
+def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
+    """The operator's kind within its layer (``attn.qkv``, ``conv2``, ``attn dot #1``)."""
+    scope = op.scope or ""
+    rel = scope[len(layer) + 1:] if scope.startswith(layer + "/") else ("" if scope == layer else scope)
+    w = next((t for t in op.tensors if t.role == "weight"), None)
+    if w is not None:
+        keys = [k for k in _parse_keystr(w.name[w.name.find("["):]) if isinstance(k, str)]
+        while keys and keys[-1] in _GENERIC_LEAVES:
+            keys.pop()
+        tail = keys[-1] if keys else ""
+        last = rel.rsplit("/", 1)[-1] if rel else ""
+        if tail and tail != last and tail != layer:
+            return f"{rel}.{tail}" if rel else tail
+        if rel:
+            return rel
+    base = f"{rel} " if rel else ""
+    short = {"dot_general": "dot", "conv_general_dilated": "conv"}.get(op.primitive, op.primitive)
+    key = base + short
+    k = seen.get(key, 0)
+    seen[key] = k + 1
+    return f"{key} #{k}" if k or op.role != "forward" else key
+
+
+@dataclass
+class Column:
+    """One column of the overview: a class of identically sharded layers (or, drilled down,
+    one operator).
+
+    Attributes:
+        layers: the layers it stands for, in model order.
+        stage: the stage holding them.
+        cells: ``(kind, op)`` of its representative (first) layer, in operator order.
+        ops: every planned operator id of every layer it stands for.
+    """
+
+    layers: list[str]
+    stage: Stage
+    cells: list[tuple[str, OpSharding]]
+    ops: list[int] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if len(self.layers) == 1:
+            return self.layers[0]
+        return f"{short_list(self.layers, 2)}"
 
 
 def _forward_ops(plan: Plan) -> tuple[list[tuple[Stage, OpSharding]], bool]:
@@ -154,161 +271,312 @@ def _forward_ops(plan: Plan) -> tuple[list[tuple[Stage, OpSharding]], bool]:
     return (fwd, True) if fwd else (all_ops, False)
 
 
-def _subsample(n: int, k: int) -> list[int]:
-    if n <= k:
-        return list(range(n))
-    if k <= 1:
-        return [0]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+def _signature(stage: Stage, cells: list[tuple[str, OpSharding]]) -> tuple:
+    return (stage.index, tuple((k, o.primitive, o.strategy,
+                                tuple((t.role, t.shape, t.dtype, t.spec) for t in o.tensors))
+                               for k, o in cells))
 
 
-def _op_label(op: OpSharding) -> str:
-    tail = op.scope.rstrip("/").rsplit("/", 1)[-1] if op.scope else ""
-    if op.layer and tail and tail != op.layer:
-        return f"{op.layer}/{tail}"
-    return op.layer or tail or f"op {op.op}"
+def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column], bool]:
+    """The figure's columns: layer classes (identically sharded layers folded), or with
+    ``layer`` every operator of that layer.
+
+    Returns:
+        ``(columns, forward_only)``.
+
+    Raises:
+        ValueError: ``layer`` is not a layer of the plan.
+    """
+    names = op_layers(plan)
+    if layer is not None:
+        ops = [(s, o) for s in plan.stages for o in s.ops if names[o.op] == layer]
+        if not ops:
+            known = list(dict.fromkeys(names.values()))
+            raise ValueError(f"sharding_figure: layer should be one of the plan's layers "
+                             f"({short_list(known, 6)}). Got {layer!r}.")
+        seen: dict[str, int] = {}
+        cols = []
+        for s, o in sorted(ops, key=lambda so: so[1].op):
+            kind = _kind(o, layer, seen)
+            if o.role != "forward":
+                kind = f"{kind} ({o.role})"
+            cols.append(Column([layer], s, [(kind, o)], [o.op]))
+        return cols, False
+    ops, forward_only = _forward_ops(plan)
+    per_layer: dict[str, list[tuple[Stage, OpSharding]]] = {}
+    for s, o in sorted(ops, key=lambda so: so[1].op):
+        per_layer.setdefault(names[o.op], []).append((s, o))
+    columns: list[Column] = []
+    by_sig: dict[tuple, Column] = {}
+    for name, members in per_layer.items():
+        seen = {}
+        cells = [(_kind(o, name, seen), o) for _, o in members]
+        sig = _signature(members[0][0], cells)
+        col = by_sig.get(sig)
+        if col is None:
+            col = by_sig[sig] = Column([name], members[0][0], cells)
+            columns.append(col)
+        else:
+            col.layers.append(name)
+        col.ops.extend(o.op for _, o in members)
+    return columns, forward_only
+
+
+def _size_band(nbytes: float, lo: float, hi: float) -> float:
+    """A block's side in [0.3, 1]: its bytes' place between ``lo`` and ``hi`` on a log scale."""
+    if hi <= lo or nbytes <= 0:
+        return 1.0
+    return 0.3 + 0.7 * (math.log(max(nbytes, lo)) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
+def _bands(n: int) -> list[tuple[int, int]]:
+    """Display bands ``[a, b)`` of ``n`` tiles: one per tile, or :data:`MAX_BANDS` even bands."""
+    if n <= MAX_BANDS:
+        return [(i, i + 1) for i in range(n)]
+    return [(n * i // MAX_BANDS, n * (i + 1) // MAX_BANDS) for i in range(MAX_BANDS)]
+
+
+class _Canvas:
+    """Tile polygons grouped by fill (one trace per colour and pattern), text and hover points."""
+
+    def __init__(self) -> None:
+        self.fills: dict[tuple[str, bool], tuple[list[float | None], list[float | None]]] = {}
+        self.text: tuple[list[float], list[float], list[str]] = ([], [], [])
+        self.hover: list[tuple[float, float, str, list[Any]]] = []
+        self.kinds: set[str] = set()
+
+    def rect(self, x0: float, x1: float, y0: float, y1: float, color: str, striped: bool) -> None:
+        xs, ys = self.fills.setdefault((color, striped), ([], []))
+        xs.extend((x0, x1, x1, x0, x0, None))
+        ys.extend((y0, y0, y1, y1, y0, None))
+
+    def traces(self) -> list[dict[str, Any]]:
+        out = []
+        for (color, striped), (xs, ys) in sorted(self.fills.items()):
+            tr = {"type": "scatter", "x": xs, "y": ys, "mode": "lines", "fill": "toself",
+                  "fillcolor": color, "line": {"color": "white", "width": 0.6},
+                  "hoverinfo": "skip", "showlegend": False, "connectgaps": False,
+                  "meta": {"kind": "tiles", "color": color, "striped": striped}}
+            if striped:
+                tr["fillpattern"] = {**PARTIAL_PATTERN, "bgcolor": color}
+            out.append(tr)
+        tx, ty, tt = self.text
+        if tt:
+            out.append({"type": "scatter", "x": tx, "y": ty, "text": tt, "mode": "text",
+                        "textfont": {"size": 9, "color": "#111111"}, "hoverinfo": "skip",
+                        "showlegend": False, "meta": {"kind": "spec_text"}})
+        if self.hover:
+            out.append({
+                "type": "scatter", "mode": "markers", "x": [h[0] for h in self.hover],
+                "y": [h[1] for h in self.hover], "hovertext": [h[2] for h in self.hover],
+                "hoverinfo": "text", "customdata": [h[3] for h in self.hover],
+                "marker": {"size": 18, "color": "rgba(0,0,0,0)", "symbol": "square"},
+                "showlegend": False, "name": "tensors",
+                "meta": {"kind": "tensors", "fields": ["op", "tensor", "role", "column", "row"]}})
+        return out
+
+
+def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, cx: float,
+                 cy: float, w: float, h: float, col: int, row: int, layers: Sequence[str],
+                 write_spec: bool) -> None:
+    grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
+    rows, cols = len(grid), len(grid[0])
+    mesh_size = math.prod(stage.mesh_shape)
+    shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
+                       if any(a in (e or ()) for e in t.spec))
+    per_device = math.prod(t.shape) * dtype_bytes(t.dtype) / shards
+    x0, y0 = cx - w / 2, cy - h / 2
+    rb, cb = _bands(rows), _bands(cols)
+    for i, (ra, _) in enumerate(rb):
+        for j, (ca, _) in enumerate(cb):
+            devs = grid[ra][ca]
+            color = tile_color(devs, stage.mesh_shape)
+            striped = 1 < len(devs) < mesh_size
+            cv.kinds.add("replicated" if color == REPLICATED_COLOR else ("partial" if striped else "one"))
+            cv.rect(x0 + w * j / len(cb), x0 + w * (j + 1) / len(cb),
+                    y0 + h * (len(rb) - i - 1) / len(rb), y0 + h * (len(rb) - i) / len(rb),
+                    color, striped)
+    if write_spec:
+        cv.text[0].append(cx)
+        cv.text[1].append(cy)
+        cv.text[2].append(spec_str(t.spec))
+    cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in grid[0][0]]
+    folded = f"; dims 0..{len(t.shape) - 2} folded into rows" if len(t.shape) > 2 else ""
+    banded = "" if (rows <= MAX_BANDS and cols <= MAX_BANDS) else f"; drawn as {len(rb)}x{len(cb)} bands"
+    where = f" of {short_list(layers, 3)}" if len(layers) > 1 else f" of {escape(layers[0])}"
+    text = (f"<b>{escape(t.name)}</b>: {t.role} of op {op.op} {escape(op.primitive)}{where}"
+            f"<br>shape {'x'.join(map(str, t.shape)) or 'scalar'} {escape(t.dtype)}, "
+            f"{fmt_bytes(math.prod(t.shape) * dtype_bytes(t.dtype))}"
+            f"<br>spec {pspec_text(t.spec)} = {spec_str(t.spec)}: {rows}x{cols} tiles{folded}{banded}"
+            f"<br>bytes per device {fmt_bytes(per_device)}"
+            f"<br>tile (0, 0) held by device{'s' if len(cluster) > 1 else ''} {_span(cluster)}"
+            f"<br>strategy {escape(op.strategy)}")
+    if op.comm:
+        text += "<br>" + ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in op.comm)
+    cv.hover.append((cx, cy, text, [op.op, t.name, t.role, col, row]))
 
 
 def _span(ids: Sequence[int]) -> str:
     ids = list(ids)
     if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}-{ids[-1]}"
+    if len(ids) > 8:
+        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
     return ", ".join(map(str, ids))
 
 
-def sharding_figure(plan: Plan, max_ops: int = 48) -> go.Figure:
-    """Alpa-style view of how each heavy operator's tensors are split over the devices.
+def _mesh_key(stage: Stage) -> list[dict[str, Any]]:
+    """The stage's logical mesh drawn in the tile colours (an RGB image), with hover text."""
+    shape = list(stage.mesh_shape)
+    if len(shape) == 1:
+        shape = [shape[0], 1]
+    n0, n1 = shape[0], math.prod(shape[1:])
+    z, text = [], []
+    for i in range(n0):
+        row, trow = [], []
+        for j in range(n1):
+            d = i * n1 + j
+            coords = _coords(d, stage.mesh_shape)
+            row.append(list(mesh_rgb(coords, stage.mesh_shape)))
+            dev = stage.device_ids[d] if d < len(stage.device_ids) else d
+            trow.append(f"device {dev}: " + ", ".join(f"{a}={c}" for a, c in
+                                                      zip(stage.axis_names, coords)))
+        z.append(row)
+        text.append(trow)
+    return [{"type": "image", "z": z, "xaxis": "x2", "yaxis": "y2", "hovertext": text,
+             "hoverinfo": "text", "name": "mesh key", "meta": {"kind": "mesh_key"}}]
 
-    One column per forward operator (in model order; evenly subsampled when there are more than
-    ``max_ops``); in each column the operator's tensors as blocks, inputs at the bottom, weights
-    in the middle, outputs on top. Each block is cut into tiles (see :func:`tile_devices`); a tile
-    held by one device has that device's colour (:func:`device_color` of its cluster device id);
-    a tile held by all devices of the mesh is grey (replicated); a tile held by several but not
-    all has the colour of its lowest cluster device id and a stripe pattern (see
-    :func:`tile_color`). Hovering a tile shows the tensor's name, shape, PartitionSpec, bytes per
-    device and the devices holding the tile.
 
-    Every tile is its own trace with ``meta = {"kind": "tile", "op", "column", "tensor",
-    "role", "row", "col", "devices" (mesh-local ids), "cluster_devices", "stage",
-    "replicated", "striped"}``.
+def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40) -> go.Figure:
+    """How each heavy operator's tensors are split over the devices, folded by layer class.
+
+    See the module docstring for the overview (one column per class of identically sharded
+    layers, one row per kind of operator), the drill-down into one layer, the tile geometry
+    and the colours. Hovering a block shows the tensor's name, shape, bytes, PartitionSpec,
+    bytes per device, the devices of its first tile and the operator's strategy; its point
+    carries ``customdata = [op, tensor, role, column, row]`` (the trace with ``meta.kind ==
+    "tensors"``; clicking it selects the operator or input).
 
     Args:
         plan: the plan to draw.
-        max_ops: the most operators drawn.
+        layer: a layer name to drill into (every operator of that layer), or None.
+        max_columns: the most columns drawn (evenly spaced along the model beyond it).
 
     Returns:
-        A ``plotly.graph_objects.Figure``.
+        A ``plotly.graph_objects.Figure``; ``layout.meta`` holds ``{"kind": "sharding",
+        "columns": [{"layers", "ops", "stage", "label"}], "rows": [...]}``.
 
     Raises:
-        ValueError: ``max_ops`` is not positive, or a tensor's spec does not fit its mesh.
+        ValueError: ``max_columns`` is not positive, ``layer`` names no layer of the plan, or a
+            tensor's spec does not fit its mesh.
     """
-    if not isinstance(max_ops, int) or max_ops < 1:
-        raise ValueError(f"sharding_figure: max_ops should be a positive integer. Got {max_ops!r}.")
-    ops, forward_only = _forward_ops(plan)
-    picked = _subsample(len(ops), max_ops)
-    traces: list[dict[str, Any]] = []
+    if not isinstance(max_columns, int) or max_columns < 1:
+        raise ValueError(f"sharding_figure: max_columns should be a positive integer. Got "
+                         f"{max_columns!r}.")
+    columns, forward_only = sharding_columns(plan, layer)
+    shown = [columns[i] for i in _subsample(len(columns), max_columns)]
+    rows: list[str] = []
+    for c in shown:
+        for kind, _ in c.cells:
+            if kind not in rows:
+                rows.append(kind)
+    row_of = {k: i for i, k in enumerate(rows)}
+    if layer is not None:  # drilled down: one operator per column, all in one row
+        rows = ["input | weight | output"]
+        row_of = {kind: 0 for c in shown for kind, _ in c.cells}
+    sizes = [math.prod(t.shape) * dtype_bytes(t.dtype) for c in shown for _, o in c.cells
+             for t in o.tensors]
+    lo, hi = min(sizes, default=1.0), max(sizes, default=1.0)
+    slots = max((len(o.tensors) for c in shown for _, o in c.cells), default=3)
+    cv = _Canvas()
+    write_spec = len(shown) <= 24
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
-    used_devices: set[int] = set()
-    used_kinds: set[str] = set()
-    n_slots = 1
-    folded = False
-    ticktext = []
     prev_stage = None
-    for col, k in enumerate(picked):
-        stage, op = ops[k]
-        ticktext.append(escape(_op_label(op)))
-        if prev_stage is not None and stage.index != prev_stage and plan.is_pipeline:
-            shapes.append({"type": "line", "x0": col - 0.05, "x1": col - 0.05, "yref": "paper",
-                           "y0": 0, "y1": 1, "line": {"color": "#444444", "width": 1.5, "dash": "dot"}})
-        if plan.is_pipeline and stage.index != prev_stage:
-            annotations.append({"x": col + 0.05, "y": 1.0, "yref": "paper", "xanchor": "left",
+    for ci, col in enumerate(shown):
+        if plan.is_pipeline and col.stage.index != prev_stage:
+            if prev_stage is not None:
+                shapes.append({"type": "line", "x0": ci, "x1": ci, "yref": "paper", "y0": 0, "y1": 1,
+                               "line": {"color": "#444444", "width": 1.5, "dash": "dot"}})
+            annotations.append({"x": ci + 0.03, "y": 1.0, "yref": "paper", "xanchor": "left",
                                 "yanchor": "bottom", "showarrow": False,
-                                "text": f"stage {stage.index}", "font": {"size": 11}})
-        prev_stage = stage.index
-        mesh_size = math.prod(stage.mesh_shape)
-        tensors = sorted(op.tensors, key=lambda t: _ROLE_RANK.get(t.role, 3))
-        n_slots = max(n_slots, len(tensors))
-        for slot, t in enumerate(tensors):
-            folded = folded or len(t.shape) > 2
-            traces.extend(_tensor_tiles(t, op, stage, col, slot, mesh_size, used_devices, used_kinds))
-    legend = [legend_swatch(f"device {d}", device_color(d), group="devices", device=d)
-              for d in sorted(used_devices)]
-    if "replicated" in used_kinds:
-        legend.append(legend_swatch("replicated on all devices", REPLICATED_COLOR, group="grey"))
-    if "partial" in used_kinds:
-        legend.append(legend_swatch("striped: on several devices, coloured by the lowest id",
-                                    "#666666", group="striped", symbol="square-x-open"))
-    mesh_txt = " | ".join(sorted({"x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
-                                  for s in plan.stages}))
-    head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}] on mesh {mesh_txt}: "
-            f"{len(picked)} {'forward ' if forward_only else ''}ops")
-    notes = ["colour = device holding a tile (striped: several devices, colour of the lowest id), "
-             "grey = replicated on all"]
-    if len(picked) < len(ops):
-        notes.insert(0, f"{len(picked)} of {len(ops)} ops shown, evenly spaced along the model")
-    if folded:
-        notes.append("rank>2 tensors: dims 0..n-2 folded into rows, last dim = columns")
-    if not ops:
+                                "text": f"stage {col.stage.index}", "font": {"size": 11}})
+        prev_stage = col.stage.index
+        for kind, op in col.cells:
+            r = row_of[kind]
+            tensors = sorted(op.tensors, key=lambda t: _ROLE_RANK.get(t.role, 3))
+            slot_w = 0.92 / max(slots, 1)
+            for k, t in enumerate(tensors):
+                side = _size_band(math.prod(t.shape) * dtype_bytes(t.dtype), lo, hi)
+                cx = ci + 0.04 + slot_w * (k + 0.5)
+                _draw_tensor(cv, t, op, col.stage, cx, r + 0.5, slot_w * 0.9 * side, 0.84 * side,
+                             ci, r, col.layers, write_spec)
+    key_stage = plan.stages[0]
+    traces = cv.traces() + _mesh_key(key_stage)
+    ticktext = []
+    for col in shown:
+        if layer is not None:
+            ticktext.append(escape(col.cells[0][0]))
+        elif len(col.layers) > 1:
+            ticktext.append(f"{escape(short_list(col.layers, 2))}<br><b>x{len(col.layers)}</b>")
+        else:
+            ticktext.append(escape(col.layers[0]))
+    mesh_txt = " | ".join(dict.fromkeys("x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
+                                        for s in plan.stages))
+    n_layers = sum(len(c.layers) for c in columns)
+    n_ops = sum(len(c.ops) for c in columns)
+    if layer is not None:
+        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}], layer "
+                f"{escape(layer)}: {len(columns)} operators on mesh {mesh_txt}")
+    else:
+        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}] on mesh "
+                f"{mesh_txt}: {n_layers} layers in {len(columns)} column"
+                f"{'s' if len(columns) != 1 else ''}, {n_ops} {'forward ' if forward_only else ''}ops")
+    axes = [f"{a} ({n})" for a, n in zip(key_stage.axis_names, key_stage.mesh_shape) if n > 1]
+    colour = ("colour = mesh coordinates: " + (f"hue {axes[0]}" if axes else "")
+              + (f", lightness {axes[1]}" if len(axes) > 1 else "")
+              + "; grey = replicated on all; stripes = several devices; block size ~ bytes (log)")
+    notes = [colour]
+    folded = [c for c in columns if len(c.layers) > 1]
+    if folded and layer is None:
+        notes.insert(0, "identically sharded layers share a column")
+    if len(shown) < len(columns):
+        notes.insert(0, f"{len(shown)} of {len(columns)} columns shown, evenly spaced")
+    if not columns:
         head = f"Operator sharding of {escape(plan.model)}: the plan records no operator shardings"
         notes = []
-    role_names = ["input", "weight", "output"] + [f"tensor {i}" for i in range(3, n_slots)]
+    height = max(320, 150 + 62 * len(rows)) if layer is None else 420
     layout = {
         "template": TEMPLATE,
         "title": {"text": head + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else ""),
-                  "x": 0.01, "xanchor": "left"},
-        "xaxis": {"tickvals": [c + 0.5 for c in range(len(picked))], "ticktext": ticktext,
-                  "tickangle": -60, "tickfont": {"size": 9}, "range": [-0.2, max(len(picked), 1) + 0.1],
-                  "showgrid": False, "zeroline": False, "title": {"text": "operator (model order)"}},
-        "yaxis": {"tickvals": [s + 0.5 for s in range(n_slots)], "ticktext": role_names[:n_slots],
-                  "range": [-0.05, n_slots + 0.05], "showgrid": False, "zeroline": False},
-        "shapes": shapes, "annotations": annotations,
-        "height": 260 + 110 * n_slots, "margin": {"t": 110, "b": 120, "l": 70, "r": 20},
-        "legend": {"title": {"text": "held by"}}, "hovermode": "closest",
+                  "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "xaxis": {"domain": [0.0, _KEY_DOMAIN[0] - 0.03],
+                  "tickvals": [c + 0.5 for c in range(len(shown))], "ticktext": ticktext,
+                  "tickangle": 0 if len(shown) <= 10 else -45, "tickfont": {"size": 10},
+                  "range": [-0.05, max(len(shown), 1) + 0.05], "showgrid": False,
+                  "zeroline": False},
+        "yaxis": {"tickvals": [r + 0.5 for r in range(len(rows))],
+                  "ticktext": [escape(r) for r in rows], "range": [len(rows) + 0.02, -0.02],
+                  "showgrid": False, "zeroline": False, "automargin": True},
+        "xaxis2": {"domain": list(_KEY_DOMAIN), "anchor": "y2", "showgrid": False,
+                   "zeroline": False, "title": {"text": f"mesh key<br>{escape(mesh_txt.split(' | ')[0])}",
+                                                "font": {"size": 10}},
+                   "showticklabels": False},
+        "yaxis2": {"domain": [0.45, 1.0], "anchor": "x2", "showgrid": False, "zeroline": False,
+                   "showticklabels": False, "scaleanchor": "x2", "autorange": "reversed"},
+        "shapes": shapes, "annotations": annotations, "height": round(height),
+        "margin": {"t": 95, "b": 70, "l": 20, "r": 20}, "hovermode": "closest", "showlegend": False,
+        "meta": {"kind": "sharding", "layer": layer,
+                 "columns": [{"layers": c.layers, "ops": c.ops, "stage": c.stage.index,
+                              "label": c.label} for c in shown],
+                 "rows": rows},
     }
-    return go.Figure(data=traces + legend, layout=layout)
+    return go.Figure(data=traces, layout=layout)
 
 
-def _tensor_tiles(t: TensorSharding, op: OpSharding, stage: Stage, col: int, slot: int,
-                  mesh_size: int, used_devices: set[int], used_kinds: set[str]) -> list[dict[str, Any]]:
-    grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
-    rows, cols = len(grid), len(grid[0])
-    shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
-                       if any(a in (e or ()) for e in t.spec))
-    per_device = math.prod(t.shape) * dtype_bytes(t.dtype) / shards
-    head = (f"<b>{escape(t.name)}</b> ({t.role} of op {op.op} {escape(op.primitive)}, "
-            f"{escape(op.layer)})<br>shape {'x'.join(map(str, t.shape)) or 'scalar'} {escape(t.dtype)}"
-            f"<br>spec {pspec_text(t.spec)} = {spec_str(t.spec)}<br>bytes per device "
-            f"{fmt_bytes(per_device)}<br>strategy {escape(op.strategy)}")
-    x0, x1 = col + 0.1, col + 0.9
-    y0, y1 = slot + 0.08, slot + 0.92
-    w, h = (x1 - x0) / cols, (y1 - y0) / rows
-    out = []
-    for r, row in enumerate(grid):
-        for c, devs in enumerate(row):
-            cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in devs]
-            color = tile_color(cluster, mesh_size)
-            if color == REPLICATED_COLOR:
-                used_kinds.add("replicated")
-            else:
-                used_devices.add(min(cluster))
-                if len(devs) > 1:
-                    used_kinds.add("partial")
-            a, b = x0 + c * w, x0 + (c + 1) * w
-            top, bot = y1 - r * h, y1 - (r + 1) * h
-            text = (f"{head}<br>tile ({r}, {c}) of {rows}x{cols} held by "
-                    f"{'device' if len(devs) == 1 else f'{len(devs)} devices'} {_span(cluster)}")
-            out.append({
-                "type": "scatter", "x": [a, b, b, a, a], "y": [bot, bot, top, top, bot],
-                "mode": "lines", "fill": "toself", "fillcolor": color,
-                "line": {"color": "white", "width": 1}, "hoveron": "fills", "hoverinfo": "text",
-                "text": text, "showlegend": False, "name": t.name,
-                "meta": {"kind": "tile", "op": op.op, "column": col, "tensor": t.name,
-                         "role": t.role, "row": r, "col": c, "devices": list(devs),
-                         "cluster_devices": cluster, "stage": stage.index,
-                         "replicated": color == REPLICATED_COLOR,
-                         "striped": 1 < len(devs) and color != REPLICATED_COLOR},
-            })
-            if 1 < len(devs) and color != REPLICATED_COLOR:
-                out[-1]["fillpattern"] = {**PARTIAL_PATTERN, "bgcolor": color}
-    return out
+def _subsample(n: int, k: int) -> list[int]:
+    if n <= k:
+        return list(range(n))
+    if k <= 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})

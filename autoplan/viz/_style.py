@@ -31,6 +31,11 @@ __all__ = [
     "dtype_bytes",
     "escape",
     "legend_swatch",
+    "mesh_color",
+    "mesh_rgb",
+    "time_unit",
+    "fmt_in_unit",
+    "short_list",
 ]
 
 REPLICATED_COLOR = "#9e9e9e"
@@ -151,6 +156,80 @@ def dtype_bytes(dtype: str) -> int:
     if m:
         return max(1, int(m.group(1)) // 8)
     return 4
+
+
+_MAX_HUES = 24
+_MAX_LIGHTS = 6
+_NO_HUE = (0.08, 0.30)  # (hue, saturation) of a tile not split over the hue axis: sepia
+
+
+def _active_axes(mesh_shape: Sequence[int]) -> list[int]:
+    return [a for a, n in enumerate(mesh_shape) if n > 1]
+
+
+def mesh_rgb(coords: Sequence[int | None], mesh_shape: Sequence[int]) -> tuple[int, int, int]:
+    """The colour of a place on the logical mesh, keyed to its coordinates.
+
+    The first mesh axis of more than one device sets the hue (its coordinate ``c`` of ``n``: hue
+    ``0.85 c / n``, at most 24 hues), the second the lightness (dark to light, at most 6
+    levels); ``None`` for an axis the tile is not split over (it is replicated along it): no hue
+    (a sepia tone) or the middle lightness. Every coordinate ``None``: the replicated grey.
+
+    Args:
+        coords: one coordinate (or None) per mesh axis.
+        mesh_shape: the logical mesh.
+
+    Returns:
+        ``(r, g, b)`` in 0..255.
+    """
+    axes = _active_axes(mesh_shape)
+    known = [a for a in axes if coords[a] is not None]
+    if not known:
+        c = REPLICATED_COLOR.lstrip("#")
+        return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
+    hue, sat = _NO_HUE
+    light = 0.5
+    if axes and coords[axes[0]] is not None:
+        n = mesh_shape[axes[0]]
+        bucket = coords[axes[0]] * min(n, _MAX_HUES) // n
+        hue, sat = 0.85 * bucket / min(n, _MAX_HUES), 0.72
+    if len(axes) > 1 and coords[axes[1]] is not None:
+        n = mesh_shape[axes[1]]
+        levels = min(n, _MAX_LIGHTS)
+        bucket = coords[axes[1]] * levels // n
+        light = 0.28 + 0.47 * bucket / max(levels - 1, 1)
+    r, g, b = colorsys.hls_to_rgb(hue, light, sat)
+    return round(r * 255), round(g * 255), round(b * 255)
+
+
+def mesh_color(coords: Sequence[int | None], mesh_shape: Sequence[int]) -> str:
+    """:func:`mesh_rgb` as a hex string."""
+    return "#{:02x}{:02x}{:02x}".format(*mesh_rgb(coords, mesh_shape))
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """The unit to show times up to ``seconds`` in: ``(seconds per unit, name)``."""
+    t = abs(seconds) if seconds is not None and math.isfinite(seconds) else 0.0
+    if t >= 1:
+        return 1.0, "s"
+    if t >= 1e-3:
+        return 1e-3, "ms"
+    return 1e-6, "\u00b5s"
+
+
+def fmt_in_unit(t: float, unit: tuple[float, str]) -> str:
+    """``t`` seconds written in ``unit`` (from :func:`time_unit`) with 4 significant digits."""
+    if t is None or not math.isfinite(t):
+        return "n/a"
+    return f"{t / unit[0]:.4g} {unit[1]}"
+
+
+def short_list(names: Sequence[str], limit: int = 3) -> str:
+    """``a, b, c`` or ``a .. z (24)`` for long lists (names in order)."""
+    names = list(names)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{names[0]} .. {names[-1]} ({len(names)})"
 
 
 def escape(text: Any) -> str:
