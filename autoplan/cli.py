@@ -5,7 +5,9 @@
     autoplan plan gpt --size 39B --cluster p3.16xlarge:8 -o plan.json
     autoplan plan mypkg.train:workload --cluster cpu:8 -o plan.json    a user's own workload
     autoplan show plan.json                           print a plan file's summary
-    autoplan report plan.json -o report.html          self-contained HTML report
+    autoplan plan gpt --cluster cpu:8 --report report.html    the search's HTML report too
+    autoplan report plan.json -o report.html          self-contained HTML report of plan files
+    autoplan report gpt --size tiny --cluster cpu:8 -o report.html   ... of a search: every plan
     autoplan launch plan.json --model gpt --size tiny  run it on the devices attached
     autoplan launch plan.json --model gpt --print-command slurm      the srun line for a cluster
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -80,7 +83,8 @@ def cmd_trace(args) -> int:
     return 0
 
 
-def cmd_plan(args) -> int:
+def _search(args):
+    """The search the plan options ask for: ``(result, seconds)``."""
     from ._cluster import Cluster  # noqa: PLC0415
     from .search import search  # noqa: PLC0415
 
@@ -90,10 +94,17 @@ def cmd_plan(args) -> int:
           "schedule": args.schedule, "microbatches": args.microbatches,
           "submesh_hosts": args.submesh_hosts}
     if args.mesh:
+        if not re.fullmatch(r"\d+(x\d+)*", args.mesh):
+            raise AutoplanError(f"--mesh should be a logical mesh shape such as 2x4. Got "
+                                f"{args.mesh!r}.")
         kw["mesh_shape"] = tuple(int(x) for x in args.mesh.split("x"))
     t0 = time.perf_counter()
     result = search(wl, cluster, **kw)
-    dt = time.perf_counter() - t0
+    return result, time.perf_counter() - t0
+
+
+def cmd_plan(args) -> int:
+    result, dt = _search(args)
     print(result.table())
     print()
     print(result.best.summary())
@@ -101,6 +112,11 @@ def cmd_plan(args) -> int:
     if args.output:
         result.best.to_json(args.output)
         print(f"plan written to {args.output}")
+    if args.report:
+        from .viz import report_html  # noqa: PLC0415
+
+        report_html(result, path=args.report)
+        print(f"report of {len(result.plans)} plans written to {args.report}")
     return 0
 
 
@@ -118,12 +134,29 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
+    import os  # noqa: PLC0415
+
     from ._plan import Plan  # noqa: PLC0415
     from .viz import report_html  # noqa: PLC0415
 
-    plan = Plan.from_json(args.plan)
-    report_html(plan, path=args.output)
-    print(f"report written to {args.output}")
+    files = [s for s in args.source if os.path.isfile(s)]
+    if files and len(files) == len(args.source):
+        plans = [Plan.from_json(f) for f in files]
+        report_html(plans, path=args.output)
+        what = f"{len(plans)} plan file{'s' if len(plans) != 1 else ''}"
+    elif len(args.source) == 1 and not args.source[0].endswith(".json"):
+        args.model = args.source[0]
+        result, dt = _search(args)
+        print(result.table())
+        report_html(result, path=args.output)
+        what = f"a search of {args.model} ({len(result.plans)} plans, {dt:.1f} s)"
+    else:
+        missing = [s for s in args.source if not os.path.isfile(s)]
+        raise AutoplanError(f"report: the sources should be plan files (written by 'autoplan plan "
+                            f"-o') or one workload to search. Got {missing[0]!r}, which is not a "
+                            "file. Fix: check the path, or pass a zoo name or module:function "
+                            "alone.")
+    print(f"report of {what} written to {args.output}")
     return 0
 
 
@@ -206,19 +239,28 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sp)
     sp.set_defaults(func=cmd_trace)
 
+    def search_args(sp):
+        sp.add_argument("--cluster", default="cpu:8",
+                        help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
+        sp.add_argument("--level", default="auto",
+                        choices=["auto", "exhaustive", "hierarchical", "folded"],
+                        help="search level (default auto: exhaustive where it is the fast path, "
+                             "else folded)")
+        sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
+        sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
+        sp.add_argument("--microbatches", type=int, default=None)
+        sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
+                        help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, "
+                             "... and N hosts), auto (all up to 16 hosts)")
+        sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
+
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)
-    sp.add_argument("--cluster", default="cpu:8", help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
-    sp.add_argument("--level", default="auto", choices=["auto", "exhaustive", "hierarchical", "folded"],
-                    help="search level (default auto: exhaustive where it is the fast path, else folded)")
-    sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
-    sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
-    sp.add_argument("--microbatches", type=int, default=None)
-    sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
-                    help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
-                         "and N hosts), auto (all up to 16 hosts)")
-    sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
+    search_args(sp)
     sp.add_argument("-o", "--output", default=None, help="write the best plan as JSON")
+    sp.add_argument("--report", default=None, metavar="PATH",
+                    help="write the search's self-contained HTML report (every plan and their "
+                         "comparison)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("show", help="print a plan file")
@@ -226,8 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--specs", action="store_true", help="list every input's PartitionSpec")
     sp.set_defaults(func=cmd_show)
 
-    sp = sub.add_parser("report", help="write a self-contained HTML report of a plan")
-    sp.add_argument("plan")
+    sp = sub.add_parser("report", help="write a self-contained HTML report of plan files, or of a "
+                                       "search of a workload (every plan and their comparison)")
+    sp.add_argument("source", nargs="+",
+                    help="plan files written by 'autoplan plan -o' (the first is the chosen one), "
+                         "or one workload (zoo name or module:function) to search")
+    sp.add_argument("--size", default=None, help="(a workload) model size")
+    sp.add_argument("--batch", type=int, default=None, help="(a workload) global batch")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="(a workload) override a config field or pass a keyword argument")
+    search_args(sp)
     sp.add_argument("-o", "--output", default="report.html")
     sp.set_defaults(func=cmd_report)
 

@@ -1,8 +1,11 @@
-"""A static, self-contained HTML report of one plan (or a chosen plan and its alternatives).
+"""A static, self-contained HTML report of a search or a plan (and its alternatives).
 
 The report works offline and without a kernel: plotly.js is embedded once, inline, and every
-figure after it is a ``<div>`` plus a small script that draws into it. It holds the plan summary,
-the figures of :mod:`autoplan.viz` and a table of every input's PartitionSpec.
+figure after it is a ``<div>`` plus a small script that draws into it. It holds the chosen plan's
+summary, every plan's row (equivalent plans marked) and their comparison, the figures of
+:mod:`autoplan.viz` (operator sharding, stages, memory per device, the mined subgraphs, the
+pipeline timeline), the plan as code (``plan.to_code()``, with a copy button) and a table of
+every input's PartitionSpec.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import plotly.graph_objects as go
 import plotly.offline
 
 from .._plan import Plan, spec_str
-from ._compare import as_plans, compare_figure
+from ._compare import as_plans, compare_figure, equivalent_groups
 from ._graph import graph_figure
-from ._pipeline import stage_figure, timeline_figure
+from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import sharding_figure
 from ._style import dtype_bytes, fmt_bytes, fmt_seconds, pspec_text
 
@@ -28,33 +31,62 @@ _CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.15em; margin-top: 28px; }
 pre.summary { background: #f6f6f6; padding: 10px 14px; border-radius: 4px; overflow-x: auto; }
+pre.code { background: #f6f6f6; padding: 10px 14px; border-radius: 4px; overflow: auto;
+           max-height: 480px; font-size: 0.85em; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 10px; text-align: left; vertical-align: top; }
 th { background: #f0f0f0; position: sticky; top: 0; } td.num { text-align: right; }
+tr.chosen td { font-weight: 600; } tr.nofit td { color: #a33; }
 code { font-family: ui-monospace, 'SFMono-Regular', Menlo, monospace; }
 .figure { margin: 8px 0 20px 0; } .muted { color: #777; }
+button.copy { font-size: 0.85em; padding: 2px 10px; }
+"""
+
+_COPY_JS = """
+function autoplanCopy(id, button) {
+  var text = document.getElementById(id).textContent;
+  var done = function () { button.textContent = 'copied'; };
+  if (navigator.clipboard && navigator.clipboard.writeText) {
+    navigator.clipboard.writeText(text).then(done, function () { select(id); });
+  } else { select(id); }
+  function select(id) {
+    var r = document.createRange(); r.selectNodeContents(document.getElementById(id));
+    var s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+    button.textContent = 'selected: press Ctrl+C';
+  }
+}
 """
 
 
-def report_figures(plans: Sequence[Plan], graph: Any = None, max_ops: int = 48) -> list[tuple[str, go.Figure]]:
-    """The (heading, figure) pairs of a report: sharding, stages, timeline, comparison (with
-    several plans) and the layer graph (when ``graph`` is given)."""
-    chosen = plans[0]
-    figs = [("Operator sharding", sharding_figure(chosen, max_ops=max_ops)),
-            ("Stages on the cluster", stage_figure(chosen)),
-            ("Pipeline timeline", timeline_figure(chosen))]
+def _graph_section(chosen: Plan, graph: Any) -> go.Figure | None:
+    if graph is None:
+        return graph_figure(chosen) if chosen.analysis else None
+    if isinstance(graph, go.Figure):
+        return graph
+    if isinstance(graph, Mapping) and "layers" in graph and "name" not in graph:
+        kwargs = dict(graph)
+        if "edges" in kwargs:
+            kwargs["layers"] = {"layers": kwargs["layers"], "edges": kwargs.pop("edges")}
+        return graph_figure(**kwargs)
+    return graph_figure(graph)
+
+
+def report_figures(plans: Sequence[Plan], graph: Any = None, max_columns: int = 40,
+                   chosen: int = 0) -> list[tuple[str, go.Figure]]:
+    """The (heading, figure) pairs of a report: the comparison (with several plans), then the
+    chosen plan's operator sharding, stages, memory per device, mined subgraphs (from its
+    folding analysis, or ``graph``) and pipeline timeline."""
+    plan = plans[chosen]
+    figs = []
     if len(plans) > 1:
-        figs.append(("Plans compared", compare_figure(plans, highlight=0)))
-    if graph is not None:
-        if isinstance(graph, go.Figure):
-            figs.append(("Operator graph", graph))
-        elif isinstance(graph, Mapping) and "layers" in graph and "name" not in graph:
-            kwargs = dict(graph)
-            if "edges" in kwargs:
-                kwargs["layers"] = {"layers": kwargs["layers"], "edges": kwargs.pop("edges")}
-            figs.append(("Operator graph", graph_figure(**kwargs)))
-        else:
-            figs.append(("Operator graph", graph_figure(graph)))
+        figs.append(("Plans compared", compare_figure(plans, highlight=chosen)))
+    figs += [("Operator sharding", sharding_figure(plan, max_columns=max_columns)),
+             ("Stages on the cluster", stage_figure(plan)),
+             ("Memory per device", memory_figure(plan))]
+    g = _graph_section(plan, graph)
+    if g is not None:
+        figs.append(("Mined subgraphs", g))
+    figs.append(("Pipeline timeline", timeline_figure(plan)))
     return figs
 
 
@@ -75,35 +107,46 @@ def _input_rows(plan: Plan) -> str:
     return "".join(rows)
 
 
-def _plans_rows(plans: Sequence[Plan]) -> str:
+def _plans_rows(plans: Sequence[Plan], chosen: int) -> str:
+    groups = equivalent_groups(plans)
+    group_of = {i: g for g in groups for i in g}
     rows = []
     for k, p in enumerate(plans):
         q = p.predicted
+        fits = q.memory_per_device <= p.cluster.device_memory
+        same = [j for j in group_of[k] if j != k]
+        cls = " ".join(c for c, on in (("chosen", k == chosen), ("nofit", not fits)) if on)
         rows.append(
-            f"<tr><td>{'&#9733; ' if k == 0 else ''}{html.escape(p.label)}</td>"
-            f"<td>{html.escape(p.describe())}</td><td class='num'>{fmt_seconds(q.step_time)}</td>"
-            f"<td class='num'>{q.throughput:.1f}</td><td class='num'>{fmt_bytes(q.memory_per_device)}</td>"
-            f"<td class='num'>{q.bubble_fraction * 100:.1f}%</td><td class='num'>{q.mfu * 100:.1f}%</td></tr>")
+            f"<tr class='{cls}'><td class='num'>{k}</td><td>{'&#9733; ' if k == chosen else ''}"
+            f"{html.escape(p.label)}</td><td>{html.escape(p.describe())}</td>"
+            f"<td class='num'>{fmt_seconds(q.step_time)}</td>"
+            f"<td class='num'>{q.throughput:,.1f}</td><td class='num'>{fmt_bytes(q.memory_per_device)}</td>"
+            f"<td>{'yes' if fits else 'no'}</td>"
+            f"<td class='num'>{q.bubble_fraction * 100:.1f}%</td><td class='num'>{q.mfu * 100:.1f}%</td>"
+            f"<td>{', '.join(f'#{j}' for j in same) if same else ''}</td></tr>")
     return "".join(rows)
 
 
 def report_html(plan_or_plans: Any, path: str | None = None, title: str | None = None, *,
-                graph: Any = None, max_ops: int = 48) -> str:
-    """One self-contained HTML page describing a plan; works offline.
+                graph: Any = None, max_columns: int = 40) -> str:
+    """One self-contained HTML page describing a search or a plan; works offline.
 
-    plotly.js is embedded once, inline (no CDN, no external script); then the figures (operator
-    sharding, stages, timeline, and with several plans the comparison), the plan summary, and a
-    table of every input's PartitionSpec (parameters, optimizer state, batch).
+    plotly.js is embedded once, inline (no CDN, no external script); then the chosen plan's
+    summary, every plan's row (number, label, layout, predicted step time, throughput, memory per
+    device, whether it fits, bubble, MFU, equivalent plans) and their comparison, the chosen
+    plan's figures (operator sharding, stages, memory per device, mined subgraphs, timeline),
+    its code (:meth:`autoplan.Plan.to_code`) and a table of every input's PartitionSpec.
 
     Args:
-        plan_or_plans: a Plan, a list of Plans, or an object with ``.plans``; with several, the
-            first is the chosen plan and the comparison includes all.
+        plan_or_plans: a :class:`~autoplan.search.SearchResult` (every ranked plan; its best is
+            the chosen one), a Plan, a list of Plans (the first is the chosen one), or an object
+            with ``.plans``.
         path: when given, the HTML is written there too (UTF-8).
         title: the page title (default names the model and the chosen plan's label).
-        graph: optionally the layer graph: ``graph_figure``'s keyword arguments as a mapping
-            (``{"layers": ..., "segments": ..., "fold_ratio": ...}``), its ``layers`` argument,
-            or a ready figure.
-        max_ops: the most operators in the sharding figure.
+        graph: the mined-subgraph figure's input when the plan carries no folding analysis:
+            ``graph_figure``'s keyword arguments as a mapping (``{"layers": ..., "segments":
+            ..., "fold_ratio": ...}``), its ``layers`` argument, or a ready figure.
+        max_columns: the most columns in the sharding figure.
 
     Returns:
         The HTML text.
@@ -112,21 +155,28 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
         TypeError: ``plan_or_plans`` holds no Plans.
     """
     plans = as_plans(plan_or_plans)
-    chosen = plans[0]
+    best = getattr(plan_or_plans, "best", None)
+    chosen_i = next((k for k, p in enumerate(plans) if p is best), 0) if best is not None else 0
+    chosen = plans[chosen_i]
     title = title or f"autoplan report: {chosen.model} [{chosen.label}]"
     config = {"displaylogo": False, "responsive": True}
     sections = []
-    for k, (heading, fig) in enumerate(report_figures(plans, graph=graph, max_ops=max_ops)):
+    for k, (heading, fig) in enumerate(report_figures(plans, graph=graph, max_columns=max_columns,
+                                                      chosen=chosen_i)):
         div = fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
                           config=config, div_id=f"autoplan-figure-{k}", default_width="100%")
         sections.append(f"<h2>{html.escape(heading)}</h2><div class='figure'>{div}</div>")
     compared = ""
     if len(plans) > 1:
-        compared = ("<h2>Plans</h2><p class='muted'>&#9733; = the chosen plan</p><table><tr><th>label</th>"
-                    "<th>layout</th><th>step time</th><th>samples/s</th><th>memory/device</th>"
-                    f"<th>bubble</th><th>MFU</th></tr>{_plans_rows(plans)}</table>")
+        compared = ("<h2>Plans</h2><p class='muted'>&#9733; = the chosen plan; numbers as in the "
+                    "comparison; plans that do not fit in the device's memory in red; equivalent "
+                    "= the same shardings up to swapping mesh axes, with the same prediction</p>"
+                    "<table><tr><th>#</th><th>label</th><th>layout</th><th>step time</th>"
+                    "<th>samples/s</th><th>memory/device</th><th>fits</th><th>bubble</th>"
+                    f"<th>MFU</th><th>equivalent</th></tr>{_plans_rows(plans, chosen_i)}</table>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in chosen.notes)
     n_params = sum(1 for i in chosen.inputs if i.kind == "parameter")
+    code = html.escape(chosen.to_code())
     page = f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -135,6 +185,7 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
 <title>{html.escape(title)}</title>
 <style>{_CSS}</style>
 <script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>
+<script type="text/javascript">{_COPY_JS}</script>
 </head>
 <body>
 <h1>{html.escape(title)}</h1>
@@ -146,6 +197,11 @@ JAX {html.escape(chosen.jax_version or 'unknown')}.</p>
 {f"<ul>{notes}</ul>" if notes else ""}
 {compared}
 {"".join(sections)}
+<h2>Code</h2>
+<p class="muted">The chosen plan's mesh and <code>NamedSharding</code> pytrees for a training
+script: <code>shardings_for(args)</code> mirrors the step's arguments.
+<button class="copy" onclick="autoplanCopy('autoplan-code', this)">copy code</button></p>
+<pre class="code" id="autoplan-code">{code}</pre>
 <h2>PartitionSpecs</h2>
 <p class="muted">{len(chosen.inputs)} inputs, {n_params} parameters. Bytes per device on the
 holding stage's mesh.</p>
