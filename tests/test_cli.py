@@ -38,6 +38,21 @@ def test_plan_show_and_report(tmp_path, capsys):
     report = tmp_path / "r.html"
     assert main(["report", str(path), "-o", str(report)]) == 0
     assert report.stat().st_size > 1_000_000  # plotly.js embedded
+    assert "Mined subgraphs" in report.read_text()  # the plan file keeps the folding analysis
+
+
+def test_reports_of_a_search_have_every_plan(tmp_path, capsys):
+    report = tmp_path / "search.html"
+    assert main(["plan", "mlp", "--cluster", "cpu:8", "--pipeline", "no", "--report",
+                 str(report)]) == 0
+    out = capsys.readouterr().out
+    n = int(out.split("report of ")[1].split(" plans")[0])
+    text = report.read_text()
+    assert n >= 3 and text.count("<tr class=") == n and "Plans compared" in text
+    again = tmp_path / "again.html"
+    assert main(["report", "mlp", "--cluster", "cpu:8", "--pipeline", "no", "-o", str(again)]) == 0
+    assert "report of a search of mlp" in capsys.readouterr().out
+    assert again.read_text().count("<tr class=") == n
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -47,6 +62,8 @@ def test_plan_show_and_report(tmp_path, capsys):
     (["plan", "mlp", "--cluster", "nosuch:2"], "unknown preset"),
     (["show", "/nonexistent/plan.json"], "cannot read plan file"),
     (["trace", "gpt", "--set", "layers"], "KEY=VALUE"),
+    (["report", "/nonexistent/plan.json"], "not a file"),
+    (["plan", "mlp", "--mesh", "two"], "--mesh should be"),
 ])
 def test_bad_input_is_a_clear_error(argv, message, capsys):
     assert main(argv) == 2

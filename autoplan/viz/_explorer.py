@@ -279,11 +279,11 @@ class Explorer:
                     "Explorer(autoplan.Workload(train_step, (params, opt_state, batch))).")
             spec = (workload_spec(workload) or {}) if not _is_graph(workload) else {}
             model = str(spec.get("model") or getattr(workload, "name", None) or "workload")
-            size = spec.get("size", getattr(workload, "size", None) or NO_SIZE)
+            size = spec.get("size") or NO_SIZE  # a zoo size only for a zoo workload's spec
         if not (model in models or is_function_spec(model) or workload is not None):
             raise ModelError(f"Explorer: model should be one of {sorted(models)} or a user's "
                              f"'module:function'. Got {model!r}. Fix: e.g. model='gpt'.")
-        if model in models and size not in models[model]:
+        if model in models and size not in models[model] and workload is None:
             raise ModelError(f"Explorer: size should be one of {models[model]} for {model!r}. "
                              f"Got {size!r}.")
         if level not in LEVELS:
@@ -350,7 +350,7 @@ class Explorer:
                                               description="micro-batches", style=wide,
                                               layout=widgets.Layout(width="180px"))
         self._budget = widgets.BoundedFloatText(
-            value=round(memory_budget / 2**30, 4) if memory_budget else 0.0, min=0.0, max=1e6,
+            value=memory_budget / 2**30 if memory_budget else 0.0, min=0.0, max=1e6,
             step=0.5, description="memory budget GiB", style=wide,
             tooltip="per-device memory the plans must fit; 0: the device's memory",
             layout=widgets.Layout(width="210px"))
@@ -970,7 +970,7 @@ class Explorer:
                     shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": k,
                                    "x1": k + 1, "y0": 0.0, "y1": 1.0, "name": "dim", "layer": "above",
                                    "line": {"width": 0}, "fillcolor": "rgba(255,255,255,0.7)"})
-        fig["layout"]["shapes"] = shapes
+        _set_shapes(fig, shapes)
         self.figures["sharding"].show(fig)
         # stage view: the owning stage's devices outlined, the others faded
         fig = copy.deepcopy(self._base["stage"])
@@ -989,15 +989,15 @@ class Explorer:
                                "y1": h + 0.5, "name": "highlight", "layer": "above",
                                "line": {"color": HIGHLIGHT_LINE, "width": 3},
                                "fillcolor": "rgba(0,0,0,0)"})
-        fig["layout"]["shapes"] = shapes
+        _set_shapes(fig, shapes)
         self.figures["stage"].show(fig)
         # memory: the stage's bar
         fig = copy.deepcopy(self._base["memory"])
-        for t in fig["data"]:
-            n = len(t.get("y") or [])
-            t.setdefault("marker", {})["opacity"] = (
-                [1.0 if s.index == stage else DIM for s in plan.stages][:n] if on and stage is not None
-                else None)
+        if on and stage is not None:
+            for t in fig["data"]:
+                n = len(t.get("y") or [])
+                t.setdefault("marker", {})["opacity"] = [
+                    1.0 if s.index == stage else DIM for s in plan.stages][:n]
         self.figures["memory"].show(fig)
         # graph: the segments holding a selected operator (or named as the layer)
         fig = copy.deepcopy(self._base["graph"])
@@ -1007,16 +1007,16 @@ class Explorer:
                 continue
             hit = [bool(on and (set(p) & ops or nm in layers))
                    for nm, p in zip(m.get("names", []), m.get("planned", []))]
-            t.setdefault("marker", {})["opacity"] = ([1.0 if h else DIM for h in hit]
-                                                     if on and any(hit) else None)
+            if on and any(hit):
+                t.setdefault("marker", {})["opacity"] = [1.0 if h else DIM for h in hit]
         self.figures["graph"].show(fig)
         # timeline: the owning stage's bars
         fig = copy.deepcopy(self._base["timeline"])
         for t in fig["data"]:
             m = t.get("meta") or {}
-            if m.get("kind") in ("events",):
-                t["opacity"] = (1.0 if m.get("stage") == stage else DIM) if on else None
-                if on and m.get("stage") == stage:
+            if m.get("kind") == "events" and on:
+                t["opacity"] = 1.0 if m.get("stage") == stage else DIM
+                if m.get("stage") == stage:
                     t.setdefault("marker", {})["line"] = {"color": HIGHLIGHT_LINE, "width": 1.5}
         self.figures["timeline"].show(fig)
         if not on:
@@ -1468,6 +1468,14 @@ class Explorer:
                 f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}; "
                 f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}){ratio}<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
+
+
+def _set_shapes(fig: dict[str, Any], shapes: list[dict[str, Any]]) -> None:
+    """A figure's layout shapes, or none (as drawn) when the list is empty."""
+    if shapes:
+        fig["layout"]["shapes"] = shapes
+    else:
+        fig["layout"].pop("shapes", None)
 
 
 def _same_plan(a: Plan, b: Plan) -> bool:

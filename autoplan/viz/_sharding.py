@@ -34,6 +34,7 @@ display dimension are drawn as 16 bands.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ from ._style import (
 )
 
 __all__ = ["tile_devices", "tile_grid", "tile_color", "sharding_figure", "op_layers",
-           "sharding_columns", "MAX_BANDS"]
+           "sharding_columns", "block_tiles", "Tile", "Column", "MAX_BANDS"]
 
 _ROLE_RANK = {"input": 0, "weight": 1, "output": 2}
 _GENERIC_LEAVES = {"kernel", "w", "weight", "bias", "b", "scale", "embedding", "value"}
@@ -220,8 +221,8 @@ def op_layers(plan: Plan) -> dict[int, str]:
 
 def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     """The operator's kind within its layer (``attn.qkv``, ``conv2``, ``attn dot #1``)."""
-    scope = op.scope or ""
-    rel = scope[len(layer) + 1:] if scope.startswith(layer + "/") else ("" if scope == layer else scope)
+    parts = (op.scope or "").split("/")
+    rel = "/".join(parts[parts.index(layer) + 1:]) if layer in parts else "/".join(p for p in parts if p)
     w = next((t for t in op.tensors if t.role == "weight"), None)
     if w is not None:
         keys = [k for k in _parse_keystr(w.name[w.name.find("["):]) if isinstance(k, str)]
@@ -233,9 +234,11 @@ def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
             return f"{rel}.{tail}" if rel else tail
         if rel:
             return rel
-    base = f"{rel} " if rel else ""
     short = {"dot_general": "dot", "conv_general_dilated": "conv"}.get(op.primitive, op.primitive)
-    key = base + short
+    if rel:
+        key = f"{rel} {short}"
+    else:  # the layer's own name, without its number: the same kind in every repeated layer
+        key = re.sub(r"\[\d+\]|[_.]?\d+", "", layer) or short
     k = seen.get(key, 0)
     seen[key] = k + 1
     return f"{key} #{k}" if k or op.role != "forward" else key
@@ -372,37 +375,70 @@ class _Canvas:
                 "hoverinfo": "text", "customdata": [h[3] for h in self.hover],
                 "marker": {"size": 18, "color": "rgba(0,0,0,0)", "symbol": "square"},
                 "showlegend": False, "name": "tensors",
-                "meta": {"kind": "tensors", "fields": ["op", "tensor", "role", "column", "row"]}})
+                "meta": {"kind": "tensors",
+                         "fields": ["op", "tensor", "role", "column", "row", "width", "height"]}})
         return out
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One drawn tile (or band of tiles) of a tensor block.
+
+    Attributes:
+        row, col: its place in the drawn grid of ``rows x cols``.
+        rows, cols: the drawn grid (at most :data:`MAX_BANDS` per dimension).
+        devices: the mesh-local ids (row-major) of the devices holding it (its first tile's,
+            for a band).
+        color: its colour (:func:`tile_color`); ``striped`` when several but not all devices of
+            the mesh hold it.
+    """
+
+    row: int
+    col: int
+    rows: int
+    cols: int
+    devices: tuple[int, ...]
+    color: str
+    striped: bool
+
+
+def block_tiles(t: TensorSharding, stage: Stage) -> list[Tile]:
+    """The tiles a tensor block is drawn with, in row-major order (see the module docstring)."""
+    grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
+    mesh_size = math.prod(stage.mesh_shape)
+    rb, cb = _bands(len(grid)), _bands(len(grid[0]))
+    out = []
+    for i, (ra, _) in enumerate(rb):
+        for j, (ca, _) in enumerate(cb):
+            devs = grid[ra][ca]
+            out.append(Tile(i, j, len(rb), len(cb), tuple(devs), tile_color(devs, stage.mesh_shape),
+                            1 < len(devs) < mesh_size))
+    return out
 
 
 def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, cx: float,
                  cy: float, w: float, h: float, col: int, row: int, layers: Sequence[str],
                  write_spec: bool) -> None:
-    grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
-    rows, cols = len(grid), len(grid[0])
-    mesh_size = math.prod(stage.mesh_shape)
+    rows, cols = tile_grid(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
     shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
                        if any(a in (e or ()) for e in t.spec))
     per_device = math.prod(t.shape) * dtype_bytes(t.dtype) / shards
     x0, y0 = cx - w / 2, cy - h / 2
-    rb, cb = _bands(rows), _bands(cols)
-    for i, (ra, _) in enumerate(rb):
-        for j, (ca, _) in enumerate(cb):
-            devs = grid[ra][ca]
-            color = tile_color(devs, stage.mesh_shape)
-            striped = 1 < len(devs) < mesh_size
-            cv.kinds.add("replicated" if color == REPLICATED_COLOR else ("partial" if striped else "one"))
-            cv.rect(x0 + w * j / len(cb), x0 + w * (j + 1) / len(cb),
-                    y0 + h * (len(rb) - i - 1) / len(rb), y0 + h * (len(rb) - i) / len(rb),
-                    color, striped)
+    tiles = block_tiles(t, stage)
+    for tile in tiles:
+        cv.kinds.add("replicated" if tile.color == REPLICATED_COLOR else
+                     ("partial" if tile.striped else "one"))
+        cv.rect(x0 + w * tile.col / tile.cols, x0 + w * (tile.col + 1) / tile.cols,
+                y0 + h * (tile.rows - tile.row - 1) / tile.rows, y0 + h * (tile.rows - tile.row) / tile.rows,
+                tile.color, tile.striped)
+    rb, cb = tiles[0].rows, tiles[0].cols
     if write_spec:
         cv.text[0].append(cx)
         cv.text[1].append(cy)
         cv.text[2].append(spec_str(t.spec))
-    cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in grid[0][0]]
+    cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in tiles[0].devices]
     folded = f"; dims 0..{len(t.shape) - 2} folded into rows" if len(t.shape) > 2 else ""
-    banded = "" if (rows <= MAX_BANDS and cols <= MAX_BANDS) else f"; drawn as {len(rb)}x{len(cb)} bands"
+    banded = "" if (rows <= MAX_BANDS and cols <= MAX_BANDS) else f"; drawn as {rb}x{cb} bands"
     where = f" of {short_list(layers, 3)}" if len(layers) > 1 else f" of {escape(layers[0])}"
     text = (f"<b>{escape(t.name)}</b>: {t.role} of op {op.op} {escape(op.primitive)}{where}"
             f"<br>shape {'x'.join(map(str, t.shape)) or 'scalar'} {escape(t.dtype)}, "
@@ -413,7 +449,7 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
             f"<br>strategy {escape(op.strategy)}")
     if op.comm:
         text += "<br>" + ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in op.comm)
-    cv.hover.append((cx, cy, text, [op.op, t.name, t.role, col, row]))
+    cv.hover.append((cx, cy, text, [op.op, t.name, t.role, col, row, round(w, 6), round(h, 6)]))
 
 
 def _span(ids: Sequence[int]) -> str:
@@ -454,8 +490,9 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     layers, one row per kind of operator), the drill-down into one layer, the tile geometry
     and the colours. Hovering a block shows the tensor's name, shape, bytes, PartitionSpec,
     bytes per device, the devices of its first tile and the operator's strategy; its point
-    carries ``customdata = [op, tensor, role, column, row]`` (the trace with ``meta.kind ==
-    "tensors"``; clicking it selects the operator or input).
+    carries ``customdata = [op, tensor, role, column, row, width, height]`` (the trace with
+    ``meta.kind == "tensors"``, at the block's centre; clicking it selects the operator or
+    input). The tiles are filled polygons, one trace per colour (``meta.kind == "tiles"``).
 
     Args:
         plan: the plan to draw.

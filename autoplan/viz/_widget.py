@@ -98,8 +98,8 @@ class PlotView(anywidget.AnyWidget):
         return list(self.figure.get("data", []))
 
     @property
-    def layout(self) -> dict[str, Any]:
-        """The layout shown (a JSON dict)."""
+    def figure_layout(self) -> dict[str, Any]:
+        """The figure's layout shown (a JSON dict; ``layout`` is the widget's own CSS layout)."""
         return dict(self.figure.get("layout", {}))
 
     def on_click(self, callback: Callable[[dict[str, Any]], None]) -> None:

@@ -1,52 +1,38 @@
 """The plan explorer widget without a browser: a real search on tiny GPT / cpu:8, the candidate
-list, in-place FigureWidget updates, linked layer selection, errors into the Output, and a launch."""
+list (equivalent plans once), figure state held whole in each view, linked selection by dropdown
+and by the page's click messages, what-if pins and undo, the code pane, the memory budget, the
+session's memo of results, users' workloads and graphs, errors into the Output, and launches."""
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import sys
 
-import plotly.graph_objects as go
 import pytest
-from ipywidgets.widgets import widget as ipywidget
 
 import autoplan
-from autoplan.viz import _explorer, compare_figure, sharding_figure, stage_figure, timeline_figure
-from autoplan.viz._explorer import DIM, FIGURES, NO_SIZE, Explorer, sync_figure
+from autoplan import models
+from autoplan.viz import (
+    _explorer,
+    compare_figure,
+    graph_figure,
+    memory_figure,
+    sharding_figure,
+    stage_figure,
+    timeline_figure,
+)
+from autoplan.viz._compare import equivalent_groups
+from autoplan.viz._explorer import FIGURES, NO_SIZE, Explorer
+from autoplan.viz._widget import PlotView, figure_json, plotly_js_bytes
 
 SEARCH_TIMEOUT = 900
 USER_MODELS = pathlib.Path(__file__).resolve().parents[1] / "user_models"
 
 
-def figure_widgets(root):
-    out, todo = [], [root]
-    while todo:
-        w = todo.pop()
-        if isinstance(w, go.FigureWidget):
-            out.append(w)
-        todo.extend(getattr(w, "children", ()) or ())
-    return out
-
-
-def live_figure_widgets():
-    return [w for w in list(ipywidget._instances.values()) if isinstance(w, go.FigureWidget)]
-
-
-def traces(fw):
-    return [t.to_plotly_json() for t in fw.data]
-
-
-def without_uid(ts):
-    return [{k: v for k, v in t.items() if k != "uid"} for t in ts]
-
-
-def click(fw, trace_index, point=0):
-    """What the page sends when a point of a trace is clicked (plotly's pointsCallback message)."""
-    fw._js2py_pointsCallback = {"event_type": "plotly_click",
-                                "points": {"trace_indexes": [trace_index], "point_indexes": [point],
-                                           "xs": [0], "ys": [0]},
-                                "device_state": None, "selector": None}
+def shown(view: PlotView) -> dict:
+    return json.loads(json.dumps(view.figure))
 
 
 @pytest.fixture(scope="module")
@@ -75,40 +61,33 @@ def test_the_model_box_takes_a_users_module_function(in_user_folder):
     assert ex.launch_spec() == {"model": "optax_mlp:workload"}
     ex = Explorer({"model": "optax_mlp:workload", "layers": 2}, autostart=False)
     assert ex.launch_spec() == {"model": "optax_mlp:workload", "layers": 2}
-    # typed into the model box: a zoo name brings its sizes back, a module:function drops them
     ex._model.value = "mlp"
     assert (ex._size.value, ex._size.disabled) == ("tiny", False)
     assert ex.launch_spec() == {"model": "mlp", "size": "tiny"}
     ex._model.value = "optax_mlp:workload"
     assert ex._size.disabled and ex.launch_spec() == {"model": "optax_mlp:workload"}
-    assert ex._get_workload().name == "optax_mlp:workload"
     ex._model.value = "not a model"
-    with pytest.raises(ValueError, match="the model box should hold one of"):
+    with pytest.raises(autoplan.ModelError, match="the model box should hold one of"):
         ex._get_workload()
     with pytest.raises(autoplan.ModelError, match="no attribute 'nope'"):
         Explorer("optax_mlp:nope", autostart=False)
 
 
-def test_sync_figure_swaps_and_restyles_in_place(intra_plan, pipeline_plan, gpipe_plan):
-    fw = go.FigureWidget(sharding_figure(intra_plan))
-    for plan in (pipeline_plan, intra_plan, gpipe_plan, pipeline_plan):
-        want = sharding_figure(plan)
-        sync_figure(fw, want)
-        assert without_uid(traces(fw)) == without_uid([t.to_plotly_json() for t in want.data])
-        assert fw.layout.title.text == want.layout.title.text
-    # same structure (pipeline 1F1B -> GPipe timelines have the same trace types): restyled,
-    # and properties the new figure does not set are removed
-    fw = go.FigureWidget(timeline_figure(pipeline_plan))
-    objs = list(fw.data)
-    fw.data[1].opacity = 0.3
-    sync_figure(fw, timeline_figure(pipeline_plan))
-    assert all(a is b for a, b in zip(fw.data, objs))
-    assert fw.data[1].opacity is None
-    # layout keys the new figure lacks go away (the stage figure has annotations, the timeline none)
-    fw = go.FigureWidget(stage_figure(pipeline_plan))
-    assert fw.layout.annotations
-    sync_figure(fw, timeline_figure(pipeline_plan))
-    assert not fw.layout.annotations
+def test_bad_arguments_are_autoplan_errors():
+    with pytest.raises(autoplan.ModelError, match="model should be one of"):
+        Explorer(model="bert", autostart=False)
+    with pytest.raises(autoplan.ModelError, match="size should be one of"):
+        Explorer(model="gpt", size="huge", autostart=False)
+    with pytest.raises(autoplan.SearchError, match="level should be one of"):
+        Explorer(level="fast", autostart=False)
+    with pytest.raises(autoplan.SearchError, match="microbatches"):
+        Explorer(microbatches=0, autostart=False)
+    with pytest.raises(autoplan.SearchError, match="memory_budget"):
+        Explorer(memory_budget=-1, autostart=False)
+    with pytest.raises(autoplan.ClusterError):
+        Explorer(cluster="nosuch:2", autostart=False)
+    with pytest.raises(autoplan.ModelError, match="workload should be a spec"):
+        Explorer(workload=42, autostart=False)
 
 
 def test_search_errors_go_to_the_output(monkeypatch):
@@ -133,17 +112,6 @@ def test_search_errors_go_to_the_output(monkeypatch):
         ex.launch()
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="model should be one of"):
-        Explorer(model="bert", autostart=False)
-    with pytest.raises(ValueError, match="size should be one of"):
-        Explorer(model="gpt", size="huge", autostart=False)
-    with pytest.raises(ValueError, match="level should be one of"):
-        Explorer(level="fast", autostart=False)
-    with pytest.raises(ValueError, match="microbatches"):
-        Explorer(microbatches=0, autostart=False)
-
-
 def test_controls_build_the_search_arguments(monkeypatch):
     seen = {}
 
@@ -153,7 +121,7 @@ def test_controls_build_the_search_arguments(monkeypatch):
 
     monkeypatch.setattr(_explorer, "_search_function", lambda: fake)
     ex = Explorer(cluster="p3.16xlarge:2", level="exhaustive", schedule="gpipe", microbatches=8,
-                  autostart=False)
+                  memory_budget=4 * 2**30, autostart=False)
     assert (ex._preset.value, ex._nodes.value, ex._nodes.description) == ("p3.16xlarge", 2, "nodes")
     ex._model.value = "mlp"
     assert ex._size.value == "tiny"
@@ -162,22 +130,24 @@ def test_controls_build_the_search_arguments(monkeypatch):
     assert (seen["workload"].name, seen["workload"].size) == ("mlp", "tiny")
     assert seen["cluster"].spec == "p3.16xlarge:2"
     assert (seen["level"], seen["schedule"], seen["microbatches"]) == ("exhaustive", "gpipe", 8)
+    assert seen["memory_budget"] == 4 * 2**30 and seen["pipeline"] == "auto"
+    assert callable(seen["partial"])
     ex._preset.value = "cpu"
     ex._nodes.value = 4
     ex._microbatches.value = 0  # "auto"
+    ex._budget.value = 0.0  # the device's memory
     ex.search()
     ex.wait_idle(120)
     assert seen["cluster"].spec == "cpu:4" and seen["cluster"].num_devices == 4
-    assert seen["microbatches"] is None
+    assert seen["microbatches"] is None and seen["memory_budget"] is None
     assert ex._nodes.description == "devices"
     assert ex.launch_spec() == {"model": "mlp", "size": "tiny"}
     assert len(repr(ex)) < 200 and "plans=0" in repr(ex)
+    assert Explorer(autostart=False)._level.value == "auto"  # the search's default level
 
 
 def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
-    from autoplan.models import get
-
-    ex = Explorer(get("gpt", "tiny", layers=1, hidden=64), cluster="cpu:4", autostart=False)
+    ex = Explorer(models.get("gpt", "tiny", layers=1, hidden=64), cluster="cpu:4", autostart=False)
     assert (ex._model.value, ex._size.value) == ("gpt", "tiny")
     assert ex.launch_spec() == {"model": "gpt", "size": "tiny", "layers": 1, "hidden": 64}
     ex._model.value = "mlp"
@@ -185,151 +155,327 @@ def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
     assert ex.launch_spec() == {"model": "gpt", "size": "tiny"}
 
 
+def test_the_plot_view_holds_its_whole_figure_and_serves_plotly_js(intra_plan):
+    fig = sharding_figure(intra_plan)
+    view = PlotView(fig)
+    assert view.figure == figure_json(fig)
+    assert view.to_figure().layout.title.text == fig.layout.title.text
+    sent = []
+    view.send = lambda content, buffers=None: sent.append((content, buffers))
+    view._on_message(view, {"type": "plotly.js?"}, [])
+    assert sent[0][0] == {"type": "plotly.js"} and sent[0][1] == [plotly_js_bytes()]
+    assert b"window.Plotly" in sent[0][1][0]
+    clicks = []
+    view.on_click(clicks.append)
+    view._on_message(view, {"type": "click", "trace": 2, "point": [0], "customdata": [1]}, [])
+    assert clicks == [{"trace": 2, "point": [0], "x": None, "y": None, "customdata": [1]}]
+    # the widget state is the figure (tens of kilobytes), never plotly.js (megabytes)
+    state = view.get_state()
+    assert len(json.dumps(state, default=str)) < 200_000
+    assert "window.Plotly = Plotly" not in json.dumps(state, default=str)
+
+
 # ---- with a real search -----------------------------------------------------------------------
-def test_candidates_are_the_results_plans(explorer):
+def test_candidates_list_equivalent_plans_once(explorer):
     res = explorer.result
-    assert len(res.plans) >= 2
-    assert explorer.candidates == res.plans
-    assert all(a is b for a, b in zip(explorer.candidates, res.plans))
+    plans = explorer.plans
+    assert plans == res.plans and len(plans) >= 4
+    groups = equivalent_groups(plans)
+    assert [v for _, v in explorer._candidate.options] == [g[0] for g in groups]
+    assert len(groups) < len(plans)  # 8x1 and 1x8 are one plan here
     labels = [label for label, _ in explorer._candidate.options]
-    assert [v for _, v in explorer._candidate.options] == list(range(len(res.plans)))
-    for label, p in zip(labels, res.plans):
-        assert p.label in label and p.describe() in label
-        assert f"{p.predicted.step_time * 1e3:.3f} ms" in label
-    assert any(p.label.startswith("baseline") for p in res.plans)
-    assert explorer.plan is res.plans[0] and explorer._candidate.value == 0
+    for label, g in zip(labels, groups):
+        p = plans[g[0]]
+        assert label.startswith(f"{g[0]}. {p.label}: {p.describe()}")
+        assert all(f"= #{j}" in label for j in g[1:])
+    assert explorer.candidates == [plans[g[0]] for g in groups]
+    assert any(p.label.startswith("baseline") for p in plans)
     assert explorer._progress.value == 1.0 and "plans for gpt (tiny) on cpu:8" in explorer._status.value
-    assert res.plans[0].label in explorer._summary.value
     assert not explorer._launch_button.disabled
     assert explorer._errors.outputs == ()
 
 
-def test_changing_the_candidate_updates_the_figures_in_place(explorer):
+def test_every_view_holds_the_figure_of_the_selected_plan(explorer):
     res = explorer.result
-    explorer.select(0)
-    figs = dict(explorer.figures)
-    in_tree = figure_widgets(explorer.widget)
-    live = len(live_figure_widgets())
-    assert sorted(map(id, in_tree)) == sorted(map(id, figs.values())) and len(in_tree) == len(FIGURES)
-    before = {k: traces(f) for k, f in figs.items()}
-    # a candidate whose sharding differs from the best plan's
-    j = next(k for k, p in enumerate(res.plans[1:], 1)
-             if p.describe() != res.plans[0].describe() or p.label != res.plans[0].label)
-    plan = explorer.select(j)
-    assert plan is res.plans[j] is explorer.plan and explorer._candidate.value == j
-    for name, fn in (("sharding", sharding_figure), ("stage", stage_figure), ("timeline", timeline_figure)):
-        fw = explorer.figures[name]
-        assert fw is figs[name]
-        want = fn(plan)
-        assert without_uid(traces(fw)) == without_uid([t.to_plotly_json() for t in want.data]), name
-        assert fw.layout.title.text == want.layout.title.text
-    assert traces(explorer.figures["sharding"]) != before["sharding"]
-    # the comparison keeps its traces and moves the star to the selected plan
-    cmp = explorer.figures["compare"]
-    pts = next(t for t in cmp.data if t.meta["kind"] == "plans")
-    k = list(pts.meta["plans"]).index(j)
-    assert pts.marker.symbol[k] == "star" and list(pts.marker.symbol).count("star") == 1
-    want = compare_figure(res.plans, highlight=j)
-    assert len(cmp.data) == len(want.data)
-    assert plan.label in explorer._summary.value
-    # back and forth: still the same widgets, and no FigureWidget was created anywhere
-    for idx in (0, j, 0):
-        explorer.select(idx)
-    assert [id(f) for f in figure_widgets(explorer.widget)] == [id(f) for f in in_tree]
-    assert all(explorer.figures[n] is figs[n] for n in FIGURES)
-    assert len(live_figure_widgets()) == live
-    assert without_uid(traces(explorer.figures["sharding"])) == without_uid(
-        [t.to_plotly_json() for t in sharding_figure(res.plans[0]).data])
+    j = next(k for k, p in enumerate(res.plans) if p.is_pipeline)
+    views = dict(explorer.figures)
+    for index in (0, j):
+        plan = explorer.select(index)
+        assert plan is res.plans[index] is explorer.plan
+        want = {"sharding": sharding_figure(plan), "stage": stage_figure(plan),
+                "memory": memory_figure(plan), "timeline": timeline_figure(plan),
+                "graph": graph_figure(plan), "compare": compare_figure(res.plans, highlight=index)}
+        for name, fig in want.items():
+            assert shown(explorer.figures[name]) == figure_json(fig), name
+        assert plan.label in explorer._summary.value
+        assert explorer.code.code == plan.to_code()
+    assert all(explorer.figures[n] is views[n] for n in FIGURES)  # the same widgets throughout
     with pytest.raises(IndexError):
         explorer.select(len(res.plans))
+    # selecting a plan merged into another's entry selects that entry
+    g = next(g for g in equivalent_groups(res.plans) if len(g) > 1)
+    explorer.select(g[1])
+    assert explorer._candidate.value == g[0]
+    explorer.select(0)
 
 
 def test_a_candidate_change_from_the_page_runs_off_the_main_thread(explorer):
     explorer.select(0)
-    explorer._candidate.value = 1  # what the page's Dropdown does
+    k = explorer._candidate.options[1][1]
+    explorer._candidate.value = k  # what the page's Dropdown does
     explorer.wait_idle(120)
-    assert explorer.plan is explorer.result.plans[1]
-    assert explorer.figures["sharding"].layout.title.text == \
-        sharding_figure(explorer.result.plans[1]).layout.title.text
+    assert explorer.plan is explorer.plans[k]
     explorer.select(0)
 
 
-def tile_traces(explorer):
-    return [t for t in explorer.figures["sharding"].data if (t.meta or {}).get("kind") == "tile"]
+def shapes(explorer, name, kind="highlight"):
+    return [s for s in explorer.figures[name].figure_layout.get("shapes", []) if s.get("name") == kind]
 
 
 def test_layer_selection_highlights_it_in_every_view(explorer):
     plan = explorer.select(0)
-    layer_of = {o.op: o.layer for s in plan.stages for o in s.ops}
-    tiles = tile_traces(explorer)
-    drawn = [layer_of[t.meta["op"]] for t in tiles]
-    layer = next(name for name in plan.stages[0].layers if name in drawn and drawn.count(name) < len(drawn))
-    explorer.select_layer(layer)
-    assert explorer.focus == f"layer:{layer}" and explorer._focus.value == f"layer:{layer}"
-    hit = [t for t in tiles if layer_of[t.meta["op"]] == layer]
-    miss = [t for t in tiles if layer_of[t.meta["op"]] != layer]
-    assert hit and miss
-    assert all(t.opacity == 1.0 for t in hit) and all(t.opacity == DIM for t in miss)
-    cols = sorted({t.meta["column"] for t in hit})
-    boxes = [s for s in explorer.figures["sharding"].layout.shapes if s.name == "highlight"]
-    assert boxes
-    for c in cols:  # every column of the layer is inside a highlight box, no other column is
-        assert any(b.x0 <= c + 0.1 and b.x1 >= c + 0.9 for b in boxes)
-    other = {t.meta["column"] for t in miss}
-    assert not any(b.x0 <= c + 0.1 and b.x1 >= c + 0.9 for b in boxes for c in other)
-    # the stage that owns the layer is outlined in the stage view
-    owner = next(s.index for s in plan.stages if layer in s.layers)
-    devs = [t for t in explorer.figures["stage"].data if (t.meta or {}).get("kind") == "device"]
-    for t in devs:
-        owned = t.meta["stage"] == owner
-        assert (t.line.width == 3) == owned, t.meta
-    assert layer in explorer._focus_info.value
+    explorer.select_layer("layers_0")
+    assert explorer.focus == "layer:layers_0"
+    cols = explorer.figures["sharding"].figure_layout["meta"]["columns"]
+    hit = [k for k, c in enumerate(cols) if "layers_0" in c["layers"]]
+    boxes = shapes(explorer, "sharding")
+    assert [round(b["x0"]) for b in boxes] == hit and shapes(explorer, "sharding", "dim")
+    # the mined subgraphs dim every segment but the layer's
+    bars = next(t for t in explorer.figures["graph"].data if t["meta"]["kind"] == "layers")
+    assert [o == 1.0 for o in bars["marker"]["opacity"]] == [n == "layers_0" for n in bars["meta"]["names"]]
+    # the stage owning it is outlined in the stage view
+    stage = next(s for s in plan.stages if "layers_0" in s.layers)
+    assert shapes(explorer, "stage") and "layers_0" in explorer._focus_info.value
+    assert f"stage {stage.index}" in explorer._focus_info.value
     # clearing restores every view to the figure as drawn
     explorer.clear_selection()
     assert explorer.focus == ""
-    for name, fn in (("sharding", sharding_figure), ("stage", stage_figure), ("timeline", timeline_figure)):
-        fw, want = explorer.figures[name], fn(plan)
-        assert without_uid(traces(fw)) == without_uid([t.to_plotly_json() for t in want.data]), name
-        assert fw.layout.shapes == want.layout.shapes
+    assert shown(explorer.figures["sharding"]) == figure_json(sharding_figure(plan))
+    assert shown(explorer.figures["stage"]) == figure_json(stage_figure(plan))
     with pytest.raises(ValueError, match="not a layer or stage"):
         explorer.select_layer("no_such_layer")
 
 
-def test_clicks_select_layers_and_stages(explorer):
+def test_stage_selection_on_a_pipeline_plan(explorer):
+    j = next(k for k, p in enumerate(explorer.plans) if p.is_pipeline)
+    plan = explorer.select(j)
+    last = plan.stages[-1]
+    explorer.select_stage(last.index)
+    tl = [t for t in explorer.figures["timeline"].data if t["meta"]["kind"] == "events"]
+    assert all((t["opacity"] == 1.0) == (t["meta"]["stage"] == last.index) for t in tl)
+    mem = explorer.figures["memory"].data[0]["marker"]["opacity"]
+    assert mem == [1.0 if s.index == last.index else _explorer.DIM for s in plan.stages]
+    img = next(t for t in explorer.figures["stage"].data if t["meta"]["kind"] == "devices")
+    base = next(t for t in figure_json(stage_figure(plan))["data"] if t["meta"]["kind"] == "devices")
+    per = img["meta"]["per_host"]
+    for d in range(plan.cluster.num_devices):  # the other stages' devices are faded
+        h, k = divmod(d, per)
+        assert (img["z"][h][k] == base["z"][h][k]) == (d in last.device_ids)
+    explorer.clear_selection()
+    explorer.select(0)
+
+
+def click(explorer, figure, kind, point=0, **extra):
+    data = explorer.figures[figure].data
+    k = next(i for i, t in enumerate(data) if (t.get("meta") or {}).get("kind") == kind)
+    t = data[k]
+    cd = t.get("customdata")
+    event = {"trace": k, "point": [point], "x": None, "y": None,
+             "customdata": cd[point] if cd else None, **extra}
+    explorer.on_figure_click(figure, event)
+    return t
+
+
+def test_clicks_select_layers_stages_and_pin_targets(explorer):
     plan = explorer.select(0)
-    layer_of = {o.op: o.layer for s in plan.stages for o in s.ops}
-    fw = explorer.figures["sharding"]
-    k = next(i for i, t in enumerate(fw.data) if (t.meta or {}).get("kind") == "tile")
-    click(fw, k)
-    assert explorer.focus == f"layer:{layer_of[fw.data[k].meta['op']]}"
+    hover = click(explorer, "sharding", "tensors", point=0)
+    op, tensor = hover["customdata"][0][:2]
+    layer = _explorer.op_layers(plan)[op]
+    assert explorer.focus == f"layer:{layer}"
+    names = {i.name for i in plan.inputs}
+    w = next(t.name for o in plan.ops if o.op == op for t in o.tensors if t.role == "weight")
+    assert explorer._pin_target == (tensor if tensor in names else w)
     explorer.clear_selection()
-    st = explorer.figures["stage"]
-    k = next(i for i, t in enumerate(st.data) if (t.meta or {}).get("kind") == "device"
-             and t.meta["stage"] is not None)
-    click(st, k)
-    assert explorer.focus == f"stage:{st.data[k].meta['stage']}"
-    tl = explorer.figures["timeline"]
-    k = next(i for i, t in enumerate(tl.data) if (t.meta or {}).get("kind") == "events")
+    # the stage view's image: a click at row 0, column 3 selects device 3's stage
+    k = next(i for i, t in enumerate(explorer.figures["stage"].data) if t["meta"]["kind"] == "devices")
+    explorer.on_figure_click("stage", {"trace": k, "point": [0, 3], "x": 3, "y": 0})
+    assert explorer.focus == "stage:0"
     explorer.clear_selection()
-    click(tl, k)
-    assert explorer.focus == f"stage:{tl.data[k].meta['stage']}"
-    bars = [t for t in tl.data if (t.meta or {}).get("kind") == "events"]
-    stage = tl.data[k].meta["stage"]
-    assert all((t.opacity == 1.0) == (t.meta["stage"] == stage) for t in bars)
+    click(explorer, "graph", "layers", point=2)
+    assert explorer.focus == "layer:layers_1"
+    click(explorer, "timeline", "events")
+    assert explorer.focus == "stage:0"
     explorer.clear_selection()
+    click(explorer, "memory", "memory")
+    assert explorer.focus == "stage:0"
+    explorer.clear_selection()
+    # the comparison: clicking a point selects its plan
+    pts = next(t for t in explorer.figures["compare"].data if t["meta"]["kind"] == "plans")
+    target = pts["customdata"][-1][0]
+    click(explorer, "compare", "plans", point=len(pts["customdata"]) - 1)
+    explorer.wait_idle(120)
+    assert explorer.plan is explorer.plans[target] or explorer._candidate.value == target
+    explorer.select(0)
     assert explorer._errors.outputs == ()
 
 
-def test_the_number_of_figure_widgets_stays_fixed(explorer):
-    ids = sorted(map(id, figure_widgets(explorer.widget)))
-    live = len(live_figure_widgets())
-    for k in range(min(4, len(explorer.result.plans))):
-        explorer.select(k)
-        explorer.select_stage(explorer.plan.stages[-1].index)
-    explorer.clear_selection()
+def test_drill_down_into_a_layer(explorer):
     explorer.select(0)
-    assert sorted(map(id, figure_widgets(explorer.widget))) == ids and len(ids) == len(FIGURES)
-    assert len(live_figure_widgets()) == live
+    explorer.select_layer("layers_1")
+    explorer.drill_down(True)
+    meta = explorer.figures["sharding"].figure_layout["meta"]
+    assert meta["layer"] == "layers_1"
+    assert len(meta["columns"]) == sum(1 for n in _explorer.op_layers(explorer.plan).values()
+                                       if n == "layers_1")
+    explorer.drill_down(False)
+    assert explorer.figures["sharding"].figure_layout["meta"]["layer"] is None
+    explorer.clear_selection()
+
+
+def test_what_if_pin_re_solves_compares_and_undoes(explorer):
+    before = explorer.select(0)
+    n = len(explorer.plans)
+    name = "params['layers'][0]['mlp']['fc1']['kernel']"
+    assert explorer.set_pin_target(name) == name
+    choices = explorer.pin_choices()
+    current = next(i for i in before.inputs if i.name == name).spec
+    assert choices[0][1] == current and "(current)" in choices[0][0]
+    assert len(choices) > 2 and len({c[1] for c in choices}) == len(choices)
+    spec = choices[1][1]
+    assert explorer.what_if(name, spec)
+    explorer.wait_idle(300)
+    assert explorer._errors.outputs == ()
+    after = explorer.plan
+    assert len(explorer.plans) == n + 1 and after is explorer.plans[-1]
+    assert after.label.startswith("what-if: ") and name in after.label
+    assert next(i for i in after.inputs if i.name == name).spec == spec
+    assert after.mesh_shape == before.mesh_shape
+    # the comparison shows both plans and the difference broken down
+    cmp = explorer.figures["compare"]
+    diff = next(t for t in cmp.data if t["meta"]["kind"] == "difference")
+    assert diff["meta"]["seconds"][-1] == pytest.approx(after.predicted.step_time
+                                                        - before.predicted.step_time)
+    assert next(t for t in cmp.data if t["meta"]["kind"] == "reference")["meta"]["plan"] == 0
+    assert "step time" in explorer._pins_html.value and "&rarr;" in explorer._pins_html.value
+    # pins stack: a second pin keeps the first
+    other = "params['layers'][1]['mlp']['fc1']['kernel']"
+    explorer.set_pin_target(other)
+    assert explorer.what_if(other, explorer.pin_choices()[1][1])
+    explorer.wait_idle(300)
+    second = explorer.plan
+    assert next(i for i in second.inputs if i.name == name).spec == spec
+    assert explorer.undo() is after and explorer.plan is after
+    assert explorer.undo() is before and explorer.plan is before
+    assert explorer.undo() is None and len(explorer.plans) == n
+    # pipeline plans take no pins: said in the panel, refused by the API
+    j = next(k for k, p in enumerate(explorer.plans) if p.is_pipeline)
+    explorer.select(j)
+    target = explorer.set_pin_target(explorer.plan.inputs[0].name)
+    assert target and "pins apply to intra-operator plans" in explorer._pin_info.value
+    with pytest.raises(autoplan.SearchError, match="intra-operator"):
+        explorer.what_if(target, explorer.pin_choices()[0][1])
+    explorer.select(0)
+
+
+def test_a_repeated_search_is_instant_and_settings_changes_compare(explorer):
+    res = explorer.result
+    best = explorer.select(0)
+    assert explorer.search()
+    explorer.wait_idle(60)
+    assert explorer.result is res  # the same result, from this explorer's memo
+    assert "repeated search" in explorer._status.value
+    # a changed setting searches again and compares with the previous answer
+    explorer._budget.value = 1.0  # GiB: every tiny plan fits
+    assert explorer.search()
+    explorer.wait_idle(SEARCH_TIMEOUT)
+    assert explorer.result is not res
+    ref = next(t for t in explorer.figures["compare"].data if t["meta"]["kind"] in ("reference",
+                                                                                      "plans"))
+    assert ref is not None and "previous answer" in explorer._summary.value
+    explorer._budget.value = 0.0
+    explorer.search()
+    explorer.wait_idle(60)
+    assert explorer.result is res and explorer.plan == best
+
+
+def test_the_first_candidates_show_before_the_pipeline_search_ends(monkeypatch, explorer):
+    res = explorer.result
+    intra = [p for p in res.plans if not p.is_pipeline and not p.label.startswith("baseline")]
+    seen = []
+
+    def staged(workload, cluster, **kwargs):
+        part = type(res)(best=intra[0], plans=intra, stats={"partial": True}, graph=res.graph)
+        kwargs["partial"](part)
+        seen.append([label for label, _ in ex._candidate.options])
+        seen.append(ex._status.value)
+        return res
+
+    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    ex.search()
+    ex.wait_idle(120)
+    assert len(seen[0]) == len(equivalent_groups(intra)) < len(ex._candidate.options)
+    assert "intra-operator plans so far" in seen[1]
+    assert ex.result is res
+
+
+def test_the_launch_panel_is_cleared_when_the_model_changes(explorer, monkeypatch):
+    res = explorer.result
+    plan = explorer.select(0)
+    rec = _explorer.LaunchRecord(plan=plan, spec={}, num_processes=2, devices_per_process=4,
+                                 steps=2, context=("gpt", "tiny", "cpu:8"))
+    explorer.last_launch = rec
+    explorer._launch_result.value = "<div>launch finished: 591x the prediction</div>"
+    explorer._launch_table.value = "<table>...</table>"
+    # the same model and cluster: the panel stays
+    explorer._apply_result(res, explorer._search_key_now, ("gpt", "tiny", "cpu:8"))
+    assert explorer.last_launch is rec and "launch finished" in explorer._launch_result.value
+    # another size (or model, or cluster): cleared
+    explorer._apply_result(res, ("other",), ("gpt", "1.3B", "p3.16xlarge:2"))
+    assert explorer.last_launch is None and explorer._launch_result.value == ""
+    assert explorer._launch_table.value == "" and "no launch yet for gpt" in explorer._launch_status.value
+    assert explorer.figures["launch"].data[0]["y"] == []
+    explorer._apply_result(res, ("gpt-again",), ("gpt", "tiny", "cpu:8"))
+
+
+def test_the_summary_names_a_users_layers_and_its_throughput(in_user_folder):
+    ex = Explorer("optax_mlp:workload", cluster="cpu:8", level="exhaustive")
+    ex.wait_idle(SEARCH_TIMEOUT)
+    assert ex.result is not None, ex._errors.outputs
+    intra = next(k for k, p in enumerate(ex.plans) if not p.is_pipeline)
+    plan = ex.select(intra)
+    assert plan.predicted.throughput > 0  # from the batch dimension (16 samples)
+    assert "throughput 0.0" not in ex._summary.value
+    assert "layers named from parameter paths: params[0], params[1], params[2]" in ex._summary.value
+    cols = ex.figures["sharding"].figure_layout["meta"]["columns"]
+    assert {n for c in cols for n in c["layers"]} == {"params[0]", "params[1]", "params[2]"}
+    assert "(root)" not in json.dumps(ex.figures["sharding"].figure_layout["xaxis"]["ticktext"])
+
+
+def test_a_traced_graph_and_a_workload_object_are_explored(monkeypatch):
+    wl = models.get("mlp", "tiny")
+    graph = autoplan.trace(wl)
+    ex = Explorer(graph, cluster="cpu:8")
+    ex.wait_idle(SEARCH_TIMEOUT)
+    assert ex.result is not None, ex._errors.outputs
+    assert not any(p.is_pipeline for p in ex.plans)  # a graph: intra-operator plans only
+    assert ex._model.value == graph.name and ex._size.disabled
+    assert ex.plan.predicted.throughput > 0  # the batch inputs' leading dimension
+    with pytest.raises(autoplan.LaunchError, match="traced graph"):
+        ex.launch_spec()
+    user = autoplan.Workload(wl.fn, wl.args, wl.arg_kinds, name="my_mlp")
+    ex = Explorer(user, cluster="cpu:8", autostart=False)
+    assert ex._model.value == "my_mlp" and ex._get_workload() is user
+    with pytest.raises(autoplan.LaunchError, match="module:function"):
+        ex.launch_spec()
+
+
+def test_a_memory_budget_no_plan_fits_is_reported():
+    ex = Explorer(model="mlp", size="tiny", cluster="cpu:8", memory_budget=1024)
+    ex.wait_idle(SEARCH_TIMEOUT)
+    assert ex.result is None
+    assert "InfeasiblePlanError" in ex._status.value
+    assert "InfeasiblePlanError" in "".join(o.get("text", "") for o in ex._errors.outputs)
 
 
 @pytest.mark.slow
@@ -342,24 +488,39 @@ def test_launch_streams_losses_and_reports_the_result(explorer):
     assert rec is not None and rec.done and rec.error is None, (rec, explorer._errors.outputs)
     assert (rec.num_processes, rec.devices_per_process) == (2, 4)
     assert rec.spec == {"model": "gpt", "size": "tiny"}
-    assert rec.result is not None
     losses = rec.losses
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     assert {e["process"] for e in rec.step_events} == {0, 1}
     assert rec.matched is True
     assert rec.measured_step_time and rec.measured_step_time > 0
-    # shown: the table has every loss, the live figure the curve, the result line the comparison
     for x in losses:
         assert f"{x:.6f}" in explorer._launch_table.value
-    fw = explorer.figures["launch"]
-    assert list(fw.data[0].y) == pytest.approx(losses)
-    assert len(fw.data[1].y) == 3
-    assert list(fw.data[2].y) == pytest.approx([plan.predicted.step_time] * 2)
+    fig = explorer.figures["launch"]
+    assert fig.data[0]["y"] == pytest.approx(losses)
+    assert len(fig.data[1]["y"]) == 3
+    unit = fig.figure_layout["meta"]["unit"]
+    scale = {"s": 1.0, "ms": 1e-3, "\u00b5s": 1e-6}[unit]
+    assert fig.data[2]["y"] == pytest.approx([plan.predicted.step_time / scale] * 2)
+    assert fig.figure_layout["yaxis2"]["title"]["text"] == f"step time ({unit}, log)"
     html = explorer._launch_result.value
     assert "launch finished" in html and "matched single-device results" in html
+    assert "x the prediction: the prediction is the cost model of the preset cluster" in html
     assert f"{losses[-1]:.6f}" in html and f"{plan.predicted.step_time * 1e3:.3f} ms" in html
     assert explorer._launch_status.value.startswith("finished: 3 steps")
-    assert not explorer._launch_button.disabled
+
+
+@pytest.mark.slow
+def test_a_pipeline_plan_launches_on_two_processes(explorer):
+    j = next(k for k, p in enumerate(explorer.plans) if p.is_pipeline and p.num_devices == 8)
+    plan = explorer.select(j)
+    assert explorer.launch(steps=2)
+    explorer.wait_idle(900)
+    rec = explorer.last_launch
+    assert rec is not None and rec.error is None, (rec, explorer._errors.outputs)
+    assert (rec.num_processes, rec.devices_per_process) == (2, 4)
+    assert rec.matched is True and len(rec.losses) == 2
+    assert rec.plan is plan and "launch finished" in explorer._launch_result.value
+    explorer.select(0)
 
 
 @pytest.mark.slow

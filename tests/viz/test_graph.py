@@ -48,3 +48,73 @@ def test_classes_override_edges_and_errors():
         graph_figure(lay, critical=["nope"])
     with pytest.raises(ValueError, match="one entry per layer"):
         graph_figure(lay, classes=[0])
+
+
+# ---- from a search: the folding analysis the plans carry ---------------------------------------
+@pytest.fixture(scope="module")
+def gpt_result():
+    import autoplan
+    from autoplan import models
+
+    return autoplan.search(models.get("gpt", "tiny", layers=4), "cpu:8", pipeline=False,
+                           mesh_shape=(2, 4), baselines=False)
+
+
+@pytest.fixture(scope="module")
+def wide_resnet_result():
+    import autoplan
+    from autoplan import models
+
+    wl = models.get("wide_resnet", "tiny", depth=50, channels=8, image=32, batch=8)
+    return autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(2, 4), baselines=False)
+
+
+def layer_bars(fig):
+    return next(t for t in fig.data if t.meta and t.meta.get("kind") == "layers")
+
+
+def test_gpt_repeated_layers_are_one_class(gpt_result):
+    fig = graph_figure(gpt_result)
+    bars = layer_bars(fig)
+    names = list(bars.meta["names"])
+    assert names == ["embed", "layers_0", "layers_1", "layers_2", "layers_3", "head"]
+    cls = list(bars.meta["classes"])
+    assert len({cls[k] for k in range(1, 5)}) == 1  # the four blocks: one class
+    assert len(set(cls)) == 3 and cls[0] != cls[1] != cls[5]
+    assert len({bars.marker.color[k] for k in range(1, 5)}) == 1
+    title = fig.layout.title.text
+    a = gpt_result.best.analysis
+    assert title.startswith("Mined subgraphs of gpt: 6 segments in 3 classes")
+    assert f"fold ratio {a['fold_ratio']:.3g}x" in title
+    assert f"{a['ilps']} ILP" in title and a["ilps"] >= 1
+    # each block's planned operators are recorded (the explorer links them to the other views)
+    planned = list(bars.meta["planned"])
+    ops = {o.op for o in gpt_result.best.ops}
+    assert all(set(p) <= ops for p in planned) and all(planned[k] for k in range(1, 6))
+    crit = next(t for t in fig.data if t.meta and t.meta.get("kind") == "critical")
+    assert list(crit.meta["layers"]) == a["critical"]
+
+
+def test_wide_resnet_has_several_classes_of_repeated_blocks(wide_resnet_result):
+    a = wide_resnet_result.best.analysis
+    blocks = [s["class"] for s in a["layers"] if s["name"].startswith("blocks_")]
+    counts = sorted((blocks.count(c) for c in set(blocks)), reverse=True)
+    assert counts == [5, 3, 2, 2, 1, 1, 1, 1]  # 3, 4, 6, 3 blocks: the first of each stage differs
+    fig = graph_figure(wide_resnet_result.best)
+    legend = [t.name for t in fig.data if t.meta and t.meta.get("kind") == "legend"]
+    assert "class" in legend[0] and any("(5 layers)" in n for n in legend)
+
+
+def test_a_plan_file_keeps_what_the_figure_needs(gpt_result, tmp_path):
+    from autoplan import Plan
+
+    path = tmp_path / "plan.json"
+    gpt_result.best.to_json(str(path))
+    back = Plan.from_json(str(path))
+    assert back.analysis == gpt_result.best.analysis
+    assert graph_figure(back).to_plotly_json() == graph_figure(gpt_result.best).to_plotly_json()
+    # a plan file an older autoplan wrote has no analysis: a clear error, not an empty figure
+    old = back.with_(analysis=None)
+    assert Plan.from_json(old.to_json()).analysis is None
+    with pytest.raises(ValueError, match="carries no folding analysis"):
+        graph_figure(old)

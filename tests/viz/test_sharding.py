@@ -9,32 +9,53 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoplan._cluster import Cluster
+from autoplan._plan import Plan, Predicted, Schedule, Stage
 from autoplan.viz import (
-    GREYS,
     REPLICATED_COLOR,
-    device_color,
+    mesh_color,
+    op_layers,
     sharding_figure,
+    tile_color,
     tile_devices,
     tile_grid,
 )
+from autoplan.viz._sharding import MAX_BANDS, block_tiles, sharding_columns
+
+from .conftest import XY, X, Y, dot, param, ts
 
 MESH, AXES = (2, 4), ("x", "y")
 
 
-def tiles_of(fig, tensor, column=None):
-    out = [t for t in fig.data if t.meta and t.meta.get("kind") == "tile" and t.meta["tensor"] == tensor
-           and (column is None or t.meta["column"] == column)]
-    assert out, f"no tiles for {tensor}"
+def blocks(fig):
+    """Each drawn tensor block: its hover point's fields and the colours of the polygons in it."""
+    polys = []
+    for t in fig.data:
+        if (t.meta or {}).get("kind") != "tiles":
+            continue
+        xs, ys = list(t.x), list(t.y)
+        for k in range(0, len(xs), 6):
+            polys.append((min(xs[k:k + 5]), max(xs[k:k + 5]), min(ys[k:k + 5]), max(ys[k:k + 5]),
+                          t.fillcolor, t.meta["striped"]))
+    hover = next(t for t in fig.data if (t.meta or {}).get("kind") == "tensors")
+    out = []
+    for x, y, cd, text in zip(hover.x, hover.y, hover.customdata, hover.hovertext):
+        op, name, role, col, row, w, h = cd
+        inside = [p for p in polys if x - w / 2 - 1e-5 <= p[0] and p[1] <= x + w / 2 + 1e-5
+                  and y - h / 2 - 1e-5 <= p[2] and p[3] <= y + h / 2 + 1e-5]
+        out.append({"op": op, "tensor": name, "role": role, "column": col, "row": row, "w": w,
+                    "h": h, "polys": inside, "text": text})
     return out
 
 
-def grid_of(tiles):
-    rows = 1 + max(t.meta["row"] for t in tiles)
-    cols = 1 + max(t.meta["col"] for t in tiles)
-    g = [[None] * cols for _ in range(rows)]
-    for t in tiles:
-        g[t.meta["row"]][t.meta["col"]] = t
-    return g
+def block(fig, tensor, column=None):
+    found = [b for b in blocks(fig) if b["tensor"] == tensor and (column is None or b["column"] == column)]
+    assert found, f"no block for {tensor}"
+    return found[0]
+
+
+def stage_of(plan, k=0):
+    return plan.stages[k]
 
 
 def test_tile_devices_known_layouts():
@@ -94,120 +115,195 @@ def test_tile_devices_partition_properties(mesh, data):
     assert {len(d) for d in flat} == {n // used}
 
 
-def test_replicated_weight_is_all_grey(intra_plan):
-    tiles = tiles_of(sharding_figure(intra_plan), "params['head']['kernel']")
-    assert len(tiles) == 1
-    assert all(t.fillcolor == REPLICATED_COLOR for t in tiles)
-    assert tiles[0].meta["devices"] == list(range(8))
+def test_tile_colours_are_keyed_to_mesh_coordinates():
+    # hue from the x coordinate (2 values), lightness from y (4 values)
+    colors = [[mesh_color([i, j], MESH) for j in range(4)] for i in range(2)]
+    assert len({c for row in colors for c in row}) == 8
+    assert REPLICATED_COLOR not in {c for row in colors for c in row}
+    # a tile on devices (0, 4) is split over y only: same y coordinate, no hue
+    assert tile_color((0, 4), MESH) == mesh_color([None, 0], MESH)
+    assert tile_color((0, 4), MESH) != tile_color((1, 5), MESH)
+    assert tile_color(tuple(range(8)), MESH) == REPLICATED_COLOR
+    # a 1x8 mesh: y is the only axis of several devices, so it sets the hue: 8 distinct colours
+    assert len({tile_color((d,), (1, 8)) for d in range(8)}) == 8
+    # 1,024 devices: at most 24 hues x 6 lightness levels, never grey
+    big = {tile_color((d,), (128, 8)) for d in range(1024)}
+    assert 8 < len(big) <= 24 * 6 and REPLICATED_COLOR not in big
 
 
-def test_output_dim_split_over_4_device_axis(intra_plan):
+def test_replicated_weight_is_one_grey_tile(intra_plan):
+    b = block(sharding_figure(intra_plan), "params['head']['kernel']")
+    assert [p[4] for p in b["polys"]] == [REPLICATED_COLOR]
+    tiles = block_tiles(intra_plan.ops[4].tensors[1], stage_of(intra_plan))
+    assert len(tiles) == 1 and tiles[0].devices == tuple(range(8)) and not tiles[0].striped
+
+
+def test_output_dim_split_over_the_4_device_axis(intra_plan):
+    t = intra_plan.ops[0].tensors[1]  # fc1 kernel, (1024, 4096), P(None, 'y')
+    tiles = block_tiles(t, stage_of(intra_plan))
+    assert [(x.row, x.col) for x in tiles] == [(0, c) for c in range(4)]
+    assert [x.devices for x in tiles] == tile_devices((1024, 4096), (None, ("y",)), MESH, AXES)[0]
+    # 4 tiles on 2 devices each (replicated over x): striped, one lightness per y coordinate
+    assert all(x.striped for x in tiles)
+    assert [x.color for x in tiles] == [mesh_color([None, c], MESH) for c in range(4)]
+    b = block(sharding_figure(intra_plan), "params['fc1']['kernel']")
+    assert sorted(p[4] for p in b["polys"]) == sorted(x.color for x in tiles)
+    assert all(p[5] for p in b["polys"])
+
+
+def test_2d_split_over_both_axes_has_8_distinct_colours(intra_plan):
+    t = intra_plan.ops[2].tensors[1]  # attn qkv (1024, 3072), P('x', 'y')
+    tiles = block_tiles(t, stage_of(intra_plan))
+    assert sorted(x.devices for x in tiles) == [(d,) for d in range(8)]
+    assert len({x.color for x in tiles}) == 8 and not any(x.striped for x in tiles)
+    for x in tiles:  # device d holds tile (d // 4, d % 4): its colour is its coordinates'
+        d = x.devices[0]
+        assert (x.row, x.col) == divmod(d, 4) and x.color == mesh_color(list(divmod(d, 4)), MESH)
+
+
+def test_rank3_tensor_is_folded_and_hover_says_so(intra_plan):
     fig = sharding_figure(intra_plan)
-    tiles = tiles_of(fig, "params['fc1']['kernel']")
-    grid = grid_of(tiles)
-    assert (len(grid), len(grid[0])) == (1, 4)
-    expect = tile_devices((1024, 4096), (None, ("y",)), MESH, AXES)
-    assert [[tuple(t.meta["devices"]) for t in row] for row in grid] == expect
-    # 4 distinct colours, one per column tile; each tile is on 2 devices (replicated over x):
-    # coloured by its lowest device and striped
-    assert [t.fillcolor for t in grid[0]] == [device_color(d) for d in range(4)]
-    assert all(t.meta["striped"] and t.fillpattern.shape == "/" for t in tiles)
-    assert not {t.fillcolor for t in tiles} & GREYS
+    b = block(fig, "%8", column=2)  # (64, 128, 3072) spec (x, None, y)
+    assert len(b["polys"]) == 8
+    assert "folded into rows" in b["text"] and "2x4 tiles" in b["text"]
 
 
-def test_output_dim_split_over_whole_1x4_mesh_has_4_device_colours(pipeline_plan):
-    # stage 0 is a 1x4 mesh on devices 0-3; its weights are split on the output dim over y (size 4)
-    stage = pipeline_plan.stages[0]
-    fig = sharding_figure(pipeline_plan)
-    tiles = sorted(tiles_of(fig, "params['layer0']['kernel']"), key=lambda t: t.meta["col"])
-    assert [(t.meta["row"], t.meta["col"]) for t in tiles] == [(0, 0), (0, 1), (0, 2), (0, 3)]
-    expect = tile_devices((512, 512), (None, ("y",)), stage.mesh_shape, stage.axis_names)
-    assert expect == [[(0,), (1,), (2,), (3,)]]
-    assert [tuple(t.meta["devices"]) for t in tiles] == expect[0]
-    assert [t.fillcolor for t in tiles] == [device_color(stage.device_ids[d[0]]) for d in expect[0]]
-    assert len({t.fillcolor for t in tiles}) == 4 and not {t.fillcolor for t in tiles} & GREYS
-    assert not any(t.meta["striped"] for t in tiles)
-
-
-def test_output_dim_split_on_single_axis_mesh_gets_device_colours(pipeline_plan):
-    # stage 1 runs on a 1x2 mesh (devices 4, 5); its weights are split on y: one device per tile
-    fig = sharding_figure(pipeline_plan)
-    tiles = tiles_of(fig, "params['layer4']['kernel']")
-    assert len(tiles) == 2
-    assert [t.meta["cluster_devices"] for t in sorted(tiles, key=lambda t: t.meta["col"])] == [[4], [5]]
-    assert [t.fillcolor for t in sorted(tiles, key=lambda t: t.meta["col"])] == [device_color(4),
-                                                                                 device_color(5)]
-    # stage 2 is a single device: every tile is that device's colour
-    assert {t.fillcolor for t in tiles_of(fig, "params['layer8']['kernel']")} == {device_color(6)}
-
-
-def test_four_column_tiles_with_distinct_device_colours(intra_plan):
-    # the output of fc1 is split over x on rows and y on columns: rows of 4 distinct colours
+def test_hover_and_spec_text(intra_plan):
     fig = sharding_figure(intra_plan)
-    grid = grid_of(tiles_of(fig, "%3", column=0))
-    assert (len(grid), len(grid[0])) == (2, 4)
-    for row in grid:
-        assert len({t.fillcolor for t in row}) == 4
-        assert not {t.fillcolor for t in row} & GREYS
-
-
-def test_2d_split_over_both_axes_has_8_distinct_devices(intra_plan):
-    fig = sharding_figure(intra_plan)
-    tiles = tiles_of(fig, "params['attn']['qkv']")
-    assert len(tiles) == 8
-    devices = [tuple(t.meta["devices"]) for t in tiles]
-    assert sorted(devices) == [(d,) for d in range(8)]
-    assert len({t.fillcolor for t in tiles}) == 8
-    expect = tile_devices((1024, 3072), (("x",), ("y",)), MESH, AXES)
-    for t in tiles:
-        assert (t.meta["devices"][0],) == expect[t.meta["row"]][t.meta["col"]]
-        assert t.fillcolor == device_color(t.meta["devices"][0])
-        assert not t.meta["striped"] and not t.fillpattern.shape
-
-
-def test_one_dim_over_both_axes(intra_plan):
-    tiles = tiles_of(sharding_figure(intra_plan), "params['proj']['kernel']")
-    assert sorted((t.meta["col"], t.meta["devices"][0]) for t in tiles) == [(d, d) for d in range(8)]
-    assert {t.meta["row"] for t in tiles} == {0}
-
-
-def test_rank3_tensor_is_folded(intra_plan):
-    fig = sharding_figure(intra_plan)
-    grid = grid_of(tiles_of(fig, "%8", column=2))  # (64, 128, 3072) spec (x, None, y)
-    assert (len(grid), len(grid[0])) == (2, 4)
-    assert "folded" in fig.layout.title.text
-
-
-def test_only_forward_ops_in_order_and_hover(intra_plan):
-    fig = sharding_figure(intra_plan)
-    tiles = [t for t in fig.data if t.meta and t.meta.get("kind") == "tile"]
-    assert sorted({t.meta["op"] for t in tiles}) == [0, 1, 2, 3, 4]  # op 5 is backward
-    assert [t.meta["op"] for t in sorted(tiles, key=lambda t: t.meta["column"])][0] == 0
-    t = tiles_of(fig, "params['fc1']['kernel']")[0]
-    assert "params['fc1']['kernel']" in t.text
-    assert "1024x4096" in t.text and "P(None, 'y')" in t.text
-    assert "4.00 MiB" in t.text  # 1024*4096*4 bytes / 4 shards
-    assert "2 devices 0, 4" in t.text
+    b = block(fig, "params['fc1']['kernel']")
+    assert "1024x4096" in b["text"] and "P(None, 'y')" in b["text"] and "RS(y)" in b["text"]
+    assert "4.00 MiB" in b["text"]  # 1024*4096*4 bytes / 4 shards
+    assert "held by devices 0, 4" in b["text"]
+    text = next(t for t in fig.data if (t.meta or {}).get("kind") == "spec_text")
+    assert "RS(y)" in text.text and "S(x)S(y)" in text.text
     assert "Operator sharding" in fig.layout.title.text and "2x4" in fig.layout.title.text
 
 
+def test_block_size_tells_big_tensors_from_small(intra_plan):
+    fig = sharding_figure(intra_plan)
+    big = block(fig, "params['proj']['kernel']")  # 1024 x 8192 floats: the largest
+    small = block(fig, "params['head']['kernel']")  # 1024 x 10
+    assert big["w"] > 1.5 * small["w"] and big["h"] > 1.5 * small["h"]
+    sizes = sorted((math.prod(t.shape), block(fig, t.name, c)["w"])
+                   for c, o in enumerate(intra_plan.ops[:5]) for t in o.tensors)
+    assert [w for _, w in sizes] == sorted(w for _, w in sizes)  # larger tensor, larger block
+
+
+def test_columns_are_layers_rows_are_operator_kinds(intra_plan):
+    fig = sharding_figure(intra_plan)
+    cols = fig.layout.meta["columns"]
+    # five distinct layers; only forward operators (op 5 is fc1's backward)
+    assert [c["layers"] for c in cols] == [["fc1"], ["fc2"], ["attn"], ["proj"], ["head"]]
+    assert sorted(o for c in cols for o in c["ops"]) == [0, 1, 2, 3, 4]
+    assert {b["column"] for b in blocks(fig)} == set(range(5))
+
+
+def repeated_plan(layers=24, differ=()):
+    """One stage on a 2x4 mesh, ``layers`` identical layers of 2 dots (their weights split over
+    y) between an embedding and a head; the layers in ``differ`` replicate their weights."""
+    ops = [dot(0, "embed", [ts("%0", "input", (64, 256), (X, None)),
+                             ts("params['embed']", "weight", (256, 512), (None, None)),
+                             ts("%1", "output", (64, 512), (X, None))])]
+    inputs = [param("['embed']", (256, 512), (None, None))]
+    for k in range(layers):
+        w = None if k in differ else Y
+        for j, name in enumerate(("fc1", "fc2")):
+            ops.append(OpShardingLike(2 + 2 * k + j, f"layers_{k}", name,
+                                      [ts(f"%{10 * k + j}", "input", (64, 512), (X, None)),
+                                       ts(f"params['layers_{k}']['{name}']['kernel']", "weight",
+                                          (512, 512), (None, w)),
+                                       ts(f"%{10 * k + j + 5}", "output", (64, 512), (X, w))]))
+            inputs.append(param(f"['layers_{k}']['{name}']['kernel']", (512, 512), (None, w)))
+    ops.append(dot(999, "head", [ts("%998", "input", (64, 512), (X, None)),
+                                 ts("params['head']", "weight", (512, 10), (None, None)),
+                                 ts("%999", "output", (64, 10), (X, None))]))
+    inputs.append(param("['head']", (512, 10), (None, None)))
+    names = ("embed", *[f"layers_{k}" for k in range(layers)], "head")
+    stage = Stage(0, names, (0, len(names)), (1, 8), tuple(range(8)), (2, 4), ("x", "y"),
+                  ops=tuple(ops), forward_time=1e-3, backward_time=2e-3, memory=2**30)
+    return Plan("gpt-like", "0" * 16, Cluster.preset("p3.16xlarge", 1), (stage,), tuple(inputs),
+                Schedule("none", 1, 1), Predicted(3e-3, 1e4, 2**30))
+
+
+def OpShardingLike(op, layer, name, tensors):
+    from dataclasses import replace
+
+    return replace(dot(op, layer, tensors), scope=f"{layer}/mlp/{name}")
+
+
+def test_identically_sharded_layers_share_a_column():
+    plan = repeated_plan(24)
+    fig = sharding_figure(plan)
+    cols = fig.layout.meta["columns"]
+    assert [len(c["layers"]) for c in cols] == [1, 24, 1]
+    assert cols[1]["layers"] == [f"layers_{k}" for k in range(24)]
+    assert len(cols[1]["ops"]) == 48
+    assert fig.layout.meta["rows"] == ["embed", "mlp/fc1", "mlp/fc2", "head"]
+    assert "x24" in fig.layout.xaxis.ticktext[1] and "layers_0 .. layers_23" in fig.layout.xaxis.ticktext[1]
+    assert "26 layers in 3 columns" in fig.layout.title.text
+    # a layer sharded otherwise gets a column of its own; the others still share one
+    cols = sharding_figure(repeated_plan(24, differ=(5,))).layout.meta["columns"]
+    assert [len(c["layers"]) for c in cols] == [1, 23, 1, 1]
+    assert cols[2]["layers"] == ["layers_5"]
+
+
+def test_drill_down_shows_every_operator_of_one_layer(intra_plan):
+    fig = sharding_figure(intra_plan, layer="fc1")
+    cols = fig.layout.meta["columns"]
+    assert [c["ops"] for c in cols] == [[0], [5]]  # forward and backward
+    assert "(backward)" in fig.layout.xaxis.ticktext[1]
+    assert fig.layout.meta["layer"] == "fc1" and "layer fc1" in fig.layout.title.text
+    with pytest.raises(ValueError, match="layer should be one of"):
+        sharding_figure(intra_plan, layer="nope")
+    with pytest.raises(ValueError, match="max_columns"):
+        sharding_figure(intra_plan, max_columns=0)
+
+
 def test_subsampling_says_so(intra_plan):
-    fig = sharding_figure(intra_plan, max_ops=3)
-    cols = {t.meta["op"] for t in fig.data if t.meta and t.meta.get("kind") == "tile"}
-    assert cols == {0, 2, 4}
-    assert "3 of 5 ops shown" in fig.layout.title.text
-    with pytest.raises(ValueError, match="max_ops"):
-        sharding_figure(intra_plan, max_ops=0)
+    fig = sharding_figure(intra_plan, max_columns=3)
+    assert [c["layers"] for c in fig.layout.meta["columns"]] == [["fc1"], ["attn"], ["head"]]
+    assert "3 of 5 columns shown" in fig.layout.title.text
+
+
+def test_pipeline_plan_marks_stages_and_folds_within_a_stage(pipeline_plan):
+    fig = sharding_figure(pipeline_plan)
+    assert [a.text for a in fig.layout.annotations] == ["stage 0", "stage 1", "stage 2"]
+    cols = fig.layout.meta["columns"]
+    # the four layers of each stage are sharded alike; stages never share a column
+    assert [(c["stage"], len(c["layers"])) for c in cols] == [(0, 4), (1, 4), (2, 4)]
+
+
+def test_a_thousand_devices_draw_in_few_traces():
+    ops = (dot(0, "big", [ts("%0", "input", (4096, 1024), (XY, None)),
+                          ts("params['big']", "weight", (1024, 4096), (None, Y)),
+                          ts("%1", "output", (4096, 4096), (X, Y))]),)
+    stage = Stage(0, ("big",), (0, 1), (128, 8), tuple(range(1024)), (128, 8), ("x", "y"), ops=ops)
+    plan = Plan("big", "0" * 16, Cluster.preset("p3.16xlarge", 128), (stage,),
+                (param("['big']", (1024, 4096), (None, Y)),), Schedule("none", 1, 1),
+                Predicted(1.0, 1.0, 1.0))
+    fig = sharding_figure(plan)
+    assert len(fig.data) < 24 * 6 + 4
+    b = block(fig, "%0")  # 1,024 row tiles drawn as 16 bands
+    assert len(b["polys"]) == MAX_BANDS and "16x1 bands" in b["text"]
+    key = next(t for t in fig.data if (t.meta or {}).get("kind") == "mesh_key")
+    assert len(key.z) == 128 and len(key.z[0]) == 8
+
+
+def test_unscoped_operators_are_named_by_their_parameters():
+    ops = tuple(dot(k, "(root)", [ts(f"%{k}", "input", (16, 64), (X, None)),
+                                  ts(f"params[{k}]['w']", "weight", (64, 64), (None, None)),
+                                  ts(f"%{k + 10}", "output", (16, 64), (X, None))])
+                for k in range(3))
+    ops = tuple(type(o)(**{**o.__dict__, "scope": ""}) for o in ops)
+    stage = Stage(0, ("(root)",), (0, 1), (1, 8), tuple(range(8)), (2, 4), ("x", "y"), ops=ops)
+    plan = Plan("mlp", "0" * 16, Cluster.preset("p3.16xlarge", 1), (stage,), (), Schedule("none", 1, 1),
+                Predicted(1.0, 1.0, 1.0))
+    assert op_layers(plan) == {0: "params[0]", 1: "params[1]", 2: "params[2]"}
+    cols, _ = sharding_columns(plan)
+    assert [c.layers for c in cols] == [["params[0]", "params[1]", "params[2]"]]
 
 
 def test_colours_are_deterministic(intra_plan):
-    a = [t.fillcolor for t in sharding_figure(intra_plan).data if t.meta and t.meta.get("kind") == "tile"]
-    b = [t.fillcolor for t in sharding_figure(intra_plan).data if t.meta and t.meta.get("kind") == "tile"]
+    a = sharding_figure(intra_plan).to_plotly_json()
+    b = sharding_figure(intra_plan).to_plotly_json()
     assert a == b
-    assert len({device_color(d) for d in range(64)}) == 64
-    assert not {device_color(d) for d in range(64)} & GREYS
-
-
-def test_pipeline_plan_marks_stages(pipeline_plan):
-    fig = sharding_figure(pipeline_plan)
-    assert [a.text for a in fig.layout.annotations] == ["stage 0", "stage 1", "stage 2"]
