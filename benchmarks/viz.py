@@ -1,17 +1,32 @@
-"""Time to build the plan figures and the HTML report for a synthetic 96-layer GPT-like plan.
+"""The cost of showing plans: figures at scale, the Explorer in a kernel, saved notebook sizes.
 
-The plan: GPT-3-sized layers (hidden 12288, 96 heads), 8 pipeline stages of 12 layers, each on
-one p3.16xlarge host as a 2x4 mesh (Megatron-style specs: batch over x, heads/MLP over y),
-~600 forward dot operators, 1F1B with 32 micro-batches (512 events), 6 plans to compare and a
-98-layer graph. Target: every figure together in under 2 s on 2 cores.
-Run: .venv/bin/python benchmarks/viz.py
+1. Figures (``figures``): a synthetic 96-layer GPT-like plan (GPT-3-sized layers, 8 pipeline
+   stages of 12 layers, each on one p3.16xlarge host as a 2x4 mesh, Megatron-style specs, ~600
+   forward dot operators, 1F1B with 32 micro-batches), 6 plans to compare and a 98-layer graph;
+   the same layers on 1,024 devices (128 hosts, 16 stages on 8x8 meshes) with 128
+   micro-batches. Target: every figure of a plan together in under 2 s on 2 cores.
+2. The Explorer in a kernel (``kernel``): a fresh ``python3`` kernel runs the setup cell, then
+   the cell ``ex = Explorer(model="gpt", size="tiny", cluster="cpu:8"); ex``; the time from the
+   execute request to the kernel's idle reply is what a user waits before the next cell runs
+   (the search itself continues in the background). Target: 1 s or less. Also the size of the
+   messages the display sent (the widgets' state, and plotly.js once).
+3. Saved notebooks (``notebooks``): each notebook in ``notebooks/`` run top to bottom with
+   nbclient, its widget state stored as JupyterLab's "save widget state" does, and written to
+   disk: its size. Target: under 1.5 MB with an Explorer and its figures.
+
+Run on a quiet machine: .venv/bin/python benchmarks/viz.py [figures] [kernel] [notebooks]
 """
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from autoplan._cluster import Cluster
 from autoplan._plan import (
@@ -27,13 +42,17 @@ from autoplan._plan import (
 from autoplan.viz import (
     compare_figure,
     graph_figure,
+    memory_figure,
     report_html,
     sharding_figure,
     stage_figure,
     timeline_figure,
 )
 
-__all__ = ["gpt_plan", "gpt_layers", "variants", "one_f_one_b", "main"]
+__all__ = ["gpt_plan", "gpt_layers", "variants", "one_f_one_b", "main", "kernel_return",
+           "notebook_sizes"]
+
+ROOT = Path(__file__).resolve().parents[1]
 
 X, Y = ("x",), ("y",)
 
@@ -74,10 +93,14 @@ def _t(name: str, role: str, shape: tuple[int, ...], spec: tuple) -> TensorShard
 
 
 def gpt_plan(layers: int = 96, stages: int = 8, microbatches: int = 32, hidden: int = 12288,
-             seq: int = 2048, batch: int = 8) -> Plan:
-    """A synthetic Megatron-style pipeline plan for a GPT-like model."""
-    cluster = Cluster.preset("p3.16xlarge", stages)
+             seq: int = 2048, batch: int = 8, hosts_per_stage: int = 1) -> Plan:
+    """A synthetic Megatron-style pipeline plan for a GPT-like model; each stage on
+    ``hosts_per_stage`` p3.16xlarge hosts (8 devices each): a 2x4 mesh on one host, a
+    ``hosts x 8`` mesh on several."""
+    cluster = Cluster.preset("p3.16xlarge", stages * hosts_per_stage)
     per = layers // stages
+    ndev = 8 * hosts_per_stage
+    mesh = (2, 4) if hosts_per_stage == 1 else (ndev // 8, 8)
     h, tok = hidden, batch * seq
     st_list, inputs = [], []
     op_id = 0
@@ -112,7 +135,8 @@ def gpt_plan(layers: int = 96, stages: int = 8, microbatches: int = 32, hidden: 
                     comm=(Comm("all-reduce", tok * h * 2 / 2, ("y",), 1e-3),) if name in ("out", "fc2") else ()))
                 op_id += 1
         st_list.append(Stage(index=s, layers=names, layer_range=(s * per, (s + 1) * per),
-                             submesh=(1, 8), device_ids=tuple(range(8 * s, 8 * s + 8)), mesh_shape=(2, 4),
+                             submesh=(hosts_per_stage, 8), device_ids=tuple(range(ndev * s, ndev * (s + 1))),
+                             mesh_shape=mesh,
                              axis_names=("x", "y"), ops=tuple(ops), forward_time=0.05 + 0.002 * s,
                              backward_time=0.1 + 0.004 * s, memory=12e9))
     fwd = [s.forward_time for s in st_list]
@@ -163,30 +187,112 @@ def _time(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def main(repeat: int = 3) -> None:
-    plan = gpt_plan()
+def _figure_table(title: str, plan: Plan, repeat: int) -> None:
     plans = variants(plan)
     graph = gpt_layers()
-    n_ops = len(plan.ops)
     cases = [("sharding_figure", lambda: sharding_figure(plan)),
+             ("sharding (drill-down)", lambda: sharding_figure(plan, layer="layer7")),
              ("stage_figure", lambda: stage_figure(plan)),
+             ("memory_figure", lambda: memory_figure(plan)),
              ("timeline_figure", lambda: timeline_figure(plan)),
              ("compare_figure", lambda: compare_figure(plans, highlight=0)),
              ("graph_figure", lambda: graph_figure(graph))]
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}")
-    print(f"plan: {plan.describe()}; {n_ops} op shardings, {len(plan.schedule.events)} events, "
-          f"{len(plans)} plans compared; median of {repeat}")
-    print(f"{'figure':<18} {'traces':>7} {'build s':>8} {'to_json s':>10} {'JSON MB':>8}")
+    print(f"\nplan: {title}: {plan.describe()[:60]}; {len(plan.ops)} op shardings, "
+          f"{len(plan.schedule.events)} events, {len(plans)} plans compared; median of {repeat}")
+    print(f"{'figure':<22} {'traces':>7} {'build s':>8} {'to_json s':>10} {'JSON MB':>8}")
     total = 0.0
     for name, fn in cases:
         dt, fig = _time(fn, repeat)
         tj, js = _time(fig.to_json, 1)
         total += dt
-        print(f"{name:<18} {len(fig.data):>7} {dt:>8.3f} {tj:>10.3f} {len(js) / 1e6:>8.2f}")
-    print(f"{'all figures':<18} {'':>7} {total:>8.3f}   (target < 2 s)")
+        print(f"{name:<22} {len(fig.data):>7} {dt:>8.3f} {tj:>10.3f} {len(js) / 1e6:>8.2f}")
+    print(f"{'all figures':<22} {'':>7} {total:>8.3f}   (target < 2 s)")
     dt, text = _time(lambda: report_html(plans, graph=graph), 1)
-    print(f"{'report_html':<18} {'':>7} {dt:>8.3f}   ({len(text) / 1e6:.1f} MB, plotly.js inline)")
+    print(f"{'report_html':<22} {'':>7} {dt:>8.3f}   ({len(text) / 1e6:.1f} MB, plotly.js inline)")
+
+
+def figures(repeat: int = 3) -> None:
+    """Build time, trace count and JSON size of every figure of two synthetic plans."""
+    _figure_table("96 layers, 8 stages x 8 devices, 32 micro-batches", gpt_plan(), repeat)
+    _figure_table("96 layers, 16 stages x 64 devices (1,024), 128 micro-batches",
+                  gpt_plan(stages=16, microbatches=128, hosts_per_stage=8), repeat)
+
+
+SETUP = ("import jax\njax.config.update('jax_num_cpu_devices', 8)\nimport autoplan\n"
+         "import autoplan.viz\nfrom autoplan.viz import Explorer\nautoplan.viz.set_notebook_renderer()")
+SHOW = 'ex = Explorer(model="gpt", size="tiny", cluster="cpu:8")\nex'
+
+
+def kernel_return(repeat: int = 3, timeout: float = 600.0) -> list[dict]:
+    """Per fresh kernel: the seconds from the request to run ``SHOW`` to the kernel's reply
+    (``ex = Explorer(...); ex``: construct, display, start the search), and the bytes of the
+    messages it sent while doing so."""
+    from jupyter_client.manager import start_new_kernel  # noqa: PLC0415
+
+    rows = []
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    for _ in range(repeat):
+        km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT / "notebooks"))
+        try:
+            kc.execute_interactive(SETUP, timeout=timeout)
+            sent: list[int] = []
+
+            def hook(msg: dict, sent: list[int] = sent) -> None:
+                sent.append(len(json.dumps(msg["content"], default=str))
+                            + sum(len(b) for b in msg.get("buffers") or []))
+
+            t0 = time.perf_counter()
+            reply = kc.execute_interactive(SHOW, timeout=timeout, output_hook=hook)
+            dt = time.perf_counter() - t0
+            assert reply["content"]["status"] == "ok", reply["content"]
+            # the search goes on in the kernel: wait for it so the next kernel starts on a quiet CPU
+            kc.execute_interactive("ex.wait_idle(900)", timeout=timeout)
+            rows.append({"seconds": dt, "messages": len(sent), "bytes": sum(sent)})
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    return rows
+
+
+def notebook_sizes(names: list[str] | None = None, timeout: int = 1200) -> list[tuple[str, int, int]]:
+    """``(notebook, bytes saved, bytes of widget state)`` for each notebook, run with nbclient
+    and saved with its widget state, as JupyterLab saves it."""
+    import nbclient  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415
+
+    out = []
+    folder = ROOT / "notebooks"
+    for name in names or sorted(p.name for p in folder.glob("*.ipynb")):
+        nb = nbformat.read(folder / name, as_version=4)
+        client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                         store_widget_state=True,
+                                         resources={"metadata": {"path": str(folder)}})
+        client.execute(env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            nbformat.write(nb, path)
+            size = path.stat().st_size
+        state = len(json.dumps(nb.metadata.get("widgets", {})))
+        out.append((name, size, state))
+    return out
+
+
+def main(parts: list[str]) -> None:
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M')}")
+    if "figures" in parts:
+        figures()
+    if "kernel" in parts:
+        rows = kernel_return()
+        print(f"\nExplorer displayed in a fresh kernel ({len(rows)} kernels): seconds to the reply")
+        for r in rows:
+            print(f"  {r['seconds']:.3f} s, {r['messages']} messages, {r['bytes'] / 1e6:.2f} MB sent")
+        print(f"  median {statistics.median(r['seconds'] for r in rows):.3f} s   (target <= 1 s)")
+    if "notebooks" in parts:
+        print(f"\n{'saved notebook':<24} {'MB':>6} {'widget state MB':>16}   (target < 1.5 MB)")
+        for name, size, state in notebook_sizes():
+            print(f"{name:<24} {size / 1e6:>6.2f} {state / 1e6:>16.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["figures", "kernel", "notebooks"])

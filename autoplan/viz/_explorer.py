@@ -957,7 +957,7 @@ class Explorer:
         cols = [c for c in (fig["layout"].get("meta") or {}).get("columns", [])]
         hit_cols = [k for k, c in enumerate(cols)
                     if on and (set(c["ops"]) & ops or set(c["layers"]) & layers
-                               or (value.startswith("stage:") and c["stage"] == stage))]
+                               or (value.startswith("stage:") and stage in c["stages"]))]
         shapes = list(fig["layout"].get("shapes") or [])
         if on and cols:
             for k in range(len(cols)):

@@ -2,8 +2,9 @@
 made to read at scale.
 
 **Overview** (``sharding_figure(plan)``). One column per *layer class*: consecutive or not, the
-layers whose operators are sharded identically (same operators, shapes and specs, on the same
-stage) share a column, labelled with their names and count (``layers_0 .. layers_23 (x24)``);
+layers whose operators are sharded identically (same operators, shapes and specs, on logical
+meshes of the same shape: a pipeline's stages alike too) share a column, labelled with their
+names and count (``layers_0 .. layers_23 (x24)``) and, in a pipeline, their stages;
 a GPT of 96 layers draws as embedding, one block column and the head. The rows are the kinds of
 operator a layer holds (``attn.qkv``, ``mlp.fc1``, ``conv2`` ...), so the same operator of
 different layer classes lines up. A cell shows the operator's tensors side by side (input(s),
@@ -251,15 +252,17 @@ class Column:
 
     Attributes:
         layers: the layers it stands for, in model order.
-        stage: the stage holding them.
+        stage: the stage holding its first layer (whose mesh the tiles are drawn on).
         cells: ``(kind, op)`` of its representative (first) layer, in operator order.
         ops: every planned operator id of every layer it stands for.
+        stages: the indices of the stages holding its layers.
     """
 
     layers: list[str]
     stage: Stage
     cells: list[tuple[str, OpSharding]]
     ops: list[int] = field(default_factory=list)
+    stages: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -275,7 +278,7 @@ def _forward_ops(plan: Plan) -> tuple[list[tuple[Stage, OpSharding]], bool]:
 
 
 def _signature(stage: Stage, cells: list[tuple[str, OpSharding]]) -> tuple:
-    return (stage.index, tuple((k, o.primitive, o.strategy,
+    return (stage.mesh_shape, stage.axis_names, tuple((k, o.primitive, o.strategy,
                                 tuple((t.role, t.shape, t.dtype, t.spec) for t in o.tensors))
                                for k, o in cells))
 
@@ -303,7 +306,7 @@ def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column]
             kind = _kind(o, layer, seen)
             if o.role != "forward":
                 kind = f"{kind} ({o.role})"
-            cols.append(Column([layer], s, [(kind, o)], [o.op]))
+            cols.append(Column([layer], s, [(kind, o)], [o.op], [s.index]))
         return cols, False
     ops, forward_only = _forward_ops(plan)
     per_layer: dict[str, list[tuple[Stage, OpSharding]]] = {}
@@ -322,6 +325,9 @@ def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column]
         else:
             col.layers.append(name)
         col.ops.extend(o.op for _, o in members)
+        for s, _ in members:
+            if s.index not in col.stages:
+                col.stages.append(s.index)
     return columns, forward_only
 
 
@@ -349,6 +355,7 @@ class _Canvas:
         self.kinds: set[str] = set()
 
     def rect(self, x0: float, x1: float, y0: float, y1: float, color: str, striped: bool) -> None:
+        x0, x1, y0, y1 = (round(v, 4) for v in (x0, x1, y0, y1))
         xs, ys = self.fills.setdefault((color, striped), ([], []))
         xs.extend((x0, x1, x1, x0, x0, None))
         ys.extend((y0, y0, y1, y1, y0, None))
@@ -501,7 +508,7 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
 
     Returns:
         A ``plotly.graph_objects.Figure``; ``layout.meta`` holds ``{"kind": "sharding",
-        "columns": [{"layers", "ops", "stage", "label"}], "rows": [...]}``.
+        "columns": [{"layers", "ops", "stage", "stages", "label"}], "rows": [...]}``.
 
     Raises:
         ValueError: ``max_columns`` is not positive, ``layer`` names no layer of the plan, or a
@@ -529,16 +536,10 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     write_spec = len(shown) <= 24
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
-    prev_stage = None
     for ci, col in enumerate(shown):
-        if plan.is_pipeline and col.stage.index != prev_stage:
-            if prev_stage is not None:
-                shapes.append({"type": "line", "x0": ci, "x1": ci, "yref": "paper", "y0": 0, "y1": 1,
-                               "line": {"color": "#444444", "width": 1.5, "dash": "dot"}})
-            annotations.append({"x": ci + 0.03, "y": 1.0, "yref": "paper", "xanchor": "left",
-                                "yanchor": "bottom", "showarrow": False,
-                                "text": f"stage {col.stage.index}", "font": {"size": 11}})
-        prev_stage = col.stage.index
+        if ci and plan.is_pipeline and col.stages != shown[ci - 1].stages:
+            shapes.append({"type": "line", "x0": ci, "x1": ci, "yref": "paper", "y0": 0, "y1": 1,
+                           "line": {"color": "#999999", "width": 1, "dash": "dot"}})
         for kind, op in col.cells:
             r = row_of[kind]
             tensors = sorted(op.tensors, key=lambda t: _ROLE_RANK.get(t.role, 3))
@@ -553,11 +554,16 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     ticktext = []
     for col in shown:
         if layer is not None:
-            ticktext.append(escape(col.cells[0][0]))
+            text = escape(col.cells[0][0])
         elif len(col.layers) > 1:
-            ticktext.append(f"{escape(short_list(col.layers, 2))}<br><b>x{len(col.layers)}</b>")
+            text = f"{escape(short_list(col.layers, 2))}<br><b>x{len(col.layers)}</b>"
         else:
-            ticktext.append(escape(col.layers[0]))
+            text = escape(col.layers[0])
+        if plan.is_pipeline:
+            st = col.stages
+            text += "<br>" + (f"stage {st[0]}" if len(st) == 1 else
+                              f"stages {_span(st)}")
+        ticktext.append(text)
     mesh_txt = " | ".join(dict.fromkeys("x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
                                         for s in plan.stages))
     n_layers = sum(len(c.layers) for c in columns)
@@ -605,7 +611,7 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
         "margin": {"t": 95, "b": 70, "l": 20, "r": 20}, "hovermode": "closest", "showlegend": False,
         "meta": {"kind": "sharding", "layer": layer,
                  "columns": [{"layers": c.layers, "ops": c.ops, "stage": c.stage.index,
-                              "label": c.label} for c in shown],
+                              "stages": c.stages, "label": c.label} for c in shown],
                  "rows": rows},
     }
     return go.Figure(data=traces, layout=layout)

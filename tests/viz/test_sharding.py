@@ -41,8 +41,8 @@ def blocks(fig):
     out = []
     for x, y, cd, text in zip(hover.x, hover.y, hover.customdata, hover.hovertext):
         op, name, role, col, row, w, h = cd
-        inside = [p for p in polys if x - w / 2 - 1e-5 <= p[0] and p[1] <= x + w / 2 + 1e-5
-                  and y - h / 2 - 1e-5 <= p[2] and p[3] <= y + h / 2 + 1e-5]
+        inside = [p for p in polys if x - w / 2 - 2e-4 <= p[0] and p[1] <= x + w / 2 + 2e-4
+                  and y - h / 2 - 2e-4 <= p[2] and p[3] <= y + h / 2 + 2e-4]
         out.append({"op": op, "tensor": name, "role": role, "column": col, "row": row, "w": w,
                     "h": h, "polys": inside, "text": text})
     return out
@@ -265,12 +265,24 @@ def test_subsampling_says_so(intra_plan):
     assert "3 of 5 columns shown" in fig.layout.title.text
 
 
-def test_pipeline_plan_marks_stages_and_folds_within_a_stage(pipeline_plan):
+def test_pipeline_plan_marks_stages_and_folds_layers_sharded_alike(pipeline_plan):
     fig = sharding_figure(pipeline_plan)
-    assert [a.text for a in fig.layout.annotations] == ["stage 0", "stage 1", "stage 2"]
     cols = fig.layout.meta["columns"]
-    # the four layers of each stage are sharded alike; stages never share a column
-    assert [(c["stage"], len(c["layers"])) for c in cols] == [(0, 4), (1, 4), (2, 4)]
+    # the four layers of each stage are sharded alike; the stages' meshes differ (1x4, 1x2, 1x1)
+    assert [(c["stages"], len(c["layers"])) for c in cols] == [([0], 4), ([1], 4), ([2], 4)]
+    assert ["stage 0" in t for t in fig.layout.xaxis.ticktext] == [True, False, False]
+    assert "stage 2" in fig.layout.xaxis.ticktext[2]
+    # stages on meshes of one shape, sharded alike, share a column that names them
+    stages = tuple(s.__class__(**{**s.__dict__, "mesh_shape": (1, 4), "submesh": (1, 4)})
+                   for s in pipeline_plan.stages)
+    same = pipeline_plan.with_(stages=(stages[0],) + tuple(
+        st.__class__(**{**st.__dict__, "ops": tuple(
+            o.__class__(**{**o.__dict__, "tensors": tuple(
+                t.__class__(**{**t.__dict__, "spec": u.spec}) for t, u in zip(o.tensors, stages[0].ops[0].tensors))})
+            for o in st.ops)}) for st in stages[1:]))
+    cols = sharding_figure(same).layout.meta["columns"]
+    assert [(c["stages"], len(c["layers"])) for c in cols] == [([0, 1, 2], 12)]
+    assert "stages 0-2" in sharding_figure(same).layout.xaxis.ticktext[0]
 
 
 def test_a_thousand_devices_draw_in_few_traces():
