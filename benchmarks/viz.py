@@ -234,7 +234,7 @@ def kernel_return(repeat: int = 3, timeout: float = 600.0) -> list[dict]:
     for _ in range(repeat):
         km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT / "notebooks"))
         try:
-            kc.execute_interactive(SETUP, timeout=timeout)
+            kc.execute_interactive(SETUP, timeout=timeout, output_hook=lambda m: None)
             sent: list[int] = []
 
             def hook(msg: dict, sent: list[int] = sent) -> None:
@@ -246,7 +246,7 @@ def kernel_return(repeat: int = 3, timeout: float = 600.0) -> list[dict]:
             dt = time.perf_counter() - t0
             assert reply["content"]["status"] == "ok", reply["content"]
             # the search goes on in the kernel: wait for it so the next kernel starts on a quiet CPU
-            kc.execute_interactive("ex.wait_idle(900)", timeout=timeout)
+            kc.execute_interactive("ex.wait_idle(900)", timeout=timeout, output_hook=lambda m: None)
             rows.append({"seconds": dt, "messages": len(sent), "bytes": sum(sent)})
         finally:
             kc.stop_channels()

@@ -251,7 +251,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                 if key in ("level", "level_reason"):
                     continue
                 if isinstance(val, int | float) and not isinstance(val, bool):
-                    stats[key] = stats.get(key, 0) + val
+                    prev = stats.get(key)  # a mesh may have reported None for it
+                    numeric = isinstance(prev, int | float) and not isinstance(prev, bool)
+                    stats[key] = prev + val if numeric else val
                 else:
                     stats.setdefault(key, val)
     if do_pipe and partial is not None and plans:
