@@ -1,11 +1,24 @@
 """The explorer in a real browser: JupyterLab serving a copy of notebooks/, driven by headless
 Chromium through Playwright.
 
-Opens ``01_explore.ipynb``, runs every cell, waits for the explorer's search, switches the
-candidate and checks that the page's plotly figures changed in place, selects a stage and checks
-the highlight, clicks Launch and waits for the finished run's loss and its single-device check.
+Opens ``01_explore.ipynb`` and runs its explorer cell alone (the kernel must answer within the
+loose bound below: the figure is measured quietly by ``benchmarks/viz.py``), then checks, on the
+page:
+
+* the first search fills every figure with its traces, and plotly.js was evaluated once;
+* switching the candidate redraws the figures in place; selecting a stage highlights it;
+* clicking a segment of the mined subgraphs selects its layer and highlights it in the sharding
+  view; clicking a tensor there picks it for a what-if pin, and pinning it re-solves: the new plan
+  joins the candidates and the comparison shows both plans and the difference; undo takes it back;
+* the code pane shows the plan's snippet;
+* Launch runs the best plan on 2 processes x 4 devices and matches single-device results;
+* after saving and reloading the page, every figure has its traces again and the console shows
+  no error;
+* a search on 16 devices from the controls clears the launch panel and its sharding view folds
+  the repeated layers into one column; a search on 64 devices draws too.
+
 Screenshots go to ``artifacts/browser/``; with ``AUTOPLAN_UPDATE_DOCS=1`` (or when missing) they
-are copied to ``docs/img/explorer.png`` and ``docs/img/explorer-pipeline.png`` for the docs.
+are copied to ``docs/img/`` for the docs (8 and 64 devices, a pipeline plan, a what-if).
 Skipped only when Debian's Chromium (``/usr/bin/chromium``) is missing; CI installs it.
 """
 
@@ -32,6 +45,9 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SEARCH_TIMEOUT = 900  # ms below are * 1000
 LAUNCH_TIMEOUT = 900
+#: seconds the explorer cell may hold the kernel on this shared machine (the target, 1 s, is
+#: measured on a quiet one by benchmarks/viz.py)
+DISPLAY_BOUND = 10.0
 
 pytestmark = [
     pytest.mark.browser,
@@ -144,6 +160,7 @@ def page():
             pg = ctx.new_page()
             console: list[str] = []
             pg.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            pg.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
             pg.console_messages = console  # type: ignore[attr-defined]
             yield pg
         finally:
@@ -156,14 +173,23 @@ FIGS_JS = """() => Array.from(document.querySelectorAll('.autoplan-explorer .js-
     n: (el.data || []).length,
     data: JSON.stringify((el.data || []).map(t => [t.type, t.name, t.x, t.y, t.fillcolor, t.meta,
                                                  t.marker && t.marker.symbol])),
-    dimmed: (el.data || []).filter(t => t.opacity !== undefined && t.opacity < 1).length,
+    kinds: (el.data || []).map(t => (t.meta && t.meta.kind) || ''),
+    dimmed: (el.data || []).filter(t => (t.opacity !== undefined && t.opacity < 1) ||
+        (t.marker && Array.isArray(t.marker.opacity) && t.marker.opacity.some(o => o < 1))).length,
     highlights: ((el.layout && el.layout.shapes) || []).filter(s => s.name === 'highlight').length,
+    meta: (el.layout && el.layout.meta) || null,
+    ticks: (el.layout && el.layout.xaxis && el.layout.xaxis.ticktext) || [],
     y0: (el.data && el.data[0] && el.data[0].y) ? Array.from(el.data[0].y) : []}))"""
 
 KERNEL_IDLE_JS = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
     return !!k && k.status === 'idle'; }"""
 
+RUN_CELL_JS = """(k) => { const nb = window.jupyterapp.shell.currentWidget.content;
+    nb.activeCellIndex = k; return window.jupyterapp.commands.execute('notebook:run-cell'); }"""
+
+RAN_JS = """(k) => { const c = window.jupyterapp.shell.currentWidget.content.model.cells.get(k);
+    return !!c.executionCount; }"""
 
 ALL_RAN_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
     for (let i = 0; i < cells.length; i++) {
@@ -177,13 +203,31 @@ OUTPUTS_JS = """() => { const cells = window.jupyterapp.shell.currentWidget.cont
         if (c.type === 'code') out.push(JSON.stringify(c.outputs.toJSON()).slice(0, 20000)); }
     return out; }"""
 
+# viewport coordinates of the points of the first trace of `kind` in the figure titled `prefix`,
+# scrolled into view
+POINTS_JS = """([prefix, kind]) => {
+    const el = Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
+        .find(e => e.layout && e.layout.title && e.layout.title.text.startsWith(prefix));
+    el.scrollIntoView({block: 'center'});
+    const t = el.data.findIndex(tr => tr.meta && tr.meta.kind === kind);
+    const fl = el._fullLayout, tr = el.data[t];
+    const xa = fl[(tr.xaxis || 'x').replace('x', 'xaxis')], ya = fl[(tr.yaxis || 'y').replace('y', 'yaxis')];
+    const box = el.getBoundingClientRect();
+    return Array.from(tr.x).map((x, i) => ({
+        x: box.left + xa._offset + xa.l2p(typeof x === 'number' ? x : i),
+        y: box.top + ya._offset + ya.l2p(tr.type === 'bar' ? tr.y[i] / 2 : tr.y[i]),
+        customdata: tr.customdata ? tr.customdata[i] : null,
+        name: tr.meta.names ? tr.meta.names[i] : null})); }"""
+
+NAMES = {"sharding": "Operator sharding", "stage": "Stages on the cluster",
+         "memory": "Memory per device", "graph": "Mined subgraphs", "timeline": "Pipeline timeline",
+         "compare": "Comparing", "launch": "launch"}
+
 
 def figures(page) -> dict[str, dict]:
     out = {}
     for f in page.evaluate(FIGS_JS):
-        for key, prefix in (("sharding", "Operator sharding"), ("stage", "Stages on the cluster"),
-                            ("timeline", "Pipeline timeline"), ("compare", "Comparing"),
-                            ("launch", "launch")):
+        for key, prefix in NAMES.items():
             if f["title"].startswith(prefix):
                 out[key] = f
     return out
@@ -196,6 +240,31 @@ def explorer_text(page) -> str:
 def dropdown(page, description: str):
     return page.locator(".autoplan-explorer .widget-dropdown",
                         has=page.locator("label", has_text=description)).locator("select")
+
+
+def options(select) -> list[str]:
+    # (ipywidgets writes option labels with non-breaking spaces)
+    return [o.replace("\xa0", " ") for o in select.locator("option").all_inner_texts()]
+
+
+def wait_text(page, text: str, timeout: float = 120) -> None:
+    page.wait_for_function("(t) => document.querySelector('.autoplan-explorer').innerText.includes(t)",
+                           arg=text, timeout=timeout * 1000)
+
+
+def wait_figure(page, prefix: str, js_condition: str, timeout: float = 120) -> None:
+    """Wait until the figure whose title starts with ``prefix`` satisfies ``js_condition`` (a
+    JavaScript expression of ``el``)."""
+    page.wait_for_function(
+        f"""(prefix) => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
+              .some(el => el.layout && el.layout.title && el.layout.title.text.startsWith(prefix)
+                          && ({js_condition}))""", arg=prefix, timeout=timeout * 1000)
+
+
+def click_at(page, point) -> None:
+    page.mouse.move(point["x"], point["y"])
+    page.wait_for_timeout(150)
+    page.mouse.click(point["x"], point["y"])
 
 
 def shoot(page, name: str, docs_copy: Path) -> None:
@@ -217,6 +286,24 @@ def shoot(page, name: str, docs_copy: Path) -> None:
     page.wait_for_timeout(500)
 
 
+def errors(page) -> list[str]:
+    return [m for m in getattr(page, "console_messages", []) if m.startswith(("error", "pageerror"))]
+
+
+def search_on(page, devices: int) -> None:
+    """Set the device count in the controls and press Search; wait for the result."""
+    box = page.locator(".autoplan-explorer .widget-inline-hbox",
+                       has=page.locator("label", has_text="devices")).locator("input")
+    box.fill(str(devices))
+    box.press("Enter")
+    page.wait_for_timeout(500)
+    page.locator(".autoplan-explorer button", has_text="Search").click()
+    wait_text(page, f"plans for gpt (tiny) on cpu:{devices}", timeout=SEARCH_TIMEOUT)
+    wait_figure(page, "Operator sharding", f"el.layout.title.text.includes('cpu:{devices}') || "
+                f"(el.layout.meta && el.layout.meta.columns)", timeout=120)
+    page.wait_for_timeout(2500)
+
+
 def test_explorer_in_jupyterlab(jupyterlab, page):
     t0 = time.monotonic()
     timings = {}
@@ -227,90 +314,107 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         page.wait_for_function(KERNEL_IDLE_JS, timeout=180_000)  # no kernel dialog: kernelspec set
         timings["lab ready"] = time.monotonic() - t0
         page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # the setup cell, then the explorer's cell alone: the kernel answers at once
+        page.evaluate(RUN_CELL_JS, 0)
+        page.wait_for_function(RAN_JS, arg=0, timeout=180_000)
+        page.wait_for_function(KERNEL_IDLE_JS, timeout=180_000)
+        t_show = time.monotonic()
+        page.evaluate(RUN_CELL_JS, 2)
+        page.wait_for_function(RAN_JS, arg=2, timeout=180_000)
+        timings["explorer cell"] = time.monotonic() - t_show
+        assert timings["explorer cell"] < DISPLAY_BOUND, timings
         page.wait_for_selector(".autoplan-explorer", timeout=180_000)
-        page.wait_for_function(
-            "() => document.querySelector('.autoplan-explorer').innerText.includes('plans for gpt (tiny) on cpu:8')",
-            timeout=SEARCH_TIMEOUT * 1000)
+        wait_text(page, "plans for gpt (tiny) on cpu:8", timeout=SEARCH_TIMEOUT)
         timings["search done"] = time.monotonic() - t0
-        # the rest of the notebook (table, static comparison) ran and the kernel is free again
+        # the first search fills every figure (none left at its placeholder)
+        wait_figure(page, "Comparing", "el.data.length > 3")
+        page.wait_for_timeout(1500)
+        first = figures(page)
+        assert set(first) == set(NAMES), first.keys()
+        assert all(f["n"] > 0 for f in first.values()), {k: f["n"] for k, f in first.items()}
+        assert page.locator(".autoplan-explorer .js-plotly-plot").count() == len(NAMES)
+        assert page.evaluate("() => window.__autoplan_plotly__.evaluated || 0") <= 1  # once per page
+        # the rest of the notebook (table, static comparison) runs; the kernel is free again
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-below')")
+        page.wait_for_function(ALL_RAN_JS, timeout=300_000)
         page.wait_for_function(KERNEL_IDLE_JS, timeout=300_000)
-        page.wait_for_function(ALL_RAN_JS, timeout=60_000)
         outputs = page.evaluate(OUTPUTS_JS)
         assert "step ms" in outputs[2] and "baseline" in outputs[2], outputs[2][:2000]
         assert not any("Traceback" in o for o in outputs), outputs
         assert "failed" not in explorer_text(page)
 
+        # switch to a pipeline candidate: every figure redraws in place
         before = figures(page)
-        assert set(before) == {"sharding", "stage", "timeline", "compare", "launch"}, before.keys()
-        n_plots = page.locator(".autoplan-explorer .js-plotly-plot").count()
-        assert n_plots == 5
-        # switch to another candidate: a pipeline plan when there is one
         select = dropdown(page, "candidate")
-        # (ipywidgets writes option labels with non-breaking spaces)
-        options = [o.replace("\xa0", " ") for o in select.locator("option").all_inner_texts()]
-        assert len(options) >= 3 and any("baseline" in o for o in options), options
-        k = next((i for i, o in enumerate(options) if "stages (" in o), None) or next(
-            i for i, o in enumerate(options[1:], 1) if o.split(":", 1)[1] != options[0].split(":", 1)[1])
-        target = options[k]
+        opts = options(select)
+        assert len(opts) >= 3 and any("baseline" in o for o in opts), opts
+        k = next(i for i, o in enumerate(opts) if "stages (" in o)
+        label = opts[k].split(". ", 1)[1].split(":", 1)[0]
         select.select_option(index=k)
-        label = target.split(". ", 1)[1].split(":", 1)[0]
-        page.wait_for_function(
-            """(label) => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
-                 .some(el => el.layout && el.layout.title && el.layout.title.text.startsWith('Operator sharding')
-                             && el.layout.title.text.includes('[' + label + ']'))
-                 && document.querySelector('.autoplan-explorer').innerText.includes('plan [' + label + ']')""",
-            arg=label, timeout=120_000)
-        page.wait_for_timeout(1500)  # let the other figures' updates land too
+        wait_figure(page, "Operator sharding", f"el.layout.title.text.includes('[{label}]')")
+        wait_text(page, f"plan [{label}]")
+        page.wait_for_timeout(2000)
         after = figures(page)
-        assert page.locator(".autoplan-explorer .js-plotly-plot").count() == n_plots  # updated in place
+        assert page.locator(".autoplan-explorer .js-plotly-plot").count() == len(NAMES)
         assert after["sharding"]["data"] != before["sharding"]["data"]
-        assert f"[{label}]" in after["sharding"]["title"]
-        if "stages (" in target:
-            assert after["stage"]["data"] != before["stage"]["data"]
-            assert after["timeline"]["title"] != before["timeline"]["title"]
-            assert after["timeline"]["n"] > before["timeline"]["n"]
+        assert after["stage"]["data"] != before["stage"]["data"]
+        assert after["timeline"]["n"] > before["timeline"]["n"]
         assert after["compare"]["data"] != before["compare"]["data"]  # the star moved
-        timings["candidate changed"] = time.monotonic() - t0
-
-        # select the last stage (or a layer) with the layer dropdown: the other views highlight it
+        # select the last stage: the other views highlight it
         focus = dropdown(page, "layer")
-        choices = [c.replace("\xa0", " ") for c in focus.locator("option").all_inner_texts()]
+        choices = options(focus)
         focus.select_option(index=max(i for i, c in enumerate(choices) if c.startswith("stage ")))
-        page.wait_for_function(
-            """() => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
-                 .some(el => ((el.layout && el.layout.shapes) || []).some(s => s.name === 'highlight'))""",
-            timeout=60_000)
-        if "stages (" in target:
-            # the timeline's update is its own message after the sharding view's: wait for it
-            page.wait_for_function(
-                """() => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
-                     .some(el => el.layout && el.layout.title && el.layout.title.text
-                                 && el.layout.title.text.startsWith('Pipeline timeline')
-                                 && (el.data || []).some(t => t.opacity !== undefined && t.opacity < 1))""",
-                timeout=60_000)
-        lit = figures(page)
-        assert lit["sharding"]["highlights"] >= 1
+        wait_figure(page, "Stages on the cluster",
+                    "((el.layout.shapes) || []).some(s => s.name === 'highlight')")
+        wait_figure(page, "Pipeline timeline",
+                    "(el.data || []).some(t => t.opacity !== undefined && t.opacity < 1)")
         assert "selected stage" in explorer_text(page)
-        if "stages (" in target:
-            assert lit["sharding"]["dimmed"] > 0 and lit["timeline"]["dimmed"] > 0
-
         shoot(page, "explore_pipeline.png", DOCS_IMG / "explorer-pipeline.png")
 
-        # back to the best plan (intra-operator: autoplan.exec runs it on 2 processes x 4 devices),
-        # select one of its layers, and launch it
+        # back to the best plan; click layers_0 in the mined subgraphs: the sharding view boxes it
         select.select_option(index=0)
-        best = options[0].split(". ", 1)[1].split(":", 1)[0]
+        best = opts[0].split(". ", 1)[1].split(":", 1)[0]
+        wait_text(page, f"plan [{best}]")
+        focus.select_option(index=0)
+        page.wait_for_timeout(2000)
+        bars = page.evaluate(POINTS_JS, [NAMES["graph"], "layers"])
+        target = next(b for b in bars if b["name"] == "layers_0")
+        click_at(page, target)
+        wait_text(page, "selected layer layers_0", timeout=60)
+        wait_figure(page, "Operator sharding",
+                    "((el.layout.shapes) || []).some(s => s.name === 'highlight')")
+        lit = figures(page)
+        assert lit["sharding"]["highlights"] == 1 and lit["graph"]["dimmed"] == 1
+        timings["linked selection"] = time.monotonic() - t0
+
+        # what-if: click a weight in the sharding view, pin its second spec, re-solve
+        tensors = page.evaluate(POINTS_JS, [NAMES["sharding"], "tensors"])
+        weight = next(t for t in tensors if t["customdata"][2] == "weight")
+        click_at(page, weight)
+        wait_text(page, f"pin {weight['customdata'][1]}", timeout=60)
+        n_before = len(options(select))
+        dropdown(page, "spec").select_option(index=1)
+        page.locator(".autoplan-explorer button", has_text="pin and re-solve").click()
+        wait_text(page, "step time", timeout=300)
         page.wait_for_function(
-            """(label) => Array.from(document.querySelectorAll('.autoplan-explorer .js-plotly-plot'))
-                 .some(el => el.layout && el.layout.title && el.layout.title.text.startsWith('Operator sharding')
-                             && el.layout.title.text.includes('[' + label + ']'))""",
-            arg=best, timeout=120_000)
-        choices = [c.replace("\xa0", " ") for c in focus.locator("option").all_inner_texts()]
-        focus.select_option(index=next(i for i, c in enumerate(choices) if "layers_0" in c))
-        page.wait_for_function("() => document.querySelector('.autoplan-explorer').innerText"
-                               ".includes('selected layer')", timeout=60_000)
-        assert figures(page)["sharding"]["dimmed"] > 0
+            "(n) => Array.from(document.querySelectorAll('.autoplan-explorer select')).some("
+            "s => Array.from(s.options).some(o => o.text.includes('what-if:')))", arg=n_before,
+            timeout=300_000)
+        wait_figure(page, "Comparing", "(el.data || []).some(t => t.meta && t.meta.kind === 'difference')")
+        cmp = figures(page)["compare"]
+        assert "reference" in cmp["kinds"] and "difference" in cmp["kinds"]
+        assert len(options(select)) == n_before + 1
+        timings["what-if"] = time.monotonic() - t0
+        shoot(page, "explore_what_if.png", DOCS_IMG / "explorer-what-if.png")
+        page.locator(".autoplan-explorer button", has_text="undo").click()
+        page.wait_for_function(
+            "() => !Array.from(document.querySelectorAll('.autoplan-explorer select')).some("
+            "s => Array.from(s.options).some(o => o.text.includes('what-if:')))", timeout=120_000)
+        # the code pane
+        code = page.locator(".autoplan-explorer .autoplan-code").inner_text()
+        assert "def shardings_for(args)" in code and "Mesh(" in code and best in code
+
+        # launch the best plan: 2 processes x 4 devices, matched
         page.locator(".autoplan-explorer button", has_text="Launch").click()
         page.wait_for_function(
             "() => document.querySelector('.autoplan-explorer').innerText.includes('launch finished')"
@@ -321,14 +425,44 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         text = explorer_text(page)
         assert "launch failed" not in text, text[-3000:]
         result = page.locator(".autoplan-launch-result").inner_text()
-        assert "2 x 4 CPU devices" in result, result
+        assert "2 processes x 4" in result, result
         assert "final loss" in result and "matched single-device results" in result, result
+        assert "x the prediction: the prediction is the cost model" in result
         loss = float(result.split("final loss", 1)[1].split(";", 1)[0])
         assert 0 < loss < 20
         assert len(figures(page)["launch"]["y0"]) == 5  # the loss curve of the default 5 steps
-        table = page.locator(".autoplan-launch-table").inner_text()
-        assert f"{loss:.6f}" in table
         shoot(page, "explore.png", DOCS_IMG / "explorer.png")
+        assert not errors(page), errors(page)
+
+        # save, reload: every figure comes back with its traces, and no console error
+        page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(3000)
+        page.console_messages.clear()
+        page.reload()
+        page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')",
+                               timeout=180_000)
+        page.wait_for_function(
+            f"() => document.querySelectorAll('.autoplan-explorer .js-plotly-plot').length == {len(NAMES)}",
+            timeout=180_000)
+        page.wait_for_timeout(3000)
+        back = figures(page)
+        assert set(back) == set(NAMES) and all(f["n"] > 0 for f in back.values()), back.keys()
+        assert back["launch"]["y0"] and "launch finished" in explorer_text(page)
+        assert not errors(page), errors(page)
+        timings["reloaded"] = time.monotonic() - t0
+
+        # 16 devices from the controls: the launch panel is cleared, repeated layers folded
+        search_on(page, 16)
+        assert "no launch yet for gpt on cpu:16" in explorer_text(page)
+        cols = figures(page)["sharding"]["meta"]["columns"]
+        assert any(len(c["layers"]) == 2 and c["layers"] == ["layers_0", "layers_1"] for c in cols), cols
+        assert any("x2" in t for t in figures(page)["sharding"]["ticks"])
+        timings["16 devices"] = time.monotonic() - t0
+        search_on(page, 64)
+        assert all(f["n"] > 0 for f in figures(page).values())
+        shoot(page, "explore_64.png", DOCS_IMG / "explorer-64.png")
+        timings["64 devices"] = time.monotonic() - t0
+        assert not errors(page), errors(page)
     finally:
         try:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))

@@ -467,10 +467,10 @@ class Explorer:
     def _ipython_display_(self) -> None:
         from IPython.display import display  # noqa: PLC0415
 
+        # plotly.js is not sent with the widgets: the first view drawn on a page without it asks
+        # the kernel once (sending 5 MB here would hold the cell's completion on the page for
+        # seconds while the message crosses the websocket)
         display(self.widget)
-        # plotly.js for this page, sent once now (the views also ask for it when they draw on a
-        # page that has none, e.g. after a reload): one message, on the kernel's output channel
-        self.figures["sharding"].push_plotly()
 
     # ---- errors and threads ------------------------------------------------------------------
     def _report(self, where: str, err: BaseException) -> None:
@@ -680,6 +680,8 @@ class Explorer:
                 self._whatif, self._pins, self._pin_target = [], [], None
             if (self.last_launch is not None and self.last_launch.context != context):
                 self._clear_launch(f"no launch yet for {context[0]} on {context[2]}")
+            elif self.last_launch is None and context != self._context:
+                self._launch_status.value = f"no launch yet for {context[0]} on {context[2]}"
             self._search_key_now = key
             self._context = context
             self.result = res
@@ -975,18 +977,19 @@ class Explorer:
         # stage view: the owning stage's devices outlined, the others faded
         fig = copy.deepcopy(self._base["stage"])
         meta = fig["layout"].get("meta") or {}
-        per, owner = meta.get("per_host", 1), meta.get("owner", [])
+        owner = meta.get("owner", [])
+        cell = _cell_of(meta)
         devices = [d for d, s in enumerate(owner) if on and s == stage]
         img = next((t for t in fig["data"] if (t.get("meta") or {}).get("kind") == "devices"), None)
         shapes = list(fig["layout"].get("shapes") or [])
         if on and stage is not None and img is not None:
             for d, s in enumerate(owner):
                 if s != stage:
-                    h, j = divmod(d, per)
-                    img["z"][h][j] = [round(v + (255 - v) * (1 - DIM)) for v in img["z"][h][j]]
-            for h, a, b in _row_runs(devices, per):
-                shapes.append({"type": "rect", "x0": a - 0.5, "x1": b + 0.5, "y0": h - 0.5,
-                               "y1": h + 0.5, "name": "highlight", "layer": "above",
+                    r, c = cell(d)
+                    img["z"][r][c] = [round(v + (255 - v) * (1 - DIM)) for v in img["z"][r][c]]
+            for r, a, b in _row_runs([cell(d) for d in devices]):
+                shapes.append({"type": "rect", "x0": a - 0.5, "x1": b + 0.5, "y0": r - 0.5,
+                               "y1": r + 0.5, "name": "highlight", "layer": "above",
                                "line": {"color": HIGHLIGHT_LINE, "width": 3},
                                "fillcolor": "rgba(0,0,0,0)"})
         _set_shapes(fig, shapes)
@@ -1066,12 +1069,12 @@ class Explorer:
                 self.select_layer(layer)
             self.set_pin_target(tensor, op=op)
         elif figure == "stage" and kind == "devices":
-            owner = (base["layout"].get("meta") or {}).get("owner", [])
-            per = (base["layout"].get("meta") or {}).get("per_host", 1)
+            meta_l = base["layout"].get("meta") or {}
+            owner = meta_l.get("owner", [])
             row, col = (point + [0, 0])[:2] if len(point) >= 2 else (int(event.get("y") or 0),
                                                                      int(event.get("x") or 0))
-            d = int(row) * per + int(col)
-            if 0 <= d < len(owner) and owner[d] is not None:
+            d = _device_at(meta_l, int(row), int(col))
+            if d is not None and 0 <= d < len(owner) and owner[d] is not None:
                 self.select_stage(int(owner[d]))
         elif figure == "memory" and kind == "memory":
             i = int(point[0])
@@ -1484,15 +1487,37 @@ def _same_plan(a: Plan, b: Plan) -> bool:
         b.label, b.describe(), b.predicted.step_time, b.predicted.memory_per_device)
 
 
-def _row_runs(devices: Sequence[int], per: int) -> list[tuple[int, int, int]]:
-    """``(host, first slot, last slot)`` of each run of consecutive devices on one host."""
-    out: list[tuple[int, int, int]] = []
-    for d in sorted(devices):
+def _cell_of(meta: Mapping[str, Any]) -> Callable[[int], tuple[int, int]]:
+    """Device id -> ``(row, column)`` of its cell in the stage view (see ``stage_figure``)."""
+    per = int(meta.get("per_host", 1))
+    width = int(meta.get("width", per))
+    rows_per_host = int(meta.get("rows_per_host", 1))
+
+    def cell(d: int) -> tuple[int, int]:
         h, j = divmod(d, per)
-        if out and out[-1][0] == h and out[-1][2] == j - 1:
-            out[-1] = (h, out[-1][1], j)
+        return h * rows_per_host + j // width, j % width
+
+    return cell
+
+
+def _device_at(meta: Mapping[str, Any], row: int, col: int) -> int | None:
+    """The device drawn at ``(row, col)`` of the stage view, or None."""
+    per = int(meta.get("per_host", 1))
+    width = int(meta.get("width", per))
+    rows_per_host = int(meta.get("rows_per_host", 1))
+    h, r = divmod(row, rows_per_host)
+    j = r * width + col
+    return h * per + j if 0 <= col < width and j < per else None
+
+
+def _row_runs(cells: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(row, first column, last column)`` of each run of adjacent cells on one row."""
+    out: list[tuple[int, int, int]] = []
+    for r, c in sorted(cells):
+        if out and out[-1][0] == r and out[-1][2] == c - 1:
+            out[-1] = (r, out[-1][1], c)
         else:
-            out.append((h, j, j))
+            out.append((r, c, c))
     return out
 
 

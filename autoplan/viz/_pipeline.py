@@ -70,67 +70,79 @@ def _rgb(color: str) -> list[int]:
     return [int(c[k:k + 2], 16) for k in (0, 2, 4)]
 
 
+#: a host with more devices than this is drawn as several rows of this many
+ROW_DEVICES = 16
+
+
 def stage_figure(plan: Plan) -> go.Figure:
     """The cluster's devices (rows = hosts, columns = devices of a host) coloured by stage.
 
-    One RGB image (``meta.kind == "devices"``, ``meta.per_host``): the cell of device ``d`` is at
-    row ``d // per_host``, column ``d % per_host``, coloured by the stage using it (white when
-    unused); hovering a cell names the device, its stage, the stage's layers and logical mesh.
-    Each stage is labelled on its devices (``stage k`` where its cells are wide enough, ``k``
-    otherwise) and described in full in the legend. Device numbers are written on the cells up
-    to 64 devices.
+    One RGB image (``meta.kind == "devices"``): device ``d`` of host ``h = d // per_host`` is at
+    row ``h * rows_per_host + (d % per_host) // width`` and column ``(d % per_host) % width``,
+    where ``width = min(per_host, 16)`` (a host of 64 devices is 4 rows of 16), coloured by the
+    stage using it (white when unused); hovering a cell names the device, its stage, the
+    stage's layers and logical mesh. Each stage is labelled on its devices (``stage k`` where its
+    cells are wide enough, ``k`` otherwise) and described in full in the legend. Device numbers
+    are written on the cells up to 64 devices.
 
     Args:
         plan: the plan to draw.
 
     Returns:
         A ``plotly.graph_objects.Figure``; ``layout.meta = {"kind": "stage", "owner": [stage of
-        each device or None], "per_host": ...}``.
+        each device or None], "per_host", "width", "rows_per_host"}``.
     """
     cl = plan.cluster
     hosts, per = cl.nodes, cl.devices_per_node
+    width = min(per, ROW_DEVICES)
+    rows_per_host = -(-per // width)
     n = hosts * per
+
+    def cell(d: int) -> tuple[int, int]:
+        h, j = divmod(d, per)
+        return h * rows_per_host + j // width, j % width
+
     owner: dict[int, list[int]] = {}
     for s in plan.stages:
         for d in s.device_ids:
             owner.setdefault(d, []).append(s.index)
     by_index = {s.index: s for s in plan.stages}
-    z, hover = [], []
-    for h in range(hosts):
-        row, trow = [], []
-        for j in range(per):
-            d = h * per + j
-            stages = owner.get(d, [])
-            st = stages[0] if stages else None
-            row.append(_rgb(stage_color(st) if st is not None else UNUSED_COLOR))
-            if st is None:
-                trow.append(f"device {d} (host {h}, slot {j})<br>unused")
-                continue
-            s = by_index[st]
-            text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
-                    f"submesh {s.submesh[0]}x{s.submesh[1]}, logical mesh {_mesh_text(s)}<br>"
-                    f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
-            if len(stages) > 1:
-                text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
-            trow.append(text)
-        z.append(row)
-        hover.append(trow)
+    z = [[_rgb(UNUSED_COLOR) for _ in range(width)] for _ in range(hosts * rows_per_host)]
+    hover = [["" for _ in range(width)] for _ in range(hosts * rows_per_host)]
+    for d in range(n):
+        h, j = divmod(d, per)
+        r, c = cell(d)
+        stages = owner.get(d, [])
+        st = stages[0] if stages else None
+        z[r][c] = _rgb(stage_color(st) if st is not None else UNUSED_COLOR)
+        if st is None:
+            hover[r][c] = f"device {d} (host {h}, slot {j})<br>unused"
+            continue
+        s = by_index[st]
+        text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
+                f"submesh {s.submesh[0]}x{s.submesh[1]}, logical mesh {_mesh_text(s)}<br>"
+                f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
+        if len(stages) > 1:
+            text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
+        hover[r][c] = text
     traces: list[dict[str, Any]] = [{
         "type": "image", "z": z, "hovertext": hover, "hoverinfo": "text", "name": "devices",
-        "meta": {"kind": "devices", "per_host": per}}]
+        "meta": {"kind": "devices", "per_host": per, "width": width,
+                 "rows_per_host": rows_per_host}}]
     if n <= 64:
-        traces.append({"type": "scatter", "x": [d % per for d in range(n)],
-                       "y": [d // per - 0.3 for d in range(n)], "text": [str(d) for d in range(n)],
-                       "mode": "text", "textfont": {"size": 9, "color": "#222222"},
-                       "hoverinfo": "skip", "showlegend": False, "meta": {"kind": "labels"}})
+        cells = [cell(d) for d in range(n)]
+        traces.append({"type": "scatter", "x": [c for _, c in cells], "y": [r - 0.3 for r, _ in cells],
+                       "text": [str(d) for d in range(n)], "mode": "text",
+                       "textfont": {"size": 9, "color": "#222222"}, "hoverinfo": "skip",
+                       "showlegend": False, "meta": {"kind": "labels"}})
     # cell width in pixels, roughly, at the page's usual ~900 px plot width
-    cell_px = 900 / max(per, 1)
+    cell_px = 900 / max(width, 1)
     annotations = []
     for s in plan.stages:
         if not s.device_ids:
             continue
-        xs = [d % per for d in s.device_ids]
-        ys = [d // per for d in s.device_ids]
+        cells = [cell(d) for d in s.device_ids]
+        xs, ys = [c for _, c in cells], [r for r, _ in cells]
         wide = (max(xs) - min(xs) + 1) * cell_px
         text = f"<b>stage {s.index}</b>" if wide >= 70 else f"<b>{s.index}</b>"
         if wide >= 160 and len(set(ys)) <= 2:
@@ -145,32 +157,37 @@ def stage_figure(plan: Plan) -> go.Figure:
     if len(owner) < n:
         traces.append(legend_swatch("unused", UNUSED_COLOR, group="unused"))
     used = len(owner)
+    rows = hosts * rows_per_host
     tick_every = max(1, hosts // 16)
-    grid = []  # white lines between the cells, up to 64 hosts x 32 devices
-    if per <= 32 and hosts <= 64:
+    grid = []  # white lines between the cells, up to 64 rows of cells
+    if rows <= 64:
         line = {"color": "white", "width": 1}
-        grid += [{"type": "line", "x0": j - 0.5, "x1": j - 0.5, "y0": -0.5, "y1": hosts - 0.5,
-                  "line": line, "layer": "above"} for j in range(1, per)]
-        grid += [{"type": "line", "x0": -0.5, "x1": per - 0.5, "y0": h - 0.5, "y1": h - 0.5,
-                  "line": line, "layer": "above"} for h in range(1, hosts)]
+        grid += [{"type": "line", "x0": j - 0.5, "x1": j - 0.5, "y0": -0.5, "y1": rows - 0.5,
+                  "line": line, "layer": "above"} for j in range(1, width)]
+        grid += [{"type": "line", "x0": -0.5, "x1": width - 0.5, "y0": r - 0.5, "y1": r - 0.5,
+                  "line": {**line, "width": 3 if r % rows_per_host == 0 else 1}, "layer": "above"}
+                 for r in range(1, rows)]
     layout = {
         "template": TEMPLATE,
         "title": {"text": f"Stages on the cluster {escape(cl.spec)} ({hosts} host{'s' if hosts != 1 else ''} "
                           f"x {per} devices): {len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''} "
                           f"on {used} of {n} devices<br><sup>colour = pipeline stage (legend: its "
-                          "layers, logical mesh and devices); white = unused</sup>",
+                          "layers, logical mesh and devices); white = unused"
+                          + (f"; each host in rows of {width}" if rows_per_host > 1 else "")
+                          + "</sup>",
                   "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        "xaxis": {"tickvals": list(range(per)) if per <= 32 else None,
-                  "ticktext": [f"dev {j}" for j in range(per)] if per <= 32 else None,
+        "xaxis": {"tickvals": list(range(width)) if width <= 32 else None,
+                  "ticktext": ([f"dev {j}" for j in range(width)] if rows_per_host == 1
+                               else [f"+{j}" for j in range(width)]) if width <= 32 else None,
                   "showgrid": False, "zeroline": False, "side": "top", "constrain": "domain"},
-        "yaxis": {"tickvals": list(range(0, hosts, tick_every)),
+        "yaxis": {"tickvals": [h * rows_per_host for h in range(0, hosts, tick_every)],
                   "ticktext": [f"host {h}" for h in range(0, hosts, tick_every)],
                   "showgrid": False, "zeroline": False},
         "annotations": annotations, "shapes": grid,
-        "height": int(min(900, 190 + max(60, 34 * hosts) + 18 * min(len(plan.stages), 12))),
+        "height": int(min(900, 190 + max(60, 34 * rows) + 18 * min(len(plan.stages), 12))),
         "margin": {"t": 95, "l": 70, "r": 20, "b": 20}, "hovermode": "closest",
         "legend": {"orientation": "h", "yanchor": "top", "y": -0.02, "x": 0, "font": {"size": 10}},
-        "meta": {"kind": "stage", "per_host": per,
+        "meta": {"kind": "stage", "per_host": per, "width": width, "rows_per_host": rows_per_host,
                  "owner": [owner.get(d, [None])[0] for d in range(n)]},
     }
     return go.Figure(data=traces, layout=layout)

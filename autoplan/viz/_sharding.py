@@ -425,7 +425,7 @@ def block_tiles(t: TensorSharding, stage: Stage) -> list[Tile]:
 
 def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, cx: float,
                  cy: float, w: float, h: float, col: int, row: int, layers: Sequence[str],
-                 write_spec: bool) -> None:
+                 write_spec: bool, stored: Any = None) -> None:
     rows, cols = tile_grid(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
     shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
                        if any(a in (e or ()) for e in t.spec))
@@ -454,6 +454,9 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
             f"<br>bytes per device {fmt_bytes(per_device)}"
             f"<br>tile (0, 0) held by device{'s' if len(cluster) > 1 else ''} {_span(cluster)}"
             f"<br>strategy {escape(op.strategy)}")
+    if stored is not None and tuple(stored) != tuple(t.spec):
+        text += (f"<br><i>stored as {pspec_text(stored)} = {spec_str(stored)}: resharded before "
+                 "this operator</i>")
     if op.comm:
         text += "<br>" + ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in op.comm)
     cv.hover.append((cx, cy, text, [op.op, t.name, t.role, col, row, round(w, 6), round(h, 6)]))
@@ -534,6 +537,7 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     slots = max((len(o.tensors) for c in shown for _, o in c.cells), default=3)
     cv = _Canvas()
     write_spec = len(shown) <= 24
+    stored = {i.name: i.spec for i in plan.inputs}
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     for ci, col in enumerate(shown):
@@ -548,7 +552,7 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
                 side = _size_band(math.prod(t.shape) * dtype_bytes(t.dtype), lo, hi)
                 cx = ci + 0.04 + slot_w * (k + 0.5)
                 _draw_tensor(cv, t, op, col.stage, cx, r + 0.5, slot_w * 0.9 * side, 0.84 * side,
-                             ci, r, col.layers, write_spec)
+                             ci, r, col.layers, write_spec, stored.get(t.name))
     key_stage = plan.stages[0]
     traces = cv.traces() + _mesh_key(key_stage)
     ticktext = []

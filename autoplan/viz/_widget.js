@@ -22,6 +22,7 @@ async function evaluate(buffer) {
   const code = new TextDecoder().decode(buffer);
   // as a module: `module` keeps the bundle from writing globals other than window.Plotly
   const src = "const module = { exports: {} };\n" + code + "\nexport default module.exports;";
+  pageState().evaluated = (pageState().evaluated || 0) + 1;
   const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
   try {
     const mod = await import(/* webpackIgnore: true */ url);

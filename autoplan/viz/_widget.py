@@ -7,9 +7,9 @@ figure the page shows is rebuilt from incremental messages that a reloaded page 
 ``figure``: whatever draws it (the first view, a second cell displaying the same widget, a
 reloaded page, a reopened notebook whose kernel is still running) draws the current figure.
 Its front end is a few kilobytes (``_widget.js``); plotly.js is loaded once per page: the page's
-own ``window.Plotly`` when one is there (JupyterLab's plotly extension sets it), else the kernel
-sends it once as a binary message (pushed when the widget is displayed, or asked for by the
-page) and the page evaluates it once for every view.
+own ``window.Plotly`` when one is there (JupyterLab's plotly extension sets it), else the first
+view drawn asks the kernel, which sends it once as a binary message, and the page evaluates it
+once for every view (a view drawn while the kernel runs another cell waits for that cell).
 
 Clicks on the page come back as ``{"trace", "point", "x", "y", "customdata"}`` to the callbacks
 registered with :meth:`PlotView.on_click`.
@@ -109,7 +109,8 @@ class PlotView(anywidget.AnyWidget):
         self._click_callbacks.append(callback)
 
     def push_plotly(self) -> None:
-        """Send plotly.js to the page now (the page keeps the first copy it gets)."""
+        """Send plotly.js to the page (what a view's request gets; the page keeps the first copy
+        it gets)."""
         self.send({"type": "plotly.js"}, buffers=[plotly_js_bytes()])
 
     def _on_message(self, _widget: Any, content: Mapping[str, Any], buffers: Any) -> None:

@@ -1,4 +1,4 @@
-"""The benchmark's synthetic GPT plan builds every figure (small sizes; no timing asserted)."""
+"""The benchmark's synthetic GPT plans build every figure (small sizes; no timing asserted)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import importlib.util
 from pathlib import Path
 
 from autoplan._plan import Plan
-from autoplan.viz import compare_figure, graph_figure, sharding_figure, stage_figure, timeline_figure
+from autoplan.viz import (
+    compare_figure,
+    graph_figure,
+    memory_figure,
+    sharding_figure,
+    stage_figure,
+    timeline_figure,
+)
 
 
 def load_benchmark():
@@ -23,10 +30,16 @@ def test_synthetic_gpt_plan_figures():
     assert Plan.from_json(plan.to_json()) == plan
     assert len(plan.ops) == 8 * 6
     assert len(plan.schedule.events) == 4 * 6 * 2
-    fig = sharding_figure(plan, max_ops=12)
-    assert len({t.meta["op"] for t in fig.data if t.meta and t.meta.get("kind") == "tile"}) == 12
-    assert "12 of 48 ops shown" in fig.layout.title.text
+    fig = sharding_figure(plan)
+    # the 8 layers are sharded alike on meshes of one shape: one column for all 4 stages
+    assert [len(c["layers"]) for c in fig.layout.meta["columns"]] == [8]
+    assert fig.layout.meta["columns"][0]["stages"] == [0, 1, 2, 3]
     assert len([t for t in timeline_figure(plan).data if t.meta.get("kind") == "events"]) == 8
     assert stage_figure(plan).layout.title.text.count("4 stages on 32 of 32 devices") == 1
+    memory_figure(plan)
     compare_figure(bench.variants(plan), highlight=0)
     graph_figure(bench.gpt_layers(8))
+    big = bench.gpt_plan(layers=8, stages=2, microbatches=4, hidden=256, seq=64, batch=2,
+                         hosts_per_stage=2)
+    assert big.num_devices == 32 and big.stages[0].mesh_shape == (2, 8)
+    assert sharding_figure(big).layout.meta["columns"][0]["stages"] == [0, 1]

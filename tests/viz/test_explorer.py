@@ -541,3 +541,12 @@ def test_a_users_workload_is_searched_and_launched_from_the_explorer(in_user_fol
     assert rec.layout == "2 processes x 4 emulated CPU devices (no accelerator attached)"
     assert rec.matched is True and len(rec.losses) == 2
     assert rec.layout in ex._launch_result.value and "matched single-device results" in ex._launch_result.value
+
+
+def test_stage_view_cells_map_back_to_devices():
+    for per, hosts in ((8, 2), (64, 1), (40, 3)):
+        meta = {"per_host": per, "width": min(per, 16), "rows_per_host": -(-per // min(per, 16))}
+        cell = _explorer._cell_of(meta)
+        for d in range(per * hosts):
+            assert _explorer._device_at(meta, *cell(d)) == d
+        assert _explorer._device_at(meta, 0, 16) is None

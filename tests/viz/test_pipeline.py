@@ -82,6 +82,19 @@ def test_stage_figure_of_a_thousand_devices_is_one_image():
     assert len(img.z) == 128 and list(img.z[100][3]) == rgb(stage_color(1))
 
 
+def test_a_host_of_many_devices_wraps_into_rows():
+    stages = (Stage(0, ("a",), (0, 1), (1, 32), tuple(range(32)), (32, 1), ("x", "y")),
+              Stage(1, ("b",), (1, 2), (1, 32), tuple(range(32, 64)), (32, 1), ("x", "y")))
+    plan = Plan("m", "0" * 16, Cluster.preset("cpu", 1, devices_per_node=64), stages, (),
+                Schedule("1f1b", 8, 2), Predicted(1.0, 1.0, 1.0))
+    fig = stage_figure(plan)
+    img = fig.data[0]
+    assert (len(img.z), len(img.z[0])) == (4, 16)  # 64 devices of one host in rows of 16
+    assert list(img.z[2][0]) == rgb(stage_color(1)) and "device 32 " in img.hovertext[2][0]
+    assert fig.layout.meta["width"] == 16 and fig.layout.meta["rows_per_host"] == 4
+    assert "each host in rows of 16" in fig.layout.title.text
+
+
 def bars(fig):
     """Every event bar, in seconds: (start, end, mesh, microbatch, stage, kind, label, colour)."""
     out = []
