@@ -18,6 +18,7 @@ from ._errors import ExecutionError as ExecutionError
 from ._errors import InfeasiblePlanError as InfeasiblePlanError
 from ._errors import LaunchError as LaunchError
 from ._errors import ModelError as ModelError
+from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
 from ._errors import SearchError as SearchError
@@ -53,7 +54,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
-    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
+    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
 ]

@@ -68,13 +68,14 @@ def same_file(a: PathLike, b: PathLike) -> bool:
 
 
 def check_output_path(path: PathLike, *, what: str = "output file",
-                      inputs: Iterable[PathLike] = ()) -> str:
+                      inputs: Iterable[PathLike] = (), example: str = "plan.json") -> str:
     """Check, before any work, that ``path`` can be written and destroys no input.
 
     Args:
         path: the output path.
         what: how the message names it (``"-o"``, ``"report path"``).
         inputs: the command's input files; the output may be none of them.
+        example: a file name the message suggests when ``path`` is a folder.
 
     Returns:
         ``path`` as a string.
@@ -92,7 +93,7 @@ def check_output_path(path: PathLike, *, what: str = "output file",
     real = os.path.realpath(p)
     if os.path.isdir(real):
         raise OutputError(f"{what} {p!r} is a folder. Fix: give a file name inside it, e.g. "
-                          f"{os.path.join(p, 'plan.json')!r}.")
+                          f"{os.path.join(p, example)!r}.")
     if _is_special(real):
         return p
     folder = os.path.dirname(real) or "."
