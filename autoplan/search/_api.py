@@ -16,6 +16,7 @@ first).
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -105,6 +106,15 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
                       "autoplan.search(autoplan.models.get('gpt', size='tiny'), cluster).")
 
 
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside autoplan (the
+    user's line), counted from the function that calls this one."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("autoplan"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _least_memory(plans: list[Plan]) -> Plan:
     return min(plans, key=lambda p: p.predicted.memory_per_device)
 
@@ -120,11 +130,14 @@ def no_fit_message(best: Plan, plans: list[Plan]) -> str | None:
     if best.predicted.memory_per_device <= cluster.device_memory:
         return None
     least = _least_memory(plans)
+    fixes = ["use more or larger devices", "a smaller batch or model"]
+    if best.config.get("remat") is False:
+        fixes.append("rematerialisation (remat=True; --set remat=true on the command line)")
     return (f"no candidate plan fits in the {_gib(cluster.device_memory)} of a "
             f"{cluster.device_kind} device of {cluster.spec}: the best plan ({best.describe()}) needs "
             f"{_gib(best.predicted.memory_per_device)} per device, and the least any candidate needs "
-            f"is {_gib(least.predicted.memory_per_device)} ({least.label}: {least.describe()}). Fix: use "
-            "more or larger devices, a smaller batch or model, or remat=True")
+            f"is {_gib(least.predicted.memory_per_device)} ({least.label}: {least.describe()}). Fix: "
+            + ", ".join(fixes[:-1]) + f", or {fixes[-1]}")
 
 
 def _check_batch_split(best: Plan, n: int) -> None:
@@ -139,7 +152,7 @@ def _check_batch_split(best: Plan, n: int) -> None:
         f"search: the batch of {batch} does not divide over the {n} devices of {best.cluster.spec}, "
         f"and the best plan ({best.describe()}) keeps every batch input whole on every device: no "
         f"data parallelism. Fix: use a batch that is a multiple of {n} (e.g. {n * -(-batch // n)}), "
-        "or fewer devices."), stacklevel=3)
+        "or fewer devices."), stacklevel=_user_stacklevel())
 
 
 def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
@@ -330,7 +343,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         why = no_fit_message(best, ranked)
         if why is not None:
             warnings.warn(PlanDoesNotFitWarning(f"search: {why}; or pass memory_budget= to plan "
-                                                "for another device memory."), stacklevel=2)
+                                                "for another device memory."),
+                          stacklevel=_user_stacklevel())
     _check_batch_split(best, cluster.num_devices)
     report("done", 1.0)
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)

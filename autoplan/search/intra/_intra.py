@@ -118,9 +118,10 @@ def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
                               f"Fix: e.g. mesh_shape=(1, {n}) or ({cluster.nodes}, "
                               f"{cluster.devices_per_node}).")
         if math.prod(shape) != n:
+            examples = dict.fromkeys([(1, n), (cluster.nodes, cluster.devices_per_node), (n, 1)])
             raise SearchError(f"mesh_shape {shape} has {math.prod(shape)} devices but cluster "
                               f"{cluster.spec} has {n}. Fix: use a shape whose product is {n}, e.g. "
-                              f"(1, {n}) or ({cluster.nodes}, {cluster.devices_per_node}).")
+                              + " or ".join(map(str, list(examples)[:2])) + ".")
     names = default_axis_names(len(shape)) if mesh_axis_names is None else tuple(mesh_axis_names)
     if len(names) < len(shape) or len(set(names)) != len(names):
         raise SearchError(f"mesh_axis_names should give {len(shape)} distinct names for mesh_shape "
