@@ -309,6 +309,10 @@ def cases() -> list[Case]:
             expect="interrupted", words=(f"interrupted by {name}", "keep.json was not written"),
             setup=raw_file("keep.json", b'{"the": "good plan"}\n'), keep=("keep.json",),
             signal_at=("ready", 1.0, sig))
+    add("out-sigint-early", g, "Ctrl-C 1 s after `autoplan plan` starts (while JAX loads)", big_search,
+        expect="interrupted", words=("interrupted by SIGINT", "keep.json was not written"),
+        setup=raw_file("keep.json", b'{"the": "good plan"}\n'), keep=("keep.json",),
+        signal_at=("start", 1.0, SIGINT))
     add("out-pipe", g, "`show plan.json --specs` into a reader that went away (`| head`)",
         ["show", "plan.json", "--specs"], expect="ok", ok_status=(0, 141), close_stdout=True,
         setup=plan_file("plan.json"))
