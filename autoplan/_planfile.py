@@ -40,6 +40,7 @@ import json
 import math
 import os
 import re
+import reprlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -62,8 +63,14 @@ _MAX_INDEX = 2**20  # bounds devices, argument positions and list indices: no pl
 _KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+)|([^\]]*))\]|\.([A-Za-z_]\w*)")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 6
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 120
+
+
 def _short(v: Any, n: int = 80) -> str:
-    text = repr(v)
+    """A repr of ``v`` for a message: at most ``n`` characters, cheap for huge values."""
+    text = _REPR.repr(v)
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
@@ -76,7 +83,7 @@ class _Checker:
 
     # ---- failing -----------------------------------------------------------------------
     def fail(self, path: str, want: str, got: Any, fix: str = _FIX) -> NoReturn:
-        raise PlanFileError(f"{self.source}: malformed plan file: {path} should be {want}. "
+        raise PlanFileError(f"{self.source}: {path} should be {want}. "
                             f"Got {_short(got)}. Fix: {fix}.", field=path)
 
     # ---- types -------------------------------------------------------------------------
@@ -88,14 +95,14 @@ class _Checker:
         if unknown:
             where = _join(path, unknown[0])
             raise PlanFileError(
-                f"{self.source}: malformed plan file: {where} is not a field of a {record} record "
+                f"{self.source}: {where} is not a field of a {record} record "
                 f"(its fields: {', '.join(sorted(required | optional))}). Got {_short(v[unknown[0]])}. "
                 "Fix: remove the field, or read the file with the autoplan version that wrote it.",
                 field=where)
         missing = sorted(required - set(v))
         if missing:
             where = _join(path, missing[0])
-            raise PlanFileError(f"{self.source}: malformed plan file: {where} is missing: a {record} "
+            raise PlanFileError(f"{self.source}: {where} is missing: a {record} "
                                 f"record should have it. Got the fields "
                                 f"{_short(', '.join(sorted(map(str, v))) or 'none', 120)}. Fix: {_FIX}.",
                                 field=where)
@@ -161,10 +168,8 @@ class _Checker:
         for k in ("nodes", "devices_per_node"):
             if k in c:
                 self.integer(c[k], f"{path}.{k}", 1)
-        for k in ("device_memory", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
-            if k in c:
-                self.number(c[k], f"{path}.{k}")
-        for k in ("intra_latency", "inter_latency"):
+        for k in ("device_memory", "peak_flops", "intra_bandwidth", "inter_bandwidth", "intra_latency",
+                  "inter_latency"):  # positivity of the first four: Cluster's own check below
             if k in c:
                 self.number(c[k], f"{path}.{k}")
         for k in ("compute_efficiency", "gamma"):
@@ -181,8 +186,9 @@ class _Checker:
         try:
             cluster = build(c)
         except ClusterError as err:
-            raise PlanFileError(f"{self.source}: malformed plan file: {path} is not a valid cluster: "
-                                f"{err} Fix: {_FIX}.", field=path) from None
+            fix = "" if "Fix:" in str(err) else f" Fix: {_FIX}."
+            raise PlanFileError(f"{self.source}: {path} is not a valid cluster: {err}{fix}",
+                                field=path) from None
         if cluster.num_devices > _MAX_INDEX:
             self.fail(f"{path}.nodes", f"a node count giving at most {_MAX_INDEX:,} devices",
                       cluster.nodes)
@@ -354,7 +360,7 @@ def read_plan_json(text_or_path: Any, caller: str = "Plan.from_json") -> tuple[A
         raise PlanFileError(f"{source}: not valid JSON ({err}). Got {text[:60]!r}. Fix: pass a file "
                             "written by Plan.to_json; a truncated file must be re-created.") from None
     except (ValueError, RecursionError) as err:  # over-long integers, absurd nesting
-        raise PlanFileError(f"{source}: not a plan file: it should be JSON a plan writer made. Got "
+        raise PlanFileError(f"{source}: not a plan file: it should be the JSON a plan writer made. Got "
                             f"{type(err).__name__}: {_short(str(err))}. Fix: pass a file written "
                             "by Plan.to_json.") from None
 
@@ -377,9 +383,11 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
         PlanFileError: naming the first field found wrong, its value and the fix.
     """
     if not isinstance(d, Mapping) or d.get("schema") != "autoplan.plan":
-        raise PlanFileError(f"{source}: not an autoplan plan (the 'schema' field should be "
-                            f"'autoplan.plan'). Got {str(d)[:80]!r}. Fix: pass a file written by "
-                            "Plan.to_json or 'autoplan plan -o'.", field="schema")
+        got = (f"schema {_short(d.get('schema'))}" if isinstance(d, Mapping)
+               else f"a JSON {type(d).__name__}: {_short(d, 40)}")
+        raise PlanFileError(f"{source}: not an autoplan plan: it should be an object whose 'schema' "
+                            f"field is 'autoplan.plan'. Got {got}. Fix: pass a file written by Plan.to_json "
+                            "or 'autoplan plan -o'.", field="schema")
     ver = d.get("schema_version")
     if isinstance(ver, bool) or ver != schema_version:
         raise PlanFileError(f"{source}: schema_version should be {schema_version}. Got {ver!r}. Fix: "

@@ -163,19 +163,20 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    if args.output:  # before anything is imported or traced: a typo costs no search
+        _output_path(args.output)
+    _check_plan_options(args)
     from ._cluster import Cluster  # noqa: PLC0415
+
+    cluster = Cluster.parse(args.cluster)
     from .search import search  # noqa: PLC0415
     from .search._api import PlanDoesNotFitWarning, no_fit_message  # noqa: PLC0415
 
-    if args.output:
-        _output_path(args.output)
-    _check_plan_options(args)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
           "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
           "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
-    cluster = Cluster.parse(args.cluster)
     wl = _workload(args)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -214,11 +215,11 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
+    _output_path(args.output, args.plan, example="report.html")
     from ._io import atomic_write_text  # noqa: PLC0415
     from ._plan import Plan  # noqa: PLC0415
     from .viz import report_html  # noqa: PLC0415
 
-    _output_path(args.output, args.plan, example="report.html")
     plan = Plan.from_json(args.plan)
     page = report_html(plan)
     _write_when_complete(args.output, lambda: atomic_write_text(args.output, page))

@@ -630,7 +630,7 @@ def markdown(results: list[Outcome], machine: str) -> str:
     lines += ["", "| # | group | bad input or fault | what the user sees | exit | s | verdict |",
               "|---|---|---|---|---|---|---|"]
     for k, r in enumerate(results, 1):
-        lines.append(f"| {k} | {r.case.group} | {_cell(r.case.what, 90)} | `{_cell(r.seen)}` | "
+        lines.append(f"| {k} | {r.case.group} | {_cell(r.case.what, 90)} | `{_cell(r.seen, 320)}` | "
                      f"{r.status} | {r.seconds:.1f} | {', '.join(r.verdicts)} |")
     return "\n".join(lines) + "\n"
 
