@@ -7,7 +7,8 @@
     autoplan report plan.json -o report.html          self-contained HTML report
     autoplan launch plan.json --model gpt --size tiny --num-processes 2 --devices-per-process 4
 
-Every command ends in one of these exit statuses, with at most one line on stderr for an error:
+Every command ends in one of these exit statuses, with one line on stderr for an error (a failed
+launch adds its workers' last stderr lines below it):
 
 * 0: done.
 * 1: an unexpected internal error (one line naming the exception; ``--debug`` prints the
@@ -29,6 +30,7 @@ import argparse
 import ast
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -339,16 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"autoplan: error: {err}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader of stdout went away (``autoplan show p.json | head``)
-        _silence_stdout()
-        return 128 + 13
+    except BrokenPipeError as err:  # the reader of stdout went away (``autoplan show p | head``)?
+        if _stdout_broken():
+            return 128 + 13
+        return _internal_error(err, debug)
     except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
-        if debug:
-            traceback.print_exc()
-        first = (str(err).strip().splitlines() or [""])[0]
-        print(f"autoplan: internal error: {type(err).__name__}: {first[:300]}. This is a bug or an "
-              f"input autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
-        return 1
+        return _internal_error(err, debug)
     finally:
         restore()
 
@@ -368,13 +366,28 @@ def _interrupted(signum: int, args: argparse.Namespace) -> int:
     return 128 + int(signum)
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's final flush cannot fail again."""
+def _internal_error(err: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300].rstrip(".")
+    print(f"autoplan: internal error: {type(err).__name__}: {first}. This is a bug or an input "
+          "autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
+    return 1
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader went away (poll says POLLERR); if so stdout is
+    pointed at /dev/null, so that the interpreter's last flush cannot fail again."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no real stdout
+        return False
+    return True
 
 
 def _install_handlers(debug: bool) -> Callable[[], None]:

@@ -194,6 +194,13 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypat
         err = capsys.readouterr().err
         assert "Traceback (most recent call last)" in err and "rerun with --debug" in err
 
+    def pipe_to_a_worker(args):  # a broken pipe that is not stdout's is no quiet exit
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(autoplan.cli, "cmd_models", pipe_to_a_worker)
+    assert main(["models"]) == 1
+    assert capsys.readouterr().err.startswith("autoplan: internal error: BrokenPipeError")
+
 
 def test_a_signal_swallowed_where_it_landed_still_stops_the_write(tmp_path, monkeypatch, capsys):
     # Ctrl-C handled inside a finaliser is "ignored" by Python and the search goes on: the

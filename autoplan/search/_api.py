@@ -160,7 +160,7 @@ def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches:
     """Refuse options that the chosen ``pipeline`` mode would ignore."""
     if pipeline is True and mesh_shape is not None:
         raise SearchError(
-            f"search: mesh_shape={tuple(mesh_shape)!r} sets the logical mesh of intra-operator plans, "
+            f"search: mesh_shape={mesh_shape!r} sets the logical mesh of intra-operator plans, "
             "but pipeline=True makes pipeline plans only (each stage's mesh is searched), so it "
             "would be ignored. Fix: drop mesh_shape, or use pipeline=False (or 'auto').")
     if pipeline is False:
