@@ -4,8 +4,11 @@ used, or raises PlanFileError naming the field, the value and the fix; never any
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
+import operator
+import re
 import warnings
 
 import pytest
@@ -123,17 +126,15 @@ def test_a_file_that_cannot_be_read(tmp_path):
 
 # ---- one field wrong at a time ----------------------------------------------------------------
 def _set(d: dict, path: str, value) -> dict:
-    """Set the field at a JSON path like ``stages[1].mesh_shape`` (a copy)."""
+    """A copy of ``d`` with the field at a JSON path like ``stages[1].mesh_shape`` set (or
+    deleted, for ``_DELETE``)."""
     d = copy.deepcopy(d)
-    node, keys = d, []
-    for part in path.replace("]", "").replace("[", ".").split("."):
-        keys.append(int(part) if part.isdigit() else part)
-    for k in keys[:-1]:
-        node = node[k]
+    *parents, last = [int(k) if k.isdigit() else k for k in re.findall(r"\w+", path)]
+    node = functools.reduce(operator.getitem, parents, d)
     if value is _DELETE:
-        del node[keys[-1]]
+        node.pop(last)
     else:
-        node[keys[-1]] = value
+        node[last] = value
     return d
 
 
