@@ -165,20 +165,21 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    if args.output:  # before anything is imported or traced: a typo costs no search
+    # options and paths first, before JAX is imported or anything traced: a typo costs no search
+    if args.output:
         _output_path(args.output)
     _check_plan_options(args)
+    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
+          "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
+          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+    if args.mesh:
+        kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
 
     cluster = Cluster.parse(args.cluster)
     from .search import search  # noqa: PLC0415
     from .search._api import PlanDoesNotFitWarning, no_fit_message  # noqa: PLC0415
 
-    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
-          "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
-    if args.mesh:
-        kw["mesh_shape"] = _mesh_shape(args.mesh)
     wl = _workload(args)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
