@@ -519,9 +519,7 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     seconds = time.monotonic() - t0
-    for t in threads:
-        t.join(timeout=5)
-    # processes left behind: launch workers get a grace period to notice their launcher's end
+    # processes left behind (they may hold the command's pipes: the readers are joined after): launch workers get a grace period to notice their launcher's end
     grace = 10.0 if case.group == "launch" else 0.5
     end = time.monotonic() + grace
     while _marked(marker) and time.monotonic() < end:
@@ -535,6 +533,8 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
     end = time.monotonic() + 5.0
     while left and _marked(marker) and time.monotonic() < end:  # until the kills have landed
         time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=5)
     folders = [p for p in tmp.iterdir() if p.name.startswith("autoplan-launch-")]
     changed = [k for k, v in before.items() if _digest(work / k) != v]
     changed += [f"{k} (written)" for k in case.absent if (work / k).exists()]
