@@ -355,7 +355,8 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
 
     Returns:
         The hook, and a dict counting ``applied`` and ``skipped`` constraints (filled as the
-        hook runs, i.e. while JAX traces the function).
+        hook runs, i.e. while JAX traces the function; an operator traced again, say in a second
+        program or a loop body traced twice, is counted once).
     """
     wanted: dict[int, list[Any]] = {}
     prim: dict[int, str] = {}
@@ -366,6 +367,11 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
             prim[o.op] = o.primitive
     sizes = dict(mesh.shape)
     counts = {"applied": 0, "skipped": 0}
+    seen: dict[str, set[tuple[int, str]]] = {"applied": set(), "skipped": set()}
+
+    def count(kind: str, op_id: int, name: str) -> None:
+        seen[kind].add((op_id, name))
+        counts[kind] = len(seen[kind])
 
     def fits(v: Any, t: Any) -> bool:
         shape = tuple(np.shape(v))
@@ -381,7 +387,8 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
         if not specs:
             return outs
         if prim[op.id] and prim[op.id] != op.primitive:  # numbered for another trace
-            counts["skipped"] += len(specs)
+            for t in specs:
+                count("skipped", op.id, t.name)
             return outs
         outs = list(outs)
         for t in specs:
@@ -389,10 +396,10 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
                 if fits(v, t):
                     outs[k] = jax.lax.with_sharding_constraint(
                         v, NamedSharding(mesh, spec_to_pspec(t.spec)))
-                    counts["applied"] += 1
+                    count("applied", op.id, t.name)
                     break
             else:
-                counts["skipped"] += 1
+                count("skipped", op.id, t.name)
         return outs
 
     return hook, counts
