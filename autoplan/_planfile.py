@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ._errors import ClusterError, PlanFileError
+from ._schedule import task_deps
 
 __all__ = ["read_plan_json", "validate_plan_dict", "FieldSets"]
 
@@ -632,14 +633,12 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
             c.fail("schedule.table", f"a table holding every task; micro-batch {missing[0][0]}'s "
                    f"{missing[0][2]} of stage {missing[0][1]} is missing", f"{len(when)} of "
                    f"{len(tasks)} tasks", "re-create the plan's schedule")
-        for (b, st, kd), t in when.items():
-            dep = ((b, st - 1, "forward") if kd == "forward" and st > 0 else
-                   (b, st, "forward") if kd == "backward" and st == num_stages - 1 else
-                   (b, st + 1, "backward") if kd == "backward" else None)
-            if dep is not None and when[dep] >= t:
-                c.fail(f"schedule.table[{t}][{st}]", f"after micro-batch {b}'s {dep[2]} of stage "
-                       f"{dep[1]} (clock {when[dep]}), which it depends on", [b, st, kd],
-                       "re-create the plan's schedule")
+        for task, t in when.items():
+            for dep in task_deps(task, num_stages):
+                if when[dep] >= t:
+                    c.fail(f"schedule.table[{t}][{task[1]}]", f"after micro-batch {task[0]}'s "
+                           f"{dep[2]} of stage {dep[1]} (clock {when[dep]}), which it depends on",
+                           list(task), "re-create the plan's schedule")
     if events:
         got: set[tuple[int, int, str]] = set()
         for k, e in enumerate(events):
