@@ -377,8 +377,8 @@ def cases() -> list[Case]:
         words=("made for model",), setup=plan_file("plan.json"))
     add("l-set", g, "a plan launched with a changed `--set hidden=128`", launch + ["--set", "hidden=128"],
         words=("made for model",), setup=plan_file("plan.json"))
-    add("l-pipeline", g, "a pipeline plan launched on 2 processes", ["launch", "plan.json", "--model", "gpt"],
-        words=("one process",), setup=plan_file("plan.json", source="pipe"))
+    add("l-pipeline", g, "a pipeline plan launched on 2 processes (stages across processes)",
+        ["launch", "plan.json", "--model", "gpt"], expect="ok", setup=plan_file("plan.json", source="pipe"))
     add("l-dead", g, "a worker that dies (exit 17) before step 1", launch, words=("exited with status 17",),
         env={"AUTOPLAN_TEST_CRASH_AT_STEP": "1"}, setup=plan_file("plan.json"))
     add("l-hung", g, "a worker that hangs at step 1 (`--timeout 60`)", launch[:-2] + ["--timeout", "60"],
@@ -410,6 +410,15 @@ def cases() -> list[Case]:
             '    rep = run(plan, get("mlp", "tiny", abstract=False), steps=2, check=True)\n'
             '    print(rep.equivalence.matched)')),
         expect="ok", setup=plan_file("plan.json", lambda d: d["schedule"].update(kind="1f1b", microbatches=2)))
+    add("x-accumulate-64", g, "gradient accumulation over 64 micro-batches on 8 devices, in-process",
+        code=API.format(body=(
+            '    from dataclasses import replace\n'
+            '    from autoplan.exec import run\n'
+            '    plan = autoplan.plan(get("mlp", "tiny", batch=64), "cpu:8", pipeline=False, '
+            'mesh_shape=(2, 4), level="exhaustive", baselines=False)\n'
+            '    plan = plan.with_(schedule=replace(plan.schedule, kind="1f1b", microbatches=64))\n'
+            '    rep = run(plan, get("mlp", "tiny", batch=64, abstract=False), steps=1, check=True)\n'
+            '    print(rep.equivalence.matched)')), expect="ok")
     return out
 
 
