@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # loaded on first use, see _LAZY
     from ._graph import Tensor as Tensor
     from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
     from ._trace import trace as trace
+    from ._workload import Workload as Workload
 
 __version__ = "0.1.0"
 
@@ -47,12 +48,13 @@ _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None
          "trace": ("autoplan._trace", "trace"),
          "OpaqueControlFlowWarning": ("autoplan._trace", "OpaqueControlFlowWarning"),
          "GraphInput": ("autoplan._graph", "GraphInput"), "OpGraph": ("autoplan._graph", "OpGraph"),
-         "OpNode": ("autoplan._graph", "OpNode"), "Tensor": ("autoplan._graph", "Tensor")}
+         "OpNode": ("autoplan._graph", "OpNode"), "Tensor": ("autoplan._graph", "Tensor"),
+         "Workload": ("autoplan._workload", "Workload")}
 
 
 def __getattr__(name: str):
     """``autoplan.search``, ``autoplan.plan``, ``autoplan.models``, ``autoplan.exec``,
-    ``autoplan.viz``, ``autoplan.trace`` and the graph classes load on first use: ``import
+    ``autoplan.viz``, ``autoplan.trace``, ``Workload`` and the graph classes load on first use: ``import
     autoplan`` stays light, and importing ``autoplan.viz`` or ``autoplan.exec`` does not import
     the search."""
     if name in _LAZY:
@@ -70,4 +72,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
+    "Workload",
 ]

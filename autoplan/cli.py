@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="search plans for a zoo model on a cluster")
     model_args(sp)
     sp.add_argument("--cluster", default="cpu:8", help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
-    sp.add_argument("--level", default="folded", choices=["exhaustive", "hierarchical", "folded"])
+    sp.add_argument("--level", default="auto", choices=["auto", "exhaustive", "hierarchical", "folded"],
+                    help="search level (default auto: exhaustive where it is the fast path, else folded)")
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
                     help="pipeline schedule (default 1f1b)")

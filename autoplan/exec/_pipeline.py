@@ -13,8 +13,9 @@ How a step is split (all read off the traced graph; nothing is re-derived by han
    the optimizer reading the gradients, and ``prologue`` otherwise (operators that depend on
    parameters only: position ids, masks, the step count). Forward and backward operators run once
    per micro-batch; prologue and update operators once per step.
-3. Every operator gets a *stage*: the stage whose ``layers`` hold its top-level named scope
-   (``OpNode.scope[0]``); an operator outside every layer (the optimizer, un-scoped glue) goes with
+3. Every operator gets a *stage*: the stage whose ``layers`` hold its named-scope layer
+   (``graph.layer_names``), or, for a forward operator in none, the ``op<id>`` unit whose range
+   holds it (the search's layers without named scopes); any other (the optimizer, glue) goes with
    its latest producer, or with the stage holding the parameter it reads. An operator is moved
    later when one of its operands would otherwise come from a task that runs after it.
 4. The backward of a stage is the train step's own backward operators of that stage's layers
@@ -262,15 +263,16 @@ def _table_order(plan: Any) -> list[tuple[int, int, str]]:
     return schedule_order(sch.kind if sch.kind in KINDS else ("1f1b" if S == 1 else "gpipe"), S, m)
 
 
-def _layer_stage(node: Any, layer_stage: Mapping[str, int],
+def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
                  op_units: Sequence[tuple[int, int]]) -> int | None:
-    """The stage whose layers hold an operator: by its top-level scope (``"(root)"`` for an
-    un-scoped one), or, for a graph without scopes whose layers are named ``op<id>`` (units
-    starting at that forward operator), the unit holding a forward operator."""
-    name = node.scope[0] if node.scope else "(root)"
+    """The stage whose layers hold an operator: by its named-scope layer (``layer_name``, from
+    ``graph.layer_names``; ``"(root)"`` for none), or, for a forward operator in no named layer
+    when the layers include units named ``op<id>`` (the forward operators from that id to the
+    next such unit's start), the unit holding it."""
+    name = layer_name or "(root)"
     if name in layer_stage:
         return layer_stage[name]
-    if op_units and node.role == "forward" and not node.scope:
+    if op_units and node.role == "forward":
         k = bisect.bisect_right([u for u, _ in op_units], node.id) - 1
         return op_units[max(k, 0)][1]
     return None
@@ -281,6 +283,7 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     S = len(plan.stages)
     layer_stage = {name: s for s, st in enumerate(plan.stages) for name in st.layers}
     op_units = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
+    layer_names = graph.layer_names
     spec_of = {(i.arg, i.path): i for i in plan.inputs}
     input_stage: dict[int, int] = {}
     batch: set[int] = set()
@@ -319,7 +322,7 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
                 f"operator {op.id} ({op.primitive}, role {node.role}) runs per micro-batch but reads "
                 "a value of the optimizer update. Fix: such a step cannot be pipelined; use an "
                 "intra-operator plan.")
-        stage = _layer_stage(node, layer_stage, op_units)
+        stage = _layer_stage(node, layer_names[node.id], layer_stage, op_units)
         if stage is None and phase == "backward":
             # an un-scoped backward operator goes with the forward values it differentiates
             fwd = [producer[t][1] for t in ins if t in producer and producer[t][0] == "forward"]

@@ -224,9 +224,10 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
     """The training step and concrete host arguments of a workload.
 
     Args:
-        workload: a :class:`autoplan.models.Workload` (abstract ones are made concrete with
-            ``.concrete(seed)``), any object with ``fn``, ``args`` and ``arg_kinds``, or a dict
-            ``{"model": name, "size": size, **overrides}`` for :func:`autoplan.models.get`.
+        workload: an :class:`autoplan.Workload` or a zoo workload (abstract ones are made
+            concrete with ``.concrete(seed)``), any object with ``fn``, ``args`` and
+            ``arg_kinds``, or a dict ``{"model": name, "size": size, **overrides}`` for
+            :func:`autoplan.models.get`.
         seed: PRNG seed for concrete arguments.
 
     Raises:
@@ -243,9 +244,10 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
         name, size = spec.pop("model"), spec.pop("size", "tiny")
         workload = models.get(name, size, abstract=False, seed=seed, **spec)
     if not all(hasattr(workload, a) for a in ("fn", "args")):
-        raise ExecutionError(f"workload should be an autoplan.models.Workload, an object with fn and "
-                             f"args, or a dict spec. Got {type(workload).__name__}. Fix: pass "
-                             "autoplan.models.get('gpt', 'tiny').")
+        raise ExecutionError(f"workload should be an autoplan.Workload (a step and its arguments), "
+                             f"a zoo workload, an object with fn and args, or a dict spec. Got "
+                             f"{type(workload).__name__}. Fix: pass autoplan.Workload(train_step, "
+                             "(params, opt_state, batch)) or autoplan.models.get('gpt', 'tiny').")
     leaves = jax.tree_util.tree_leaves(workload.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         if not hasattr(workload, "concrete"):
@@ -700,8 +702,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
 
     Args:
         plan: the :class:`~autoplan.Plan`.
-        workload: a :class:`autoplan.models.Workload` (or a dict ``{"model":..., "size":...,
-            **overrides}``, or any object with ``fn``, ``args``, ``arg_kinds``).
+        workload: an :class:`autoplan.Workload` (a user's step and its arguments), a zoo
+            workload (or a dict ``{"model":..., "size":..., **overrides}``), or any object with
+            ``fn``, ``args``, ``arg_kinds``.
         steps: training steps; each starts from the previous step's parameters and optimizer
             state, on the same batch. ``0`` compiles only (a pipeline runs its warm-up step,
             which compiles its tasks): the report then has the collectives and memory, no
