@@ -402,6 +402,8 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
         c.number(d["search_seconds"], "search_seconds")
     if "notes" in d:
         c.strings(d["notes"], "notes")
+    for k, types in enumerate(c.array(d.get("arg_types", []), "arg_types", "lists of type names")):
+        c.strings(types, f"arg_types[{k}]")
     config = d.get("config", {})
     if not isinstance(config, Mapping):
         c.fail("config", "an object (the workload's configuration)", config)
