@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import autoplan
-from autoplan import PlanFileError
+from autoplan import PlanFileError, PlanMismatchError
 from autoplan._plan import Plan
 from autoplan.cli import main
 from autoplan.models import get
@@ -363,7 +363,11 @@ def test_every_mutated_plan_file_round_trips_or_is_a_plan_file_error(plans, data
     again = Plan.from_json(plan.to_json())
     assert again == plan
     assert plan.summary() and plan.describe()
-    plan.partition_specs()
+    if any(plan.arg_types):  # pytrees a path cannot rebuild: the views ask for like=
+        with pytest.raises(PlanMismatchError, match="like="):
+            plan.partition_specs()
+    else:
+        plan.partition_specs()
     plan._repr_html_()
 
 
