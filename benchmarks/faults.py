@@ -321,7 +321,7 @@ def cases() -> list[Case]:
     g = "search"
     add("s-budget", g, "`autoplan.search(w, \"cpu:8\", memory_budget=1.0)`",
         code=API.format(body='    autoplan.search(get("mlp", "tiny"), "cpu:8", memory_budget=1.0)'),
-        words=("InfeasiblePlanError", "least any candidate needs"))
+        words=("InfeasiblePlanError", "memory budget", "the least any"))
     add("s-no-fit-175b", g, "`plan gpt --size 175B --cluster cpu:8` (no plan fits 2 GiB devices)",
         ["plan", "gpt", "--size", "175B", "--cluster", "cpu:8", "-o", "big.json"],
         words=("no candidate plan fits", "the least any candidate needs", "--allow-no-fit"),
