@@ -406,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     restore = _install_handlers(debug)
     try:
         status = int(args.func(args) or 0)
-        _RUN.check()
+        if status < 128:  # 128 + signal: the command reported its own interruption
+            _RUN.check()
         return status
     except _Interrupted as err:
         return _interrupted(err.signum, args)
