@@ -124,12 +124,13 @@ class Cluster:
         if not isinstance(spec, str) or not re.fullmatch(r"[A-Za-z0-9._-]+(:[^:]*)?", spec):
             raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8'). "
                                f"Got {spec!r}. Fix: write the preset name, a colon, and a node count.")
-        name, _, count = spec.partition(":")
-        if not count:
+        name, colon, count = spec.partition(":")
+        if not colon:
             return cls.preset(name)
         if not re.fullmatch(r"\d+", count) or int(count) <= 0:
-            raise ClusterError(f"cluster: the part after ':' should be a positive node count. Got "
-                               f"{count!r} in {spec!r}. Fix: e.g. '{name}:2'.")
+            what, example = ("device count", "cpu:8") if name == "cpu" else ("node count", f"{name}:2")
+            raise ClusterError(f"cluster: the part after ':' should be a positive {what}. Got "
+                               f"{count!r} in {spec!r}. Fix: e.g. '{example}'.")
         if name == "cpu":
             return cls.preset("cpu", 1, devices_per_node=int(count))
         return cls.preset(name, int(count))

@@ -15,33 +15,135 @@ A workload is a zoo name (``autoplan models``) or ``module:function`` (see
 ``autoplan._loader``): the function is imported from the current directory or ``PYTHONPATH``
 and called with the ``--set KEY=VALUE`` items (and ``--size``/``--batch`` when given) as keyword
 arguments.
+
+Every command ends in one of these exit statuses, with one line on stderr for an error (a failed
+launch adds its workers' last stderr lines below it):
+
+* 0: done.
+* 1: an unexpected internal error (one line naming the exception; ``--debug`` prints the
+  traceback), or a launch whose results did not match single-device execution.
+* 2: bad input or an impossible request (an :class:`~autoplan.AutoplanError`: the message says
+  what was wrong, the value and the fix), or a usage error.
+* 128 + the signal number when interrupted: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
+  SIGHUP. An interrupted command writes no output file: ``-o`` is written only when the command
+  completed, and atomically (a temporary file renamed over it), so the file that was there before
+  stays whole.
+
+Output paths are checked before any work starts (an existing, writable folder; not a folder; not
+one of the command's input files), so a long search is never lost to a typo in ``-o``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
-import re
+import os
+import select
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ._errors import AutoplanError
+from ._errors import AutoplanError, InfeasiblePlanError, SearchError
 
 __all__ = ["main"]
 
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Raised by the command line's signal handler (SIGINT, SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Run:
+    """The state of one :func:`main` call: the first signal received, if any, and the files
+    written."""
+
+    signum: int | None = None
+    written: list[str]
+
+    def __init__(self) -> None:
+        self.written = []
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        raise _Interrupted(signum)
+
+    def check(self, *_: Any) -> None:
+        """Raise if a signal came, even one whose exception was swallowed where it landed (in a
+        garbage-collection callback, say): an interrupted command writes nothing."""
+        if self.signum is not None:
+            raise _Interrupted(self.signum)
+
+
+_RUN = _Run()
+
+
+def _write_when_complete(path: str, write: Callable[[], None]) -> None:
+    """Run ``write`` (of ``path``) only when no signal has come: the last step of every writing
+    command."""
+    _RUN.check()
+    write()
+    _RUN.written.append(path)
+
 
 def _overrides(items: Sequence[str] | None) -> dict:
+    """``--set KEY=VALUE`` pairs: VALUE is read as JSON (``true``, ``[64, 32]``) or a Python literal
+    (``True``, ``(64, 32)``), else kept as a string."""
     out = {}
     for item in items or ():
         key, sep, val = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise AutoplanError(f"--set expects KEY=VALUE. Got {item!r}. Fix: e.g. --set layers=4.")
         try:
             out[key] = json.loads(val)
-        except json.JSONDecodeError:
-            out[key] = val
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            try:
+                out[key] = ast.literal_eval(val)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                out[key] = val
     return out
+
+
+def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
+    from ._io import check_output_path  # noqa: PLC0415
+
+    return check_output_path(path, what="-o path", inputs=inputs, example=example)
+
+
+def _mesh_shape(text: str) -> tuple[int, ...]:
+    parts = text.lower().split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise SearchError(f"--mesh should be positive sizes joined by 'x', e.g. 2x4. Got {text!r}. "
+                          "Fix: write the logical mesh as AxB (or AxBxC).")
+    return tuple(int(p) for p in parts)
+
+
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """Refuse options that the chosen ``--pipeline`` would ignore, before anything runs."""
+    if args.mesh and args.pipeline == "yes":
+        raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
+                          "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
+                          "so it would be ignored. Fix: drop --mesh, or use --pipeline no (or auto).")
+    if args.pipeline == "no":
+        given = [f"{flag} {val}" for flag, val in (
+            ("--microbatches", args.microbatches), ("--schedule", args.schedule),
+            ("--submesh-hosts", args.submesh_hosts)) if val is not None]
+        if given:
+            raise SearchError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, "
+                              "but --pipeline no makes intra-operator plans only, so "
+                              f"{'it' if len(given) == 1 else 'they'} would be ignored. Fix: drop "
+                              f"{'it' if len(given) == 1 else 'them'}, or use --pipeline yes (or auto).")
 
 
 def _spec(args) -> dict:
@@ -84,40 +186,64 @@ def cmd_trace(args) -> int:
 
 
 def _search(args):
-    """The search the plan options ask for: ``(result, seconds)``."""
+    """The search the plan options ask for (checked before anything is traced): ``(result,
+    seconds)``; a best plan that does not fit is left to the caller (warnings silenced)."""
+    _check_plan_options(args)
+    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
+          "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
+          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+    if args.mesh:
+        kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
+
+    cluster = Cluster.parse(args.cluster)
     from .search import search  # noqa: PLC0415
+    from .search._api import PlanDoesNotFitWarning  # noqa: PLC0415
 
     wl = _workload(args)
-    cluster = Cluster.parse(args.cluster)
-    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
-          "schedule": args.schedule, "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts}
-    if args.mesh:
-        if not re.fullmatch(r"\d+(x\d+)*", args.mesh):
-            raise AutoplanError(f"--mesh should be a logical mesh shape such as 2x4. Got "
-                                f"{args.mesh!r}.")
-        kw["mesh_shape"] = tuple(int(x) for x in args.mesh.split("x"))
     t0 = time.perf_counter()
-    result = search(wl, cluster, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said by the caller, or not
+        result = search(wl, cluster, **kw)
     return result, time.perf_counter() - t0
 
 
 def cmd_plan(args) -> int:
+    # options and paths first, before JAX is imported or anything traced: a typo costs no search
+    if args.output:
+        _output_path(args.output)
+    if args.report:
+        _output_path(args.report, example="report.html")
+    from .search._api import no_fit_message  # noqa: PLC0415
+
     result, dt = _search(args)
     print(result.table())
     print()
     print(result.best.summary())
     print(f"\nsearch took {dt:.2f} s")
+    why = no_fit_message(result.best, result.plans)
+    if why is not None and not args.allow_no_fit:
+        least = min(p.predicted.memory_per_device for p in result.plans)
+        raise InfeasiblePlanError(f"{why}; or pass --allow-no-fit to keep this plan anyway"
+                                  + (f" (nothing was written to {args.output})" if args.output else "")
+                                  + ".", least)
+    if why is not None:
+        print(f"autoplan: warning: {why}; kept as asked (--allow-no-fit).", file=sys.stderr)
     if args.output:
-        result.best.to_json(args.output)
+        _write_when_complete(args.output, lambda: result.best.to_json(args.output))
         print(f"plan written to {args.output}")
     if args.report:
-        from .viz import report_html  # noqa: PLC0415
-
-        report_html(result, path=args.report)
+        _write_report(args.report, result)
         print(f"report of {len(result.plans)} plans written to {args.report}")
     return 0
+
+
+def _write_report(path: str, plans: Any) -> None:
+    from ._io import atomic_write_text  # noqa: PLC0415
+    from .viz import report_html  # noqa: PLC0415
+
+    page = report_html(plans)
+    _write_when_complete(path, lambda: atomic_write_text(path, page))
 
 
 def cmd_show(args) -> int:
@@ -134,26 +260,25 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    import os  # noqa: PLC0415
-
-    from ._plan import Plan  # noqa: PLC0415
-    from .viz import report_html  # noqa: PLC0415
-
     files = [s for s in args.source if os.path.isfile(s)]
     if files and len(files) == len(args.source):
+        _output_path(args.output, *files, example="report.html")
+        from ._plan import Plan  # noqa: PLC0415
+
         plans = [Plan.from_json(f) for f in files]
-        report_html(plans, path=args.output)
+        _write_report(args.output, plans)
         what = f"{len(plans)} plan file{'s' if len(plans) != 1 else ''}"
     elif len(args.source) == 1 and not args.source[0].endswith(".json"):
+        _output_path(args.output, example="report.html")
         args.model = args.source[0]
         result, dt = _search(args)
         print(result.table())
-        report_html(result, path=args.output)
+        _write_report(args.output, result)
         what = f"a search of {args.model} ({len(result.plans)} plans, {dt:.1f} s)"
     else:
-        missing = [s for s in args.source if not os.path.isfile(s)]
+        missing = next(s for s in args.source if not os.path.isfile(s))
         raise AutoplanError(f"report: the sources should be plan files (written by 'autoplan plan "
-                            f"-o') or one workload to search. Got {missing[0]!r}, which is not a "
+                            f"-o') or one workload to search. Got {missing!r}, which is not a "
                             "file. Fix: check the path, or pass a zoo name or module:function "
                             "alone.")
     print(f"report of {what} written to {args.output}")
@@ -161,8 +286,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    import signal  # noqa: PLC0415
-
     from ._plan import Plan  # noqa: PLC0415
     from .exec import _launch  # noqa: PLC0415
     from .exec._layout import cluster_command  # noqa: PLC0415
@@ -216,6 +339,8 @@ def cmd_launch(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for JAX training steps.")
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an error (also accepted after the command)")
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
@@ -247,11 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="search level (default auto: exhaustive where it is the fast path, "
                              "else folded)")
         sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
-        sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
+        sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
+                        help="pipeline schedule (default 1f1b)")
         sp.add_argument("--microbatches", type=int, default=None)
-        sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
+        sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
                         help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, "
-                             "... and N hosts), auto (all up to 16 hosts)")
+                             "... and N hosts), auto (all up to 16 hosts; the default)")
         sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
 
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
@@ -261,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--report", default=None, metavar="PATH",
                     help="write the search's self-contained HTML report (every plan and their "
                          "comparison)")
+    sp.add_argument("--allow-no-fit", action="store_true",
+                    help="keep (and write) the best plan even when no candidate fits in the "
+                         "devices' memory (otherwise an error, exit status 2)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("show", help="print a plan file")
@@ -310,17 +439,130 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--nodes", type=int, default=None,
                     help="--print-command: nodes to use (default: as the plan's cluster)")
     sp.set_defaults(func=cmd_launch)
+    for command in sub.choices.values():  # --debug after the command name too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="print the full traceback of an error")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (see the module docstring).
+
+    No traceback reaches the user: an :class:`~autoplan.AutoplanError` is one line (status 2), an
+    unexpected exception one line naming it with a hint to rerun with ``--debug`` (status 1),
+    SIGINT, SIGTERM and SIGHUP one line (status 128 + the signal). Warnings are one line each.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    _RUN.signum, _RUN.written = None, []
+    restore = _install_handlers(debug)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if status < 128:  # 128 + signal: the command reported its own interruption
+            _RUN.check()
+        return status
+    except _Interrupted as err:
+        return _interrupted(err.signum, args)
+    except KeyboardInterrupt:  # raised before our handler was installed, or by other code
+        return _interrupted(_RUN.signum or signal.SIGINT, args)
     except AutoplanError as err:
+        if debug:
+            traceback.print_exc()
         print(f"autoplan: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError as err:  # the reader of stdout went away (``autoplan show p | head``)?
+        if _stdout_broken():
+            return 128 + 13
+        return _internal_error(err, debug)
+    except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
+        return _internal_error(err, debug)
+    finally:
+        restore()
+
+
+def _interrupted(signum: int, args: argparse.Namespace) -> int:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if _RUN.written:
+        what = f"; {', '.join(_RUN.written)} had been written in full"
+    elif getattr(args, "output", None):
+        what = f"; {args.output} was not written"
+    else:
+        what = ""
+    print(f"autoplan: interrupted by {name}{what}.", file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _internal_error(err: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300].rstrip(".")
+    print(f"autoplan: internal error: {type(err).__name__}: {first}. This is a bug or an input "
+          "autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
+    return 1
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader went away (poll says POLLERR); if so stdout is
+    pointed at /dev/null, so that the interpreter's last flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no real stdout
+        return False
+    return True
+
+
+def _install_handlers(debug: bool) -> Callable[[], None]:
+    """Signals, warnings and unraisable exceptions as one line each, for one command; returns
+    the function that puts everything back (``main`` may run inside a test or a notebook)."""
+    saved: list[tuple[int, Any]] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            try:
+                saved.append((sig, signal.signal(sig, _RUN.handler)))
+            except (OSError, ValueError):  # pragma: no cover - a signal this platform lacks
+                pass
+    old_show, old_hook, old_thread_hook = warnings.showwarning, sys.unraisablehook, threading.excepthook
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message).strip().replace("\n", " ")
+        print(f"autoplan: warning: {text}" + (f" ({category.__name__})" if debug else ""), file=sys.stderr)
+
+    def unraisable(u: Any) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt):
+            return  # a signal that landed in a finaliser: _RUN.signum records it
+        if debug:
+            old_hook(u)
+            return
+        print(f"autoplan: warning: ignored {type(u.exc_value).__name__} in {u.object!r:.60}: "
+              f"{str(u.exc_value)[:200]}", file=sys.stderr)
+
+    def in_thread(t: Any) -> None:
+        if debug:
+            old_thread_hook(t)
+            return
+        print(f"autoplan: warning: {t.exc_type.__name__} in thread "
+              f"{getattr(t.thread, 'name', '?')}: {str(t.exc_value)[:200]}", file=sys.stderr)
+
+    warnings.showwarning = show
+    sys.unraisablehook = unraisable
+    threading.excepthook = in_thread
+
+    def restore() -> None:
+        for sig, old in saved:
+            signal.signal(sig, old)
+        warnings.showwarning, sys.unraisablehook = old_show, old_hook
+        threading.excepthook = old_thread_hook
+
+    return restore
 
 
 if __name__ == "__main__":

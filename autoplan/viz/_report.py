@@ -18,6 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.offline
 
+from .._io import atomic_write_text
 from .._plan import Plan, spec_str
 from ._compare import as_plans, compare_figure, equivalent_groups
 from ._graph import graph_figure
@@ -141,7 +142,9 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
         plan_or_plans: a :class:`~autoplan.search.SearchResult` (every ranked plan; its best is
             the chosen one), a Plan, a list of Plans (the first is the chosen one), or an object
             with ``.plans``.
-        path: when given, the HTML is written there too (UTF-8).
+        path: when given, the HTML is written there too (UTF-8), atomically: a temporary file
+            in the same folder renamed over ``path``, so a failed or interrupted write keeps the
+            file that was there.
         title: the page title (default names the model and the chosen plan's label).
         graph: the mined-subgraph figure's input when the plan carries no folding analysis:
             ``graph_figure``'s keyword arguments as a mapping (``{"layers": ..., "segments":
@@ -153,6 +156,7 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
 
     Raises:
         TypeError: ``plan_or_plans`` holds no Plans.
+        OutputError: ``path`` cannot be written (the file that was there is kept).
     """
     plans = as_plans(plan_or_plans)
     best = getattr(plan_or_plans, "best", None)
@@ -213,6 +217,5 @@ holding stage's mesh.</p>
 </html>
 """
     if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
+        atomic_write_text(path, page)
     return page
