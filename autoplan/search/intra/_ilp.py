@@ -61,7 +61,8 @@ Sub-graphs: ``ops`` restricts the ILP to some operators (a segment); tensors the
 outside become boundary variables, and ``fixed`` fixes any tensor's spec at the boundary (a
 tensor read from outside gets exactly that spec; a tensor produced inside is charged the
 resharding to it once per use outside the sub-graph, as the whole graph reshards per consumer).
-``pins`` fixes graph inputs' specs by regular expression.
+``pins`` fixes graph inputs' specs, keyed by a regular expression over input names or by an
+input's tensor id (:mod:`autoplan.search.intra._pins`).
 
 References:
     Zheng, Li, Zhang, Zhuang, Chen, Huang, Wang, Xu, Zhuo, Xing, Gonzalez, Stoica. "Alpa:
@@ -87,6 +88,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph, dtype_bytes
 from autoplan._memo import memo
 from autoplan._plan import Comm
+from autoplan.search.intra._pins import pinned_by, pins_key
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
@@ -267,31 +269,44 @@ def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: Logical
     return Strategy(name, (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
 
 
-def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] | None
+def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
                   ) -> dict[int, Spec]:
+    """``{input tensor id: spec}`` of ``pins`` on ``mesh`` (see
+    :func:`~autoplan.search.intra._pins.resolve_pins`), validated; once per graph, mesh shape
+    and pins (a folded search builds dozens of segment problems with the same pins)."""
+    if not pins:
+        return {}
+    key = pins_key(pins)
+    if key is None:
+        return _pin_specs(graph, mesh, pins)
+    return memo(graph, ("pin specs", mesh.shape, mesh.axis_names, key),
+                lambda: _pin_specs(graph, mesh, pins))
+
+
+def _pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> dict[int, Spec]:
     out: dict[int, Spec] = {}
-    for pattern, pspec in (pins or {}).items():
+    tensors, input_of = graph.tensors, graph.input_of_tensor
+    done: dict[tuple, Spec] = {}  # (pspec, shape) -> spec: many inputs share both
+    for t, (pattern, pspec) in pinned_by(graph, pins).items():
+        shape = tensors[t].shape
+        if pspec is None:
+            out[t] = replicated(len(shape))
+            continue
         try:
-            hits = graph.find_inputs(pattern, names_only=True)
-        except re.error as err:
-            raise SearchError(f"pin: {pattern!r} should be a regular expression ({err}). Fix: "
-                              "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
-        if not hits:
-            names = ", ".join(gi.name for gi in graph.inputs[:3])
-            raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
-                              f"{names}. Fix: use a regular expression that re.search finds in "
-                              "one of them.")
-        for gi in hits:
-            shape = graph.tensors[gi.tensor].shape
-            if pspec is None:
-                spec = replicated(len(shape))
-            else:
-                try:
-                    spec = from_pspec(pspec, shape, mesh)
-                except SearchError as err:
-                    raise SearchError(f"pin {pattern!r} -> {pspec} for input {gi.name} "
-                                      f"{shape}: {err}") from None
-            out[gi.tensor] = spec
+            k = (pspec, shape)
+            hash(k)
+        except TypeError:
+            k = None
+        spec = done.get(k) if k is not None else None
+        if spec is None:
+            try:
+                spec = from_pspec(pspec, shape, mesh)
+            except SearchError as err:
+                raise SearchError(f"pin {pattern!r} -> {pspec} for input {input_of[t].name} "
+                                  f"{shape}: {err}") from None
+            if k is not None:
+                done[k] = spec
+        out[t] = spec
     return out
 
 
@@ -319,7 +334,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         mesh: the logical mesh.
         ops: operator ids to include (default: all).
         fixed: ``{tensor id: spec or PartitionSpec}`` fixed specs at a segment's boundary.
-        pins: ``{regex over input names: PartitionSpec}`` fixed input specs.
+        pins: ``{regex over input names, or input tensor id: PartitionSpec}`` fixed input specs.
         count_unmerged: also count the variables of the unmerged ILP (``vars_before_merging``).
         chosen: ``{op id: strategy}``: these operators are nodes of their own with this one
             strategy (no follower merging, no enumeration), to cost a given plan with
@@ -1279,7 +1294,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             segment (or a graph input) gets exactly this spec; a tensor produced inside is charged
             the resharding to it once per use outside the segment (at least once).
         memory_budget: bytes per device for live memory (inputs and saved activations).
-        pins: ``{regex over input names: PartitionSpec}`` fixing inputs' specs.
+        pins: ``{regex over input names, or input tensor id: PartitionSpec}`` fixing inputs'
+            specs.
         time_limit: solver seconds; at the limit the incumbent is used (SolverTimeoutWarning).
         problem: a prebuilt :func:`build_problem` result to reuse.
         reduce: eliminate nodes with at most two neighbours before solving (exact; skipped with
