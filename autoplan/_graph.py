@@ -352,6 +352,26 @@ class OpGraph:
             h.update(f"{gi.arg_name}{gi.path}:{t.shape}:{t.dtype};".encode())
         return h.hexdigest()[:16]
 
+    @cached_property
+    def structure_hash(self) -> str:
+        """A hash of everything a search reads from the graph: the :attr:`fingerprint`, the name,
+        the inputs (argument, path, kind), outputs, constants and origin, and every operator
+        (primitive, parameters, operand and result tensors with their shapes and dtypes, FLOPs,
+        scope, role) and tensor. The same step traced twice hashes alike; a graph that differs in
+        any operator does not. The plan cache keys searches by it."""
+        h = hashlib.sha256()
+        h.update(f"{self.fingerprint}|{self.name}|{self.consts}|{self.origin}\n".encode())
+        for gi in self.inputs:
+            h.update(f"{gi.tensor},{gi.arg},{gi.arg_name},{gi.path},{gi.kind};".encode())
+        for go in self.outputs:
+            h.update(f"{go.tensor},{go.path};".encode())
+        h.update("\n".join(f"{t.shape}{t.dtype}{t.producer}" for t in self.tensors).encode())
+        h.update("\n".join(
+            repr((op.primitive, op.params, op.inputs, op.outputs, op.flops, op.scope, op.role,
+                  op.in_shapes, op.in_dtypes, op.bytes_in, op.bytes_out)) for op in self.ops
+        ).encode())
+        return h.hexdigest()
+
     def subgraph(self, op_ids: Sequence[int], name: str | None = None) -> OpGraph:
         """The operators ``op_ids`` as a graph of their own (a pipeline stage, a layer).
 

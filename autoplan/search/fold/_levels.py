@@ -85,6 +85,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,7 +122,8 @@ class Analysis:
     """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
 
     Attributes:
-        mining: the :class:`~autoplan.search.fold._mine.MiningResult`.
+        mining: the :class:`~autoplan.search.fold._mine.MiningResult` (None in an analysis from
+            the plan cache, which does not store it).
         segments: the TePDist segments (chain order).
         segment_class: class id of each segment (equal ids share one solve when folded).
         critical: the critical nodes that end the segments.
@@ -133,6 +135,24 @@ class Analysis:
     segment_class: list[int]
     critical: list[int]
     fold_ratio: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the figures read (segments, their classes, critical nodes, fold ratio) as plain
+        values; the mining result is left out (the plan cache stores this)."""
+        return {"segments": [dataclasses.asdict(s) for s in self.segments],
+                "segment_class": list(self.segment_class), "critical": list(self.critical),
+                "fold_ratio": float(self.fold_ratio)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Analysis:
+        """An analysis from :meth:`to_dict` (``mining`` None: recompute it with
+        :func:`autoplan.search.mine` when needed)."""
+        from autoplan.search.fold._cones import Segment  # noqa: PLC0415
+
+        segments = [Segment(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
+                    for s in d["segments"]]
+        return cls(mining=None, segments=segments, segment_class=[int(c) for c in d["segment_class"]],
+                   critical=[int(c) for c in d["critical"]], fold_ratio=float(d["fold_ratio"]))
 
     def layers_for_figure(self, graph: OpGraph) -> list[dict]:
         """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
