@@ -54,7 +54,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_dir", "search_key", "load", "store", "clear", "MAX_BYTES", "FORMAT"]
+__all__ = ["cache_dir", "search_key", "load", "store", "MAX_BYTES", "FORMAT"]
 
 #: version of the entry layout (entries of another layout are misses)
 FORMAT = 1
@@ -195,15 +195,3 @@ def _prune(folder: Path, limit: int) -> None:
             total -= size
         except OSError:
             pass
-
-
-def clear() -> int:
-    """Remove every stored search; the number removed."""
-    n = 0
-    for p in _entries().glob("*.entry"):
-        try:
-            p.unlink()
-            n += 1
-        except OSError:
-            pass
-    return n

@@ -128,7 +128,11 @@ def _mesh_shape(text: str) -> tuple[int, ...]:
 
 
 def _check_plan_options(args: argparse.Namespace) -> None:
-    """Refuse options that the chosen ``--pipeline`` would ignore, before anything runs."""
+    """Refuse bad ``--workers`` and options that the chosen ``--pipeline`` would ignore, before
+    anything runs."""
+    if args.workers is not None and args.workers < 1:
+        raise SearchError(f"--workers should be a positive integer. Got {args.workers}. Fix: "
+                          "--workers 1 to search in one process, or leave it out to use every CPU.")
     if args.mesh and args.pipeline == "yes":
         raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
                           "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
@@ -190,7 +194,8 @@ def cmd_plan(args) -> int:
     _check_plan_options(args)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
           "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check,
+          "workers": args.workers, "cache": not args.no_cache}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
@@ -208,7 +213,9 @@ def cmd_plan(args) -> int:
     print(result.table())
     print()
     print(result.best.summary())
-    print(f"\nsearch took {dt:.2f} s")
+    print(f"\nsearch took {dt:.2f} s"
+          + (" (from the plan cache; --no-cache searches again)"
+             if result.stats.get("cache") == "hit" else ""))
     why = no_fit_message(result.best, result.plans)
     if why is not None and not args.allow_no_fit:
         least = min(p.predicted.memory_per_device for p in result.plans)
@@ -341,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
                          "and N hosts), auto (all up to 16 hosts; the default)")
     sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
+    sp.add_argument("--workers", type=int, default=None,
+                    help="processes solving independent searches at once (default: every CPU for "
+                         "large graphs; 1: this process alone)")
+    sp.add_argument("--no-cache", action="store_true",
+                    help="search even when the plan cache holds this search, and store nothing")
     sp.add_argument("-o", "--output", default=None, help="write the best plan as JSON")
     sp.add_argument("--allow-no-fit", action="store_true",
                     help="keep (and write) the best plan even when no candidate fits in the "

@@ -37,7 +37,13 @@ from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Plan
-from autoplan.search._parallel import Task, check_not_bootstrapping, resolve_workers, run_tasks
+from autoplan.search._parallel import (
+    Task,
+    check_not_bootstrapping,
+    check_workers,
+    resolve_workers,
+    run_tasks,
+)
 from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._levels import Analysis
 from autoplan.search.intra._ilp import _resolve_pins
@@ -285,6 +291,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                    time_limit=time_limit, baselines=baselines, num_layers=num_layers,
                    stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
     cluster = _check_options(cluster, options)
+    check_workers(workers)
     if not isinstance(cache, bool):
         raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
                           "to search without the plan cache.")

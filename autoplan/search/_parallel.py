@@ -50,8 +50,8 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan.search._warn import user_stacklevel
 
-__all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "cpu_count",
-           "shutdown"]
+__all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "check_workers",
+           "cpu_count", "shutdown"]
 
 #: ``workers=None`` uses every core for graphs of at least this many operators and one process
 #: below: a smaller graph's whole search takes about as long as starting a worker.
@@ -119,16 +119,25 @@ def resolve_workers(workers: int | None, num_ops: int) -> int:
     Raises:
         SearchError: ``workers`` is not a positive integer or None.
     """
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
-        raise SearchError(f"search: workers should be a positive integer or None. Got {workers!r}. "
-                          "Fix: workers=1 for a search in this process alone, or leave it out to "
-                          "use every core.")
+    check_workers(workers)
     if _IN_WORKER:
         return 1
     if workers is None:
         return cpu_count() if num_ops >= AUTO_PARALLEL_OPS else 1
     return workers
+
+
+def check_workers(workers: Any) -> None:
+    """Raise unless ``workers`` is a positive integer or None.
+
+    Raises:
+        SearchError: another value.
+    """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise SearchError(f"search: workers should be a positive integer or None. Got {workers!r}. "
+                          "Fix: workers=1 for a search in this process alone, or leave it out to "
+                          "use every core.")
 
 
 def check_not_bootstrapping() -> None:
