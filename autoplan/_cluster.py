@@ -68,7 +68,7 @@ from ._errors import ClusterError
 from ._memo import memo
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
-           "PRESETS", "COMBINE_THRESHOLD", "cache_dir"]
+           "PRESETS", "COMBINE_THRESHOLD", "cache_dir", "profile"]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 _FACTOR = {"all-gather": lambda n: (n - 1) / n, "all-reduce": lambda n: 2 * (n - 1) / n,
@@ -94,11 +94,12 @@ def _interpolate(xs: Sequence[float], ts: Sequence[float], a: float, b: float, x
     if not xs:
         return a + b * x
     if x <= xs[0] or x >= xs[-1]:
-        k = 0 if x <= xs[0] else -1
+        below = x <= xs[0]
+        k = 0 if below else -1
         fit_k = a + b * xs[k]
-        if fit_k <= 0:
-            return ts[k] * x / xs[k]
-        return ts[k] * (a + b * x) / fit_k
+        ratio = x / xs[k] if fit_k <= 0 else (a + b * x) / fit_k
+        # (clamped at the measured point: rounding never makes the curve step down there)
+        return ts[k] * (min(1.0, ratio) if below else max(1.0, ratio))
     i = bisect.bisect_right(xs, x)
     x0, x1, t0, t1 = xs[i - 1], xs[i], ts[i - 1], ts[i]
     return t0 + (t1 - t0) * (x - x0) / (x1 - x0)
@@ -429,7 +430,7 @@ class Cluster:
         Returns:
             The measured :class:`Cluster`.
         """
-        from ._profile import cache_key, profile  # noqa: PLC0415
+        from ._profile import cache_key  # noqa: PLC0415
 
         key = cache_key(devices)
         base = cache_dir()
@@ -553,6 +554,33 @@ class Cluster:
         return (f"measured{kind} profile of {self.devices_per_node} x {self.device_kind} "
                 f"({self.platform}) on {when} UTC")
 
+    def summary(self) -> str:
+        """A readable table of the profile (what ``autoplan profile`` prints)."""
+        lines = [f"cluster {self.spec}: {self.describe_profile()}",
+                 f"  devices          : {self.nodes} x {self.devices_per_node} x {self.device_kind}, "
+                 f"{self.device_memory / 2**30:.1f} GiB each",
+                 f"  peak             : {_rate(self.peak_flops)} x {self.compute_efficiency:g} "
+                 "achievable (where no curve applies)",
+                 f"  memory bandwidth : {self.memory_bandwidth / 1e9:.2f} GB/s per device",
+                 f"  overheads        : launch {self.launch_overhead * 1e6:.0f} us + "
+                 f"{self.arg_overhead * 1e6:.1f} us per argument, kernel "
+                 f"{self.op_overhead * 1e6:.1f} us",
+                 f"  links            : in a node {self.intra_bandwidth / 1e9:.2f} GB/s, "
+                 f"{self.intra_latency * 1e6:.1f} us; between nodes "
+                 f"{self.inter_bandwidth / 1e9:.2f} GB/s, {self.inter_latency * 1e6:.1f} us"]
+        for c in self.curves:
+            pts = ", ".join(f"{_rate(f / t)} at {f / 1e6:.3g} MFLOP"
+                            for f, t in zip(c.flops, c.seconds) if t > 0)
+            lines.append(f"  {c.op:<6} {c.dtype:<9}: {pts} (fit: {_rate(c.peak)}, half of it at "
+                         f"{c.half / 1e6:.3g} MFLOP)")
+        for t in self.collectives:
+            size, stride = t.group[0] if t.group else (1, 1)
+            rate = f"{t.nbytes[-1] / t.seconds[-1] / 1e9:6.2f} GB/s" if t.seconds else "-"
+            lines.append(f"  {t.kind:<15}: {size} devices, stride {stride}: latency "
+                         f"{t.alpha * 1e6:7.1f} us, {rate} at {int(t.nbytes[-1])} B "
+                         f"({len(t.nbytes)} sizes measured)")
+        return "\n".join(lines)
+
     def eps(self, kind: str) -> float:
         return dict(self.epsilon).get(kind, 1.0)
 
@@ -657,6 +685,58 @@ class Cluster:
         return LogicalMesh(shape=shape, alpha=tuple(reversed(alphas)), beta=tuple(reversed(betas)),
                            axis_names=names, device_ids=ids, cluster=self, submesh=(hosts, per),
                            crosses=tuple(reversed(crosses)))
+
+
+def _rate(flops: float) -> str:
+    return f"{flops / 1e9:.1f} GFLOP/s" if flops < 1e12 else f"{flops / 1e12:.1f} TFLOP/s"
+
+
+def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
+            progress: bool = True) -> Cluster:
+    """Profile the attached devices: a measured :class:`Cluster` named ``local``.
+
+    Runs the micro-benchmarks of :mod:`autoplan._profile` on every device at once (the way a plan
+    runs): matmul and convolution throughput by size for each dtype the platform runs, memory
+    bandwidth, launch and kernel overheads, and all-reduce, all-gather, reduce-scatter,
+    all-to-all and send/recv over every mesh-axis geometry of the search's 2-D meshes over a
+    sweep of message sizes; then fits the curves and tables.
+
+    Args:
+        devices: the devices (default ``jax.devices()``).
+        quick: fewer sizes (well under a minute on 8 emulated CPU devices; the full profile takes
+            a few minutes).
+        progress: show a progress bar on stderr.
+
+    Returns:
+        One node of ``len(devices)`` devices with the measured profile; save it with
+        :meth:`Cluster.to_json` and pass it, or the file's path, wherever a cluster is taken.
+
+    Raises:
+        ClusterError: no devices, or devices of different kinds.
+
+    Examples:
+        >>> cluster = autoplan.profile(quick=True)              # doctest: +SKIP
+        >>> cluster.describe_profile()                          # doctest: +SKIP
+        'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
+    """
+    from ._profile import measure  # noqa: PLC0415
+
+    m = measure(devices, quick=quick, progress=progress)
+    curves = tuple(ThroughputCurve.from_measurements(op, dt, f, t) for op, dt, f, t in m.curves)
+    tables = tuple(CollectiveTable.from_measurements(k, (g,), b, t) for k, g, b, t in m.collectives)
+    peak = max((f / t for c in curves for f, t in zip(c.flops, c.seconds) if t > 0), default=1e9)
+    lat, bw = 1e-5, 1e10
+    ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
+                None)
+    if ring is not None and ring.beta > 0:
+        lat, bw = ring.alpha, (m.num_devices - 1) / m.num_devices / ring.beta
+    return Cluster(
+        name="local", nodes=1, devices_per_node=m.num_devices, device_memory=m.device_memory,
+        peak_flops=peak, intra_bandwidth=bw, inter_bandwidth=bw, intra_latency=lat,
+        inter_latency=lat, compute_efficiency=1.0, device_kind=m.device_kind,
+        memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
+        launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
+        collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
 
 
 def _node_count(count: str, spec: str) -> int:
@@ -783,10 +863,20 @@ class LogicalMesh:
         return total
 
     def latency(self, kind: str, axes: Sequence[int]) -> float:
-        """The latency part of a collective of ``kind`` over ``axes`` (what a combined group of
-        collectives pays once)."""
-        return (self.collective_time(kind, 1.0, axes, latency=True)
-                - self.collective_time(kind, 1.0, axes, latency=False))
+        """The latency of a collective of ``kind`` over ``axes`` (what a combined group of
+        collectives pays once): the fitted alpha of its measured table, else the axes' alphas."""
+        axes = sorted({a for a in axes if self.shape[a] > 1}, reverse=True)
+        if not axes:
+            return 0.0
+        cluster = self.cluster
+        if cluster.collectives and not any(self.crosses[a] for a in axes if a < len(self.crosses)):
+            group = self.group(axes)
+            table = cluster.collective_table(kind, group)
+            if table is not None and (len(axes) == 1 or table.group == group):
+                return table.alpha
+            tables = [cluster.collective_table(kind, self.group([a])) for a in axes]
+            return sum(t.alpha if t is not None else self.alpha[a] for t, a in zip(tables, axes))
+        return sum(self.alpha[a] for a in axes)
 
     def all_reduce(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
         return self.collective_time("all-reduce", nbytes, axes, backward)
