@@ -7,6 +7,9 @@ trace -> search -> Plan -> (viz | exec):
     >>> graph = autoplan.trace(wl)                     # doctest: +SKIP
     >>> result = autoplan.search(wl, "cpu:8")          # doctest: +SKIP
     >>> result.best.partition_specs()                  # doctest: +SKIP
+
+Costs come from a cluster profile: a datasheet preset (``"p3.16xlarge:8"``, ``"cpu:8"``) or the
+attached devices measured by ``autoplan.profile()`` (``Cluster.detect()`` caches it on disk).
 """
 
 from ._cluster import Cluster as Cluster
@@ -34,13 +37,14 @@ __version__ = "0.1.0"
 
 _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None),
          "exec": ("autoplan.exec", None), "viz": ("autoplan.viz", None),
-         "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult")}
+         "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult"),
+         "profile": ("autoplan._cluster", "profile")}
 
 
 def __getattr__(name: str):
-    """``autoplan.search``, ``autoplan.plan``, ``autoplan.models``, ``autoplan.exec`` and
-    ``autoplan.viz`` load on first use: ``import autoplan`` stays light, and importing
-    ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
+    """``autoplan.search``, ``autoplan.plan``, ``autoplan.profile``, ``autoplan.models``,
+    ``autoplan.exec`` and ``autoplan.viz`` load on first use: ``import autoplan`` stays light, and
+    importing ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 
@@ -56,4 +60,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
+    "profile",
 ]

@@ -1,8 +1,10 @@
 """The ``autoplan`` command line.
 
     autoplan models                                   list workloads and sizes
+    autoplan profile -o cluster.json                  measure the attached devices (a cluster file)
     autoplan trace gpt --size 1.3B                    trace a train step, print its graph summary
     autoplan plan gpt --size 39B --cluster p3.16xlarge:8 -o plan.json
+    autoplan plan gpt --cluster cluster.json          plan with the measured profile
     autoplan show plan.json                           print a plan file's summary
     autoplan report plan.json -o report.html          self-contained HTML report
     autoplan launch plan.json --model gpt --size tiny --num-processes 2 --devices-per-process 4
@@ -46,6 +48,36 @@ def cmd_models(args) -> int:
 
     for name, sizes in models.list_models().items():
         print(f"{name:<12} {', '.join(sizes)}")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    if args.cpu_devices is not None:
+        if args.cpu_devices <= 0:
+            raise AutoplanError(f"--cpu-devices should be a positive integer. Got "
+                                f"{args.cpu_devices}. Fix: e.g. --cpu-devices 8.")
+        import jax  # noqa: PLC0415
+
+        try:
+            jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+        except RuntimeError as err:  # the backend already started (in a notebook, say)
+            raise AutoplanError(f"--cpu-devices: JAX's backend has already started, so the number "
+                                f"of CPU devices is fixed ({err}). Fix: run 'autoplan profile' in a "
+                                "fresh process.") from err
+    from ._cluster import Cluster, profile  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    if args.cache:
+        cluster = Cluster.detect(quick=args.quick, progress=not args.no_progress,
+                                 refresh=args.refresh)
+    else:
+        cluster = profile(quick=args.quick, progress=not args.no_progress)
+    dt = time.perf_counter() - t0
+    print(cluster.summary())
+    print(f"\nprofiled in {dt:.1f} s")
+    if args.output:
+        cluster.to_json(args.output)
+        print(f"cluster written to {args.output} (use it with --cluster {args.output})")
     return 0
 
 
@@ -126,7 +158,8 @@ def cmd_launch(args) -> int:
         losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
         times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
         print(f"  process {proc}: losses {losses}   step ms {times}")
-    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec}; "
+    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec} "
+          f"({plan.cluster.describe_profile()}); "
           f"{'matched' if result.matched else 'DID NOT match'} single-device results")
     return 0 if result.matched else 1
 
@@ -136,6 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
+
+    sp = sub.add_parser("profile", help="measure the attached devices: compute, memory, overheads "
+                        "and collectives (a cluster file for --cluster)")
+    sp.add_argument("-o", "--output", default=None, help="write the cluster as JSON (cluster.json)")
+    sp.add_argument("--quick", action="store_true", help="fewer sizes (well under a minute)")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.add_argument("--cache", action="store_true",
+                    help="use (and fill) the profile cache of Cluster.detect / --cluster local")
+    sp.add_argument("--refresh", action="store_true", help="with --cache: profile again")
+    sp.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                    help="on the CPU platform, emulate N devices (jax_num_cpu_devices), e.g. 8")
+    sp.set_defaults(func=cmd_profile)
 
     def model_args(sp):
         sp.add_argument("model", help="zoo model name (see 'autoplan models')")
@@ -150,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("plan", help="search plans for a zoo model on a cluster")
     model_args(sp)
-    sp.add_argument("--cluster", default="cpu:8", help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
+    sp.add_argument("--cluster", default="cpu:8",
+                    help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan profile -o' "
+                         "(cluster.json), or 'local' (the attached devices, profiled once and "
+                         "cached); default cpu:8")
     sp.add_argument("--level", default="folded", choices=["exhaustive", "hierarchical", "folded"])
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])

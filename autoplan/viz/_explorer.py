@@ -893,7 +893,8 @@ class Explorer:
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
                 f"{html.escape(rec.plan.describe())}, {rec.num_processes} x {rec.devices_per_process} "
                 f"CPU devices, {len(rec.losses)} steps<br>measured step time {_ms(meas)}{ratio}; "
-                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)})<br>final loss "
+                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}, "
+                f"{html.escape(rec.plan.cluster.describe_profile())})<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
 
 

@@ -1,0 +1,401 @@
+"""Profiling the attached devices: the micro-benchmarks behind a measured :class:`~autoplan.Cluster`.
+
+:func:`measure` (what :func:`autoplan.profile` runs, and :meth:`autoplan.Cluster.detect` when
+nothing is cached) runs on whatever ``jax.devices()`` gives (emulated CPU devices, GPUs, TPUs) and
+measures what the cost model needs, always **the way a plan runs it**: every benchmark runs on all
+the devices at once (one operation per device, sharded over a mesh of all of them), so devices
+that share hardware (emulated CPU devices are threads sharing the host's cores) show their
+contention, and devices with their own hardware (GPUs) show their own speed.
+
+* **Compute**: matmul throughput for each dtype the zoo uses that the platform runs (float32,
+  bfloat16, float16), over a sweep of sizes (square ``n x n`` products per device, ``n``
+  doubling from 32 until the rate stops growing or one product takes too long), kept as a curve
+  of seconds by FLOPs (:class:`~autoplan._cluster.ThroughputCurve`, with the fit
+  ``t(F) = (F + F_half) / R_max``: the achievable fraction of peak by size); convolution
+  throughput the same way (3x3 NHWC convolutions, channels doubling). Each size is timed as a
+  chain of dependent operations inside one executable, less the per-kernel overhead.
+* **Memory bandwidth**: one large elementwise operation (``y = a x + b``) per device: bytes read
+  and written over its time, less the launch overhead.
+* **Overheads**: an executable launch (with 1 and with 64 argument arrays: a training step passes
+  every parameter and optimizer-state leaf) and one small kernel (the slope of a chain of tiny
+  dependent matmuls).
+* **Communication**: all-reduce, all-gather, reduce-scatter, all-to-all and send/recv
+  (``ppermute``, a cyclic shift), each over every mesh-axis geometry of the 2-D logical meshes the
+  search tries on these devices (group size and stride: on 8 devices the axes of 8x1, 4x2, 2x4
+  and 1x8), over a sweep of message sizes; every group of the axis runs at once. Each size is a
+  chain of dependent collectives in one executable, less the launch overhead (and for all-gather
+  and reduce-scatter less the estimated cost of the slice or tile that chains them). The result
+  is Alpa's profiling database: a :class:`~autoplan._cluster.CollectiveTable` per kind and
+  geometry, interpolated inside the measured sizes and extended outside by its fitted
+  ``alpha + beta B``.
+
+``quick=True`` measures fewer sizes (well under a minute on a 2-core machine with 8 emulated
+devices); the full profile takes a few minutes. :meth:`autoplan.Cluster.detect` caches the result
+on disk. This module returns plain measurements (:class:`Measurements`); :mod:`autoplan._cluster`
+turns them into the cluster's fitted tables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import shard_map
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ._errors import ClusterError
+
+__all__ = ["measure", "Measurements", "cache_key", "PROFILE_DTYPES"]
+
+#: the dtypes the zoo trains in, profiled where the platform runs them
+PROFILE_DTYPES = ("float32", "bfloat16", "float16")
+_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
+
+
+@dataclass
+class Measurements:
+    """What :func:`measure` measured (raw, before fitting).
+
+    Attributes:
+        platform, device_kind, num_devices, device_memory: the devices.
+        launch_overhead, arg_overhead, op_overhead: seconds (per launch, per argument array,
+            per kernel).
+        memory_bandwidth: bytes/s per device.
+        curves: ``(op, dtype, flops per device, seconds)`` of each compute sweep.
+        collectives: ``(kind, (group size, stride), B, seconds)`` of each collective sweep.
+    """
+
+    platform: str
+    device_kind: str
+    num_devices: int
+    device_memory: float
+    launch_overhead: float
+    arg_overhead: float
+    op_overhead: float
+    memory_bandwidth: float
+    curves: list[tuple[str, str, list[float], list[float]]]
+    collectives: list[tuple[str, tuple[int, int], list[float], list[float]]]
+
+
+@dataclass(frozen=True)
+class _Settings:
+    reps: int  # timed runs per measurement (at least)
+    min_time: float  # seconds of timed runs per measurement (at least, within max_reps)
+    max_op_time: float  # stop a compute sweep once one operation takes longer
+    matmul_step: int  # size factor between matmul sizes
+    comm_sizes: tuple[int, ...]  # collective message sizes (bytes)
+    bandwidth_sizes: tuple[int, ...]  # elements per device
+    conv_dtypes: bool  # convolutions in every dtype (else float32 only)
+
+
+_QUICK = _Settings(reps=3, min_time=0.01, max_op_time=0.05, matmul_step=4,
+                   comm_sizes=(2**10, 2**16, 2**22), bandwidth_sizes=(2**22,), conv_dtypes=False)
+_FULL = _Settings(reps=5, min_time=0.05, max_op_time=0.25, matmul_step=2,
+                  comm_sizes=tuple(2**k for k in range(8, 25, 2)),
+                  bandwidth_sizes=(2**20, 2**22, 2**24), conv_dtypes=True)
+
+
+def cache_key(devices: Sequence[Any] | None = None) -> str:
+    """The name a profile of these devices is cached under: platform, device kind, count and
+    jaxlib version (``cpu-cpu-8-jaxlib0.10.2``)."""
+    import jaxlib  # noqa: PLC0415
+
+    devs = list(devices) if devices is not None else jax.devices()
+    kind = re.sub(r"[^A-Za-z0-9.]+", "_", devs[0].device_kind).strip("_") or "device"
+    return f"{devs[0].platform}-{kind}-{len(devs)}-jaxlib{jaxlib.__version__}"
+
+
+def measure(devices: Sequence[Any] | None = None, *, quick: bool = False,
+            progress: bool = True) -> Measurements:
+    """Run the micro-benchmarks on ``devices`` (default ``jax.devices()``), all at once.
+
+    Args:
+        devices: the devices to profile; all of them run every benchmark at once.
+        quick: fewer sizes.
+        progress: show a progress bar (tqdm) on stderr.
+
+    Raises:
+        ClusterError: no devices, or devices of different kinds.
+    """
+    devs = list(devices) if devices is not None else jax.devices()
+    if not devs:
+        raise ClusterError("profile: devices should be a non-empty list of JAX devices. Got none. "
+                           "Fix: pass jax.devices() or leave devices out.")
+    kinds = {(d.platform, d.device_kind) for d in devs}
+    if len(kinds) > 1:
+        raise ClusterError(f"profile: devices should all be of one kind. Got {sorted(kinds)}. "
+                           "Fix: profile each kind of device separately.")
+    return _Profiler(devs, _QUICK if quick else _FULL, progress).run()
+
+
+class _Profiler:
+    def __init__(self, devices: list[Any], settings: _Settings, progress: bool):
+        self.devices = devices
+        self.n = len(devices)
+        self.s = settings
+        self.mesh = Mesh(np.array(devices, dtype=object), ("d",))
+        self.platform = devices[0].platform
+        self.show = progress
+        self.bar: Any = None
+        # filled as the benchmarks run
+        self.launch = 0.0
+        self.per_arg = 0.0
+        self.op_overhead = 0.0
+        self.bandwidth = 0.0
+
+    # ---- timing ------------------------------------------------------------------------
+    def time(self, fn: Callable[..., Any], *args: Any) -> float:
+        """Seconds of ``fn(*args)`` after a warm-up call (which compiles): the median of the
+        faster half of the runs (other processes' load only ever slows a run down)."""
+        jax.block_until_ready(fn(*args))
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < self.s.reps or (time.perf_counter() - start < self.s.min_time
+                                           and len(times) < 50):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        return statistics.median(times[: max(1, (len(times) + 1) // 2)])
+
+    def sharded(self, shape: tuple[int, ...], dtype: str, spec: Any = None) -> Any:
+        """An array of ``shape`` per device, stacked on a leading device axis, sharded on it."""
+        x = np.ones((self.n * shape[0],) + tuple(shape[1:]), dtype=np.float32).astype(dtype)
+        return jax.device_put(x, NamedSharding(self.mesh, spec if spec is not None else P("d")))
+
+    def replicated(self, x: Any) -> Any:
+        return jax.device_put(x, NamedSharding(self.mesh, P()))
+
+    def step(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(1)
+
+    # ---- the whole profile -------------------------------------------------------------
+    def run(self) -> Measurements:
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        dtypes = [d for d in PROFILE_DTYPES if self.supports(d)]
+        geometries = self.geometries() if self.n > 1 else []
+        conv_dtypes = dtypes if self.s.conv_dtypes else ["float32"]
+        total = (3 + len(self.s.bandwidth_sizes) + len(dtypes) + len(conv_dtypes)
+                 + len(geometries) * len(_KINDS))
+        self.bar = tqdm(total=total, desc="autoplan profile", unit="bench", file=sys.stderr,
+                        disable=not self.show, leave=self.show)
+        try:
+            self.measure_overheads()
+            self.measure_bandwidth()
+            curves = [self.matmul_curve(d) for d in dtypes]
+            curves += [self.conv_curve(d) for d in conv_dtypes]
+            tables = [self.collective_table(kind, g) for g in geometries for kind in _KINDS]
+        finally:
+            self.bar.close()
+        dev = self.devices[0]
+        return Measurements(self.platform, dev.device_kind, self.n, self.device_memory(),
+                            self.launch, self.per_arg, self.op_overhead, self.bandwidth, curves,
+                            tables)
+
+    def supports(self, dtype: str) -> bool:
+        """The platform compiles and runs a matmul in ``dtype``."""
+        try:
+            x = jnp.ones((8, 8), dtype=dtype)
+            jax.block_until_ready(jax.jit(lambda a: a @ a)(x))
+            return True
+        except Exception:  # an unsupported dtype raises one of several XLA errors
+            return False
+
+    def geometries(self) -> list[tuple[int, int]]:
+        """(group size, stride) of every axis of the 2-D logical meshes over these devices."""
+        out: list[tuple[int, int]] = []
+        n = self.n
+        for inner in range(1, n + 1):
+            if n % inner:
+                continue
+            for g in ((n // inner, inner), (inner, 1)):
+                if g[0] > 1 and g not in out:
+                    out.append(g)
+        return sorted(out, key=lambda g: (-g[0], g[1]))
+
+    # ---- overheads and bandwidth -------------------------------------------------------
+    def measure_overheads(self) -> None:
+        x = self.sharded((8,), "float32")
+        t1 = self.time(jax.jit(lambda a: a + 1), x)
+        self.step("launch")
+        xs = [self.sharded((8,), "float32") for _ in range(64)]
+        t64 = self.time(jax.jit(lambda *a: [v + 1 for v in a]), *xs)
+        self.step("launch, 64 arguments")
+        self.per_arg = max(0.0, (t64 - t1) / 63)
+        self.launch = max(0.0, t1 - self.per_arg)
+        w = self.replicated(jnp.eye(16, dtype=jnp.float32))
+        a = self.sharded((1, 16, 16), "float32")
+
+        def chain(k: int) -> Callable[..., Any]:
+            def f(v, m):
+                for _ in range(k):
+                    v = jnp.einsum("bij,jk->bik", v, m)
+                return v
+            return jax.jit(f)
+
+        short, long_ = self.time(chain(1), a, w), self.time(chain(33), a, w)
+        self.op_overhead = max(0.0, (long_ - short) / 32)
+        self.step("kernel overhead")
+
+    def measure_bandwidth(self) -> None:
+        best = 0.0
+        for size in self.s.bandwidth_sizes:
+            x = self.sharded((size,), "float32")
+            t = self.time(jax.jit(lambda a: a * 1.5 + 0.5), x) - self.launch - self.per_arg
+            if t > 0:
+                best = max(best, 2 * 4 * size / t)  # read and write, per device
+            self.step(f"memory bandwidth {4 * size >> 20} MiB")
+        self.bandwidth = best
+
+    # ---- compute curves ----------------------------------------------------------------
+    def sweep(self, make: Callable[[int], tuple[float, Callable[..., Any], tuple]],
+              sizes: Sequence[int]) -> tuple[list[float], list[float]]:
+        """(FLOPs, seconds per operation) for each size until the rate stops growing or one
+        operation takes longer than ``max_op_time``."""
+        flops_out: list[float] = []
+        secs: list[float] = []
+        rates: list[float] = []
+        est_rate = 0.0
+        for size in sizes:
+            flops, fn_of, args = make(size)
+            if est_rate and flops / est_rate > self.s.max_op_time and len(secs) >= 2:
+                break
+            # a chain of dependent operations long enough to hide the launch
+            reps = 1 if not est_rate else int(min(16, max(1, 0.01 * est_rate / flops)))
+            t = (self.time(fn_of(reps), *args) - self.launch - self.per_arg) / reps
+            t = max(t - self.op_overhead, 0.5 * t, 1e-9)
+            flops_out.append(flops)
+            secs.append(t)
+            rates.append(flops / t)
+            est_rate = rates[-1]
+            if t > self.s.max_op_time and len(secs) >= 2:
+                break
+            if len(rates) >= 3 and rates[-1] < 1.05 * rates[-2] and rates[-2] < 1.05 * rates[-3]:
+                break  # saturated
+        return flops_out, secs
+
+    def matmul_curve(self, dtype: str) -> tuple[str, str, list[float], list[float]]:
+        step = self.s.matmul_step
+
+        def make(n: int):
+            a = self.sharded((1, n, n), dtype)
+            w = self.replicated(jnp.eye(n, dtype=dtype))  # the chain keeps its values
+
+            def fn_of(reps: int):
+                def f(v, m):
+                    for _ in range(reps):
+                        v = jnp.einsum("bij,jk->bik", v, m)
+                    return v
+                return jax.jit(f)
+            return 2.0 * n ** 3, fn_of, (a, w)
+
+        sizes = [32 * step ** k for k in range(12) if 32 * step ** k <= 16384]
+        flops, secs = self.sweep(make, sizes)
+        self.step(f"matmul {dtype}")
+        return ("matmul", dtype, flops, secs)
+
+    def conv_curve(self, dtype: str) -> tuple[str, str, list[float], list[float]]:
+        step = self.s.matmul_step
+        batch, hw = 4, 16
+
+        def make(c: int):
+            x = self.sharded((batch, hw, hw, c), dtype)
+            k = np.zeros((3, 3, c, c), dtype=np.float32)
+            k[1, 1] = np.eye(c)  # the centre tap alone: the chain keeps its values
+            w = self.replicated(jnp.asarray(k, dtype=dtype))
+
+            def fn_of(reps: int):
+                def f(v, m):
+                    for _ in range(reps):
+                        v = jax.lax.conv_general_dilated(v, m, (1, 1), "SAME",
+                                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                    return v
+                return jax.jit(f)
+            return 2.0 * batch * hw * hw * c * c * 9, fn_of, (x, w)
+
+        sizes = [8 * step ** k for k in range(10) if 8 * step ** k <= 2048]
+        flops, secs = self.sweep(make, sizes)
+        self.step(f"convolution {dtype}")
+        return ("conv", dtype, flops, secs)
+
+    # ---- collectives -------------------------------------------------------------------
+    def collective_table(self, kind: str, geometry: tuple[int, int]
+                         ) -> tuple[str, tuple[int, int], list[float], list[float]]:
+        """Time ``kind`` on every group of ``geometry = (size, stride)`` at once."""
+        size, stride = geometry
+        outer = self.n // (size * stride)
+        mesh = Mesh(np.array(self.devices, dtype=object).reshape(outer, size, stride),
+                    ("o", "a", "i"))
+        spec = P(("o", "a", "i"))
+        perm = [(i, (i + 1) % size) for i in range(size)]
+        nbytes_out: list[float] = []
+        secs: list[float] = []
+        for nbytes in self.s.comm_sizes:
+            # B of the cost model: the buffer reduced, gathered, scattered, exchanged or sent
+            local = max(size, nbytes // 4 // size * size)  # float32 elements per device
+            if kind == "all-gather":
+                local //= size
+            reps = 8 if nbytes <= 2**16 else (4 if nbytes <= 2**20 else 2)
+            glue = 0.0
+
+            def one(v, kind=kind, local=local):
+                if kind == "all-reduce":
+                    return jax.lax.psum(v, "a")
+                if kind == "all-gather":
+                    return jax.lax.all_gather(v, "a", tiled=True)[:local]
+                if kind == "reduce-scatter":
+                    return jnp.tile(jax.lax.psum_scatter(v, "a", tiled=True), size)
+                if kind == "all-to-all":
+                    return jax.lax.all_to_all(v, "a", 0, 0, tiled=True)
+                return jax.lax.ppermute(v, "a", perm)
+
+            if kind == "all-gather":  # the slice that chains them: one kernel over B/size
+                glue = self.op_overhead + 2 * 4 * local / max(self.bandwidth, 1.0)
+            elif kind == "reduce-scatter":  # the tile that chains them: one kernel over B
+                glue = self.op_overhead + 4 * (local + local // size) / max(self.bandwidth, 1.0)
+
+            def chain(v, reps=reps, one=one):
+                for _ in range(reps):
+                    v = one(v)
+                return v
+
+            fn = jax.jit(shard_map(chain, mesh=mesh, in_specs=spec, out_specs=spec))
+            x = jax.device_put(np.ones((self.n * local,), np.float32), NamedSharding(mesh, spec))
+            t = (self.time(fn, x) - self.launch - self.per_arg) / reps
+            t = max(t - glue, 0.5 * t, 1e-9)
+            nbytes_out.append(4.0 * (local * size if kind == "all-gather" else local))
+            secs.append(t)
+            if t > 0.05:
+                break  # larger messages follow the fit
+        self.step(f"{kind} over {size} devices, stride {stride}")
+        return (kind, (size, stride), nbytes_out, secs)
+
+    # ---- the devices -----------------------------------------------------------------------
+    def device_memory(self) -> float:
+        """Bytes of memory per device: the device's own (GPU/TPU), else the host's RAM shared by
+        the emulated devices."""
+        try:
+            stats = self.devices[0].memory_stats() or {}
+        except Exception:  # not every backend reports memory
+            stats = {}
+        limit = stats.get("bytes_limit")
+        if limit:
+            return float(limit)
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 16 * 2**30
+        return float(max(ram // self.n, 2**20))
