@@ -687,12 +687,14 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
         ins: list[Any] = [None if s is None else [None] * len(s) for s in op.in_shapes]
         out: list[Any] = [None] * len(out_shape)
         partial: list[str] = []
+        slot_of: dict[str, int] = {}  # partial axis -> the summed loop dimension it splits
         for s, ax in per_slot.items():
             sl = slots[s]
             for pos, d in sl.operand_dims:
                 ins[pos][d] = ax
             if sl.out_dim is None:
                 partial.extend(ax)
+                slot_of.update(dict.fromkeys(ax, s))
             else:
                 out[sl.out_dim] = ax
         if partial and not partial_ok:
@@ -725,9 +727,11 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
                 if d is not None:
                     comms.append(("reduce-scatter", cur_b, (a,)))
                     cur_b /= sizes[a]
-            ar = tuple(a for a, d in zip(partial, res) if d is None)
-            if ar:
-                comms.append(("all-reduce", cur_b, ar))
+            # one all-reduce per summed loop dimension, over the axes splitting it (XLA reduces
+            # the partial sums of each split dimension on its own, each of the whole buffer)
+            ar = [a for a, d in zip(partial, res) if d is None]
+            for s in dict.fromkeys(slot_of[a] for a in ar):
+                comms.append(("all-reduce", cur_b, tuple(a for a in ar if slot_of[a] == s)))
             outs = list(replicated(len(s)) for s in op.out_shapes)
             outs[out_index] = tuple(o)
             key = (in_specs, tuple(outs))
