@@ -724,7 +724,9 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
     m = measure(devices, quick=quick, progress=progress)
     curves = tuple(ThroughputCurve.from_measurements(op, dt, f, t) for op, dt, f, t in m.curves)
     tables = tuple(CollectiveTable.from_measurements(k, (g,), b, t) for k, g, b, t in m.collectives)
-    peak = max((f / t for c in curves for f, t in zip(c.flops, c.seconds) if t > 0), default=1e9)
+    # the best sustained rate: the matmul curves' fitted asymptotes (a single noisy point never
+    # sets it)
+    peak = max((c.peak for c in curves if c.op == "matmul" and c.peak > 0), default=1e9)
     lat, bw = 1e-5, 1e10
     ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
                 None)

@@ -12,8 +12,9 @@ contention, and devices with their own hardware (GPUs) show their own speed.
   doubling from 32 until the rate stops growing or one product takes too long), kept as a curve
   of seconds by FLOPs (:class:`~autoplan._cluster.ThroughputCurve`, with the fit
   ``t(F) = (F + F_half) / R_max``: the achievable fraction of peak by size); convolution
-  throughput the same way (3x3 NHWC convolutions, channels doubling). Each size is timed as a
-  chain of dependent operations inside one executable, less the per-kernel overhead.
+  throughput the same way (3x3 NHWC convolutions, channels doubling). Each size is timed as the
+  difference between a chain of ``1 + k`` dependent operations and one, over ``k`` (the launch
+  cancels), less the per-kernel overhead.
 * **Memory bandwidth**: one large elementwise operation (``y = a x + b``) per device: bytes read
   and written over its time, less the launch overhead.
 * **Overheads**: an executable launch (with 1 and with 64 argument arrays: a training step passes
@@ -22,9 +23,9 @@ contention, and devices with their own hardware (GPUs) show their own speed.
 * **Communication**: all-reduce, all-gather, reduce-scatter, all-to-all and send/recv
   (``ppermute``, a cyclic shift), each over every mesh-axis geometry of the 2-D logical meshes the
   search tries on these devices (group size and stride: on 8 devices the axes of 8x1, 4x2, 2x4
-  and 1x8), over a sweep of message sizes; every group of the axis runs at once. Each size is a
-  chain of dependent collectives in one executable, less the launch overhead (and for all-gather
-  and reduce-scatter less the estimated cost of the slice or tile that chains them). The result
+  and 1x8), over a sweep of message sizes; every group of the axis runs at once. Each size is
+  timed the same way, as the slope of a chain of dependent collectives (for all-gather and
+  reduce-scatter less the estimated cost of the slice or tile that chains them). The result
   is Alpa's profiling database: a :class:`~autoplan._cluster.CollectiveTable` per kind and
   geometry, interpolated inside the measured sizes and extended outside by its fitted
   ``alpha + beta B``.
@@ -37,6 +38,7 @@ turns them into the cluster's fitted tables.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -59,6 +61,15 @@ __all__ = ["measure", "Measurements", "cache_key", "PROFILE_DTYPES"]
 
 #: the dtypes the zoo trains in, profiled where the platform runs them
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
+#: seconds a timed chain of operations should last (well above the launch's noise)
+CHAIN_TIME = 2e-3
+
+
+def _chain(one: Callable[[Any], Any], k: int, v: Any) -> Any:
+    """``one`` applied ``k`` times in a row inside the program (a loop unrolled by 8)."""
+    if k == 1:
+        return one(v)
+    return jax.lax.fori_loop(0, k, lambda i, u: one(u), v, unroll=min(k, 8))
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 
 
@@ -176,6 +187,20 @@ class _Profiler:
     def replicated(self, x: Any) -> Any:
         return jax.device_put(x, NamedSharding(self.mesh, P()))
 
+    def slope(self, fn_of: Callable[[int], Callable[..., Any]], args: tuple) -> float:
+        """Seconds per operation: the time of a chain of ``1 + k`` dependent operations less
+        that of one, over ``k`` (the launch, the arguments and the chain's ends cancel); ``k``
+        grows (to 512) until the chain takes ``CHAIN_TIME``, so that small operations stand out
+        from the launch's noise."""
+        one = self.time(fn_of(1), *args)
+        k, t = 8, 0.0
+        for _ in range(3):
+            t = max(self.time(fn_of(1 + k), *args) - one, 0.0) / k
+            if k * t >= CHAIN_TIME or k >= 512:
+                break
+            k = min(512, max(2 * k, math.ceil(CHAIN_TIME / max(t, 1e-7))))
+        return t
+
     def step(self, label: str) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(label, refresh=False)
@@ -273,9 +298,7 @@ class _Profiler:
             flops, fn_of, args = make(size)
             if est_rate and flops / est_rate > self.s.max_op_time and len(secs) >= 2:
                 break
-            # a chain of dependent operations long enough to hide the launch
-            reps = 1 if not est_rate else int(min(16, max(1, 0.01 * est_rate / flops)))
-            t = (self.time(fn_of(reps), *args) - self.launch - self.per_arg) / reps
+            t = self.slope(fn_of, args)
             t = max(t - self.op_overhead, 0.5 * t, 1e-9)
             flops_out.append(flops)
             secs.append(t)
@@ -294,12 +317,8 @@ class _Profiler:
             a = self.sharded((1, n, n), dtype)
             w = self.replicated(jnp.eye(n, dtype=dtype))  # the chain keeps its values
 
-            def fn_of(reps: int):
-                def f(v, m):
-                    for _ in range(reps):
-                        v = jnp.einsum("bij,jk->bik", v, m)
-                    return v
-                return jax.jit(f)
+            def fn_of(k: int):
+                return jax.jit(lambda v, m: _chain(lambda u: jnp.einsum("bij,jk->bik", u, m), k, v))
             return 2.0 * n ** 3, fn_of, (a, w)
 
         sizes = [32 * step ** k for k in range(12) if 32 * step ** k <= 16384]
@@ -317,12 +336,10 @@ class _Profiler:
             k[1, 1] = np.eye(c)  # the centre tap alone: the chain keeps its values
             w = self.replicated(jnp.asarray(k, dtype=dtype))
 
-            def fn_of(reps: int):
+            def fn_of(k: int):
                 def f(v, m):
-                    for _ in range(reps):
-                        v = jax.lax.conv_general_dilated(v, m, (1, 1), "SAME",
-                                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
-                    return v
+                    return _chain(lambda u: jax.lax.conv_general_dilated(
+                        u, m, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), k, v)
                 return jax.jit(f)
             return 2.0 * batch * hw * hw * c * c * 9, fn_of, (x, w)
 
@@ -348,7 +365,6 @@ class _Profiler:
             local = max(size, nbytes // 4 // size * size)  # float32 elements per device
             if kind == "all-gather":
                 local //= size
-            reps = 8 if nbytes <= 2**16 else (4 if nbytes <= 2**20 else 2)
             glue = 0.0
 
             def one(v, kind=kind, local=local):
@@ -367,14 +383,13 @@ class _Profiler:
             elif kind == "reduce-scatter":  # the tile that chains them: one kernel over B
                 glue = self.op_overhead + 4 * (local + local // size) / max(self.bandwidth, 1.0)
 
-            def chain(v, reps=reps, one=one):
-                for _ in range(reps):
-                    v = one(v)
-                return v
+            def fn_of(k, one=one):
+                # (each device's buffer is its own: no replication checks on the loop carry)
+                return jax.jit(shard_map(lambda v: _chain(one, k, v), mesh=mesh, in_specs=spec,
+                                         out_specs=spec, check_vma=False))
 
-            fn = jax.jit(shard_map(chain, mesh=mesh, in_specs=spec, out_specs=spec))
             x = jax.device_put(np.ones((self.n * local,), np.float32), NamedSharding(mesh, spec))
-            t = (self.time(fn, x) - self.launch - self.per_arg) / reps
+            t = self.slope(fn_of, (x,))
             t = max(t - glue, 0.5 * t, 1e-9)
             nbytes_out.append(4.0 * (local * size if kind == "all-gather" else local))
             secs.append(t)
