@@ -32,6 +32,7 @@ from ._graph import Tensor as Tensor
 from ._plan import Plan as Plan
 from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
 from ._trace import trace as trace
+from ._workload import Workload as Workload
 
 __version__ = "0.1.0"
 
@@ -60,5 +61,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "profile",
+    "profile", "Workload",
 ]

@@ -143,10 +143,10 @@ class GraphOutput:
 
 @dataclass(frozen=True)
 class Layer:
-    """A layer found from the top-level named scope of its forward operators.
+    """A layer found from the named scopes of its forward operators.
 
     Attributes:
-        name: the scope name (``"layers_3"``).
+        name: the scope name (``"layers_3"``; see :attr:`OpGraph.layer_names`).
         index: order of first appearance in the forward pass.
         forward: ids of its forward operators; ``backward`` likewise.
         flops: FLOPs of its forward and backward operators.
@@ -166,7 +166,8 @@ class OpGraph:
     """An operator graph of one training step.
 
     ``len(graph)`` is the number of operators; ``graph.flops`` the FLOPs of one step;
-    ``graph.layers`` the layers found from named scopes; ``graph.nx`` the ``networkx.DiGraph``.
+    ``graph.layers`` the layers found from named scopes (``graph.layer_names`` per operator);
+    ``graph.nx`` the ``networkx.DiGraph``.
     """
 
     ops: list[OpNode]
@@ -177,6 +178,9 @@ class OpGraph:
     consts: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     origin: list[int] | None = field(default=None, repr=False)
+    #: the pytree structure of each positional argument of the traced step
+    #: (:class:`autoplan._workload.ArgTree`), when traced from arguments
+    arg_trees: tuple[Any, ...] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -254,21 +258,79 @@ class OpGraph:
         return sum(self.tensors[gi.tensor].nbytes for gi in self.inputs_of_kind(kind))
 
     @cached_property
-    def layers(self) -> list[Layer]:
-        """Layers from the top-level scope of forward and backward operators, in forward order.
+    def layer_names(self) -> list[str | None]:
+        """For each operator, the named-scope layer it belongs to, or None.
 
-        Operators with no scope are collected in a layer named ``"(root)"``; the optimizer update
-        is not a layer (its operators have role ``"update"``).
+        A layer is a named scope at the depth where the model's forward pass is a sequence of
+        distinct scopes: the shallowest depth ``d`` (0 to 3) at which, among the forward
+        operators under the most common scope prefix of length ``d``, the scope names at depth
+        ``d``
+
+        * are at least two,
+        * each cover one contiguous run of the forward pass (operators without a name there may
+          sit in between), and
+        * hold at least half of the forward FLOPs.
+
+        A layer's name is its scope path down to depth ``d`` joined by ``/``: ``"layers_3"``
+        for ``jax.named_scope("layers_3")``, ``"Mixer/MixerBlock_0"`` for a Flax linen block
+        inside the model's root module, ``"scan_2"`` for iteration 2 of an unrolled
+        ``lax.scan``. Scopes that name a kind of layer rather than one (Equinox's
+        ``eqx.nn.Linear``, ``jnp.einsum``'s subscripts) recur along the forward pass and are not
+        layers. Every operator gets the layer whose scope path appears in its own (the backward
+        pass keeps the forward pass's scopes; the backward of a rematerialised block repeats the
+        enclosing ones, ``Mixer/Mixer/MixerBlock_0/...``). All None when no depth qualifies.
+        """
+        fwd = [op for op in self.ops if op.role == "forward"]
+        total = sum(op.flops for op in fwd) or 1.0
+        for d in range(4):
+            share: dict[tuple[str, ...], float] = {}
+            for op in fwd:
+                if len(op.scope) > d:
+                    share[op.scope[:d]] = share.get(op.scope[:d], 0.0) + op.flops + 1e-9
+            if not share:
+                break
+            prefix = max(share, key=share.__getitem__)
+            runs: list[str] = []
+            covered = 0.0
+            for op in fwd:
+                if len(op.scope) > d and op.scope[:d] == prefix:
+                    covered += op.flops
+                    if not runs or runs[-1] != op.scope[d]:
+                        runs.append(op.scope[d])
+            if len(set(runs)) < 2 or len(set(runs)) != len(runs) or covered < 0.5 * total:
+                continue
+            paths = {prefix + (name,) for name in runs}
+            out: list[str | None] = []
+            for op in self.ops:
+                sc = op.scope
+                # (the scope path may sit deeper than in the forward pass: the backward of a
+                # rematerialised block repeats the enclosing scopes)
+                hit = next((sc[j:j + d + 1] for j in range(len(sc) - d)
+                            if sc[j:j + d + 1] in paths), None)
+                out.append("/".join(hit) if hit is not None else None)
+            return out
+        return [None] * len(self.ops)
+
+    @cached_property
+    def layers(self) -> list[Layer]:
+        """The named-scope layers (see :attr:`layer_names`) of the forward and backward
+        operators, in forward order.
+
+        Operators outside every layer are collected in a layer named ``"(root)"``; the optimizer
+        update is not a layer (its operators have role ``"update"``). The layers the pipeline
+        search cuts between are :func:`autoplan.search.cluster_layers`'s: these named-scope
+        layers where the model has them, else its repeated blocks found by mining.
         """
         order: dict[str, int] = {}
         fwd: dict[str, list[int]] = {}
         bwd: dict[str, list[int]] = {}
         flops: dict[str, float] = {}
         params: dict[str, list[str]] = {}
+        names = self.layer_names
         for op in self.ops:
             if op.role == "update":
                 continue
-            name = op.scope[0] if op.scope else "(root)"
+            name = names[op.id] or "(root)"
             if op.role == "forward" and name not in order:
                 order[name] = len(order)
             (fwd if op.role == "forward" else bwd).setdefault(name, []).append(op.id)

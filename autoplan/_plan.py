@@ -257,6 +257,14 @@ class Plan:
         config: the workload's configuration (batch, layers, ...), when known.
         search_seconds: time the search took.
         jax_version: JAX version the plan was made with.
+        notes: remarks of the search (the level used and why, fallbacks).
+        arg_types: per positional argument of the step, the container types its pytree holds
+            that the recorded paths cannot rebuild (``"flax.nnx.statelib.State"``, ``"None"``,
+            ``"tuple"``, ...; see :class:`autoplan._workload.ArgTree`); empty for nested dicts
+            and lists. Written to the plan file.
+        arg_trees: the argument pytrees' structures themselves, kept in memory by plans that a
+            search made from a workload's arguments (not written to the plan file): the JAX
+            views then return pytrees of the user's own types without ``like=``.
     """
 
     model: str
@@ -272,6 +280,8 @@ class Plan:
     search_seconds: float = 0.0
     jax_version: str = ""
     notes: tuple[str, ...] = ()
+    arg_types: tuple[tuple[str, ...], ...] = ()
+    arg_trees: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     # ---- structure ---------------------------------------------------------------------
     @property
@@ -313,19 +323,32 @@ class Plan:
 
     # ---- JAX views ---------------------------------------------------------------------
     def partition_specs(self, like: Any = None, stage: int | None = None) -> Any:
-        """The PartitionSpec of every graph input as a pytree mirroring the step's arguments.
+        """The PartitionSpec of every graph input as a pytree of the step's arguments, in the
+        user's own container types (same treedef: ``nnx.State``, Equinox modules with their
+        ``None`` leaves left ``None``, optax's named tuples, dataclasses).
+
+        The structure comes from ``like`` when given, else from the arguments the search traced
+        (a plan made by :func:`autoplan.search` in this process), else it is rebuilt as nested
+        dicts and lists from the recorded paths, which is exact only for arguments made of
+        dicts and lists (a plan file records which are not: :attr:`arg_types`).
 
         Args:
-            like: the arguments (arrays or ShapeDtypeStructs, a tuple with one entry per
-                positional argument); its structure is mirrored exactly. Default: a tuple of
-                nested dicts/lists rebuilt from the recorded ``keystr`` paths.
-            stage: only inputs held by this stage (others get ``None``); default all.
+            like: the step's positional arguments (arrays or ``jax.ShapeDtypeStruct``s, one
+                entry per argument; or the :class:`autoplan.Workload`); its structure is
+                mirrored exactly.
+            stage: only inputs held by this stage (the others get ``None``); default all.
 
         Returns:
             A tuple with one pytree of ``jax.sharding.PartitionSpec`` per positional argument.
-        """
-        import jax  # noqa: PLC0415
 
+        Raises:
+            PlanMismatchError: ``like`` has another number of arguments or leaves the plan does
+                not know, or the plan (loaded from a file) cannot rebuild an argument's types.
+
+        Examples:
+            >>> specs = plan.partition_specs()                          # doctest: +SKIP
+            >>> specs = plan.partition_specs(like=(params, opt_state, batch))  # doctest: +SKIP
+        """
         by_key = {(i.arg, i.path): i for i in self.inputs}
         nargs = 1 + max((i.arg for i in self.inputs), default=-1)
 
@@ -335,24 +358,20 @@ class Plan:
             return spec_to_pspec(i.spec)
 
         if like is not None:
-            like = tuple(like)
-            if len(like) != nargs:
+            return tuple(t.treedef.unflatten([pick(by_key[(a, p)]) for p in t.paths])
+                         for a, t in enumerate(self._like_trees(like, nargs, by_key)))
+        if self.arg_trees is not None and len(self.arg_trees) == nargs:
+            return tuple(t.treedef.unflatten([pick(by_key.get((a, p))) for p in t.paths])
+                         for a, t in enumerate(self.arg_trees))
+        for a, types in enumerate(self.arg_types):
+            if types:
+                name = next((i.arg_name for i in self.inputs if i.arg == a), f"argument {a}")
                 raise PlanMismatchError(
-                    f"partition_specs: like should have {nargs} positional arguments as the plan "
-                    f"does. Got {len(like)}. Fix: pass the workload's args tuple.")
-            out = []
-            for a, tree in enumerate(like):
-                leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-                specs = []
-                for path, _ in leaves:
-                    key = (a, jax.tree_util.keystr(path))
-                    if key not in by_key:
-                        raise PlanMismatchError(
-                            f"partition_specs: argument {a} has a leaf at {key[1]!r} that the plan "
-                            f"({self.model}) does not know. Fix: use the plan made for this model.")
-                    specs.append(pick(by_key[key]))
-                out.append(jax.tree_util.tree_unflatten(treedef, specs))
-            return tuple(out)
+                    f"partition_specs: argument {a} ({name}) of {self.model!r} is a pytree of "
+                    f"{', '.join(types)}, which a plan file records by path only, so its structure "
+                    "cannot be rebuilt without the arguments. Fix: pass like=<the step's "
+                    "arguments> (arrays or jax.ShapeDtypeStructs, or the Workload), e.g. "
+                    "plan.named_shardings(like=(params, opt_state, batch)).")
         trees: list[Any] = [None] * nargs
         for i in self.inputs:
             keys = _parse_keystr(i.path)
@@ -363,6 +382,36 @@ class Plan:
                 trees[i.arg] = [] if isinstance(keys[0], int) else {}
             _set_path(trees[i.arg], keys, pick(i))
         return tuple(trees)
+
+    def _like_trees(self, like: Any, nargs: int, by_key: Mapping[tuple[int, str], InputSpec]
+                    ) -> tuple[Any, ...]:
+        """The :class:`autoplan._workload.ArgTree` of ``like``, checked against the plan."""
+        from ._workload import arg_trees  # noqa: PLC0415
+
+        if hasattr(like, "fn") and hasattr(like, "args"):
+            like = like.args
+        if not isinstance(like, tuple | list):
+            raise PlanMismatchError(
+                f"partition_specs: like should be the step's positional arguments as a tuple "
+                f"({nargs} of them). Got {type(like).__name__}. Fix: like=(params, opt_state, "
+                "batch), or like=workload.")
+        if len(like) != nargs:
+            raise PlanMismatchError(
+                f"partition_specs: like should have {nargs} positional arguments as the plan "
+                f"does. Got {len(like)}. Fix: pass the workload's args tuple.")
+        trees = arg_trees(like)
+        for a, t in enumerate(trees):
+            for p in t.paths:
+                if (a, p) not in by_key:
+                    raise PlanMismatchError(
+                        f"partition_specs: argument {a} has a leaf at {p!r} that the plan "
+                        f"({self.model}) does not know. Fix: use the plan made for this model.")
+            held = sum(1 for (arg, _) in by_key if arg == a)
+            if held != len(t.paths):
+                raise PlanMismatchError(
+                    f"partition_specs: argument {a} has {len(t.paths)} leaves but the plan "
+                    f"({self.model}) has {held}. Fix: use the plan made for this model.")
+        return trees
 
     def mesh(self, devices: Sequence[Any] | None = None, stage: int = 0):
         """A ``jax.sharding.Mesh`` for ``stage`` over ``devices`` (default ``jax.devices()``),
@@ -382,14 +431,28 @@ class Plan:
         return Mesh(arr, st.axis_names, axis_types=(AxisType.Auto,) * len(st.axis_names))
 
     def named_shardings(self, mesh=None, like: Any = None, stage: int | None = None) -> Any:
-        """``NamedSharding`` pytrees for the arguments (``jax.jit(in_shardings=...)``)."""
+        """``NamedSharding`` pytrees of the step's arguments, in the user's own container types
+        (see :meth:`partition_specs`), ready for ``jax.jit(step, in_shardings=...)`` and
+        ``jax.device_put(args, ...)``. ``None`` stays ``None`` (an Equinox module's non-array
+        fields; with ``stage``, the leaves other stages hold).
+
+        Args:
+            mesh: the ``jax.sharding.Mesh`` (default :meth:`mesh` of ``stage``, or of stage 0).
+            like: the step's arguments, as for :meth:`partition_specs`.
+            stage: only the inputs this stage holds.
+
+        Examples:
+            >>> sh = plan.named_shardings()                               # doctest: +SKIP
+            >>> args = jax.device_put((params, opt_state, batch), sh)     # doctest: +SKIP
+            >>> step = jax.jit(train_step, in_shardings=sh)               # doctest: +SKIP
+        """
         import jax  # noqa: PLC0415
         from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
 
         mesh = mesh if mesh is not None else self.mesh(stage=stage or 0)
         specs = self.partition_specs(like=like, stage=stage)
-        return jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p if p is not None else PartitionSpec()),
-                                      specs, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
+        return jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p), specs,
+                                      is_leaf=lambda x: isinstance(x, PartitionSpec))
 
     def logical_axis_rules(self) -> list[tuple[str, str | tuple[str, ...] | None]]:
         """Flax-style logical-axis rules read off the parameters' specs: for each parameter
@@ -408,6 +471,8 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": "autoplan.plan", "schema_version": SCHEMA_VERSION}
         for f in fields(self):
+            if f.name == "arg_trees":  # the user's pytree types live in memory only
+                continue
             v = getattr(self, f.name)
             d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
         d["mesh_axis_types"] = ["Auto"] * len(self.axis_names)
@@ -453,7 +518,8 @@ class Plan:
                        cluster=Cluster.from_dict(d["cluster"]), stages=stages, inputs=inputs,
                        schedule=schedule, predicted=predicted, label=d["label"], level=d["level"],
                        config=dict(d["config"]), search_seconds=d["search_seconds"],
-                       jax_version=d["jax_version"], notes=tuple(d.get("notes", ())))
+                       jax_version=d["jax_version"], notes=tuple(d.get("notes", ())),
+                       arg_types=tuple(tuple(str(x) for x in t) for t in d.get("arg_types", ())))
         except (KeyError, TypeError, ValueError, IndexError) as err:
             raise PlanFileError(f"Plan.from_json: the plan file is malformed ({type(err).__name__}: "
                                 f"{err}). Fix: re-create it with 'autoplan plan -o'.") from err

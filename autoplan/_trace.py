@@ -6,7 +6,8 @@
 * containers are inlined: ``jit``/``pjit``, ``closed_call``, ``remat``/``checkpoint``,
   ``custom_jvp_call``, ``custom_vjp_call``; their named scopes are prefixed by the enclosing
   equation's scopes;
-* ``scan`` is **unrolled**: each iteration's body appears once in the graph, with synthetic
+* ``scan`` is **unrolled**: each iteration's body appears once in the graph (in a named scope
+  ``scan_<i>``, ``i`` the iteration's index in the scanned inputs), with synthetic
   ``scan_slice`` operators taking iteration ``i``'s slice of each scanned input and one
   ``scan_stack`` operator stacking each scanned output, so repeated layers written with ``scan``
   are visible as repeated structure to the folding search (scans longer than
@@ -33,6 +34,7 @@ from jax.extend import core as jcore
 
 from ._errors import TraceError
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
+from ._workload import arg_trees, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
 
@@ -247,8 +249,11 @@ class _Builder:
         ys_iters: list[list[int | None]] = [[] for _ in range(n_ys)]
         order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
         x_avals = [_aval_info(v) for v in eqn.invars[n_consts + n_carry:]]
-        for it, i in enumerate(order):
-            it_scope = scope + (f"scan_{it}",)
+        for i in order:
+            # named by the iteration's index into the scanned inputs, not by the trip's order:
+            # the transpose of a scan runs in reverse, and its iteration i differentiates the
+            # forward scan's iteration i (the same layer of stacked parameters)
+            it_scope = scope + (f"scan_{i}",)
             x_slices = []
             for x, (shape, dtype) in zip(xs, x_avals):
                 if x is None:
@@ -340,16 +345,6 @@ def _assign_roles(b: _Builder) -> list[OpNode]:
     return out
 
 
-def _default_kinds(n: int) -> tuple[str, ...]:
-    if n == 3:
-        return ("parameter", "optimizer_state", "batch")
-    if n == 2:
-        return ("parameter", "batch")
-    if n == 1:
-        return ("parameter",)
-    return ("input",) * n
-
-
 def _arg_names(fn: Callable, n: int) -> list[str]:
     try:
         sig = inspect.signature(fn)
@@ -366,11 +361,13 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
 
     Args:
         fn: the function, e.g. ``train_step(params, opt_state, batch)``; or an
-            :class:`autoplan.models.Workload`, whose ``fn`` and ``args`` are used.
+            :class:`autoplan.Workload` (or a zoo workload), whose ``fn`` and ``args`` are used.
         *args: its positional arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees.
         arg_kinds: the kind of each positional argument (``"parameter"``,
-            ``"optimizer_state"``, ``"batch"``, ``"input"``). Default: three arguments are
-            (parameter, optimizer_state, batch), two are (parameter, batch).
+            ``"optimizer_state"``, ``"batch"``, ``"input"``). Default: read off the arguments
+            and the signature by :func:`autoplan._workload.infer_arg_kinds` (an optax state is
+            the optimizer state; ``params``, ``opt_state``, ``batch`` and similar names; else
+            three arguments are (parameter, optimizer_state, batch), two (parameter, batch)).
         name: a name for the graph (default the function's name).
         max_scan_unroll: scans up to this trip count are unrolled; longer ones stay opaque.
         **kwargs: keyword arguments of ``fn`` (traced as inputs of kind ``"input"``).
@@ -390,24 +387,25 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         >>> [op.primitive for op in g]
         ['dot_general', 'tanh', 'reduce_sum']
     """
-    if hasattr(fn, "fn") and hasattr(fn, "args") and hasattr(fn, "arg_kinds") and not args:
+    if hasattr(fn, "fn") and hasattr(fn, "args") and not args:
         wl = fn
-        return trace(wl.fn, *wl.args, arg_kinds=tuple(wl.arg_kinds), name=name or wl.name,
-                     max_scan_unroll=max_scan_unroll)
+        kinds = getattr(wl, "arg_kinds", None)
+        return trace(wl.fn, *wl.args, arg_kinds=tuple(kinds) if kinds is not None else None,
+                     name=name or getattr(wl, "name", None), max_scan_unroll=max_scan_unroll)
     if not callable(fn):
         raise TraceError(f"trace: fn should be a callable JAX function or a Workload. Got "
                          f"{type(fn).__name__}: {fn!r}. Fix: pass the training step function.")
     flat_with_path, _ = jax.tree_util.tree_flatten_with_path((args, kwargs))
-    for path, leaf in flat_with_path:
-        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
-                leaf, bool | int | float | complex):
-            raise TraceError(
-                f"trace: every argument leaf should be an array or jax.ShapeDtypeStruct. Got "
-                f"{type(leaf).__name__} at {jax.tree_util.keystr(path)}: {leaf!r:.80}. Fix: pass "
-                "arrays (or jax.ShapeDtypeStruct for abstract tracing), or close over non-array "
-                "values with functools.partial.")
+    bad = non_array_leaf((args, kwargs))
+    if bad is not None:
+        path, leaf = bad
+        raise TraceError(
+            f"trace: every argument leaf should be an array or jax.ShapeDtypeStruct. Got "
+            f"{type(leaf).__name__} at {path}: {leaf!r:.80}. Fix: pass arrays (or "
+            "jax.ShapeDtypeStruct for abstract tracing), or close over non-array values with "
+            "functools.partial.")
     n = len(args)
-    kinds = tuple(arg_kinds) if arg_kinds is not None else _default_kinds(n)
+    kinds = tuple(arg_kinds) if arg_kinds is not None else infer_arg_kinds(fn, args)
     if len(kinds) != n:
         raise TraceError(f"trace: arg_kinds should give one kind per positional argument ({n}). "
                          f"Got {len(kinds)}: {kinds}. Fix: pass a tuple of length {n}.")
@@ -452,4 +450,5 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         warnings.warn(msg, OpaqueControlFlowWarning, stacklevel=2)
         msgs.append(msg)
     return OpGraph(ops=ops, tensors=b.tensors, inputs=inputs, outputs=outputs,
-                   name=name or getattr(fn, "__name__", "graph"), consts=consts, warnings=msgs)
+                   name=name or getattr(fn, "__name__", "graph"), consts=consts, warnings=msgs,
+                   arg_trees=None if kwargs else arg_trees(args))

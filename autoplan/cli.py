@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan profile -o' "
                          "(cluster.json), or 'local' (the attached devices, profiled once and "
                          "cached); default cpu:8")
-    sp.add_argument("--level", default="folded", choices=["exhaustive", "hierarchical", "folded"])
+    sp.add_argument("--level", default="auto", choices=["auto", "exhaustive", "hierarchical", "folded"],
+                    help="search level (default auto: exhaustive where it is the fast path, else folded)")
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     sp.add_argument("--microbatches", type=int, default=None)

@@ -364,6 +364,12 @@ class _ShardingHook:
                 self.prim[o.op] = o.primitive
         self.sizes = dict(mesh.shape)
         self.counts = {"applied": 0, "skipped": 0, "operands_applied": 0, "operands_skipped": 0}
+        self._seen: dict[str, set[tuple[int, int, str]]] = {k: set() for k in self.counts}
+
+    def count(self, kind: str, op_id: int, k: int, name: str) -> None:
+        """Count a constraint once per operator, position and tensor (tracing twice counts once)."""
+        self._seen[kind].add((op_id, k, name))
+        self.counts[kind] = len(self._seen[kind])
 
     def fits(self, v: Any, t: Any) -> bool:
         shape = tuple(np.shape(v))
@@ -383,7 +389,8 @@ class _ShardingHook:
         if not specs:
             return vals
         if self.prim[op.id] and self.prim[op.id] != op.primitive:  # numbered for another trace
-            self.counts["operands_skipped"] += len(specs)
+            for k, t in enumerate(specs):
+                self.count("operands_skipped", op.id, k, t.name)
             return vals
         vals = list(vals)
         # the plan lists the tensor operands in order (literals have no spec)
@@ -391,9 +398,9 @@ class _ShardingHook:
         for k, t in zip(positions, specs):
             if self.fits(vals[k], t):
                 vals[k] = self.constrain(vals[k], t)
-                self.counts["operands_applied"] += 1
+                self.count("operands_applied", op.id, k, t.name)
             else:
-                self.counts["operands_skipped"] += 1
+                self.count("operands_skipped", op.id, k, t.name)
         return vals
 
     def __call__(self, op: FlatOp, outs: list[Any]) -> list[Any]:
@@ -401,17 +408,18 @@ class _ShardingHook:
         if not specs:
             return outs
         if self.prim[op.id] and self.prim[op.id] != op.primitive:  # numbered for another trace
-            self.counts["skipped"] += len(specs)
+            for t in specs:
+                self.count("skipped", op.id, -1, t.name)
             return outs
         outs = list(outs)
         for t in specs:
             for k, v in enumerate(outs):
                 if self.fits(v, t):
                     outs[k] = self.constrain(v, t)
-                    self.counts["applied"] += 1
+                    self.count("applied", op.id, -1, t.name)
                     break
             else:
-                self.counts["skipped"] += 1
+                self.count("skipped", op.id, -1, t.name)
         return outs
 
 
@@ -437,7 +445,8 @@ def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = T
     Returns:
         The hook, and a dict counting ``applied`` and ``skipped`` result constraints and
         ``operands_applied`` and ``operands_skipped`` operand constraints (filled as the hook
-        runs, i.e. while JAX traces the function).
+        runs, i.e. while JAX traces the function; an operator traced again, say in a second
+        program or a loop body traced twice, is counted once).
     """
     hook = _ShardingHook(mesh, op_shardings, exact_shapes)
     return hook, hook.counts

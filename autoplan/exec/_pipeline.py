@@ -1,5 +1,5 @@
-"""The pipeline executor: one ``jax.jit`` per stage on its own submesh, micro-batches in the
-plan's schedule order, gradient accumulation, then the optimizer update.
+"""The stage executor: gradient accumulation as one scanned program, and pipeline stages as one
+program per task on their own submeshes, in one process or across processes (MPMD).
 
 How a step is split (all read off the traced graph; nothing is re-derived by hand):
 
@@ -13,26 +13,62 @@ How a step is split (all read off the traced graph; nothing is re-derived by han
    the optimizer reading the gradients, and ``prologue`` otherwise (operators that depend on
    parameters only: position ids, masks, the step count). Forward and backward operators run once
    per micro-batch; prologue and update operators once per step.
-3. Every operator gets a *stage*: the stage whose ``layers`` hold its top-level named scope
-   (``OpNode.scope[0]``); an operator outside every layer (the optimizer, un-scoped glue) goes with
+3. Every operator gets a *stage*: the stage whose ``layers`` hold its named-scope layer
+   (``graph.layer_names``), or, for a forward operator in none, the ``op<id>`` unit whose range
+   holds it (the search's layers without named scopes); any other (the optimizer, glue) goes with
    its latest producer, or with the stage holding the parameter it reads. An operator is moved
    later when one of its operands would otherwise come from a task that runs after it.
-4. A *task* is (phase, stage): its operators in program order become one function, jitted on
-   the stage's submesh (``plan.mesh(stage=i)``) with ``with_sharding_constraint`` on the
-   operators the plan chose shardings for. Values crossing stages are moved with
-   ``jax.device_put`` (replicated on the destination submesh) and counted as send/recv bytes.
-5. The backward of a stage is the train step's own backward operators of that stage's layers
+4. The backward of a stage is the train step's own backward operators of that stage's layers
    (what ``jax.value_and_grad`` produced when the step was traced), not a re-derivation: the
    gradients are exactly the step's.
-6. Values a per-micro-batch task hands to the update (the gradients) and per-micro-batch graph
-   outputs (the loss) are averaged over the micro-batches: the full-batch gradient of a loss that
-   is a mean over the batch's leading dimension. The update operators then run once, on the
-   averaged gradients, so the optimizer is the workload's own. A loss that is not such a mean
-   (batch statistics, sums) gives other numbers; the equivalence check reports it.
+5. Values a per-micro-batch operator hands to the update (the gradients) and per-micro-batch
+   results (the loss) are summed over the micro-batches in an accumulator of at least float32,
+   laid out like the parameter the gradient updates, and divided by the number of micro-batches:
+   the full-batch gradient of a loss that is a mean over the batch's leading dimension. The update
+   operators then run once, on those means, so the optimizer is the workload's own. A loss that
+   is not such a mean (batch statistics, sums) gives other numbers; the equivalence check says so.
 
-Schedules: the order is the plan's ``Schedule.table`` read row by row (tick by tick, mesh by
-mesh); an empty table is generated here for ``gpipe`` or ``1f1b``. JAX dispatches asynchronously,
-so tasks of different meshes overlap as the order allows.
+Gradient accumulation (one stage, ``m > 1`` micro-batches) is **one compiled program**: the
+prologue, a ``lax.scan`` over the micro-batches (each iteration the forward and backward of one
+micro-batch, adding into the accumulators), the means and the update. The batch enters stacked as
+``(m, b, ...)`` with the plan's spec on the micro-batch dimensions, so every device holds its
+share of every micro-batch and nothing moves between devices to take a slice. One dispatch per
+step, whatever ``m``.
+
+A pipeline (several stages on disjoint submeshes) runs the plan's schedule table task by task,
+each *task* (phase, stage) a program jitted on the stage's submesh (``plan.mesh(stage=i)``) with
+``with_sharding_constraint`` on the operators the plan chose shardings for:
+
+* ``prologue[s]`` once per step; it also makes stage ``s``'s zeroed accumulators;
+* ``forward[s]`` and ``backward[s]`` once per micro-batch, in the table's order; a task that
+  produces accumulated values takes their running sums and returns the new sums (donated), so
+  accumulation costs no dispatch of its own;
+* ``update[s]`` once per step: the means of the sums it reads, then the stage's update operators.
+
+This is the fewest dispatches the schedule allows: a stage cannot run the forwards of several
+micro-batches as one program without making the next stage wait for all of them (GPipe would
+then run the stages one after the other, ``S m (f + b)`` instead of ``(m + S - 1)(f + b)``), and
+in 1F1B nearly every task reads a value its neighbour made one tick earlier. So a pipeline step
+is ``S (2 m + 2)`` programs plus the transfers between stages, and everything else
+(accumulation, means, zeroing) is folded into those programs.
+All of a step's dispatch decisions are made once, before the first step, as a list of
+instructions (run a task, send values to another stage); a step walks that list.
+
+Values crossing stages leave their task replicated on its submesh (a constraint inside the
+task) and arrive replicated on the consumer's submesh, counted as send/recv bytes. Within one
+process that is ``jax.device_put``. Across processes (multi-controller JAX, every process running
+the same instruction list and issuing only what involves its own devices) it is a collective:
+a jitted ``shard_map`` over the union of the two submeshes whose ``lax.ppermute`` rounds send
+each source device's copy to destination devices (:mod:`autoplan.exec._transfer`). Since every
+process walks the same list, every cross-process collective is issued in the same order
+everywhere.
+
+XLA's CPU runtime runs each device's share of a program on a thread pool as large as the
+number of devices, and a collective blocks its threads until every participant arrives: two
+programs with collectives on the same devices in flight at once can starve each other, and XLA
+then ends the process after its rendezvous timeout. On CPU the executor therefore waits for a
+submesh's earlier programs with collectives before it dispatches another one there (programs on
+different submeshes still overlap); on GPUs, streams order the programs and nothing waits.
 """
 
 from __future__ import annotations
@@ -53,16 +89,24 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
 from autoplan._plan import spec_to_pspec
+from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order, schedule_table
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
+from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
+from autoplan.exec._transfer import move, replicated_on, transfer
 
 __all__ = ["PipelineOutcome", "StepRecord", "schedule_table", "schedule_order", "run_pipeline",
-           "ideal_makespan", "place", "divisible"]
+           "run_program", "ideal_makespan", "place", "divisible", "transfer", "executions_per_run",
+           "error_summary", "first_scalar"]
+
+#: move values between submeshes with the cross-process collective (:mod:`._transfer`) even
+#: within one process: what a launch across processes runs, made testable in one process
+_FORCE_COLLECTIVE_TRANSFERS = False
 
 PHASES = ("prologue", "forward", "backward", "update")
-_KIND = {"forward": "forward", "f": "forward", "fwd": "forward",
-         "backward": "backward", "b": "backward", "bwd": "backward"}
+PER_MB = ("forward", "backward")
+STEP = -1  # the micro-batch index of per-step values
 
 
 def divisible(shape: Sequence[int], spec: Sequence[Any], axis_sizes: Mapping[str, int]) -> bool:
@@ -82,130 +126,71 @@ def place(host: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
-def schedule_table(kind: str, num_stages: int, microbatches: int
-                   ) -> list[list[tuple[int, int, str] | None]]:
-    """A GPipe or 1F1B clock table in the layout of ``Schedule.table``: rows are clock ticks,
-    columns are meshes (stage ``j`` runs on mesh ``j``); entries are ``(micro-batch, stage,
-    kind)`` tasks or None (a bubble).
+def executions_per_run(hlo_text: str, default_trip_count: int = 1) -> dict[str, int]:
+    """How many times each computation of a compiled HLO module runs per execution.
 
-    Per-mesh orders (GPipe: all forwards then all backwards; 1F1B: ``S - j - 1`` warm-up
-    forwards, then one forward and one backward alternately, then the cool-down backwards) are
-    placed on a clock with unit task times, each task at the first tick after its dependencies.
-
-    Args:
-        kind: ``"gpipe"`` or ``"1f1b"``.
-        num_stages: stages ``S``.
-        microbatches: micro-batches ``m``.
-
-    Returns:
-        ``2 (m + S - 1)`` rows holding ``2 S m`` tasks.
-
-    Raises:
-        ExecutionError: an unknown schedule kind.
+    The entry runs once; a ``while`` body and condition run its ``known_trip_count`` times (or
+    ``default_trip_count`` when XLA did not record one) times their caller's count; any other
+    called computation runs as often as its caller.
 
     Examples:
-        >>> schedule_table("gpipe", 2, 2)[:3]
-        [[(0, 0, 'forward'), None], [(1, 0, 'forward'), (0, 1, 'forward')], [None, (1, 1, 'forward')]]
+        >>> text = '''
+        ... %body (p: f32[]) -> f32[] {
+        ...   ROOT %ar = f32[] all-reduce(%p), replica_groups={{0,1}}, to_apply=%add
+        ... }
+        ... ENTRY %main (x: f32[]) -> f32[] {
+        ...   ROOT %w = f32[] while(%x), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"8"}}
+        ... }'''
+        >>> executions_per_run(text)["body"]
+        8
     """
-    S, m = num_stages, microbatches
-    if kind not in ("gpipe", "1f1b", "none"):
-        raise ExecutionError(f"schedule kind should be 'gpipe' or '1f1b'. Got {kind!r}. Fix: use "
-                             "one of them in the plan's Schedule.")
-    orders: list[list[tuple[int, int, str]]] = []
-    for j in range(S):
-        if kind == "1f1b":
-            w = min(S - j - 1, m)
-            seq = [(i, j, "forward") for i in range(w)]
-            f, b = w, 0
-            while f < m or b < m:
-                if f < m:
-                    seq.append((f, j, "forward"))
-                    f += 1
-                if b < m and b < f:
-                    seq.append((b, j, "backward"))
-                    b += 1
-            orders.append(seq)
-        else:
-            orders.append([(i, j, "forward") for i in range(m)] + [(i, j, "backward") for i in range(m)])
-    done: dict[tuple[int, int, str], int] = {}
-    pos = [0] * S
-    rows: list[list[tuple[int, int, str] | None]] = []
-    tick = 0
-    while any(pos[j] < len(orders[j]) for j in range(S)):
-        row = []
-        for j in range(S):
-            if pos[j] >= len(orders[j]):
-                continue
-            t = orders[j][pos[j]]
-            if all(d in done and done[d] < tick for d in _deps(t, S)):
-                row.append(t)
-        for t in row:
-            done[t] = tick
-            pos[t[1]] += 1
-        if not row:  # pragma: no cover - the per-mesh orders above are always feasible
-            raise ExecutionError(f"schedule_table: {kind} order deadlocked")
-        cols: list[tuple[int, int, str] | None] = [None] * S
-        for t in row:
-            cols[t[1]] = t
-        rows.append(cols)
-        tick += 1
-    return rows
-
-
-def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[tuple[int, int, str]]:
-    """:func:`schedule_table` read tick by tick: a valid task order.
-
-    Examples:
-        >>> [f"{k[0].upper()}{m}s{j}" for m, j, k in schedule_order("1f1b", 2, 2)]
-        ['F0s0', 'F1s0', 'F0s1', 'B0s1', 'B0s0', 'F1s1', 'B1s1', 'B1s0']
-    """
-    return [t for row in schedule_table(kind, num_stages, microbatches) for t in row if t is not None]
-
-
-def _deps(task: tuple[int, int, str], S: int) -> list[tuple[int, int, str]]:
-    i, j, kind = task
-    if kind == "forward":
-        return [(i, j - 1, "forward")] if j > 0 else []
-    deps = [(i, j, "forward")]
-    if j < S - 1:
-        deps.append((i, j + 1, "backward"))
-    return deps
-
-
-def ideal_makespan(order: Sequence[tuple[int, int, str]], forward: Sequence[float],
-                   backward: Sequence[float]) -> float:
-    """The schedule's time with the given per-stage task times and free communication: each mesh
-    runs its tasks in ``order``'s order, each as soon as its dependencies are done."""
-    S = len(forward)
-    end: dict[tuple[int, int, str], float] = {}
-    free = [0.0] * S
-    pending = list(order)
-    while pending:
-        progressed = False
-        rest = []
-        for t in pending:
-            deps = _deps(t, S)
-            if all(d in end for d in deps) and all(r[1] != t[1] for r in rest):
-                start = max([free[t[1]]] + [end[d] for d in deps])
-                end[t] = start + (forward[t[1]] if t[2] == "forward" else backward[t[1]])
-                free[t[1]] = end[t]
-                progressed = True
-            else:
-                rest.append(t)
-        if not progressed:
-            raise ExecutionError("ideal_makespan: the order's dependencies cannot be met")
-        pending = rest
-    return max(end.values(), default=0.0)
+    comps, _ = _parse_hlo(hlo_text)
+    calls: dict[str, list[tuple[str, int]]] = {c: [] for c in comps}
+    called: set[str] = set()
+    for comp, instrs in comps.items():
+        for ins in instrs:
+            trip = 1
+            if ins.opcode == "while":
+                m = re.search(r'known_trip_count"?\s*[:=]\s*\{\s*"?n"?\s*[:=]\s*"?(\d+)', ins.attrs)
+                trip = int(m.group(1)) if m else default_trip_count
+            for key, name in re.findall(r"\b(calls|to_apply|body|condition|branch_computations|"
+                                        r"true_computation|false_computation)=\{?%?([\w.\-]+)",
+                                        ins.attrs):
+                if name in comps:
+                    calls[comp].append((name, trip if key in ("body", "condition") else 1))
+                    called.add(name)
+    count: dict[str, int] = {}
+    stack = [(c, 1) for c in comps if c not in called]
+    while stack:
+        comp, n = stack.pop()
+        if count.get(comp, 0) >= n:
+            continue
+        count[comp] = n
+        stack.extend((callee, n * k) for callee, k in calls[comp])
+    return count
 
 
 @dataclass
 class _Task:
+    """One program of a pipeline step: the operators of one (phase, stage).
+
+    ``inputs`` are the tensors it reads (in first-use order); ``plain`` the results it returns;
+    ``acc`` the accumulated tensors it adds into (per-micro-batch tasks) or zeroes (prologue);
+    ``means`` the accumulated tensors whose sums an update task reads, and ``mean_out`` the means
+    it returns (results of the step, gradients for the equivalence check).
+    """
+
     phase: str
     stage: int
     ops: list[FlatOp] = field(default_factory=list)
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
+    plain: list[int] = field(default_factory=list)
+    acc: list[int] = field(default_factory=list)
+    means: list[int] = field(default_factory=list)
+    mean_out: list[int] = field(default_factory=list)
     compiled: Any = None
+    has_collectives: bool = False
     last_args: Any = None
 
     @property
@@ -219,18 +204,20 @@ class PipelineOutcome:
 
     Attributes:
         losses, step_times: per step.
-        outputs: the last step's results (a pytree of arrays on the stages' submeshes).
-        compile_time: seconds spent compiling the tasks.
-        collectives: ``(task name, stage, collective, executions per step)``.
-        memory: per device id, the largest of its stage's task executables.
+        outputs: the last step's results (a pytree of arrays on the stages' submeshes; across
+            processes, leaves held only by other processes' stages are None).
+        compile_time: seconds spent compiling.
+        collectives: ``(program name, stage, collective, executions per step)``.
+        memory: per device id, the largest of its stage's executables.
         transfer_bytes: per stage, bytes each of its devices receives from other submeshes per
             step (values are sent replicated, so every device receives the whole value).
-        task_times: seconds per task execution (measured alone after the steps).
+        task_times: seconds per task execution (each task timed alone after the steps).
         ideal_time: the schedule's makespan with those times and free communication, plus the
             prologue and update tasks.
         order: the task order run.
         constraints_applied, constraints_skipped: sharding constraints of the plan's operators.
         phases: number of operators per (phase, stage) task.
+        dispatches: programs and transfers dispatched per step by this process.
     """
 
     losses: list[float]
@@ -249,6 +236,7 @@ class PipelineOutcome:
     crossing: list[int] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
     graph: Any = None
+    dispatches: int = 0
 
 
 @dataclass
@@ -257,7 +245,7 @@ class StepRecord:
 
     Attributes:
         loss: the step's loss.
-        outputs: its results (arrays, possibly sharded).
+        outputs: its results (arrays, possibly sharded, or host arrays).
         grads: the values handed to the optimizer update (``PipelineOutcome.crossing``), in
             that order: the full-batch gradients.
     """
@@ -267,50 +255,24 @@ class StepRecord:
     grads: list[Any]
 
 
-@jax.jit
-def _add_lists(a: list[Any], b: list[Any]) -> list[Any]:
-    return [x + y for x, y in zip(a, b)]
-
-
-@jax.jit
-def _scale_list(a: list[Any], factor: float) -> list[Any]:
-    return [(x * factor).astype(x.dtype) for x in a]
-
-
 def _table_order(plan: Any) -> list[tuple[int, int, str]]:
     sch = plan.schedule
     S, m = len(plan.stages), sch.microbatches
     if sch.table:
-        order = []
-        for row in sch.table:
-            for e in row:
-                if e is None:
-                    continue
-                mb, st, kind = int(e[0]), int(e[1]), _KIND.get(str(e[2]).lower())
-                if kind is None:
-                    raise ExecutionError(f"schedule table entry {e!r}: kind should be 'forward' or "
-                                         "'backward'. Fix: re-create the plan's schedule.")
-                order.append((mb, st, kind))
-    else:
-        order = schedule_order(sch.kind, S, m)
-    want = {(i, j, k) for i in range(m) for j in range(S) for k in ("forward", "backward")}
-    if sorted(order) != sorted(want):
-        raise ExecutionError(
-            f"the plan's schedule table should hold each of the {len(want)} (micro-batch, stage, "
-            f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got {len(order)} "
-            "entries. Fix: re-create the plan's schedule.")
-    return order
+        return order_from_table(sch.table, S, m)
+    return schedule_order(sch.kind if sch.kind in KINDS else ("1f1b" if S == 1 else "gpipe"), S, m)
 
 
-def _layer_stage(node: Any, layer_stage: Mapping[str, int],
+def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
                  op_units: Sequence[tuple[int, int]]) -> int | None:
-    """The stage whose layers hold an operator: by its top-level scope (``"(root)"`` for an
-    un-scoped one), or, for a graph without scopes whose layers are named ``op<id>`` (units
-    starting at that forward operator), the unit holding a forward operator."""
-    name = node.scope[0] if node.scope else "(root)"
+    """The stage whose layers hold an operator: by its named-scope layer (``layer_name``, from
+    ``graph.layer_names``; ``"(root)"`` for none), or, for a forward operator in no named layer
+    when the layers include units named ``op<id>`` (the forward operators from that id to the
+    next such unit's start), the unit holding it."""
+    name = layer_name or "(root)"
     if name in layer_stage:
         return layer_stage[name]
-    if op_units and node.role == "forward" and not node.scope:
+    if op_units and node.role == "forward":
         k = bisect.bisect_right([u for u, _ in op_units], node.id) - 1
         return op_units[max(k, 0)][1]
     return None
@@ -321,6 +283,7 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     S = len(plan.stages)
     layer_stage = {name: s for s, st in enumerate(plan.stages) for name in st.layers}
     op_units = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
+    layer_names = graph.layer_names
     spec_of = {(i.arg, i.path): i for i in plan.inputs}
     input_stage: dict[int, int] = {}
     batch: set[int] = set()
@@ -342,6 +305,11 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
         ins = [t for t in op.inputs if not isinstance(t, Lit)]
         reads_mb = any(t in per_mb for t in ins)
         reads_post = any(t in post for t in ins)
+        if any(t in batch for t in ins) and (reads_post or node.role == "update"):
+            raise ExecutionError(
+                f"operator {op.id} ({op.primitive}, role {node.role}) of the optimizer update reads "
+                "the batch directly, so it cannot run once per step on accumulated gradients. Fix: "
+                "run this step with an intra-operator plan (schedule.microbatches = 1).")
         if reads_post or (reads_mb and node.role == "update"):
             phase = "update"
         elif reads_mb:
@@ -354,7 +322,7 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
                 f"operator {op.id} ({op.primitive}, role {node.role}) runs per micro-batch but reads "
                 "a value of the optimizer update. Fix: such a step cannot be pipelined; use an "
                 "intra-operator plan.")
-        stage = _layer_stage(node, layer_stage, op_units)
+        stage = _layer_stage(node, layer_names[node.id], layer_stage, op_units)
         if stage is None and phase == "backward":
             # an un-scoped backward operator goes with the forward values it differentiates
             fwd = [producer[t][1] for t in ins if t in producer and producer[t][0] == "forward"]
@@ -376,7 +344,7 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
                 stage = latest[1]
         for t in op.outputs:
             producer[t] = (phase, stage)
-            if phase in ("forward", "backward"):
+            if phase in PER_MB:
                 per_mb.add(t)
             elif phase == "update":
                 post.add(t)
@@ -410,325 +378,890 @@ def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: s
     return tasks, producer
 
 
+def _acc_dtype(dtype: Any) -> np.dtype:
+    """Accumulators of at least float32 (bf16 gradients summed in bf16 lose their low bits)."""
+    return np.promote_types(np.dtype(dtype), np.float32)
+
+
+class _Split:
+    """A training step split into phases, stages and tasks for a plan (see the module
+    docstring); everything both runners share."""
+
+    def __init__(self, plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
+                 arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], capture: bool):
+        self.plan = plan
+        self.S = S = len(plan.stages)
+        self.M = M = plan.schedule.microbatches
+        if not isinstance(M, int) or M < 1:
+            raise ExecutionError(f"schedule.microbatches should be an integer >= 1. Got {M!r}. "
+                                 "Fix: re-create the plan's schedule.")
+        self.order = _table_order(plan)
+        self.batch_args = [i for i, k in enumerate(arg_kinds) if k == "batch"]
+        mb_abstract = []
+        for i, a in enumerate(host_args):
+            if i in self.batch_args:
+                def split(x, i=i):
+                    x = np.asarray(x)
+                    if x.ndim == 0 or x.shape[0] % M:
+                        raise ExecutionError(
+                            f"batch argument {i} has a leaf of shape {x.shape} whose leading "
+                            f"dimension does not split into {M} micro-batches. Fix: make a plan "
+                            "whose schedule.microbatches divides the batch size.")
+                    return jax.ShapeDtypeStruct((x.shape[0] // M,) + x.shape[1:], x.dtype)
+                mb_abstract.append(jax.tree_util.tree_map(split, a))
+            else:
+                mb_abstract.append(jax.tree_util.tree_map(
+                    lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+            self.graph = graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds),
+                                       name=full_graph.name)
+        self.prog = prog = flatten(fn, *mb_abstract)
+        prog.check_matches(graph)
+
+        self.meshes = meshes = [plan.mesh(devices, s) for s in range(S)]
+        self.replicated = [NamedSharding(m, PartitionSpec()) for m in meshes]
+        local = {d.id for d in jax.local_devices()}
+        self.local = [any(d.id in local for d in m.devices.flat) for m in meshes]
+        self.fully_local = [all(d.id in local for d in m.devices.flat) for m in meshes]
+        self.cpu = meshes[0].devices.flat[0].platform == "cpu"
+        self.out_ids = {r for r in prog.outputs if not isinstance(r, Lit)}
+        self.tasks, self.producer = _build_tasks(prog, _assign(plan, graph, prog), self.out_ids)
+
+        # the plan's shardings of the graph inputs (spec checked against the micro-batch shape)
+        spec_of = {(i.arg, i.path): i for i in plan.inputs}
+        self.leaves: list[tuple[int, str, Any]] = []
+        for a, tree in enumerate(host_args):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                self.leaves.append((a, jax.tree_util.keystr(path), leaf))
+        self.in_info: dict[int, tuple[int, NamedSharding, bool]] = {}
+        for tid, (a, path, leaf) in zip(prog.input_ids, self.leaves):
+            ispec = spec_of[(a, path)]
+            mesh = meshes[ispec.stage]
+            shape = np.shape(leaf)
+            is_batch = a in self.batch_args
+            if is_batch:
+                shape = (shape[0] // M,) + tuple(shape[1:])
+            ok = divisible(shape, ispec.spec, dict(mesh.shape))
+            sh = NamedSharding(mesh, spec_to_pspec(ispec.spec) if ok else PartitionSpec())
+            self.in_info[tid] = (ispec.stage, sh, is_batch)
+
+        # accumulated values: per-micro-batch results read once per step or returned
+        producer = self.producer
+        self.accumulate: set[int] = set()
+        for (phase, _s), task in self.tasks.items():
+            if phase in ("update", "prologue"):
+                self.accumulate.update(t for t in task.inputs if producer.get(t, ("",))[0] in PER_MB)
+        self.accumulate.update(t for t in self.out_ids if producer.get(t, ("",))[0] in PER_MB)
+        for t in sorted(self.accumulate):
+            dt = graph.tensors[t].dtype
+            if not np.issubdtype(np.dtype(dt), np.floating):
+                raise ExecutionError(
+                    f"tensor {t} ({dt}) is computed per micro-batch and handed to the update or "
+                    "returned; only floating-point values can be averaged over micro-batches. Fix: "
+                    "use an intra-operator plan (schedule.microbatches = 1) for this step.")
+        self.crossing = sorted(t for t in self.accumulate if any(
+            t in task.inputs for k, task in self.tasks.items() if k[0] == "update"))
+        self.state_inputs = self._state_inputs()
+        self.acc_sharding = {t: self._acc_sharding(t) for t in self.accumulate}
+
+        self.hooks = []
+        for s in range(S):
+            mine = {op.id for k, task in self.tasks.items() if k[1] == s for op in task.ops}
+            self.hooks.append(sharding_hook(meshes[s], [o for o in plan.stages[s].ops if o.op in mine],
+                                            exact_shapes=False))
+        self._fill_task_io(capture)
+
+    # ---- layout of accumulators and new state ------------------------------------------
+    def _state_inputs(self) -> dict[int, int]:
+        """Result tensor -> the non-batch input it replaces next step (``new_params`` and
+        ``new_opt_state`` mirror the step's first arguments)."""
+        prog = self.prog
+        fixed = [t for t in prog.input_ids if not self.in_info[t][2]]
+        flat_out = list(prog.outputs)
+        if len(flat_out) != len(fixed) + 1:
+            return {}
+        out: dict[int, int] = {}
+        for r, t in zip(flat_out[1:], fixed):
+            if not isinstance(r, Lit) and r not in self.in_info:
+                out.setdefault(r, t)
+        return out
+
+    def _acc_sharding(self, t: int) -> NamedSharding:
+        """The accumulator of ``t`` is laid out like the parameter (or optimizer state) whose new
+        value it feeds, when that lives on the same stage and has its shape; else replicated."""
+        graph, s = self.graph, self.producer[t][1]
+        shape = graph.tensors[t].shape
+        seen, frontier = {t}, [t]
+        for _ in range(64):
+            nxt = []
+            for u in frontier:
+                inp = self.state_inputs.get(u)
+                if inp is not None and graph.tensors[inp].shape == shape:
+                    stage, sh, _b = self.in_info[inp]
+                    if stage == s:
+                        return sh
+                for c in graph.consumers[u]:
+                    for v in graph.ops[c].outputs:
+                        if v not in seen:
+                            seen.add(v)
+                            nxt.append(v)
+            if not nxt:
+                break
+            frontier = nxt
+        return self.replicated[s]
+
+    def _fill_task_io(self, capture: bool) -> None:
+        """Which results each task returns plainly, which it accumulates, which means the update
+        tasks take; empty prologue/update tasks where accumulators need zeroing or means."""
+        tasks, producer, acc = self.tasks, self.producer, self.accumulate
+        readers: dict[int, set[tuple[str, int]]] = {}
+        for k, task in tasks.items():
+            for t in task.inputs:
+                readers.setdefault(t, set()).add(k)
+        wanted_means = set(self.out_ids & acc) | (set(self.crossing) if capture else set())
+        for t in sorted(acc):
+            s = producer[t][1]
+            tasks.setdefault(("prologue", s), _Task("prologue", s)).acc.append(t)
+            if t in wanted_means:
+                tasks.setdefault(("update", s), _Task("update", s)).mean_out.append(t)
+        for k, task in tasks.items():
+            phase, s = k
+            if phase in PER_MB:
+                task.acc = [t for t in task.outputs if t in acc]
+                task.plain = [t for t in task.outputs
+                              if any(r[0] in PER_MB for r in readers.get(t, ()))]
+            elif phase == "prologue":
+                task.plain = list(task.outputs)
+            else:
+                task.plain = [t for t in task.outputs if t in readers or t in self.out_ids]
+                task.means = sorted({t for t in task.inputs if t in acc} | set(task.mean_out))
+        self.readers = readers
+
+    # ---- the programs ------------------------------------------------------------------
+    def task_fn(self, task: _Task) -> Callable[..., Any]:
+        """The function of a task's program (see :class:`_Task` for its arguments/results)."""
+        prog, s, M = self.prog, task.stage, self.M
+        hook = self.hooks[s][0]
+        repl = self.replicated[s]
+        crossing_out = {t for t in task.plain
+                        if any(r[1] != s for r in self.readers.get(t, ()))}
+        pinned = {}
+        for t in task.plain:
+            inp = self.state_inputs.get(t)
+            if inp is not None and self.in_info[inp][0] == s:
+                pinned[t] = self.in_info[inp][1]
+        value_inputs = self.value_inputs(task)
+        wsc = jax.lax.with_sharding_constraint
+        tensors = self.graph.tensors
+        acc_sh = self.acc_sharding
+
+        def f(*vals):
+            env = dict(zip(value_inputs, vals))
+            sums = vals[len(value_inputs):]
+            if task.phase == "update":
+                for t, a in zip(task.means, sums):
+                    env[t] = (a / M).astype(tensors[t].dtype)
+            prog.evaluate(env, task.ops, hook)
+            outs = []
+            for t in task.plain:
+                v = env[t]
+                if t in pinned:
+                    v = wsc(v, pinned[t])
+                elif t in crossing_out:
+                    v = wsc(v, repl)
+                outs.append(v)
+            if task.phase in PER_MB:
+                outs += [wsc(a + env[t].astype(a.dtype), acc_sh[t]) for a, t in zip(sums, task.acc)]
+            elif task.phase == "prologue":
+                outs += [wsc(jnp.zeros(tensors[t].shape, _acc_dtype(tensors[t].dtype)), acc_sh[t])
+                         for t in task.acc]
+            else:
+                outs += [env[t] for t in task.mean_out]
+            return outs
+
+        f.__name__ = f"{task.phase}_stage{s}"
+        return f
+
+    def value_inputs(self, task: _Task) -> list[int]:
+        """The tensors a task's program takes as values (an update takes the running sums of
+        accumulated tensors instead, after them)."""
+        if task.phase == "update":
+            return [t for t in task.inputs if t not in self.accumulate]
+        return list(task.inputs)
+
+    def task_arg_count(self, task: _Task) -> tuple[int, int]:
+        """(value arguments, running-sum arguments) of a task's program."""
+        sums = len(task.acc) if task.phase in PER_MB else len(task.means) if task.phase == "update" else 0
+        return len(self.value_inputs(task)), sums
+
+    def scan_fn(self, capture: bool) -> Callable[..., Any]:
+        """The one-stage step as one program: prologue, a scan over micro-batches, means,
+        update. Arguments are the flat input leaves with batch leaves stacked ``(m, b, ...)``."""
+        prog, M = self.prog, self.M
+        hook = self.hooks[0][0]
+        tensors, acc_sh = self.graph.tensors, self.acc_sharding
+        batch_ids = [t for t in prog.input_ids if self.in_info[t][2]]
+        phase_of = {op.id: k[0] for k, task in self.tasks.items() for op in task.ops}
+        pro = [op for op in prog.ops if phase_of[op.id] == "prologue"]
+        per_mb = [op for op in prog.ops if phase_of[op.id] in PER_MB]
+        upd = [op for op in prog.ops if phase_of[op.id] == "update"]
+        acc_ids = sorted(self.accumulate)
+        pinned = {r: self.in_info[t][1] for r, t in self.state_inputs.items()}
+        loss_sh = self.replicated[0]
+        wsc = jax.lax.with_sharding_constraint
+
+        def step(*leaves):
+            env: dict[int, Any] = {}
+            stacked = []
+            for t, v in zip(prog.input_ids, leaves):
+                if self.in_info[t][2]:
+                    stacked.append(v)
+                else:
+                    env[t] = v
+            prog.evaluate(env, pro, hook)
+
+            def body(sums, xs):
+                e = dict(env)
+                e.update(zip(batch_ids, xs))
+                prog.evaluate(e, per_mb, hook)
+                return [wsc(a + e[t].astype(a.dtype), acc_sh[t]) for a, t in zip(sums, acc_ids)], None
+
+            init = [wsc(jnp.zeros(tensors[t].shape, _acc_dtype(tensors[t].dtype)), acc_sh[t])
+                    for t in acc_ids]
+            sums, _ = jax.lax.scan(body, init, stacked)
+            for t, a in zip(acc_ids, sums):
+                env[t] = (a / M).astype(tensors[t].dtype)
+            prog.evaluate(env, upd, hook)
+            flat = []
+            for i, r in enumerate(prog.outputs):
+                v = prog.read(env, r)
+                if r in pinned:
+                    v = wsc(v, pinned[r])
+                elif i == 0 and not isinstance(r, Lit):
+                    v = wsc(v, loss_sh)
+                flat.append(v)
+            return flat, ([env[t] for t in self.crossing] if capture else [])
+
+        step.__name__ = "accumulated_step"
+        return step
+
+
+# ---- the instruction list of a pipeline step ---------------------------------------------
+@dataclass
+class _Run:
+    task: _Task
+    mb: int
+    args: list[tuple]
+    outs: list[tuple]
+    drop: list[tuple] = field(default_factory=list)
+
+
+@dataclass
+class _Send:
+    src: int
+    dst: int
+    keys: list[tuple[tuple, tuple]]
+    avals: list[tuple[tuple[int, ...], Any]]
+    drop: list[tuple] = field(default_factory=list)
+
+
+def _instructions(sp: _Split) -> tuple[list[Any], list[tuple]]:
+    """The instructions of one step and the keys of the values it starts from.
+
+    Keys: ``(tensor, micro-batch or STEP, stage)`` for values, ``(tensor, "acc", stage)`` for
+    running sums, ``(tensor, "mean", stage)`` for means. Sends follow their producer at once;
+    a run whose operand is not available yet is refused here, before anything runs."""
+    tasks, producer, in_info = sp.tasks, sp.producer, sp.in_info
+    acc = sp.accumulate
+    instrs: list[Any] = []
+    start: list[tuple] = []
+    avail: set[tuple] = set()
+    tensors = sp.graph.tensors
+
+    def aval(t: int, kind: Any) -> tuple[tuple[int, ...], Any]:
+        dt = _acc_dtype(tensors[t].dtype) if kind == "acc" else np.dtype(tensors[t].dtype)
+        return tuple(tensors[t].shape), dt
+
+    def send(src: int, pairs: Mapping[int, list[tuple[int, Any]]]) -> None:
+        for dst in sorted(pairs):
+            items = pairs[dst]
+            instrs.append(_Send(src, dst, [((t, i, src), (t, i, dst)) for t, i in items],
+                                [aval(t, i) for t, i in items]))
+            avail.update((t, i, dst) for t, i in items)
+
+    def readers_stages(t: int, per_mb_only: bool = False) -> set[int]:
+        return {k[1] for k in sp.readers.get(t, ()) if not per_mb_only or k[0] in PER_MB}
+
+    # non-batch inputs read on other stages than their own
+    by_home: dict[int, dict[int, list[tuple[int, Any]]]] = {}
+    for t in sp.prog.input_ids:
+        home, _sh, is_batch = in_info[t]
+        if is_batch:
+            for s in readers_stages(t):
+                for i in range(sp.M):
+                    start.append((t, i, s))
+            continue
+        start.append((t, STEP, home))
+        for s in sorted(readers_stages(t) - {home}):
+            by_home.setdefault(home, {}).setdefault(s, []).append((t, STEP))
+    avail.update(start)
+    for home in sorted(by_home):
+        send(home, by_home[home])
+
+    def run(task: _Task, mb: int) -> None:
+        s = task.stage
+        args = []
+        for t in sp.value_inputs(task):
+            if t in in_info:
+                k = (t, mb if in_info[t][2] else STEP, s)
+            else:
+                k = (t, mb if producer[t][0] in PER_MB else STEP, s)
+            if k not in avail:
+                p_phase, p_stage = producer[t] if t in producer else ("input", in_info[t][0])
+                raise ExecutionError(
+                    f"the schedule order runs the {task.phase} of stage {s}"
+                    + (f" (micro-batch {mb})" if mb != STEP else "")
+                    + f" before the {p_phase} of stage {p_stage} that produces its operand "
+                    f"(tensor {t}). Fix: use a schedule table whose order respects the "
+                    "dependencies.")
+            args.append(k)
+        if task.phase in PER_MB:
+            args += [(t, "acc", s) for t in task.acc]
+            outs = [(t, mb, s) for t in task.plain] + [(t, "acc", s) for t in task.acc]
+        elif task.phase == "prologue":
+            outs = [(t, STEP, s) for t in task.plain] + [(t, "acc", s) for t in task.acc]
+        else:
+            args += [(t, "acc", s) for t in task.means]
+            outs = [(t, STEP, s) for t in task.plain] + [(t, "mean", s) for t in task.mean_out]
+        instrs.append(_Run(task, mb, args, outs))
+        avail.update(outs)
+        pairs: dict[int, list[tuple[int, Any]]] = {}
+        for t in task.plain:
+            for d in sorted(readers_stages(t, per_mb_only=task.phase in PER_MB) - {s}):
+                pairs.setdefault(d, []).append((t, mb if task.phase in PER_MB else STEP))
+        send(s, pairs)
+
+    for s in range(sp.S):
+        if ("prologue", s) in tasks:
+            run(tasks[("prologue", s)], STEP)
+    for mb, s, kind in sp.order:
+        if (kind, s) in tasks:
+            run(tasks[(kind, s)], mb)
+    # running sums read by another stage's update
+    sums: dict[int, dict[int, list[tuple[int, Any]]]] = {}
+    for t in sorted(acc):
+        s = producer[t][1]
+        for d in sorted({k[1] for k in sp.readers.get(t, ()) if k[0] == "update"} - {s}):
+            sums.setdefault(s, {}).setdefault(d, []).append((t, "acc"))
+    for s in sorted(sums):
+        send(s, sums[s])
+    for s in range(sp.S):
+        if ("update", s) in tasks:
+            run(tasks[("update", s)], STEP)
+
+    # free per-micro-batch values after their last use
+    last: dict[tuple, int] = {}
+    for n, ins in enumerate(instrs):
+        for k in (ins.args if isinstance(ins, _Run) else [a for a, _ in ins.keys]):
+            if isinstance(k[1], int) and k[1] >= 0:
+                last[k] = n
+    for k, n in last.items():
+        instrs[n].drop.append(k)
+    return instrs, start
+
+
+class _Runner:
+    """Runs the instruction list of a pipeline step (or, for timing, of a one-stage step)."""
+
+    def __init__(self, sp: _Split, compiler_options: Mapping[str, Any] | None, capture: bool):
+        self.sp = sp
+        self.compiler_options = compiler_options
+        self.capture = capture
+        self.instrs, self.start = _instructions(sp)
+        self.compile_time = 0.0
+        self.fns = {k: self._jit(t) for k, t in sp.tasks.items()}
+        self.pending: dict[int, list[Any]] = {s: [] for s in range(sp.S)}
+        self.transfer_bytes = dict.fromkeys(range(sp.S), 0.0)
+        for ins in self.instrs:
+            if isinstance(ins, _Send):
+                self.transfer_bytes[ins.dst] += float(sum(
+                    math.prod(shape) * np.dtype(dt).itemsize for shape, dt in ins.avals))
+        self.dispatches = sum(1 for ins in self.instrs
+                              if (isinstance(ins, _Run) and sp.local[ins.task.stage])
+                              or (isinstance(ins, _Send) and (sp.local[ins.src] or sp.local[ins.dst])))
+        self.batch_cache: dict[tuple, Any] = {}
+        self.keep_args = False  # keep each task's last arguments, to time it alone afterwards
+
+    def _jit(self, task: _Task) -> Any:
+        nv, na = self.sp.task_arg_count(task)
+        donate = tuple(range(nv, nv + na)) if task.phase in PER_MB else ()
+        return jax.jit(self.sp.task_fn(task), donate_argnums=donate)
+
+    def _wait(self, stages: Sequence[int]) -> None:
+        """CPU only: wait for the programs with collectives dispatched on these submeshes since
+        the last wait (module docstring). Their results are waited on; one that a later task
+        took as a donated running sum was taken by that task's next run, which waited first."""
+        for s in stages:
+            live = [x for x in self.pending[s] if not x.is_deleted()]
+            if live:
+                jax.block_until_ready(live)
+            self.pending[s] = []
+
+    def inputs(self, host_leaves: Mapping[int, Any], state: Mapping[int, Any]) -> dict[tuple, Any]:
+        """The step's starting values: this process's non-batch inputs and the micro-batch slices
+        of the batch, placed once per host batch."""
+        sp = self.sp
+        slots: dict[tuple, Any] = {}
+        for key in self.start:
+            t, i, s = key
+            if not sp.local[s]:
+                continue
+            if i == STEP:
+                slots[key] = state[t]
+                continue
+            host = host_leaves[t]
+            ck = (id(host), t, i, s)
+            if ck not in self.batch_cache:
+                stage, sh, _ = sp.in_info[t]
+                b = host.shape[0] // sp.M
+                self.batch_cache[ck] = place(host[i * b:(i + 1) * b], sh if stage == s else sp.replicated[s])
+            slots[key] = self.batch_cache[ck]
+        return slots
+
+    def call(self, task: _Task, args: list[Any]) -> list[Any]:
+        if task.compiled is None:
+            t0 = time.perf_counter()
+            task.compiled = self.fns[(task.phase, task.stage)].lower(*args).compile(
+                compiler_options=self.compiler_options)
+            self.compile_time += time.perf_counter() - t0
+            text = task.compiled.as_text()
+            task.has_collectives = bool(collectives(text)) or any(
+                a in text for a in ("replica_groups=", "source_target_pairs="))
+        if self.sp.cpu and task.has_collectives:
+            self._wait([task.stage])
+        if self.keep_args:
+            task.last_args = args
+        outs = task.compiled(*args)
+        if self.sp.cpu and task.has_collectives:
+            self.pending[task.stage].extend(outs)
+        return outs
+
+    def step(self, slots: dict[tuple, Any]) -> dict[tuple, Any]:
+        """Walk the instruction list once; returns the values left (results and means)."""
+        sp = self.sp
+        for ins in self.instrs:
+            if isinstance(ins, _Run):
+                if sp.local[ins.task.stage]:
+                    try:
+                        outs = self.call(ins.task, [slots[k] for k in ins.args])
+                    except jax.errors.JaxRuntimeError as err:
+                        raise _runtime_error(ins.task.name, ins.mb, err) from err
+                    slots.update(zip(ins.outs, outs))
+            elif sp.local[ins.src] or sp.local[ins.dst]:
+                vals = [slots.get(a) for a, _ in ins.keys]
+                cross = _FORCE_COLLECTIVE_TRANSFERS or not (sp.fully_local[ins.src]
+                                                            and sp.fully_local[ins.dst])
+                if sp.cpu and cross:
+                    self._wait([ins.src, ins.dst])
+                moved, witness = move(vals, sp.meshes[ins.src], sp.meshes[ins.dst], ins.avals,
+                                       collective=cross)
+                if moved is not None:
+                    slots.update(zip([b for _, b in ins.keys], moved))
+                if sp.cpu and witness:
+                    self.pending[ins.src].extend(witness)
+                    self.pending[ins.dst].extend(witness)
+            for k in ins.drop:
+                slots.pop(k, None)
+        if sp.cpu:
+            self._wait(range(sp.S))
+        return slots
+
+
+def error_summary(err: BaseException) -> str:
+    """One line of an exception: its first line, and when the message carries a Python
+    traceback (an exception raised in a callback), the exception at its end."""
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    head = lines[0]
+    if len(lines) > 1 and "Traceback" in head:
+        return head.split("Traceback")[0].rstrip(": ") + ": " + lines[-1].strip()
+    return head
+
+
+def first_scalar(x: Any) -> float:
+    """A scalar result as a float (read from this process's first shard)."""
+    if isinstance(x, jax.Array):
+        return float(np.asarray(x.addressable_data(0)).reshape(()))
+    return float(np.asarray(x).reshape(()))
+
+
+def run_program(compiled: Any, args: Sequence[Any], steps: int, what: str,
+                advance: Callable[[Any, Sequence[Any]], Sequence[Any]],
+                loss_of: Callable[[Any], float],
+                on_step: Callable[[int, float, float], None] | None, keep_all: bool
+                ) -> tuple[list[float], list[float], list[Any], Sequence[Any]]:
+    """A step that is one compiled program: a warm-up run, then ``steps`` timed runs, each
+    from the arguments ``advance(previous result, previous arguments)`` gives.
+
+    Returns:
+        ``(losses, seconds per step, results, last arguments)``; ``results`` holds every step's
+        result with ``keep_all``, else only the last one.
+
+    Raises:
+        ExecutionError: the program failed while running (XLA's error, summarised).
+    """
+    def one(a: Sequence[Any]) -> Any:
+        try:
+            return jax.block_until_ready(compiled(*a))
+        except jax.errors.JaxRuntimeError as err:
+            raise _runtime_error(what, None, err) from err
+
+    if steps:
+        one(args)  # warm-up run
+    losses: list[float] = []
+    times: list[float] = []
+    results: list[Any] = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        res = one(args)
+        dt = time.perf_counter() - t0
+        loss = loss_of(res)
+        losses.append(loss)
+        times.append(dt)
+        if keep_all:
+            results.append(res)
+        else:
+            results = [res]
+        if on_step is not None:
+            on_step(step, loss, dt)
+        if step + 1 < steps:
+            args = advance(res, args)
+    return losses, times, results, args
+
+
+def _runtime_error(what: str, mb: int | None, err: Exception) -> ExecutionError:
+    where = f"{what}" + (f" (micro-batch {mb})" if mb is not None and mb >= 0 else "")
+    return ExecutionError(f"{where} failed while running: {error_summary(err)}. Fix: run the step "
+                          "without the plan (jax.jit(workload.fn)) to see whether it fails on one "
+                          "device too.")
+
+
+# ---- values every process can read ------------------------------------------------------
+def _host_everywhere(sp: _Split, items: Sequence[tuple[Any, int, tuple[int, ...], Any]]) -> list[np.ndarray]:
+    """Full host copies, on every process, of values held by the processes of their stage:
+    ``items`` are ``(array or None, stage, shape, dtype)``; every process must call this with
+    the same items in the same order (the broadcasts are collectives over all processes)."""
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    if jax.process_count() == 1:
+        return [np.asarray(v) for v, *_ in items]
+    me = jax.process_index()
+    hosts: list[Any] = []
+    sources: list[int] = []
+    for v, s, shape, dtype in items:
+        src = min(d.process_index for d in sp.meshes[s].devices.flat)
+        sources.append(src)
+        if sp.local[s] and v is not None:
+            v = replicated_on(v, sp.meshes[s]) if not v.is_fully_addressable else v
+            hosts.append(np.asarray(v.addressable_data(0)) if v.is_fully_replicated else np.asarray(v))
+        else:
+            hosts.append(np.zeros(shape, dtype))
+    out: list[Any] = [None] * len(items)
+    for src in sorted(set(sources)):
+        idx = [k for k, p in enumerate(sources) if p == src]
+        got = multihost_utils.broadcast_one_to_all([hosts[k] for k in idx], is_source=me == src)
+        for k, g in zip(idx, got):
+            out[k] = np.asarray(g).astype(items[k][3])
+    return out
+
+
+def _shared_task_times(sp: _Split, times: dict[str, float]) -> dict[str, float]:
+    """Every process's task times (each times the tasks of its own stages)."""
+    if jax.process_count() == 1:
+        return times
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    names = sorted(t.name for t in sp.tasks.values())
+    vec = np.array([times.get(n, np.nan) for n in names], np.float64)
+    allv = np.asarray(multihost_utils.process_allgather(vec))
+    out = {}
+    for k, n in enumerate(names):
+        col = allv[:, k]
+        col = col[np.isfinite(col)]
+        if col.size:
+            out[n] = float(col.max())
+    return out
+
+
 def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
                  arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], steps: int,
                  on_step: Callable[[int, float, float], None] | None = None,
                  time_tasks: bool = True, capture: bool = False,
                  compiler_options: Mapping[str, Any] | None = None) -> PipelineOutcome:
-    """Run ``steps`` training steps of a pipeline plan (see the module docstring).
+    """Run ``steps`` training steps of a pipeline or gradient-accumulation plan (see the module
+    docstring).
 
     Args:
-        plan: a plan with several stages.
+        plan: a plan with several stages, or one stage over several micro-batches.
         fn: the training step ``(params, opt_state, batch) -> (loss, params, opt_state)``.
         host_args: its arguments as host (numpy) pytrees.
         arg_kinds: the kind of each argument (``"batch"`` ones are split into micro-batches).
         full_graph: the full-batch trace the plan was made for (its fingerprint is checked by
             the caller); the step is re-traced at the micro-batch size, and the plan's operator
             ids (``Stage.ops``) are read in that micro-batch trace, as the search writes them.
-        devices: the devices (``plan.mesh`` takes the stages' ids from them).
+        devices: the devices (``plan.mesh`` takes the stages' ids from them); across processes,
+            the global devices.
         steps: training steps.
         on_step: called with (step, loss, seconds) after each step.
-        time_tasks: after the steps, time each task alone (for the schedule's ideal).
+        time_tasks: after the steps, time each task alone (for the schedule's ideal); a
+            one-stage plan then also compiles its tasks as separate programs.
         capture: keep every step's results and the gradients handed to the update
             (``PipelineOutcome.records``) for the equivalence check.
-        compiler_options: XLA options for every task's compilation.
+        compiler_options: XLA options for every compilation.
 
     Returns:
         The measurements.
 
     Raises:
         ExecutionError: the batch does not split into the micro-batches, the step's structure
-            depends on the batch size, or the schedule's order breaks a data dependency.
+            cannot be split so, the schedule's order breaks a data dependency, or a program failed
+            while running.
     """
-    S = len(plan.stages)
-    M = plan.schedule.microbatches
-    if jax.process_count() > 1:
-        raise ExecutionError(
-            "pipeline plans run in one process only: moving activations between submeshes held by "
-            "different processes needs cross-host transfers this executor does not implement. "
-            "Fix: run the pipeline plan with autoplan.exec.run in one process, or launch an "
-            "intra-operator plan.")
-    if M < 1:
-        raise ExecutionError(f"schedule.microbatches should be at least 1. Got {M}.")
-    order = _table_order(plan)
-    batch_args = [i for i, k in enumerate(arg_kinds) if k == "batch"]
-    mb_abstract = []
-    for i, a in enumerate(host_args):
-        if i in batch_args:
-            def split(x, i=i):
-                x = np.asarray(x)
-                if x.ndim == 0 or x.shape[0] % M:
-                    raise ExecutionError(
-                        f"batch argument {i} has a leaf of shape {x.shape} whose leading dimension "
-                        f"does not split into {M} micro-batches. Fix: make a plan whose "
-                        "schedule.microbatches divides the batch size.")
-                return jax.ShapeDtypeStruct((x.shape[0] // M,) + x.shape[1:], x.dtype)
-            mb_abstract.append(jax.tree_util.tree_map(split, a))
-        else:
-            mb_abstract.append(jax.tree_util.tree_map(
-                lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-        graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds), name=full_graph.name)
-    prog = flatten(fn, *mb_abstract)
-    prog.check_matches(graph)
+    sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture)
+    host_leaves = {t: np.asarray(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
+    if sp.S == 1:
+        return _run_accumulation(sp, host_leaves, steps, on_step, time_tasks, capture,
+                                 compiler_options)
+    return _run_schedule(sp, host_leaves, steps, on_step, time_tasks, capture, compiler_options)
 
-    meshes = [plan.mesh(devices, s) for s in range(S)]
-    mesh_devs = [frozenset(m.devices.flat) for m in meshes]
-    assign = _assign(plan, graph, prog)
-    out_ids = {r for r in prog.outputs if not isinstance(r, Lit)}
-    tasks, producer = _build_tasks(prog, assign, out_ids)
 
-    # plan shardings of the graph inputs
-    spec_of = {(i.arg, i.path): i for i in plan.inputs}
-    leaves_with_path = []
-    for a, tree in enumerate(host_args):
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            leaves_with_path.append((a, jax.tree_util.keystr(path), leaf))
-    in_info: dict[int, tuple[int, Any, bool]] = {}  # tensor -> (stage, sharding, is batch)
-    for tid, (a, path, leaf) in zip(prog.input_ids, leaves_with_path):
-        ispec = spec_of[(a, path)]
-        mesh = meshes[ispec.stage]
-        shape = np.shape(leaf)
-        is_batch = a in batch_args
-        if is_batch:
-            shape = (shape[0] // M,) + tuple(shape[1:])
-        ok = divisible(shape, ispec.spec, dict(mesh.shape))
-        sh = NamedSharding(mesh, spec_to_pspec(ispec.spec) if ok else PartitionSpec())
-        in_info[tid] = (ispec.stage, sh, is_batch)
+def _state0(sp: _Split, host_leaves: Mapping[int, Any]) -> dict[int, Any]:
+    """Non-batch inputs placed on their stages (this process's stages only)."""
+    return {t: place(host_leaves[t], sh) for t, (s, sh, is_batch) in sp.in_info.items()
+            if not is_batch and sp.local[s]}
 
-    # accumulated values: per-micro-batch results read by the update or returned
-    per_mb_tasks = {k for k in tasks if k[0] in ("forward", "backward")}
-    accumulate: set[int] = set()
-    for (phase, _s), task in tasks.items():
-        if phase in ("update", "prologue"):
-            accumulate.update(t for t in task.inputs if producer.get(t, ("",))[0] in ("forward", "backward"))
-    accumulate.update(t for t in out_ids if producer.get(t, ("",))[0] in ("forward", "backward"))
-    for t in accumulate:
-        dt = graph.tensors[t].dtype
-        if not np.issubdtype(np.dtype(dt), np.floating):
-            raise ExecutionError(
-                f"tensor {t} ({dt}) is computed per micro-batch and handed to the update or "
-                "returned; only floating-point values can be averaged over micro-batches. Fix: "
-                "use an intra-operator plan for this step.")
-    crossing = sorted(t for t in accumulate if any(
-        t in task.inputs for k, task in tasks.items() if k[0] in ("update", "prologue")))
-    consumers: dict[int, int] = {}
-    for k in per_mb_tasks:
-        for t in tasks[k].inputs:
-            if producer.get(t, ("",))[0] in ("forward", "backward"):
-                consumers[t] = consumers.get(t, 0) + 1
 
-    hooks = []
-    applied = skipped = 0
-    for s in range(S):
-        mine = {op.id for k, task in tasks.items() if k[1] == s for op in task.ops}
-        hook, counts = sharding_hook(meshes[s], [o for o in plan.stages[s].ops if o.op in mine],
-                                     exact_shapes=False)
-        hooks.append((hook, counts))
+def _next_state(sp: _Split, state: dict[int, Any], flat_out: Sequence[Any],
+                where: Sequence[int | None]) -> dict[int, Any]:
+    """Next step's non-batch inputs: the step's ``new_params``/``new_opt_state`` results (moved
+    to the input's stage and sharding when they were made elsewhere)."""
+    fixed = [t for t in sp.prog.input_ids if not sp.in_info[t][2]]
+    if len(flat_out) != len(fixed) + 1:
+        raise ExecutionError("steps > 1 needs a step returning (loss, new_params, new_opt_state) "
+                             "whose new parameters and optimizer state mirror its inputs. Fix: "
+                             "run steps=1.")
+    new = {}
+    for t, v, s in zip(fixed, flat_out[1:], where[1:]):
+        home, sh, _ = sp.in_info[t]
+        if s is None or s == home:
+            if sp.local[home]:
+                same = isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sh, v.ndim)
+                new[t] = v if same else jax.device_put(v, sh)
+            continue
+        aval = (tuple(sp.graph.tensors[t].shape), np.dtype(sp.graph.tensors[t].dtype))
+        moved = transfer([v], sp.meshes[s], sp.meshes[home], [aval])
+        if moved is not None:
+            new[t] = jax.device_put(moved[0], sh)
+    for t in state:
+        new.setdefault(t, state[t])
+    return new
 
-    def make_fn(task: _Task):
-        hook = hooks[task.stage][0]
 
-        def f(*vals):
-            env = dict(zip(task.inputs, vals))
-            prog.evaluate(env, task.ops, hook)
-            return [env[t] for t in task.outputs]
-        f.__name__ = f"{task.phase}_stage{task.stage}"
-        return f
+def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
+                  on_step: Callable[[int, float, float], None] | None, time_tasks: bool,
+                  capture: bool, compiler_options: Mapping[str, Any] | None) -> PipelineOutcome:
+    runner = _Runner(sp, compiler_options, capture)
+    prog = sp.prog
+    state = _state0(sp, host_leaves)
 
-    fns = {k: jax.jit(make_fn(t)) for k, t in tasks.items()}
-    compile_time = 0.0
-    transfer = dict.fromkeys(range(S), 0.0)
+    def locate(r: Any) -> tuple[tuple | None, int | None]:
+        """The slot key of a result and the stage holding it (None for literals)."""
+        if isinstance(r, Lit):
+            return None, None
+        if r in sp.in_info:
+            return (r, STEP, sp.in_info[r][0]), sp.in_info[r][0]
+        phase, s = sp.producer[r]
+        return ((r, "mean", s) if phase in PER_MB else (r, STEP, s)), s
 
-    def to_stage(v: Any, s: int) -> Any:
-        if isinstance(v, jax.Array) and frozenset(v.sharding.device_set) != mesh_devs[s]:
-            transfer[s] += v.nbytes
-            return jax.device_put(v, NamedSharding(meshes[s], PartitionSpec()))
-        return v
-
-    def call(k: tuple[str, int], args: list[Any]) -> list[Any]:
-        nonlocal compile_time
-        task = tasks[k]
-        if task.compiled is None:
-            t0 = time.perf_counter()
-            task.compiled = fns[k].lower(*args).compile(compiler_options=compiler_options)
-            compile_time += time.perf_counter() - t0
-        task.last_args = args
-        return task.compiled(*args)
-
-    inputs_now: dict[int, Any] = {}
-    for tid, (_a, _path, leaf) in zip(prog.input_ids, leaves_with_path):
-        _stage, sh, is_batch = in_info[tid]
-        if is_batch:
-            inputs_now[tid] = np.asarray(leaf)
-        else:
-            inputs_now[tid] = place(leaf, sh)
+    out_keys = [locate(r) for r in prog.outputs]
+    grad_keys = [(t, "mean", sp.producer[t][1]) for t in sp.crossing] if capture else []
 
     def one_step() -> tuple[list[Any], list[Any]]:
-        """One training step from ``inputs_now``: the flat results and the accumulated
-        values handed to the update."""
-        store: dict[Any, Any] = {}  # (micro-batch, "acc" or None, tensor) -> value
-        moved: dict[Any, Any] = {}  # (..., tensor, stage) -> the value on that stage
-        acc: dict[int, Any] = {}
-        left: dict[tuple[int, int], int] = {}
+        slots = runner.inputs(host_leaves, state)
+        slots = runner.step(slots)
+        flat = [jnp.asarray(r.value) if isinstance(r, Lit) else slots.get(k)
+                for r, (k, _s) in zip(prog.outputs, out_keys)]
+        grads = [slots.get(k) for k in grad_keys]
+        try:
+            jax.block_until_ready([v for v in flat + grads if v is not None])
+        except jax.errors.JaxRuntimeError as err:
+            raise _runtime_error("the pipeline step", None, err) from err
+        return flat, grads
 
-        def value(t: int, s: int, mb: int | None, phase: str) -> Any:
-            if t in in_info:
-                stage, sh, is_batch = in_info[t]
-                if is_batch:  # micro-batch slices, kept while the host batch stays the same
-                    host = inputs_now[t]
-                    ck = (id(host), mb, t, s)
-                    if ck not in batch_cache:
-                        b = host.shape[0] // M
-                        shd = sh if stage == s else NamedSharding(meshes[s], PartitionSpec())
-                        batch_cache[ck] = (host, place(host[mb * b:(mb + 1) * b], shd))
-                    return batch_cache[ck][1]
-                if stage == s:
-                    return inputs_now[t]
-                ck = (None, t, s)
-                if ck not in moved:
-                    moved[ck] = to_stage(inputs_now[t], s)
-                return moved[ck]
-            pphase = producer[t][0]
-            if pphase in ("forward", "backward") and phase in ("forward", "backward"):
-                key: tuple[Any, int] = (mb, t)
-            elif pphase in ("forward", "backward"):
-                key = ("acc", t)
-            else:
-                key = (None, t)
-            if key not in store:
-                raise ExecutionError(
-                    f"the schedule order runs a {phase} task of stage {s} (micro-batch {mb}) before "
-                    f"the {pphase} task of stage {producer[t][1]} that produces its operand (tensor "
-                    f"{t}). Fix: use a schedule table whose order respects the dependencies.")
-            ck = key + (s,)
-            if ck not in moved:
-                moved[ck] = to_stage(store[key], s)
-            return moved[ck]
-
-        def run_task(k: tuple[str, int], mb: int | None) -> None:
-            task = tasks[k]
-            outs = call(k, [value(t, k[1], mb, k[0]) for t in task.inputs])
-            summed = [t for t in task.outputs if t in accumulate]
-            if mb is not None and summed:  # one jitted add per task, not one per gradient
-                new = [v for t, v in zip(task.outputs, outs) if t in accumulate]
-                old = [acc.get(t) for t in summed]
-                if all(o is not None for o in old):
-                    new = _add_lists(old, new)
-                acc.update(zip(summed, new))
-            for t, v in zip(task.outputs, outs):
-                if mb is None:
-                    store[(None, t)] = v
-                    continue
-                if consumers.get(t):
-                    store[(mb, t)] = v
-                    left[(mb, t)] = consumers[t]
-            if mb is not None:  # free per-micro-batch values nobody reads any more
-                for t in task.inputs:
-                    if (mb, t) in left:
-                        left[(mb, t)] -= 1
-                        if left[(mb, t)] == 0:
-                            del left[(mb, t)]
-                            store.pop((mb, t), None)
-                            for s2 in range(S):
-                                moved.pop((mb, t, s2), None)
-
-        for s in range(S):
-            if ("prologue", s) in tasks:
-                run_task(("prologue", s), None)
-        for mb, s, kind in order:
-            if (kind, s) in tasks:
-                run_task((kind, s), mb)
-        for s in range(S):  # the mean over micro-batches, one call per submesh
-            names = [t for t in acc if producer[t][1] == s]
-            vals = [acc[t] for t in names]
-            for t, v in zip(names, _scale_list(vals, 1.0 / M) if M > 1 and vals else vals):
-                store[("acc", t)] = v
-        for s in range(S):
-            if ("update", s) in tasks:
-                run_task(("update", s), None)
-        flat_out = []
-        for r in prog.outputs:
-            if isinstance(r, Lit):
-                flat_out.append(jnp.asarray(r.value))
-            elif r in in_info:
-                flat_out.append(inputs_now[r])
-            elif producer[r][0] in ("forward", "backward"):
-                flat_out.append(store[("acc", r)])
-            else:
-                flat_out.append(store[(None, r)])
-        return jax.block_until_ready(flat_out), [store[("acc", t)] for t in crossing]
-
-    batch_cache: dict[Any, Any] = {}
+    runner.keep_args = time_tasks and steps == 0
     one_step()  # warm-up: compiles every task; its results are dropped
     losses: list[float] = []
     step_times: list[float] = []
     records: list[StepRecord] = []
     outputs: Any = None
+    where = [s for _k, s in out_keys]
+    multi = jax.process_count() > 1
     for step in range(steps):
-        for s in range(S):
-            transfer[s] = 0.0
+        runner.keep_args = time_tasks and step == steps - 1
         t0 = time.perf_counter()
-        flat_out, grads = one_step()
+        flat, grads = one_step()
         dt = time.perf_counter() - t0
-        outputs = jax.tree_util.tree_unflatten(prog.out_tree, flat_out)
-        first = flat_out[0]
-        loss = float(np.asarray(first.addressable_data(0))) if isinstance(first, jax.Array) else float(first)
+        outputs = jax.tree_util.tree_unflatten(prog.out_tree, flat)
+        if multi:  # the results live on some processes only: share what the others need
+            items = [(v, s if s is not None else 0, *_aval_of(sp, r))
+                     for v, s, r in zip(flat, where, prog.outputs)]
+            items += [(g, sp.producer[t][1], *_aval_of(sp, t)) for g, t in zip(grads, sp.crossing)]
+            host = _host_everywhere(sp, items if capture else items[:1])
+            loss = float(np.asarray(host[0]).reshape(()))
+            if capture:
+                records.append(StepRecord(loss, jax.tree_util.tree_unflatten(
+                    prog.out_tree, host[:len(flat)]), host[len(flat):]))
+        else:
+            loss = first_scalar(flat[0])
+            if capture:
+                records.append(StepRecord(loss, outputs, grads))
         losses.append(loss)
         step_times.append(dt)
-        if capture:
-            records.append(StepRecord(loss, outputs, grads))
         if on_step is not None:
             on_step(step, loss, dt)
         if step + 1 < steps:
-            if not (isinstance(outputs, tuple) and len(outputs) == len(host_args)):
-                raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                     "new_opt_state). Fix: run steps=1.")
-            new_leaves = jax.tree_util.tree_leaves(tuple(outputs[1:]))
-            fixed = [t for t in prog.input_ids if not in_info[t][2]]
-            if len(new_leaves) != len(fixed):
-                raise ExecutionError("the step's new parameters and optimizer state should mirror "
-                                     "its inputs. Fix: run steps=1.")
-            for t, v in zip(fixed, new_leaves):
-                inputs_now[t] = jax.device_put(v, in_info[t][1])
+            state = _next_state(sp, state, flat, where)
 
+    task_times = _shared_task_times(sp, _time_tasks(runner)) if time_tasks else {}
+    return _outcome(sp, runner, losses, step_times, outputs, records, task_times, sp.order)
+
+
+def _aval_of(sp: _Split, r: Any) -> tuple[tuple[int, ...], Any]:
+    if isinstance(r, Lit):
+        return tuple(np.shape(r.value)), np.asarray(r.value).dtype
+    t = sp.graph.tensors[r]
+    return tuple(t.shape), np.dtype(t.dtype)
+
+
+def _time_tasks(runner: _Runner) -> dict[str, float]:
+    """Each compiled task run alone three times on its last arguments (the best time);
+    donated running sums are replaced by fresh zeros before each run."""
+    times: dict[str, float] = {}
+    for k in sorted(runner.sp.tasks, key=lambda k: (PHASES.index(k[0]), k[1])):
+        task = runner.sp.tasks[k]
+        if task.compiled is None or task.last_args is None:
+            continue
+        nv, na = runner.sp.task_arg_count(task)
+        donated = range(nv, nv + na) if task.phase in PER_MB else range(0)
+        shardings = task.compiled.input_shardings[0]
+        best = math.inf
+        for _ in range(3):
+            args = list(task.last_args)
+            for i in donated:
+                args[i] = place(np.zeros(args[i].shape, args[i].dtype), shardings[i])
+            jax.block_until_ready(args)
+            t0 = time.perf_counter()
+            jax.block_until_ready(task.compiled(*args))
+            best = min(best, time.perf_counter() - t0)
+        times[task.name] = best
+    for task in runner.sp.tasks.values():
+        task.last_args = None
+    return times
+
+
+def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times: list[float],
+             outputs: Any, records: list[StepRecord], task_times: dict[str, float],
+             order: list[tuple[int, int, str]], extra: Sequence[tuple[str, Any, float]] = ()
+             ) -> PipelineOutcome:
+    """Collectives, memory, the schedule's ideal and the constraint counts of a run."""
+    S, M = sp.S, sp.M
     colls: list[tuple[str, int, Collective, int]] = []
     memory: dict[int, MemoryStats] = {}
-    for k, task in tasks.items():
-        if task.compiled is None:
-            continue
-        times = M if k[0] in ("forward", "backward") else 1
-        for c in collectives(task.compiled.as_text()):
-            colls.append((task.name, k[1], c, times))
-        ms = memory_stats(task.compiled)
-        for d in meshes[k[1]].devices.flat:
+
+    def account(name: str, stage: int, compiled: Any, times: int) -> None:
+        text = compiled.as_text()
+        per_comp = executions_per_run(text)  # the scan's loop records its trip count
+        for c in collectives(text):
+            colls.append((name, stage, c, times * per_comp.get(c.computation, 1)))
+        ms = memory_stats(compiled)
+        for d in sp.meshes[stage].devices.flat:
             if d.id not in memory or ms.total > memory[d.id].total:
                 memory[d.id] = ms
-    task_times: dict[str, float] = {}
-    if time_tasks:
-        for task in tasks.values():
-            if task.compiled is None:
-                continue
-            best = math.inf
-            for _ in range(3):
-                t0 = time.perf_counter()
-                jax.block_until_ready(task.compiled(*task.last_args))
-                best = min(best, time.perf_counter() - t0)
-            task_times[task.name] = best
+
+    compile_time = 0.0
+    for name, compiled, secs in extra:
+        account(name, 0, compiled, 1)
+        compile_time += secs
+    if runner is not None:
+        compile_time += runner.compile_time
+        for k in sorted(sp.tasks, key=lambda k: (PHASES.index(k[0]), k[1])):
+            task = sp.tasks[k]
+            if task.compiled is not None and not extra:
+                account(task.name, k[1], task.compiled, M if k[0] in PER_MB else 1)
     fwd = [task_times.get(f"forward[{s}]", 0.0) for s in range(S)]
     bwd = [task_times.get(f"backward[{s}]", 0.0) for s in range(S)]
     ideal = (max((task_times.get(f"prologue[{s}]", 0.0) for s in range(S)), default=0.0)
              + ideal_makespan(order, fwd, bwd)
              + max((task_times.get(f"update[{s}]", 0.0) for s in range(S)), default=0.0))
-    for _hook, counts in hooks:
-        applied += counts["applied"]
-        skipped += counts["skipped"]
-    for task in tasks.values():
-        task.last_args = None
+    applied = sum(counts["applied"] for _h, counts in sp.hooks)
+    skipped = sum(counts["skipped"] for _h, counts in sp.hooks)
+    transfer_bytes = runner.transfer_bytes if runner is not None and not extra else dict.fromkeys(range(S), 0.0)
     return PipelineOutcome(
         losses=losses, step_times=step_times, outputs=outputs, compile_time=compile_time,
-        collectives=colls, memory=memory, transfer_bytes=dict(transfer), task_times=task_times,
-        ideal_time=ideal, order=order, constraints_applied=applied, constraints_skipped=skipped,
-        phases={t.name: len(t.ops) for t in tasks.values()}, crossing=crossing, records=records,
-        graph=graph)
+        collectives=colls, memory=memory, transfer_bytes=dict(transfer_bytes),
+        task_times=task_times, ideal_time=ideal, order=order, constraints_applied=applied,
+        constraints_skipped=skipped, phases={t.name: len(t.ops) for t in sp.tasks.values()},
+        crossing=sp.crossing, records=records, graph=sp.graph,
+        dispatches=(1 if extra else (runner.dispatches if runner is not None else 0)))
+
+
+def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
+                      on_step: Callable[[int, float, float], None] | None, time_tasks: bool,
+                      capture: bool, compiler_options: Mapping[str, Any] | None) -> PipelineOutcome:
+    """A one-stage plan over ``m`` micro-batches: one scanned program per step."""
+    prog, M = sp.prog, sp.M
+    args = []
+    for t in prog.input_ids:
+        _s, sh, is_batch = sp.in_info[t]
+        host = host_leaves[t]
+        if is_batch:
+            stacked = host.reshape((M, host.shape[0] // M) + host.shape[1:])
+            args.append(place(stacked, NamedSharding(sh.mesh, PartitionSpec(None, *sh.spec))))
+        else:
+            args.append(place(host, sh))
+    fixed = [i for i, t in enumerate(prog.input_ids) if not sp.in_info[t][2]]
+    t0 = time.perf_counter()
+    compiled = jax.jit(sp.scan_fn(capture)).lower(*args).compile(compiler_options=compiler_options)
+    compile_time = time.perf_counter() - t0
+
+    def advance(result: Any, a: Sequence[Any]) -> list[Any]:
+        flat = result[0]
+        if len(flat) != len(fixed) + 1:
+            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
+                                 "new_opt_state). Fix: run steps=1.")
+        a = list(a)
+        for i, v in zip(fixed, flat[1:]):
+            a[i] = v
+        return a
+
+    losses, step_times, results, args = run_program(
+        compiled, args, steps, "the accumulated step", advance, lambda res: first_scalar(res[0][0]),
+        on_step, keep_all=capture)
+    outputs = jax.tree_util.tree_unflatten(prog.out_tree, results[-1][0]) if results else None
+    records = [StepRecord(loss, jax.tree_util.tree_unflatten(prog.out_tree, flat), list(grads))
+               for loss, (flat, grads) in zip(losses, results)] if capture else []
+    order = [(i, 0, k) for i in range(M) for k in ("forward", "backward")]
+    task_times: dict[str, float] = {}
+    runner = None
+    if time_tasks:
+        # the same step as separate programs, to time a micro-batch's forward and backward alone
+        runner = _Runner(sp, compiler_options, capture=False)
+        runner.keep_args = True
+        state = {t: args[i] for i, t in zip(fixed, [prog.input_ids[i] for i in fixed])}
+        runner.step(runner.inputs(host_leaves, state))
+        task_times = _time_tasks(runner)
+    out = _outcome(sp, runner, losses, step_times, outputs, records, task_times, order,
+                   extra=[("step", compiled, compile_time)])
+    return out

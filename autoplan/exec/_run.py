@@ -14,12 +14,22 @@
 With ``check=True`` every executed step is re-run unsharded on one device from the same inputs
 (see :func:`check_equivalence`): the loss, the gradients handed to the optimizer, and the new
 parameters and optimizer state (the single-device update applied to the run's own gradients) must
-agree within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``, norm-wise for gradients), else
-:class:`~autoplan.EquivalenceError` names the first differing tensor by its pytree path, with the
-largest difference and the tolerance.
+agree within ``rtol``/``atol`` (``|a - b| <= atol + rtol |b|``, norm-wise for gradients; NaN and
+infinity position by position), else :class:`~autoplan.EquivalenceError` names the first
+differing tensor by its pytree path, with the largest difference and the tolerance.
+
+Nothing the executor does ends the caller's process: every step is one dispatched program
+(intra-operator and gradient accumulation) or one program per pipeline task, with no two programs
+with collectives in flight on the same devices of the CPU backend (see
+:mod:`autoplan.exec._pipeline`); an XLA runtime error becomes :class:`~autoplan.ExecutionError`
+naming the program; and a step that calls back into Python is first run on one device, because
+a callback failing inside a sharded program with collectives leaves the other devices waiting,
+and XLA ends the process when its rendezvous times out.
 
 Everything works across processes too (after ``jax.distributed.initialize``): inputs are built
-with ``jax.make_array_from_callback``, and each process checks the shards it holds.
+with ``jax.make_array_from_callback``, each process runs the programs of the (sub)meshes holding
+its devices, and each checks the shards it holds (a pipeline shares its results so that every
+process checks all of them).
 """
 
 from __future__ import annotations
@@ -41,7 +51,15 @@ from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
-from autoplan.exec._pipeline import StepRecord, divisible, place, run_pipeline
+from autoplan.exec._pipeline import (
+    StepRecord,
+    divisible,
+    error_summary,
+    first_scalar,
+    place,
+    run_pipeline,
+    run_program,
+)
 
 __all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
 
@@ -55,12 +73,14 @@ class EquivalenceResult:
 
     Attributes:
         matched: every compared tensor is within tolerance.
-        max_abs_diff: the largest absolute difference over all compared tensors.
+        max_abs_diff: the largest absolute difference over all compared finite elements.
         worst: the pytree path of the tensor with the largest difference relative to its
             tolerance (the first failing one when not matched).
         tensors: number of tensors compared (losses, gradients, results; per step).
         rtol, atol: the tolerance.
         message: a description (the error message when not matched).
+        nonfinite_inputs: the input leaves holding NaN or infinity (empty when all are finite);
+            non-finite results are then compared position by position, NaN equal to NaN.
     """
 
     matched: bool
@@ -70,6 +90,7 @@ class EquivalenceResult:
     rtol: float
     atol: float
     message: str = ""
+    nonfinite_inputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -100,9 +121,13 @@ class RunReport:
         equivalence: the comparison with one device (None when ``check=False``).
         constraints_applied, constraints_skipped: the plan's operator shardings applied, or
             skipped because the result's shape did not fit the spec.
-        pipeline: for pipelines: ``task_times`` (seconds per task), ``ideal_time`` (the
-            schedule's makespan with those times), ``order`` and ``phases``.
-        outputs: the last step's results (global arrays), not printed.
+        pipeline: for pipelines and gradient accumulation: ``task_times`` (seconds per task,
+            each timed alone), ``ideal_time`` (the schedule's makespan with those times, plus the
+            prologue and update), ``order``, ``phases`` (operators per task) and ``dispatches``
+            (programs and transfers this process dispatches per step: one for gradient
+            accumulation, which runs as one scanned program).
+        outputs: the last step's results (global arrays), not printed; across processes, a
+            pipeline's results held only by other processes' stages are None.
     """
 
     model: str
@@ -199,9 +224,10 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
     """The training step and concrete host arguments of a workload.
 
     Args:
-        workload: a :class:`autoplan.models.Workload` (abstract ones are made concrete with
-            ``.concrete(seed)``), any object with ``fn``, ``args`` and ``arg_kinds``, or a dict
-            ``{"model": name, "size": size, **overrides}`` for :func:`autoplan.models.get`.
+        workload: an :class:`autoplan.Workload` or a zoo workload (abstract ones are made
+            concrete with ``.concrete(seed)``), any object with ``fn``, ``args`` and
+            ``arg_kinds``, or a dict ``{"model": name, "size": size, **overrides}`` for
+            :func:`autoplan.models.get`.
         seed: PRNG seed for concrete arguments.
 
     Raises:
@@ -218,9 +244,10 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
         name, size = spec.pop("model"), spec.pop("size", "tiny")
         workload = models.get(name, size, abstract=False, seed=seed, **spec)
     if not all(hasattr(workload, a) for a in ("fn", "args")):
-        raise ExecutionError(f"workload should be an autoplan.models.Workload, an object with fn and "
-                             f"args, or a dict spec. Got {type(workload).__name__}. Fix: pass "
-                             "autoplan.models.get('gpt', 'tiny').")
+        raise ExecutionError(f"workload should be an autoplan.Workload (a step and its arguments), "
+                             f"a zoo workload, an object with fn and args, or a dict spec. Got "
+                             f"{type(workload).__name__}. Fix: pass autoplan.Workload(train_step, "
+                             "(params, opt_state, batch)) or autoplan.models.get('gpt', 'tiny').")
     leaves = jax.tree_util.tree_leaves(workload.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         if not hasattr(workload, "concrete"):
@@ -262,12 +289,6 @@ def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
             and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
 
 
-def _first_scalar(x: Any) -> float:
-    if isinstance(x, jax.Array):
-        return float(np.asarray(x.addressable_data(0)).reshape(()))
-    return float(np.asarray(x).reshape(()))
-
-
 def _crossing(graph: Any) -> list[int]:
     """Tensors the optimizer update reads from the forward/backward pass: the gradients."""
     upd = {op.id for op in graph.ops if op.role == "update"}
@@ -279,6 +300,41 @@ def _crossing(graph: Any) -> list[int]:
             if any(c in upd for c in graph.consumers[t]):
                 out.append(t)
     return out
+
+
+#: primitives that call back into Python while a compiled program runs
+_CALLBACKS = ("callback", "debug_callback", "pure_callback", "io_callback", "inside_call")
+
+
+def _preflight(r: _Resolved, compiler_options: Mapping[str, Any] | None) -> None:
+    """Run a step that calls back into Python once on one device before running it sharded.
+
+    A Python callback that raises inside a program with collectives leaves the other devices
+    waiting in the collective, and XLA ends the whole process when its rendezvous times out: a
+    notebook kernel would die. On one device there is no collective, so the same failure is an
+    ordinary exception, raised here before anything is sharded.
+
+    Raises:
+        ExecutionError: the step failed on one device (the message holds its error).
+    """
+    prog = _program(r)
+    names = sorted({op.primitive for op in prog.ops
+                    if any(op.primitive.endswith(c) for c in _CALLBACKS)})
+    if not names:
+        return
+    dev = jax.local_devices()[0]
+    try:
+        args = jax.device_put(r.host_args, dev)
+        compiled = _cached(r, ("preflight", dev.id, repr(sorted((compiler_options or {}).items()))),
+                           lambda: jax.jit(r.fn).lower(*args).compile(compiler_options=compiler_options))
+        jax.block_until_ready(compiled(*args))
+    except Exception as err:  # the user's callback may raise anything
+        first = error_summary(err)
+        raise ExecutionError(
+            f"the training step of {r.name} calls back into Python ({', '.join(names)}) and failed "
+            f"on one device: {first}. It was not run under the plan: a callback failing inside a "
+            "sharded program with collectives ends the whole process. Fix: make the step run "
+            "with jax.jit(workload.fn) on one device first.") from err
 
 
 def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], steps: int,
@@ -315,25 +371,22 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     t0 = time.perf_counter()
     compiled = jitted.lower(*args).compile(compiler_options=compiler_options)
     compile_time = time.perf_counter() - t0
-    if steps:
-        jax.block_until_ready(compiled(*args))  # warm-up run
-    losses, times, records, out = [], [], [], None
-    for s in range(steps):
-        t0 = time.perf_counter()
-        out, grads = jax.block_until_ready(compiled(*args))
-        dt = time.perf_counter() - t0
-        loss = _first_scalar(out[0] if isinstance(out, tuple) else out)
-        losses.append(loss)
-        times.append(dt)
-        if capture:
-            records.append(StepRecord(loss, out, grads))
-        if on_step is not None:
-            on_step(s, loss, dt)
-        if s + 1 < steps:
-            if out_sh is None:
-                raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                     "new_opt_state). Fix: run steps=1.")
-            args = (out[1], out[2], args[2])
+
+    def advance(result: Any, a: Sequence[Any]) -> tuple[Any, ...]:
+        if out_sh is None:
+            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
+                                 "new_opt_state). Fix: run steps=1.")
+        return (result[0][1], result[0][2], a[2])
+
+    def loss_of(result: Any) -> float:
+        out = result[0]
+        return first_scalar(out[0] if isinstance(out, tuple) else out)
+
+    losses, times, results, _ = run_program(compiled, args, steps, "the sharded step", advance,
+                                            loss_of, on_step, keep_all=capture)
+    records = [StepRecord(loss, out, grads) for loss, (out, grads) in zip(losses, results)] \
+        if capture else []
+    out = results[-1][0] if results else None
     colls = [("step", 0, c, 1) for c in collectives(compiled.as_text())]
     ms = memory_stats(compiled)
     memory = {d.id: ms for d in mesh.devices.flat}
@@ -424,26 +477,56 @@ def _grad_names(graph: Any, crossing: Sequence[int], out_names: Mapping[int, str
 
 
 def _compare(a: np.ndarray, b: np.ndarray, rtol: float, atol: float,
-             scale: float | None = None) -> tuple[float, float]:
-    """(max |a - b|, the worst ratio of difference to tolerance); ratio > 1 fails. With
-    ``scale`` the tolerance is norm-wise: ``atol + rtol scale`` for every element."""
+             scale: float | None = None) -> tuple[float, float, int]:
+    """``(max |a - b|, worst ratio of difference to tolerance, non-finite mismatches)``; a
+    ratio above 1 or any non-finite mismatch fails.
+
+    Finite elements pass when ``|a - b| <= atol + rtol |b|`` (with ``scale``, norm-wise:
+    ``atol + rtol scale`` for every element). Non-finite elements are compared position by
+    position: NaN equals NaN, and an infinity equals the infinity of the same sign; a NaN or
+    infinity where the other side has something else is a mismatch (counted, and reported as an
+    infinite difference).
+    """
     if a.shape != b.shape:
-        return math.inf, math.inf
+        return math.inf, math.inf, max(a.size, b.size, 1)
     if a.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    if not np.array_equal(np.isfinite(a64), np.isfinite(b64)):
-        return math.inf, math.inf
-    fin = np.isfinite(b64)
-    if not np.array_equal(a64[~fin], b64[~fin]):
-        return math.inf, math.inf
-    diff = np.abs(a64[fin] - b64[fin])
+    fa, fb = np.isfinite(a64), np.isfinite(b64)
+    both = fa & fb
+    nonfinite = ~(fa & fb)
+    bad = int(np.count_nonzero(nonfinite & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))))
+    if bad:
+        return math.inf, math.inf, bad
+    diff = np.abs(a64[both] - b64[both])
     if diff.size == 0:
-        return 0.0, 0.0
-    tol = atol + rtol * (scale if scale is not None else np.abs(b64[fin]))
+        return 0.0, 0.0, 0
+    tol = atol + rtol * (scale if scale is not None else np.abs(b64[both]))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / tol)
-    return float(np.max(diff)), float(np.max(ratio))
+    return float(np.max(diff)), float(np.max(ratio)), 0
+
+
+def nonfinite_leaves(args: Any) -> list[str]:
+    """Pytree paths of the floating-point leaves of ``args`` holding NaN or infinity, with
+    what they hold (``"batch['x'] (3 NaN)"``)."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        x = np.asarray(leaf)
+        if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.complexfloating):
+            continue
+        nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
+        if nan or inf:
+            what = ", ".join(p for p in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if p)
+            out.append(f"{_arg_path(path)} ({what})")
+    return out
+
+
+def _arg_path(path: Sequence[Any]) -> str:
+    if path and isinstance(path[0], jax.tree_util.SequenceKey):
+        head = ("params", "opt_state", "batch")[path[0].idx] if path[0].idx < 3 else f"arg{path[0].idx}"
+        return head + jax.tree_util.keystr(tuple(path[1:]))
+    return jax.tree_util.keystr(tuple(path))
 
 
 def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
@@ -470,7 +553,8 @@ def _shards(name: str, a: Any, b: np.ndarray) -> list[tuple[str, np.ndarray, np.
 
 def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records: Sequence[Any],
                       rtol: float = RTOL, atol: float = ATOL,
-                      compiler_options: Mapping[str, Any] | None = None) -> EquivalenceResult:
+                      compiler_options: Mapping[str, Any] | None = None,
+                      microbatches: int = 1) -> EquivalenceResult:
     """Compare executed steps with single-device execution, step by step.
 
     Every step is re-run unsharded on this process's first device from the same inputs (the
@@ -489,6 +573,11 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
       Two-Tower, 4e-6 on GPT against rtol 1e-5 / atol 1e-6). Comparing the update on the same
       gradients checks the sharded optimizer exactly, and the gradient check covers the rest.
 
+    Non-finite values are compared position by position: NaN equals NaN and an infinity equals
+    the infinity of the same sign, so a step that makes NaN on one device and under the plan
+    alike matches; a NaN or infinity on one side only is a mismatch. When the inputs themselves
+    hold NaN or infinity, the verdict lists them (``nonfinite_inputs``) and says so.
+
     Args:
         r: the resolved workload.
         graph: its full-batch trace.
@@ -496,6 +585,8 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         records: the executed steps (``StepRecord``).
         rtol, atol: the tolerance.
         compiler_options: XLA options for the reference's compilation.
+        microbatches: the plan's micro-batches (a mismatch then names the loss's form as a
+            likely cause).
 
     Returns:
         The comparison (``worst`` names the first failing tensor when one fails).
@@ -530,6 +621,7 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
     max_diff, worst, worst_ratio, failed = 0.0, "", -1.0, None
     names: set[str] = set()
     args = r.host_args
+    nonfinite_in = nonfinite_leaves(args)
     for s, rec in enumerate(records):
         host_grads = [_to_host(g) for g in rec.grads]
         dargs = jax.device_put(args, dev)
@@ -547,32 +639,58 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         own_loss = float(np.asarray(own_loss).reshape(()))
         items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
         for g, og, gname in zip(rec.grads, own_grads, gnames):
-            scale = float(np.max(np.abs(og))) if og.size else 0.0
+            fin = np.abs(og[np.isfinite(og)]) if og.size else og
+            scale = float(np.max(fin)) if fin.size else 0.0
             items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
         items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
         for name, a, b, scale in items:
             names.add(name)
-            d, ratio = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
-            max_diff = max(max_diff, d)
+            d, ratio, bad = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
+            if math.isfinite(d):
+                max_diff = max(max_diff, d)
             if ratio > worst_ratio:
                 worst, worst_ratio = name, ratio
-            if ratio > 1.0 and failed is None:
-                failed = (name, d, scale is not None)
+            if (ratio > 1.0 or bad) and failed is None:
+                failed = (name, d, scale is not None, bad)
         if s + 1 < len(records):
             if not triple:
                 break
             args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
                     jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
     if failed is not None:
-        name, d, normwise = failed
+        name, d, normwise, bad = failed
         kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
-        msg = (f"{name} differs from single-device execution: max |diff| {d:.3e} exceeds the "
-               f"tolerance (rtol {rtol:g}, atol {atol:g}, {kind}). Likely cause: a sharding or "
-               "stage split that changes the computation (for pipelines also a loss that is not "
-               "a mean over the batch). Fix: inspect that tensor's producers under the plan.")
-        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg)
+        if bad:
+            what = (f"{bad} element(s) are NaN or infinite on one side and not the same on the "
+                    "other (non-finite values are compared position by position)")
+        else:
+            what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
+        if microbatches > 1:
+            cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
+                     "of per-example terms over the batch (batch-normalisation statistics, in-batch "
+                     "negatives, a sum) gives other numbers by construction; else a sharding or "
+                     "stage split that changes the computation. Fix: use a plan without "
+                     "micro-batches for such a loss, or inspect that tensor's producers under the "
+                     "plan.")
+        else:
+            cause = ("Likely cause: a sharding that changes the computation. Fix: inspect that "
+                     "tensor's producers under the plan.")
+        if nonfinite_in:
+            cause = (f"Note: the inputs themselves are not finite ({_listed(nonfinite_in)}), and NaN "
+                     "and infinity spread differently under another order of operations; check "
+                     "them first. " + cause)
+        msg = f"{name} differs from single-device execution: {what}. {cause}"
+        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg,
+                                 tuple(nonfinite_in))
+    note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
+            "position by position" if nonfinite_in else "")
     return EquivalenceResult(True, max_diff, worst, len(names), rtol, atol,
-                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors")
+                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors{note}",
+                             tuple(nonfinite_in))
+
+
+def _listed(items: Sequence[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
@@ -584,8 +702,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
 
     Args:
         plan: the :class:`~autoplan.Plan`.
-        workload: a :class:`autoplan.models.Workload` (or a dict ``{"model":..., "size":...,
-            **overrides}``, or any object with ``fn``, ``args``, ``arg_kinds``).
+        workload: an :class:`autoplan.Workload` (a user's step and its arguments), a zoo
+            workload (or a dict ``{"model":..., "size":..., **overrides}``), or any object with
+            ``fn``, ``args``, ``arg_kinds``.
         steps: training steps; each starts from the previous step's parameters and optimizer
             state, on the same batch. ``0`` compiles only (a pipeline runs its warm-up step,
             which compiles its tasks): the report then has the collectives and memory, no
@@ -593,12 +712,15 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         check: compare every step with unsharded single-device execution (see
             :func:`check_equivalence`); raises on a mismatch. The compiled step then also returns
             the gradients, which the comparison needs.
-        devices: the devices to run on (default ``jax.devices()``); their number must equal the
-            plan's.
+        devices: the devices to run on (default ``jax.devices()``, every process's after
+            ``jax.distributed.initialize``); their number must equal the plan's. Each process
+            runs the programs of the (sub)meshes that hold its devices.
         seed: PRNG seed of the concrete arguments when the workload is abstract or a dict.
         rtol, atol: the equivalence tolerance.
         on_step: called with (step, loss, seconds) after each step.
-        time_tasks: pipelines only: time each stage task alone for the schedule's ideal.
+        time_tasks: pipelines and gradient accumulation: time each task alone for the
+            schedule's ideal (``report.pipeline``); gradient accumulation, which runs as one
+            program, then also compiles its tasks as separate programs to time them.
         compiler_options: XLA options for every compilation (e.g.
             ``{"xla_backend_optimization_level": 0}`` compiles CPU code several times faster).
         raise_on_mismatch: raise :class:`~autoplan.EquivalenceError` on a mismatch (else only
@@ -611,7 +733,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         PlanMismatchError: the plan was made for another model, argument structure or number of
             devices.
         EquivalenceError: ``check`` and the results differ from single-device execution.
-        ExecutionError: the plan cannot be executed as given (see the message).
+        ExecutionError: the plan cannot be executed as given, a program failed while running
+            (XLA's error, summarised), or a step that calls back into Python failed on one device
+            (it is then not run under the plan); see the message.
 
     Examples:
         >>> import autoplan.exec as ex                         # doctest: +SKIP
@@ -631,6 +755,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
         raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
     plan.partition_specs(like=abstract)  # raises PlanMismatchError on another argument structure
+    if len(devices) > 1:
+        _preflight(r, compiler_options)
     if plan.is_pipeline or plan.schedule.microbatches > 1:
         po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
                           time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
@@ -639,7 +765,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                    constraints_applied=po.constraints_applied,
                    constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
                    pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
-                             "order": po.order, "phases": po.phases},
+                             "order": po.order, "phases": po.phases,
+                             "dispatches": po.dispatches},
                    crossing=_map_crossing(po.graph, po.crossing, graph), records=po.records)
         mode = "pipeline" if plan.is_pipeline else "accumulation"
     else:
@@ -662,7 +789,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     equivalence = None
     if check:
         equivalence = check_equivalence(r, graph, res["crossing"], res["records"], rtol, atol,
-                                        compiler_options)
+                                        compiler_options, plan.schedule.microbatches)
         if not equivalence.matched and raise_on_mismatch:
             raise EquivalenceError(equivalence.message)
     return RunReport(

@@ -10,7 +10,8 @@ against a single-device run computed locally) and streams JSON lines on stdout::
 
     {"event": "start", "process": i, "devices": 8, "local_devices": 4}
     {"event": "step", "process": i, "step": s, "loss": ..., "step_time": ...}
-    {"event": "done", "process": i, "losses": [...], "step_times": [...], "matched": true, ...}
+    {"event": "done", "process": i, "losses": [...], "step_times": [...], "matched": true,
+     "executed_on": [plan device numbers of the (sub)meshes it ran programs on], ...}
     {"event": "error", "process": i, "type": "...", "message": "...", "traceback": "..."}
 
 Everything else (JAX and gloo logging, prints) goes to stderr: stdout is reserved for events.
@@ -146,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         report = run(plan, workload, steps=args.steps, check=not args.no_check, on_step=on_step,
                      compiler_options=opts, raise_on_mismatch=False)
         eq = report.equivalence
+        index = {d.id: k for k, d in enumerate(jax.devices())}  # the plan's device numbering
         events.emit("done", losses=report.losses, step_times=report.step_times,
                     compile_time=report.compile_time,
                     matched=None if eq is None else eq.matched,
                     max_abs_diff=None if eq is None else eq.max_abs_diff,
                     equivalence=None if eq is None else eq.message,
                     comm_bytes=report.comm_bytes, peak_memory=report.peak_memory,
-                    devices=report.num_devices)
+                    devices=report.num_devices, executed_on=sorted(index[i] for i in report.memory),
+                    dispatches=report.pipeline.get("dispatches"))
         sys.stderr.flush()
         return 0
     except BaseException as err:  # report everything, including KeyboardInterrupt

@@ -10,8 +10,16 @@
 
 It adds baselines computed with the same cost model (data parallel, Megatron-style tensor
 parallel, Megatron TP x PP) so the user sees what the search gained, and returns a
-:class:`SearchResult` whose ``plans`` are ranked by predicted step time (plans that fit in memory
-first).
+:class:`SearchResult` whose ``plans`` (candidates and baselines alike) are ranked by one
+prediction: plans that fit in memory first, then by predicted step time. ``result.best`` is the
+first of them, whatever produced it, so the search never hands back a plan worse than one it
+holds; its label says where it came from (``"autoplan"``, ``"autoplan-pipeline"``,
+``"baseline: data parallel"``, ...).
+
+The workload is an :class:`autoplan.Workload` (a user's step and its arguments), a zoo workload
+(:func:`autoplan.models.get`), or an :class:`~autoplan.OpGraph` from :func:`autoplan.trace`
+(intra-operator plans only). Plans made from a workload's arguments keep the arguments' pytree
+structure, so ``plan.named_shardings()`` returns the user's own types.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from autoplan.search.intra._intra import mesh_shapes_for
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS"]
 
-LEVELS = ("exhaustive", "hierarchical", "folded")
+LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 
 
 @dataclass
@@ -38,10 +46,13 @@ class SearchResult:
     """What :func:`search` found.
 
     Attributes:
-        best: the best plan (lowest predicted step time among those that fit in memory).
-        plans: every candidate and baseline, ranked.
+        best: the best plan: the first of ``plans`` (lowest predicted step time among those that
+            fit in memory), a candidate or a baseline (its ``label`` says which).
+        plans: every candidate and baseline, ranked by the same prediction.
         stats: counts and timings (operators, GraphNodes, segments, classes, ILPs, variables,
-            seconds per phase).
+            seconds per phase); ``level`` the level asked for, ``level_used`` and
+            ``level_reason`` the level that ran on each logical mesh (``"2x4"``) and why,
+            ``best_label`` where the best plan came from.
         graph: the traced graph the plans are for.
         analysis: the folding analysis (mining classes, segments), when computed.
     """
@@ -61,11 +72,12 @@ class SearchResult:
         return [p for p in self.plans if p.label.startswith("baseline")]
 
     def table(self) -> str:
-        """The ranked plans as a text table."""
-        lines = [f"{'#':>2}  {'label':<28} {'layout':<52} {'step ms':>10} {'mem GiB':>8} {'MFU':>6} {'fits':>5}"]
+        """The ranked plans as a text table (the best one marked ``*``)."""
+        lines = [f"{'#':>3}  {'label':<28} {'layout':<52} {'step ms':>10} {'mem GiB':>8} {'MFU':>6} {'fits':>5}"]
         for k, p in enumerate(self.plans):
+            mark = "*" if p is self.best else " "
             fits = p.predicted.memory_per_device <= p.cluster.device_memory
-            lines.append(f"{k:>2}  {p.label:<28} {p.describe()[:52]:<52} "
+            lines.append(f"{mark}{k:>2}  {p.label:<28} {p.describe()[:52]:<52} "
                          f"{p.predicted.step_time * 1e3:>10.3f} "
                          f"{p.predicted.memory_per_device / 2**30:>8.3f} "
                          f"{p.predicted.mfu * 100:>5.1f}% {'yes' if fits else 'NO':>5}")
@@ -89,9 +101,17 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
 
         g = traced(workload_or_graph)
         return g, workload_or_graph, time.perf_counter() - t0
-    raise SearchError("search: the first argument should be an autoplan.models Workload or an OpGraph "
-                      f"from autoplan.trace. Got {type(workload_or_graph).__name__}. Fix: "
-                      "autoplan.search(autoplan.models.get('gpt', size='tiny'), cluster).")
+    if callable(workload_or_graph):
+        name = getattr(workload_or_graph, "__name__", "")
+        name = name if name.isidentifier() else "train_step"
+        raise SearchError(
+            f"search: the first argument should be a workload (a step with its arguments) or an "
+            f"OpGraph. Got the function {name!r} alone, without arguments to trace it with. Fix: "
+            f"autoplan.search(autoplan.Workload({name}, (params, opt_state, batch)), cluster).")
+    raise SearchError("search: the first argument should be an autoplan.Workload (a step with its "
+                      "arguments), a zoo workload or an OpGraph from autoplan.trace. Got "
+                      f"{type(workload_or_graph).__name__}. Fix: autoplan.search("
+                      "autoplan.Workload(train_step, (params, opt_state, batch)), cluster).")
 
 
 def _rank(plans: list[Plan]) -> list[Plan]:
@@ -101,8 +121,24 @@ def _rank(plans: list[Plan]) -> list[Plan]:
     return sorted(plans, key=key)
 
 
+def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list[Plan], int]:
+    """The plans ranked by one prediction (fitting in device memory first, then predicted step
+    time), and the index of the best: the first within ``memory_budget``, candidate or baseline
+    alike, so the search never hands back a plan it predicts slower than one it holds."""
+    ranked = _rank(plans)
+    i = next((k for k, p in enumerate(ranked) if memory_budget is None
+              or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)), None)
+    if i is None:
+        least = min(p.predicted.memory_per_device for p in ranked)
+        raise InfeasiblePlanError(
+            f"search: no plan fits the memory budget {memory_budget:.4g} bytes per device; the "
+            f"least any plan needs is {least:.4g} bytes. Fix: raise memory_budget, use more "
+            "devices, or a smaller model.", least)
+    return ranked, i
+
+
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
-           schedule: str = "1f1b", microbatches: int | None = None, level: str = "folded",
+           schedule: str = "1f1b", microbatches: int | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
            pin: Mapping[str, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
@@ -111,16 +147,19 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
-        workload_or_graph: a :class:`autoplan.models.Workload` (or anything with ``fn``, ``args``
-            and ``arg_kinds``), or an :class:`~autoplan.OpGraph`. Pipeline plans need a workload
-            (the micro-batch graph is traced from it).
+        workload_or_graph: an :class:`autoplan.Workload` (a user's step and its arguments), a
+            zoo workload (:func:`autoplan.models.get`), anything with ``fn`` and ``args`` (and
+            optionally ``arg_kinds``), or an :class:`~autoplan.OpGraph`. Pipeline plans need a
+            workload (the micro-batch graph is traced from it).
         cluster: a :class:`~autoplan.Cluster` or its ``"name:nodes"`` string.
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
         schedule: ``"1f1b"`` or ``"gpipe"``.
         microbatches: number of micro-batches for pipeline plans (default: searched).
-        level: ``"exhaustive"`` (whole-graph ILP, Alpa / TePDist O3), ``"hierarchical"``
-            (segment ILPs + chain DP, TePDist O2) or ``"folded"`` (hierarchical, each unique
-            segment class solved once, TAPAS).
+        level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
+            folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
+            ``"exhaustive"`` (whole-graph ILP, Alpa / TePDist O3), ``"hierarchical"`` (segment
+            ILPs + chain DP, TePDist O2) or ``"folded"`` (hierarchical, each unique segment class
+            solved once, TAPAS).
         mesh_shape: the logical mesh for intra-operator plans (default: all 2-D shapes).
         memory_budget: per-device bytes (default: the device's memory, for ranking only).
         pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs.
@@ -142,7 +181,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     """
     if level not in LEVELS:
         raise SearchError(f"search: level should be one of {LEVELS}. Got {level!r}. "
-                          "Fix: level='folded' (default), 'hierarchical' or 'exhaustive'.")
+                          "Fix: level='auto' (default), 'exhaustive', 'hierarchical' or 'folded'.")
     if pipeline not in (True, False, "auto"):
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
@@ -191,7 +230,13 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                 continue
             plans.append(res.plan)
             analysis = analysis or res.analysis
+            mesh_key = "x".join(map(str, shape))
+            stats.setdefault("level_used", {})[mesh_key] = res.stats.get("level", level)
+            stats.setdefault("level_reason", {})[mesh_key] = res.stats.get(
+                "level_reason", f"level={level!r} asked for")
             for key, val in res.stats.items():
+                if key in ("level", "level_reason"):
+                    continue
                 if isinstance(val, int | float) and not isinstance(val, bool):
                     stats[key] = stats.get(key, 0) + val
                 else:
@@ -202,7 +247,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         report("pipeline search", 0.55)
         try:
             pres = pipeline_search(workload, cluster, schedule=schedule, microbatches=microbatches,
-                                   level=level, memory_budget=memory_budget, time_limit=time_limit,
+                                   level="exhaustive" if level == "auto" else level,
+                                   memory_budget=memory_budget, time_limit=time_limit,
                                    num_layers=num_layers, stage_algorithm=stage_algorithm,
                                    submesh_hosts=submesh_hosts)
             plans.extend(pres.plans)
@@ -231,11 +277,14 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     if memory_budget is not None:
         plans = [p for p in plans if p.label.startswith("baseline")
                  or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
+    if graph.arg_trees is not None:  # the JAX views mirror the user's own pytrees
+        types = tuple(t.types for t in graph.arg_trees)
+        plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]
     total = time.perf_counter() - t_start
     stats["search_seconds"] = total - t_trace
-    ranked = _rank(plans)
-    i = next(k for k, p in enumerate(ranked) if not p.label.startswith("baseline"))
+    ranked, i = _rank_and_pick(plans, memory_budget)
     best = ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
+    stats["best_label"] = best.label
     report("done", 1.0)
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)
 

@@ -39,7 +39,7 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = level_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
-                                   label=label, level="folded", config=config)
+                                   label=label, level="auto", config=config)
             out.append(res.plan)
         except AutoplanError:
             pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 from exec_plans import data_parallel_plan, pipeline_plan, tensor_parallel_plan
 
 from autoplan import models
@@ -38,3 +39,15 @@ def plan(name: str, kind: str, schedule: str = "gpipe", microbatches: int = 2):
     if kind == "tp":
         return tensor_parallel_plan(wl, g)
     return pipeline_plan(wl, g, schedule=schedule, microbatches=microbatches)
+
+
+def single_device_losses(wl, steps: int) -> list[float]:
+    """The losses of ``steps`` training steps of ``jax.jit(wl.fn)`` on one device, each from the
+    previous step's parameters and optimizer state, on the same batch."""
+    f = jax.jit(wl.fn)
+    args, losses = wl.args, []
+    for _ in range(steps):
+        loss, params, opt = f(*args)
+        losses.append(float(loss))
+        args = (params, opt, args[2])
+    return losses

@@ -7,8 +7,9 @@
   not divide), the optimizer state like its parameter, and sharding constraints on forward
   dot/conv results (batch dimension on ``"x"``, the feature dimension on ``"y"`` where the kernel
   is split so).
-* :func:`pipeline_plan`: two stages, layers split in half, devices 0..3 and 4..7, data parallel
-  inside each stage, a GPipe or 1F1B table over ``microbatches`` micro-batches.
+* :func:`pipeline_plan`: two stages, layers split in half, devices 0..3 and 4..7 (or stages of
+  any sizes), data parallel inside each stage, a GPipe or 1F1B table over ``microbatches``
+  micro-batches.
 """
 
 from __future__ import annotations
@@ -141,13 +142,18 @@ def tensor_parallel_plan(wl: Any, graph: Any | None = None, mesh: tuple[int, int
 
 
 def pipeline_plan(wl: Any, graph: Any | None = None, schedule: str = "gpipe",
-                  microbatches: int = 2, per_stage: int = 4) -> Plan:
-    """Two stages (layers split in half) on devices ``0..per_stage-1`` and the next
-    ``per_stage``, each data parallel over its submesh."""
+                  microbatches: int = 2, per_stage: int = 4,
+                  sizes: tuple[int, ...] | None = None) -> Plan:
+    """Stages of consecutive layers (split as evenly as the layers allow) on consecutive devices,
+    each data parallel over its submesh: two stages of ``per_stage`` devices, or one stage per
+    entry of ``sizes`` (devices per stage, in order)."""
     graph = graph or traced(wl)
+    sizes = tuple(sizes) if sizes else (per_stage, per_stage)
+    S = len(sizes)
     names = [ly.name for ly in graph.layers if ly.name not in ("optimizer", "(root)")]
-    cut = (len(names) + 1) // 2
-    layers = [tuple(names[:cut]), tuple(names[cut:])]
+    assert len(names) >= S, f"{len(names)} layers cannot fill {S} stages"
+    bounds = [-(-k * len(names) // S) for k in range(S + 1)]  # earlier stages take the extra layer
+    layers = [tuple(names[bounds[k]:bounds[k + 1]]) for k in range(S)]
     layer_stage = {n: s for s, ls in enumerate(layers) for n in ls}
     param_stage: dict[str, int] = {}
     for ly in graph.layers:
@@ -169,42 +175,45 @@ def pipeline_plan(wl: Any, graph: Any | None = None, schedule: str = "gpipe",
     def spec(gi, shape):
         if gi.kind == "batch":
             mb = (shape[0] // microbatches,) + tuple(shape[1:]) if shape else shape
-            return _batch_dim0(mb, per_stage) if shape else ()
+            return _batch_dim0(mb, sizes[stage_of(gi)]) if shape else ()
         return (None,) * len(shape)
 
     inputs = _inputs(graph, spec, stage_of)
     stages = []
-    for s in range(2):
+    first_id = 0
+    for s, n in enumerate(sizes):
         ops = []
         for op in graph.ops:
             if (op.role != "forward" or op.primitive != "dot_general" or not op.scope
                     or layer_stage.get(op.scope[0]) != s):
                 continue
             out_shape = op.out_shapes[0]
-            out_spec = _batch_dim0((out_shape[0] // microbatches,) + tuple(out_shape[1:]), per_stage)
+            out_spec = _batch_dim0((out_shape[0] // microbatches,) + tuple(out_shape[1:]), n)
             tensors = (TensorSharding(f"%{op.outputs[0]}", "output", out_shape, op.out_dtypes[0],
                                       out_spec),)
             ops.append(OpSharding(op.id, op.primitive, op.scope_name, op.scope[0], op.role,
                                   "handmade", tensors, flops=op.flops))
-        ids = tuple(range(s * per_stage, (s + 1) * per_stage))
-        stages.append(Stage(s, layers[s], (cut * s, cut + s * (len(names) - cut)), (1, per_stage), ids,
-                            (per_stage,), ("x",), ops=tuple(ops)))
-    table = tuple(tuple(row) for row in schedule_table(schedule, 2, microbatches))
+        ids = tuple(range(first_id, first_id + n))
+        first_id += n
+        stages.append(Stage(s, layers[s], (bounds[s], bounds[s + 1]), (1, n), ids, (n,), ("x",),
+                            ops=tuple(ops)))
+    table = tuple(tuple(row) for row in schedule_table(schedule, S, microbatches))
     grad = _grad_bytes(graph)
-    # activations cross the cut once forward and once backward per micro-batch
+    # activations cross each cut once forward and once backward per micro-batch
     crossing: set[int] = set()
     for op in graph.ops:
-        if op.role == "forward" and op.scope and layer_stage.get(op.scope[0]) == 1:
+        if op.role == "forward" and op.scope and layer_stage.get(op.scope[0], 0) > 0:
             for t in op.inputs:
                 if t is None:
                     continue
                 p = graph.tensors[t].producer
-                if p >= 0 and graph.ops[p].scope and layer_stage.get(graph.ops[p].scope[0]) == 0:
+                if (p >= 0 and graph.ops[p].scope
+                        and layer_stage.get(graph.ops[p].scope[0], 0) < layer_stage[op.scope[0]]):
                     crossing.add(t)
     cut_bytes = 2.0 * sum(graph.tensors[t].nbytes for t in crossing)
     # each micro-batch's backward all-reduces its stage's gradients inside the stage
-    comm = {"all-reduce": microbatches * grad / 2, "send-recv": cut_bytes}
-    return _plan(wl, graph, stages, inputs, Schedule(schedule, microbatches, 2, table), comm,
+    comm = {"all-reduce": microbatches * grad / S, "send-recv": cut_bytes}
+    return _plan(wl, graph, stages, inputs, Schedule(schedule, microbatches, S, table), comm,
                  f"handmade-pipeline-{schedule}")
 
 

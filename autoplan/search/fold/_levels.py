@@ -1,5 +1,9 @@
-"""Optimisation levels of the intra-operator search: exhaustive, hierarchical, folded.
+"""Optimisation levels of the intra-operator search: auto, exhaustive, hierarchical, folded.
 
+* ``"auto"`` (default) — picks one of the others per graph (:func:`choose_level`): the
+  exhaustive ILP for graphs small enough that it is the fast path (and for graphs with little
+  repetition), the folded search for large graphs of many instances of few classes, bounded in
+  the ILPs it may solve before the exhaustive search replaces it.
 * ``"exhaustive"`` — one ILP over the whole graph (Alpa; TePDist's O3).
 * ``"hierarchical"`` — TePDist's O2: the graph is cut into segments between critical nodes
   (:func:`~autoplan.search.fold._cones.segments`, one per repeated layer plus the embedding and the
@@ -10,7 +14,7 @@
 
   where ``c_i(a, b)`` is segment i's ILP optimum with its incoming boundary tensors fixed to spec
   state ``a`` and its outgoing ones to ``b``.
-* ``"folded"`` (default) — TAPAS: the same, but segments with the same structure (a mined
+* ``"folded"`` — TAPAS: the same, but segments with the same structure (a mined
   repeated layer) form a class whose ``c(a, b)`` is solved once and reused by every instance.
   The chain DP still chooses each instance's boundary strategies, so repeated layers are *not*
   forced into one boundary layout (forcing it is how PyTorch AutoParallel's folding loses 11-14%).
@@ -96,12 +100,19 @@ from autoplan._memo import memo
 from autoplan._plan import Plan
 from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._clustering import _forward, _signature, cluster_layers
-from autoplan.search.intra._ilp import ILPSolution, _resolve_pins, cost_strategies, solve_ilp
+from autoplan.search.intra._ilp import (
+    ILPSolution,
+    _free_tensors,
+    _resolve_pins,
+    _updated_pairs,
+    cost_strategies,
+    solve_ilp,
+)
 from autoplan.search.intra._intra import intra_op_search, make_mesh, plan_from_solution
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
-__all__ = ["LevelResult", "level_search", "Analysis"]
+__all__ = ["LevelResult", "level_search", "choose_level", "Analysis"]
 
 
 @dataclass
@@ -141,25 +152,115 @@ class LevelResult:
     solution: ILPSolution | None = field(default=None, repr=False)
 
 
+#: ``level="auto"``: graphs of at most this many operators get the whole-graph ILP, which is then
+#: the fast path (about a second on this project's 2-core machine; a folded search has a fixed
+#: cost of its free, one-sided and pair solves) and exact
+AUTO_EXHAUSTIVE_OPS = 4000
+#: ``level="auto"``: larger graphs are folded when mining makes them at least this much smaller
+#: (operators / operators of one instance per class plus the rest: TAPAS's fold ratio). GPT's
+#: 12 layers fold 8.5x and solve 23 ILPs; Wide-ResNet 250M folds 2.2x, needs 164 pair ILPs and
+#: takes 7x its exhaustive ILP's time
+AUTO_FOLD_RATIO = 3.0
+#: ``level="auto"``: a folded search solves at most ``max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS x
+#: unique segment classes)`` ILPs before the exhaustive search replaces it (GPT and MoE fold in
+#: 23-25 ILPs; a chain whose boundaries all disagree needs many pair ILPs)
+AUTO_MIN_ILPS = 64
+AUTO_ILPS_PER_CLASS = 8
+
+
+class _ILPBoundReached(Exception):
+    """Raised inside a folded or hierarchical search when it reaches its ILP bound."""
+
+    def __init__(self, solves: int):
+        super().__init__(solves)
+        self.solves = solves
+
+
+def choose_level(graph: OpGraph) -> tuple[str, str]:
+    """The level ``level="auto"`` runs on ``graph``, and why.
+
+    * ``"exhaustive"`` when the graph has at most :data:`AUTO_EXHAUSTIVE_OPS` operators (the
+      whole-graph ILP is the fast path), or when folding does not pay (mining's fold ratio below
+      :data:`AUTO_FOLD_RATIO`: few repeated blocks);
+    * ``"folded"`` otherwise (many instances of few classes), with the ILP bound of
+      :func:`level_search`.
+    """
+    n = len(graph.ops)
+    if n <= AUTO_EXHAUSTIVE_OPS:
+        return "exhaustive", (f"auto: {n:,} operators (at most {AUTO_EXHAUSTIVE_OPS:,}): the "
+                              "whole-graph ILP is the fast path")
+    from autoplan.search.fold._mine import mine  # noqa: PLC0415
+
+    mining = memo(graph, "mining", lambda: mine(graph))
+    ratio = mining.fold_ratio
+    if ratio < AUTO_FOLD_RATIO:
+        return "exhaustive", (f"auto: {n:,} operators but fold ratio {ratio:.2f} (below "
+                              f"{AUTO_FOLD_RATIO}): folding does not pay")
+    counts = sorted((len(c.instances) for c in mining.classes), reverse=True)
+    return "folded", (f"auto: {n:,} operators, fold ratio {ratio:.2f} ({len(counts)} repeated "
+                      f"class(es) of {', '.join(map(str, counts[:4]))} instances): folded")
+
+
+def _exhaustive(graph: OpGraph, cluster: Cluster, mesh_shape, *, memory_budget, pin, time_limit,
+                label, config, reason: str | None) -> LevelResult:
+    res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
+                          time_limit=time_limit, label=label, level="exhaustive", config=config)
+    stats = dict(res.stats)
+    stats.update({"ilps_solved": 1, "ilp_variables": res.solution.vars_after_merging,
+                  "solve_seconds": res.solution.solve_seconds, "level": "exhaustive"})
+    plan = res.plan
+    if reason:
+        stats["level_reason"] = reason
+        plan = plan.with_(notes=plan.notes + (reason,))
+    return LevelResult(plan, stats, None, res.solution)
+
+
 @gc_paused
 def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
-                 level: str = "folded", memory_budget: float | None = None,
+                 level: str = "auto", memory_budget: float | None = None,
                  pin: Mapping[str, Any] | None = None, time_limit: float = 60.0,
-                 config: Mapping[str, Any] | None = None, label: str = "autoplan") -> LevelResult:
+                 config: Mapping[str, Any] | None = None, label: str = "autoplan",
+                 max_ilps: int | None = None) -> LevelResult:
     """The intra-operator plan of ``graph`` on ``mesh_shape`` at an optimisation level.
+
+    ``level="auto"`` picks the level by :func:`choose_level`; a folded search it picks solves
+    at most ``max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS x unique classes)`` ILPs (``max_ilps``
+    overrides), after which the exhaustive search replaces it. ``stats["level"]`` is the level
+    that ran and ``stats["level_reason"]`` why (also in the plan's notes).
 
     A memory budget is enforced exactly by the whole-graph ILP: when a hierarchical or folded plan
     does not fit it, the exhaustive search with the budget is used instead (said in the plan's
     notes).
     """
+    reason = None
+    bound_auto = False
+    if level == "auto":
+        level, reason = choose_level(graph)
+        bound_auto = max_ilps is None
+    kw = dict(memory_budget=memory_budget, pin=pin, time_limit=time_limit, label=label,
+              config=config)
     if level == "exhaustive":
-        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
-                              time_limit=time_limit, label=label, level=level, config=config)
-        stats = dict(res.stats)
-        stats.update({"ilps_solved": 1, "ilp_variables": res.solution.vars_after_merging,
-                      "solve_seconds": res.solution.solve_seconds})
-        return LevelResult(res.plan, stats, None, res.solution)
+        return _exhaustive(graph, cluster, mesh_shape, reason=reason, **kw)
+    try:
+        res = _hierarchical(graph, cluster, mesh_shape, level=level, max_ilps=max_ilps,
+                            bound_auto=bound_auto, **kw)
+    except _ILPBoundReached as stop:
+        why = (f"the {level} search reached its bound of {stop.solves} ILPs before finishing "
+               "(boundaries whose sides disagree need pair ILPs): the exhaustive search was used")
+        return _exhaustive(graph, cluster, mesh_shape,
+                           reason=f"{reason}; {why}" if reason else why, **kw)
+    res.stats["level"] = level
+    if reason:
+        res.stats["level_reason"] = reason
+        res.plan = res.plan.with_(notes=res.plan.notes + (reason,))
+    return res
 
+
+def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None, *,
+                  level: str, memory_budget: float | None, pin: Mapping[str, Any] | None,
+                  time_limit: float, config: Mapping[str, Any] | None, label: str,
+                  max_ilps: int | None, bound_auto: bool) -> LevelResult:
+    """The hierarchical and folded levels (see the module docstring)."""
     from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
     from autoplan.search.fold._mine import mine  # noqa: PLC0415
 
@@ -177,6 +278,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     K = len(segs)
     pins_set = _pinned_tensors(graph, pin)
     boundaries, long_range = _crossings(graph, seg_of, K)
+    shared, pair_out = _shared_inputs(graph, seg_of)
     # per segment, for each tensor of its two boundaries: how often it is read outside the
     # segment when the segment makes it (-1 when it does not); a boundary spec fixed on a tensor
     # made inside is charged once per such use (see extra_uses; ``consumers`` lists an operator
@@ -187,6 +289,8 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
     sig = [_signature(graph, s.ops) for s in segs]
     t_seg = time.perf_counter() - t1
+    if bound_auto:
+        max_ilps = max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(sig)))
 
     solves = 0
     variables = 0
@@ -221,6 +325,8 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         rep = rep_of.setdefault(ck, i)
         key = (ck, a, b)
         if key not in cache:
+            if max_ilps is not None and solves >= max_ilps:
+                raise _ILPBoundReached(solves)
             fixed = dict(lr_fixed[rep])
             if a is not None and rep > 0:
                 fixed.update(dict(zip(boundaries[rep - 1], a)))
@@ -292,7 +398,12 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         for i in range(K):
             lr_fixed[i] = {t: assign[t] for t in long_range[i] if t in assign}
         for t, spec in assign.items():
-            if t not in adjacent:
+            if t in shared:  # a graph input: fixed wherever it is read, and its update's result
+                for r in shared[t]:
+                    lr_fixed[r][t] = spec
+                for o, p in pair_out.get(t, ()):
+                    lr_fixed[p][o] = spec
+            elif t not in adjacent:
                 lr_fixed[seg_of[graph.tensors[t].producer]][t] = spec
         free = [solve_segment(i, None, None) if lr_fixed[i] else free0[i] for i in range(K)]
         # 2. boundary candidates where the free solves disagree (see the module docstring)
@@ -300,21 +411,27 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         cands: list[list[tuple]] = []
         for i in range(K - 1):
             bt = boundaries[i]
+            shapes = [graph.tensors[t].shape for t in bt]
+            rep = tuple((None,) * len(sh) for sh in shapes)
             left = tuple(free[i][1].spec(t) for t in bt)
             right = tuple(free[i + 1][1].spec(t) for t in bt)
+            # a side whose ILP does not decide a tensor's spec (it reads it only in operators
+            # that are not decided, or not at all) takes the other side's, or replicated
+            left, right = (tuple(x if x is not None else y if y is not None else r
+                                 for x, y, r in zip(p, q, rep))
+                           for p, q in ((left, right), (right, left)))
             opts = [left]
             if left != right:
-                prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) for t in bt)
-                shapes = [graph.tensors[t].shape for t in bt]
-                rep = tuple((None,) * len(graph.tensors[t].shape) for t in bt)
+                prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) or x
+                             for t, x in zip(bt, left))
                 opts += [right, rep, prod] + [
                     tuple(sj if shapes[m] == shapes[j] else prod[m] for m in range(len(bt)))
                     for j, sj in enumerate(prod)]
                 opts += [tuple(v if fits(v, shapes[m]) else prod[m] for m in range(len(bt)))
                          for v in vocab]
-            cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))) or [left])
+            cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))))
         # 3. chain DP over boundary states (state None: free, where both sides agree)
-        agree = [len(c) == 1 for c in cands]
+        agree = [len(c) == 1 for c in cands]  # (left == right: the options hold both else)
 
         def state_options(i: int) -> list[tuple | None]:
             return [None] if agree[i] else list(cands[i])
@@ -381,26 +498,45 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
         assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
     else:
         assigns = [{}]
+    if shared:
+        # a graph input read by several segments takes one spec in all of them: its first
+        # reader's free choice, or replicated (pinned inputs keep their pin)
+        own = {t: free0[r[0]][1].spec(t) for t, r in shared.items()}
+        own = {t: sp for t, sp in own.items() if sp is not None}
+        rep_all = {t: (None,) * len(graph.tensors[t].shape) for t in own if t not in pins_set}
+        assigns = [{**a, **own} for a in assigns] + [{**assigns[0], **own, **rep_all}]
+        assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
     t2 = time.perf_counter()
     runs = [run_chain(a) for a in assigns]
-    k_best = min(range(len(runs)), key=lambda k: runs[k][0])
+    t_dp = time.perf_counter() - t2
+
+    # 4. stitch the segments' strategies and cost them as chosen on the whole graph (with
+    # several assignments of the long-range and shared tensors, the cheapest stitched plan wins)
+    def stitch(run) -> tuple[Any, int]:
+        _, path, free, lr_run = run[:4]
+        for i in range(K):
+            lr_fixed[i] = lr_run[i]
+        op_strat: dict[int, Any] = {}
+        in_spec: dict[int, Any] = {}
+        for i, (a, b) in enumerate(path):
+            view = free[i][1] if a is None and b is None else solve_segment(i, a, b)[1]
+            op_strat.update(view.strategies())
+            for t, sp in view.input_specs():
+                in_spec.setdefault(t, sp)
+        return cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
+
+    t3 = time.perf_counter()
+    if len(runs) == 1:
+        k_best, (bd, mismatches) = 0, stitch(runs[0])
+    else:
+        stitched = [stitch(r) for r in runs]
+        k_best = min(range(len(runs)), key=lambda k: (stitched[k][0].objective, runs[k][0]))
+        bd, mismatches = stitched[k_best]
     dp_value, path, free, lr_best, cands, agree = runs[k_best]
     for i in range(K):
         lr_fixed[i] = lr_best[i]
-    t_dp = time.perf_counter() - t2
     seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
                  for i in range(K)]
-
-    # 4. stitch the segments' strategies and cost them as chosen on the whole graph
-    t3 = time.perf_counter()
-    op_strat: dict[int, Any] = {}
-    in_spec: dict[int, Any] = {}
-    for i, (a, b) in enumerate(path):
-        view = free[i][1] if a is None and b is None else solve_segment(i, a, b)[1]
-        op_strat.update(view.strategies())
-        for t, s in view.input_specs():
-            in_spec.setdefault(t, s)
-    bd, mismatches = cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
     t_stitch = time.perf_counter() - t3
     total = time.perf_counter() - t0
     n_ops = len(bd.op_strategy)
@@ -478,7 +614,8 @@ def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
 
 def _crossings(graph: OpGraph, seg_of: list[int], K: int
                ) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-    """The non-scalar tensors crossing between segments.
+    """The non-scalar tensors crossing between segments (constants and what is computed from
+    them alone excluded: the ILP decides nothing about them).
 
     Returns:
         For each i < K-1, the tensors crossing between segments i and i+1 in either direction
@@ -501,8 +638,9 @@ def _crossings(graph: OpGraph, seg_of: list[int], K: int
     t, q = pair // K, pair % K
     p = seg[arr.producer[t]]
     tensors = graph.tensors
+    free = _free_tensors(graph)  # constants and what is computed from them alone: no decision
     for ti, pi, qi in zip(t.tolist(), p.tolist(), q.tolist()):
-        if not tensors[ti].shape:
+        if not tensors[ti].shape or ti in free:
             continue
         if qi == pi + 1:
             bound[pi].append(ti)
@@ -511,6 +649,39 @@ def _crossings(graph: OpGraph, seg_of: list[int], K: int
         else:
             long_range[qi].append(ti)
     return [tuple(sorted(x)) for x in bound], long_range
+
+
+def _shared_inputs(graph: OpGraph, seg_of: list[int]
+                   ) -> tuple[dict[int, list[int]], dict[int, list[tuple[int, int]]]]:
+    """The graph inputs whose spec couples segments, and the updates that write them back.
+
+    A graph input read by several segments (stacked ``lax.scan`` weights read by every
+    iteration, a parameter read by its layer's forward pass and by an update placed elsewhere)
+    must take one spec in all of them, else the stitched plan reshards it for every segment that
+    assumed another. So must an input whose updated value (a new parameter or optimizer state)
+    is made by a segment that does not read it: the stitched plan charges resharding that value
+    to the input's spec, which only the input's readers fix.
+
+    Returns:
+        ``{input tensor: its reading segments, in order}`` for the non-scalar inputs read by
+        several segments or updated by a segment that does not read them, and ``{input tensor:
+        [(updated output tensor, the segment making it)]}`` for the latter.
+    """
+    readers: dict[int, list[int]] = {}
+    for gi in graph.inputs:
+        if not graph.tensors[gi.tensor].shape:
+            continue
+        segs = sorted({seg_of[c] for c in graph.consumers[gi.tensor] if seg_of[c] >= 0})
+        if segs:
+            readers[gi.tensor] = segs
+    shared = {t: r for t, r in readers.items() if len(r) > 1}
+    pair_out: dict[int, list[tuple[int, int]]] = {}
+    for o, i in _updated_pairs(graph):
+        p = seg_of[graph.tensors[o].producer]
+        if i in readers and p >= 0 and p not in readers[i]:
+            pair_out.setdefault(i, []).append((o, p))
+            shared.setdefault(i, readers[i])
+    return shared, pair_out
 
 
 def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:

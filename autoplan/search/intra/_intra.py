@@ -227,6 +227,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     planned = sorted(i for i in planned_set
                      if i in sol.strategies and len(graph_ops[i].outputs) == 1)
     ops = []
+    layer_names = graph.layer_names
     for i in planned:
         op, st = graph_ops[i], sol.strategies[i]
         tensors = []
@@ -245,7 +246,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
         for t, spec in zip(op.outputs, st.out_specs):
             ten = graph_tensors[t]
             tensors.append(TensorSharding(f"%{t}", "output", ten.shape, ten.dtype, spec))
-        layer = op.scope[0] if op.scope else "(root)"
+        layer = layer_names[i] or (op.scope[0] if op.scope else "(root)")
         ops.append(OpSharding(op=i, primitive=op.primitive, scope=op.scope_name, layer=layer,
                               role=op.role, strategy=st.name, tensors=tuple(tensors),
                               comm=tuple(op_comm.get(i, ())), flops=op.flops))

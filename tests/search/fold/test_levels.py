@@ -99,8 +99,9 @@ def test_search_reports_level_statistics():
     wl = models.get("gpt", size="tiny", layers=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(2, 4), baselines=False)
-    assert res.best.level == "folded"
+        res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(2, 4), baselines=False,
+                              level="folded")
+    assert res.best.level == "folded" and res.stats["level_used"] == {"2x4": "folded"}
     for key in ("operators", "segments", "unique_classes", "ilps_solved", "trace_seconds",
                 "search_seconds"):
         assert key in res.stats

@@ -1,0 +1,318 @@
+"""A user's training step and its arguments: :class:`Workload`, what autoplan plans and runs.
+
+``autoplan.Workload(step, (params, opt_state, batch))`` is the one form a user's own step takes
+through every part of autoplan: :func:`autoplan.trace`, :func:`autoplan.search` (pipeline plans
+included), :func:`autoplan.exec.run` and :func:`autoplan.exec.launch` (a ``module:function``
+spec returning a Workload). The zoo's :class:`autoplan.models.Workload` has the same fields and
+methods (``fn``, ``args``, ``arg_kinds``, ``name``, ``config``, ``concrete``).
+
+The kind of each positional argument (``parameter``, ``optimizer_state``, ``batch`` or
+``input``) decides how the search treats it: parameters and their optimizer state are what a
+stage holds, batch arguments are split into micro-batches along their leading dimension.
+:func:`infer_arg_kinds` reads them off the arguments and the step's signature when the user does
+not say (see its docstring); ``Workload(..., arg_kinds=...)`` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from autoplan._errors import ModelError
+
+__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf", "ARG_KINDS"]
+
+#: The kinds a positional argument of a training step can have.
+ARG_KINDS = ("parameter", "optimizer_state", "batch", "input")
+
+# argument names as training steps spell them (compared lower-case)
+_NAMES = {
+    "parameter": {"params", "param", "parameters", "weights", "model", "variables", "net",
+                  "network", "train_params", "trainable", "diff_model", "model_params"},
+    "optimizer_state": {"opt_state", "optimizer_state", "opt", "optim_state", "optimiser_state",
+                        "opt_st", "tx_state", "optimizer"},
+    "batch": {"batch", "data", "inputs", "input", "x", "xs", "x_batch", "tokens", "images",
+              "image", "labels", "targets", "examples", "input_ids", "minibatch", "sample",
+              "samples", "features"},
+    "input": {"rng", "key", "rngs", "prng", "seed", "step", "lr", "learning_rate", "t", "i"},
+}
+_POSITIONAL = {1: ("parameter",), 2: ("parameter", "batch"),
+               3: ("parameter", "optimizer_state", "batch")}
+
+
+def _node_types(tree: Any) -> set[type]:
+    """The types of every node (containers and leaves) of a pytree."""
+    seen: set[type] = set()
+
+    def visit(x: Any) -> bool:
+        seen.add(type(x))
+        return False
+
+    jax.tree_util.tree_flatten(tree, is_leaf=visit)
+    return seen
+
+
+def _is_optimizer_state(tree: Any) -> bool:
+    """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...)."""
+    return any((getattr(t, "__module__", "") or "").split(".")[0] == "optax"
+               for t in _node_types(tree))
+
+
+def _param_names(fn: Callable[..., Any], n: int) -> list[str | None]:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return [None] * n
+    names = [p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [names[i] if i < len(names) else None for i in range(n)]
+
+
+def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, ...]:
+    """The kind of each positional argument of a training step, read off what it is.
+
+    In order of precedence, an argument is:
+
+    1. ``"optimizer_state"`` when its pytree holds an optax state (a node whose type comes from
+       ``optax``: ``ScaleByAdamState``, ``EmptyState``, ...);
+    2. the kind its name in ``fn``'s signature says: ``params``/``model``/``weights`` ->
+       ``"parameter"``, ``opt_state``/``optimizer_state`` -> ``"optimizer_state"``,
+       ``batch``/``data``/``x``/``tokens``/``images`` -> ``"batch"``, ``rng``/``key``/``step``
+       -> ``"input"``;
+    3. by position, the kinds of the usual signatures not yet taken: ``(params, opt_state,
+       batch)``, ``(params, batch)``, ``(params,)``;
+    4. else ``"input"`` (replicated, never split).
+
+    Args:
+        fn: the training step.
+        args: its positional arguments.
+
+    Returns:
+        One kind per argument.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> def step(w, x):
+        ...     return (x @ w).sum()
+        >>> infer_arg_kinds(step, (jnp.ones((4, 2)), jnp.ones((8, 4))))
+        ('parameter', 'batch')
+    """
+    n = len(args)
+    kinds: list[str | None] = [None] * n
+    for i, a in enumerate(args):
+        if _is_optimizer_state(a):
+            kinds[i] = "optimizer_state"
+    for i, name in enumerate(_param_names(fn, n)):
+        if kinds[i] is None and name is not None:
+            kinds[i] = next((k for k, names in _NAMES.items() if name.lower() in names), None)
+    default = _POSITIONAL.get(n, ())
+    free = [k for k in default if k not in kinds]
+    for i in range(n):
+        if kinds[i] is None and i < len(default) and default[i] in free:
+            kinds[i] = default[i]
+            free.remove(default[i])
+    for i in range(n):
+        if kinds[i] is None:
+            kinds[i] = free.pop(0) if free else "input"
+    return tuple(k for k in kinds if k is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgTree:
+    """The pytree structure of one positional argument of a step, as plans rebuild it.
+
+    Attributes:
+        treedef: the argument's ``PyTreeDef`` (the user's own container types: ``nnx.State``,
+            Equinox modules, optax states, dataclasses; ``None`` subtrees included).
+        paths: ``jax.tree_util.keystr`` of each leaf, in the treedef's leaf order (the paths
+            plans key their input specs by).
+        types: the container types of the argument that a plan file's paths cannot rebuild
+            (anything but dicts with string keys and lists: ``"tuple"``, ``"None"``, and the
+            qualified name of every other node type), sorted; empty when nested dicts and lists
+            rebuilt from the paths have the argument's exact structure.
+    """
+
+    treedef: Any
+    paths: tuple[str, ...]
+    types: tuple[str, ...]
+
+
+def _unrebuildable(treedef: Any) -> set[str]:
+    out: set[str] = set()
+    stack = [treedef]
+    while stack:
+        td = stack.pop()
+        node = td.node_data()
+        if node is not None:
+            kind, aux = node
+            if kind is dict:
+                if not all(isinstance(k, str) for k in aux or ()):
+                    out.add("dict (keys that are not strings)")
+            elif kind is not list:
+                out.add("None" if kind is type(None) else "tuple" if kind is tuple
+                        else f"{kind.__module__}.{kind.__qualname__}")
+        stack.extend(td.children())
+    return out
+
+
+def arg_trees(args: Sequence[Any]) -> tuple[ArgTree, ...]:
+    """The :class:`ArgTree` of each positional argument."""
+    out = []
+    for a in args:
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(a)
+        out.append(ArgTree(treedef, tuple(jax.tree_util.keystr(p) for p, _ in leaves),
+                           tuple(sorted(_unrebuildable(treedef)))))
+    return tuple(out)
+
+
+def non_array_leaf(tree: Any) -> tuple[str, Any] | None:
+    """The first leaf of ``tree`` that is neither an array (anything with ``shape`` and
+    ``dtype``: arrays, ``jax.ShapeDtypeStruct``) nor a Python number, as ``(keystr path, leaf)``;
+    None when there is none."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")) and not isinstance(
+                leaf, bool | int | float | complex):
+            return jax.tree_util.keystr(path), leaf
+    return None
+
+
+def _leading_batch(args: Sequence[Any], kinds: Sequence[str]) -> int | None:
+    """The leading dimension shared by every non-scalar batch leaf, when there is one."""
+    dims = {int(x.shape[0]) for a, k in zip(args, kinds) if k == "batch"
+            for x in jax.tree_util.tree_leaves(a) if len(getattr(x, "shape", ())) >= 1}
+    return dims.pop() if len(dims) == 1 else None
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree_util.tree_map(
+        lambda x: x if isinstance(x, jax.ShapeDtypeStruct)
+        else jax.ShapeDtypeStruct(tuple(getattr(x, "shape", ())), getattr(x, "dtype", None)
+                                  or jax.numpy.asarray(x).dtype), tree)
+
+
+@dataclasses.dataclass(frozen=True, eq=False, init=False)
+class Workload:
+    """A training step with its arguments, ready to trace, plan, run and launch.
+
+    Attributes:
+        fn: the step, e.g. ``train_step(params, opt_state, batch) -> (loss, params,
+            opt_state)``; pure JAX (``jax.jit``-able), not jitted.
+        args: its positional arguments as a tuple: pytrees of arrays, or of
+            ``jax.ShapeDtypeStruct`` (abstract: nothing is allocated; running the plan then needs
+            ``init``). Any pytree works: ``flax.nnx.State``, Equinox modules (``None`` where
+            ``eqx.partition`` left non-arrays), optax's named tuples, dataclasses.
+        arg_kinds: ``"parameter"``, ``"optimizer_state"``, ``"batch"`` or ``"input"`` per
+            argument (default: :func:`infer_arg_kinds`).
+        name: a name for plans and reports (default ``fn.__name__``).
+        config: what plans record about the workload; ``"batch"`` (the leading dimension of the
+            batch arguments) is filled in when the batch leaves agree on it.
+        init: ``init(seed) -> args`` making concrete arguments of the same shapes (needed to run
+            a workload given abstract arguments).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, autoplan
+        >>> def train_step(params, batch):
+        ...     loss, g = jax.value_and_grad(lambda p: jnp.mean((batch @ p) ** 2))(params)
+        ...     return loss, params - 0.1 * g
+        >>> wl = autoplan.Workload(train_step, (jnp.ones((4, 2)), jnp.ones((8, 4))))
+        >>> wl.arg_kinds, wl.config
+        (('parameter', 'batch'), {'batch': 8})
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    arg_kinds: tuple[str, ...]
+    name: str
+    config: dict[str, Any]
+    init: Callable[[int], Sequence[Any]] | None = dataclasses.field(default=None, repr=False)
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any],
+                 arg_kinds: Sequence[str] | None = None, name: str | None = None, *,
+                 config: Mapping[str, Any] | None = None,
+                 init: Callable[[int], Sequence[Any]] | None = None):
+        if not callable(fn):
+            raise ModelError(f"Workload: fn should be the training step (a callable). Got "
+                             f"{type(fn).__name__}: {fn!r:.80}. Fix: Workload(train_step, "
+                             "(params, opt_state, batch)).")
+        if not isinstance(args, tuple | list):
+            raise ModelError(
+                f"Workload: args should be a tuple with one entry per positional argument of the "
+                f"step. Got {type(args).__name__}. Fix: Workload(train_step, (params, opt_state, "
+                "batch)), or (params,) for a step of one argument.")
+        args = tuple(args)
+        bad = non_array_leaf(args)
+        if bad is not None:
+            path, leaf = bad
+            raise ModelError(
+                f"Workload: every leaf of args should be an array or jax.ShapeDtypeStruct. "
+                f"Got {type(leaf).__name__} at args{path}: {leaf!r:.60}. Fix: split non-array "
+                "state off (nnx.split, eqx.partition) and close over it in the step.")
+        if arg_kinds is None:
+            kinds = infer_arg_kinds(fn, args)
+        else:
+            kinds = tuple(arg_kinds)
+            if len(kinds) != len(args) or any(k not in ARG_KINDS for k in kinds):
+                raise ModelError(
+                    f"Workload: arg_kinds should give one of {ARG_KINDS} for each of the "
+                    f"{len(args)} arguments. Got {tuple(arg_kinds)!r}. Fix: e.g. "
+                    f"arg_kinds={_POSITIONAL.get(len(args), ('input',) * len(args))!r}.")
+        if init is not None and not callable(init):
+            raise ModelError(f"Workload: init should be a function seed -> args. Got "
+                             f"{type(init).__name__}. Fix: init=lambda seed: make_args(seed).")
+        cfg = dict(config or {})
+        batch = _leading_batch(args, kinds)
+        if batch is not None:
+            cfg.setdefault("batch", batch)
+        object.__setattr__(self, "fn", fn)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "arg_kinds", kinds)
+        object.__setattr__(self, "name", name or getattr(fn, "__name__", "workload"))
+        object.__setattr__(self, "config", cfg)
+        object.__setattr__(self, "init", init)
+
+    @property
+    def abstract(self) -> bool:
+        """True when some leaf of ``args`` is a ``jax.ShapeDtypeStruct``."""
+        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(self.args))
+
+    def concrete(self, seed: int = 0) -> Workload:
+        """This workload with concrete arrays: itself when its arguments are arrays, else
+        ``init(seed)``'s (checked to have the same structure, shapes and dtypes).
+
+        Raises:
+            ModelError: abstract arguments and no ``init``, or ``init`` returned other shapes.
+        """
+        if not self.abstract:
+            return self
+        if self.init is None:
+            raise ModelError(
+                f"Workload {self.name!r} has abstract (jax.ShapeDtypeStruct) arguments and no init "
+                "to make concrete ones, so it cannot run. Fix: pass concrete arrays, or "
+                "Workload(fn, args, init=lambda seed: make_args(seed)).")
+        new = tuple(self.init(seed))
+        want, got = _abstract(self.args), _abstract(new)
+        if jax.tree_util.tree_structure(want) != jax.tree_util.tree_structure(got) or any(
+                (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in
+                zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got))):
+            raise ModelError(f"Workload {self.name!r}: init(seed) should return arguments of the "
+                             "same structure, shapes and dtypes as args. Fix: make init build "
+                             "the same pytrees as the abstract args.")
+        return Workload(self.fn, new, self.arg_kinds, self.name, config=self.config, init=self.init)
+
+    def with_abstract_args(self) -> Workload:
+        """The same workload with every leaf replaced by its ``jax.ShapeDtypeStruct``."""
+        return Workload(self.fn, _abstract(self.args), self.arg_kinds, self.name,
+                        config=self.config, init=self.init)
+
+    def __repr__(self) -> str:
+        parts = []
+        for a, k, nm in zip(self.args, self.arg_kinds, _param_names(self.fn, len(self.args))):
+            leaves = jax.tree_util.tree_leaves(a)
+            size = sum(math.prod(getattr(x, "shape", ())) for x in leaves)
+            parts.append(f"{nm or '?'}: {k} ({len(leaves)} leaves, {size:,} elements)")
+        return f"Workload({self.name!r}, " + ", ".join(parts) + ")"

@@ -1,0 +1,109 @@
+"""Micro-batch loops inside compiled programs: gradient accumulation is one scanned program per
+step; a pipeline dispatches one program per task, with accumulation, means and zeroing folded
+into the tasks; the accumulated plan of the small MLP, which used to end the process in XLA's
+collective rendezvous (many dispatched programs with collectives in flight on 8 emulated
+devices), runs and matches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from exec_cases import graph, plan, single_device_losses, workload
+from exec_plans import pipeline_plan
+
+import autoplan
+from autoplan import models
+from autoplan._plan import Schedule
+from autoplan.exec import run, schedule_order
+from autoplan.exec._pipeline import executions_per_run
+
+
+def _accumulated(p, microbatches: int):
+    """The same one-stage plan over several micro-batches (table generated from the kind)."""
+    return dataclasses.replace(p, schedule=Schedule("1f1b", microbatches, 1))
+
+
+def test_gradient_accumulation_is_one_program_per_step_and_follows_one_device(fast):
+    wl, m = workload("mlp"), 4
+    p = _accumulated(plan("mlp", "tp"), m)  # batch on "x", kernels on "y": collectives in the loop
+    rep = run(p, wl, steps=3, compiler_options=fast)
+    assert rep.mode == "accumulation" and rep.equivalence.matched
+    assert rep.pipeline["dispatches"] == 1
+    # every step starts from the previous one's parameters, as single-device training does
+    np.testing.assert_allclose(rep.losses, single_device_losses(wl, 3), rtol=1e-5)
+    # collectives inside the scan run once per micro-batch, the others once per step
+    times = {t for *_x, t in rep.collectives}
+    assert m in times and times <= {1, m}
+    assert rep.constraints_applied == len(p.stages[0].ops) and rep.constraints_skipped == 0
+    # one micro-batch's forward and backward, timed alone as separate programs, give the ideal
+    tt = rep.pipeline["task_times"]
+    assert {"forward[0]", "backward[0]", "update[0]"} <= set(tt)
+    ideal = tt.get("prologue[0]", 0.0) + m * (tt["forward[0]"] + tt["backward[0]"]) + tt["update[0]"]
+    assert rep.pipeline["ideal_time"] == pytest.approx(ideal)
+
+
+def test_the_accumulated_plan_of_the_small_mlp_runs_and_matches(fast):
+    w = models.get("mlp", size="small", abstract=False)
+    res = autoplan.search(w, "cpu:8")
+    acc = [p for p in res.candidates if "accumulated" in p.describe()]
+    assert acc, [p.describe() for p in res.candidates]
+    p = acc[0]
+    m = p.schedule.microbatches
+    assert m == 64 and p.num_devices == 8
+    rep = run(p, w, steps=1, compiler_options=fast, time_tasks=False)
+    assert rep.mode == "accumulation" and rep.equivalence.matched
+    assert rep.pipeline["dispatches"] == 1
+    assert any(t == m for *_x, t in rep.collectives)  # the loop's collectives ran 64 times
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_dispatches_one_program_per_task(schedule, fast):
+    wl, S = workload("mlp"), 2
+    reps = {m: run(plan("mlp", "pp", schedule, m), wl, steps=1, compiler_options=fast,
+                   time_tasks=False) for m in (2, 4)}
+    for m, rep in reps.items():
+        assert rep.equivalence.matched
+        programs = S * (2 * m + 2)   # prologue, m forwards, m backwards, update on each stage
+        sends = 2 * m * (S - 1)      # activations forward, their gradients back, per micro-batch
+        # plus the few per-step values one stage makes for another (Adam's bias corrections)
+        assert programs + sends <= rep.pipeline["dispatches"] <= programs + sends + 2
+    # each micro-batch more costs exactly its own tasks and transfers: nothing else per micro-batch
+    assert reps[4].pipeline["dispatches"] - reps[2].pipeline["dispatches"] == 2 * (2 * S + 2 * (S - 1))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_three_stages_on_unequal_submeshes_match(schedule, fast):
+    wl = workload("gpt")
+    p = pipeline_plan(wl, graph("gpt"), schedule, microbatches=2, sizes=(4, 2, 2))
+    rep = run(p, wl, steps=2, compiler_options=fast, time_tasks=False)
+    assert rep.mode == "pipeline" and rep.equivalence.matched
+    assert rep.losses[1] < rep.losses[0]
+    assert set(rep.memory) == set(range(8))
+    assert rep.pipeline["order"] == schedule_order(schedule, 3, 2)
+
+
+def test_accumulators_are_float32_for_half_precision_and_laid_out_like_their_parameter():
+    from autoplan.exec._pipeline import _acc_dtype, _Split
+    from autoplan.exec._run import resolve_workload
+
+    assert _acc_dtype("bfloat16") == np.float32 and _acc_dtype("float16") == np.float32
+    assert _acc_dtype("float32") == np.float32
+    p = _accumulated(plan("mlp", "tp"), 2)
+    r = resolve_workload(workload("mlp"))
+    sp = _Split(p, r.fn, r.host_args, r.arg_kinds, graph("mlp"), jax.devices(), capture=True)
+    params = {sp.in_info[t][1].spec for t in sp.state_inputs.values()}
+    laid_out = [sp.acc_sharding[t].spec for t in sp.crossing]
+    assert any(spec != jax.sharding.PartitionSpec() for spec in laid_out)
+    assert set(laid_out) <= params | {jax.sharding.PartitionSpec()}
+
+
+def test_loop_trip_counts_are_read_from_the_compiled_module():
+    def f(x):
+        return jax.lax.fori_loop(0, 5, lambda i, v: v * 2.0, x)
+
+    text = jax.jit(f).lower(1.0).compile().as_text()
+    counts = executions_per_run(text)
+    assert max(counts.values()) == 5 and min(counts.values()) == 1
