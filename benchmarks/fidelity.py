@@ -31,8 +31,12 @@ are for the machine it runs on: run it on a quiet machine for the figures in
 Usage::
 
     .venv/bin/python benchmarks/fidelity.py [--models gpt mlp user_mlp] [--sizes tiny large]
-        [--clusters cpu profile] [--profile cluster.json | --quick-profile]
+        [--clusters preset profile] [--profile cluster.json | --quick-profile]
         [--top 8] [--steps 6] [--json results.json]
+
+On the CPU platform (the default) it runs on ``--devices`` (8) emulated devices against the
+``cpu`` preset; on accelerators (``JAX_PLATFORMS=cuda``) on the attached devices against
+``--preset`` (e.g. ``dgx-h100``, with as many devices per node as are attached).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-DEVICES = 8
+DEVICES = 8  # emulated CPU devices (on accelerators: the attached ones)
 #: the ``large`` size of each model: compute not negligible on 8 emulated CPU devices
 LARGE: dict[str, dict[str, Any]] = {
     "gpt": dict(batch=16, seq_len=64, hidden=128, layers=4, heads=4, vocab=1024),
@@ -185,10 +189,16 @@ def plan_key(plan: Any) -> str:
     return json.dumps([stages, inputs, plan.schedule.kind, plan.schedule.microbatches], default=str)
 
 
-def worker(args: argparse.Namespace) -> None:
+def _devices(n: int) -> None:
+    """Emulate ``n`` CPU devices when JAX runs on the CPU (before its backend starts)."""
     import jax  # noqa: PLC0415
 
-    jax.config.update("jax_num_cpu_devices", DEVICES)
+    if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
+        jax.config.update("jax_num_cpu_devices", n)
+
+
+def worker(args: argparse.Namespace) -> None:
+    _devices(args.devices)
     import autoplan  # noqa: PLC0415
     from autoplan import Cluster, Plan  # noqa: PLC0415
     from autoplan.exec import run  # noqa: PLC0415
@@ -251,7 +261,7 @@ def run_model(model: str, size: str, clusters: list[tuple[str, str]], args: argp
     out = os.path.join(tmp, f"{model}-{size}.jsonl")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--size", size,
            "--out", out, "--top", str(args.top), "--steps", str(args.steps),
-           "--time-limit", str(args.time_limit)]
+           "--time-limit", str(args.time_limit), "--devices", str(args.devices)]
     for name, path in clusters:
         cmd += ["--cluster", name, path]
     for attempt in range(args.top * len(clusters) + 1):
@@ -360,8 +370,12 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None,
                     help="zoo models and/or user_mlp (default: all of them)")
     ap.add_argument("--sizes", nargs="*", default=["tiny", "large"], choices=["tiny", "large"])
-    ap.add_argument("--clusters", nargs="*", default=["cpu", "profile"],
-                    help="'cpu' (the uncalibrated preset) and/or 'profile' (measured)")
+    ap.add_argument("--clusters", nargs="*", default=["preset", "profile"],
+                    help="'preset' (the uncalibrated datasheet preset) and/or 'profile' (measured)")
+    ap.add_argument("--preset", default=None,
+                    help="the datasheet preset (default cpu on the CPU platform, else dgx-h100)")
+    ap.add_argument("--devices", type=int, default=DEVICES,
+                    help="emulated devices on the CPU platform (default 8)")
     ap.add_argument("--profile", default=None, help="a cluster.json to use as the measured profile")
     ap.add_argument("--quick-profile", action="store_true", help="profile with quick=True")
     ap.add_argument("--save-profile", default=None, help="write the measured profile here")
@@ -381,33 +395,42 @@ def main() -> None:
         worker(args)
         return
 
+    _devices(args.devices)
     import jax  # noqa: PLC0415
 
-    jax.config.update("jax_num_cpu_devices", DEVICES)
     from autoplan import Cluster, models  # noqa: PLC0415
     from autoplan._cluster import profile  # noqa: PLC0415
 
     names = args.models or sorted(models.list_models()) + ["user_mlp"]
     tmp = tempfile.mkdtemp(prefix="autoplan-fidelity-")
+    platform = jax.devices()[0].platform
+    n = len(jax.devices())
+    if n != args.devices and platform == "cpu":
+        ap.error(f"--devices {args.devices}: JAX already runs {n} devices")
+    args.devices = n
     clusters: list[tuple[str, str]] = []
     for c in args.clusters:
-        if c == "cpu":
-            clusters.append(("cpu", f"cpu:{DEVICES}"))
+        if c == "preset":
+            name = args.preset or ("cpu" if platform == "cpu" else "dgx-h100")
+            preset = Cluster.preset(name, 1, devices_per_node=n)
+            path = os.path.join(tmp, "preset.json")
+            preset.to_json(path)
+            clusters.append((name, path))
         elif c == "profile":
             if args.profile:
                 measured = Cluster.from_json(args.profile)
             else:
                 t0 = time.perf_counter()
                 measured = profile(quick=args.quick_profile, progress=True)
-                print(f"profiled the {DEVICES} devices in {time.perf_counter() - t0:.1f} s")
+                print(f"profiled the {n} devices in {time.perf_counter() - t0:.1f} s")
             path = args.save_profile or os.path.join(tmp, "cluster.json")
             measured.to_json(path)
             print(measured.summary())
             clusters.append(("profile", path))
         else:
-            ap.error(f"--clusters: 'cpu' or 'profile', got {c!r}")
+            ap.error(f"--clusters: 'preset' or 'profile', got {c!r}")
     print(f"fidelity: {len(names)} models x {args.sizes}, top {args.top} plans, {args.steps} "
-          f"steps each, on {DEVICES} emulated {jax.devices()[0].platform} devices; load "
+          f"steps each, on {n} {platform} devices ({jax.devices()[0].device_kind}); load "
           f"average {os.getloadavg()[0]:.1f}; started {time.strftime('%Y-%m-%d %H:%M')}")
     rows, everything = [], {}
     for name in names:

@@ -17,7 +17,7 @@ from autoplan import Cluster, ClusterError
 from autoplan._cluster import COLLECTIVES, CollectiveTable, ThroughputCurve
 from autoplan._profile import cache_key
 from autoplan.cli import main
-from autoplan.search.intra._strategies import compute_time, strategies
+from autoplan.search.intra._strategies import compute_time, fusion_context, strategies
 
 
 @pytest.fixture(scope="module")
@@ -171,10 +171,22 @@ def test_plan_adds_launch_and_combined_latency_once():
     sol = res.solution
     grads = [c for i, c in sol.comms if c.where == "grad-sync" and c.kind == "all-reduce"]
     assert len(grads) >= 2
-    latency = cl.logical_mesh((8, 1)).latency("all-reduce", [0])
+    mesh = cl.logical_mesh((8, 1))
+    latency = mesh.latency("all-reduce", [0])
     assert latency == pytest.approx(1e-4)
-    # each gradient all-reduce was charged its transfer only; the plan adds one latency
-    assert p.comm_time == pytest.approx(sol.comm_time + latency)
+    # each combinable all-reduce (the gradients', the loss's) was charged its transfer and 1/k
+    # of the latency (k: the operators that may issue one); the plan pays one latency in all
+    ctx = fusion_context(g)
+    combined = [(i, c) for i, c in sol.comms
+                if i is not None and c.where != "reshard" and ctx[i][2] < 1]
+    assert {c.kind for _, c in combined} == {"all-reduce"} and len(combined) >= 3
+    share = sum(ctx[i][2] for i, _ in combined)
+    assert 0 < share <= 1
+    for i, c in combined:
+        full = mesh.collective_time("all-reduce", c.bytes, [0])
+        transfer = mesh.collective_time("all-reduce", c.bytes, [0], latency=False)
+        assert c.time == pytest.approx(transfer + ctx[i][2] * (full - transfer))
+    assert p.comm_time == pytest.approx(sol.comm_time + (1 - share) * latency)
     assert p.compute_time == pytest.approx(sol.compute_time + cl.step_overhead(len(g.inputs)))
     assert p.step_time == pytest.approx(p.compute_time + p.comm_time)
 

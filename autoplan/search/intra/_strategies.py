@@ -51,8 +51,11 @@ Communication uses the mesh's collective times (the profile's tables, or the alp
 with ``backward=True`` for the collectives of backward-role operators (gradient communication,
 discounted by the cluster's gamma). A collective whose result only feeds the optimizer update or
 the step's results (a gradient's all-reduce, the loss's) is one XLA combines with the others of
-its kind (:func:`combinable_ops`): its strategies charge its transfer time only, and the plan adds
-the latency once per combined group.
+its kind (:func:`combinable_ops`): of the ``k`` operators of the step that may issue such a
+collective (the combinable matmuls, convolutions, gathers, scatters and reductions), each is
+charged its transfer time and ``1/k`` of the latency, so that a plan in which they all
+communicate pays about one latency, as the combined collective does; the plan then adds what is
+missing for one latency per combined group (:func:`combined_latency`).
 
 Any primitive without a rule gets the replicated strategy only; the caller collects their names
 (``unknown``) to warn once per search.
@@ -168,9 +171,10 @@ _REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"
                          "argmin"})
 
 #: an operator's place in XLA's fusion: (it is a kernel, which operands it reads from memory,
-#: its collectives are combined with others); ``()`` for the operands means all of them
-Context = tuple[bool, tuple[bool, ...], bool]
-UNFUSED: Context = (True, (), False)
+#: the share of a collective's latency its collectives pay: 1, or 1/k for the k operators whose
+#: collectives XLA combines); ``()`` for the operands means all of them
+Context = tuple[bool, tuple[bool, ...], float]
+UNFUSED: Context = (True, (), 1.0)
 
 
 def is_heavy(op: OpNode) -> bool:
@@ -196,8 +200,8 @@ def is_generator(op: OpNode) -> bool:
 
 def fusion_context(graph: OpGraph) -> list[Context]:
     """Per operator: whether it is a kernel under XLA's fusion, which of its operands it reads
-    from memory, and whether its collectives are combinable (see the module docstring); once
-    per graph.
+    from memory, and the share of a collective's latency its collectives pay (see the module
+    docstring); once per graph.
 
     An operator is a kernel when it is not loop-fusible, or its result is a result of the graph
     or is read by an operator that is not loop-fusible. An operand is read from memory when a
@@ -215,11 +219,15 @@ def fusion_context(graph: OpGraph) -> list[Context]:
             kernel.append(any(t in outputs or any(ops[c].primitive not in LOOP_FUSIBLE
                                                   for c in consumers[t]) for t in op.outputs))
         combine = combinable_ops(graph)
+        # the operators whose collectives XLA would combine: their latency is shared
+        k = sum(1 for op in ops if combine[op.id]
+                and (is_heavy(op) or op.primitive in _REDUCTIONS))
+        shared = 1.0 / max(1, k)
         out: list[Context] = []
         for op in ops:
             mat = tuple(t is not None and (tensors[t].producer < 0 or kernel[tensors[t].producer])
                         for t in op.inputs)
-            out.append((kernel[op.id], mat, combine[op.id]))
+            out.append((kernel[op.id], mat, shared if combine[op.id] else 1.0))
         return out
 
     return memo(graph, "fusion_context", make)
@@ -283,25 +291,29 @@ def gradient_feeds(graph: OpGraph) -> list[bool]:
 
 def combined_latency(graph: OpGraph, mesh: LogicalMesh,
                      comms: Sequence[tuple[int | None, Comm]]) -> dict[str, float]:
-    """The latency of the collectives XLA combines, by kind: for every kind and mesh axes, the
-    collectives of :func:`combinable_ops` operators run as ``ceil(bytes / COMBINE_THRESHOLD)``
-    combined collectives, each paying the latency once (their strategies charged only their
-    transfer time).
+    """The latency the collectives XLA combines still have to pay, by kind: for every kind and
+    mesh axes, the collectives of :func:`combinable_ops` operators run as
+    ``ceil(bytes / COMBINE_THRESHOLD)`` combined collectives, each paying the latency once; their
+    strategies already charged their shares of it (see the module docstring), and the rest is
+    returned (never below zero).
 
     Args:
         graph: the graph; ``mesh`` the mesh; ``comms`` ``(operator id, Comm)`` of a plan.
     """
-    combine = combinable_ops(graph)
-    groups: dict[tuple[str, tuple[str, ...]], float] = {}
+    ctx = fusion_context(graph)
+    groups: dict[tuple[str, tuple[str, ...]], list[float]] = {}
     for i, c in comms:
-        if i is None or c.where == "reshard" or not combine[i]:
+        if i is None or c.where == "reshard" or ctx[i][2] >= 1.0:
             continue
-        key = (c.kind, c.axes)
-        groups[key] = groups.get(key, 0.0) + c.bytes
+        g = groups.setdefault((c.kind, c.axes), [0.0, 0.0])
+        g[0] += c.bytes
+        g[1] += ctx[i][2]
     out: dict[str, float] = {}
-    for (kind, axes), nbytes in groups.items():
+    for (kind, axes), (nbytes, charged) in groups.items():
         n = max(1, math.ceil(nbytes / COMBINE_THRESHOLD))
-        out[kind] = out.get(kind, 0.0) + n * mesh.latency(kind, _axis_idx(mesh, axes))
+        missing = max(0.0, n - charged) * mesh.latency(kind, _axis_idx(mesh, axes))
+        if missing > 0:
+            out[kind] = out.get(kind, 0.0) + missing
     return out
 
 
@@ -352,7 +364,11 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
         axes = tuple(a for a in axes if sizes[a] > 1)
         if not axes or nbytes <= 0:
             continue
-        t = mesh.collective_time(kind, nbytes, _axis_idx(mesh, axes), backward, latency=not ctx[2])
+        idx = _axis_idx(mesh, axes)
+        t = mesh.collective_time(kind, nbytes, idx, backward)
+        if ctx[2] < 1.0:  # combined with others: the transfer and a share of the latency
+            transfer = mesh.collective_time(kind, nbytes, idx, backward, latency=False)
+            t = transfer + ctx[2] * (t - transfer)
         cs.append(Comm(kind, float(nbytes), axes, t, "op"))
     if work is None:
         work = max([_tiles(s, sizes) for s in in_specs] + [_tiles(s, sizes) for s in out_specs] + [1])

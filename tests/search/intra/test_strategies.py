@@ -12,6 +12,7 @@ from autoplan._graph import OpNode
 from autoplan.search.intra._strategies import (
     combined_latency,
     derive,
+    fusion_context,
     leader_operand,
     strategies,
 )
@@ -101,23 +102,32 @@ def test_batched_dot_splits_batch_dims():
     assert st.comm == ()
 
 
-def test_backward_gradient_collectives_are_discounted():
+def test_backward_gradient_collectives_are_discounted_and_share_one_latency():
     cl = Cluster.preset("p3.16xlarge", gamma=0.25)
     mesh = cl.logical_mesh((1, 8))
 
     def step(w, x):
-        return jax.grad(lambda w: (x @ w).sum())(w)
+        return jax.grad(lambda w: ((x @ w["a"]) @ w["b"]).sum())(w)
 
-    g = autoplan.trace(step, S((256, 128), F32), S((1024, 256), F32))
-    (wgrad,) = [op for op in g if op.primitive == "dot_general" and op.role == "backward"]
+    w = {"a": S((256, 128), F32), "b": S((128, 64), F32)}
+    g = autoplan.trace(step, w, S((1024, 256), F32))
+    wgrads = [op for op in g if op.primitive == "dot_general" and op.role == "backward"
+              and op.out_shapes[0] in ((128, 256), (64, 128))]
+    assert len(wgrads) == 2
+    # both weight gradients only feed the step's results: XLA combines their all-reduces, so
+    # each is charged its transfer (discounted by gamma) and half of the latency
+    assert [fusion_context(g)[op.id][2] for op in wgrads] == [0.5, 0.5]
+    wgrad = wgrads[0]
     # the weight gradient contracts the batch: batch split -> partial sums -> all-reduce
     st = next(s for s in strategies(wgrad, g, mesh)
               if s.comm and s.comm[0].kind == "all-reduce" and s.out_specs[0] == (None, None))
     c = st.comm[0]
-    # a weight gradient's all-reduce is combined with the others: its strategy charges the
-    # transfer (discounted by gamma) and the plan the latency once per combined group
-    assert c.time == pytest.approx(0.25 * mesh.beta[1] * 2 * 7 / 8 * c.bytes)
-    assert combined_latency(g, mesh, [(wgrad.id, c)]) == {"all-reduce": pytest.approx(mesh.alpha[1])}
+    assert c.time == pytest.approx(0.5 * mesh.alpha[1] + 0.25 * mesh.beta[1] * 2 * 7 / 8 * c.bytes)
+    # the plan adds what is missing for one latency per combined group: one gradient
+    # communicating pays the other half, both together pay nothing more
+    assert combined_latency(g, mesh, [(wgrad.id, c)]) == {"all-reduce": pytest.approx(
+        0.5 * mesh.alpha[1])}
+    assert combined_latency(g, mesh, [(op.id, c) for op in wgrads]) == {}
 
 
 # ---- convolution ------------------------------------------------------------------------------
@@ -303,6 +313,7 @@ def test_reduce_over_split_dim_all_reduce_or_keep_partial():
     rs = [s for s in strats if s.in_specs[0] == (Y, None) and s.out_specs[0] == (Y,)]
     assert [c.kind for c in ar[0].comm] == ["all-reduce"]
     assert [(c.kind, c.bytes) for c in rs[0].comm] == [("reduce-scatter", 32 * 4)]
-    # the sum is the step's result: its collective is combined (the plan adds the latency)
-    assert rs[0].comm[0].time == pytest.approx(
-        M18.collective_time("reduce-scatter", 32 * 4, [1], latency=False))
+    # the sum is the step's result: its collective is combinable, and the only one, so it
+    # pays the whole latency
+    assert fusion_context(g)[op.id][2] == 1.0
+    assert rs[0].comm[0].time == pytest.approx(M18.collective_time("reduce-scatter", 32 * 4, [1]))
