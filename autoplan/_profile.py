@@ -61,8 +61,6 @@ __all__ = ["measure", "Measurements", "cache_key", "PROFILE_DTYPES"]
 
 #: the dtypes the zoo trains in, profiled where the platform runs them
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
-#: seconds a timed chain of operations should last (well above the launch's noise)
-CHAIN_TIME = 2e-3
 
 
 def _chain(one: Callable[[Any], Any], k: int, v: Any) -> Any:
@@ -107,13 +105,15 @@ class _Settings:
     comm_sizes: tuple[int, ...]  # collective message sizes (bytes)
     bandwidth_sizes: tuple[int, ...]  # elements per device
     conv_dtypes: bool  # convolutions in every dtype (else float32 only)
+    chain_time: float  # seconds a timed chain of operations should last (above the launch's noise)
 
 
 _QUICK = _Settings(reps=3, min_time=0.01, max_op_time=0.05, matmul_step=4,
-                   comm_sizes=(2**10, 2**16, 2**22), bandwidth_sizes=(2**22,), conv_dtypes=False)
+                   comm_sizes=(2**10, 2**22), bandwidth_sizes=(2**22,), conv_dtypes=False,
+                   chain_time=1e-3)
 _FULL = _Settings(reps=5, min_time=0.05, max_op_time=0.25, matmul_step=2,
                   comm_sizes=tuple(2**k for k in range(8, 25, 2)),
-                  bandwidth_sizes=(2**20, 2**22, 2**24), conv_dtypes=True)
+                  bandwidth_sizes=(2**20, 2**22, 2**24), conv_dtypes=True, chain_time=2e-3)
 
 
 def cache_key(devices: Sequence[Any] | None = None) -> str:
@@ -190,15 +190,15 @@ class _Profiler:
     def slope(self, fn_of: Callable[[int], Callable[..., Any]], args: tuple) -> float:
         """Seconds per operation: the time of a chain of ``1 + k`` dependent operations less
         that of one, over ``k`` (the launch, the arguments and the chain's ends cancel); ``k``
-        grows (to 512) until the chain takes ``CHAIN_TIME``, so that small operations stand out
-        from the launch's noise."""
+        grows (to 512) until the chain lasts the settings' ``chain_time``, so that small
+        operations stand out from the launch's noise."""
         one = self.time(fn_of(1), *args)
         k, t = 8, 0.0
         for _ in range(3):
             t = max(self.time(fn_of(1 + k), *args) - one, 0.0) / k
-            if k * t >= CHAIN_TIME or k >= 512:
+            if k * t >= self.s.chain_time or k >= 512:
                 break
-            k = min(512, max(2 * k, math.ceil(CHAIN_TIME / max(t, 1e-7))))
+            k = min(512, max(2 * k, math.ceil(self.s.chain_time / max(t, 1e-7))))
         return t
 
     def step(self, label: str) -> None:
