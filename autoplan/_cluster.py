@@ -54,7 +54,6 @@ latency is charged once per combined group (:data:`COMBINE_THRESHOLD` bytes each
 
 from __future__ import annotations
 
-import bisect
 import datetime as _dt
 import json
 import math
@@ -65,6 +64,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ._errors import ClusterError
+from ._fit import fit_line as fit_line
+from ._fit import interpolate as _interpolate
+from ._fit import running_max as _running_max
 from ._memo import memo
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
@@ -74,8 +76,8 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send
 _FACTOR = {"all-gather": lambda n: (n - 1) / n, "all-reduce": lambda n: 2 * (n - 1) / n,
            "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
            "send-recv": lambda n: 1.0}
-#: compute operations with a measured throughput curve
-CURVE_OPS = ("matmul", "conv")
+#: operations with a measured throughput curve
+CURVE_OPS = ("matmul", "conv", "memory")
 #: bytes up to which XLA combines independent collectives into one (its combiners' default
 #: threshold, 30 MiB)
 COMBINE_THRESHOLD = 30 * 2**20
@@ -86,58 +88,6 @@ GiB = 1024**3
 # ---------------------------------------------------------------------------------------------
 # measured tables
 # ---------------------------------------------------------------------------------------------
-
-def _interpolate(xs: Sequence[float], ts: Sequence[float], a: float, b: float, x: float) -> float:
-    """``t(x)`` from measured points ``(xs, ts)`` (increasing ``xs``, non-decreasing ``ts``):
-    piecewise linear between them; outside, the fit ``a + b x`` scaled to meet the nearest
-    measured point (so the curve is continuous and non-decreasing)."""
-    if not xs:
-        return a + b * x
-    if x <= xs[0] or x >= xs[-1]:
-        below = x <= xs[0]
-        k = 0 if below else -1
-        fit_k = a + b * xs[k]
-        ratio = x / xs[k] if fit_k <= 0 else (a + b * x) / fit_k
-        # (clamped at the measured point: rounding never makes the curve step down there)
-        return ts[k] * (min(1.0, ratio) if below else max(1.0, ratio))
-    i = bisect.bisect_right(xs, x)
-    x0, x1, t0, t1 = xs[i - 1], xs[i], ts[i - 1], ts[i]
-    return t0 + (t1 - t0) * (x - x0) / (x1 - x0)
-
-
-def fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """Non-negative ``(a, b)`` minimising the relative error of ``a + b x`` against ``ts``
-    (weights ``1/t``: small and large sizes count alike).
-
-    Examples:
-        >>> a, b = fit_line([1.0, 2.0, 4.0], [3.0, 5.0, 9.0])
-        >>> round(a, 6), round(b, 6)
-        (1.0, 2.0)
-    """
-    pts = [(float(x), float(t)) for x, t in zip(xs, ts) if t > 0]
-    if not pts:
-        return 0.0, 0.0
-    if len(pts) == 1:
-        x, t = pts[0]
-        return 0.0, t / x if x > 0 else 0.0
-    # weighted least squares of [1, x] . (a, b) = t with weights 1/t
-    s11 = s1x = sxx = s1t = sxt = 0.0
-    for x, t in pts:
-        w = 1.0 / (t * t)
-        s11 += w
-        s1x += w * x
-        sxx += w * x * x
-        s1t += w * t
-        sxt += w * x * t
-    det = s11 * sxx - s1x * s1x
-    a = (s1t * sxx - s1x * sxt) / det if det > 0 else 0.0
-    b = (s11 * sxt - s1x * s1t) / det if det > 0 else 0.0
-    if a < 0:  # refit through the origin
-        a, b = 0.0, sxt / sxx if sxx > 0 else 0.0
-    elif b < 0:  # a constant
-        a, b = s1t / s11, 0.0
-    return a, b
-
 
 @dataclass(frozen=True)
 class CollectiveTable:
@@ -184,56 +134,51 @@ class CollectiveTable:
 
 @dataclass(frozen=True)
 class ThroughputCurve:
-    """Measured throughput of one compute operation by size: the achievable fraction of peak.
+    """Measured throughput of one operation by size: the achievable fraction of peak.
 
     Attributes:
-        op: ``"matmul"`` or ``"conv"``.
+        op: ``"matmul"`` or ``"conv"`` (sizes in FLOPs per device), or ``"memory"`` (sizes in
+            bytes a kernel reads and writes per device: the bandwidth a kernel of that size
+            sees, higher for small ones that stay in caches).
         dtype: the operands' dtype name.
-        flops: FLOPs per device of one operation, increasing.
+        sizes: the work of one operation per device, increasing.
         seconds: measured seconds per operation (all devices running one each at once, without
             the per-kernel overhead ``Cluster.op_overhead``), non-decreasing.
-        peak: fitted asymptotic FLOP/s per device; ``half``: fitted FLOPs at which half of it
-            is reached (the fit is ``t(F) = (F + half) / peak``).
+        peak: fitted asymptotic rate per device (FLOP/s, or bytes/s); ``half``: fitted size at
+            which half of it is reached (the fit is ``t(W) = (W + half) / peak``).
     """
 
     op: str
     dtype: str
-    flops: tuple[float, ...]
+    sizes: tuple[float, ...]
     seconds: tuple[float, ...]
     peak: float
     half: float
 
-    def time(self, flops: float) -> float:
-        """Seconds per device for an operation of ``flops`` FLOPs per device."""
-        if flops <= 0:
+    def time(self, work: float) -> float:
+        """Seconds per device for an operation of ``work`` (FLOPs or bytes) per device."""
+        if work <= 0:
             return 0.0
         if self.peak <= 0:
-            return _interpolate(self.flops, self.seconds, 0.0, 0.0, float(flops))
-        return _interpolate(self.flops, self.seconds, self.half / self.peak, 1.0 / self.peak,
-                            float(flops))
+            return _interpolate(self.sizes, self.seconds, 0.0, 0.0, float(work))
+        return _interpolate(self.sizes, self.seconds, self.half / self.peak, 1.0 / self.peak,
+                            float(work))
 
-    def efficiency(self, flops: float, peak: float) -> float:
-        """The achieved fraction of ``peak`` FLOP/s at this size."""
-        t = self.time(flops)
-        return flops / (t * peak) if t > 0 and peak > 0 else 0.0
+    def efficiency(self, work: float, peak: float) -> float:
+        """The achieved fraction of ``peak`` at this size."""
+        t = self.time(work)
+        return work / (t * peak) if t > 0 and peak > 0 else 0.0
 
     @classmethod
-    def from_measurements(cls, op: str, dtype: str, flops: Sequence[float],
+    def from_measurements(cls, op: str, dtype: str, sizes: Sequence[float],
                           seconds: Sequence[float]) -> ThroughputCurve:
         """A curve from raw measurements: sorted, made non-decreasing, fitted."""
-        pts = sorted(zip(map(float, flops), map(float, seconds)))
+        pts = sorted(zip(map(float, sizes), map(float, seconds)))
         xs = tuple(x for x, _ in pts)
         ts = tuple(_running_max(t for _, t in pts))
         a, b = fit_line(xs, ts)
         peak = 1.0 / b if b > 0 else (xs[-1] / ts[-1] if ts and ts[-1] > 0 else 0.0)
         return cls(op, dtype, xs, ts, peak, a * peak)
-
-
-def _running_max(values: Any) -> list[float]:
-    out: list[float] = []
-    for v in values:
-        out.append(max(v, out[-1]) if out else v)
-    return out
 
 
 def canonical_group(sizes: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -342,9 +287,9 @@ class Cluster:
                 raise ClusterError(f"Cluster: epsilon should map a collective in {COLLECTIVES} to "
                                    f"a value in (0, 1]. Got {kind!r}: {v!r}.")
         for c in self.curves:
-            if c.op not in CURVE_OPS or len(c.flops) != len(c.seconds):
+            if c.op not in CURVE_OPS or len(c.sizes) != len(c.seconds):
                 raise ClusterError(f"Cluster: a throughput curve should be for one of {CURVE_OPS} "
-                                   f"with one time per size. Got op {c.op!r}, {len(c.flops)} sizes "
+                                   f"with one time per size. Got op {c.op!r}, {len(c.sizes)} sizes "
                                    f"and {len(c.seconds)} times. Fix: re-run autoplan.profile().")
         for t in self.collectives:
             if t.kind not in COLLECTIVES or len(t.nbytes) != len(t.seconds):
@@ -474,7 +419,7 @@ class Cluster:
             d = dict(d)
             d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
             d["curves"] = tuple(
-                ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["flops"])),
+                ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["sizes"])),
                                 tuple(map(float, c["seconds"])), float(c["peak"]), float(c["half"]))
                 for c in d.get("curves", ()))
             d["collectives"] = tuple(
@@ -569,8 +514,13 @@ class Cluster:
                  f"{self.intra_latency * 1e6:.1f} us; between nodes "
                  f"{self.inter_bandwidth / 1e9:.2f} GB/s, {self.inter_latency * 1e6:.1f} us"]
         for c in self.curves:
+            if c.op == "memory":
+                pts = ", ".join(f"{w / t / 1e9:.2f} GB/s at {w / 1024:.0f} KiB"
+                                for w, t in zip(c.sizes, c.seconds) if t > 0)
+                lines.append(f"  memory by kernel size: {pts}")
+                continue
             pts = ", ".join(f"{_rate(f / t)} at {f / 1e6:.3g} MFLOP"
-                            for f, t in zip(c.flops, c.seconds) if t > 0)
+                            for f, t in zip(c.sizes, c.seconds) if t > 0)
             lines.append(f"  {c.op:<6} {c.dtype:<9}: {pts} (fit: {_rate(c.peak)}, half of it at "
                          f"{c.half / 1e6:.3g} MFLOP)")
         for t in self.collectives:
@@ -608,8 +558,16 @@ class Cluster:
         return c.time(flops)
 
     def memory_time(self, nbytes: float) -> float:
-        """Seconds per device to move ``nbytes`` to and from memory (0 without a bandwidth)."""
-        return nbytes / self.memory_bandwidth if self.memory_bandwidth > 0 and nbytes > 0 else 0.0
+        """Seconds per device for a kernel to move ``nbytes`` to and from memory: the measured
+        bandwidth curve by kernel size when profiled (small kernels stay in caches), else
+        ``nbytes / memory_bandwidth`` (0 without a bandwidth)."""
+        if nbytes <= 0:
+            return 0.0
+        curve = memo(self, "memory_curve",
+                     lambda: next((c for c in self.curves if c.op == "memory"), None))
+        if curve is not None:
+            return curve.time(nbytes)
+        return nbytes / self.memory_bandwidth if self.memory_bandwidth > 0 else 0.0
 
     def step_overhead(self, num_args: int) -> float:
         """Seconds to launch one executable with ``num_args`` argument arrays."""
@@ -727,6 +685,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
     # the best sustained rate: the matmul curves' fitted asymptotes (a single noisy point never
     # sets it)
     peak = max((c.peak for c in curves if c.op == "matmul" and c.peak > 0), default=1e9)
+    memory = next((c for c in curves if c.op == "memory"), None)
     lat, bw = 1e-5, 1e10
     ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
                 None)
@@ -736,7 +695,8 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         name="local", nodes=1, devices_per_node=m.num_devices, device_memory=m.device_memory,
         peak_flops=peak, intra_bandwidth=bw, inter_bandwidth=bw, intra_latency=lat,
         inter_latency=lat, compute_efficiency=1.0, device_kind=m.device_kind,
-        memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
+        memory_bandwidth=m.memory_bandwidth if memory is None else memory.peak,
+        op_overhead=m.op_overhead,
         launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
         collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
 

@@ -15,11 +15,16 @@ contention, and devices with their own hardware (GPUs) show their own speed.
   throughput the same way (3x3 NHWC convolutions, channels doubling). Each size is timed as the
   difference between a chain of ``1 + k`` dependent operations and one, over ``k`` (the launch
   cancels), less the per-kernel overhead.
-* **Memory bandwidth**: one large elementwise operation (``y = a x + b``) per device: bytes read
-  and written over its time, less the launch overhead.
-* **Overheads**: an executable launch (with 1 and with 64 argument arrays: a training step passes
-  every parameter and optimizer-state leaf) and one small kernel (the slope of a chain of tiny
-  dependent matmuls).
+* **Memory**: seconds per kernel by the bytes it moves (a chain of a reduction and an
+  elementwise update over sizes from 4 KiB to 16 MiB per device, bytes and kernels read from
+  the compiled program): small kernels run from caches, large ones at the streaming bandwidth.
+* **Kernel overhead**: a small transformer training step (embedding, layer norms, attention,
+  MLP, cross-entropy, Adam) replicated on every device, less its arguments passed through and
+  its kernels' memory time, over the kernels XLA compiled for it. (A chain of one tiny kernel
+  repeated understates it: on 8 emulated CPU devices such a chain costs 2-4 us per kernel, a
+  tiny GPT step 30-40 us.)
+* **Launch overhead**: an executable launch with 1 and with 64 argument arrays (a training step
+  passes every parameter and optimizer-state leaf).
 * **Communication**: all-reduce, all-gather, reduce-scatter, all-to-all and send/recv
   (``ppermute``, a cyclic shift), each over every mesh-axis geometry of the 2-D logical meshes the
   search tries on these devices (group size and stride: on 8 devices the axes of 8x1, 4x2, 2x4
@@ -56,6 +61,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._errors import ClusterError
+from ._fit import Curve
+from ._hlotext import kernel_traffic
 
 __all__ = ["measure", "Measurements", "cache_key", "PROFILE_DTYPES"]
 
@@ -103,17 +110,19 @@ class _Settings:
     max_op_time: float  # stop a compute sweep once one operation takes longer
     matmul_step: int  # size factor between matmul sizes
     comm_sizes: tuple[int, ...]  # collective message sizes (bytes)
-    bandwidth_sizes: tuple[int, ...]  # elements per device
+    bandwidth_sizes: tuple[int, ...]  # elements per device of the bandwidth curve
     conv_dtypes: bool  # convolutions in every dtype (else float32 only)
     chain_time: float  # seconds a timed chain of operations should last (above the launch's noise)
 
 
 _QUICK = _Settings(reps=3, min_time=0.01, max_op_time=0.05, matmul_step=4,
-                   comm_sizes=(2**10, 2**22), bandwidth_sizes=(2**22,), conv_dtypes=False,
+                   comm_sizes=(2**10, 2**22), bandwidth_sizes=(2**12, 2**16, 2**20),
+                   conv_dtypes=False,
                    chain_time=1e-3)
 _FULL = _Settings(reps=5, min_time=0.05, max_op_time=0.25, matmul_step=2,
                   comm_sizes=tuple(2**k for k in range(8, 25, 2)),
-                  bandwidth_sizes=(2**20, 2**22, 2**24), conv_dtypes=True, chain_time=2e-3)
+                  bandwidth_sizes=tuple(2**k for k in range(10, 23, 2)), conv_dtypes=True,
+                  chain_time=2e-3)
 
 
 def cache_key(devices: Sequence[Any] | None = None) -> str:
@@ -147,6 +156,55 @@ def measure(devices: Sequence[Any] | None = None, *, quick: bool = False,
         raise ClusterError(f"profile: devices should all be of one kind. Got {sorted(kinds)}. "
                            "Fix: profile each kind of device separately.")
     return _Profiler(devs, _QUICK if quick else _FULL, progress).run()
+
+
+def _reference_args(d: int = 32, seq: int = 16, batch: int = 8
+                    ) -> tuple[dict, dict, dict]:
+    """Parameters, Adam state and a batch for :func:`_reference_step` (numpy, float32): hidden
+    size ``d`` (vocabulary and MLP width ``2 d``), ``batch`` sequences of ``seq`` tokens."""
+    rng = np.random.default_rng(0)
+    v = f = 2 * d
+
+    def w(*shape):
+        return (rng.normal(size=shape) / math.sqrt(shape[0])).astype(np.float32)
+
+    params = {"embed": w(v, d), "head": w(d, v)}
+    for i in range(2):
+        params.update({f"qkv{i}": w(d, 3 * d), f"out{i}": w(d, d), f"fc1{i}": w(d, f),
+                       f"fc2{i}": w(f, d), f"ln{i}": np.ones(d, np.float32)})
+    opt = {"mu": {k: np.zeros_like(x) for k, x in params.items()},
+           "nu": {k: np.zeros_like(x) for k, x in params.items()}}
+    data = {"ids": rng.integers(0, v, size=(batch, seq)).astype(np.int32),
+            "labels": rng.integers(0, v, size=(batch, seq)).astype(np.int32)}
+    return params, opt, data
+
+
+def _reference_step(params: dict, opt: dict, batch: dict) -> tuple[Any, dict, dict]:
+    """A small training step with the kernel mix of a transformer: embedding lookup, two blocks
+    of layer norm, 4-head attention and a GELU MLP, softmax cross-entropy, gradients and an Adam
+    update."""
+
+    def norm(x, scale):
+        mu = x.mean(-1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * scale
+
+    def loss_fn(p):
+        h = p["embed"][batch["ids"]]
+        b, t, d = h.shape
+        for i in range(2):
+            q, k, v = jnp.split(norm(h, p[f"ln{i}"]) @ p[f"qkv{i}"], 3, axis=-1)
+            heads = [x.reshape(b, t, 4, d // 4).transpose(0, 2, 1, 3) for x in (q, k, v)]
+            att = jax.nn.softmax(heads[0] @ heads[1].transpose(0, 1, 3, 2) / 4.0, axis=-1)
+            h = h + (att @ heads[2]).transpose(0, 2, 1, 3).reshape(b, t, d) @ p[f"out{i}"]
+            h = h + jax.nn.gelu(norm(h, p[f"ln{i}"]) @ p[f"fc1{i}"]) @ p[f"fc2{i}"]
+        logits = jax.nn.log_softmax(h @ p["head"], axis=-1)
+        return -jnp.take_along_axis(logits, batch["labels"][..., None], axis=-1).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    mu = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, opt["mu"], grads)
+    nu = jax.tree.map(lambda n, g: 0.999 * n + 0.001 * g * g, opt["nu"], grads)
+    params = jax.tree.map(lambda x, m, n: x - 1e-3 * m / (jnp.sqrt(n) + 1e-8), params, mu, nu)
+    return loss, params, {"mu": mu, "nu": nu}
 
 
 class _Profiler:
@@ -218,9 +276,11 @@ class _Profiler:
         self.bar = tqdm(total=total, desc="autoplan profile", unit="bench", file=sys.stderr,
                         disable=not self.show, leave=self.show)
         try:
-            self.measure_overheads()
-            self.measure_bandwidth()
-            curves = [self.matmul_curve(d) for d in dtypes]
+            self.measure_launch()
+            curves = [self.memory_curve()]
+            self.op_overhead = self.kernel_overhead(curves[0])
+            self.step("kernel overhead of a training step")
+            curves += [self.matmul_curve(d) for d in dtypes]
             curves += [self.conv_curve(d) for d in conv_dtypes]
             tables = [self.collective_table(kind, g) for g in geometries for kind in _KINDS]
         finally:
@@ -252,7 +312,7 @@ class _Profiler:
         return sorted(out, key=lambda g: (-g[0], g[1]))
 
     # ---- overheads and bandwidth -------------------------------------------------------
-    def measure_overheads(self) -> None:
+    def measure_launch(self) -> None:
         x = self.sharded((8,), "float32")
         t1 = self.time(jax.jit(lambda a: a + 1), x)
         self.step("launch")
@@ -261,29 +321,58 @@ class _Profiler:
         self.step("launch, 64 arguments")
         self.per_arg = max(0.0, (t64 - t1) / 63)
         self.launch = max(0.0, t1 - self.per_arg)
-        w = self.replicated(jnp.eye(16, dtype=jnp.float32))
-        a = self.sharded((1, 16, 16), "float32")
+    def kernel_overhead(self, memory: tuple[str, str, list[float], list[float]]) -> float:
+        """Seconds per kernel of a small training step's kernel mix, on every device at once,
+        beyond its kernels' memory traffic.
 
-        def chain(k: int) -> Callable[..., Any]:
-            def f(v, m):
-                for _ in range(k):
-                    v = jnp.einsum("bij,jk->bik", v, m)
-                return v
-            return jax.jit(f)
+        A chain of one tiny kernel repeated understates it: the kernels of a training step are
+        of many kinds (gathers, layer norms, softmaxes, reductions, transposes, the optimizer's
+        elementwise updates), and on emulated CPU devices each device's kernels contend for the
+        host's cores and thread pool. So this times :func:`_reference_step` (two transformer
+        blocks with Adam on tensors of a few KiB) replicated on all devices, less the same
+        program's arguments passed through and each kernel's bytes at the measured memory
+        curve, over the kernels XLA compiled for it.
+        """
+        _, _, sizes, secs = memory
+        per_byte = Curve(sizes, secs)
+        args = tuple(self.replicated(t) for t in _reference_args())
+        step = jax.jit(_reference_step)
+        t_step = self.time(step, *args)
+        t_args = self.time(jax.jit(lambda p, o, b: (p, o)), *args)
+        per_kernel = kernel_traffic(step.lower(*args).compile().as_text())
+        traffic = sum(per_byte.time(b) for b in per_kernel)
+        return max(0.0, t_step - t_args - traffic) / max(1, len(per_kernel))
 
-        short, long_ = self.time(chain(1), a, w), self.time(chain(33), a, w)
-        self.op_overhead = max(0.0, (long_ - short) / 32)
-        self.step("kernel overhead")
+    def memory_curve(self) -> tuple[str, str, list[float], list[float]]:
+        """Seconds per kernel by the bytes it moves: a chain of a reduction and an elementwise
+        update (two kernels that do not fuse) over ``n`` float32 elements per device, each
+        size's bytes and kernels read from the compiled program; small kernels run from caches.
+        The largest size's rate is the streaming bandwidth."""
+        sizes, secs = [], []
+        for n in self.s.bandwidth_sizes:
+            x = self.sharded((1, n), "float32")  # one row per device: the reductions stay local
 
-    def measure_bandwidth(self) -> None:
-        best = 0.0
-        for size in self.s.bandwidth_sizes:
-            x = self.sharded((size,), "float32")
-            t = self.time(jax.jit(lambda a: a * 1.5 + 0.5), x) - self.launch - self.per_arg
-            if t > 0:
-                best = max(best, 2 * 4 * size / t)  # read and write, per device
-            self.step(f"memory bandwidth {4 * size >> 20} MiB")
-        self.bandwidth = best
+            def fn_of(k: int) -> Callable[..., Any]:
+                def f(v):
+                    for _ in range(k):
+                        v = v * 1.0001 + jnp.mean(v, axis=1, keepdims=True) * 1e-6
+                    return v
+                return jax.jit(f)
+
+            reps = 8
+            short, long_ = fn_of(1), fn_of(1 + reps)
+            t = max(self.time(long_, x) - self.time(short, x), 0.0) / reps
+            per_short = kernel_traffic(short.lower(x).compile().as_text())
+            per_long = kernel_traffic(long_.lower(x).compile().as_text())
+            kernels = max(1, (len(per_long) - len(per_short)) // reps)
+            nbytes = (sum(per_long) - sum(per_short)) / reps
+            if t > 0 and nbytes > 0:
+                sizes.append(nbytes / kernels)
+                secs.append(t / kernels)
+            self.step(f"memory, {4 * n >> 10} KiB per device")
+        if secs:
+            self.bandwidth = sizes[-1] / secs[-1]
+        return ("memory", "float32", sizes, secs)
 
     # ---- compute curves ----------------------------------------------------------------
     def sweep(self, make: Callable[[int], tuple[float, Callable[..., Any], tuple]],

@@ -36,7 +36,7 @@ def test_quick_profile_of_the_attached_devices(measured):
     # matmul curves for the dtypes the zoo uses, a convolution curve, each fitted
     assert {("matmul", "float32"), ("conv", "float32")} <= {(k.op, k.dtype) for k in c.curves}
     for curve in c.curves:
-        assert len(curve.flops) >= 2 and curve.peak > 0 and curve.half >= 0
+        assert len(curve.sizes) >= 2 and curve.peak > 0 and curve.half >= 0
     # every collective over every axis of the 2-D meshes of 8 devices (8x1, 4x2, 2x4, 1x8)
     groups = {((8, 1),), ((4, 2),), ((2, 4),), ((4, 1),), ((2, 1),)}
     assert {(t.kind, t.group) for t in c.collectives} == {(k, g) for k in COLLECTIVES
