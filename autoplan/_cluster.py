@@ -685,7 +685,6 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
     # the best sustained rate: the matmul curves' fitted asymptotes (a single noisy point never
     # sets it)
     peak = max((c.peak for c in curves if c.op == "matmul" and c.peak > 0), default=1e9)
-    memory = next((c for c in curves if c.op == "memory"), None)
     lat, bw = 1e-5, 1e10
     ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
                 None)
@@ -695,8 +694,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         name="local", nodes=1, devices_per_node=m.num_devices, device_memory=m.device_memory,
         peak_flops=peak, intra_bandwidth=bw, inter_bandwidth=bw, intra_latency=lat,
         inter_latency=lat, compute_efficiency=1.0, device_kind=m.device_kind,
-        memory_bandwidth=m.memory_bandwidth if memory is None else memory.peak,
-        op_overhead=m.op_overhead,
+        memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
         launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
         collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
 

@@ -395,8 +395,9 @@ class _Profiler:
             est_rate = rates[-1]
             if t > self.s.max_op_time and len(secs) >= 2:
                 break
-            if len(rates) >= 3 and rates[-1] < 1.05 * rates[-2] and rates[-2] < 1.05 * rates[-3]:
-                break  # saturated
+            if (t >= 1e-3 and len(rates) >= 3 and rates[-1] < 1.05 * rates[-2]
+                    and rates[-2] < 1.05 * rates[-3]):
+                break  # saturated (judged on operations long enough to time well)
         return flops_out, secs
 
     def matmul_curve(self, dtype: str) -> tuple[str, str, list[float], list[float]]:
