@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["DTYPE_BYTES", "Instruction", "dtype_size", "shape_bytes", "split_shape",
-           "entry_instructions", "kernel_traffic", "NOT_KERNELS"]
+           "parse_instruction", "entry_instructions", "kernel_traffic", "NOT_KERNELS"]
 
 DTYPE_BYTES = {
     "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
@@ -76,6 +76,25 @@ class Instruction:
     operands: list[str]
 
 
+def parse_instruction(line: str) -> tuple[str, str, str, str, str] | None:
+    """``(name, shape, opcode, operand text, attributes)`` of one instruction line, or None."""
+    m = INSTR_RE.match(line)
+    if not m:
+        return None
+    shape, rest = split_shape(m.group(2))
+    om = OPCODE_RE.match(rest)
+    if not om:
+        return None
+    depth, end = 0, len(rest)
+    for i in range(om.end() - 1, len(rest)):
+        depth += rest[i] == "("
+        depth -= rest[i] == ")"
+        if depth == 0:
+            end = i
+            break
+    return m.group(1), shape, om.group(1), rest[om.end():end], rest[end + 1:]
+
+
 def entry_instructions(text: str) -> list[Instruction]:
     """The instructions of a module's ENTRY computation, in order."""
     start = text.find("ENTRY")
@@ -85,22 +104,10 @@ def entry_instructions(text: str) -> list[Instruction]:
     for line in text[start:].splitlines()[1:]:
         if line.strip() == "}":
             break
-        m = INSTR_RE.match(line)
-        if not m:
-            continue
-        shape, rest = split_shape(m.group(2))
-        om = OPCODE_RE.match(rest)
-        if not om:
-            continue
-        depth, end = 0, len(rest)
-        for i in range(om.end() - 1, len(rest)):
-            depth += rest[i] == "("
-            depth -= rest[i] == ")"
-            if depth == 0:
-                end = i
-                break
-        operands = re.findall(r"%([\w.\-]+)", rest[om.end():end])
-        out.append(Instruction(m.group(1), shape, om.group(1), operands))
+        parsed = parse_instruction(line)
+        if parsed is not None:
+            name, shape, opcode, args, _ = parsed
+            out.append(Instruction(name, shape, opcode, re.findall(r"%([\w.\-]+)", args)))
     return out
 
 

@@ -36,8 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan._hlotext import ARRAY_RE, INSTR_RE, OPCODE_RE, dtype_size, shape_bytes
-from autoplan._hlotext import split_shape as _split_shape
+from autoplan._hlotext import ARRAY_RE, dtype_size, parse_instruction, shape_bytes
 
 __all__ = ["Collective", "KINDS", "MemoryStats", "collectives", "comm_bytes", "dtype_size",
            "memory_stats", "shape_bytes"]
@@ -46,8 +45,6 @@ __all__ = ["Collective", "KINDS", "MemoryStats", "collectives", "comm_bytes", "d
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 _ARRAY_RE = ARRAY_RE
-_INSTR_RE = INSTR_RE
-_OPCODE_RE = OPCODE_RE
 _COMP_RE = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*[({]")
 _CALLS_RE = re.compile(r"\bcalls=%?([\w.\-]+)")
 _GROUPS_EXPLICIT = re.compile(r"replica_groups=\{(\{[0-9,\s]*\}(?:\s*,\s*\{[0-9,\s]*\})*)?\}")
@@ -119,27 +116,14 @@ def _parse(text: str) -> tuple[dict[str, list[_Instr]], dict[str, str]]:
                 current = m.group(2)
                 comps.setdefault(current, [])
             continue
-        m = _INSTR_RE.match(line)
-        if not m:
+        parsed = parse_instruction(line)
+        if parsed is None:
             continue
-        name, rest = m.group(1), m.group(2)
-        shape, rest = _split_shape(rest)
-        om = _OPCODE_RE.match(rest)
-        if not om:
-            continue
-        opcode = om.group(1)
-        depth, end = 0, len(rest)
-        for i in range(om.end() - 1, len(rest)):
-            depth += rest[i] == "("
-            depth -= rest[i] == ")"
-            if depth == 0:
-                end = i
-                break
-        args = rest[om.end():end]
+        name, shape, opcode, args, attrs = parsed
         operands = re.findall(r"%([\w.\-]+)", args)
         if not operands and args.strip() and opcode not in ("parameter", "constant", "iota"):
             operands = [a.strip().split()[-1] for a in args.split(",") if a.strip()]
-        ins = _Instr(name, shape, opcode, operands, rest[end + 1:], current)
+        ins = _Instr(name, shape, opcode, operands, attrs, current)
         comps.setdefault(current, []).append(ins)
         if s.startswith("ROOT"):
             roots[current] = name
