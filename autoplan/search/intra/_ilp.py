@@ -92,9 +92,9 @@ from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, sol
 from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
-    _context,
+    _derive,
     _op_key,
-    derive,
+    fusion_context,
     gradient_feeds,
     is_follower,
     is_generator,
@@ -393,6 +393,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
 
     # ---- operators: roots and followers --------------------------------------------------------
     follow_cache: dict[tuple, Any] = {}
+    contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
     read_back = _backward_read(graph)
     saved = set(filter(read_back.__contains__, chain.from_iterable(
@@ -411,11 +412,12 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             k = leader_operand(op, cands, graph) if cands else None
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
-                ckey = (_op_key(op), _context(op, graph), k, src_ids.tobytes())
+                ctx = contexts[i]
+                ckey = (_op_key(op), ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
                     uniq, inv = np.unique(src_ids, return_inverse=True)
-                    strats = [derive(op, mesh, k, prob.specs[u], graph) for u in uniq]
+                    strats = [_derive(op, mesh, k, prob.specs[u], ctx) for u in uniq]
                     hit = (strats, inv.reshape(-1)) if all(s is not None for s in strats) else None
                     follow_cache[ckey] = hit
                 if hit is not None:
