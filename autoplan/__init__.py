@@ -8,9 +8,15 @@ trace -> search -> Plan -> (viz | exec):
     >>> result = autoplan.search(wl, "cpu:8")          # doctest: +SKIP
     >>> result.best.partition_specs()                  # doctest: +SKIP
 
+``import autoplan`` loads no JAX, NumPy or NetworkX: the tracer, the graph and the subpackages
+load on first use, so the command line starts at once (and a Ctrl-C during its start is handled
+by the command line itself).
+
 Costs come from a cluster profile: a datasheet preset (``"p3.16xlarge:8"``, ``"cpu:8"``) or the
 attached devices measured by ``autoplan.profile()`` (``Cluster.detect()`` caches it on disk).
 """
+
+from typing import TYPE_CHECKING
 
 from ._cluster import Cluster as Cluster
 from ._cluster import LogicalMesh as LogicalMesh
@@ -21,31 +27,42 @@ from ._errors import ExecutionError as ExecutionError
 from ._errors import InfeasiblePlanError as InfeasiblePlanError
 from ._errors import LaunchError as LaunchError
 from ._errors import ModelError as ModelError
+from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
 from ._errors import SearchError as SearchError
 from ._errors import TraceError as TraceError
-from ._graph import GraphInput as GraphInput
-from ._graph import OpGraph as OpGraph
-from ._graph import OpNode as OpNode
-from ._graph import Tensor as Tensor
 from ._plan import Plan as Plan
-from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
-from ._trace import trace as trace
-from ._workload import Workload as Workload
+
+if TYPE_CHECKING:  # loaded on first use, see _LAZY
+    from ._graph import GraphInput as GraphInput
+    from ._graph import OpGraph as OpGraph
+    from ._graph import OpNode as OpNode
+    from ._graph import Tensor as Tensor
+    from ._loader import load_workload as load_workload
+    from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
+    from ._trace import trace as trace
+    from ._workload import Workload as Workload
 
 __version__ = "0.1.0"
 
 _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None),
          "exec": ("autoplan.exec", None), "viz": ("autoplan.viz", None),
          "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult"),
+         "trace": ("autoplan._trace", "trace"),
+         "OpaqueControlFlowWarning": ("autoplan._trace", "OpaqueControlFlowWarning"),
+         "GraphInput": ("autoplan._graph", "GraphInput"), "OpGraph": ("autoplan._graph", "OpGraph"),
+         "OpNode": ("autoplan._graph", "OpNode"), "Tensor": ("autoplan._graph", "Tensor"),
+         "Workload": ("autoplan._workload", "Workload"),
+         "load_workload": ("autoplan._loader", "load_workload"),
          "profile": ("autoplan._cluster", "profile")}
 
 
 def __getattr__(name: str):
     """``autoplan.search``, ``autoplan.plan``, ``autoplan.profile``, ``autoplan.models``,
-    ``autoplan.exec`` and ``autoplan.viz`` load on first use: ``import autoplan`` stays light, and
-    importing ``autoplan.viz`` or ``autoplan.exec`` does not import the search."""
+    ``autoplan.exec``, ``autoplan.viz``, ``autoplan.trace``, ``Workload`` and the graph classes
+    load on first use: ``import autoplan`` stays light, and importing ``autoplan.viz`` or
+    ``autoplan.exec`` does not import the search."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 
@@ -58,8 +75,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
-    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError",
+    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "profile", "Workload",
+    "Workload", "load_workload", "profile",
 ]

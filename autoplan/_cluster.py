@@ -349,8 +349,8 @@ class Cluster:
             raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8') or a "
                                f"cluster.json path. Got {spec!r}. Fix: write the preset name, a colon, "
                                "and a node count, or the path of a profile.")
-        name, _, count = spec.partition(":")
-        if not count:
+        name, colon, count = spec.partition(":")
+        if not colon:
             return cls.preset(name)
         n = _node_count(count, spec)
         if name == "cpu":
@@ -434,11 +434,17 @@ class Cluster:
                                "autoplan.profile().") from err
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 1) -> str:
-        """The cluster as JSON text (written to ``path`` too when given)."""
+        """The cluster as JSON text, also written to ``path`` when given (atomically: an
+        interrupted or failed write leaves the old file as it was).
+
+        Raises:
+            OutputError: ``path`` cannot be written.
+        """
         text = json.dumps({"schema": "autoplan.cluster", **self.to_dict()}, indent=indent)
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            from ._io import atomic_write_text  # noqa: PLC0415
+
+            atomic_write_text(path, text)
         return text
 
     @classmethod
@@ -700,9 +706,12 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
 
 
 def _node_count(count: str, spec: str) -> int:
+    """The count after the ':' of a cluster spec (devices for ``cpu:N``, else nodes)."""
     if not re.fullmatch(r"\d+", count) or int(count) <= 0:
-        raise ClusterError(f"cluster: the part after ':' should be a positive node count. Got "
-                           f"{count!r} in {spec!r}. Fix: e.g. '{spec.rpartition(':')[0]}:2'.")
+        name = spec.rpartition(":")[0]
+        what, example = ("device count", "cpu:8") if name == "cpu" else ("node count", f"{name}:2")
+        raise ClusterError(f"cluster: the part after ':' should be a positive {what}. Got "
+                           f"{count!r} in {spec!r}. Fix: e.g. '{example}'.")
     return int(count)
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "InfeasiblePlanError",
     "PlanFileError",
     "PlanMismatchError",
+    "OutputError",
     "ExecutionError",
     "EquivalenceError",
     "LaunchError",
@@ -54,11 +55,25 @@ class InfeasiblePlanError(SearchError):
 
 
 class PlanFileError(AutoplanError):
-    """A plan file is malformed, of an unknown schema version, or unreadable."""
+    """A plan file is malformed, of an unknown schema version, or unreadable.
+
+    Attributes:
+        field: the JSON path of the offending field (``"stages[1].mesh_shape"``), when one is to
+            blame; ``None`` for a file that is unreadable, not UTF-8 or not JSON.
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class PlanMismatchError(AutoplanError):
     """A plan was made for another model, argument structure, or device count."""
+
+
+class OutputError(AutoplanError):
+    """An output path cannot be written: a missing or read-only folder, a folder given as a file,
+    the input file itself, or a write that failed (the file that was there is kept)."""
 
 
 class ExecutionError(AutoplanError):

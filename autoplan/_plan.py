@@ -15,13 +15,16 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from ._cluster import Cluster
-from ._errors import PlanFileError, PlanMismatchError
+from ._errors import PlanMismatchError
+from ._io import atomic_write_text
+from ._planfile import read_plan_json, validate_plan_dict
 
 __all__ = ["SCHEMA_VERSION", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
            "Schedule", "Predicted", "Plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
@@ -471,80 +474,68 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = {"schema": "autoplan.plan", "schema_version": SCHEMA_VERSION}
         for f in fields(self):
-            if f.name == "arg_trees":  # the user's pytree types live in memory only
+            if f.name in _IN_MEMORY:  # the user's pytree types live in memory only
                 continue
             v = getattr(self, f.name)
             d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
         d["mesh_axis_types"] = ["Auto"] * len(self.axis_names)
         return d
 
-    def to_json(self, path: str | None = None, indent: int | None = 1) -> str:
-        """The plan as JSON text (written to ``path`` too when given)."""
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 1) -> str:
+        """The plan as JSON text, also written to ``path`` when given.
+
+        The file is written atomically (a temporary file in the same folder, flushed, then
+        renamed over ``path``): an interrupted or failed write leaves the old file as it was.
+
+        Raises:
+            OutputError: ``path`` cannot be written (the old file, if any, is kept).
+        """
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            with open(path, "w") as f:
-                f.write(text)
+            atomic_write_text(path, text)
         return text
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
-        if not isinstance(d, Mapping) or d.get("schema") != "autoplan.plan":
-            raise PlanFileError("Plan.from_json: not an autoplan plan (the 'schema' field should be "
-                                f"'autoplan.plan'). Got {str(d)[:80]!r}. Fix: pass a file written "
-                                "by Plan.to_json or 'autoplan plan -o'.")
-        ver = d.get("schema_version")
-        if ver != SCHEMA_VERSION:
-            raise PlanFileError(f"Plan.from_json: schema_version should be {SCHEMA_VERSION}. Got "
-                                f"{ver!r}. Fix: re-create the plan with this autoplan version.")
-        try:
-            stages = tuple(
-                Stage(**{**s, "layers": tuple(s["layers"]), "layer_range": tuple(s["layer_range"]),
-                         "submesh": tuple(s["submesh"]), "device_ids": tuple(s["device_ids"]),
-                         "mesh_shape": tuple(s["mesh_shape"]), "axis_names": tuple(s["axis_names"]),
-                         "ops": tuple(_op_from(o) for o in s["ops"]),
-                         "comm_bytes": dict(s["comm_bytes"])})
-                for s in d["stages"])
-            inputs = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": _norm_spec(i["spec"])})
-                           for i in d["inputs"])
-            sd = d["schedule"]
-            schedule = Schedule(
-                kind=sd["kind"], microbatches=sd["microbatches"], num_stages=sd["num_stages"],
-                table=tuple(tuple(None if e is None else (e[0], e[1], e[2]) for e in row)
-                            for row in sd["table"]),
-                events=tuple(tuple(e) for e in sd["events"]))
-            pd = d["predicted"]
-            predicted = Predicted(**{k: (dict(v) if isinstance(v, dict) else v) for k, v in pd.items()})
-            return cls(model=d["model"], fingerprint=d["fingerprint"],
-                       cluster=Cluster.from_dict(d["cluster"]), stages=stages, inputs=inputs,
-                       schedule=schedule, predicted=predicted, label=d["label"], level=d["level"],
-                       config=dict(d["config"]), search_seconds=d["search_seconds"],
-                       jax_version=d["jax_version"], notes=tuple(d.get("notes", ())),
-                       arg_types=tuple(tuple(str(x) for x in t) for t in d.get("arg_types", ())))
-        except (KeyError, TypeError, ValueError, IndexError) as err:
-            raise PlanFileError(f"Plan.from_json: the plan file is malformed ({type(err).__name__}: "
-                                f"{err}). Fix: re-create it with 'autoplan plan -o'.") from err
-
-    @classmethod
-    def from_json(cls, text_or_path: str) -> Plan:
-        """Read a plan from JSON text or a file path.
+        """A plan from its dict (``Plan.to_dict()``, or a parsed plan file), validated as a whole
+        (see :mod:`autoplan._planfile` for every check).
 
         Raises:
-            PlanFileError: unreadable, not JSON, not a plan, another schema version, malformed.
+            PlanFileError: not a plan, another schema version, or a field that is missing, of the
+                wrong type, or inconsistent with the rest (its JSON path is in the message and in
+                ``err.field``).
         """
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            try:
-                with open(text_or_path) as f:
-                    text = f.read()
-            except OSError as err:
-                raise PlanFileError(f"Plan.from_json: cannot read plan file {text_or_path!r}: "
-                                    f"{err.strerror}. Fix: check the path.") from err
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanFileError(f"Plan.from_json: not valid JSON ({err}). Got {text[:60]!r}. Fix: "
-                                "pass a file written by Plan.to_json.") from err
-        return cls.from_dict(d)
+        return cls._from_checked(d, "Plan.from_dict")
+
+    @classmethod
+    def from_json(cls, text_or_path: str | bytes | os.PathLike) -> Plan:
+        """Read a plan from JSON text (or bytes) or a file path, validated as a whole.
+
+        Raises:
+            PlanFileError: unreadable, not UTF-8, not JSON, not a plan, another schema version,
+                or a malformed or inconsistent field (named by its JSON path).
+        """
+        d, source = read_plan_json(text_or_path)
+        return cls._from_checked(d, source)
+
+    @classmethod
+    def _from_checked(cls, d: Any, source: str) -> Plan:
+        cluster = validate_plan_dict(d, _FIELD_SETS, Cluster.from_dict, SCHEMA_VERSION, source)
+        kw = {k: d[k] for k in _FIELD_SETS["plan"][0] | _FIELD_SETS["plan"][1] if k in d}
+        kw["cluster"] = cluster
+        kw["stages"] = tuple(_stage_from(s) for s in d["stages"])
+        kw["inputs"] = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": _norm_spec(i["spec"])})
+                             for i in d["inputs"])
+        kw["schedule"] = _schedule_from(d["schedule"])
+        kw["predicted"] = Predicted(**{k: (dict(v) if isinstance(v, Mapping) else v)
+                                       for k, v in d["predicted"].items()})
+        if "config" in kw:  # JSON lists back to the tuples a workload's config holds
+            kw["config"] = {k: _tuples(v) for k, v in kw["config"].items()}
+        if "notes" in kw:
+            kw["notes"] = tuple(kw["notes"])
+        if "arg_types" in kw:
+            kw["arg_types"] = tuple(tuple(t) for t in kw["arg_types"])
+        return cls(**kw)
 
     def check_matches(self, graph_or_fingerprint: Any, num_devices: int | None = None) -> None:
         """Raise :class:`PlanMismatchError` unless the plan was made for this graph (and, when
@@ -617,15 +608,60 @@ def _layer_span(layers: Sequence[str]) -> str:
     return f"{layers[0]} .. {layers[-1]} ({len(layers)})"
 
 
+#: Plan fields kept in memory only, never written to (or read from) a plan file
+_IN_MEMORY = frozenset({"arg_trees"})
+
+
+def _field_sets(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """(required, optional) field names of a dataclass: what its record in a plan file holds."""
+    names = frozenset(f.name for f in fields(cls)) - _IN_MEMORY
+    required = frozenset(f.name for f in fields(cls)
+                         if f.default is MISSING and f.default_factory is MISSING)
+    return required, names - required
+
+
+_FIELD_SETS = {"plan": _field_sets(Plan), "cluster": _field_sets(Cluster), "stage": _field_sets(Stage),
+               "operator": _field_sets(OpSharding), "tensor": _field_sets(TensorSharding),
+               "communication": _field_sets(Comm), "input": _field_sets(InputSpec),
+               "schedule": _field_sets(Schedule), "predictions": _field_sets(Predicted)}
+
+
+def _tuples(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return tuple(_tuples(x) for x in v)
+    if isinstance(v, Mapping):
+        return {k: _tuples(x) for k, x in v.items()}
+    return v
+
+
+def _stage_from(s: Mapping[str, Any]) -> Stage:
+    kw = dict(s)
+    for k in ("layers", "layer_range", "submesh", "device_ids", "mesh_shape", "axis_names"):
+        kw[k] = tuple(kw[k])
+    if "ops" in kw:
+        kw["ops"] = tuple(_op_from(o) for o in kw["ops"])
+    if "comm_bytes" in kw:
+        kw["comm_bytes"] = dict(kw["comm_bytes"])
+    return Stage(**kw)
+
+
 def _op_from(o: Mapping[str, Any]) -> OpSharding:
-    return OpSharding(
-        op=o["op"], primitive=o["primitive"], scope=o["scope"], layer=o["layer"], role=o["role"],
-        strategy=o["strategy"],
-        tensors=tuple(TensorSharding(t["name"], t["role"], tuple(t["shape"]), t["dtype"],
-                                     _norm_spec(t["spec"])) for t in o["tensors"]),
-        comm=tuple(Comm(c["kind"], c["bytes"], tuple(c["axes"]), c["time"], c["where"])
-                   for c in o["comm"]),
-        flops=o["flops"])
+    kw = dict(o)
+    kw["tensors"] = tuple(TensorSharding(**{**t, "shape": tuple(t["shape"]), "spec": _norm_spec(t["spec"])})
+                          for t in o["tensors"])
+    if "comm" in kw:
+        kw["comm"] = tuple(Comm(**{**c, "axes": tuple(c["axes"])}) for c in o["comm"])
+    return OpSharding(**kw)
+
+
+def _schedule_from(sd: Mapping[str, Any]) -> Schedule:
+    kw = dict(sd)
+    if "table" in kw:
+        kw["table"] = tuple(tuple(None if e is None else (e[0], e[1], e[2]) for e in row)
+                            for row in sd["table"])
+    if "events" in kw:
+        kw["events"] = tuple(tuple(e) for e in sd["events"])
+    return Schedule(**kw)
 
 
 def _jsonable(v: Any) -> Any:

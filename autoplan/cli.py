@@ -4,43 +4,165 @@
     autoplan profile -o cluster.json                  measure the attached devices (a cluster file)
     autoplan trace gpt --size 1.3B                    trace a train step, print its graph summary
     autoplan plan gpt --size 39B --cluster p3.16xlarge:8 -o plan.json
+    autoplan plan mypkg.train:workload --cluster cpu:8 -o plan.json    a user's own workload
     autoplan plan gpt --cluster cluster.json          plan with the measured profile
     autoplan show plan.json                           print a plan file's summary
     autoplan report plan.json -o report.html          self-contained HTML report
-    autoplan launch plan.json --model gpt --size tiny --num-processes 2 --devices-per-process 4
+    autoplan launch plan.json --model gpt --size tiny  run it on the devices attached
+    autoplan launch plan.json --model gpt --print-command slurm      the srun line for a cluster
+
+A workload is a zoo name (``autoplan models``) or ``module:function`` (see
+``autoplan._loader``): the function is imported from the current directory or ``PYTHONPATH``
+and called with the ``--set KEY=VALUE`` items (and ``--size``/``--batch`` when given) as keyword
+arguments.
+
+Every command ends in one of these exit statuses, with one line on stderr for an error (a failed
+launch adds its workers' last stderr lines below it):
+
+* 0: done.
+* 1: an unexpected internal error (one line naming the exception; ``--debug`` prints the
+  traceback), or a launch whose results did not match single-device execution.
+* 2: bad input or an impossible request (an :class:`~autoplan.AutoplanError`: the message says
+  what was wrong, the value and the fix), or a usage error.
+* 128 + the signal number when interrupted: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for
+  SIGHUP. An interrupted command writes no output file: ``-o`` is written only when the command
+  completed, and atomically (a temporary file renamed over it), so the file that was there before
+  stays whole.
+
+Output paths are checked before any work starts (an existing, writable folder; not a folder; not
+one of the command's input files), so a long search is never lost to a typo in ``-o``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
+import select
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ._errors import AutoplanError
+from ._errors import AutoplanError, InfeasiblePlanError, SearchError
 
 __all__ = ["main"]
 
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Interrupted(KeyboardInterrupt):
+    """Raised by the command line's signal handler (SIGINT, SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Run:
+    """The state of one :func:`main` call: the first signal received, if any, and the files
+    written."""
+
+    signum: int | None = None
+    written: list[str]
+
+    def __init__(self) -> None:
+        self.written = []
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        raise _Interrupted(signum)
+
+    def check(self, *_: Any) -> None:
+        """Raise if a signal came, even one whose exception was swallowed where it landed (in a
+        garbage-collection callback, say): an interrupted command writes nothing."""
+        if self.signum is not None:
+            raise _Interrupted(self.signum)
+
+
+_RUN = _Run()
+
+
+def _write_when_complete(path: str, write: Callable[[], None]) -> None:
+    """Run ``write`` (of ``path``) only when no signal has come: the last step of every writing
+    command."""
+    _RUN.check()
+    write()
+    _RUN.written.append(path)
+
 
 def _overrides(items: Sequence[str] | None) -> dict:
+    """``--set KEY=VALUE`` pairs: VALUE is read as JSON (``true``, ``[64, 32]``) or a Python literal
+    (``True``, ``(64, 32)``), else kept as a string."""
     out = {}
     for item in items or ():
         key, sep, val = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise AutoplanError(f"--set expects KEY=VALUE. Got {item!r}. Fix: e.g. --set layers=4.")
         try:
             out[key] = json.loads(val)
-        except json.JSONDecodeError:
-            out[key] = val
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            try:
+                out[key] = ast.literal_eval(val)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                out[key] = val
     return out
 
 
-def _workload(args, abstract=True):
-    from . import models  # noqa: PLC0415
+def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
+    from ._io import check_output_path  # noqa: PLC0415
 
-    return models.get(args.model, size=args.size, batch=args.batch, abstract=abstract,
-                      **_overrides(args.set))
+    return check_output_path(path, what="-o path", inputs=inputs, example=example)
+
+
+def _mesh_shape(text: str) -> tuple[int, ...]:
+    parts = text.lower().split("x")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise SearchError(f"--mesh should be positive sizes joined by 'x', e.g. 2x4. Got {text!r}. "
+                          "Fix: write the logical mesh as AxB (or AxBxC).")
+    return tuple(int(p) for p in parts)
+
+
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """Refuse options that the chosen ``--pipeline`` would ignore, before anything runs."""
+    if args.mesh and args.pipeline == "yes":
+        raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
+                          "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
+                          "so it would be ignored. Fix: drop --mesh, or use --pipeline no (or auto).")
+    if args.pipeline == "no":
+        given = [f"{flag} {val}" for flag, val in (
+            ("--microbatches", args.microbatches), ("--schedule", args.schedule),
+            ("--submesh-hosts", args.submesh_hosts)) if val is not None]
+        if given:
+            raise SearchError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, "
+                              "but --pipeline no makes intra-operator plans only, so "
+                              f"{'it' if len(given) == 1 else 'they'} would be ignored. Fix: drop "
+                              f"{'it' if len(given) == 1 else 'them'}, or use --pipeline yes (or auto).")
+
+
+def _spec(args) -> dict:
+    """The workload spec of the model arguments: ``{"model": ..., size, batch, overrides}``."""
+    from ._loader import parse_spec  # noqa: PLC0415
+
+    overrides = _overrides(args.set)
+    for key in ("model", "size", "batch"):
+        if key in overrides:
+            raise AutoplanError(f"--set {key}=... is not a config field. Got --set "
+                                f"{key}={overrides[key]!r}. Fix: use "
+                                f"{'the model argument' if key == 'model' else '--' + key}.")
+    return parse_spec(args.model, size=args.size, batch=args.batch, **overrides)
+
+
+def _workload(args, abstract=True):
+    from ._loader import load_workload  # noqa: PLC0415
+
+    return load_workload(_spec(args), abstract=abstract)
 
 
 def cmd_models(args) -> int:
@@ -52,6 +174,13 @@ def cmd_models(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    # paths and options first, before JAX starts: a typo costs no profile
+    if args.output:
+        _output_path(args.output, example="cluster.json")
+    if args.refresh and not args.cache:
+        raise AutoplanError("--refresh profiles again instead of reading the cache, so it needs "
+                            "--cache. Got --refresh alone. Fix: add --cache, or drop --refresh (a "
+                            "profile without --cache is always measured).")
     if args.cpu_devices is not None:
         if args.cpu_devices <= 0:
             raise AutoplanError(f"--cpu-devices should be a positive integer. Got "
@@ -76,7 +205,7 @@ def cmd_profile(args) -> int:
     print(cluster.summary())
     print(f"\nprofiled in {dt:.1f} s")
     if args.output:
-        cluster.to_json(args.output)
+        _write_when_complete(args.output, lambda: cluster.to_json(args.output))
         print(f"cluster written to {args.output} (use it with --cluster {args.output})")
     return 0
 
@@ -94,25 +223,41 @@ def cmd_trace(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    # options and paths first, before JAX is imported or anything traced: a typo costs no search
+    if args.output:
+        _output_path(args.output)
+    _check_plan_options(args)
+    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
+          "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
+          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+    if args.mesh:
+        kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
+
+    cluster = Cluster.parse(args.cluster)
     from .search import search  # noqa: PLC0415
+    from .search._api import PlanDoesNotFitWarning, no_fit_message  # noqa: PLC0415
 
     wl = _workload(args)
-    cluster = Cluster.parse(args.cluster)
-    kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
-          "schedule": args.schedule, "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts}
-    if args.mesh:
-        kw["mesh_shape"] = tuple(int(x) for x in args.mesh.split("x"))
     t0 = time.perf_counter()
-    result = search(wl, cluster, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said below, as an error or not
+        result = search(wl, cluster, **kw)
     dt = time.perf_counter() - t0
     print(result.table())
     print()
     print(result.best.summary())
     print(f"\nsearch took {dt:.2f} s")
+    why = no_fit_message(result.best, result.plans)
+    if why is not None and not args.allow_no_fit:
+        least = min(p.predicted.memory_per_device for p in result.plans)
+        raise InfeasiblePlanError(f"{why}; or pass --allow-no-fit to keep this plan anyway"
+                                  + (f" (nothing was written to {args.output})" if args.output else "")
+                                  + ".", least)
+    if why is not None:
+        print(f"autoplan: warning: {why}; kept as asked (--allow-no-fit).", file=sys.stderr)
     if args.output:
-        result.best.to_json(args.output)
+        _write_when_complete(args.output, lambda: result.best.to_json(args.output))
         print(f"plan written to {args.output}")
     return 0
 
@@ -131,29 +276,61 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
+    _output_path(args.output, args.plan, example="report.html")
+    from ._io import atomic_write_text  # noqa: PLC0415
     from ._plan import Plan  # noqa: PLC0415
     from .viz import report_html  # noqa: PLC0415
 
     plan = Plan.from_json(args.plan)
-    report_html(plan, path=args.output)
+    page = report_html(plan)
+    _write_when_complete(args.output, lambda: atomic_write_text(args.output, page))
     print(f"report written to {args.output}")
     return 0
 
 
 def cmd_launch(args) -> int:
     from ._plan import Plan  # noqa: PLC0415
-    from .exec import launch  # noqa: PLC0415
+    from .exec import _launch  # noqa: PLC0415
+    from .exec._layout import cluster_command  # noqa: PLC0415
 
     plan = Plan.from_json(args.plan)
-    spec = {"model": args.model, "size": args.size, **_overrides(args.set)}
-    if args.batch:
-        spec["batch"] = args.batch
-    handle = launch(plan, spec, num_processes=args.num_processes,
-                    devices_per_process=args.devices_per_process, steps=args.steps,
-                    timeout=args.timeout)
-    result = handle.wait(args.timeout)
-    print(f"launch of [{plan.label}] {plan.describe()}: {args.num_processes} process(es) x "
-          f"{args.devices_per_process} device(s), {args.steps} step(s) in {result.wall_time:.1f} s")
+    spec = _spec(args)
+    if args.print_command:
+        # a plan made for emulated CPU devices runs on CPUs unless told otherwise
+        platform = args.platform or ("cpu" if plan.cluster.device_kind == "cpu" else None)
+        print(cluster_command(args.print_command, args.plan, spec, plan.num_devices,
+                              plan.cluster.devices_per_node, nodes=args.nodes, platform=platform,
+                              per_host=args.per_host, steps=args.steps, seed=args.seed))
+        return 0
+    handle = None
+    try:
+        # SIGTERM and SIGHUP end the launch as Ctrl-C does: workers stopped, one line, no traceback
+        with _launch.raise_on_signals():
+            handle = _launch.launch(
+                args.plan, spec, num_processes=args.num_processes,
+                devices_per_process=args.devices_per_process, steps=args.steps,
+                timeout=args.timeout, platform=args.platform, per_host=args.per_host,
+                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port)
+            print(f"launching [{plan.label}] {plan.describe()} on {handle.layout.describe()}; "
+                  f"worker pids {' '.join(map(str, handle.pids))}", flush=True)
+            while not handle.done:
+                for ev in handle.poll():
+                    if ev.get("event") == "step" and ev.get("process") == 0:
+                        print(f"  step {ev['step']}: loss {ev['loss']:.6f} "
+                              f"({ev['step_time'] * 1e3:.1f} ms)", flush=True)
+                    elif ev.get("event") == "retry":
+                        print(f"  {ev['reason']}: retrying on port {ev['port']}", flush=True)
+                time.sleep(0.1)
+            result = handle.wait()
+    except (KeyboardInterrupt, _launch.LaunchInterrupted) as err:
+        if handle is not None:
+            handle.cancel()
+        signum = getattr(err, "signum", signal.SIGINT)
+        print(f"autoplan: launch interrupted by {signal.Signals(signum).name}; every worker was "
+              "stopped", file=sys.stderr)
+        return 128 + int(signum)
+    print(f"launch of [{plan.label}] {plan.describe()}: {result.layout}, {args.steps} step(s) in "
+          f"{result.wall_time:.1f} s")
     for proc in sorted(result.losses):
         losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
         times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
@@ -166,6 +343,8 @@ def cmd_launch(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for JAX training steps.")
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an error (also accepted after the command)")
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
@@ -182,18 +361,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on the CPU platform, emulate N devices (jax_num_cpu_devices), e.g. 8")
     sp.set_defaults(func=cmd_profile)
 
-    def model_args(sp):
-        sp.add_argument("model", help="zoo model name (see 'autoplan models')")
-        sp.add_argument("--size", default="tiny", help="model size (default tiny)")
-        sp.add_argument("--batch", type=int, default=None, help="global batch (default: the size's)")
+    def model_args(sp, flag=False):
+        help_ = ("zoo model name (see 'autoplan models') or module:function, a function "
+                 "returning the user's workload (found in the current directory or PYTHONPATH)")
+        if flag:
+            sp.add_argument("--model", required=True, help=help_)
+        else:
+            sp.add_argument("model", help=help_)
+        sp.add_argument("--size", default=None,
+                        help="model size (zoo default tiny; passed to a function as size=)")
+        sp.add_argument("--batch", type=int, default=None,
+                        help="global batch (default: the size's; passed to a function as batch=)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set layers=4")
+                        help="override a config field (zoo) or pass a keyword argument "
+                             "(function), e.g. --set layers=4")
 
-    sp = sub.add_parser("trace", help="trace a zoo model's train step and print its graph")
+    sp = sub.add_parser("trace", help="trace a workload's train step and print its graph")
     model_args(sp)
     sp.set_defaults(func=cmd_trace)
 
-    sp = sub.add_parser("plan", help="search plans for a zoo model on a cluster")
+    sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)
     sp.add_argument("--cluster", default="cpu:8",
                     help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan profile -o' "
@@ -202,13 +389,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--level", default="auto", choices=["auto", "exhaustive", "hierarchical", "folded"],
                     help="search level (default auto: exhaustive where it is the fast path, else folded)")
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
-    sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
+    sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
+                    help="pipeline schedule (default 1f1b)")
     sp.add_argument("--microbatches", type=int, default=None)
-    sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
+    sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
                     help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
-                         "and N hosts), auto (all up to 16 hosts)")
+                         "and N hosts), auto (all up to 16 hosts; the default)")
     sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
     sp.add_argument("-o", "--output", default=None, help="write the best plan as JSON")
+    sp.add_argument("--allow-no-fit", action="store_true",
+                    help="keep (and write) the best plan even when no candidate fits in the "
+                         "devices' memory (otherwise an error, exit status 2)")
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("show", help="print a plan file")
@@ -221,28 +412,159 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", default="report.html")
     sp.set_defaults(func=cmd_report)
 
-    sp = sub.add_parser("launch", help="run a plan in worker processes through jax.distributed")
+    sp = sub.add_parser("launch", help="run a plan on the devices attached (workers joined by "
+                                       "jax.distributed), or print the command for a cluster")
     sp.add_argument("plan")
-    sp.add_argument("--model", required=True)
-    sp.add_argument("--size", default="tiny")
-    sp.add_argument("--batch", type=int, default=None)
-    sp.add_argument("--set", action="append", metavar="KEY=VALUE")
-    sp.add_argument("--num-processes", type=int, default=2)
-    sp.add_argument("--devices-per-process", type=int, default=4)
+    model_args(sp, flag=True)
+    sp.add_argument("--platform", default=None, choices=["cpu", "gpu", "cuda", "rocm", "tpu"],
+                    help="default: detected (emulated CPU devices only when no accelerator is "
+                         "attached)")
+    sp.add_argument("--num-processes", type=int, default=None,
+                    help="default: one per GPU, one per TPU host, or 2 for emulated CPU devices")
+    sp.add_argument("--devices-per-process", type=int, default=None,
+                    help="default: the plan's devices divided by the processes")
+    sp.add_argument("--per-host", action="store_true",
+                    help="GPUs: one worker per host holding all its GPUs (default one per GPU)")
     sp.add_argument("--steps", type=int, default=2)
-    sp.add_argument("--timeout", type=float, default=300.0)
+    sp.add_argument("--seed", type=int, default=0, help="PRNG seed of the workload's arrays")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole launch")
+    sp.add_argument("--hang-timeout", type=float, default=None,
+                    help="seconds without progress from any worker that fail the launch "
+                         "(default: max(60, 5 x the slowest step))")
+    sp.add_argument("--port", type=int, default=None,
+                    help="coordinator port to try first (default: a free one; a taken port is "
+                         "retried on another)")
+    sp.add_argument("--print-command", default=None, choices=["slurm", "mpi"],
+                    help="print the srun (SLURM) or mpirun (Open MPI) command that runs the plan "
+                         "on a cluster (one worker per GPU, or per node for CPU/TPU or with "
+                         "--per-host), and exit")
+    sp.add_argument("--nodes", type=int, default=None,
+                    help="--print-command: nodes to use (default: as the plan's cluster)")
     sp.set_defaults(func=cmd_launch)
+    for command in sub.choices.values():  # --debug after the command name too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="print the full traceback of an error")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit status (see the module docstring).
+
+    No traceback reaches the user: an :class:`~autoplan.AutoplanError` is one line (status 2), an
+    unexpected exception one line naming it with a hint to rerun with ``--debug`` (status 1),
+    SIGINT, SIGTERM and SIGHUP one line (status 128 + the signal). Warnings are one line each.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = bool(getattr(args, "debug", False))
+    _RUN.signum, _RUN.written = None, []
+    restore = _install_handlers(debug)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if status < 128:  # 128 + signal: the command reported its own interruption
+            _RUN.check()
+        return status
+    except _Interrupted as err:
+        return _interrupted(err.signum, args)
+    except KeyboardInterrupt:  # raised before our handler was installed, or by other code
+        return _interrupted(_RUN.signum or signal.SIGINT, args)
     except AutoplanError as err:
+        if debug:
+            traceback.print_exc()
         print(f"autoplan: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError as err:  # the reader of stdout went away (``autoplan show p | head``)?
+        if _stdout_broken():
+            return 128 + 13
+        return _internal_error(err, debug)
+    except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
+        return _internal_error(err, debug)
+    finally:
+        restore()
+
+
+def _interrupted(signum: int, args: argparse.Namespace) -> int:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if _RUN.written:
+        what = f"; {', '.join(_RUN.written)} had been written in full"
+    elif getattr(args, "output", None):
+        what = f"; {args.output} was not written"
+    else:
+        what = ""
+    print(f"autoplan: interrupted by {name}{what}.", file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _internal_error(err: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300].rstrip(".")
+    print(f"autoplan: internal error: {type(err).__name__}: {first}. This is a bug or an input "
+          "autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
+    return 1
+
+
+def _stdout_broken() -> bool:
+    """Whether stdout is a pipe whose reader went away (poll says POLLERR); if so stdout is
+    pointed at /dev/null, so that the interpreter's last flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(ev & select.POLLERR for _, ev in poller.poll(0)):
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no real stdout
+        return False
+    return True
+
+
+def _install_handlers(debug: bool) -> Callable[[], None]:
+    """Signals, warnings and unraisable exceptions as one line each, for one command; returns
+    the function that puts everything back (``main`` may run inside a test or a notebook)."""
+    saved: list[tuple[int, Any]] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            try:
+                saved.append((sig, signal.signal(sig, _RUN.handler)))
+            except (OSError, ValueError):  # pragma: no cover - a signal this platform lacks
+                pass
+    old_show, old_hook, old_thread_hook = warnings.showwarning, sys.unraisablehook, threading.excepthook
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message).strip().replace("\n", " ")
+        print(f"autoplan: warning: {text}" + (f" ({category.__name__})" if debug else ""), file=sys.stderr)
+
+    def unraisable(u: Any) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt):
+            return  # a signal that landed in a finaliser: _RUN.signum records it
+        if debug:
+            old_hook(u)
+            return
+        print(f"autoplan: warning: ignored {type(u.exc_value).__name__} in {u.object!r:.60}: "
+              f"{str(u.exc_value)[:200]}", file=sys.stderr)
+
+    def in_thread(t: Any) -> None:
+        if debug:
+            old_thread_hook(t)
+            return
+        print(f"autoplan: warning: {t.exc_type.__name__} in thread "
+              f"{getattr(t.thread, 'name', '?')}: {str(t.exc_value)[:200]}", file=sys.stderr)
+
+    warnings.showwarning = show
+    sys.unraisablehook = unraisable
+    threading.excepthook = in_thread
+
+    def restore() -> None:
+        for sig, old in saved:
+            signal.signal(sig, old)
+        warnings.showwarning, sys.unraisablehook = old_show, old_hook
+        threading.excepthook = old_thread_hook
+
+    return restore
 
 
 if __name__ == "__main__":

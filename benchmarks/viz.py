@@ -79,7 +79,10 @@ def gpt_plan(layers: int = 96, stages: int = 8, microbatches: int = 32, hidden: 
     cluster = Cluster.preset("p3.16xlarge", stages)
     per = layers // stages
     h, tok = hidden, batch * seq
-    st_list, inputs = [], []
+    st_list = []
+    # the token batch: its leading dimension is what the micro-batches split
+    inputs = [InputSpec(2, "batch", "['tokens']", "batch", (batch * microbatches, seq), "int32",
+                        (None, None), 0)]
     op_id = 0
     for s in range(stages):
         ops = []

@@ -321,7 +321,7 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         text = explorer_text(page)
         assert "launch failed" not in text, text[-3000:]
         result = page.locator(".autoplan-launch-result").inner_text()
-        assert "2 x 4 CPU devices" in result, result
+        assert "2 processes x 4 emulated CPU devices" in result, result
         assert "final loss" in result and "matched single-device results" in result, result
         loss = float(result.split("final loss", 1)[1].split(";", 1)[0])
         assert 0 < loss < 20

@@ -82,3 +82,186 @@ def test_the_cli_stdout_carries_no_solver_banner(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "HiGHS" not in out.stdout and "Copyright" not in out.stdout
     assert out.stdout.lstrip().startswith("#")  # the ranked table comes first
+
+
+# ---- errors, outputs and signals ---------------------------------------------------------------
+def _one_line_error(capsys, *words: str) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("autoplan: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def _no_search(monkeypatch):
+    import autoplan.search
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the search should not have started")
+
+    monkeypatch.setattr(autoplan.search, "search", refuse)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "mlp", "-o", "/no/such/dir/p.json"], ["the folder '/no/such/dir' does not exist"]),
+    (["plan", "mlp", "-o", "/proc/p.json"], ["cannot create files in the folder '/proc'"]),
+    (["plan", "mlp", "--mesh", "2x4", "--pipeline", "yes"], ["--mesh 2x4", "--pipeline yes",
+                                                            "drop --mesh"]),
+    (["plan", "mlp", "--pipeline", "no", "--microbatches", "4", "--schedule", "gpipe"],
+     ["--microbatches 4, --schedule gpipe", "--pipeline no", "would be ignored"]),
+    (["plan", "mlp", "--pipeline", "no", "--submesh-hosts", "pow2"], ["--submesh-hosts pow2"]),
+    (["plan", "mlp", "--cluster", "cpu:"], ["positive device count", "'cpu:8'"]),
+    (["plan", "mlp", "--mesh", "2x"], ["--mesh should be positive sizes joined by 'x'"]),
+    (["plan", "mlp", "--mesh", "3x3"], ["9 devices but cluster cpu:8 has 8"]),
+])
+def test_bad_plan_options_are_refused_before_the_search(argv, words, monkeypatch, capsys):
+    if "3x3" not in argv:  # a mesh of the wrong size is found by the search's own check
+        _no_search(monkeypatch)
+    assert main(argv) == 2
+    _one_line_error(capsys, *words)
+
+
+def test_the_output_folder_is_checked_before_the_search(tmp_path, monkeypatch, capsys):
+    _no_search(monkeypatch)
+    assert main(["plan", "mlp", "-o", str(tmp_path)]) == 2
+    _one_line_error(capsys, "is a folder", "plan.json")
+
+
+def test_an_output_equal_to_the_input_is_refused(tmp_path, capsys):
+    victim = tmp_path / "victim.json"
+    assert main(["plan", "mlp", "--pipeline", "no", "--level", "exhaustive", "-o", str(victim)]) == 0
+    capsys.readouterr()
+    before = victim.read_bytes()
+    alias = tmp_path / "alias.json"
+    alias.symlink_to(victim)
+    for out in (victim, alias):
+        assert main(["report", str(victim), "-o", str(out)]) == 2
+        _one_line_error(capsys, "is the input file", "would destroy the input")
+    assert victim.read_bytes() == before
+    assert main(["report", str(victim), "-o", str(tmp_path)]) == 2
+    _one_line_error(capsys, "report.html")
+
+
+def test_set_fixes_work_on_the_command_line(capsys):
+    assert main(["trace", "gpt", "--set", "remat=yes"]) == 2
+    _one_line_error(capsys, "--set remat=true")
+    # the fix the message gives works, and so does the Python spelling of the API's message
+    assert main(["trace", "gpt", "--set", "remat=true"]) == 0
+    assert main(["trace", "gpt", "--set", "remat=True", "--set", "layers=1"]) == 0
+    assert main(["trace", "two_tower", "--set", "user_hidden=(8, 4)"]) == 0
+    assert main(["trace", "two_tower", "--set", "user_hidden=8x4"]) == 2
+    _one_line_error(capsys, "--set user_hidden=[64,32]")
+
+
+def test_no_plan_that_fits_is_an_error_unless_kept(tmp_path, capsys):
+    out = tmp_path / "big.json"
+    argv = ["plan", "gpt", "--size", "175B", "--set", "layers=1", "--cluster", "cpu:8",
+            "--pipeline", "no", "-o", str(out)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "fits" in captured.out  # the ranked table is still shown
+    err = captured.err
+    assert err.startswith("autoplan: error: no candidate plan fits in the 2.000 GiB") and err.count("\n") == 1
+    assert "the least any candidate needs is" in err and "--allow-no-fit" in err
+    assert not out.exists()
+    assert main(argv + ["--allow-no-fit"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("autoplan: warning: no candidate plan fits") and "kept as asked" in err
+    assert out.exists()
+
+
+def test_a_batch_that_cannot_be_split_is_said(capsys):
+    assert main(["plan", "mlp", "--batch", "6", "--cluster", "cpu:8", "--pipeline", "no"]) == 0
+    err = capsys.readouterr().err
+    assert "autoplan: warning: search: the batch of 6 does not divide over the 8 devices" in err
+    assert "Traceback" not in err and "BatchSplitWarning" not in err
+
+
+def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
+    import autoplan.cli
+
+    def broken(args):
+        raise ValueError("something nobody expected\nsecond line")
+
+    monkeypatch.setattr(autoplan.cli, "cmd_models", broken)
+    assert main(["models"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("autoplan: internal error: ValueError: something nobody expected. This is a bug or "
+                   "an input autoplan does not handle; rerun with --debug for the traceback.\n")
+    for argv in (["--debug", "models"], ["models", "--debug"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "rerun with --debug" in err
+
+    def pipe_to_a_worker(args):  # a broken pipe that is not stdout's is no quiet exit
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(autoplan.cli, "cmd_models", pipe_to_a_worker)
+    assert main(["models"]) == 1
+    assert capsys.readouterr().err.startswith("autoplan: internal error: BrokenPipeError")
+
+
+def test_a_signal_swallowed_where_it_landed_still_stops_the_write(tmp_path, monkeypatch, capsys):
+    # Ctrl-C handled inside a finaliser is "ignored" by Python and the search goes on: the
+    # command must still not write its output
+    import signal
+
+    import autoplan.search
+
+    path = tmp_path / "keep.json"
+    path.write_text("the good plan")
+    real = autoplan.search.search
+
+    class Finalised:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs here, in the finaliser
+                sum(range(100))
+
+    def search_then_interrupt(*args, **kwargs):
+        Finalised()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(autoplan.search, "search", search_then_interrupt)
+    assert main(["plan", "mlp", "--pipeline", "no", "--level", "exhaustive", "-o", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"autoplan: interrupted by SIGINT; {path} was not written.")
+    assert "Traceback" not in err
+    assert path.read_text() == "the good plan"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+
+
+@pytest.mark.parametrize("sig, status", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_signal_during_the_search_writes_nothing(tmp_path, sig, status):
+    import signal
+
+    path = tmp_path / "keep.json"
+    path.write_text("the good plan")
+    code = ("import sys, autoplan.cli\nsys.stderr.write('ready\\n'); sys.stderr.flush()\n"
+            "sys.exit(autoplan.cli.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "plan", "gpt", "--size", "1.3B", "-o",
+                             str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.stderr.readline() == "ready\n"
+    import time
+
+    time.sleep(1.0)  # inside main: tracing and searching a 24-layer GPT takes several seconds
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err
+    assert err.strip() == f"autoplan: interrupted by {sig}; {path} was not written.", err
+    assert path.read_text() == "the good plan"
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    # ``autoplan show plan.json | head -1``: the reader goes away before the output is written
+    path = tmp_path / "p.json"
+    assert main(["plan", "mlp", "--pipeline", "no", "--level", "exhaustive", "-o", str(path)]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "autoplan.cli", "show", str(path), "--specs"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == ""

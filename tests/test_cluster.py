@@ -37,6 +37,8 @@ def test_presets_and_parse():
     ("p3.16xlarge:-1", "positive node count"),
     ("p3.16xlarge:two", "'two'"),
     ("p3.16xlarge:2:3", "name:nodes"),
+    ("cpu:", "positive device count. Got '' in 'cpu:'"),  # not read as the preset's 8 devices
+    ("p3.16xlarge:", "positive node count. Got ''"),
     (42, "name:nodes"),
     ("missing.json", "cannot read cluster file 'missing.json'"),
 ])

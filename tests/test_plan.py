@@ -53,7 +53,7 @@ def test_malformed_files_are_refused(tiny, tmp_path):
         Plan.from_json(json.dumps(d))
     d = json.loads(plan.to_json())
     del d["stages"][0]["mesh_shape"]
-    with pytest.raises(PlanFileError, match="malformed"):
+    with pytest.raises(PlanFileError, match=r"stages\[0\]\.mesh_shape is missing"):
         Plan.from_json(json.dumps(d))
     with pytest.raises(PlanFileError, match="cannot read plan file"):
         Plan.from_json(str(tmp_path / "missing.json"))

@@ -3,13 +3,16 @@ multi-process launcher through ``jax.distributed``.
 
 * :func:`run` runs a :class:`~autoplan.Plan` in this process and checks it against
   single-device execution (:class:`RunReport`).
-* :func:`launch` runs it in several worker processes joined by ``jax.distributed``
-  (:class:`LaunchHandle`, :class:`LaunchResult`).
+* :func:`launch` runs it in worker processes joined by ``jax.distributed`` on the devices
+  attached (:class:`LaunchHandle`, :class:`LaunchResult`; :func:`detect_devices` says what is
+  attached, :func:`cluster_command` writes the ``srun``/``mpirun`` line for a cluster).
 * :func:`collectives` lists the collectives of compiled HLO text.
 
 This package only reads plans; it does not import :mod:`autoplan.viz`.
 """
 
+from autoplan.exec._devices import DeviceInfo as DeviceInfo
+from autoplan.exec._devices import detect_devices as detect_devices
 from autoplan.exec._hlo import Collective as Collective
 from autoplan.exec._hlo import MemoryStats as MemoryStats
 from autoplan.exec._hlo import collectives as collectives
@@ -20,6 +23,7 @@ from autoplan.exec._launch import LaunchHandle as LaunchHandle
 from autoplan.exec._launch import LaunchResult as LaunchResult
 from autoplan.exec._launch import describe_workload as describe_workload
 from autoplan.exec._launch import launch as launch
+from autoplan.exec._layout import cluster_command as cluster_command
 from autoplan.exec._pipeline import schedule_order as schedule_order
 from autoplan.exec._pipeline import schedule_table as schedule_table
 from autoplan.exec._run import EquivalenceResult as EquivalenceResult
@@ -36,6 +40,9 @@ __all__ = [
     "LaunchHandle",
     "LaunchResult",
     "describe_workload",
+    "detect_devices",
+    "DeviceInfo",
+    "cluster_command",
     "collectives",
     "comm_bytes",
     "Collective",

@@ -1,22 +1,42 @@
-"""Launching a plan on several processes joined by ``jax.distributed``.
+"""Launching a plan on worker processes joined by ``jax.distributed``, on the devices attached.
 
-:func:`launch` writes the plan to a JSON file, picks a free coordinator port and starts ``N``
-worker subprocesses (``python -m autoplan.exec._worker``, see :mod:`autoplan.exec._worker`), each
-in its own session (process group) so that it and anything it starts can be killed together. The
-workload travels as its name, size and overrides (a training step function cannot be pickled).
-Reader threads collect each worker's JSON events (stdout) and its last stderr lines.
+:func:`launch` checks everything it can before a worker starts, then supervises the workers:
 
-The returned :class:`LaunchHandle` is polled (:meth:`LaunchHandle.poll`) or waited on
-(:meth:`LaunchHandle.wait`). A worker that exits with an error, reports one, or a launch that
-runs past its timeout fails with :class:`~autoplan.LaunchError` carrying every worker's last
-stderr lines; every worker is killed first. Workers still running when the interpreter exits are
-killed by an ``atexit`` hook: nothing is left behind.
+1. **Preflight.** The workload is named by a spec (:mod:`autoplan._loader`: a zoo model with
+   its size and overrides, or a user's ``module:function``) because a training step cannot be
+   sent to another process. A probe subprocess (:mod:`autoplan.exec._devices`) finds the
+   attached devices (a notebook kernel that already started JAX is not disturbed) and traces
+   the workload abstractly: a plan whose fingerprint differs (another model, a changed
+   ``--set``) is refused with :class:`~autoplan.PlanMismatchError` before any worker starts.
+2. **Layout** (:func:`autoplan.exec._layout.choose_layout`): one worker per GPU (or one per host
+   with all its GPUs), one per TPU host, or emulated CPU devices when no accelerator is
+   attached; the counts default from the plan and the devices. A plan that needs more devices
+   than are attached is refused with the ``srun``/``mpirun`` lines that run it on a cluster.
+3. **Workers** (:mod:`autoplan.exec._worker`), each in a process group of its own. Each
+   gets the plan as the first line of its stdin and keeps that pipe: when the launcher exits,
+   however it dies (SIGKILL included), the pipe closes and the worker ends itself and its group
+   within a second. (Linux's ``PR_SET_PDEATHSIG`` would fire when the *thread* that started
+   the worker ends, and the Explorer launches from a background thread; a pipe follows the
+   process, and works beyond Linux.) Nothing is written to disk. The workers' module search path is this
+   process's (``sys.path`` and the current directory), so a user's module imports there too.
+   Everything listens on 127.0.0.1 only: the ``jax.distributed`` coordination service and the
+   CPU collectives.
+4. **Supervision**, in a background thread: each worker's JSON events (stdout) and last stderr
+   lines are collected. The launch fails, with every worker killed and their last lines in a
+   :class:`~autoplan.LaunchError`, when a worker exits with an error or reports one, when the
+   workers built different data (their argument digests differ), when no worker has made
+   progress for the hang limit (heartbeats every ``heartbeat`` seconds say whether a worker's
+   main thread moves; the limit is ``hang_timeout``, by default
+   ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``, see :class:`Watchdog`), or at
+   ``timeout``. A coordinator
+   port found taken is retried on another port (``port_retries`` times).
 
 Example:
-    >>> handle = launch(plan, {"model": "gpt", "size": "tiny"}, num_processes=2,
-    ...                 devices_per_process=4)                      # doctest: +SKIP
-    >>> result = handle.wait()                                      # doctest: +SKIP
-    >>> result.matched, result.losses[0]                            # doctest: +SKIP
+    >>> handle = launch("plan.json", "mypkg.train:workload")          # doctest: +SKIP
+    >>> handle.layout.describe()                                        # doctest: +SKIP
+    '8 processes x 1 GPU (NVIDIA H100 80GB HBM3, cuda)'
+    >>> result = handle.wait()                                          # doctest: +SKIP
+    >>> result.matched, result.loss                                     # doctest: +SKIP
     (True, [5.5323, 5.4183])
 """
 
@@ -27,24 +47,40 @@ import collections
 import json
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan._errors import LaunchError, PlanMismatchError
+from autoplan._loader import workload_spec
+from autoplan.exec._devices import DeviceInfo, preflight
+from autoplan.exec._layout import (
+    CLUSTER_KINDS,
+    WorkerLayout,
+    choose_layout,
+    cluster_command,
+    local_worker_command,
+    worker_pythonpath,
+)
 
-__all__ = ["launch", "LaunchHandle", "LaunchResult", "describe_workload", "free_port"]
+__all__ = ["launch", "LaunchHandle", "LaunchResult", "LaunchInterrupted", "describe_workload",
+           "free_port", "spec_arguments", "raise_on_signals", "Watchdog", "HANG_FLOOR",
+           "HANG_FACTOR"]
 
 _STDERR_LINES = 40
+#: the hang limit's floor, seconds: time for the first steps before any is measured
+HANG_FLOOR = 60.0
+#: the hang limit is at least this many times the slowest step seen
+HANG_FACTOR = 5.0
 _LIVE: weakref.WeakSet[LaunchHandle] = weakref.WeakSet()
 
 
@@ -56,44 +92,41 @@ def free_port() -> int:
 
 
 def describe_workload(workload: Any) -> dict[str, Any]:
-    """``{"model": name, "size": size, **overrides}`` describing a workload for the workers.
+    """The JSON spec that rebuilds ``workload`` in a worker: ``{"model": name, **kwargs}``.
 
     Args:
-        workload: such a dict (returned checked), or a :class:`autoplan.models.Workload`; its
-            overrides are the config fields that differ from its size's defaults.
+        workload: a spec (zoo name, ``"module:function"`` or dict), a zoo
+            :class:`autoplan.models.Workload` (its name, size and the config fields that differ
+            from the size's defaults), or a workload loaded from ``"module:function"``.
 
     Raises:
-        LaunchError: the workload is neither (a plain function cannot be sent to a worker).
+        LaunchError: a workload built in this process only (a function cannot be sent to a
+            worker process).
     """
-    if isinstance(workload, Mapping):
-        spec = dict(workload)
-        if "model" not in spec:
-            raise LaunchError(f"launch: the workload spec should have a 'model' key. Got "
-                              f"{sorted(spec)}. Fix: pass {{'model': 'gpt', 'size': 'tiny'}}.")
-        spec.setdefault("size", "tiny")
-        return _json_ready(spec)
-    name, size = getattr(workload, "name", None), getattr(workload, "size", None)
-    config = getattr(workload, "config", None)
-    if not isinstance(name, str) or not isinstance(size, str) or not isinstance(config, Mapping):
-        raise LaunchError(
-            f"launch: workload should be a dict {{'model':..., 'size':..., **overrides}} or a "
-            f"Workload from autoplan.models.get. Got {type(workload).__name__}. Fix: a function "
-            "cannot be sent to worker processes; register the model in the zoo or pass its spec.")
-    from autoplan.models import get  # noqa: PLC0415
-
-    default = get(name, size).config
-    overrides = {k: v for k, v in config.items() if k in default and default[k] != v}
-    return _json_ready({"model": name, "size": size, **overrides})
-
-
-def _json_ready(spec: dict[str, Any]) -> dict[str, Any]:
-    out = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
     try:
-        json.dumps(out)
-    except TypeError as err:
-        raise LaunchError(f"launch: the workload spec should be JSON values. Got {spec!r} "
-                          f"({err}).") from err
-    return out
+        spec = workload_spec(workload)
+    except Exception as err:
+        raise LaunchError(f"launch: the workload spec is not valid: {err}") from err
+    if spec is None:
+        raise LaunchError(
+            f"launch: a {type(workload).__name__} built in this process cannot be sent to worker "
+            "processes (a function cannot be pickled). Fix: define a function that returns it in "
+            "a module and pass 'module:function' (e.g. 'mypkg.train:workload'), or a zoo spec "
+            "such as {'model': 'gpt', 'size': 'tiny'}.")
+    return spec
+
+
+def spec_arguments(spec: Mapping[str, Any]) -> str:
+    """The CLI form of a workload spec: ``gpt --size tiny --set layers=3``."""
+    parts = [str(spec["model"])]
+    for k, v in spec.items():
+        if k == "model":
+            continue
+        if k in ("size", "batch"):
+            parts.append(f"--{k} {v}")
+        else:
+            parts.append(f"--set {k}={json.dumps(v, separators=(',', ':'))}")
+    return " ".join(parts)
 
 
 @dataclass
@@ -105,8 +138,10 @@ class LaunchResult:
         step_times: per process, seconds per step.
         matched: every process matched single-device execution (None when not checked).
         done: per process, its ``done`` event.
-        events: every event received, in order.
+        events: every event received, in order (heartbeats excepted).
         wall_time: seconds from launch to the last worker's exit.
+        layout: how the workers ran, e.g. ``"2 processes x 4 emulated CPU devices"``.
+        ports: the coordinator ports tried, the last one used.
     """
 
     losses: dict[int, list[float]]
@@ -115,6 +150,8 @@ class LaunchResult:
     done: dict[int, dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list)
     wall_time: float = 0.0
+    layout: str = ""
+    ports: list[int] = field(default_factory=list)
 
     @property
     def loss(self) -> list[float]:
@@ -122,9 +159,92 @@ class LaunchResult:
         return self.losses.get(0, next(iter(self.losses.values()), []))
 
 
+class Watchdog:
+    """Finds a hung launch from the workers' heartbeats.
+
+    A worker *progresses* when it sends any event other than a heartbeat, or a heartbeat whose
+    ``progress`` counter moved or that says it is compiling. The launch is hung when none of
+    the running workers has progressed for :attr:`limit` seconds: in SPMD every worker waits
+    for the slowest, so one worker stuck (in a collective, a deadlock, an endless step) stalls
+    them all, while one that is still compiling or computing keeps the launch alive.
+
+    Args:
+        workers: number of workers.
+        now: the start time (``time.monotonic()``).
+        hang_timeout: a fixed limit in seconds; None: ``max(floor, factor x slowest step)``,
+            times ``check_scale`` for a worker in its ``checking`` phase.
+        floor, factor: the default limit's terms.
+        check_scale: the plan's device count: the single-device reference of the equivalence
+            check does every device's work on one device, so its steps may take that much
+            longer than the sharded ones.
+    """
+
+    def __init__(self, workers: int, now: float, hang_timeout: float | None = None,
+                 floor: float = HANG_FLOOR, factor: float = HANG_FACTOR,
+                 check_scale: int = 1) -> None:
+        self.fixed = hang_timeout
+        self.floor, self.factor = floor, factor
+        self.check_scale = max(1, int(check_scale))
+        self.last = [now] * workers
+        self.counter: list[Any] = [None] * workers
+        self.beat: list[dict[str, Any]] = [{} for _ in range(workers)]
+        self.slowest = 0.0
+
+    @property
+    def limit(self) -> float:
+        """Seconds without progress that make a hang."""
+        if self.fixed is not None:
+            return float(self.fixed)
+        return max(self.floor, self.factor * self.slowest)
+
+    def see(self, ev: Mapping[str, Any], now: float) -> None:
+        """Account for one event of worker ``ev["worker"]``."""
+        w = int(ev["worker"])
+        if ev.get("event") == "heartbeat":
+            moved = ev.get("progress") != self.counter[w] or bool(ev.get("compiling"))
+            self.counter[w] = ev.get("progress")
+            self.beat[w] = dict(ev)
+            if moved:
+                self.last[w] = now
+            return
+        self.last[w] = now
+        if ev.get("event") == "step" and isinstance(ev.get("step_time"), (int, float)):
+            self.slowest = max(self.slowest, float(ev["step_time"]))
+
+    def limit_of(self, worker: int) -> float:
+        """The limit for one worker: :attr:`limit`, scaled while it checks (default limit)."""
+        if self.fixed is None and self.beat[worker].get("phase") == "checking":
+            return self.limit * self.check_scale
+        return self.limit
+
+    def stalled(self, now: float, running: list[int]) -> str | None:
+        """Why the launch is hung, or None."""
+        limit = self.limit
+        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
+            return None
+        how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
+               f"max({self.floor:g} s, {self.factor:g} x the slowest step "
+               f"{self.slowest * 1e3:.1f} ms)")
+        parts = []
+        for w in running:
+            b = self.beat[w]
+            step = b.get("step")
+            at = f" after step {step}" if step is not None else ""
+            where = b.get("stack") or ([b["where"]] if b.get("where") else [])
+            parts.append(f"worker {w} in phase {b.get('phase', 'starting')!r}{at}, no progress for "
+                         f"{now - self.last[w]:.0f} s"
+                         + (", at " + " <- ".join(where) if where else ""))
+        return (f"no worker made progress for {limit:.0f} s (the limit: {how}): "
+                + "; ".join(parts) + ". A hang (a collective waiting for a peer, a deadlock), or "
+                "a step or compilation longer than the limit: then raise hang_timeout= "
+                "(--hang-timeout)")
+
+
 class _Worker:
-    def __init__(self, index: int, proc: subprocess.Popen, events: queue.Queue):
+    def __init__(self, index: int, attempt: int, proc: subprocess.Popen, events: queue.Queue,
+                 plan_text: str):
         self.index = index
+        self.attempt = attempt
         self.proc = proc
         self.stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
         self.stdout_other: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
@@ -133,9 +253,21 @@ class _Worker:
                              name=f"autoplan-worker{index}-stdout"),
             threading.Thread(target=self._read_stderr, daemon=True,
                              name=f"autoplan-worker{index}-stderr"),
+            threading.Thread(target=self._send_plan, args=(plan_text,), daemon=True,
+                             name=f"autoplan-worker{index}-plan"),
         ]
         for t in self.threads:
             t.start()
+
+    def _send_plan(self, text: str) -> None:
+        """The plan as the first line on the worker's stdin; the pipe then stays open (its
+        closing tells the worker the launcher is gone)."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(text + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # the worker died first: its exit status says why
+            pass
 
     def _read_stdout(self, events: queue.Queue) -> None:
         assert self.proc.stdout is not None
@@ -147,8 +279,11 @@ class _Worker:
                 except json.JSONDecodeError:
                     self.stdout_other.append(line)
                     continue
+                if not isinstance(ev, dict):
+                    continue
                 ev.setdefault("process", self.index)
                 ev["worker"] = self.index
+                ev["attempt"] = self.attempt
                 events.put(ev)
             elif line:
                 self.stdout_other.append(line)
@@ -166,59 +301,125 @@ class _Worker:
         return "\n".join(f"    [worker {self.index}] {ln}" for ln in lines) or \
             f"    [worker {self.index}] (no stderr output)"
 
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is None:
+                continue
+            if stream is not self.proc.stdin and any(t.is_alive() for t in self.threads[:2]):
+                continue  # a reader still blocked in read(): closing would wait for its lock
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+
 
 class LaunchHandle:
     """A running launch: poll it, wait for it, or cancel it.
 
+    A supervisor thread watches the workers whether or not anyone polls: failures, hangs, a
+    taken coordinator port and the timeout are handled as they happen.
+
     Attributes:
+        layout: the :class:`~autoplan.exec._layout.WorkerLayout` (platform, counts).
         num_processes: workers started.
-        pids: their process ids (each leads its own process group).
-        events: every event received so far.
-        workdir: the folder holding the plan file (removed when the launch ends).
+        pids: their process ids (each leads its own process group); a retry on another port
+            starts new ones.
+        events: every event received so far (heartbeats excepted; see :meth:`heartbeats`).
+        ports: the coordinator ports tried so far, the current one last.
+        spec: the workload spec the workers load.
     """
 
-    def __init__(self, cmds: list[list[str]], env: dict[str, str], timeout: float, workdir: str):
-        self.num_processes = len(cmds)
+    def __init__(self, plan_text: str, spec: Mapping[str, Any], layout: WorkerLayout,
+                 env: Mapping[str, str], *, steps: int, seed: int, check: bool, python: str | None,
+                 compiler_options: Mapping[str, Any] | None, timeout: float,
+                 hang_timeout: float | None, heartbeat: float, port: int | None,
+                 port_retries: int) -> None:
+        self.layout = layout
+        self.num_processes = layout.num_processes
+        self.spec = dict(spec)
         self.events: list[dict[str, Any]] = []
-        self.workdir = workdir
+        self.ports: list[int] = []
         self.timeout = float(timeout)
+        self._plan_text = plan_text
+        self._env = dict(env)
+        self._args = dict(steps=steps, seed=seed, check=check, python=python or sys.executable,
+                          compiler_options=compiler_options, heartbeat=heartbeat)
+        self._hang_timeout = hang_timeout
+        self._retries_left = port_retries
         self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.RLock()
+        self._cursor = 0
+        self._beats: dict[int, dict[str, Any]] = {}
         self._t0 = time.monotonic()
         self._deadline = self._t0 + self.timeout
+        self._finished = threading.Event()
+        self._stop = threading.Event()
         self._closed = False
         self._result: LaunchResult | None = None
         self._error: LaunchError | None = None
         self._workers: list[_Worker] = []
+        self._attempt = 0
+        self._digests: dict[int, str] = {}
         _LIVE.add(self)
         try:
-            for i, cmd in enumerate(cmds):
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self._spawn(port if port is not None else free_port())
+        except BaseException:
+            self._kill_workers()
+            self._close()
+            raise
+        self._watchdog = self._new_watchdog()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True,
+                                            name="autoplan-launch-supervisor")
+        self._supervisor.start()
+
+    # ---- starting ----------------------------------------------------------------------
+    def _new_watchdog(self) -> Watchdog:
+        lay = self.layout
+        return Watchdog(self.num_processes, time.monotonic(), self._hang_timeout,
+                        check_scale=lay.num_processes * lay.devices_per_process)
+
+    def _command(self, index: int, port: int) -> list[str]:
+        a = self._args
+        return local_worker_command(self.layout, index, port, self.spec, steps=a["steps"],
+                                    seed=a["seed"], check=a["check"], python=a["python"],
+                                    compiler_options=a["compiler_options"],
+                                    heartbeat=a["heartbeat"])
+
+    def _spawn(self, port: int) -> None:
+        self.ports.append(port)
+        workers = []
+        for i in range(self.num_processes):
+            cmd = self._command(i, port)
+            env = {**self._env, **self.layout.env(i, self._env)}
+            try:
+                proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, env=env, text=True, bufsize=1,
                                         start_new_session=True)
-                self._workers.append(_Worker(i, proc, self._queue))
-        except OSError as err:
-            self.cancel()
-            raise LaunchError(f"launch: could not start worker {len(self._workers)}: {err}. Fix: "
-                              f"check the Python executable {cmds[0][0]!r}.") from err
-        self.pids = [w.proc.pid for w in self._workers]
+            except OSError as err:
+                self._workers = workers
+                raise LaunchError(f"launch: could not start worker {i}: {err}. Fix: check the "
+                                  f"Python executable {cmd[0]!r}.") from err
+            workers.append(_Worker(i, self._attempt, proc, self._queue, self._plan_text))
+            self._workers = workers
+        self.pids = [w.proc.pid for w in workers]
 
     # ---- observing ---------------------------------------------------------------------
     def poll(self) -> list[dict[str, Any]]:
         """New events since the last call (never blocks)."""
-        new = []
-        while True:
-            try:
-                ev = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            self.events.append(ev)
-            new.append(ev)
-        return new
+        with self._lock:
+            new = self.events[self._cursor:]
+            self._cursor = len(self.events)
+            return list(new)
+
+    def heartbeats(self) -> dict[int, dict[str, Any]]:
+        """Each worker's last heartbeat (phase, step, where its main thread is)."""
+        with self._lock:
+            return {w: dict(b) for w, b in self._beats.items()}
 
     @property
     def done(self) -> bool:
-        """Every worker has exited (or the launch was cancelled)."""
-        return self._closed or all(w.proc.poll() is not None for w in self._workers)
+        """The launch is over: every worker finished, or the launch failed or was cancelled."""
+        return self._finished.is_set()
 
     def returncodes(self) -> list[int | None]:
         """Each worker's exit status (None while running)."""
@@ -228,45 +429,75 @@ class LaunchHandle:
         """Every worker's last ``n`` stderr lines."""
         return "\n".join(w.tail(n) for w in self._workers)
 
-    # ---- waiting -----------------------------------------------------------------------
-    def wait(self, timeout: float | None = None) -> LaunchResult:
-        """Wait until every worker is done.
-
-        Args:
-            timeout: seconds to wait at most (never past the launch's own timeout).
-
-        Returns:
-            The :class:`LaunchResult`.
-
-        Raises:
-            LaunchError: a worker failed, reported an error, or the time ran out; every worker
-                has been killed and the message holds their last stderr lines.
-        """
-        if self._result is not None:
-            return self._result
-        if self._error is not None:
-            raise self._error
-        deadline = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+    # ---- supervising -------------------------------------------------------------------
+    def _take_events(self) -> None:
+        now = time.monotonic()
         while True:
-            self.poll()
-            err = self._failure()
-            if err is not None:
-                self._fail(err)
-            if all(w.proc.poll() is not None for w in self._workers):
-                for w in self._workers:  # drain the readers
-                    for t in w.threads:
-                        t.join(timeout=2.0)
-                self.poll()
-                err = self._failure()
-                if err is not None:
-                    self._fail(err)
-                return self._finish()
-            if time.monotonic() >= deadline:
+            try:
+                ev = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if ev.get("attempt") != self._attempt:
+                continue  # a worker of a retried attempt, already killed
+            self._watchdog.see(ev, now)
+            with self._lock:
+                if ev.get("event") == "heartbeat":
+                    self._beats[ev["worker"]] = ev
+                else:
+                    self.events.append(ev)
+            if ev.get("event") == "loaded" and isinstance(ev.get("digest"), str):
+                self._digests[ev["worker"]] = ev["digest"]
+
+    def _supervise(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._take_events()
+                why = self._failure()
+                if why is not None:
+                    self._drain_exited()  # the exited worker's own report, before judging
+                    why = self._failure() or why
+                    if self._port_taken() and self._retries_left > 0:
+                        self._retry()
+                        continue
+                    self._fail(why)
+                    return
+                if all(w.proc.poll() is not None for w in self._workers):
+                    for w in self._workers:  # drain the readers
+                        for t in w.threads[:2]:
+                            t.join(timeout=2.0)
+                    self._take_events()
+                    why = self._failure()
+                    if why is not None:
+                        self._fail(why)
+                    else:
+                        self._finish()
+                    return
+                now = time.monotonic()
                 running = [w.index for w in self._workers if w.proc.poll() is None]
-                self._fail(f"timed out after {time.monotonic() - self._t0:.1f} s with worker(s) "
-                           f"{running} still running (a hang, or a timeout too short for the "
-                           "model: raise timeout=)")
-            time.sleep(0.05)
+                hung = self._watchdog.stalled(now, running)
+                if hung is not None:
+                    self._fail(hung)
+                    return
+                if now >= self._deadline:
+                    self._fail(f"timed out after {now - self._t0:.1f} s with worker(s) {running} "
+                               "still running (a hang, or a timeout too short for the model: "
+                               "raise timeout=)")
+                    return
+                self._stop.wait(0.05)
+        except BaseException as err:  # pragma: no cover - a bug in supervision: never hang
+            self._fail(f"the launch supervisor failed: {type(err).__name__}: {err}")
+
+    def _drain_exited(self) -> None:
+        """Read what the exited workers wrote to the end (their error events and last lines)."""
+        for w in self._workers:
+            if w.proc.poll() is not None:
+                for t in w.threads[:2]:
+                    t.join(timeout=2.0)
+        self._take_events()
+
+    def _current_events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e.get("attempt") == self._attempt]
 
     def _failure(self) -> str | None:
         """Every failure seen so far (exits first: an error a worker reports is often the
@@ -277,38 +508,102 @@ class LaunchHandle:
             if rc is not None and rc != 0:
                 how = f"signal {-rc}" if rc < 0 else f"status {rc}"
                 why.append(f"worker {w.index} exited with {how}")
-        for ev in self.events:
+        for ev in self._current_events():
             if ev.get("event") == "error":
                 msg = str(ev.get("message", "")).strip().splitlines()
                 why.append(f"worker {ev.get('worker')} (process {ev.get('process')}) reported "
                            f"{ev.get('type')}: {msg[0] if msg else ''}")
+        if len(self._digests) == self.num_processes and len(set(self._digests.values())) > 1:
+            why.append(
+                "the workers built different arrays for the workload (argument digests "
+                f"{dict(sorted(self._digests.items()))}): every process must build the same "
+                "data. Fix: seed every random generator in the workload function (use its seed "
+                "argument)")
         return "; ".join(why) if why else None
 
+    def _port_taken(self) -> bool:
+        return any(e.get("event") == "error" and e.get("type") == "CoordinatorPortTaken"
+                   for e in self._current_events())
+
+    def _retry(self) -> None:
+        old = self.ports[-1]
+        self._kill_workers()
+        for w in self._workers:
+            w.close()
+        self._attempt += 1
+        self._retries_left -= 1
+        self._digests = {}
+        port = free_port()
+        with self._lock:
+            self.events.append({"event": "retry", "reason": f"coordinator port {old} was taken",
+                                "port": port, "attempt": self._attempt})
+            self._beats = {}
+        self._spawn(port)
+        self._watchdog = self._new_watchdog()
+
     def _fail(self, why: str) -> None:
-        self.cancel()
+        self._kill_workers()
         codes = ", ".join(f"worker {w.index}: {w.proc.returncode}" for w in self._workers)
         self._error = LaunchError(
-            f"launch of {self.num_processes} workers failed: {why}. Every worker was killed "
-            f"(exit statuses {codes}). Last stderr lines:\n{self.stderr_tail()}")
-        raise self._error
+            f"launch of {self.num_processes} workers ({self.layout.describe()}) failed: {why}. "
+            f"Every worker was stopped (exit statuses {codes}). Last stderr lines:\n"
+            f"{self.stderr_tail()}")
+        self._close()
 
-    def _finish(self) -> LaunchResult:
-        done = {ev["process"]: ev for ev in self.events if ev.get("event") == "done"}
+    def _finish(self) -> None:
+        done = {ev["process"]: ev for ev in self._current_events() if ev.get("event") == "done"}
         if len(done) != self.num_processes:
             missing = sorted(set(range(self.num_processes)) - set(done))
             self._fail(f"worker(s) for process(es) {missing} exited without reporting 'done'")
+            return
         losses = {p: list(ev.get("losses", [])) for p, ev in done.items()}
         times = {p: list(ev.get("step_times", [])) for p, ev in done.items()}
         flags = [ev.get("matched") for ev in done.values()]
         matched = None if all(f is None for f in flags) else all(bool(f) for f in flags)
         self._result = LaunchResult(losses, times, matched, done, list(self.events),
-                                    time.monotonic() - self._t0)
+                                    time.monotonic() - self._t0, self.layout.describe(),
+                                    list(self.ports))
         self._close()
+
+    # ---- waiting -----------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> LaunchResult:
+        """Wait until the launch is over.
+
+        Args:
+            timeout: seconds to wait at most (never past the launch's own timeout); when they
+                pass first, the launch is stopped as timed out.
+
+        Returns:
+            The :class:`LaunchResult`.
+
+        Raises:
+            LaunchError: a worker failed, reported an error, hung, or the time ran out; every
+                worker has been killed and the message holds their last stderr lines.
+            KeyboardInterrupt: interrupted while waiting; the workers are stopped first.
+        """
+        try:
+            if timeout is None:
+                while not self._finished.wait(0.2):
+                    pass
+            elif not self._finished.wait(max(0.0, timeout)):
+                self._stop.set()
+                self._supervisor.join()
+                if not self._finished.is_set():
+                    running = [w.index for w in self._workers if w.proc.poll() is None]
+                    self._fail(f"timed out after {time.monotonic() - self._t0:.1f} s (wait's "
+                               f"timeout={timeout:g}) with worker(s) {running} still running")
+        except BaseException:
+            if not self._finished.is_set():
+                self.cancel()
+            raise
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
         return self._result
 
     # ---- stopping ----------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Kill every worker's process group (SIGTERM, then SIGKILL) and clean up."""
+    def _kill_workers(self) -> None:
+        """Each worker's process group: SIGTERM, then SIGKILL; their output drained."""
         for w in self._workers:
             _signal_group(w.proc, signal.SIGTERM)
         end = time.monotonic() + 1.0  # JAX catches SIGTERM (preemption notice): keep it short
@@ -324,42 +619,47 @@ class LaunchHandle:
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
                 pass
         for w in self._workers:
-            for t in w.threads:
+            for t in w.threads[:2]:
                 t.join(timeout=2.0)
-        self.poll()
+
+    def cancel(self) -> None:
+        """Stop every worker (SIGTERM to its process group, then SIGKILL) and clean up; a
+        launch cancelled before it finished raises ``LaunchError("...cancelled...")`` from
+        :meth:`wait`."""
+        self._stop.set()
+        sup = getattr(self, "_supervisor", None)
+        if sup is not None and sup is not threading.current_thread():
+            sup.join(timeout=30.0)
+        if not self._finished.is_set():
+            self._fail("cancelled")
+        self._kill_workers()
         self._close()
 
     def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         for w in self._workers:
-            if any(t.is_alive() for t in w.threads):
-                continue  # a reader still blocked in read(): closing would wait for its lock
-            for stream in (w.proc.stdout, w.proc.stderr):
-                if stream is not None:
-                    try:
-                        stream.close()
-                    except OSError:  # pragma: no cover
-                        pass
-        shutil.rmtree(self.workdir, ignore_errors=True)
+            w.close()
         _LIVE.discard(self)
+        self._finished.set()
 
     def __enter__(self) -> LaunchHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if not self._closed:
+        if not self._finished.is_set():
             self.cancel()
 
     def __repr__(self) -> str:
-        state = "done" if self.done else "running"
-        return f"LaunchHandle({self.num_processes} workers, {state}, {len(self.events)} events)"
+        state = ("failed" if self._error else "done") if self.done else "running"
+        return (f"LaunchHandle({self.layout.describe()}, {state}, {len(self.events)} events)")
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, sig)  # the worker leads its own session/group
+        os.killpg(proc.pid, sig)  # the worker heads a process group of its own
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -373,74 +673,179 @@ def _kill_all() -> None:
             pass
 
 
-def launch(plan: Any, workload_spec: Any, num_processes: int = 2, devices_per_process: int = 4,
-           steps: int = 2, timeout: float = 120.0, check: bool = True, *,
-           env: Mapping[str, str] | None = None, platform: str = "cpu", python: str | None = None,
-           seed: int = 0, compiler_options: Mapping[str, Any] | None = None) -> LaunchHandle:
-    """Start ``num_processes`` workers that run ``plan`` together through ``jax.distributed``.
+# ---- signals ---------------------------------------------------------------------------------
+class LaunchInterrupted(BaseException):
+    """SIGTERM or SIGHUP arrived (see :func:`raise_on_signals`); ``signum`` says which.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that ``except Exception`` does not
+    swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def raise_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Within the block, the signals raise :class:`LaunchInterrupted` in the main thread (as
+    SIGINT raises ``KeyboardInterrupt``), so ``finally`` blocks and cancellation run; the old
+    handlers come back after. Outside the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise LaunchInterrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# ---- the entry point --------------------------------------------------------------------------
+def _plan_of(plan: Any) -> tuple[Any, str | None]:
+    from autoplan._plan import Plan  # noqa: PLC0415
+
+    if isinstance(plan, Plan):
+        return plan, None
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.from_json(os.fspath(plan)), os.fspath(plan)
+    raise LaunchError(f"launch: plan should be an autoplan Plan or the path of a plan file. Got "
+                      f"{type(plan).__name__}. Fix: pass result.best or 'plan.json'.")
+
+
+def _fingerprint_here(workload: Any) -> str:
+    from autoplan._memo import memo  # noqa: PLC0415
+    from autoplan._trace import trace  # noqa: PLC0415
+
+    def make() -> str:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return trace(workload).fingerprint
+    return memo(workload, ("launch", "fingerprint"), make)
+
+
+def _cluster_hint(plan: Any, plan_path: str | None, spec: Mapping[str, Any]) -> str:
+    if plan_path is None:
+        return ("Run it on a cluster: write the plan (plan.to_json('plan.json')) and run 'autoplan "
+                f"launch plan.json --model {spec_arguments(spec)} --print-command slurm' (or "
+                "mpi) for the command.")
+    lines = []
+    for kind in CLUSTER_KINDS:
+        try:
+            cmd = cluster_command(kind, plan_path, spec, plan.num_devices,
+                                  plan.cluster.devices_per_node)
+        except LaunchError:  # devices that do not spread over whole nodes: say how to ask
+            cmd = (f"autoplan launch {plan_path} --model {spec_arguments(spec)} --print-command "
+                   f"{kind} --nodes N")
+        lines.append(f"  {kind}: {cmd}")
+    return "Run it on a cluster, with a path every node reads:\n" + "\n".join(lines) + "\n"
+
+
+def launch(plan: Any, workload: Any, num_processes: int | None = None,
+           devices_per_process: int | None = None, steps: int = 2, timeout: float = 120.0,
+           check: bool = True, *, env: Mapping[str, str] | None = None,
+           platform: str | None = None, per_host: bool = False, python: str | None = None,
+           seed: int = 0, compiler_options: Mapping[str, Any] | None = None,
+           hang_timeout: float | None = None, heartbeat: float = 2.0, port: int | None = None,
+           port_retries: int = 3) -> LaunchHandle:
+    """Start workers that run ``plan`` together through ``jax.distributed`` on this machine.
 
     Args:
-        plan: a :class:`~autoplan.Plan` or the path of a plan JSON file.
-        workload_spec: ``{"model": name, "size": size, **overrides}`` or a
-            :class:`autoplan.models.Workload` (sent as its name, size and overrides).
-        num_processes: worker processes ``N``.
-        devices_per_process: devices of each (``jax_num_cpu_devices`` on CPU); ``N K`` must equal
-            the plan's device count.
+        plan: a :class:`~autoplan.Plan` or the path of a plan file.
+        workload: a spec (a zoo name such as ``"gpt"``, ``"module:function"``, or a dict
+            ``{"model": ..., **kwargs}``), a zoo :class:`autoplan.models.Workload`, or a workload
+            loaded from ``"module:function"`` (see :mod:`autoplan._loader`).
+        num_processes: worker processes (None: chosen, see :mod:`autoplan.exec._layout`).
+        devices_per_process: devices of each (None: chosen); the product must be the plan's
+            device count.
         steps: training steps.
-        timeout: seconds the whole launch may take; past it every worker is killed.
+        timeout: seconds the whole launch may take (the preflight included); past it every
+            worker is killed.
         check: each worker compares its shards with a single-device run computed locally.
-        env: extra environment variables for the workers.
-        platform: the JAX platform of the workers (``"cpu"``).
-        python: the Python executable (default this one).
+        env: extra environment variables for the workers (and the device probe).
+        platform: ``"cpu"`` (emulate the devices), ``"gpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``,
+            or None: detect (emulated CPU devices only when no accelerator is attached).
+        per_host: GPUs: one worker holding all the GPUs instead of one worker per GPU.
+        python: the workers' Python executable (default this one).
         seed: PRNG seed of the workload's arrays (the same in every worker).
         compiler_options: XLA options for the workers' compilations.
+        hang_timeout: seconds without progress from any worker that fail the launch (None:
+            ``max(HANG_FLOOR, HANG_FACTOR x the slowest step seen)``, times the plan's device
+            count while a worker checks against one device).
+        heartbeat: seconds between the workers' heartbeats.
+        port: the coordinator port to try first (None: a free one).
+        port_retries: how many other ports to try when the coordinator port is taken.
 
     Returns:
         A :class:`LaunchHandle`; call ``.wait()`` for the :class:`LaunchResult`.
 
     Raises:
-        PlanMismatchError: ``num_processes * devices_per_process`` differs from the plan's device
-            count (checked before anything starts).
-        LaunchError: the workload cannot be described to a worker, or a worker cannot start.
+        PlanMismatchError: the plan was made for another workload, or ``num_processes x
+            devices_per_process`` is not its device count (checked before any worker starts).
+        LaunchError: bad arguments, a workload that cannot be sent to a worker, counts that do
+            not fit the plan, more devices than attached (the message has the cluster commands),
+            or a worker that cannot start.
+        ModelError: the workload spec cannot be loaded (reported by the preflight).
     """
-    from autoplan._plan import Plan  # noqa: PLC0415
-
-    if not isinstance(plan, Plan):
-        plan = Plan.from_json(str(plan))
-    for name, v in (("num_processes", num_processes), ("devices_per_process", devices_per_process),
-                    ("steps", steps)):
+    for name, v in (("steps", steps),):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise LaunchError(f"launch: {name} should be a positive integer. Got {v!r}.")
-    if num_processes * devices_per_process != plan.num_devices:
-        raise PlanMismatchError(
-            f"launch: the plan uses {plan.num_devices} devices but num_processes x "
-            f"devices_per_process = {num_processes} x {devices_per_process} = "
-            f"{num_processes * devices_per_process}. Fix: choose them so the product is "
-            f"{plan.num_devices}, or make a plan for that many devices.")
-    spec = describe_workload(workload_spec)
-    workdir = tempfile.mkdtemp(prefix="autoplan-launch-")
-    plan_path = os.path.join(workdir, "plan.json")
-    plan.to_json(plan_path)
-    port = free_port()
-    exe = python or sys.executable
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            raise LaunchError(f"launch: {name} should be a positive integer. Got {v!r}. Fix: "
+                              f"{name}=2.")
+    for name, v in (("timeout", timeout), ("heartbeat", heartbeat)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise LaunchError(f"launch: {name} should be a positive number of seconds. Got {v!r}.")
+    if hang_timeout is not None and (isinstance(hang_timeout, bool) or
+                                     not isinstance(hang_timeout, (int, float)) or
+                                     not hang_timeout > 2 * heartbeat):
+        raise LaunchError(f"launch: hang_timeout should be None or a number of seconds above "
+                          f"twice the heartbeat ({2 * heartbeat:g} s). Got {hang_timeout!r}. Fix: "
+                          "e.g. hang_timeout=120 for models that compile for minutes.")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                             or not 0 < port < 65536):
+        raise LaunchError(f"launch: port should be a TCP port number (1-65535) or None. Got "
+                          f"{port!r}.")
+    t0 = time.monotonic()
+    plan, plan_path = _plan_of(plan)
+    if num_processes is not None and devices_per_process is not None:  # before any probe
+        choose_layout(plan.num_devices, DeviceInfo("cpu", "cpu", 1, "cpu"), num_processes,
+                      devices_per_process)
+    spec = describe_workload(workload)
+    fingerprint = None if isinstance(workload, (str, Mapping)) else _fingerprint_here(workload)
     wenv = dict(os.environ)
     wenv.update(env or {})
-    wenv["PYTHONPATH"] = root + (os.pathsep + wenv["PYTHONPATH"] if wenv.get("PYTHONPATH") else "")
+    path = worker_pythonpath()
+    wenv["PYTHONPATH"] = os.pathsep.join(
+        path + [p for p in wenv.get("PYTHONPATH", "").split(os.pathsep) if p and p not in path])
     wenv["PYTHONUNBUFFERED"] = "1"
-    if platform:
-        wenv["JAX_PLATFORMS"] = platform
-    cmds = []
-    for i in range(num_processes):
-        cmd = [exe, "-m", "autoplan.exec._worker", "--plan", plan_path,
-               "--workload", json.dumps(spec), "--process-id", str(i),
-               "--num-processes", str(num_processes), "--coordinator", f"127.0.0.1:{port}",
-               "--devices-per-process", str(devices_per_process), "--platform", platform,
-               "--steps", str(steps), "--seed", str(seed)]
-        if not check:
-            cmd.append("--no-check")
-        if compiler_options:
-            cmd += ["--compiler-options", json.dumps(dict(compiler_options))]
-        cmds.append(cmd)
-    return LaunchHandle(cmds, wenv, timeout, workdir)
-
+    info: DeviceInfo | None = None
+    if platform == "cpu":
+        info = DeviceInfo("cpu", "cpu", 1, "cpu")
+    if info is None or fingerprint is None:
+        found, traced = preflight(spec if fingerprint is None else None, platform, env=wenv,
+                                  python=python, timeout=timeout)
+        info = info or found
+        if traced is not None:
+            fingerprint = traced["fingerprint"]
+    if fingerprint != plan.fingerprint:
+        raise PlanMismatchError(
+            f"launch: the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}) "
+            f"but the workload {spec_arguments(spec)!r} traces to fingerprint {fingerprint}: its "
+            "parameters, optimizer state or batch differ in paths, shapes or dtypes. No worker was "
+            "started. Fix: launch the workload (with the --size/--batch/--set) the plan was made "
+            f"for, or make a plan for this one: autoplan plan {spec_arguments(spec)} -o plan.json.")
+    layout = choose_layout(plan.num_devices, info, num_processes, devices_per_process,
+                           per_host=per_host, env=wenv,
+                           cluster_hint=_cluster_hint(plan, plan_path, spec),
+                           requested=platform is not None)
+    left = timeout - (time.monotonic() - t0)
+    if left <= 0:
+        raise LaunchError(f"launch: the preflight took the whole timeout ({timeout:g} s). Fix: "
+                          "raise timeout=.")
+    return LaunchHandle(plan.to_json(indent=None), spec, layout, wenv, steps=steps, seed=seed,
+                        check=check, python=python, compiler_options=compiler_options,
+                        timeout=left, hang_timeout=hang_timeout, heartbeat=heartbeat, port=port,
+                        port_retries=port_retries)

@@ -134,7 +134,8 @@ def _coerce(model: ModelDef, key: str, value: Any, default: Any) -> Any:
     zero_ok = key in model.nonneg
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise _field_error(name, key, "True or False", value, f"pass {key}=True or {key}=False")
+            raise _field_error(name, key, "True or False", value, f"pass {key}=True or {key}=False "
+                               f"(on the command line: --set {key}=true or --set {key}=false)")
         return value
     if isinstance(default, numbers.Integral):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -155,7 +156,9 @@ def _coerce(model: ModelDef, key: str, value: Any, default: Any) -> Any:
             isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value
         )
         if not ok:
-            raise _field_error(name, key, "a tuple of positive integers", value, f"pass e.g. {key}={default}")
+            raise _field_error(name, key, "a tuple of positive integers", value,
+                               f"pass e.g. {key}={default} (on the command line: --set "
+                               f"{key}=[{','.join(map(str, default))}])")
         return tuple(int(v) for v in value)
     if key == "dtype":
         if value not in DTYPES:

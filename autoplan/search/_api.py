@@ -24,6 +24,7 @@ structure, so ``plan.named_shardings()`` returns the user's own types.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -36,9 +37,20 @@ from autoplan._graph import OpGraph
 from autoplan._plan import Plan
 from autoplan.search.intra._intra import mesh_shapes_for
 
-__all__ = ["SearchResult", "search", "plan", "LEVELS"]
+__all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
 
 LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
+
+
+class PlanDoesNotFitWarning(UserWarning):
+    """No candidate plan fits in the devices' memory: the best one is returned anyway, and the
+    message says the least memory any candidate needs (``autoplan plan`` refuses to write such a
+    plan unless given ``--allow-no-fit``)."""
+
+
+class BatchSplitWarning(UserWarning):
+    """The global batch does not divide over the devices, and the best plan keeps it whole on
+    every device (no data parallelism)."""
 
 
 @dataclass
@@ -114,6 +126,76 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
                       "autoplan.Workload(train_step, (params, opt_state, batch)), cluster).")
 
 
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside autoplan (the
+    user's line), counted from the function that calls this one."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("autoplan"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _least_memory(plans: list[Plan]) -> Plan:
+    return min(plans, key=lambda p: p.predicted.memory_per_device)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.3f} GiB"
+
+
+def no_fit_message(best: Plan, plans: list[Plan]) -> str | None:
+    """Why ``best`` does not fit its devices' memory (and what the least any of ``plans`` needs),
+    or None when it fits."""
+    cluster = best.cluster
+    if best.predicted.memory_per_device <= cluster.device_memory:
+        return None
+    least = _least_memory(plans)
+    fixes = ["use more or larger devices", "a smaller batch or model"]
+    if best.config.get("remat") is False:
+        fixes.append("rematerialisation (remat=True; --set remat=true on the command line)")
+    return (f"no candidate plan fits in the {_gib(cluster.device_memory)} of a "
+            f"{cluster.device_kind} device of {cluster.spec}: the best plan ({best.describe()}) needs "
+            f"{_gib(best.predicted.memory_per_device)} per device, and the least any candidate needs "
+            f"is {_gib(least.predicted.memory_per_device)} ({least.label}: {least.describe()}). Fix: "
+            + ", ".join(fixes[:-1]) + f", or {fixes[-1]}")
+
+
+def _check_batch_split(best: Plan, n: int) -> None:
+    """Warn when the batch cannot be split over the ``n`` devices and ``best`` keeps it whole."""
+    batch_inputs = [i for i in best.inputs if i.kind == "batch" and i.shape]
+    if n <= 1 or not batch_inputs:
+        return
+    batch = best.config.get("batch", batch_inputs[0].shape[0])
+    if not isinstance(batch, int) or batch % n == 0 or any(i.spec and i.spec[0] for i in batch_inputs):
+        return
+    warnings.warn(BatchSplitWarning(
+        f"search: the batch of {batch} does not divide over the {n} devices of {best.cluster.spec}, "
+        f"and the best plan ({best.describe()}) keeps every batch input whole on every device: no "
+        f"data parallelism. Fix: use a batch that is a multiple of {n} (e.g. {n * -(-batch // n)}), "
+        "or fewer devices."), stacklevel=_user_stacklevel())
+
+
+def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
+                            num_layers: Any, stage_algorithm: str, submesh_hosts: str) -> None:
+    """Refuse options that the chosen ``pipeline`` mode would ignore."""
+    if pipeline is True and mesh_shape is not None:
+        raise SearchError(
+            f"search: mesh_shape={mesh_shape!r} sets the logical mesh of intra-operator plans, "
+            "but pipeline=True makes pipeline plans only (each stage's mesh is searched), so it "
+            "would be ignored. Fix: drop mesh_shape, or use pipeline=False (or 'auto').")
+    if pipeline is False:
+        given = [f"{k}={v!r}" for k, v, default in (
+            ("microbatches", microbatches, None), ("schedule", schedule, "1f1b"),
+            ("num_layers", num_layers, None), ("stage_algorithm", stage_algorithm, "auto"),
+            ("submesh_hosts", submesh_hosts, "auto")) if v != default]
+        if given:
+            raise SearchError(
+                f"search: {', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, but "
+                "pipeline=False makes intra-operator plans only, so "
+                f"{'it' if len(given) == 1 else 'they'} would be ignored. Fix: drop "
+                f"{'it' if len(given) == 1 else 'them'}, or use pipeline=True (or 'auto').")
+
+
 def _rank(plans: list[Plan]) -> list[Plan]:
     def key(p: Plan):
         fits = p.predicted.memory_per_device <= p.cluster.device_memory
@@ -177,7 +259,16 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         A :class:`SearchResult`.
 
     Raises:
-        SearchError: bad options. InfeasiblePlanError: no plan fits ``memory_budget``.
+        SearchError: bad options, or options the chosen ``pipeline`` mode would ignore
+            (``mesh_shape`` with ``pipeline=True``; ``microbatches``, ``schedule``,
+            ``num_layers``, ``stage_algorithm`` or ``submesh_hosts`` with ``pipeline=False``).
+        InfeasiblePlanError: no plan fits ``memory_budget`` (``least_memory`` says what would).
+
+    Warns:
+        PlanDoesNotFitWarning: without ``memory_budget``, when no candidate fits in the devices'
+            memory (the best is returned; the message gives the least memory any candidate needs).
+        BatchSplitWarning: the batch does not divide over the devices and the best plan keeps it
+            whole on every device.
     """
     if level not in LEVELS:
         raise SearchError(f"search: level should be one of {LEVELS}. Got {level!r}. "
@@ -191,6 +282,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     check_submesh_hosts(submesh_hosts)
     if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
         raise SearchError(f"search: microbatches should be a positive integer. Got {microbatches!r}.")
+    _check_pipeline_options(pipeline, mesh_shape, microbatches, schedule, num_layers,
+                            stage_algorithm, submesh_hosts)
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
@@ -285,6 +378,13 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     ranked, i = _rank_and_pick(plans, memory_budget)
     best = ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
     stats["best_label"] = best.label
+    if memory_budget is None:
+        why = no_fit_message(best, ranked)
+        if why is not None:
+            warnings.warn(PlanDoesNotFitWarning(f"search: {why}; or pass memory_budget= to plan "
+                                                "for another device memory."),
+                          stacklevel=_user_stacklevel())
+    _check_batch_split(best, cluster.num_devices)
     report("done", 1.0)
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)
 

@@ -2,7 +2,9 @@
 
 :class:`Explorer` is an ipywidgets layer over the static figures of :mod:`autoplan.viz`:
 
-* controls for the model and size, the cluster preset and its node count, the search level, the
+* controls for the model (a zoo name, or a user's ``module:function`` typed into the model box,
+  loaded by :func:`autoplan._loader.load_workload`) and size, the cluster preset and its node
+  count, the search level, the
   pipeline schedule and the number of micro-batches, and a Search button with a progress bar fed
   by the search's ``progress(message, fraction)`` callback;
 * a candidate selector over every ranked plan of the :class:`~autoplan.search.SearchResult`
@@ -15,9 +17,10 @@
   device in the stage view or a bar of the timeline selects that stage (the layer Dropdown does
   either); the other views then highlight it (the layer's operators in the sharding view, the
   owning stage's devices and timeline bars);
-* a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on local emulated
-  CPU devices (2 processes x 4 devices for an 8-device intra-operator plan, else 1 process
-  holding every device, see :func:`launch_layout`), streams each step's loss and step time
+* a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on the devices
+  attached, as ``autoplan launch`` does (platform and worker counts detected: one worker per
+  GPU, or emulated CPU devices in 2 processes when no accelerator is attached), streams each
+  step's loss and step time
   into a table and a live figure, and at the end shows the measured step time and loss against
   the plan's prediction and whether the run matched single-device results.
 
@@ -55,28 +58,19 @@ from ._pipeline import stage_figure, timeline_figure
 from ._sharding import sharding_figure
 from ._style import TEMPLATE
 
-__all__ = ["Explorer", "LaunchRecord", "launch_layout", "sync_figure", "fill_width"]
+__all__ = ["Explorer", "LaunchRecord", "sync_figure", "fill_width"]
 
 LEVELS = ("folded", "hierarchical", "exhaustive")
 SCHEDULES = ("1f1b", "gpipe")
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 FIGURES = ("sharding", "stage", "timeline", "compare", "launch")
 AUTO = 0  # the micro-batches Dropdown's value for "searched" (ipywidgets shows None as blank)
+NO_SIZE = "-"  # the size Dropdown's value for a user's workload (it has no zoo sizes)
 _CSS = ("<style>.autoplan-explorer pre {white-space: pre; font-size: 11px; line-height: 1.3;}"
         ".autoplan-explorer table {font-size: 12px; border-collapse: collapse;}"
         ".autoplan-explorer td, .autoplan-explorer th {padding: 1px 8px; text-align: right;}</style>")
 DIM = 0.25  # opacity of what is not selected
 HIGHLIGHT_LINE = "#111111"
-
-
-def launch_layout(num_devices: int, pipeline: bool = False) -> tuple[int, int]:
-    """``(num_processes, devices_per_process)`` used to launch a plan on local CPU devices: 2
-    processes of 4 devices for an 8-device intra-operator plan, else one process holding every
-    device (``autoplan.exec`` runs pipeline plans in one process: it does not move activations
-    between processes)."""
-    if num_devices == 8 and not pipeline:
-        return 2, 4
-    return 1, max(1, num_devices)
 
 
 @dataclass
@@ -85,7 +79,8 @@ class LaunchRecord:
 
     Attributes:
         plan: the plan launched; ``spec`` the workload spec given to ``autoplan.exec.launch``.
-        num_processes, devices_per_process, steps: how it ran.
+        num_processes, devices_per_process, steps: how it ran (0 devices until the launcher has
+            chosen the layout); ``layout`` says it in words (platform included).
         handle: the ``LaunchHandle`` (None until the launch has started).
         events: every event polled from the handle, in order.
         result: the ``LaunchResult`` (None until finished).
@@ -98,6 +93,7 @@ class LaunchRecord:
     num_processes: int
     devices_per_process: int
     steps: int
+    layout: str = ""
     handle: Any = None
     events: list[dict[str, Any]] = field(default_factory=list)
     result: Any = None
@@ -239,12 +235,15 @@ class Explorer:
     """Search, compare, inspect and launch plans in a notebook.
 
     Args:
-        workload: an :class:`autoplan.models.Workload` to plan (its name, size and config
-            overrides are used; changing the model or size in the widget replaces it); default:
-            ``autoplan.models.get(model, size)``.
+        workload: what to plan: a spec (a zoo name, a user's ``"module:function"``, or a dict
+            ``{"model": ..., **kwargs}``, see :mod:`autoplan._loader`), an
+            :class:`autoplan.models.Workload` (its name, size and config overrides are used), or
+            a workload loaded from ``"module:function"``; changing the model or size in the widget
+            replaces it. Default: the zoo's ``model`` at ``size``.
         cluster: a :class:`~autoplan.Cluster` or ``"preset:nodes"`` (``"cpu:8"`` = 8 emulated
             devices on one host).
-        model, size: the workload when ``workload`` is None.
+        model, size: the workload when ``workload`` is None (``model`` may be
+            ``"module:function"``; the model box takes either too).
         level: ``"folded"``, ``"hierarchical"`` or ``"exhaustive"``.
         schedule: ``"1f1b"`` or ``"gpipe"``.
         microbatches: the number of micro-batches of pipeline plans (None: searched).
@@ -262,14 +261,20 @@ class Explorer:
     def __init__(self, workload: Any = None, cluster: Cluster | str = "cpu:8", *, model: str = "gpt",
                  size: str = "tiny", level: str = "folded", schedule: str = "1f1b",
                  microbatches: int | None = None, autostart: bool = True) -> None:
+        from autoplan._loader import is_function_spec, load_workload, workload_spec  # noqa: PLC0415
         from autoplan.models import list_models  # noqa: PLC0415
 
         models = list_models()
+        if isinstance(workload, (str, Mapping)):
+            workload = load_workload(workload)  # a spec: loaded now, so a bad one fails here
         if workload is not None:
-            model, size = workload.name, workload.size
-        if model not in models:
-            raise ValueError(f"Explorer: model should be one of {sorted(models)}. Got {model!r}.")
-        if size not in models[model]:
+            spec = workload_spec(workload) or {}
+            model = str(spec.get("model") or getattr(workload, "name", None) or "(given workload)")
+            size = spec.get("size", getattr(workload, "size", None) or NO_SIZE)
+        if not (model in models or is_function_spec(model) or workload is not None):
+            raise ValueError(f"Explorer: model should be one of {sorted(models)} or a user's "
+                             f"'module:function'. Got {model!r}.")
+        if model in models and size not in models[model]:
             raise ValueError(f"Explorer: size should be one of {models[model]} for {model!r}. "
                              f"Got {size!r}.")
         if level not in LEVELS:
@@ -293,10 +298,16 @@ class Explorer:
 
         wide = {"description_width": "initial"}
         # ---- controls
-        self._model = widgets.Dropdown(options=list(models), value=model, description="model",
-                                       style=wide, layout=widgets.Layout(width="150px"))
-        self._size = widgets.Dropdown(options=models[model], value=size, description="size",
-                                      style=wide, layout=widgets.Layout(width="130px"))
+        # the model box: a zoo name from the list, or a user's module:function typed in
+        self._model = widgets.Combobox(options=list(models), value=model, description="model",
+                                       placeholder="zoo name or module:function",
+                                       ensure_option=False, continuous_update=False, style=wide,
+                                       layout=widgets.Layout(width="260px"))
+        zoo = model in models
+        self._size = widgets.Dropdown(options=models[model] if zoo else [NO_SIZE],
+                                      value=size if zoo else NO_SIZE, description="size",
+                                      disabled=not zoo, style=wide,
+                                      layout=widgets.Layout(width="130px"))
         presets = sorted(PRESETS) + ([cl.name] if self._custom_cluster else [])
         self._preset = widgets.Dropdown(options=presets, value=cl.name, description="cluster",
                                         style=wide, layout=widgets.Layout(width="210px"))
@@ -344,7 +355,7 @@ class Explorer:
                                              style=wide, layout=widgets.Layout(width="120px"))
         self._launch_button = widgets.Button(description="Launch", button_style="success",
                                              icon="play", disabled=True,
-                                             tooltip="run the selected plan on local CPU devices")
+                                             tooltip="run the selected plan on the devices attached")
         self._launch_status = widgets.Label(value="no launch yet")
         self._launch_table = widgets.HTML(value="")
         self._launch_result = widgets.HTML(value="")
@@ -370,7 +381,8 @@ class Explorer:
             box(self.figures["sharding"], "100%"),
             box(self.figures["timeline"], "100%"),
             box(self.figures["compare"], "100%"),
-            widgets.HTML("<b>launch</b> the selected plan on local emulated CPU devices"),
+            widgets.HTML("<b>launch</b> the selected plan on the devices attached (emulated CPU "
+                         "devices when there is no accelerator)"),
             widgets.HBox([self._steps, self._launch_button, self._launch_status]),
             widgets.HBox([box(self.figures["launch"], "55%"),
                           widgets.Box([self._launch_table], layout=widgets.Layout(
@@ -453,8 +465,15 @@ class Explorer:
 
     # ---- controls --------------------------------------------------------------------------
     def _on_model(self, change: Mapping[str, Any]) -> None:
-        sizes = self._models[change["new"]]
         self._workload = None
+        name = str(change["new"] or "").strip()
+        sizes = self._models.get(name)
+        if sizes is None:  # a user's module:function (loaded at the next search): no sizes
+            self._size.options = [NO_SIZE]
+            self._size.value = NO_SIZE
+            self._size.disabled = True
+            return
+        self._size.disabled = False
         self._size.options = sizes
         self._size.value = "tiny" if "tiny" in sizes else sizes[0]
 
@@ -478,14 +497,24 @@ class Explorer:
     def _get_workload(self) -> Any:
         if self._workload is not None:
             return self._workload
-        from autoplan.models import get  # noqa: PLC0415
+        from autoplan._loader import is_function_spec, load_workload  # noqa: PLC0415
 
-        self._workload = get(self._model.value, self._size.value)
+        name = str(self._model.value or "").strip()
+        if name not in self._models and not is_function_spec(name):
+            raise ValueError(f"Explorer: the model box should hold one of {sorted(self._models)} "
+                             f"or a user's 'module:function'. Got {name!r}.")
+        size = self._size.value if name in self._models else None
+        self._workload = load_workload(name, size=size)
         return self._workload
 
     def launch_spec(self) -> dict[str, Any]:
         """The workload spec a launch passes to ``autoplan.exec.launch``: ``{"model", "size"}`` and
-        the workload's config fields that differ from the size's defaults."""
+        the workload's config fields that differ from the size's defaults, or ``{"model":
+        "module:function", **kwargs}`` for a user's workload.
+
+        Raises:
+            LaunchError: a workload built in the notebook only (define it in a module instead).
+        """
         from autoplan.exec import describe_workload  # noqa: PLC0415
 
         return describe_workload(self._get_workload())
@@ -512,7 +541,8 @@ class Explorer:
         self._progress.value = 0.0
         t0 = time.perf_counter()
         try:
-            self._status.value = f"building {self._model.value} ({self._size.value})"
+            self._status.value = f"building {self._model.value}" + (
+                f" ({self._size.value})" if self._size.value != NO_SIZE else "")
             wl = self._get_workload()
             cl = self._cluster()
             res = _search_function()(wl, cl, pipeline="auto", schedule=self._schedule.value,
@@ -528,7 +558,9 @@ class Explorer:
         self._apply_result(res)
         self._progress.value = 1.0
         self._progress.bar_style = "success"
-        self._status.value = (f"{len(res.plans)} plans for {wl.name} ({wl.size}) on {cl.spec} in "
+        size = getattr(wl, "size", None)
+        self._status.value = (f"{len(res.plans)} plans for {wl.name}"
+                              f"{f' ({size})' if size else ''} on {cl.spec} in "
                               f"{secs:.1f} s; best: {res.best.label}, {res.best.describe()}, "
                               f"{_ms(res.best.predicted.step_time)}")
 
@@ -782,7 +814,11 @@ class Explorer:
                          margin={"t": 60, "l": 60, "r": 60, "b": 40})
 
     def launch(self, steps: int | None = None, timeout: float = 900.0) -> bool:
-        """Run the selected plan on local emulated CPU devices in the background.
+        """Run the selected plan on the devices attached, in the background.
+
+        The launcher detects the platform and chooses the workers as ``autoplan launch`` does (one
+        per GPU; emulated CPU devices in 2 processes when no accelerator is attached); a plan that
+        needs more devices than attached fails with the cluster commands in the status.
 
         Args:
             steps: training steps (default: the widget's value).
@@ -808,36 +844,39 @@ class Explorer:
     def _launch_job(self, plan: Plan, steps: int, timeout: float) -> None:
         from autoplan.exec import launch  # noqa: PLC0415
 
-        procs, per = launch_layout(plan.num_devices, plan.is_pipeline)
-        spec = self.launch_spec()
-        rec = LaunchRecord(plan=plan, spec=spec, num_processes=procs, devices_per_process=per,
-                           steps=steps)
+        rec = LaunchRecord(plan=plan, spec={}, num_processes=0, devices_per_process=0, steps=steps)
         self.last_launch = rec
         self._launch_button.disabled = True
         self._launch_result.value = ""
-        self._launch_status.value = (f"launching [{plan.label}] {plan.describe()} on {procs} "
-                                     f"process{'es' if procs > 1 else ''} x {per} CPU devices")
-        self._draw_launch(rec)
+        self._launch_status.value = (f"launching [{plan.label}] {plan.describe()}: finding the "
+                                     "devices and checking the workload")
         try:
-            rec.handle = launch(plan, spec, num_processes=procs, devices_per_process=per,
-                                steps=steps, timeout=timeout)
-            # poll until the workers exit, one reports an error, or the launch's time is up; then
-            # wait() returns the result or raises LaunchError (after killing every worker)
-            deadline = time.monotonic() + timeout + 5
-            while not rec.handle.done and time.monotonic() < deadline:
+            rec.spec = self.launch_spec()
+            self._draw_launch(rec)
+            # the workload object (sent as rec.spec): its fingerprint is checked in this kernel,
+            # from the trace the search made, instead of in a probe process
+            rec.handle = launch(plan, self._get_workload(), steps=steps, timeout=timeout)
+            lay = rec.handle.layout
+            rec.num_processes, rec.devices_per_process = lay.num_processes, lay.devices_per_process
+            rec.layout = lay.describe()
+            self._launch_status.value = f"launching [{plan.label}] {plan.describe()} on {rec.layout}"
+            # the handle supervises its workers (errors, hangs, its timeout); poll until it is over
+            while not rec.handle.done:
                 new = list(rec.handle.poll() or [])
                 if new:
                     rec.events.extend(new)
                     self._draw_launch(rec)
                     self._launch_status.value = self._running_text(rec)
-                    if any(e.get("event") == "error" for e in new):
-                        break
                 time.sleep(0.2)
             rec.result = rec.handle.wait(60)
             rec.events = list(rec.handle.events)
         except Exception as err:
             rec.error = f"{type(err).__name__}: {err}"
             self._launch_status.value = f"launch failed: {rec.error[:200]}"
+            # the whole message: the workers' last lines, or the cluster commands for a plan
+            # that needs more devices than attached
+            self._launch_result.value = (f"<pre class='autoplan-launch-error'>"
+                                         f"{html.escape(rec.error)}</pre>")
             raise
         finally:
             rec.finished = time.time()
@@ -857,8 +896,7 @@ class Explorer:
             started = {e.get("process") for e in rec.events if e.get("event") == "start"}
             return (f"{len(started)} of {rec.num_processes} workers joined; tracing and compiling "
                     "the first step")
-        return (f"running [{rec.plan.label}] on {rec.num_processes} x {rec.devices_per_process} "
-                f"CPU devices: {len(steps)}/{rec.steps} steps")
+        return f"running [{rec.plan.label}] on {rec.layout}: {len(steps)}/{rec.steps} steps"
 
     def _draw_launch(self, rec: LaunchRecord) -> None:
         fw = self.figures["launch"]
@@ -891,8 +929,8 @@ class Explorer:
         loss = rec.final_loss
         err = f"<br><b style='color:#d62728'>error</b>: {html.escape(rec.error)}" if rec.error else ""
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
-                f"{html.escape(rec.plan.describe())}, {rec.num_processes} x {rec.devices_per_process} "
-                f"CPU devices, {len(rec.losses)} steps<br>measured step time {_ms(meas)}{ratio}; "
+                f"{html.escape(rec.plan.describe())}, {html.escape(rec.layout)}, "
+                f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}{ratio}; "
                 f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}, "
                 f"{html.escape(rec.plan.cluster.describe_profile())})<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")

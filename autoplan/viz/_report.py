@@ -15,6 +15,7 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.offline
 
+from .._io import atomic_write_text
 from .._plan import Plan, spec_str
 from ._compare import as_plans, compare_figure
 from ._graph import graph_figure
@@ -98,7 +99,9 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
     Args:
         plan_or_plans: a Plan, a list of Plans, or an object with ``.plans``; with several, the
             first is the chosen plan and the comparison includes all.
-        path: when given, the HTML is written there too (UTF-8).
+        path: when given, the HTML is written there too (UTF-8), atomically: a temporary file
+            in the same folder renamed over ``path``, so a failed or interrupted write keeps the
+            file that was there.
         title: the page title (default names the model and the chosen plan's label).
         graph: optionally the layer graph: ``graph_figure``'s keyword arguments as a mapping
             (``{"layers": ..., "segments": ..., "fold_ratio": ...}``), its ``layers`` argument,
@@ -110,6 +113,7 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
 
     Raises:
         TypeError: ``plan_or_plans`` holds no Plans.
+        OutputError: ``path`` cannot be written (the file that was there is kept).
     """
     plans = as_plans(plan_or_plans)
     chosen = plans[0]
@@ -158,6 +162,5 @@ holding stage's mesh.</p>
 </html>
 """
     if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(page)
+        atomic_write_text(path, page)
     return page

@@ -143,7 +143,9 @@ def make_pipeline_plan(kind="1f1b", m=4, label="autoplan-pipeline"):
     fwd = [1.0e-3, 1.2e-3, 0.8e-3]
     bwd = [2 * f for f in fwd]
     layout = [((0, 1, 2, 3), (1, 4), (1, 4)), ((4, 5), (1, 2), (1, 2)), ((6,), (1, 1), (1, 1))]
-    stages, inputs = [], []
+    stages = []
+    # the batch: its leading dimension (48) is what the m micro-batches split
+    inputs = [InputSpec(2, "batch", "['x']", "batch", (48, 512), "float32", (None, None))]
     for s, (devs, sub, mesh) in enumerate(layout):
         names = ("x", "y")
         spec_w = (None, Y) if mesh[1] > 1 else (None, None)

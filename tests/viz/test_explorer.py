@@ -4,15 +4,19 @@ list, in-place FigureWidget updates, linked layer selection, errors into the Out
 from __future__ import annotations
 
 import math
+import pathlib
+import sys
 
 import plotly.graph_objects as go
 import pytest
 from ipywidgets.widgets import widget as ipywidget
 
+import autoplan
 from autoplan.viz import _explorer, compare_figure, sharding_figure, stage_figure, timeline_figure
-from autoplan.viz._explorer import DIM, FIGURES, Explorer, launch_layout, sync_figure
+from autoplan.viz._explorer import DIM, FIGURES, NO_SIZE, Explorer, sync_figure
 
 SEARCH_TIMEOUT = 900
+USER_MODELS = pathlib.Path(__file__).resolve().parents[1] / "user_models"
 
 
 def figure_widgets(root):
@@ -53,13 +57,36 @@ def explorer():
     return ex
 
 
+@pytest.fixture
+def in_user_folder(monkeypatch):
+    """The notebook runs in the folder of the user's modules (found through the current
+    directory; sys.path and the imported module restored afterwards)."""
+    monkeypatch.chdir(USER_MODELS)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(USER_MODELS))])
+    yield
+    sys.modules.pop("optax_mlp", None)
+
+
 # ---- no search needed -----------------------------------------------------------------------
-def test_launch_layout():
-    assert launch_layout(8) == (2, 4)
-    assert launch_layout(4) == (1, 4)
-    assert launch_layout(16) == (1, 16)
-    assert launch_layout(1) == (1, 1)
-    assert launch_layout(8, pipeline=True) == (1, 8)  # exec runs pipeline plans in one process
+def test_the_model_box_takes_a_users_module_function(in_user_folder):
+    ex = Explorer("optax_mlp:workload", cluster="cpu:8", autostart=False)
+    assert ex._model.value == "optax_mlp:workload"
+    assert (ex._size.value, ex._size.disabled) == (NO_SIZE, True)
+    assert ex.launch_spec() == {"model": "optax_mlp:workload"}
+    ex = Explorer({"model": "optax_mlp:workload", "layers": 2}, autostart=False)
+    assert ex.launch_spec() == {"model": "optax_mlp:workload", "layers": 2}
+    # typed into the model box: a zoo name brings its sizes back, a module:function drops them
+    ex._model.value = "mlp"
+    assert (ex._size.value, ex._size.disabled) == ("tiny", False)
+    assert ex.launch_spec() == {"model": "mlp", "size": "tiny"}
+    ex._model.value = "optax_mlp:workload"
+    assert ex._size.disabled and ex.launch_spec() == {"model": "optax_mlp:workload"}
+    assert ex._get_workload().name == "optax_mlp:workload"
+    ex._model.value = "not a model"
+    with pytest.raises(ValueError, match="the model box should hold one of"):
+        ex._get_workload()
+    with pytest.raises(autoplan.ModelError, match="no attribute 'nope'"):
+        Explorer("optax_mlp:nope", autostart=False)
 
 
 def test_sync_figure_swaps_and_restyles_in_place(intra_plan, pipeline_plan, gpipe_plan):
@@ -333,3 +360,23 @@ def test_launch_streams_losses_and_reports_the_result(explorer):
     assert f"{losses[-1]:.6f}" in html and f"{plan.predicted.step_time * 1e3:.3f} ms" in html
     assert explorer._launch_status.value.startswith("finished: 3 steps")
     assert not explorer._launch_button.disabled
+
+
+@pytest.mark.slow
+def test_a_users_workload_is_searched_and_launched_from_the_explorer(in_user_folder):
+    ex = Explorer("optax_mlp:workload", cluster="cpu:8", level="exhaustive")
+    ex.wait_idle(SEARCH_TIMEOUT)
+    assert ex.result is not None, ex._errors.outputs
+    assert ex._status.value.startswith(f"{len(ex.result.plans)} plans for optax_mlp:workload on cpu:8")
+    intra = next(k for k, p in enumerate(ex.result.plans) if not p.is_pipeline)
+    plan = ex.select(intra)
+    assert plan.model == "optax_mlp:workload"
+    assert ex.launch(steps=2)
+    ex.wait_idle(900)
+    rec = ex.last_launch
+    assert rec is not None and rec.done and rec.error is None, (rec, ex._errors.outputs)
+    assert rec.spec == {"model": "optax_mlp:workload"}
+    assert (rec.num_processes, rec.devices_per_process) == (2, 4)  # detected: no accelerator here
+    assert rec.layout == "2 processes x 4 emulated CPU devices (no accelerator attached)"
+    assert rec.matched is True and len(rec.losses) == 2
+    assert rec.layout in ex._launch_result.value and "matched single-device results" in ex._launch_result.value

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from autoplan._cluster import Cluster, LogicalMesh
+from autoplan._cluster import Cluster, LogicalMesh, default_axis_names
 from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
@@ -102,8 +102,10 @@ def mesh_shapes_for(n: int, nodes: int, per_node: int, all_shapes: bool = False)
 
 
 def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
-              mesh_axis_names: Sequence[str] = ("x", "y")) -> LogicalMesh:
+              mesh_axis_names: Sequence[str] | None = None) -> LogicalMesh:
     """The logical mesh over the whole cluster, with a validated shape.
+
+    ``mesh_axis_names`` defaults to ``x, y, z, w`` (as many as the shape has axes).
 
     Raises:
         SearchError: a non-positive or non-integer entry, a product different from the number of
@@ -127,13 +129,15 @@ def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
                               f"Fix: e.g. mesh_shape=(1, {n}) or ({cluster.nodes}, "
                               f"{cluster.devices_per_node}).")
         if math.prod(shape) != n:
+            examples = dict.fromkeys([(1, n), (cluster.nodes, cluster.devices_per_node), (n, 1)])
             raise SearchError(f"mesh_shape {shape} has {math.prod(shape)} devices but cluster "
                               f"{cluster.spec} has {n}. Fix: use a shape whose product is {n}, e.g. "
-                              f"(1, {n}) or ({cluster.nodes}, {cluster.devices_per_node}).")
-    names = tuple(mesh_axis_names)
+                              + " or ".join(map(str, list(examples)[:2])) + ".")
+    names = default_axis_names(len(shape)) if mesh_axis_names is None else tuple(mesh_axis_names)
     if len(names) < len(shape) or len(set(names)) != len(names):
         raise SearchError(f"mesh_axis_names should give {len(shape)} distinct names for mesh_shape "
-                          f"{shape}. Got {names!r}. Fix: e.g. mesh_axis_names=('x', 'y').")
+                          f"{shape}. Got {names!r}. Fix: e.g. mesh_axis_names="
+                          f"{default_axis_names(len(shape))!r}, or leave it out for those.")
     try:
         return cluster.logical_mesh(shape, axis_names=names[:len(shape)])
     except ClusterError as err:
@@ -312,7 +316,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
 @gc_paused
 def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
                     memory_budget: float | None = None, pin: Mapping[str, Any] | None = None,
-                    time_limit: float = 60.0, mesh_axis_names: Sequence[str] = ("x", "y"),
+                    time_limit: float = 60.0, mesh_axis_names: Sequence[str] | None = None,
                     label: str = "autoplan", level: str = "exhaustive",
                     config: Mapping[str, Any] | None = None,
                     count_unmerged: bool = True, mip_gap: float = 1e-6,
@@ -330,7 +334,7 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         pin: ``{regex over input names: PartitionSpec}`` fixing some inputs' specs.
         time_limit: ILP solver seconds (at the limit the best plan found is used, with a
             :class:`~autoplan.search.intra._solver.SolverTimeoutWarning`).
-        mesh_axis_names: names of the mesh axes.
+        mesh_axis_names: names of the mesh axes (default ``x, y, z, w``, one per axis).
         label: the plan's label.
         level: the search level recorded in the plan.
         config: the workload's config (its ``batch`` gives the throughput).

@@ -1,0 +1,388 @@
+"""Loading workloads by name: a zoo model, or a user's ``module:function``.
+
+One loader serves every place that takes a workload by name (the CLI's ``trace``, ``plan`` and
+``launch``, :func:`autoplan.exec.launch`, the launch workers and the Explorer), so a spec means
+the same everywhere and can travel to another process as JSON.
+
+A *spec* is
+
+* a zoo model name, ``"gpt"`` (with ``size=``, ``batch=`` and config overrides, as
+  :func:`autoplan.models.get` takes them);
+* ``"module:function"`` (uvicorn's ``module:app`` convention; dotted attributes after the colon
+  are followed): the function is imported and called with the keyword arguments given (the CLI's
+  ``--set KEY=VALUE``, and ``--size``/``--batch`` when given). It returns an
+  :class:`autoplan.models.Workload` or any object with ``fn`` (the training step) and ``args``
+  (its positional arguments); ``arg_kinds`` and ``name`` are optional. ``"module:name"`` may
+  also name such an object directly;
+* a dict ``{"model": name_or_module_function, **kwargs}`` (the JSON form sent to workers).
+
+Concrete data. Planning needs only shapes; running needs arrays. The function may therefore
+declare an ``abstract`` parameter (and a ``seed`` one): it is called with ``abstract=True`` to
+plan and ``abstract=False, seed=s`` to run, like :func:`autoplan.models.get`. A function without
+an ``abstract`` parameter returns one thing for both: concrete arrays (simplest), or
+``jax.ShapeDtypeStruct`` leaves from an object with a ``concrete(seed)`` method. Every worker of
+a launch calls the function itself, so it must build the same arrays in every process: seed
+every random generator (the launcher compares a digest of each worker's arrays and stops a
+launch whose workers disagree).
+
+Module search path. As uvicorn does, the current directory is put on ``sys.path`` (first) when
+it is not there already, so ``autoplan plan mypkg.train:workload`` finds ``./mypkg`` from the
+console script too; the launcher hands this process's ``sys.path`` to its workers.
+
+Example:
+    >>> wl = load_workload("gpt", size="tiny", layers=1)
+    >>> workload_spec(wl)
+    {'model': 'gpt', 'size': 'tiny', 'layers': 1}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autoplan._errors import ModelError
+
+__all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec", "LoadedWorkload"]
+
+_FUNCTION_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def is_function_spec(name: Any) -> bool:
+    """True for a ``"module:function"`` string (a zoo name has no colon)."""
+    return isinstance(name, str) and ":" in name
+
+
+def parse_spec(spec: Any, **kwargs: Any) -> dict[str, Any]:
+    """The JSON form ``{"model": name, **kwargs}`` of a spec.
+
+    Args:
+        spec: a zoo name, ``"module:function"``, or a dict with a ``"model"`` key.
+        **kwargs: more keyword arguments (those whose value is None are dropped, so CLI options
+            left unset do not reach the function).
+
+    Raises:
+        ModelError: the spec is none of those forms, a ``module:function`` string is malformed,
+            or a value is not JSON.
+    """
+    if isinstance(spec, Mapping):
+        d = dict(spec)
+        if "model" not in d:
+            raise ModelError(f"workload spec should have a 'model' key. Got keys {sorted(d)}. Fix: "
+                             "pass {'model': 'gpt', 'size': 'tiny'} or {'model': 'pkg.mod:fn'}.")
+    elif isinstance(spec, str):
+        d = {"model": spec}
+    else:
+        raise ModelError(f"workload spec should be a zoo model name, 'module:function', or a dict "
+                         f"with a 'model' key. Got {type(spec).__name__}: {spec!r:.80}. Fix: e.g. "
+                         "'gpt' or 'mypkg.train:workload'.")
+    d.update({k: v for k, v in kwargs.items() if v is not None})
+    name = d["model"]
+    if not isinstance(name, str) or not name:
+        raise ModelError(f"workload spec's 'model' should be a non-empty string. Got {name!r}. Fix: "
+                         "a zoo name such as 'gpt', or 'mypkg.train:workload'.")
+    if is_function_spec(name) and not _FUNCTION_SPEC.fullmatch(name):
+        raise ModelError(f"a user workload should be written 'module:function' (dotted module path, "
+                         f"one colon, a function name). Got {name!r}. Fix: e.g. "
+                         "'mypkg.train:workload' for the function workload in mypkg/train.py.")
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as err:
+        raise ModelError(f"workload spec values should be JSON values (numbers, strings, lists, "
+                         f"dicts, booleans). Got {d!r:.200} ({err}). Fix: pass plain values; a "
+                         "function can build anything else from them.") from err
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedWorkload:
+    """A user's workload loaded from ``"module:function"``.
+
+    Attributes:
+        name: the spec's ``module:function`` (plans record it as their model).
+        fn: the training step.
+        args: its positional arguments (arrays or ``jax.ShapeDtypeStruct`` leaves).
+        arg_kinds: one kind per argument: the object's own ``arg_kinds``, else read off the
+            arguments and the step's signature (:func:`autoplan._workload.infer_arg_kinds`: an
+            optax state is the optimizer state; ``(params, opt_state, batch)`` by name or
+            position).
+        spec: ``{"model": "module:function", **kwargs}``: how to load it again (in a worker);
+            None for an object built in this process only.
+        source: the object the function returned.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    arg_kinds: tuple[str, ...]
+    spec: dict[str, Any] | None
+    source: Any = dataclasses.field(repr=False)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The source's ``config`` when it has one, else the spec's keyword arguments; with
+        ``"batch"``, the batch arguments' leading dimension, when they agree on one."""
+        from autoplan._workload import _leading_batch  # noqa: PLC0415
+
+        cfg = getattr(self.source, "config", None)
+        out = dict(cfg) if isinstance(cfg, Mapping) else {
+            k: v for k, v in (self.spec or {}).items() if k != "model"}
+        batch = _leading_batch(self.args, self.arg_kinds)
+        if batch is not None:
+            out.setdefault("batch", batch)
+        return out
+
+    @property
+    def abstract(self) -> bool:
+        """True when some argument leaf is a ``jax.ShapeDtypeStruct``."""
+        import jax  # noqa: PLC0415
+
+        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(self.args))
+
+    def concrete(self, seed: int = 0) -> LoadedWorkload:
+        """The workload with concrete arrays: the function called with ``abstract=False`` (and
+        ``seed``) when it takes them, the source's ``concrete(seed)``, or this one when its
+        arguments are concrete already.
+
+        Raises:
+            ModelError: abstract arguments and no way to make concrete ones.
+        """
+        if self.spec is not None:
+            return load_workload(self.spec, abstract=False, seed=seed)
+        return self if not self.abstract else _as_workload(self.source, None, False, seed)
+
+
+def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: Any) -> Any:
+    """The workload a spec names.
+
+    Args:
+        spec: a zoo model name, ``"module:function"``, a dict ``{"model": ..., **kwargs}``, or a
+            workload object (returned as it is when it has ``fn``, ``args``, ``arg_kinds`` and
+            ``name``, else wrapped).
+        abstract: shapes only (``jax.ShapeDtypeStruct``) where the workload can give them; False:
+            concrete arrays initialised from ``seed``.
+        seed: PRNG seed of concrete arrays.
+        **kwargs: for a zoo model ``size``, ``batch`` and config overrides; for a function its
+            keyword arguments. None values are ignored.
+
+    Returns:
+        An :class:`autoplan.models.Workload` for a zoo model, a :class:`LoadedWorkload` for a
+        function.
+
+    Raises:
+        ModelError: an unknown zoo name, a module that cannot be imported, a missing function,
+            keyword arguments the function does not take, a result without ``fn`` and ``args``,
+            an error raised by the function, or (``abstract=False``) no way to make concrete data.
+    """
+    if not isinstance(abstract, bool):
+        raise ModelError(f"abstract should be True or False. Got {abstract!r}. Fix: abstract=True.")
+    if not isinstance(spec, (str, Mapping)):
+        if hasattr(spec, "fn") and hasattr(spec, "args"):
+            return _as_workload(spec, None, abstract, seed)
+        parse_spec(spec)  # raises the error for a wrong type
+    d = parse_spec(spec, **kwargs)
+    name = d.pop("model")
+    if not is_function_spec(name):
+        from autoplan import models  # noqa: PLC0415 - the zoo imports JAX and the model code
+
+        zoo = models.list_models()
+        if name not in zoo:
+            raise ModelError(
+                f"workload should be a zoo model name ({', '.join(zoo)}) or a user's "
+                f"'module:function'. Got {name!r}. Fix: pass one of those names, or "
+                "'mypkg.train:workload' for a function workload() in mypkg/train.py that returns "
+                "an object with fn and args.")
+        size = d.pop("size", None) or "tiny"
+        batch = d.pop("batch", None)
+        return models.get(name, size, batch, abstract=abstract, seed=seed, **d)
+    target = _resolve(name)
+    spec_d = {"model": name, **d}
+    if hasattr(target, "fn") and hasattr(target, "args"):
+        if d:
+            raise ModelError(f"{name!r} is a workload object, not a function, so it takes no "
+                             f"arguments. Got {sorted(d)}. Fix: drop them (--set, --size, --batch), "
+                             "or make it a function that builds the workload from them.")
+        return _as_workload(target, spec_d, abstract, seed)
+    if not callable(target):
+        raise ModelError(f"{name!r} should be a function returning a workload (an object with fn "
+                         f"and args), or such an object. Got {type(target).__name__}. Fix: point "
+                         "the spec at the function.")
+    call = dict(d)
+    params = _parameters(target)
+    if params is not None:
+        if "abstract" in params:
+            call["abstract"] = abstract
+        if "seed" in params:
+            call["seed"] = seed
+        _check_call(name, target, call)
+    try:
+        result = target(**call)
+    except ModelError:
+        raise
+    except Exception as err:  # the user's own code: say where it failed
+        raise ModelError(f"workload function {name!r} raised {type(err).__name__}: {err}"
+                         f"{_where(err)}. Fix: correct the function (the traceback is chained "
+                         "below).") from err
+    if not (hasattr(result, "fn") and hasattr(result, "args")):
+        raise ModelError(f"workload function {name!r} should return an autoplan.models.Workload "
+                         f"or an object with fn (the training step) and args (its arguments). "
+                         f"Got {type(result).__name__}: {result!r:.80}. Fix: return e.g. "
+                         "types.SimpleNamespace(fn=train_step, args=(params, opt_state, batch)).")
+    return _as_workload(result, spec_d, abstract if "abstract" not in call else None, seed)
+
+
+def workload_spec(workload: Any) -> dict[str, Any] | None:
+    """The JSON spec that loads ``workload`` again in another process, or None.
+
+    A :class:`LoadedWorkload` gives its spec; a zoo :class:`autoplan.models.Workload` its name,
+    size and the config fields that differ from the size's defaults; a dict spec is normalised;
+    anything else (a workload built in this process only) has none.
+    """
+    if isinstance(workload, (str, Mapping)):
+        return parse_spec(workload)
+    spec = getattr(workload, "spec", None)
+    if isinstance(workload, LoadedWorkload):
+        return None if spec is None else dict(spec)
+    if isinstance(spec, Mapping) and "model" in spec:
+        return parse_spec(spec)
+    name, size = getattr(workload, "name", None), getattr(workload, "size", None)
+    config = getattr(workload, "config", None)
+    if not (isinstance(name, str) and isinstance(size, str) and isinstance(config, Mapping)):
+        return None
+    from autoplan import models  # noqa: PLC0415
+
+    if name not in models.list_models() or size not in models.list_models()[name]:
+        return None
+    default = models.get(name, size).config
+    overrides = {k: v for k, v in config.items() if k in default and default[k] != v}
+    return parse_spec({"model": name, "size": size, **overrides})
+
+
+# ---- loading -------------------------------------------------------------------------------
+def _resolve(name: str) -> Any:
+    module_name, _, attrs = name.partition(":")
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ModelError(
+                f"workload {name!r}: no module named {missing!r} in the current directory "
+                f"({cwd}) or on sys.path (PYTHONPATH). Fix: run from the folder that holds "
+                f"{module_name.split('.')[0]!r}, or add that folder to PYTHONPATH.") from err
+        raise ModelError(f"workload {name!r}: importing module {module_name!r} failed: "
+                         f"ModuleNotFoundError: {err}. Fix: install the package it needs.") from err
+    except Exception as err:
+        raise ModelError(f"workload {name!r}: importing module {module_name!r} raised "
+                         f"{type(err).__name__}: {err}{_where(err)}. Fix: correct the module.") from err
+    obj: Any = module
+    for part in attrs.split("."):
+        if not hasattr(obj, part):
+            defined = sorted(k for k, v in vars(module).items()
+                             if callable(v) and not k.startswith("_")
+                             and getattr(v, "__module__", None) == module.__name__)
+            raise ModelError(f"workload {name!r}: module {module_name!r} has no attribute {part!r}. "
+                             f"Functions it defines: {defined}. Fix: name one of them after the "
+                             "colon.")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter] | None:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable: call it and see
+        return None
+
+
+def _check_call(name: str, fn: Callable[..., Any], call: Mapping[str, Any]) -> None:
+    try:
+        inspect.signature(fn).bind(**call)
+    except TypeError as err:
+        sig = inspect.signature(fn)
+        unknown = [k for k in call if k not in sig.parameters]
+        takes_var = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        what = (f"keyword argument(s) {unknown} it does not take" if unknown and not takes_var
+                else f"arguments it cannot bind ({err})")
+        raise ModelError(f"workload function {name}{sig} was given {what}. Fix: pass only its "
+                         "parameters (--set KEY=VALUE, --size, --batch), or add them to the "
+                         "function.") from err
+
+
+def _where(err: BaseException) -> str:
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return ""
+    code = last.tb_frame.f_code
+    return f" (at {code.co_filename}:{last.tb_lineno} in {code.co_name})"
+
+
+def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, seed: int) -> Any:
+    """``obj`` as a workload with ``fn``, ``args``, ``arg_kinds`` and ``name``.
+
+    ``abstract`` None: the function already chose (it took an ``abstract`` argument). True: keep
+    what the object gives. False: make concrete arrays when the object gives shapes.
+    """
+    import jax  # noqa: PLC0415
+
+    from autoplan._workload import infer_arg_kinds  # noqa: PLC0415
+
+    def is_abstract(o: Any) -> bool:
+        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(o.args))
+
+    if spec is None and all(hasattr(obj, a) for a in ("arg_kinds", "name")) and \
+            getattr(obj, "arg_kinds", None) is not None:
+        if abstract is False and is_abstract(obj):
+            return _concrete_of(obj, getattr(obj, "name", "workload"), seed)
+        return obj
+    label = spec["model"] if spec is not None else str(getattr(obj, "name", None) or
+                                                       getattr(obj.fn, "__name__", "workload"))
+    if abstract is False and is_abstract(obj):
+        obj = _concrete_of(obj, label, seed)
+    args = obj.args
+    if not isinstance(args, tuple):
+        if isinstance(args, list):
+            args = tuple(args)
+        else:
+            raise ModelError(f"workload {label!r}: args should be a tuple of the training step's "
+                             f"positional arguments. Got {type(args).__name__}. Fix: "
+                             "args=(params, opt_state, batch).")
+    if not callable(obj.fn):
+        raise ModelError(f"workload {label!r}: fn should be the training step function. Got "
+                         f"{type(obj.fn).__name__}. Fix: fn=train_step.")
+    kinds = getattr(obj, "arg_kinds", None)
+    kinds = tuple(kinds) if kinds is not None else infer_arg_kinds(obj.fn, args)
+    if len(kinds) != len(args):
+        raise ModelError(f"workload {label!r}: arg_kinds should give one kind per argument "
+                         f"({len(args)}). Got {kinds}. Fix: e.g. ('parameter', "
+                         "'optimizer_state', 'batch').")
+    return LoadedWorkload(name=label, fn=obj.fn, args=args, arg_kinds=kinds, spec=spec, source=obj)
+
+
+def _concrete_of(obj: Any, label: str, seed: int) -> Any:
+    make = getattr(obj, "concrete", None)
+    if not callable(make):
+        raise ModelError(
+            f"workload {label!r} has abstract (jax.ShapeDtypeStruct) arguments and no way to make "
+            "concrete ones, which running it needs. Fix: give the function an 'abstract' parameter "
+            "(called with abstract=False, seed=... to run), return concrete arrays, or give the "
+            "returned object a concrete(seed) method.")
+    out = make(seed)
+    if not (hasattr(out, "fn") and hasattr(out, "args")):
+        raise ModelError(f"workload {label!r}: concrete(seed) should return a workload with fn and "
+                         f"args. Got {type(out).__name__}.")
+    return out

@@ -1,0 +1,696 @@
+"""The fault table: bad inputs and faults tried as a user would, each classified automatically.
+
+Every case runs in its own subprocess (the ``autoplan`` command line, or a few lines of Python
+for the library), in its own folder and ``TMPDIR``, with a timeout; some get a signal (Ctrl-C,
+SIGTERM, SIGHUP, SIGKILL) at a set moment, or have a worker killed. The verdict is computed, not
+written by hand, from what the process left:
+
+* **hang**: still running at the case's timeout (then killed with its process group);
+* **traceback**: ``Traceback (most recent call last)`` on stderr or stdout;
+* **process abort**: ended by a signal nobody sent it (SIGABRT, SIGSEGV: a crash inside XLA);
+* **data lost**: a file that had to survive changed or vanished, or an output that had to stay
+  unwritten exists;
+* **left behind**: a process started by the case (found by a marker in its environment, so
+  worker processes in their own sessions are found too) still alive after the command ended
+  (10 s of grace for launches), or a ``autoplan-launch-*`` folder left in the case's ``TMPDIR``;
+* otherwise, by what the case expects: **clear error** (a non-zero exit status, an
+  ``autoplan: error:`` or ``autoplan: interrupted`` line, and the words the message must hold),
+  **warned fallback** (exit 0 with a warning holding those words), **ok** (a valid input or a
+  fault handled without a word to say), or **silently accepted** / **unclear error** when the
+  outcome is not the expected one.
+
+Usage::
+
+    python benchmarks/faults.py                          # every case; prints the table and counts
+    python benchmarks/faults.py --only launch            # cases whose group or name matches
+    python benchmarks/faults.py --markdown docs/faults.md  # also rewrite the table in that page
+
+The counts to keep at 0: traceback, hang, process abort, data lost, left behind, silently accepted,
+unclear error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+READY = "autoplan-faults: ready"
+# the command line, announcing on stderr when its ``main`` is about to run (for signal cases)
+CLI_READY = (f"import sys, autoplan.cli; sys.stderr.write({READY + chr(10)!r}); sys.stderr.flush(); "
+             "sys.exit(autoplan.cli.main(sys.argv[1:]))")
+# a user's script calling the library: an AutoplanError is printed the way a user would read it
+API = """
+import sys, warnings
+warnings.simplefilter("always")
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import autoplan
+from autoplan.models import get
+try:
+{body}
+except autoplan.AutoplanError as err:
+    print(f"autoplan: error: {{type(err).__name__}}: {{err}}", file=sys.stderr)
+    sys.exit(2)
+"""
+VERDICTS = ("clear error", "warned fallback", "ok", "traceback", "hang", "process abort",
+            "data lost", "left behind", "silently accepted", "unclear error")
+BAD = VERDICTS[3:]
+
+
+@dataclass
+class Case:
+    """One bad input or fault.
+
+    Attributes:
+        name: short id; ``group`` the family; ``what`` the input or fault, for the table.
+        argv: ``autoplan`` arguments (``{dir}`` is the case's folder), or ``code`` Python to run.
+        expect: ``"error"``, ``"warning"``, ``"ok"``, ``"interrupted"`` or ``"killed"``.
+        words: what the message must hold (a clear error names the problem and the fix).
+        setup: makes the case's input files (gets the fixtures and the folder).
+        keep: files that must be unchanged afterwards; ``absent``: files that must not exist.
+        signal_at: ``(trigger, delay, signal)``: after ``"ready"`` (the CLI's main started),
+            ``"workers"`` (launch workers are running) or ``"start"``, wait ``delay`` s, send it.
+        to_worker: send the signal to launch worker 1 instead of the command.
+        limit: ``ulimit -f`` in KiB for the command (a full disk), when set.
+        close_stdout: close the command's stdout at once (a reader that went away).
+        ok_status: exit statuses that count as success for ``expect="ok"``.
+    """
+
+    name: str
+    group: str
+    what: str
+    argv: list[str] | None = None
+    code: str | None = None
+    expect: str = "error"
+    words: tuple[str, ...] = ()
+    setup: Callable[[dict[str, Path], Path], None] | None = None
+    keep: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    signal_at: tuple[str, float, int] | None = None
+    to_worker: bool = False
+    limit: int | None = None
+    close_stdout: bool = False
+    ok_status: tuple[int, ...] = (0,)
+    timeout: float = 300.0
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: int | None
+    seconds: float
+    stdout: str
+    stderr: str
+    hang: bool = False
+    changed: list[str] = field(default_factory=list)
+    orphans: int = 0
+    folders: int = 0
+    signalled: bool = False
+    marker: str = ""
+    verdicts: list[str] = field(default_factory=list)
+    seen: str = ""
+
+
+# ---- fixtures and their mutations ---------------------------------------------------------------
+def make_fixtures(folder: Path) -> dict[str, Path]:
+    """Valid plans made once: an intra-operator plan of the tiny MLP on a 2x4 mesh of cpu:8 and
+    a pipeline plan of the tiny GPT."""
+    code = f"""
+import warnings, jax
+jax.config.update("jax_num_cpu_devices", 8)
+warnings.simplefilter("ignore")
+import autoplan
+from autoplan.models import get
+autoplan.plan(get("mlp", "tiny"), "cpu:8", pipeline=False, level="exhaustive", mesh_shape=(2, 4),
+              baselines=False).to_json({str(folder / "mlp.json")!r})
+autoplan.search(get("gpt", "tiny"), "cpu:8", pipeline=True, baselines=False).best.to_json(
+    {str(folder / "gpt_pipe.json")!r})
+"""
+    subprocess.run([PY, "-c", code], check=True, env=_env({}), timeout=600)
+    return {"mlp": folder / "mlp.json", "pipe": folder / "gpt_pipe.json"}
+
+
+def plan_file(name: str, mutate: Callable[[dict], Any] | None = None, source: str = "mlp"):
+    """Setup: the fixture ``source`` written as ``name``, changed by ``mutate``."""
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        d = json.loads(fx[source].read_text())
+        if mutate is not None:
+            mutate(d)
+        (work / name).write_text(json.dumps(d))
+    return setup
+
+
+def raw_file(name: str, data: Callable[[dict[str, Path]], bytes] | bytes):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        (work / name).write_bytes(data(fx) if callable(data) else data)
+    return setup
+
+
+def both(*setups):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        for s in setups:
+            s(fx, work)
+    return setup
+
+
+def symlink(name: str, target: str):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        (work / name).symlink_to(work / target)
+    return setup
+
+
+def _put(d: dict, path: str, value: Any) -> None:
+    keys = [int(k) if k.isdigit() else k for k in re.split(r"[.\[\]]+", path) if k]
+    for k in keys[:-1]:
+        d = d[k]
+    if value is _DROP:
+        del d[keys[-1]]
+    else:
+        d[keys[-1]] = value
+
+
+_DROP = object()
+
+
+def setting(path: str, value: Any):
+    return lambda d: _put(d, path, value)
+
+
+def first_spec_axis(axis: str):
+    def mutate(d: dict) -> None:
+        i = next(i for i in d["inputs"] if i["shape"])
+        i["spec"] = [[axis]] + [None] * (len(i["shape"]) - 1)
+    return mutate
+
+
+def undividable_spec(d: dict) -> None:
+    i = next(i for i in d["inputs"] if len(i["shape"]) == 2)
+    i["shape"] = [6, i["shape"][1]]
+    i["spec"] = [["x", "y"], None]  # 8 devices do not divide 6
+
+
+def overlapping_layers(d: dict) -> None:
+    s0, s1 = d["stages"][0], d["stages"][1]
+    s0["layers"] = s0["layers"] + ["one_more"]
+    s0["layer_range"] = [s0["layer_range"][0], s1["layer_range"][0] + 1]
+
+
+def dropped_task(d: dict) -> None:
+    row = d["schedule"]["table"][0]
+    row[0] = None
+
+
+# ---- the cases --------------------------------------------------------------------------------
+def cases() -> list[Case]:
+    SIGINT, SIGTERM, SIGHUP, SIGKILL = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
+    plan_fix = ["plan", "mlp", "--pipeline", "no", "--level", "exhaustive"]
+    launch = ["launch", "plan.json", "--model", "mlp", "--num-processes", "2",
+              "--devices-per-process", "4", "--steps", "3", "--timeout", "120"]
+    big_search = ["plan", "gpt", "--size", "1.3B", "-o", "keep.json"]
+    out: list[Case] = []
+
+    def add(*args, **kw):
+        out.append(Case(*args, **kw))
+
+    # plan files read by show / report / launch
+    g = "plan file"
+    add("pf-not-utf8", g, "plan file with non-UTF-8 bytes (`show`)", ["show", "p.json"],
+        words=("not UTF-8",), setup=raw_file("p.json", lambda fx: fx["mlp"].read_bytes().replace(
+            b'"mlp"', b'"caf\xe9"')))
+    add("pf-empty", g, "empty plan file", ["show", "p.json"], words=("empty",), setup=raw_file("p.json", b""))
+    add("pf-truncated", g, "plan file cut in half", ["show", "p.json"], words=("not valid JSON",),
+        setup=raw_file("p.json", lambda fx: fx["mlp"].read_bytes()[: len(fx["mlp"].read_bytes()) // 2]))
+    add("pf-text", g, "a text file, not JSON", ["show", "p.json"], words=("not valid JSON",),
+        setup=raw_file("p.json", b"hello, world\n"))
+    add("pf-array", g, "JSON that is not an object", ["show", "p.json"], words=("not an autoplan plan",),
+        setup=raw_file("p.json", b"[1, 2, 3]"))
+    add("pf-schema", g, "another tool's JSON (`schema` differs)", ["show", "p.json"],
+        words=("not an autoplan plan",), setup=plan_file("p.json", setting("schema", "other")))
+    add("pf-version", g, "`schema_version` 99", ["show", "p.json"], words=("schema_version should be 1",),
+        setup=plan_file("p.json", setting("schema_version", 99)))
+    add("pf-mesh", g, "stage `mesh_shape` [64, 64] on an 8-device plan (`show`)", ["show", "p.json"],
+        words=("stages[0].mesh_shape", "[64, 64]"), setup=plan_file("p.json", setting("stages[0].mesh_shape", [64, 64])))
+    add("pf-mesh-report", g, "stage `mesh_shape` [64, 64] (`report`)", ["report", "p.json", "-o", "r.html"],
+        words=("stages[0].mesh_shape",), absent=("r.html",),
+        setup=plan_file("p.json", setting("stages[0].mesh_shape", [64, 64])))
+    add("pf-device", g, "device id 99 on an 8-device cluster", ["show", "p.json"],
+        words=("stages[0].device_ids[3]", "below 8"), setup=plan_file("p.json", setting("stages[0].device_ids[3]", 99)))
+    add("pf-device-twice", g, "a device in two pipeline stages", ["show", "p.json"],
+        words=("stages[1].device_ids[0]", "not used by stages[0]"),
+        setup=plan_file("p.json", setting("stages[1].device_ids[0]", 0), source="pipe"))
+    add("pf-axis", g, "a spec naming mesh axis `z` on an (x, y) mesh", ["show", "p.json"],
+        words=("inputs[0].spec[0][0]", "mesh axis"), setup=plan_file("p.json", first_spec_axis("z")))
+    add("pf-divide", g, "a spec splitting a dimension of 6 over 8 devices", ["show", "p.json"],
+        words=("divisor of dimension 0 (size 6)",), setup=plan_file("p.json", undividable_spec))
+    add("pf-layers", g, "two pipeline stages holding the same layer", ["show", "p.json"],
+        words=("layer_range", "one stage"), setup=plan_file("p.json", overlapping_layers, source="pipe"))
+    add("pf-microbatches", g, "3 micro-batches for a batch of 8", ["show", "p.json"],
+        words=("schedule.microbatches", "divisor of the batch 8"),
+        setup=plan_file("p.json", setting("schedule.microbatches", 3), source="pipe"))
+    add("pf-table", g, "a schedule table missing a task", ["show", "p.json"], words=("schedule.table",),
+        setup=plan_file("p.json", dropped_task, source="pipe"))
+    add("pf-missing", g, "a stage without `mesh_shape`", ["show", "p.json"],
+        words=("stages[0].mesh_shape is missing",), setup=plan_file("p.json", setting("stages[0].mesh_shape", _DROP)))
+    add("pf-type", g, "`cluster.nodes` = \"eight\"", ["show", "p.json"], words=("cluster.nodes",),
+        setup=plan_file("p.json", setting("cluster.nodes", "eight")))
+    add("pf-nan", g, "`NaN` predicted step time", ["show", "p.json"], words=("predicted.step_time", "finite"),
+        setup=plan_file("p.json", setting("predicted.step_time", float("nan"))))
+    add("pf-no-file", g, "a plan path that does not exist", ["show", "nothere.json"],
+        words=("cannot read plan file",))
+    add("pf-folder", g, "a folder given as the plan", ["show", "."], words=("cannot read plan file",))
+    add("pf-bom", g, "a valid plan saved with a UTF-8 byte-order mark", ["show", "p.json"], expect="ok",
+        setup=raw_file("p.json", lambda fx: b"\xef\xbb\xbf" + fx["mlp"].read_bytes()))
+    add("pf-launch", g, "launching a plan file with a [64, 64] mesh", ["launch", "p.json", "--model", "mlp"],
+        words=("stages[0].mesh_shape",), setup=plan_file("p.json", setting("stages[0].mesh_shape", [64, 64])))
+
+    # outputs
+    g = "outputs"
+    add("out-no-folder", g, "`plan -o /no/such/dir/p.json` (checked before the search)",
+        ["plan", "gpt", "--size", "1.3B", "-o", "/no/such/dir/p.json"], words=("does not exist",), timeout=60)
+    add("out-unwritable", g, "`plan -o` into an unwritable folder (`/proc`)", plan_fix + ["-o", "/proc/p.json"],
+        words=("cannot create files",))
+    add("out-folder", g, "`plan -o` naming a folder", plan_fix + ["-o", "."], words=("is a folder",))
+    add("out-same", g, "`report victim.json -o victim.json`", ["report", "victim.json", "-o", "victim.json"],
+        words=("is the input file",), setup=plan_file("victim.json"), keep=("victim.json",))
+    add("out-link", g, "`report victim.json -o link` (a symlink to the input)",
+        ["report", "victim.json", "-o", "link.json"], words=("is the input file",),
+        setup=both(plan_file("victim.json"), symlink("link.json", "victim.json")), keep=("victim.json",))
+    add("out-full-plan", g, "disk full while writing a plan (`ulimit -f 8`) over a good one",
+        plan_fix + ["-o", "good.json"], words=("File too large", "unchanged"), limit=8,
+        setup=raw_file("good.json", b'{"a good": "file"}\n'), keep=("good.json",))
+    add("out-full-report", g, "disk full while writing a report (`ulimit -f 64`)",
+        ["report", "plan.json", "-o", "good.html"], words=("File too large",), limit=64,
+        setup=both(plan_file("plan.json"), raw_file("good.html", b"<html>the good report</html>")),
+        keep=("good.html", "plan.json"))
+    for sig in (SIGINT, SIGTERM, SIGHUP):
+        name = signal.Signals(sig).name
+        add(f"out-{name.lower()}", g, f"{name} during `plan gpt --size 1.3B -o keep.json`", big_search,
+            expect="interrupted", words=(f"interrupted by {name}", "keep.json was not written"),
+            setup=raw_file("keep.json", b'{"the": "good plan"}\n'), keep=("keep.json",),
+            signal_at=("ready", 1.0, sig))
+    add("out-sigint-early", g, "Ctrl-C 1 s after `autoplan plan` starts (while JAX loads)", big_search,
+        expect="interrupted", words=("interrupted by SIGINT", "keep.json was not written"),
+        setup=raw_file("keep.json", b'{"the": "good plan"}\n'), keep=("keep.json",),
+        signal_at=("start", 1.0, SIGINT))
+    add("out-pipe", g, "`show plan.json --specs` into a reader that went away (`| head`)",
+        ["show", "plan.json", "--specs"], expect="ok", ok_status=(0, 141), close_stdout=True,
+        setup=plan_file("plan.json"))
+
+    # search and options
+    g = "search"
+    add("s-budget", g, "`autoplan.search(w, \"cpu:8\", memory_budget=1.0)`",
+        code=API.format(body='    autoplan.search(get("mlp", "tiny"), "cpu:8", memory_budget=1.0)'),
+        words=("InfeasiblePlanError", "memory budget", "the least any"))
+    add("s-no-fit-175b", g, "`plan gpt --size 175B --cluster cpu:8` (no plan fits 2 GiB devices)",
+        ["plan", "gpt", "--size", "175B", "--cluster", "cpu:8", "-o", "big.json"],
+        words=("no candidate plan fits", "the least any candidate needs", "--allow-no-fit"),
+        absent=("big.json",), timeout=900)
+    add("s-no-fit-kept", g, "the same (one layer) with `--allow-no-fit`",
+        ["plan", "gpt", "--size", "175B", "--set", "layers=1", "--cluster", "cpu:8", "--pipeline", "no",
+         "--allow-no-fit", "-o", "big.json"], expect="warning", words=("no candidate plan fits", "kept as asked"))
+    add("s-no-fit-api", g, "`autoplan.search` where no plan fits (library)",
+        code=API.format(body='    autoplan.search(get("gpt", "175B", layers=1), "cpu:8", pipeline=False)'),
+        expect="warning", words=("PlanDoesNotFitWarning", "least any candidate needs"))
+    add("s-remat-yes", g, "`--set remat=yes`", ["plan", "gpt", "--set", "remat=yes"],
+        words=("--set remat=true",))
+    add("s-remat-fix", g, "`--set remat=true`, the fix the message gives", ["trace", "gpt", "--set", "remat=true"],
+        expect="ok")
+    add("s-mesh-3d", g, "`mesh_shape=(2, 2, 2)` (three mesh axes)",
+        code=API.format(body='    print(autoplan.plan(get("mlp", "tiny"), "cpu:8", pipeline=False, '
+                             'mesh_shape=(2, 2, 2)).describe())'), expect="ok")
+    add("s-mesh-pipeline", g, "`--mesh 2x4 --pipeline yes`", ["plan", "mlp", "--mesh", "2x4", "--pipeline", "yes"],
+        words=("--mesh 2x4", "would be ignored"))
+    add("s-pipeline-no", g, "`--pipeline no --microbatches 4 --schedule gpipe`",
+        ["plan", "mlp", "--pipeline", "no", "--microbatches", "4", "--schedule", "gpipe"],
+        words=("--microbatches 4", "would be ignored"))
+    add("s-cpu-colon", g, "`--cluster cpu:` (no device count)", ["plan", "mlp", "--cluster", "cpu:"],
+        words=("positive device count",))
+    add("s-batch-6", g, "a batch of 6 on 8 devices", ["plan", "mlp", "--batch", "6", "--pipeline", "no"],
+        expect="warning", words=("batch of 6 does not divide over the 8 devices",))
+    add("s-mesh-syntax", g, "`--mesh 2x`", ["plan", "mlp", "--mesh", "2x"], words=("--mesh should be",))
+    add("s-mesh-size", g, "`--mesh 3x3` on 8 devices", ["plan", "mlp", "--mesh", "3x3"], words=("9 devices",))
+    add("s-model", g, "unknown model", ["plan", "nosuchmodel"], words=("nosuchmodel",))
+    add("s-size", g, "unknown size `--size 7T`", ["trace", "gpt", "--size", "7T"], words=("7T",))
+    add("s-set-key", g, "unknown config key `--set colour=red`", ["trace", "gpt", "--set", "colour=red"],
+        words=("colour",))
+    add("s-set-form", g, "`--set layers` (no value)", ["trace", "gpt", "--set", "layers"], words=("KEY=VALUE",))
+    add("s-cluster-zero", g, "`--cluster p3.16xlarge:0`", ["plan", "mlp", "--cluster", "p3.16xlarge:0"],
+        words=("positive node count",))
+    add("s-cluster-name", g, "unknown preset `--cluster nosuch:2`", ["plan", "mlp", "--cluster", "nosuch:2"],
+        words=("unknown preset",))
+    add("s-batch-zero", g, "`--batch 0`", ["plan", "mlp", "--batch", "0"], words=("batch",))
+    add("s-mb-zero", g, "`--microbatches 0`", ["plan", "mlp", "--pipeline", "yes", "--microbatches", "0"],
+        words=("microbatches",))
+    add("s-mb-split", g, "`--microbatches 3` for a batch of 8", ["plan", "gpt", "--pipeline", "yes",
+        "--microbatches", "3"], words=("3 micro-batches",))
+    add("s-level", g, "`--level fast` (not a level)", ["plan", "mlp", "--level", "fast"], words=("--level",))
+
+    # launches (the launcher's own hardening is tested by its tests; this is what a user sees)
+    g = "launch"
+    add("l-valid", g, "a valid 2-process launch (for reference)", launch, expect="ok",
+        setup=plan_file("plan.json"))
+    add("l-devices", g, "3 processes x 4 devices for an 8-device plan",
+        ["launch", "plan.json", "--model", "mlp", "--num-processes", "3"], words=("8 devices",),
+        setup=plan_file("plan.json"))
+    add("l-model", g, "a plan for the MLP launched as GPT", launch[:3] + ["gpt"] + launch[4:],
+        words=("made for model",), setup=plan_file("plan.json"))
+    add("l-set", g, "a plan launched with a changed `--set hidden=128`", launch + ["--set", "hidden=128"],
+        words=("made for model",), setup=plan_file("plan.json"))
+    add("l-pipeline", g, "a pipeline plan launched on 2 processes (stages across processes)",
+        ["launch", "plan.json", "--model", "gpt"], expect="ok", setup=plan_file("plan.json", source="pipe"))
+    add("l-dead", g, "a worker that dies (exit 17) before step 1", launch, words=("exited with status 17",),
+        env={"AUTOPLAN_TEST_CRASH_AT_STEP": "1"}, setup=plan_file("plan.json"))
+    add("l-hung", g, "a worker that hangs at step 1 (`--timeout 60`)", launch[:-2] + ["--timeout", "60"],
+        words=("worker",), env={"AUTOPLAN_TEST_HANG_AT_STEP": "1"}, setup=plan_file("plan.json"),
+        timeout=240)
+    add("l-killed", g, "a worker killed with SIGKILL", launch + ["--steps", "200"],
+        words=("worker 1",), setup=plan_file("plan.json"), signal_at=("workers", 4.0, SIGKILL),
+        to_worker=True)
+    add("l-port", g, "the coordinator's port already taken",
+        code=("import socket, sys\ns = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+              "import autoplan.exec._launch as L\nL.free_port = lambda: s.getsockname()[1]\n"
+              "import autoplan.cli\nsys.exit(autoplan.cli.main(['launch', 'plan.json', '--model', "
+              "'mlp', '--timeout', '120']))\n"),
+        expect="error", words=("port",), setup=plan_file("plan.json"))
+    for sig in (SIGINT, SIGTERM, SIGHUP):
+        name = signal.Signals(sig).name
+        add(f"l-{name.lower()}", g, f"{name} to the launcher", launch[:-4] + ["--steps", "200"],
+            expect="interrupted", words=(f"interrupted by {name}",), setup=plan_file("plan.json"),
+            signal_at=("workers", 4.0, sig))
+    add("l-sigkill", g, "SIGKILL to the launcher", launch[:-4] + ["--steps", "200"], expect="killed",
+        setup=plan_file("plan.json"), signal_at=("workers", 4.0, SIGKILL))
+
+    # the executor in the user's own process (a notebook kernel must survive)
+    g = "executor"
+    add("x-accumulate", g, "gradient accumulation (1 stage, 2 micro-batches) run in-process",
+        code=API.format(body=(
+            '    plan = autoplan.Plan.from_json("plan.json")\n'
+            '    from autoplan.exec import run\n'
+            '    rep = run(plan, get("mlp", "tiny", abstract=False), steps=2, check=True)\n'
+            '    print(rep.equivalence.matched)')),
+        expect="ok", setup=plan_file("plan.json", lambda d: d["schedule"].update(kind="1f1b", microbatches=2)))
+    add("x-accumulate-64", g, "gradient accumulation over 64 micro-batches on 8 devices, in-process",
+        code=API.format(body=(
+            '    from dataclasses import replace\n'
+            '    from autoplan.exec import run\n'
+            '    plan = autoplan.plan(get("mlp", "tiny", batch=64), "cpu:8", pipeline=False, '
+            'mesh_shape=(2, 4), level="exhaustive", baselines=False)\n'
+            '    plan = plan.with_(schedule=replace(plan.schedule, kind="1f1b", microbatches=64))\n'
+            '    rep = run(plan, get("mlp", "tiny", batch=64, abstract=False), steps=1, check=True)\n'
+            '    print(rep.equivalence.matched)')), expect="ok")
+    return out
+
+
+# ---- running ----------------------------------------------------------------------------------
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra)
+    return env
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if not path.is_symlink() else "link"
+    except OSError:
+        return None
+
+
+def _marked(marker: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment holds ``marker``."""
+    found = []
+    needle = f"AUTOPLAN_FAULT_CASE={marker}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read():
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # a zombie is no longer running
+        except OSError:
+            continue
+        found.append((int(entry), cmd))
+    return found
+
+
+def _workers(marker: str) -> list[tuple[int, str]]:
+    return [(p, c) for p, c in _marked(marker) if "autoplan.exec._worker" in c]
+
+
+def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
+    work = root / case.name
+    tmp = work / "tmp"
+    tmp.mkdir(parents=True)
+    if case.setup is not None:
+        case.setup(fx, work)
+    before = {k: _digest(work / k) for k in case.keep}
+    marker = uuid.uuid4().hex
+    env = _env({"TMPDIR": str(tmp), "AUTOPLAN_FAULT_CASE": marker, **case.env})
+    if case.code is not None:
+        cmd = [PY, "-c", case.code]
+    elif case.signal_at and case.signal_at[0] == "ready":
+        cmd = [PY, "-c", CLI_READY, *case.argv]
+    else:
+        cmd = [PY, "-m", "autoplan.cli", *case.argv]
+    if case.limit is not None:
+        cmd = ["bash", "-c", f"ulimit -f {case.limit}; exec \"$@\"", "bash", *cmd]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    out_lines: list[bytes] = []
+    err_lines: list[bytes] = []
+    ready = threading.Event()
+
+    def read(stream, sink, watch):
+        for line in iter(stream.readline, b""):
+            sink.append(line)
+            if watch and line.decode(errors="replace").strip() == READY:
+                ready.set()
+
+    threads = [threading.Thread(target=read, args=(proc.stderr, err_lines, True), daemon=True)]
+    if case.close_stdout:
+        proc.stdout.close()
+    else:
+        threads.append(threading.Thread(target=read, args=(proc.stdout, out_lines, False), daemon=True))
+    for t in threads:
+        t.start()
+    signalled = False
+    if case.signal_at is not None:
+        trigger, delay, sig = case.signal_at
+        deadline = t0 + min(case.timeout, 120)
+        if trigger == "ready":
+            ready.wait(max(0.0, deadline - time.monotonic()))
+        elif trigger == "workers":
+            while time.monotonic() < deadline and proc.poll() is None and len(_workers(marker)) < 2:
+                time.sleep(0.2)
+        time.sleep(delay)
+        if proc.poll() is None:
+            if case.to_worker:
+                victims = [p for p, c in _workers(marker) if "--process-id 1" in c]
+                for p in victims[:1]:
+                    os.kill(p, sig)
+                    signalled = True
+            else:
+                os.kill(proc.pid, sig)
+                signalled = True
+    hang = False
+    try:
+        proc.wait(timeout=max(1.0, case.timeout - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        hang = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    seconds = time.monotonic() - t0
+    # processes left behind (they may hold the command's pipes: the readers are joined after): launch workers get a grace period to notice their launcher's end
+    grace = 10.0 if case.group == "launch" else 0.5
+    end = time.monotonic() + grace
+    while _marked(marker) and time.monotonic() < end:
+        time.sleep(0.25)
+    left = _marked(marker)
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    end = time.monotonic() + 5.0
+    while left and _marked(marker) and time.monotonic() < end:  # until the kills have landed
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=5)
+    folders = [p for p in tmp.iterdir() if p.name.startswith("autoplan-launch-")]
+    changed = [k for k, v in before.items() if _digest(work / k) != v]
+    changed += [f"{k} (written)" for k in case.absent if (work / k).exists()]
+    status = proc.returncode
+    res = Outcome(case, status, seconds, b"".join(out_lines).decode(errors="replace"),
+                  b"".join(err_lines).decode(errors="replace"), hang=hang, changed=changed,
+                  orphans=len(left), folders=len(folders), signalled=signalled, marker=marker)
+    classify(res)
+    return res
+
+
+# ---- verdicts ---------------------------------------------------------------------------------
+_ERROR_LINE = re.compile(r"^autoplan(?: [\w-]+)?: (?:error|interrupted)\b.*$", re.M)
+_WARNING_LINE = re.compile(r"^(?:autoplan: warning: .*|.*\w+Warning: .*)$", re.M)
+
+
+def classify(res: Outcome) -> None:
+    """Fill ``res.verdicts`` (every problem found, or the one expected outcome) and ``res.seen``."""
+    case, err = res.case, res.stderr.replace(READY + "\n", "")
+    v: list[str] = []
+    killed_by_us = res.signalled and case.signal_at is not None and case.signal_at[2] == signal.SIGKILL \
+        and not case.to_worker
+    if res.hang:
+        v.append("hang")
+    if "Traceback (most recent call last)" in err or "Traceback (most recent call last)" in res.stdout:
+        v.append("traceback")
+    if res.status is not None and res.status < 0 and not killed_by_us:
+        v.append("process abort")
+    if res.changed:
+        v.append("data lost")
+    if res.orphans or res.folders:
+        v.append("left behind")
+    error = _ERROR_LINE.search(err)
+    warning = _WARNING_LINE.search(err)
+    has_words = all(w in err for w in case.words)
+    if not v:
+        if case.expect in ("error", "interrupted"):
+            if res.status == 0:
+                v.append("silently accepted")
+            elif error and has_words and (case.expect == "error" or res.status == 128 + case.signal_at[2]):
+                v.append("clear error")
+            else:
+                v.append("unclear error")
+        elif case.expect == "warning":
+            if res.status == 0 and warning and has_words:
+                v.append("warned fallback")
+            elif res.status == 0:
+                v.append("silently accepted")
+            else:
+                v.append("unclear error")
+        elif case.expect == "killed":
+            v.append("ok" if killed_by_us else "unclear error")
+        else:
+            v.append("ok" if res.status in case.ok_status else "unclear error")
+    res.verdicts = v
+    if "traceback" in v:
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        res.seen = "traceback: " + (lines[-1] if lines else "")
+    elif error:
+        res.seen = error.group(0)
+    elif warning:
+        res.seen = warning.group(0).strip()
+    elif case.expect == "killed":
+        res.seen = "(killed; nothing printed)"
+    else:
+        last = [ln for ln in res.stdout.splitlines() if ln.strip()]
+        res.seen = f"exit {res.status}" + (f": {last[-1].strip()}" if last else "")
+    if res.orphans or res.folders:
+        res.seen += f" [left behind: {res.orphans} process(es), {res.folders} launch folder(s)]"
+    if res.changed:
+        res.seen += f" [changed: {', '.join(res.changed)}]"
+
+
+def counts(results: list[Outcome]) -> dict[str, int]:
+    c = collections.Counter(v for r in results for v in r.verdicts)
+    return {"tried": len(results), **{k: c.get(k, 0) for k in VERDICTS}}
+
+
+# ---- output -----------------------------------------------------------------------------------
+def _cell(text: str, n: int = 170) -> str:
+    text = " ".join(text.split())
+    text = text if len(text) <= n else text[: n - 3] + "..."
+    return text.replace("|", "\\|")
+
+
+def markdown(results: list[Outcome], machine: str) -> str:
+    c = counts(results)
+    lines = [f"Run of `python benchmarks/faults.py` on {machine}.", "",
+             "| count | cases |", "|---|---|"]
+    for k, n in c.items():
+        target = " (target 0)" if k in BAD else ""
+        lines.append(f"| {k}{target} | {n} |")
+    lines += ["", "| # | group | bad input or fault | what the user sees | exit | s | verdict |",
+              "|---|---|---|---|---|---|---|"]
+    for k, r in enumerate(results, 1):
+        lines.append(f"| {k} | {r.case.group} | {_cell(r.case.what, 90)} | `{_cell(r.seen, 320)}` | "
+                     f"{r.status} | {r.seconds:.1f} | {', '.join(r.verdicts)} |")
+    return "\n".join(lines) + "\n"
+
+
+def update_page(path: Path, table: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    begin, end = "<!-- faults:begin -->", "<!-- faults:end -->"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{table}{end}{tail}"
+    else:
+        text = f"{text}\n{begin}\n{table}{end}\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=None, help="regular expression over case names and groups")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--markdown", default=None, help="rewrite the table between the markers of this page")
+    ap.add_argument("--keep", action="store_true", help="keep the cases' folders")
+    args = ap.parse_args(argv)
+    todo = [c for c in cases() if not args.only or re.search(args.only, f"{c.group} {c.name}")]
+    if args.list:
+        for c in todo:
+            print(f"{c.name:<18} {c.group:<10} {c.expect:<12} {c.what}")
+        return 0
+    root = Path(tempfile.mkdtemp(prefix="autoplan-faults-"))
+    try:
+        fx = make_fixtures(root)
+        results = []
+        print(f"{'#':>3}  {'case':<18} {'exit':>5} {'s':>6}  verdict: what the user sees", flush=True)
+        for k, case in enumerate(todo, 1):
+            r = run_case(case, fx, root)
+            results.append(r)
+            print(f"{k:>3}  {case.name:<18} {r.status!s:>5} {r.seconds:>6.1f}  {', '.join(r.verdicts)}: "
+                  f"{_cell(r.seen, 140)}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    c = counts(results)
+    print("\n" + ", ".join(f"{k} {n}" for k, n in c.items()))
+    machine = (f"{datetime.date.today().isoformat()}, {platform.machine()} {os.cpu_count()} cores, "
+               f"Python {platform.python_version()}, load average "
+               f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+    if args.markdown:
+        update_page(Path(args.markdown), markdown(results, machine))
+        print(f"table written to {args.markdown}")
+    return 0 if all(c[k] == 0 for k in BAD) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
