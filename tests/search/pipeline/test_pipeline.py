@@ -47,7 +47,9 @@ def test_pipeline_plans_use_every_device_once(gpt_pipeline):
         covered = [n for s in p.stages for n in s.layers]
         assert covered == [ly.name for ly in autoplan.trace(wl).layers]
         ev = p.schedule.events
-        assert len(ev) == 2 * len(p.stages) * 4
+        # a forward and a backward per stage and micro-batch, and each stage's per-step work
+        assert len(ev) == 2 * len(p.stages) * 4 + len(p.stages)
+        assert sorted(e[5] for e in ev if e[5] == "update") == ["update"] * len(p.stages)
         assert max(e[1] for e in ev) == pytest.approx(p.predicted.step_time)
         assert 0 <= p.predicted.bubble_fraction < 1
 
