@@ -80,6 +80,7 @@ from autoplan.search.intra._ilp import ILPProblem, build_problem
 from autoplan.search.intra._intra import _comm_by_axis, intra_op_search, make_mesh, mesh_shapes_for
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
+from autoplan.search.intra._strategies import HEAVY
 from autoplan.search.pipeline._schedule import (
     ScheduleStats,
     schedule_events,
@@ -282,14 +283,45 @@ def check_microbatches(value: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                         "argmin"})
+
+
+def gradient_ops(graph: OpGraph) -> frozenset[int]:
+    """The backward operators that make parameter gradients: their result reaches the optimizer
+    update through operators that do not combine it with anything batch-sized (movement,
+    elementwise, a reduction over size-1 dimensions only). Their collectives are the gradient
+    synchronisation, run once per step after the micro-batches' gradients are accumulated: a
+    weight gradient's partial sums, and a bias or norm-scale gradient's reduction over the
+    batch (whose result is reshaped and summed over a broadcast size-1 dimension before the
+    update). Once per graph."""
+
+    def make() -> frozenset[int]:
+        ops, consumers = graph.ops, graph.consumers
+        marks = [op.role == "update" for op in ops]  # the result reaches the update unchanged
+        out = set()
+        for op in reversed(ops):
+            if op.role == "update" or not any(marks[c] for t in op.outputs for c in consumers[t]):
+                continue
+            if op.role == "backward":
+                out.add(op.id)
+            trivial = op.primitive in _REDUCTIONS and all(
+                op.in_shapes[0][a] == 1 for a in op.params.get("axes", ()))
+            if op.primitive not in HEAVY and (op.primitive not in _REDUCTIONS or trivial):
+                marks[op.id] = True
+        return frozenset(out)
+
+    return memo(graph, ("pipeline", "gradient ops"), make)
+
+
 def per_step_weighted(problem: ILPProblem, weight: float) -> ILPProblem:
     """The intra-operator ILP of a layer with its per-step terms weighted by ``weight``.
 
     In a step of ``B`` micro-batches the forward and backward run ``B`` times and the gradient
     synchronisation and the update once, so the layer's plan should minimise
     ``per-micro-batch + per-step / B``. The strategy costs of the update operators (compute and
-    collectives) and the collectives of gradient-producing backward operators (the ones the ILP
-    tags ``grad-sync``) are scaled by ``weight``; the resharding edges into update operators keep
+    collectives) and the collectives of gradient-producing backward operators
+    (:func:`gradient_ops`, and the ones the ILP tags ``grad-sync``) are scaled by ``weight``; the resharding edges into update operators keep
     their full weight. The ILP's reported objective is computed from the strategies, so it
     stays the unweighted one-micro-batch step.
 
@@ -299,12 +331,13 @@ def per_step_weighted(problem: ILPProblem, weight: float) -> ILPProblem:
     if weight >= 1:
         return problem
     graph = problem.graph
+    grads = gradient_ops(graph) | problem.grad_ops
     parts = [None] * len(problem.nodes)
     for i, member in problem.members.items():
         op = graph.ops[i]
         if op.role == "update":
             per = np.array([s.cost for s in member.strats])
-        elif i in problem.grad_ops:
+        elif i in grads:
             per = np.array([s.comm_time for s in member.strats])
         else:
             continue
@@ -326,14 +359,17 @@ class LayerCost:
         step_compute: seconds of computation once per step (the optimizer update).
         forward_comms, backward_comms: collectives per micro-batch (the operators' own and the
             resharding of their operands), by the role of the operator that needs them.
-        step_comms: collectives once per step: the gradient synchronisation (``where ==
-            "grad-sync"``), the update's, the resharding of updated inputs back to their specs,
+        step_comms: collectives once per step: the gradient synchronisation (the collectives of
+            :func:`gradient_ops`, which include those the ILP tags ``"grad-sync"``), the update's, the resharding of updated inputs back to their specs,
             and the all-gathers of parameters read in a spec other than their own (once each per
             step: the gathered copy is then resident).
-        resident: bytes per device held for the whole step: parameters and optimizer state as
-            sharded, a gradient buffer per parameter, gathered parameter copies.
-        activation: bytes per device of one micro-batch in flight (its inputs and the
-            activations saved for the backward).
+        resident: bytes per device not multiplied by the micro-batches in flight: parameters
+            and optimizer state as sharded, a gradient buffer per parameter, gathered parameter
+            copies, and the inputs the backward and the update receive from other layers (the
+            gradient of the layer's output, the update's scalars), which one micro-batch at a
+            time holds.
+        activation: bytes per device of one micro-batch in flight: its forward inputs and the
+            activations saved for the backward.
         batch_splits: ``(full-batch size of a batch dimension, devices it is split over)`` for
             every batch dimension the plan splits: a re-timed plan is valid for ``B``
             micro-batches only if each such size divided by ``B`` still divides.
@@ -366,7 +402,8 @@ class LayerCost:
 
     @property
     def grad_sync(self) -> float:
-        """Seconds of the gradient synchronisation (part of :attr:`step`)."""
+        """Seconds of the gradient synchronisation (part of :attr:`step`; its collectives have
+        ``where == "grad-sync"``)."""
         return sum(c.time for c in self.step_comms if c.where == "grad-sync")
 
     def feasible(self, microbatches: int) -> bool:
@@ -412,13 +449,14 @@ def _stage_memory(plan: Plan) -> tuple[float, float]:
 
 
 def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
-               batch_dims: Callable[[int], Sequence[tuple[int, int]]] | None = None) -> LayerCost:
+               batch_dims: Callable[[int], Sequence[tuple[int, int]]] | None = None,
+               transient: frozenset[int] = frozenset()) -> LayerCost:
     """Split a layer's intra-operator plan (an :class:`~autoplan.search.intra._intra.IntraOpResult`
     of the training step at micro-batch size, solved on ``sub``) into per-micro-batch and
     per-step work (see :class:`LayerCost` and the module docstring).
 
-    The operators' collectives come from the ILP solution (``where``: ``"op"`` by the
-    operator's role, ``"grad-sync"`` per step); the resharding of every operand is recomputed as
+    The operators' collectives come from the ILP solution (by the operator's role; those of
+    :func:`gradient_ops` and those tagged ``"grad-sync"`` per step); the resharding of every operand is recomputed as
     the ILP charges it (from its producer's or input's spec to the spec its consumer needs), so
     that a parameter read in another spec can be charged once per step instead of once per
     consumer. Every term of the ILP's communication is in exactly one place, so ``forward +
@@ -431,6 +469,8 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
         mesh: its logical mesh.
         batch_dims: ``tensor id -> ((dimension, full-batch size), ...)`` for the dimensions that
             scale with the batch (to record :attr:`LayerCost.batch_splits`); None to skip.
+        transient: the ids of ``sub``'s inputs made by backward or update operators of other
+            layers (counted in :attr:`LayerCost.resident`, once, not per micro-batch in flight).
     """
     sol = result.solution
     ops, tensors = sub.ops, sub.tensors
@@ -440,11 +480,14 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
     fwd: list[Comm] = []
     bwd: list[Comm] = []
     step: list[Comm] = []
+    grads = gradient_ops(sub)
     for i, c in sol.comms:
         if c.where == "reshard" and i is not None:
             continue  # operand resharding: recomputed below, per operand
         if c.where == "grad-sync" or i is None or ops[i].role == "update":
             step.append(c)
+        elif i in grads:
+            step.append(replace(c, where="grad-sync"))
         elif ops[i].role == "forward":
             fwd.append(c)
         else:
@@ -486,6 +529,10 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
             else:
                 bwd.extend(cs)
     resident, act = _stage_memory(result.plan)
+    if transient:
+        once = sum(tensors[t].nbytes / tiles(sol.specs[t], mesh) for t in transient
+                   if t in sol.specs)
+        resident, act = resident + once, max(0.0, act - once)
     splits: set[tuple[int, int]] = set()
     if batch_dims is not None:
         sizes = dict(zip(mesh.axis_names, mesh.shape))
@@ -687,6 +734,12 @@ class _Table:
         dims = self._dims[li]
         return lambda t: dims.get(t, ())
 
+    def _transient(self, li: int) -> frozenset[int]:
+        """Layer ``li``'s subgraph inputs made by another layer's backward or update operators."""
+        g = self.graph
+        return frozenset(gi.tensor for gi in self.sub(li).inputs if gi.kind == "activation"
+                         and g.ops[g.tensors[int(gi.path[1:])].producer].role != "forward")
+
     def result(self, li: int, k: int, c: int):
         """The intra-op result of layer ``li``'s kind on cell ``(k, c)`` (the kind's first layer
         solved; its ids line up with every layer of the kind); None where the pins cannot hold
@@ -750,7 +803,7 @@ class _Table:
             res = self.result(li, k, c)
             self._costs[key] = None if res is None else layer_cost(
                 res, self.sub(rep), self.ctx.mesh(k, shape),
-                self._batch_dims(rep) if self.screenable else None)
+                self._batch_dims(rep) if self.screenable else None, self._transient(rep))
         return self._costs[key]
 
     def terms(self, li: int, k: int, c: int, ratio: float = 1.0, B: int | None = None
