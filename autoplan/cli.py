@@ -34,6 +34,19 @@ def _overrides(items: Sequence[str] | None) -> dict:
     return out
 
 
+def _microbatches(text: str) -> int | str:
+    """``--microbatches``: ``auto`` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"should be 'auto' or a positive integer. Got {text!r}")
+    return value
+
+
 def _workload(args, abstract=True):
     from . import models  # noqa: PLC0415
 
@@ -69,7 +82,8 @@ def cmd_plan(args) -> int:
     cluster = Cluster.parse(args.cluster)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
           "schedule": args.schedule, "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts}
+          "submesh_hosts": args.submesh_hosts, "num_layers": args.num_layers,
+          "stage_algorithm": args.stage_algorithm}
     if args.mesh:
         kw["mesh_shape"] = tuple(int(x) for x in args.mesh.split("x"))
     t0 = time.perf_counter()
@@ -154,7 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--level", default="folded", choices=["exhaustive", "hierarchical", "folded"])
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
-    sp.add_argument("--microbatches", type=int, default=None)
+    sp.add_argument("--microbatches", type=_microbatches, default="auto", metavar="auto|N",
+                    help="micro-batches of pipeline plans: auto (searched, default) or a count "
+                         "dividing the batch")
+    sp.add_argument("--num-layers", type=int, default=None, metavar="N",
+                    help="layers the pipeline search clusters the operators into (default: one "
+                         "per named scope, at most 64)")
+    sp.add_argument("--stage-algorithm", default="auto", choices=["auto", "dp", "ilp"],
+                    help="pipeline stages: dp (Alpa's stage DP), ilp (TePDist's DAG stage ILP), "
+                         "auto (the ILP when the layer graph is not a chain)")
     sp.add_argument("--submesh-hosts", default="auto", choices=["auto", "all", "pow2"],
                     help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
                          "and N hosts), auto (all up to 16 hosts)")

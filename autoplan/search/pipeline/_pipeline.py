@@ -50,7 +50,8 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    every other count (per-micro-batch compute, collective bytes and activations scaled with the
    micro-batch size, alpha-beta times recomputed, plans whose splits no longer divide the
    micro-batch dropped); the DP and the simulation rank each count; the best
-   :data:`EXACT_MICROBATCH_COUNTS` are then costed exactly (traced at their micro-batch size, their
+   :data:`EXACT_MICROBATCH_COUNTS` (when they beat the default by more than
+   :data:`SCREEN_MARGIN`) are then costed exactly (traced at their micro-batch size, their
    layouts' layer ILPs solved there). The default is always costed exactly, so the result is
    never worse than it.
 """
@@ -111,8 +112,13 @@ SIDE_TENSOR_FRACTION = 0.01
 #: factor to the default x this factor.
 MICROBATCH_WINDOW = 8
 
-#: Besides the default, how many searched micro-batch counts are costed exactly.
-EXACT_MICROBATCH_COUNTS = 2
+#: Besides the default, how many searched micro-batch counts are costed exactly (the best
+#: screened ones predicted faster than the default's best by more than :data:`SCREEN_MARGIN`).
+EXACT_MICROBATCH_COUNTS = 1
+
+#: A screened count is costed exactly only when its re-timed step beats the default's by more
+#: than this fraction (the layer ILPs' own gap, :data:`LAYER_MIP_GAP`, is of the same order).
+SCREEN_MARGIN = 5e-3
 
 #: Layouts of each stage-DP run simulated (its best ``t_max`` optima).
 DP_ALTERNATIVES = 6
@@ -171,7 +177,12 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
 def traced(workload: Any) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
     search share it)."""
-    return memo(workload, ("search", "trace"), lambda: trace(workload))
+    def make() -> OpGraph:
+        if hasattr(workload, "name"):
+            return trace(workload)
+        return trace(workload.fn, *workload.args, arg_kinds=tuple(workload.arg_kinds))
+
+    return memo(workload, ("search", "trace"), make)
 
 
 def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
@@ -373,6 +384,9 @@ class LayerCost:
         batch_splits: ``(full-batch size of a batch dimension, devices it is split over)`` for
             every batch dimension the plan splits: a re-timed plan is valid for ``B``
             micro-batches only if each such size divided by ``B`` still divides.
+        repeated_gathers: seconds the ILP charged for all-gathering a parameter to a spec a
+            second time (another consumer of the same spec): once per step, the gathered copy
+            serves them all, so this is not charged.
     """
 
     forward_compute: float
@@ -384,6 +398,7 @@ class LayerCost:
     resident: float
     activation: float
     batch_splits: tuple[tuple[int, int], ...] = ()
+    repeated_gathers: float = 0.0
 
     @property
     def forward(self) -> float:
@@ -460,8 +475,7 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
     the ILP charges it (from its producer's or input's spec to the spec its consumer needs), so
     that a parameter read in another spec can be charged once per step instead of once per
     consumer. Every term of the ILP's communication is in exactly one place, so ``forward +
-    backward + step`` is the plan's one-micro-batch step time whenever no parameter is gathered
-    to the same spec twice.
+    backward + step + repeated_gathers`` is the plan's one-micro-batch step time.
 
     Args:
         result: the layer's intra-op result.
@@ -500,6 +514,7 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
         sourced.update(ops[i].outputs)
     gathered: dict[int, float] = {}
     seen: set[tuple[int, tuple]] = set()
+    repeated = 0.0
     for i, st in sol.strategies.items():
         op = ops[i]
         for t, dst in zip(op.inputs, st.in_specs):
@@ -513,10 +528,11 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
                 dst = replicated(len(ten.shape))
             if dst == src or not ten.shape:
                 continue
-            _, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+            seconds, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
             gi = inputs.get(t)
             if gi is not None and gi.kind in ("parameter", "optimizer_state") and op.role != "update":
                 if (t, dst) in seen:
+                    repeated += seconds
                     continue
                 seen.add((t, dst))
                 step.extend(cs)
@@ -554,7 +570,7 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
                 note(t, spec)
     return LayerCost(compute["forward"], compute["backward"], compute["update"], tuple(fwd),
                      tuple(bwd), tuple(step), resident + sum(gathered.values()), act,
-                     tuple(sorted(splits)))
+                     tuple(sorted(splits)), repeated)
 
 
 def _lean_plan(fast, run, steps: int = 5):
@@ -1078,8 +1094,10 @@ class _Eval:
         return self.stats.step_time
 
     @property
-    def key(self) -> tuple[bool, float]:
-        return (not self.fits, self.step)
+    def key(self) -> tuple[bool, float, float]:
+        """Ranking: fitting first, then the simulated step (to 9 significant digits: rounding
+        aside, re-timed plans can tie), then the memory."""
+        return (not self.fits, float(f"{self.step:.9g}"), max(self.memory))
 
 
 def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None = None,
@@ -1378,11 +1396,14 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         None where no layout divides or fits}``), ``microbatches_exact`` (the counts costed
         exactly), ``submeshes``, ``layer_solves``, ``unique_layer_kinds``,
         ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
-        best plan's layout) and seconds per phase.
+        best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the
+        fastest layouts are returned then, marked as not fitting) and seconds per phase.
 
     Raises:
         SearchError: bad options; a fixed ``microbatches`` that does not divide the batch.
-        InfeasiblePlanError: no stage layout exists (the message says why).
+        InfeasiblePlanError: no stage layout exists, or none fits a given ``memory_budget`` (the
+            message says why and the least memory that would fit). Without ``memory_budget`` the
+            device's memory only ranks: layouts that do not fit are returned, marked.
     """
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
@@ -1432,13 +1453,16 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                 table.cost(li, k, c)
     t_costs = time.perf_counter() - t1
     found, fits, least, t_dp = _layouts(table, dag, use_ilp)
-    if not found:
-        detail = (f" The least memory with which one would fit is {least:.4g} bytes." if least
-                  else "")
-        raise InfeasiblePlanError(
-            f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
-            f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches).{detail} Fix: use more or larger devices, enable "
-            "rematerialisation, or pass a memory_budget.", least)
+    memory_note = None
+    if not fits or not found:
+        why = (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
+               f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
+               + (f" The least memory with which one would fit is {least:.4g} bytes." if least
+                  else ""))
+        if not found or memory_budget is not None:
+            raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
+                                      "rematerialisation, or raise the memory budget.", least)
+        memory_note = why + " Its fastest layouts are returned, marked as not fitting."
     evals = [ev for ev in (_evaluate(table, lay, dp_latency=v) for lay, v in found.items()) if ev]
     simulated = len(found)
     candidates: dict[int, float | None] = {B0: min((ev.step for ev in evals if ev.fits),
@@ -1464,8 +1488,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         t_dp += time.perf_counter() - t2
         best_now = min(ev.key for ev in evals)
         for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
-            if key >= (best_now[0], best_now[1] * 1.05):
-                continue  # not promising enough to cost exactly
+            if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
+                continue  # not faster than the default by more than the screening can resolve
             gB = _traces(workload, B)[1]
             if not _aligned(gB, graph):
                 continue
@@ -1498,5 +1522,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
              "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
              "stage_algorithm": "ilp" if use_ilp else "dp",
              "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
+    if memory_note:
+        stats["infeasible"] = memory_note
     return PipelineResult(plans=plans, stats=stats)
 

@@ -413,12 +413,12 @@ def test_first_stage_step_cost_and_stage_counts_match_brute_force(seed, cluster,
     # the alternatives are distinct plans, best first, each with its own latency
     totals = [v for v, _ in r.alternatives]
     assert totals == sorted(totals) and totals[0] == pytest.approx(r.total_latency)
-    keys = [tuple((s.start, s.end, s.submesh_index, s.config_index) for s in st)
-            for _, st in r.alternatives]
+    keys = [tuple((s.start, s.end, s.submesh_index, s.config_index) for s in alt)
+            for _, alt in r.alternatives]
     assert len(set(keys)) == len(keys)
-    for v, st in r.alternatives:
-        c = [s.cost for s in st]
-        assert v == pytest.approx(sum(c) + (B - 1) * max(c) + st[0].step_cost)
+    for v, alt in r.alternatives:
+        c = [s.cost for s in alt]
+        assert v == pytest.approx(sum(c) + (B - 1) * max(c) + alt[0].step_cost)
 
 
 def test_first_stage_config_trades_time_for_per_step_work():
