@@ -126,3 +126,24 @@ def test_submesh_hosts_pow2_restricts_multi_host_stages(capsys):
     assert main(["plan", "gpt", "--size", "tiny", "--cluster", "p3.16xlarge:5", "--pipeline", "yes",
                  "--submesh-hosts", "pow2"]) == 0
     assert "autoplan-pipeline" in capsys.readouterr().out
+
+
+def test_cli_pipeline_options(capsys):
+    from autoplan.cli import main
+
+    assert main(["plan", "gpt", "--size", "tiny", "--set", "layers=4", "--cluster", "cpu:4",
+                 "--pipeline", "yes", "--num-layers", "3", "--stage-algorithm", "dp",
+                 "--microbatches", "2", "--level", "exhaustive"]) == 0
+    out = capsys.readouterr().out
+    assert "2 mb" in out and "stage" in out
+    assert main(["plan", "gpt", "--size", "tiny", "--cluster", "cpu:4", "--pipeline", "yes",
+                 "--microbatches", "auto", "--stage-algorithm", "ilp"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["plan", "gpt", "--microbatches", "many"])
+    assert "'auto' or a positive integer" in capsys.readouterr().err
+    assert main(["plan", "gpt", "--size", "tiny", "--cluster", "cpu:4", "--pipeline", "yes",
+                 "--microbatches", "3"]) == 2
+    assert "divide the batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "gpt", "--stage-algorithm", "greedy"])
