@@ -712,6 +712,7 @@ class _Table:
         self._dims: dict[int, dict[int, tuple]] = {}
         self._terms: dict[tuple, _Terms | None] = {}
         self._pair_terms: dict[tuple, tuple[float, float, float]] = {}
+        self._pair_kinds: dict[tuple[int, int], tuple] = {}
         self._passing = None
         self._tensors = None
 
@@ -878,8 +879,12 @@ class _Table:
         ``(forward, backward, per-step)`` collectives by the role of its reader in ``b``."""
         la, lb = self.local(a), self.local(b)
         entries = self.passing().get((a, b), [])
-        key = (self.layers[a].signature, self.layers[b].signature,
-               tuple((la[t], lb[t], role) for t, role in entries), k, c)
+        fold = self._pair_kinds.get((a, b))
+        if fold is None:  # pairs of the same layer kinds passing the same tensors cost the same
+            fold = self._pair_kinds[(a, b)] = (
+                self.layers[a].signature, self.layers[b].signature,
+                tuple((la[t], lb[t], role) for t, role in entries))
+        key = (fold, k, c)
         hit = self._pairs.get(key)
         if hit is not None:
             return hit
@@ -1057,14 +1062,17 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
         try:
             r = stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, max_stages=hi,
                          min_stages=lo, step_cost=inputs["step"],
-                         max_alternatives=DP_ALTERNATIVES, **kw)
-        except InfeasiblePlanError as err:
-            if err.least_memory is not None:
-                least = err.least_memory if least is None else min(least, err.least_memory)
+                         max_alternatives=DP_ALTERNATIVES, explain=False, **kw)
+        except InfeasiblePlanError:
             continue
         for total, stages in r.alternatives:
             lay = tuple((members(s.start, s.end), s.submesh_index, s.config_index) for s in stages)
             out.setdefault(lay, total)
+    if not out and memory:  # nothing fits: the least memory with which something would
+        try:
+            stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, step_cost=inputs["step"], **kw)
+        except InfeasiblePlanError as err:
+            least = err.least_memory
     return out, least
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from autoplan._errors import SearchError
 
@@ -188,7 +189,7 @@ def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[floa
         for j in range(S):
             last = orders[j][-1]
             events.append(Event(free[j], free[j] + step[j], j, last.microbatch, j, "update"))
-    events.sort(key=lambda e: (e.start, e.mesh))
+    events.sort(key=attrgetter("start", "mesh"))
     return events
 
 

@@ -487,6 +487,7 @@ def stage_dp(
     min_stages: int = 1,
     step_cost: np.ndarray | None = None,
     max_alternatives: int = 8,
+    explain: bool = True,
 ) -> StageDPResult:
     """Alpa's stage-mesh dynamic program (Alpa Eq. 3-5), exact and vectorised.
 
@@ -556,6 +557,8 @@ def stage_dp(
             among those that fit and stay within ``t_max``.
         max_alternatives: how many of the distinct plans met during the search to return in
             :attr:`StageDPResult.alternatives`.
+        explain: when no plan fits the memory, find the least ``device_memory`` with which one
+            would (a bisection of DP runs) for the error; False raises without it.
 
     Returns:
         The optimal :class:`StageDPResult`.
@@ -661,6 +664,9 @@ def stage_dp(
     cands = prep.candidates
     F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
     if st is None:
+        if not explain:
+            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {N} x {M} devices fits "
+                                      f"device_memory={device_memory!r} bytes.")
         _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L,
                           lump_allowed, max_stages, step, min_s)
 
