@@ -389,3 +389,14 @@ def test_layer_cost_reports_batch_splits_for_rescaling():
     f, b, a = lc.rescaled(0.5, table.ctx.mesh(k, (8, 1)))
     assert a == pytest.approx(lc.activation / 2)
     assert f < lc.forward and b < lc.backward and np.isfinite(f)
+
+
+def test_one_micro_batch_keeps_the_one_stage_layout():
+    """An odd batch allows one micro-batch only: the one-stage layout is kept (the whole batch at
+    once, the intra-operator plan composed from the layers') beside pure model-parallel ones."""
+    wl = models.get("gpt", "tiny", batch=3)
+    res = quiet(pipeline_search, wl, cpu4())
+    assert res.stats["microbatches_default"] == 1 and list(res.stats["microbatch_candidates"]) == [1]
+    one = [p for p in res.plans if not p.is_pipeline]
+    assert one and one[0].schedule.microbatches == 1
+    assert all(p.schedule.microbatches == 1 for p in res.plans)
