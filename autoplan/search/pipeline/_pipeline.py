@@ -44,9 +44,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    per-step work after its last backward; the simulated step time ranks them. The DP's latency
    equals the simulation when the stages are balanced and transfers free; otherwise the
    simulation decides. The one-stage layout (gradient accumulation over ``B`` micro-batches) is
-   always a candidate.
+   always a candidate, and so is the best layout of each of :data:`STAGE_COUNTS` stages.
 7. **Micro-batches.** With ``microbatches=None`` the count is searched among the powers of two
-   within :data:`MICROBATCH_WINDOW` of the default. The default's layer plans are re-timed at
+   within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS` hosts). The default's layer plans are re-timed at
    every other count (per-micro-batch compute, collective bytes and activations scaled with the
    micro-batch size, alpha-beta times recomputed, plans whose splits no longer divide the
    micro-batch dropped); the DP and the simulation rank each count; the best
@@ -109,7 +109,8 @@ AUTO_ALL_HOSTS = 16
 SIDE_TENSOR_FRACTION = 0.01
 
 #: The searched micro-batch counts: powers of two dividing the batch, from the default / this
-#: factor to the default x this factor.
+#: factor to the default x this factor (2 on clusters of more than :data:`AUTO_ALL_HOSTS`
+#: hosts, where every count's stage DP is large).
 MICROBATCH_WINDOW = 8
 
 #: Besides the default, how many searched micro-batch counts are costed exactly (the best
@@ -128,7 +129,7 @@ EXACT_LAYOUTS = 4
 
 #: Besides the best over any number of stages and the one-stage layout, the stage DP gives the
 #: best layouts of each of these stage counts (so every count is a ranked candidate).
-STAGE_COUNTS = (2, 4, 8, 16, 32)
+STAGE_COUNTS = (2, 4, 8, 16)
 
 
 @dataclass
@@ -220,12 +221,12 @@ def _default_microbatches(batch: int, max_stages: int) -> int:
     return b
 
 
-def microbatch_counts(batch: int, default: int) -> list[int]:
-    """The searched micro-batch counts: powers of two dividing ``batch`` within
-    :data:`MICROBATCH_WINDOW` of ``default``, ascending (``default`` among them)."""
+def microbatch_counts(batch: int, default: int, window: int = MICROBATCH_WINDOW) -> list[int]:
+    """The searched micro-batch counts: powers of two dividing ``batch`` within ``window`` of
+    ``default``, ascending (``default`` among them)."""
     out, b = [], 1
     while b <= batch:
-        if batch % b == 0 and default <= b * MICROBATCH_WINDOW and b <= default * MICROBATCH_WINDOW:
+        if batch % b == 0 and default <= b * window and b <= default * window:
             out.append(b)
         b *= 2
     return sorted(set(out) | {default})
@@ -1482,7 +1483,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     if search_mb and table.screenable and evals:
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-        for B in microbatch_counts(batch, B0):
+        window = MICROBATCH_WINDOW if N <= AUTO_ALL_HOSTS else 2
+        for B in microbatch_counts(batch, B0, window):
             if B == B0:
                 continue
             ratio = B0 / B
