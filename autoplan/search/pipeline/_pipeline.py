@@ -376,8 +376,8 @@ class LayerCost:
             and the all-gathers of parameters read in a spec other than their own (once each per
             step: the gathered copy is then resident).
         resident: bytes per device not multiplied by the micro-batches in flight: parameters
-            and optimizer state as sharded, a gradient buffer per parameter, gathered parameter
-            copies, and the inputs the backward and the update receive from other layers (the
+            and optimizer state as sharded, a gradient accumulation buffer per parameter (split
+            only over the axes its gradient is not synchronised over), gathered parameter copies, and the inputs the backward and the update receive from other layers (the
             gradient of the layer's output, the update's scalars), which one micro-batch at a
             time holds.
         activation: bytes per device of one micro-batch in flight: its forward inputs and the
@@ -446,20 +446,26 @@ def _retimed(comms: Sequence[Comm], ratio: float, mesh: LogicalMesh, backward: b
                                     backward and c.where != "reshard") for c in comms)
 
 
-def _stage_memory(plan: Plan) -> tuple[float, float]:
+def _stage_memory(plan: Plan, sync_axes: frozenset[str] = frozenset()) -> tuple[float, float]:
     """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
-    parameters, their gradients and the optimizer state as sharded; activations = the rest of
-    the plan's live memory (the micro-batch, boundary activations, values saved for backward)."""
+    parameters and the optimizer state as sharded, and a gradient buffer per parameter;
+    activations = the rest of the plan's live memory (the micro-batch, boundary activations,
+    values saved for backward).
+
+    Gradients accumulate unsynchronised over the micro-batches, so a parameter's buffer is split
+    only over the mesh axes of its spec that the gradient synchronisation does not run over
+    (``sync_axes``): a parameter sharded over the data-parallel axis (its update sharded, the
+    gradient reduce-scattered once per step) still accumulates a whole local gradient."""
     state = grads = 0.0
     mesh = dict(zip(plan.axis_names, plan.mesh_shape))
     for i in plan.inputs:
         if i.kind not in ("parameter", "optimizer_state"):
             continue
-        n_tiles = math.prod(mesh[a] for e in i.spec if e for a in e)
-        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize / n_tiles
-        state += nbytes
+        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
+        state += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e)
         if i.kind == "parameter":
-            grads += nbytes
+            grads += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e
+                                        if a not in sync_axes)
     act = max(0.0, plan.predicted.memory_per_device - state)
     return state + grads, act
 
@@ -545,7 +551,8 @@ def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
                 fwd.extend(cs)
             else:
                 bwd.extend(cs)
-    resident, act = _stage_memory(result.plan)
+    sync_axes = frozenset(a for c in step if c.where == "grad-sync" for a in c.axes)
+    resident, act = _stage_memory(result.plan, sync_axes)
     if transient:
         once = sum(tensors[t].nbytes / tiles(sol.specs[t], mesh) for t in transient
                    if t in sol.specs)
@@ -1401,8 +1408,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     Returns:
         The best plan per distinct number of stages, best first (fitting plans before the
         others), and ``stats``: ``layers``, ``microbatches`` (of the best plan),
-        ``microbatches_default``, ``microbatch_candidates`` (``{count: screened step time, or
-        None where no layout divides or fits}``), ``microbatches_exact`` (the counts costed
+        ``microbatches_default``, ``microbatch_candidates`` (``{count: its best fitting step time,
+        exact at the default and re-timed from the default's plans elsewhere; None where no
+        layout divides or fits}``), ``microbatches_exact`` (the counts costed
         exactly), ``submeshes``, ``layer_solves``, ``unique_layer_kinds``,
         ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
         best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the
