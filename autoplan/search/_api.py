@@ -229,10 +229,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             raise InfeasiblePlanError(
                 f"search: no plan fits {budget:.4g} bytes per device"
                 + ("" if memory_budget else " (the device's memory)") + ". Got: "
-                + "; ".join([str(e) for e in infeasible]
-                            + ([stats["pipeline_infeasible"]] if "pipeline_infeasible" in stats
-                               else []))
-                + " "
+                + "; ".join(str(e) for e in infeasible) + " "
                 + (f"The least memory that would fit is {least:.4g} bytes. " if least else "")
                 + "Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")

@@ -1057,8 +1057,8 @@ Layout = tuple[tuple[tuple[int, ...], int, int], ...]
 
 def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
                 counts: Sequence[tuple[int, int | None]],
-                members: Callable[[int, int], tuple[int, ...]], memory: bool
-                ) -> tuple[dict[Layout, float], float | None]:
+                members: Callable[[int, int], tuple[int, ...]], memory: bool,
+                explain: bool = True) -> tuple[dict[Layout, float], float | None]:
     """Run :func:`stage_dp` for each ``(least, most)`` number of stages; the layouts it met (its
     best ``t_max`` optima) with the DP's latency, and the least memory that would fit when none
     does."""
@@ -1076,7 +1076,7 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
         for total, stages in r.alternatives:
             lay = tuple((members(s.start, s.end), s.submesh_index, s.config_index) for s in stages)
             out.setdefault(lay, total)
-    if not out and memory:  # nothing fits: the least memory with which something would
+    if not out and memory and explain:  # nothing fits: the least memory that would fit
         try:
             stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, step_cost=inputs["step"], **kw)
         except InfeasiblePlanError as err:
@@ -1172,8 +1172,9 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
              full: bool = True) -> tuple[dict[Layout, float], bool, float | None, float]:
     """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
     ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
-    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too (else the
-    DP over any number of stages and the one-stage layout only)."""
+    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too and seeks
+    the least memory that would fit when nothing does (else the DP over any number of stages
+    and the one-stage layout only)."""
     ctx, L = table.ctx, table.L
     B = B or table.B
     t0 = time.perf_counter()
@@ -1200,7 +1201,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             return tuple(range(a, b))
 
         for memory in (True, False):
-            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory)
+            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, full)
             least = lm if least is None else least
             if found:
                 fits = memory
@@ -1224,7 +1225,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             for groups in ctx.groupings:
                 inputs = _group_inputs(table, groups, ratio, B)
                 got, lm = _dp_layouts(inputs, ctx, B, [(1, None)], lambda a, b, g=groups: tuple(
-                    li for x in range(a, b) for li in g[x]), memory)
+                    li for x in range(a, b) for li in g[x]), memory, full)
                 if lm is not None:
                     least = lm if least is None else min(least, lm)
                 for lay, v in got.items():
