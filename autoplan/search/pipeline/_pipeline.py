@@ -98,6 +98,10 @@ __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workloa
 #: branch-and-cut needs seconds to close; the stage DP's choices differ by more than this.
 LAYER_MIP_GAP = 5e-3
 
+#: The gap of the memory-lean variants' Lagrangian solves (:func:`_lean_plan`): they aim at a
+#: memory target, not at the optimum, and their weighted objectives make branch-and-cut slow.
+LEAN_MIP_GAP = 2e-2
+
 #: Up to this many hosts the pipeline search uses Alpa's full submesh set; beyond it, multi-host
 #: submeshes of a power-of-two number of hosts (plus all hosts): 11 shapes instead of 131 on 128
 #: DGX nodes.
@@ -780,7 +784,7 @@ class _Table:
             if fast is None or sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory:
                 res = fast
             else:
-                res = _lean_plan(fast, lambda w: self._solve(rep, k, shape, w))
+                res = _lean_plan(fast, lambda w: self._solve(rep, k, shape, w, LEAN_MIP_GAP))
         else:
             res = self._solve(rep, k, shape, 0.0)
         self._results[key] = res
@@ -797,7 +801,8 @@ class _Table:
             out.update(megatron_pins(sub, ctx.submeshes[k][1]) or {})
         return out or None
 
-    def _solve(self, rep: int, k: int, shape: tuple[int, ...], memory_weight: float):
+    def _solve(self, rep: int, k: int, shape: tuple[int, ...], memory_weight: float,
+               mip_gap: float = LAYER_MIP_GAP):
         ctx = self.ctx
         sub = self.sub(rep)
         pins = self._pins(rep, k)
@@ -816,7 +821,7 @@ class _Table:
             warnings.simplefilter("ignore")
             return intra_op_search(sub, ctx.views[k], shape, time_limit=ctx.time_limit,
                                    level="exhaustive", count_unmerged=False,
-                                   mip_gap=LAYER_MIP_GAP, memory_weight=memory_weight,
+                                   mip_gap=mip_gap, memory_weight=memory_weight,
                                    problem=prob, pin=pins)
 
     def cost(self, li: int, k: int, c: int) -> LayerCost | None:
