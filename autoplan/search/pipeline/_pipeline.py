@@ -98,6 +98,11 @@ __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workloa
 #: branch-and-cut needs seconds to close; the stage DP's choices differ by more than this.
 LAYER_MIP_GAP = 5e-3
 
+#: Seconds a layer ILP of the pipeline search may take (at most ``time_limit``): the search
+#: solves hundreds; at the limit the best plan found is used (counted in the stats). Square
+#: logical meshes of MoE layers can keep branch-and-cut from certifying the gap for a minute.
+LAYER_TIME_LIMIT = 10.0
+
 #: The gap of the memory-lean variants' Lagrangian solves (:func:`_lean_plan`): they aim at a
 #: memory target, not at the optimum, and their weighted objectives make branch-and-cut slow.
 LEAN_MIP_GAP = 2e-2
@@ -649,6 +654,7 @@ class _Context:
         self.views = [replace(cluster, nodes=n, devices_per_node=m) for n, m in submeshes]
         self._meshes: dict[tuple, LogicalMesh] = {}
         self.solves = 0
+        self.timed_out = 0  # layer ILPs stopped at their time limit
         self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
 
     def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
@@ -819,10 +825,13 @@ class _Table:
         ctx.solves += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return intra_op_search(sub, ctx.views[k], shape, time_limit=ctx.time_limit,
-                                   level="exhaustive", count_unmerged=False,
-                                   mip_gap=mip_gap, memory_weight=memory_weight,
-                                   problem=prob, pin=pins)
+            res = intra_op_search(sub, ctx.views[k], shape,
+                                  time_limit=min(ctx.time_limit, LAYER_TIME_LIMIT),
+                                  level="exhaustive", count_unmerged=False, mip_gap=mip_gap,
+                                  memory_weight=memory_weight, problem=prob, pin=pins)
+        if res.solution.status in ("feasible", "timeout-greedy"):
+            ctx.timed_out += 1
+        return res
 
     def cost(self, li: int, k: int, c: int) -> LayerCost | None:
         sig = self.layers[li].signature
@@ -1395,7 +1404,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             (see the module docstring, step 7).
         level: recorded in the plans (each layer's ILP is solved whole).
         memory_budget: bytes per device (default the device's memory).
-        time_limit: seconds per ILP.
+        time_limit: seconds per ILP (a layer ILP stops at :data:`LAYER_TIME_LIMIT` if less,
+            with the best plan found).
         num_layers: how many layers to cluster the operators into (default automatic).
         stage_algorithm: ``"dp"`` (Alpa's stage DP on contiguous layers), ``"ilp"`` (TePDist's
             stage ILP on the layer DAG, then the DP for submeshes) or ``"auto"`` (the ILP when
@@ -1417,7 +1427,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         ``microbatches_default``, ``microbatch_candidates`` (``{count: its best fitting step time,
         exact at the default and re-timed from the default's plans elsewhere; None where no
         layout divides or fits}``), ``microbatches_exact`` (the counts costed
-        exactly), ``submeshes``, ``layer_solves``, ``unique_layer_kinds``,
+        exactly), ``submeshes``, ``layer_solves``, ``layer_solves_at_time_limit``,
+        ``unique_layer_kinds``,
         ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
         best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the
         fastest layouts are returned then, marked as not fitting) and seconds per phase.
@@ -1542,6 +1553,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     stats = {"layers": len(layers), "microbatches": chosen[0].B, "microbatches_default": B0,
              "microbatch_candidates": candidates, "microbatches_exact": exact,
              "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
+             "layer_solves_at_time_limit": ctx.timed_out,
              "unique_layer_kinds": len(table.rep), "layouts_simulated": simulated,
              "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
              "stage_algorithm": "ilp" if use_ilp else "dp",
