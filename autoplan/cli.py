@@ -115,6 +115,19 @@ def _overrides(items: Sequence[str] | None) -> dict:
     return out
 
 
+def _microbatches(text: str) -> int | str:
+    """``--microbatches``: ``auto`` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"should be 'auto' or a positive integer. Got {text!r}")
+    return value
+
+
 def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
     from ._io import check_output_path  # noqa: PLC0415
 
@@ -138,7 +151,8 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if args.pipeline == "no":
         given = [f"{flag} {val}" for flag, val in (
             ("--microbatches", args.microbatches), ("--schedule", args.schedule),
-            ("--submesh-hosts", args.submesh_hosts)) if val is not None]
+            ("--submesh-hosts", args.submesh_hosts), ("--num-layers", args.num_layers),
+            ("--stage-algorithm", args.stage_algorithm)) if val is not None]
         if given:
             raise SearchError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, "
                               "but --pipeline no makes intra-operator plans only, so "
@@ -229,7 +243,8 @@ def cmd_plan(args) -> int:
     _check_plan_options(args)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
           "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+          "submesh_hosts": args.submesh_hosts or "auto", "num_layers": args.num_layers,
+          "stage_algorithm": args.stage_algorithm or "auto", "progress": _RUN.check}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
@@ -391,7 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
     sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
                     help="pipeline schedule (default 1f1b)")
-    sp.add_argument("--microbatches", type=int, default=None)
+    sp.add_argument("--microbatches", type=_microbatches, default=None, metavar="auto|N",
+                    help="micro-batches of pipeline plans: auto (searched, the default) or a count "
+                         "dividing the batch")
+    sp.add_argument("--num-layers", type=int, default=None, metavar="N",
+                    help="layers the pipeline search clusters the operators into (default: one "
+                         "per named scope, at most 64)")
+    sp.add_argument("--stage-algorithm", default=None, choices=["auto", "dp", "ilp"],
+                    help="pipeline stages: dp (Alpa's stage DP), ilp (TePDist's DAG stage ILP), "
+                         "auto (the ILP when the layer graph is not a chain; the default)")
     sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
                     help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, ... "
                          "and N hosts), auto (all up to 16 hosts; the default)")

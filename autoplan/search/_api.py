@@ -220,7 +220,7 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
 
 
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
-           schedule: str = "1f1b", microbatches: int | None = None, level: str = "auto",
+           schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
            pin: Mapping[str, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
@@ -236,7 +236,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         cluster: a :class:`~autoplan.Cluster` or its ``"name:nodes"`` string.
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
         schedule: ``"1f1b"`` or ``"gpipe"``.
-        microbatches: number of micro-batches for pipeline plans (default: searched).
+        microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
+            (default) searches it among powers of two near the default (the batch is the
+            leading dimension of the batch arguments).
         level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
             folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
             ``"exhaustive"`` (whole-graph ILP, Alpa / TePDist O3), ``"hierarchical"`` (segment
@@ -244,7 +246,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             solved once, TAPAS).
         mesh_shape: the logical mesh for intra-operator plans (default: all 2-D shapes).
         memory_budget: per-device bytes (default: the device's memory, for ranking only).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs.
+        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (in the
+            pipeline search too, in every layer's plan).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
         baselines: add data-parallel, Megatron TP and TP x PP baselines.
         num_layers: pipeline layers (default automatic).
@@ -277,13 +280,12 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
-    from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import check_microbatches, check_submesh_hosts  # noqa: PLC0415
 
     check_submesh_hosts(submesh_hosts)
-    if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
-        raise SearchError(f"search: microbatches should be a positive integer. Got {microbatches!r}.")
-    _check_pipeline_options(pipeline, mesh_shape, microbatches, schedule, num_layers,
-                            stage_algorithm, submesh_hosts)
+    check_microbatches(microbatches)
+    _check_pipeline_options(pipeline, mesh_shape, None if microbatches == "auto" else microbatches,
+                            schedule, num_layers, stage_algorithm, submesh_hosts)
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
@@ -343,7 +345,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                                    level="exhaustive" if level == "auto" else level,
                                    memory_budget=memory_budget, time_limit=time_limit,
                                    num_layers=num_layers, stage_algorithm=stage_algorithm,
-                                   submesh_hosts=submesh_hosts)
+                                   submesh_hosts=submesh_hosts, pin=pin)
             plans.extend(pres.plans)
             stats.update({f"pipeline_{k}": v for k, v in pres.stats.items()})
         except InfeasiblePlanError as err:
@@ -362,8 +364,11 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     if not searched:
         if infeasible:
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
+            budget = memory_budget or cluster.device_memory
             raise InfeasiblePlanError(
-                f"search: no plan fits the memory budget {memory_budget!r} bytes per device. "
+                f"search: no plan fits {budget:.4g} bytes per device"
+                + ("" if memory_budget else " (the device's memory)") + ". Got: "
+                + "; ".join(str(e) for e in infeasible) + " "
                 + (f"The least memory that would fit is {least:.4g} bytes. " if least else "")
                 + "Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")
