@@ -24,6 +24,7 @@ structure, so ``plan.named_shardings()`` returns the user's own types.
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -225,7 +226,7 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
 
 @gc_paused
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
-           schedule: str = "1f1b", microbatches: int | None = None, level: str = "auto",
+           schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
            pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
@@ -241,7 +242,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         cluster: a :class:`~autoplan.Cluster` or its ``"name:nodes"`` string.
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
         schedule: ``"1f1b"`` or ``"gpipe"``.
-        microbatches: number of micro-batches for pipeline plans (default: searched).
+        microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
+            (default) searches it among powers of two near the default (the batch is the
+            leading dimension of the batch arguments).
         level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
             folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
             ``"exhaustive"`` (whole-graph ILP, Alpa / TePDist O3), ``"hierarchical"`` (segment
@@ -249,8 +252,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             solved once, TAPAS).
         mesh_shape: the logical mesh for intra-operator plans (default: all 2-D shapes).
         memory_budget: per-device bytes (default: the device's memory, for ranking only).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (a graph
-            input's tensor id, ``gi.tensor``, may stand for a regex: that input alone).
+        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (in the
+            pipeline search too, in every layer's plan; a graph input's tensor id, ``gi.tensor``,
+            may stand for a regex: that input alone).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
         baselines: add data-parallel, Megatron TP and TP x PP baselines.
         num_layers: pipeline layers (default automatic).
@@ -349,12 +353,12 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
-    from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import check_microbatches, check_submesh_hosts  # noqa: PLC0415
 
     check_submesh_hosts(options["submesh_hosts"])
-    if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
-        raise SearchError(f"search: microbatches should be a positive integer. Got {microbatches!r}.")
-    _check_pipeline_options(pipeline, options["mesh_shape"], microbatches, schedule,
+    check_microbatches(microbatches)
+    _check_pipeline_options(pipeline, options["mesh_shape"],
+                            None if microbatches == "auto" else microbatches, schedule,
                             options["num_layers"], options["stage_algorithm"],
                             options["submesh_hosts"])
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
@@ -381,6 +385,16 @@ def _pipeline_plans(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) 
     from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
 
     return pipeline_search(workload, cluster, **kw)
+
+
+def _pins_by_name(graph: OpGraph, pin: Mapping[Any, Any] | None) -> dict[str, Any] | None:
+    """``pin`` with tensor-id keys turned into their inputs' names (anchored, escaped): the
+    pipeline search traces the step again at micro-batch size, where tensor ids differ."""
+    if not pin:
+        return None
+    input_of = graph.input_of_tensor
+    return {(f"^{re.escape(input_of[k].name)}$" if isinstance(k, int) and not isinstance(k, bool)
+             else k): v for k, v in pin.items()}
 
 
 def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Plan | None:
@@ -422,7 +436,8 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
             schedule=options["schedule"], microbatches=options["microbatches"],
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
             time_limit=time_limit, num_layers=options["num_layers"],
-            stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"]),
+            stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
+            pin=_pins_by_name(graph, options["pin"])),
             label="pipeline search", local=True))
     mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
                    time_limit=time_limit, config=config)
@@ -465,8 +480,11 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     if not plans:
         if infeasible:
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
+            budget = memory_budget or cluster.device_memory
             raise InfeasiblePlanError(
-                f"search: no plan fits the memory budget {memory_budget!r} bytes per device. "
+                f"search: no plan fits {budget:.4g} bytes per device"
+                + ("" if memory_budget else " (the device's memory)") + ". Got: "
+                + "; ".join(str(e) for e in infeasible) + " "
                 + (f"The least memory that would fit is {least:.4g} bytes. " if least else "")
                 + "Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")

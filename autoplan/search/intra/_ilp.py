@@ -94,8 +94,10 @@ from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, sol
 from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
+    _derive,
     _op_key,
-    derive,
+    fusion_context,
+    gradient_feeds,
     is_follower,
     is_generator,
     is_heavy,
@@ -111,13 +113,12 @@ __all__ = [
     "solve_ilp",
     "evaluate",
     "updated_input_pairs",
+    "shared_reshards",
 ]
 
 #: replicated-input penalty: this fraction of the time to move an input's replicated excess bytes
 #: (its bytes per device above the fully sharded size) over the mesh's fastest axis
 PARAM_PENALTY = 1e-3
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                         "argmin"})
 _SCALE = 1e6  # objective in microseconds inside the solver (better conditioned)
 _OUTPUT_LEAF = re.compile(r"^\[(\d+)\](.*)$")  # output leaf ``[k]<path>``
 
@@ -407,6 +408,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
 
     # ---- operators: roots and followers --------------------------------------------------------
     follow_cache: dict[tuple, Any] = {}
+    contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
     read_back = _backward_read(graph)
     saved = set(filter(read_back.__contains__, chain.from_iterable(
@@ -425,11 +427,12 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             k = leader_operand(op, cands, graph) if cands else None
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
-                ckey = (_op_key(op), k, src_ids.tobytes())
+                ctx = contexts[i]
+                ckey = (_op_key(op), ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
                     uniq, inv = np.unique(src_ids, return_inverse=True)
-                    strats = [derive(op, mesh, k, prob.specs[u]) for u in uniq]
+                    strats = [_derive(op, mesh, k, prob.specs[u], ctx) for u in uniq]
                     hit = (strats, inv.reshape(-1)) if all(s is not None for s in strats) else None
                     follow_cache[ckey] = hit
                 if hit is not None:
@@ -472,7 +475,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
     # (a gradient reaches the optimizer update through movement/elementwise ops only; an
     # activation gradient reaches it only through a reduction, e.g. a bias gradient)
-    feeds = _gradient_feeds(graph)
+    feeds = gradient_feeds(graph)
     prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
 
     if chosen is None:
@@ -535,34 +538,6 @@ def _backward_read(graph: OpGraph) -> frozenset[int]:
         return frozenset(read)  # type: ignore[arg-type]
 
     return memo(graph, "backward_read", make)
-
-
-def _gradient_feeds(graph: OpGraph) -> list[bool]:
-    """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
-    only (it makes a gradient)."""
-
-    def make():
-        ops, consumers = graph.ops, graph.consumers
-        feeds = [False] * len(ops)
-        # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
-        # gradient and passes it on: not heavy, not a reduction); operators are visited
-        # consumers first, so an operator's consumers are marked before it is
-        marks = [op.role == "update" for op in ops]
-        for op in reversed(ops):
-            for t in op.outputs:
-                for c in consumers[t]:
-                    if marks[c]:
-                        break
-                else:
-                    continue
-                i = op.id
-                feeds[i] = True
-                if not is_heavy(op) and op.primitive not in _REDUCTIONS:
-                    marks[i] = True
-                break
-        return feeds
-
-    return memo(graph, "gradient_feeds", make)
 
 
 def _tensor_edges(prob: ILPProblem):
@@ -907,6 +882,37 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
     return saved, comm
 
 
+def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
+                    specs: Mapping[int, Spec]) -> list[tuple[int, Comm]]:
+    """The resharding collectives a plan's costing charges more than once for what XLA does
+    once: when several operators read one tensor in the same other spec (an activation gathered
+    for a forward matmul and for its weight gradient, a weight gathered in forward and in
+    backward), XLA computes the conversion once and shares it (common-subexpression
+    elimination), while the ILP charges it on every edge (Alpa's formulation). Returned as
+    ``(consumer operator, Comm)`` for every repeat after the first, in operator order.
+    """
+    tensors, ops = graph.tensors, graph.ops
+    seen: set[tuple[int, Spec, Spec]] = set()
+    out: list[tuple[int, Comm]] = []
+    for i in sorted(op_strategy):
+        st = op_strategy[i]
+        for t, dst in zip(ops[i].inputs, st.in_specs):
+            src = specs.get(t) if t is not None else None
+            if src is None or src is dst or not tensors[t].shape:
+                continue
+            if dst is None:
+                dst = replicated(len(tensors[t].shape))
+            if dst == src:
+                continue
+            key = (t, src, dst)
+            if key in seen:
+                ten = tensors[t]
+                out.extend((i, c) for c in reshard(src, dst, ten.shape, ten.dtype, mesh)[1])
+            else:
+                seen.add(key)
+    return out
+
+
 def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
                     input_specs: Mapping[int, Spec], *, pins: Mapping[str, Any] | None = None
                     ) -> tuple[_Breakdown, int]:
@@ -966,7 +972,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
         penalty += term[0]
         memory += term[1]
         specs[t] = spec
-    feeds = _gradient_feeds(graph)
+    feeds = gradient_feeds(graph)
     chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order
     compute = comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
