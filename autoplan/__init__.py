@@ -11,6 +11,9 @@ trace -> search -> Plan -> (viz | exec):
 ``import autoplan`` loads no JAX, NumPy or NetworkX: the tracer, the graph and the subpackages
 load on first use, so the command line starts at once (and a Ctrl-C during its start is handled
 by the command line itself).
+
+Costs come from a cluster profile: a datasheet preset (``"p3.16xlarge:8"``, ``"cpu:8"``) or the
+attached devices measured by ``autoplan.profile()`` (``Cluster.detect()`` caches it on disk).
 """
 
 from typing import TYPE_CHECKING
@@ -51,14 +54,15 @@ _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None
          "GraphInput": ("autoplan._graph", "GraphInput"), "OpGraph": ("autoplan._graph", "OpGraph"),
          "OpNode": ("autoplan._graph", "OpNode"), "Tensor": ("autoplan._graph", "Tensor"),
          "Workload": ("autoplan._workload", "Workload"),
-         "load_workload": ("autoplan._loader", "load_workload")}
+         "load_workload": ("autoplan._loader", "load_workload"),
+         "profile": ("autoplan._cluster", "profile")}
 
 
 def __getattr__(name: str):
-    """``autoplan.search``, ``autoplan.plan``, ``autoplan.models``, ``autoplan.exec``,
-    ``autoplan.viz``, ``autoplan.trace``, ``Workload`` and the graph classes load on first use: ``import
-    autoplan`` stays light, and importing ``autoplan.viz`` or ``autoplan.exec`` does not import
-    the search."""
+    """``autoplan.search``, ``autoplan.plan``, ``autoplan.profile``, ``autoplan.models``,
+    ``autoplan.exec``, ``autoplan.viz``, ``autoplan.trace``, ``Workload`` and the graph classes
+    load on first use: ``import autoplan`` stays light, and importing ``autoplan.viz`` or
+    ``autoplan.exec`` does not import the search."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 
@@ -74,5 +78,5 @@ __all__ = [
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "Workload", "load_workload",
+    "Workload", "load_workload", "profile",
 ]

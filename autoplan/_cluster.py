@@ -1,4 +1,4 @@
-"""Clusters, logical meshes and the collective cost model.
+"""Clusters, logical meshes and the cost model's device profile.
 
 A :class:`Cluster` is ``nodes x devices_per_node`` accelerators with a fast link inside a node and
 a slower one between nodes. A :class:`LogicalMesh` views a (sub)mesh of it as an n-D grid whose
@@ -6,59 +6,236 @@ axes each have an alpha (latency, s) and beta (s per byte): an axis whose device
 node uses the fast link; an axis that crosses nodes uses the node's network link, shared by the
 parallel groups of that node.
 
-Collective times on one mesh axis of ``n`` devices and ``B`` bytes (Alpa's alpha-beta model):
+A cluster is a *profile* of its devices, in one of two forms with the same fields:
+
+* a **datasheet** preset (``p3.16xlarge``, ``v100-32g-100gbe``, ``dgx-h100``, ``cpu``): peak
+  FLOP/s times an achievable fraction, memory bandwidth, link bandwidths and latencies;
+* a **measured** profile made by :func:`autoplan.profile` on the attached devices: matmul and
+  convolution throughput curves by size and dtype (:class:`ThroughputCurve`), memory bandwidth,
+  the overhead of one kernel and of one executable launch (plus one per argument array), and a
+  table of measured collective times per kind and mesh-axis geometry (:class:`CollectiveTable`,
+  Alpa's profiling database).
+
+Compute: an operator's time per device is a roofline plus overhead,
+``t = max(F / R(F, dtype), Q / BW) + o``, where ``F`` is its FLOPs per device, ``R`` the
+achievable FLOP/s for an operation of that size (the measured curve, or ``peak x efficiency``), ``Q``
+the bytes it moves to and from memory per device, ``BW`` the memory bandwidth and ``o`` the
+per-kernel overhead (see :mod:`autoplan.search.intra._strategies` for which operators are kernels
+under XLA's fusion).
+
+Collective times on one mesh axis of ``n`` devices and ``B`` bytes. Datasheet form (Alpa's
+alpha-beta model):
 
 * all-gather:      ``alpha + beta . (n-1)/n . B``   (B = the gathered size)
-* all-reduce:      ``alpha + beta . 2(n-1)/n . B``
+* all-reduce:      ``alpha + beta . 2(n-1)/n . B``  (B = the buffer reduced)
 * reduce-scatter:  ``alpha + beta . (n-1)/n . B``   (B = the size before scattering)
-* all-to-all:      ``alpha + beta . (n-1)/n^2 . B``
+* all-to-all:      ``alpha + beta . (n-1)/n . B``   (B = each device's buffer)
 * send/recv:       ``alpha + beta . B``
 
-On several axes a collective runs hierarchically, innermost axis first (the bytes shrink by each
-axis's size where the collective scatters). TAPAS's refinements are parameters of the cluster:
-``epsilon[kind]`` multiplies a collective's transfer term (its efficiency relative to the ring
-bound, in (0, 1]), and ``gamma`` in (0, 1] discounts gradient communication issued during the
-backward pass, which overlaps with backward compute: ``T = alpha + beta.(N_fwd + gamma.N_bwd).eps``.
+Measured form: the time interpolated in the table of the collective's kind and group geometry
+(piecewise linear between measured sizes); outside the measured sizes the fitted
+``alpha_k + beta_k . B`` of that table, scaled to meet the nearest measured point. On several
+axes a collective whose device group was measured as one group (the two axes of a ``2 x 4`` mesh
+form the 8-device group) is looked up as that group; otherwise it runs hierarchically, innermost
+axis first, as in Alpa (an all-reduce's or reduce-scatter's bytes shrink by each axis's size; an
+all-gather's inner axes gather the parts the outer ones then gather whole).
+
+TAPAS's refinements are parameters of the cluster: ``epsilon[kind]`` multiplies a collective's
+transfer term (its efficiency relative to the ring bound, in (0, 1]), and ``gamma`` in (0, 1]
+discounts gradient communication issued during the backward pass, which overlaps with backward
+compute: ``T = alpha + beta.(N_fwd + gamma.N_bwd).eps``.
+
+XLA combines independent collectives of one kind over the same devices into one (its
+all-reduce, all-gather and reduce-scatter combiners): the gradient all-reduces of a data-parallel
+step run as one all-reduce of every gradient. :meth:`LogicalMesh.collective_time` with
+``latency=False`` gives the transfer part of a collective that is combined with others; the
+latency is charged once per combined group (:data:`COMBINE_THRESHOLD` bytes each).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import json
 import math
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ._errors import ClusterError
+from ._fit import fit_line as fit_line
+from ._fit import interpolate as _interpolate
+from ._fit import running_max as _running_max
+from ._memo import memo
 
-__all__ = ["Cluster", "LogicalMesh", "COLLECTIVES", "PRESETS"]
+__all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
+           "PRESETS", "COMBINE_THRESHOLD", "cache_dir", "profile"]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 _FACTOR = {"all-gather": lambda n: (n - 1) / n, "all-reduce": lambda n: 2 * (n - 1) / n,
-           "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n / n,
+           "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
            "send-recv": lambda n: 1.0}
+#: operations with a measured throughput curve
+CURVE_OPS = ("matmul", "conv", "memory")
+#: bytes up to which XLA combines independent collectives into one (its combiners' default
+#: threshold, 30 MiB)
+COMBINE_THRESHOLD = 30 * 2**20
 
 GiB = 1024**3
 
 
+# ---------------------------------------------------------------------------------------------
+# measured tables
+# ---------------------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
-class Cluster:
-    """A homogeneous cluster of ``nodes x devices_per_node`` devices.
+class CollectiveTable:
+    """Measured times of one collective kind on one device-group geometry.
 
     Attributes:
-        name: preset or user name.
+        kind: one of :data:`COLLECTIVES`.
+        group: the group's geometry as ``((size, stride), ...)`` in device order, innermost
+            first: ``((4, 1),)`` is 4 neighbouring devices, ``((2, 4),)`` devices 4 apart. Every
+            group of the mesh axis runs at once when it is measured, as in a plan.
+        nbytes: message sizes measured (``B`` of the formulas above), increasing.
+        seconds: the measured time of each size (made non-decreasing).
+        alpha: fitted latency (s); ``beta`` fitted seconds per byte of ``B``.
+    """
+
+    kind: str
+    group: tuple[tuple[int, int], ...]
+    nbytes: tuple[float, ...]
+    seconds: tuple[float, ...]
+    alpha: float
+    beta: float
+
+    @property
+    def size(self) -> int:
+        """Devices in one group."""
+        return math.prod(s for s, _ in self.group)
+
+    def time(self, nbytes: float) -> float:
+        """Seconds for a collective of ``nbytes`` (``B``) on this group."""
+        if nbytes <= 0:
+            return 0.0
+        return _interpolate(self.nbytes, self.seconds, self.alpha, self.beta, float(nbytes))
+
+    @classmethod
+    def from_measurements(cls, kind: str, group: Sequence[Sequence[int]], nbytes: Sequence[float],
+                          seconds: Sequence[float]) -> CollectiveTable:
+        """A table from raw measurements: sorted by size, made non-decreasing, fitted."""
+        pts = sorted(zip(map(float, nbytes), map(float, seconds)))
+        xs = tuple(x for x, _ in pts)
+        ts = tuple(_running_max(t for _, t in pts))
+        a, b = fit_line(xs, ts)
+        return cls(kind, tuple((int(s), int(d)) for s, d in group), xs, ts, a, b)
+
+
+@dataclass(frozen=True)
+class ThroughputCurve:
+    """Measured throughput of one operation by size: the achievable fraction of peak.
+
+    Attributes:
+        op: ``"matmul"`` or ``"conv"`` (sizes in FLOPs per device), or ``"memory"`` (sizes in
+            bytes a kernel reads and writes per device: the bandwidth a kernel of that size
+            sees, higher for small ones that stay in caches).
+        dtype: the operands' dtype name.
+        sizes: the work of one operation per device, increasing.
+        seconds: measured seconds per operation (all devices running one each at once, without
+            the per-kernel overhead ``Cluster.op_overhead``), non-decreasing.
+        peak: fitted asymptotic rate per device (FLOP/s, or bytes/s); ``half``: fitted size at
+            which half of it is reached (the fit is ``t(W) = (W + half) / peak``).
+    """
+
+    op: str
+    dtype: str
+    sizes: tuple[float, ...]
+    seconds: tuple[float, ...]
+    peak: float
+    half: float
+
+    def time(self, work: float) -> float:
+        """Seconds per device for an operation of ``work`` (FLOPs or bytes) per device."""
+        if work <= 0:
+            return 0.0
+        if self.peak <= 0:
+            return _interpolate(self.sizes, self.seconds, 0.0, 0.0, float(work))
+        return _interpolate(self.sizes, self.seconds, self.half / self.peak, 1.0 / self.peak,
+                            float(work))
+
+    def efficiency(self, work: float, peak: float) -> float:
+        """The achieved fraction of ``peak`` at this size."""
+        t = self.time(work)
+        return work / (t * peak) if t > 0 and peak > 0 else 0.0
+
+    @classmethod
+    def from_measurements(cls, op: str, dtype: str, sizes: Sequence[float],
+                          seconds: Sequence[float]) -> ThroughputCurve:
+        """A curve from raw measurements: sorted, made non-decreasing, fitted."""
+        pts = sorted(zip(map(float, sizes), map(float, seconds)))
+        xs = tuple(x for x, _ in pts)
+        ts = tuple(_running_max(t for _, t in pts))
+        a, b = fit_line(xs, ts)
+        peak = 1.0 / b if b > 0 else (xs[-1] / ts[-1] if ts and ts[-1] > 0 else 0.0)
+        return cls(op, dtype, xs, ts, peak, a * peak)
+
+
+def canonical_group(sizes: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The geometry of a device group spanned by mesh axes of ``sizes`` and ``strides`` (in
+    devices): innermost first, with an axis merged into the next inner one when together they are
+    one run of devices (``(2, 4)`` and ``(4, 1)`` are the 8 devices ``((8, 1),)``).
+
+    Examples:
+        >>> canonical_group([2, 4], [4, 1])
+        ((8, 1),)
+        >>> canonical_group([2], [4])
+        ((2, 4),)
+    """
+    dims = sorted((int(st), int(sz)) for sz, st in zip(sizes, strides) if sz > 1)
+    out: list[tuple[int, int]] = []
+    for st, sz in dims:
+        if out and out[-1][0] * out[-1][1] == st:
+            out[-1] = (out[-1][0] * sz, out[-1][1])
+        else:
+            out.append((sz, st))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the cluster
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cluster:
+    """A homogeneous cluster of ``nodes x devices_per_node`` devices, with their profile.
+
+    Attributes:
+        name: preset or user name (``"local"`` for a measured profile of the attached devices).
         nodes: number of hosts.
         devices_per_node: accelerators per host.
         device_memory: bytes of memory per device.
-        peak_flops: peak FLOP/s per device (for the training dtype).
+        peak_flops: peak FLOP/s per device (for the training dtype of a preset; the best measured
+            rate for a profile).
         intra_bandwidth: bytes/s per device on the link inside a node (NVLink).
         inter_bandwidth: bytes/s of one node's network link (shared by its devices).
         intra_latency: seconds of latency per collective inside a node.
         inter_latency: seconds of latency per collective across nodes.
-        compute_efficiency: achievable fraction of ``peak_flops`` for large matmuls.
+        compute_efficiency: achievable fraction of ``peak_flops`` for large matmuls (where no
+            measured curve applies).
         gamma: TAPAS's overlap discount for gradient communication in backward, in (0, 1].
         epsilon: TAPAS's per-collective efficiency multipliers, in (0, 1] (``(kind, value)`` pairs).
         device_kind: a description of the device.
+        memory_bandwidth: bytes/s per device between the device and its memory (0: no memory
+            term in the roofline).
+        op_overhead: seconds of fixed cost per kernel.
+        launch_overhead: seconds to launch one executable (a training step), plus
+            ``arg_overhead`` per argument array.
+        curves: measured matmul and convolution throughput (:class:`ThroughputCurve`).
+        collectives: measured collective times (:class:`CollectiveTable`).
+        profiled: when the profile was measured (ISO 8601, UTC); empty for a datasheet preset.
+        platform: the JAX platform the profile was measured on (``cpu``, ``gpu``, ``tpu``).
+        quick: the profile was measured with ``quick=True`` (fewer sizes).
     """
 
     name: str
@@ -74,6 +251,15 @@ class Cluster:
     gamma: float = 1.0
     epsilon: tuple[tuple[str, float], ...] = ()
     device_kind: str = "accelerator"
+    memory_bandwidth: float = 0.0
+    op_overhead: float = 0.0
+    launch_overhead: float = 0.0
+    arg_overhead: float = 0.0
+    curves: tuple[ThroughputCurve, ...] = ()
+    collectives: tuple[CollectiveTable, ...] = ()
+    profiled: str = ""
+    platform: str = ""
+    quick: bool = False
 
     def __post_init__(self):
         for attr in ("nodes", "devices_per_node"):
@@ -86,6 +272,12 @@ class Cluster:
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
                 raise ClusterError(f"Cluster: {attr} should be a positive number. Got {v!r}. "
                                    f"Fix: give {attr} in base units (bytes, FLOP/s, bytes/s).")
+        for attr in ("memory_bandwidth", "op_overhead", "launch_overhead", "arg_overhead",
+                     "intra_latency", "inter_latency"):
+            v = getattr(self, attr)
+            if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
+                raise ClusterError(f"Cluster: {attr} should be a non-negative number. Got {v!r}. "
+                                   "Fix: give it in base units (seconds, bytes/s), 0 for none.")
         for attr in ("gamma", "compute_efficiency"):
             v = getattr(self, attr)
             if not (0 < v <= 1):
@@ -94,6 +286,17 @@ class Cluster:
             if kind not in COLLECTIVES or not (0 < v <= 1):
                 raise ClusterError(f"Cluster: epsilon should map a collective in {COLLECTIVES} to "
                                    f"a value in (0, 1]. Got {kind!r}: {v!r}.")
+        for c in self.curves:
+            if c.op not in CURVE_OPS or len(c.sizes) != len(c.seconds):
+                raise ClusterError(f"Cluster: a throughput curve should be for one of {CURVE_OPS} "
+                                   f"with one time per size. Got op {c.op!r}, {len(c.sizes)} sizes "
+                                   f"and {len(c.seconds)} times. Fix: re-run autoplan.profile().")
+        for t in self.collectives:
+            if t.kind not in COLLECTIVES or len(t.nbytes) != len(t.seconds):
+                raise ClusterError(f"Cluster: a collective table should be for one of "
+                                   f"{COLLECTIVES} with one time per size. Got kind {t.kind!r}, "
+                                   f"{len(t.nbytes)} sizes and {len(t.seconds)} times. Fix: "
+                                   "re-run autoplan.profile().")
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
@@ -105,35 +308,89 @@ class Cluster:
         """
         if name not in PRESETS:
             raise ClusterError(f"Cluster.preset: unknown preset {name!r}. Known presets: "
-                               f"{', '.join(sorted(PRESETS))}. Fix: use one of them or build "
+                               f"{', '.join(sorted(PRESETS))}. Fix: use one of them, a profile "
+                               "file (cluster.json from 'autoplan profile'), 'local', or build "
                                "Cluster(...) directly.")
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes <= 0:
             raise ClusterError(f"Cluster.preset: nodes should be a positive integer. Got {nodes!r}. "
                                f"Fix: e.g. Cluster.preset({name!r}, nodes=2).")
-        base = PRESETS[name]
-        fields = {**asdict(base), "nodes": nodes, **overrides}
-        fields["epsilon"] = tuple(tuple(x) for x in fields["epsilon"])
-        return cls(**fields)
+        return replace(PRESETS[name], nodes=nodes, **overrides)
 
     @classmethod
-    def parse(cls, spec: str | Cluster) -> Cluster:
-        """Parse the CLI form ``"name"`` or ``"name:nodes"`` (``"p3.16xlarge:8"``); a
-        ``"cpu:N"`` spec means one host of N emulated CPU devices."""
+    def parse(cls, spec: str | os.PathLike | Cluster) -> Cluster:
+        """A cluster from its CLI form.
+
+        Accepted forms: a :class:`Cluster` (returned as is); ``"name"`` or ``"name:nodes"`` of a
+        preset (``"p3.16xlarge:8"``; ``"cpu:N"`` is one host of N emulated CPU devices); the path
+        of a profile file (``cluster.json`` written by ``autoplan profile -o`` or
+        :meth:`to_json`), optionally with ``:nodes``; ``"local"`` for :meth:`detect` (the attached
+        devices, profiled once and cached).
+
+        Raises:
+            ClusterError: an unknown name, a bad node count, or an unreadable profile file.
+        """
         if isinstance(spec, Cluster):
             return spec
-        if not isinstance(spec, str) or not re.fullmatch(r"[A-Za-z0-9._-]+(:[^:]*)?", spec):
-            raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8'). "
-                               f"Got {spec!r}. Fix: write the preset name, a colon, and a node count.")
+        if isinstance(spec, os.PathLike):
+            spec = os.fspath(spec)
+        if not isinstance(spec, str):
+            raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8') or a "
+                               f"cluster.json path. Got {spec!r}. Fix: write the preset name, a colon, "
+                               "and a node count, or the path of a profile.")
+        if spec == "local":
+            return cls.detect()
+        m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
+        if m or os.path.isfile(spec):
+            cluster = cls.from_json(m.group(1) if m else spec)
+            if m and m.group(2) is not None:
+                cluster = cluster.with_nodes(_node_count(m.group(2), spec))
+            return cluster
+        if not re.fullmatch(r"[A-Za-z0-9._-]+(:[^:]*)?", spec):
+            raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8') or a "
+                               f"cluster.json path. Got {spec!r}. Fix: write the preset name, a colon, "
+                               "and a node count, or the path of a profile.")
         name, colon, count = spec.partition(":")
         if not colon:
             return cls.preset(name)
-        if not re.fullmatch(r"\d+", count) or int(count) <= 0:
-            what, example = ("device count", "cpu:8") if name == "cpu" else ("node count", f"{name}:2")
-            raise ClusterError(f"cluster: the part after ':' should be a positive {what}. Got "
-                               f"{count!r} in {spec!r}. Fix: e.g. '{example}'.")
+        n = _node_count(count, spec)
         if name == "cpu":
-            return cls.preset("cpu", 1, devices_per_node=int(count))
-        return cls.preset(name, int(count))
+            return cls.preset("cpu", 1, devices_per_node=n)
+        return cls.preset(name, n)
+
+    @classmethod
+    def detect(cls, devices: Sequence[Any] | None = None, *, quick: bool = False,
+               progress: bool = True, refresh: bool = False) -> Cluster:
+        """The attached devices as a measured cluster, profiled once and cached on disk.
+
+        The profile is kept per platform, device kind and device count in :func:`cache_dir`
+        (``$AUTOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoplan``, else
+        ``~/.cache/autoplan``); a full cached profile also serves ``quick=True``.
+
+        Args:
+            devices: the devices (default ``jax.devices()``).
+            quick: profile with fewer sizes when nothing is cached (see :func:`autoplan.profile`).
+            progress: show a progress bar while profiling.
+            refresh: profile again even when a cached profile exists.
+
+        Returns:
+            The measured :class:`Cluster`.
+        """
+        from ._profile import cache_key  # noqa: PLC0415
+
+        key = cache_key(devices)
+        base = cache_dir()
+        full, fast = os.path.join(base, f"{key}.json"), os.path.join(base, f"{key}-quick.json")
+        if not refresh:
+            for path in ((full, fast) if quick else (full,)):
+                if os.path.isfile(path):
+                    try:
+                        return cls.from_json(path)
+                    except ClusterError:
+                        pass  # an unreadable cache entry: profile again
+        cluster = profile(devices, quick=quick, progress=progress)
+        os.makedirs(base, exist_ok=True)
+        cluster.to_json(fast if quick else full)
+        return cluster
 
     def with_nodes(self, nodes: int) -> Cluster:
         return replace(self, nodes=nodes)
@@ -144,10 +401,78 @@ class Cluster:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Cluster:
-        d = dict(d)
-        d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any]) -> Cluster:
+        """The cluster of :meth:`to_dict` (older dicts without the profile fields work too).
+
+        Raises:
+            ClusterError: the dict is not a cluster.
+        """
+        if not isinstance(d, Mapping):
+            raise ClusterError(f"Cluster.from_dict: expected a dict of Cluster fields. Got "
+                               f"{type(d).__name__}. Fix: pass what Cluster.to_dict() returns.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ClusterError(f"Cluster.from_dict: unknown field(s) {unknown}. Known: "
+                               f"{sorted(known)}. Fix: pass what Cluster.to_dict() returns.")
+        try:
+            d = dict(d)
+            d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
+            d["curves"] = tuple(
+                ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["sizes"])),
+                                tuple(map(float, c["seconds"])), float(c["peak"]), float(c["half"]))
+                for c in d.get("curves", ()))
+            d["collectives"] = tuple(
+                CollectiveTable(t["kind"], tuple((int(s), int(st)) for s, st in t["group"]),
+                                tuple(map(float, t["nbytes"])), tuple(map(float, t["seconds"])),
+                                float(t["alpha"]), float(t["beta"]))
+                for t in d.get("collectives", ()))
+            return cls(**d)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ClusterError(f"Cluster.from_dict: malformed cluster ({type(err).__name__}: "
+                               f"{err}). Fix: pass what Cluster.to_dict() returns, or re-run "
+                               "autoplan.profile().") from err
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 1) -> str:
+        """The cluster as JSON text, also written to ``path`` when given (atomically: an
+        interrupted or failed write leaves the old file as it was).
+
+        Raises:
+            OutputError: ``path`` cannot be written.
+        """
+        text = json.dumps({"schema": "autoplan.cluster", **self.to_dict()}, indent=indent)
+        if path is not None:
+            from ._io import atomic_write_text  # noqa: PLC0415
+
+            atomic_write_text(path, text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike) -> Cluster:
+        """Read a cluster from JSON text or a file (``autoplan profile -o cluster.json``).
+
+        Raises:
+            ClusterError: unreadable file, invalid JSON, or not a cluster.
+        """
+        text = os.fspath(text_or_path)
+        if not text.lstrip().startswith("{"):
+            try:
+                with open(text) as f:
+                    text = f.read()
+            except OSError as err:
+                raise ClusterError(f"Cluster.from_json: cannot read cluster file {text!r}: "
+                                   f"{err.strerror}. Fix: check the path, or write one with "
+                                   "'autoplan profile -o cluster.json'.") from err
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ClusterError(f"Cluster.from_json: not valid JSON ({err}). Got {text[:60]!r}. "
+                               "Fix: pass a file written by 'autoplan profile -o'.") from err
+        if isinstance(d, dict) and d.get("schema", "autoplan.cluster") == "autoplan.cluster":
+            d.pop("schema", None)
+            return cls.from_dict(d)
+        raise ClusterError(f"Cluster.from_json: not an autoplan cluster. Got {text[:60]!r}. Fix: "
+                           "pass a file written by 'autoplan profile -o' or Cluster.to_json.")
 
     # ---- derived -----------------------------------------------------------------------
     @property
@@ -161,12 +486,115 @@ class Cluster:
             return f"cpu:{self.devices_per_node}"
         return f"{self.name}:{self.nodes}"
 
+    @property
+    def is_measured(self) -> bool:
+        """True for a profile measured on devices (:func:`autoplan.profile`)."""
+        return bool(self.profiled)
+
+    def describe_profile(self) -> str:
+        """What the costs come from: a datasheet preset, or a measured profile and when.
+
+        Examples:
+            >>> Cluster.preset("p3.16xlarge").describe_profile()
+            'datasheet preset p3.16xlarge (V100-SXM2-16GB)'
+        """
+        if not self.is_measured:
+            return f"datasheet preset {self.name} ({self.device_kind})"
+        when = self.profiled.replace("T", " ")[:16]
+        kind = " quick" if self.quick else ""
+        return (f"measured{kind} profile of {self.devices_per_node} x {self.device_kind} "
+                f"({self.platform}) on {when} UTC")
+
+    def summary(self) -> str:
+        """A readable table of the profile (what ``autoplan profile`` prints)."""
+        lines = [f"cluster {self.spec}: {self.describe_profile()}",
+                 f"  devices          : {self.nodes} x {self.devices_per_node} x {self.device_kind}, "
+                 f"{self.device_memory / 2**30:.1f} GiB each",
+                 f"  peak             : {_rate(self.peak_flops)} x {self.compute_efficiency:g} "
+                 "achievable (where no curve applies)",
+                 f"  memory bandwidth : {self.memory_bandwidth / 1e9:.2f} GB/s per device",
+                 f"  overheads        : launch {self.launch_overhead * 1e6:.0f} us + "
+                 f"{self.arg_overhead * 1e6:.1f} us per argument, kernel "
+                 f"{self.op_overhead * 1e6:.1f} us",
+                 f"  links            : in a node {self.intra_bandwidth / 1e9:.2f} GB/s, "
+                 f"{self.intra_latency * 1e6:.1f} us; between nodes "
+                 f"{self.inter_bandwidth / 1e9:.2f} GB/s, {self.inter_latency * 1e6:.1f} us"]
+        for c in self.curves:
+            if c.op == "memory":
+                pts = ", ".join(f"{w / t / 1e9:.2f} GB/s at {w / 1024:.0f} KiB"
+                                for w, t in zip(c.sizes, c.seconds) if t > 0)
+                lines.append(f"  memory by kernel size: {pts}")
+                continue
+            pts = ", ".join(f"{_rate(f / t)} at {f / 1e6:.3g} MFLOP"
+                            for f, t in zip(c.sizes, c.seconds) if t > 0)
+            lines.append(f"  {c.op:<6} {c.dtype:<9}: {pts} (fit: {_rate(c.peak)}, half of it at "
+                         f"{c.half / 1e6:.3g} MFLOP)")
+        for t in self.collectives:
+            size, stride = t.group[0] if t.group else (1, 1)
+            rate = f"{t.nbytes[-1] / t.seconds[-1] / 1e9:6.2f} GB/s" if t.seconds else "-"
+            lines.append(f"  {t.kind:<15}: {size} devices, stride {stride}: latency "
+                         f"{t.alpha * 1e6:7.1f} us, {rate} at {int(t.nbytes[-1])} B "
+                         f"({len(t.nbytes)} sizes measured)")
+        return "\n".join(lines)
+
     def eps(self, kind: str) -> float:
         return dict(self.epsilon).get(kind, 1.0)
 
     def compute_time(self, flops: float, devices: int = 1) -> float:
-        """Seconds to run ``flops`` spread evenly over ``devices`` at the achievable rate."""
+        """Seconds to run ``flops`` spread evenly over ``devices`` at the peak achievable rate."""
         return flops / (devices * self.peak_flops * self.compute_efficiency)
+
+    def curve(self, op: str, dtype: str) -> ThroughputCurve | None:
+        """The measured curve of ``op`` in ``dtype`` (else in float32, else of matmul)."""
+        index = memo(self, "curves", lambda: {(c.op, c.dtype): c for c in self.curves})
+        for key in ((op, dtype), (op, "float32"), ("matmul", dtype), ("matmul", "float32")):
+            c = index.get(key)
+            if c is not None:
+                return c
+        return None
+
+    def flop_time(self, op: str, flops: float, dtype: str | None = None) -> float:
+        """Seconds per device for one operation of ``flops`` FLOPs per device: the measured
+        curve of ``op`` (``"matmul"`` or ``"conv"``) and ``dtype``, else ``peak x efficiency``."""
+        if flops <= 0:
+            return 0.0
+        c = self.curve(op, dtype or "float32") if self.curves else None
+        if c is None:
+            return flops / (self.peak_flops * self.compute_efficiency)
+        return c.time(flops)
+
+    def memory_time(self, nbytes: float) -> float:
+        """Seconds per device for a kernel to move ``nbytes`` to and from memory: the measured
+        bandwidth curve by kernel size when profiled (small kernels stay in caches), else
+        ``nbytes / memory_bandwidth`` (0 without a bandwidth)."""
+        if nbytes <= 0:
+            return 0.0
+        curve = memo(self, "memory_curve",
+                     lambda: next((c for c in self.curves if c.op == "memory"), None))
+        if curve is not None:
+            return curve.time(nbytes)
+        return nbytes / self.memory_bandwidth if self.memory_bandwidth > 0 else 0.0
+
+    def step_overhead(self, num_args: int) -> float:
+        """Seconds to launch one executable with ``num_args`` argument arrays."""
+        return self.launch_overhead + self.arg_overhead * num_args
+
+    def collective_table(self, kind: str, group: tuple[tuple[int, int], ...]
+                         ) -> CollectiveTable | None:
+        """The measured table of ``kind`` for a device-group geometry: the exact geometry, else
+        the one of the same group size with the nearest stride (None without tables)."""
+        if not self.collectives:
+            return None
+        index = memo(self, "collective_tables", lambda: _table_index(self.collectives))
+        hit = index["exact"].get((kind, group))
+        if hit is not None:
+            return hit
+        n = math.prod(s for s, _ in group)
+        same = index["by_size"].get((kind, n))
+        if not same:
+            return None
+        stride = group[0][1] if group else 1
+        return min(same, key=lambda t: (abs(math.log(t.group[0][1] / stride)), t.group))
 
     def logical_mesh(self, shape: Sequence[int], submesh: tuple[int, int] | None = None,
                      device_ids: Sequence[int] | None = None,
@@ -196,25 +624,119 @@ class Cluster:
         if hosts > self.nodes or per > self.devices_per_node:
             raise ClusterError(f"logical_mesh: submesh {submesh} does not fit cluster {self.spec} "
                                f"({self.nodes} x {self.devices_per_node}).")
-        alphas, betas = [], []
+        alphas, betas, crosses = [], [], []
         inner = 1  # devices spanned by the axes inside this one
         for size in reversed(shape):
             span = inner * size
-            crosses = hosts > 1 and span > per and size > 1
-            if crosses:
+            cross = hosts > 1 and span > per and size > 1
+            if cross:
                 # parallel groups on one node share its network link
                 groups_per_node = min(inner, per)
                 bw = self.inter_bandwidth / groups_per_node
-                alphas.append(self.inter_latency)
+                alpha = self.inter_latency
+                beta = 1.0 / bw
             else:
-                bw = self.intra_bandwidth
-                alphas.append(self.intra_latency)
-            betas.append(1.0 / bw)
+                alpha, beta = self.intra_latency, 1.0 / self.intra_bandwidth
+                table = self.collective_table("all-gather", ((size, inner),)) if size > 1 else None
+                if table is not None:  # the measured link: all-gather's fit per byte moved
+                    alpha, beta = table.alpha, table.beta / _FACTOR["all-gather"](size)
+            alphas.append(alpha)
+            betas.append(beta)
+            crosses.append(cross)
             inner = span
         names = tuple(axis_names) if axis_names else default_axis_names(len(shape))
         ids = tuple(device_ids) if device_ids is not None else tuple(range(n))
         return LogicalMesh(shape=shape, alpha=tuple(reversed(alphas)), beta=tuple(reversed(betas)),
-                           axis_names=names, device_ids=ids, cluster=self, submesh=(hosts, per))
+                           axis_names=names, device_ids=ids, cluster=self, submesh=(hosts, per),
+                           crosses=tuple(reversed(crosses)))
+
+
+def _rate(flops: float) -> str:
+    return f"{flops / 1e9:.1f} GFLOP/s" if flops < 1e12 else f"{flops / 1e12:.1f} TFLOP/s"
+
+
+def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
+            progress: bool = True) -> Cluster:
+    """Profile the attached devices: a measured :class:`Cluster` named ``local``.
+
+    Runs the micro-benchmarks of :mod:`autoplan._profile` on every device at once (the way a plan
+    runs): matmul and convolution throughput by size for each dtype the platform runs, memory
+    bandwidth, launch and kernel overheads, and all-reduce, all-gather, reduce-scatter,
+    all-to-all and send/recv over every mesh-axis geometry of the search's 2-D meshes over a
+    sweep of message sizes; then fits the curves and tables.
+
+    Args:
+        devices: the devices (default ``jax.devices()``).
+        quick: fewer sizes (well under a minute on 8 emulated CPU devices; the full profile takes
+            a few minutes).
+        progress: show a progress bar on stderr.
+
+    Returns:
+        One node of ``len(devices)`` devices with the measured profile; save it with
+        :meth:`Cluster.to_json` and pass it, or the file's path, wherever a cluster is taken.
+
+    Raises:
+        ClusterError: no devices, or devices of different kinds.
+
+    Examples:
+        >>> cluster = autoplan.profile(quick=True)              # doctest: +SKIP
+        >>> cluster.describe_profile()                          # doctest: +SKIP
+        'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
+    """
+    from ._profile import measure  # noqa: PLC0415
+
+    m = measure(devices, quick=quick, progress=progress)
+    curves = tuple(ThroughputCurve.from_measurements(op, dt, f, t) for op, dt, f, t in m.curves)
+    tables = tuple(CollectiveTable.from_measurements(k, (g,), b, t) for k, g, b, t in m.collectives)
+    # the best sustained rate: the matmul curves' fitted asymptotes (a single noisy point never
+    # sets it)
+    peak = max((c.peak for c in curves if c.op == "matmul" and c.peak > 0), default=1e9)
+    lat, bw = 1e-5, 1e10
+    ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
+                None)
+    if ring is not None and ring.beta > 0:
+        lat, bw = ring.alpha, (m.num_devices - 1) / m.num_devices / ring.beta
+    return Cluster(
+        name="local", nodes=1, devices_per_node=m.num_devices, device_memory=m.device_memory,
+        peak_flops=peak, intra_bandwidth=bw, inter_bandwidth=bw, intra_latency=lat,
+        inter_latency=lat, compute_efficiency=1.0, device_kind=m.device_kind,
+        memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
+        launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
+        collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
+
+
+def _node_count(count: str, spec: str) -> int:
+    """The count after the ':' of a cluster spec (devices for ``cpu:N``, else nodes)."""
+    if not re.fullmatch(r"\d+", count) or int(count) <= 0:
+        name = spec.rpartition(":")[0]
+        what, example = ("device count", "cpu:8") if name == "cpu" else ("node count", f"{name}:2")
+        raise ClusterError(f"cluster: the part after ':' should be a positive {what}. Got "
+                           f"{count!r} in {spec!r}. Fix: e.g. '{example}'.")
+    return int(count)
+
+
+def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
+    exact: dict[tuple, CollectiveTable] = {}
+    by_size: dict[tuple, list[CollectiveTable]] = {}
+    for t in tables:
+        exact[(t.kind, t.group)] = t
+        by_size.setdefault((t.kind, t.size), []).append(t)
+    return {"exact": exact, "by_size": by_size}
+
+
+def cache_dir() -> str:
+    """Where measured profiles are cached: ``$AUTOPLAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/autoplan``, else ``~/.cache/autoplan``."""
+    explicit = os.environ.get("AUTOPLAN_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "autoplan")
+
+
+def utc_now() -> str:
+    """The current time as ISO 8601 (UTC, seconds)."""
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0, tzinfo=None).isoformat()
 
 
 def default_axis_names(ndim: int) -> tuple[str, ...]:
@@ -223,16 +745,17 @@ def default_axis_names(ndim: int) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class LogicalMesh:
-    """A logical device mesh with an alpha-beta cost per axis.
+    """A logical device mesh with a cost per axis.
 
     Attributes:
         shape: devices along each axis.
         alpha: latency (s) per axis.
-        beta: seconds per byte per axis.
+        beta: seconds per byte per axis (of the link; a collective's factor comes on top).
         axis_names: names for ``jax.sharding.Mesh``.
         device_ids: cluster device ids, row-major.
         cluster: the cluster it belongs to.
         submesh: the physical (hosts, devices per host) it occupies.
+        crosses: per axis, whether its groups span several hosts.
     """
 
     shape: tuple[int, ...]
@@ -242,6 +765,7 @@ class LogicalMesh:
     device_ids: tuple[int, ...]
     cluster: Cluster = field(repr=False, compare=False)
     submesh: tuple[int, int] = (1, 1)
+    crosses: tuple[bool, ...] = ()
 
     @property
     def ndim(self) -> int:
@@ -254,31 +778,74 @@ class LogicalMesh:
     def axis_size(self, axes: Sequence[int]) -> int:
         return math.prod(self.shape[a] for a in axes)
 
+    def group(self, axes: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """The device-group geometry spanned by mesh ``axes`` (see :func:`canonical_group`)."""
+        strides = [math.prod(self.shape[a + 1:]) for a in axes]
+        return canonical_group([self.shape[a] for a in axes], strides)
+
     def collective_time(self, kind: str, nbytes: float, axes: Sequence[int],
-                        backward: bool = False) -> float:
+                        backward: bool = False, latency: bool = True) -> float:
         """Seconds for a collective of ``kind`` over mesh ``axes`` moving ``nbytes``.
 
         Args:
             kind: one of ``COLLECTIVES``.
             nbytes: B in the formulas of this module's docstring.
-            axes: mesh axes the collective runs over (hierarchically, innermost first).
+            axes: mesh axes the collective runs over.
             backward: gradient communication in the backward pass (discounted by ``gamma``).
+            latency: include the collective's latency; ``False`` gives the transfer part alone,
+                for a collective XLA combines with others (the combined group pays the latency
+                once).
         """
         if kind not in _FACTOR:
             raise ClusterError(f"collective_time: kind should be one of {COLLECTIVES}. Got {kind!r}.")
         axes = sorted({a for a in axes if self.shape[a] > 1}, reverse=True)
         if not axes or nbytes <= 0:
             return 0.0
-        eps = self.cluster.eps(kind)
-        scale = (self.cluster.gamma if backward else 1.0) * eps
+        cluster = self.cluster
+        scale = (cluster.gamma if backward else 1.0) * cluster.eps(kind)
+        measured = cluster.collectives and not any(self.crosses[a] for a in axes
+                                                   if a < len(self.crosses))
+        if measured:
+            group = self.group(axes)
+            table = cluster.collective_table(kind, group)
+            if table is not None and (len(axes) == 1 or table.group == group):
+                t = table.time(nbytes)
+                lat = min(table.alpha, t)
+                return (lat if latency else 0.0) + (t - lat) * scale
         total = 0.0
         b = float(nbytes)
-        for a in axes:
+        if kind == "all-gather":  # innermost first: the inner axes gather the smaller parts
+            b /= math.prod(self.shape[a] for a in axes[1:])
+        for k, a in enumerate(axes):
             n = self.shape[a]
-            total += self.alpha[a] + self.beta[a] * _FACTOR[kind](n) * b * scale
+            table = cluster.collective_table(kind, self.group([a])) if measured else None
+            if table is not None:
+                t = table.time(b)
+                lat = min(table.alpha, t)
+                total += (lat if latency else 0.0) + (t - lat) * scale
+            else:
+                total += (self.alpha[a] if latency else 0.0) + self.beta[a] * _FACTOR[kind](n) * b * scale
             if kind in ("all-reduce", "reduce-scatter"):
                 b /= n  # the next (outer) axis reduces the already scattered part
+            elif kind == "all-gather" and k + 1 < len(axes):
+                b *= self.shape[axes[k + 1]]
         return total
+
+    def latency(self, kind: str, axes: Sequence[int]) -> float:
+        """The latency of a collective of ``kind`` over ``axes`` (what a combined group of
+        collectives pays once): the fitted alpha of its measured table, else the axes' alphas."""
+        axes = sorted({a for a in axes if self.shape[a] > 1}, reverse=True)
+        if not axes:
+            return 0.0
+        cluster = self.cluster
+        if cluster.collectives and not any(self.crosses[a] for a in axes if a < len(self.crosses)):
+            group = self.group(axes)
+            table = cluster.collective_table(kind, group)
+            if table is not None and (len(axes) == 1 or table.group == group):
+                return table.alpha
+            tables = [cluster.collective_table(kind, self.group([a])) for a in axes]
+            return sum(t.alpha if t is not None else self.alpha[a] for t, a in zip(tables, axes))
+        return sum(self.alpha[a] for a in axes)
 
     def all_reduce(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
         return self.collective_time("all-reduce", nbytes, axes, backward)
@@ -303,28 +870,36 @@ class LogicalMesh:
 
 
 def send_recv_time(cluster: Cluster, nbytes: float, cross_node: bool) -> float:
-    """Point-to-point transfer time between two devices (send/recv)."""
+    """Point-to-point transfer time between two devices (send/recv): the measured send/recv
+    (``ppermute``) table of the whole host's ring when profiled, else the link's alpha-beta."""
     if nbytes <= 0:
         return 0.0
     if cross_node:
         return cluster.inter_latency + nbytes / cluster.inter_bandwidth
+    table = cluster.collective_table("send-recv", ((cluster.devices_per_node, 1),))
+    if table is not None:
+        return table.time(nbytes)
     return cluster.intra_latency + nbytes / cluster.intra_bandwidth
 
 
 PRESETS: dict[str, Cluster] = {
-    # AWS p3.16xlarge (Alpa's testbed): 8 x V100 16 GB, NVLink, 25 Gbps between nodes.
+    # AWS p3.16xlarge (Alpa's testbed): 8 x V100 16 GB (900 GB/s HBM2), NVLink, 25 Gbps between
+    # nodes.
     "p3.16xlarge": Cluster("p3.16xlarge", 1, 8, 16 * GiB, 125e12, 150e9, 25e9 / 8,
                            intra_latency=5e-6, inter_latency=3e-5, compute_efficiency=0.5,
-                           device_kind="V100-SXM2-16GB"),
+                           device_kind="V100-SXM2-16GB", memory_bandwidth=900e9),
     # TAPAS / TePDist testbed: 8 x V100 32 GB, NVLink, 100 Gbps between nodes.
     "v100-32g-100gbe": Cluster("v100-32g-100gbe", 1, 8, 32 * GiB, 125e12, 150e9, 100e9 / 8,
                                intra_latency=5e-6, inter_latency=2e-5, compute_efficiency=0.5,
-                               device_kind="V100-SXM2-32GB"),
-    # NVIDIA DGX H100: 8 x H100 80 GB, NVLink 450 GB/s per direction, 8 x 400 Gbps InfiniBand.
+                               device_kind="V100-SXM2-32GB", memory_bandwidth=900e9),
+    # NVIDIA DGX H100: 8 x H100 80 GB (3.35 TB/s HBM3), NVLink 450 GB/s per direction, 8 x 400 Gbps
+    # InfiniBand.
     "dgx-h100": Cluster("dgx-h100", 1, 8, 80e9, 989e12, 450e9, 8 * 400e9 / 8,
                         intra_latency=3e-6, inter_latency=1e-5, compute_efficiency=0.6,
-                        device_kind="H100-SXM5-80GB"),
-    # Emulated CPU devices (jax_num_cpu_devices): one host, shared memory.
+                        device_kind="H100-SXM5-80GB", memory_bandwidth=3.35e12),
+    # Emulated CPU devices (jax_num_cpu_devices): one host, shared memory. Uncalibrated round
+    # numbers; profile the machine (autoplan.profile) for costs that match it.
     "cpu": Cluster("cpu", 1, 8, 2 * GiB, 5e10, 5e9, 5e9, intra_latency=2e-5,
-                   inter_latency=2e-5, compute_efficiency=1.0, device_kind="cpu"),
+                   inter_latency=2e-5, compute_efficiency=1.0, device_kind="cpu",
+                   memory_bandwidth=2e10),
 }

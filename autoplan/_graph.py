@@ -124,15 +124,6 @@ class GraphInput:
         return f"{self.arg_name}{self.path}"
 
 
-def _anchored_literal(pattern: str) -> str | None:
-    """The string ``pattern`` matches exactly when it is ``^`` + ``re.escape(s)`` + ``$``."""
-    if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$" or pattern[-2:] == "\\$":
-        return None
-    body = pattern[1:-1]
-    lit = re.sub(r"\\(.)", r"\1", body, flags=re.S)
-    return lit if re.escape(lit) == body else None
-
-
 @dataclass(frozen=True)
 class GraphOutput:
     """A leaf of the traced function's result (tensor id and ``keystr`` path in the result)."""
@@ -361,6 +352,26 @@ class OpGraph:
             h.update(f"{gi.arg_name}{gi.path}:{t.shape}:{t.dtype};".encode())
         return h.hexdigest()[:16]
 
+    @cached_property
+    def structure_hash(self) -> str:
+        """A hash of everything a search reads from the graph: the :attr:`fingerprint`, the name,
+        the inputs (argument, path, kind), outputs, constants and origin, and every operator
+        (primitive, parameters, operand and result tensors with their shapes and dtypes, FLOPs,
+        scope, role) and tensor. The same step traced twice hashes alike; a graph that differs in
+        any operator does not. The plan cache keys searches by it."""
+        h = hashlib.sha256()
+        h.update(f"{self.fingerprint}|{self.name}|{self.consts}|{self.origin}\n".encode())
+        for gi in self.inputs:
+            h.update(f"{gi.tensor},{gi.arg},{gi.arg_name},{gi.path},{gi.kind};".encode())
+        for go in self.outputs:
+            h.update(f"{go.tensor},{go.path};".encode())
+        h.update("\n".join(f"{t.shape}{t.dtype}{t.producer}" for t in self.tensors).encode())
+        h.update("\n".join(
+            repr((op.primitive, op.params, op.inputs, op.outputs, op.flops, op.scope, op.role,
+                  op.in_shapes, op.in_dtypes, op.bytes_in, op.bytes_out)) for op in self.ops
+        ).encode())
+        return h.hexdigest()
+
     def subgraph(self, op_ids: Sequence[int], name: str | None = None) -> OpGraph:
         """The operators ``op_ids`` as a graph of their own (a pipeline stage, a layer).
 
@@ -419,30 +430,11 @@ class OpGraph:
 
     def find_inputs(self, pattern: str, *, names_only: bool = False) -> list[GraphInput]:
         """Graph inputs whose name (``params['layers'][3]['fc1']['kernel']``) or path matches the
-        regular expression ``pattern`` (``re.search``); with ``names_only`` the name alone.
-
-        An anchored literal (``"^" + re.escape(name) + "$"``, as plans and baselines write
-        per-input pins) is looked up in an index instead of scanning every input.
-        """
-        lit = _anchored_literal(pattern)
-        if lit is not None:
-            hits = self._input_index[0].get(lit, [])
-            if not names_only:
-                hits = hits + [gi for gi in self._input_index[1].get(lit, []) if gi not in hits]
-            return sorted(hits, key=self.inputs.index) if len(hits) > 1 else hits
+        regular expression ``pattern`` (``re.search``); with ``names_only`` the name alone."""
         rx = re.compile(pattern)
         if names_only:
             return [gi for gi in self.inputs if rx.search(gi.name)]
         return [gi for gi in self.inputs if rx.search(gi.name) or rx.search(gi.path)]
-
-    @cached_property
-    def _input_index(self) -> tuple[dict[str, list[GraphInput]], dict[str, list[GraphInput]]]:
-        by_name: dict[str, list[GraphInput]] = {}
-        by_path: dict[str, list[GraphInput]] = {}
-        for gi in self.inputs:
-            by_name.setdefault(gi.name, []).append(gi)
-            by_path.setdefault(gi.path, []).append(gi)
-        return by_name, by_path
 
     def summary(self) -> str:
         """A human-readable summary: operators by role, FLOPs, parameters, layers."""

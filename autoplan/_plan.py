@@ -597,6 +597,7 @@ class Plan:
         lines = [
             f"plan [{self.label}] for {self.model} on {self.cluster.spec} "
             f"({self.num_devices} devices, level {self.level})",
+            f"  costed on       : {self.cluster.describe_profile()}",
             f"  layout          : {self.describe()}",
             f"  step time       : {p.step_time * 1e3:.3f} ms   throughput {p.throughput:.1f} samples/s"
             f"   MFU {p.mfu * 100:.1f}%",

@@ -610,7 +610,8 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
             c.fail(f"schedule.table[{t}]", f"a row of {num_stages} entries (one per mesh)", row)
     if table or events:
         # counted before the set of tasks is made: a huge micro-batch count must not make it
-        count = len(events) if events else sum(e is not None for row in table for e in row)
+        count = (sum(not _is_update(e) for e in events) if events
+                 else sum(e is not None for row in table for e in row))
         if count != n_tasks:
             c.fail("schedule.events" if events else "schedule.table", f"{n_tasks} tasks (a forward "
                    f"and a backward of each of {m} micro-batches on each of {num_stages} stages)",
@@ -643,6 +644,7 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
                            list(task), "re-create the plan's schedule")
     if events:
         got: set[tuple[int, int, str]] = set()
+        updated: set[int] = set()
         for k, e in enumerate(events):
             p = f"schedule.events[{k}]"
             if not isinstance(e, list | tuple) or len(e) != 6:
@@ -650,6 +652,14 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
             start = c.number(e[0], f"{p}[0]")
             if c.number(e[1], f"{p}[1]") < start:
                 c.fail(f"{p}[1]", f"an end time >= the start {start}", e[1])
+            if _is_update(e):  # a stage's per-step work: once per stage, on its own mesh
+                st = c.integer(e[4], f"{p}[4]")
+                if st >= num_stages or st in updated:
+                    c.fail(f"{p}[4]", f"a stage below {num_stages} with no other update event", st)
+                if c.integer(e[2], f"{p}[2]") != st:
+                    c.fail(f"{p}[2]", f"the mesh of stage {st} ({st})", e[2])
+                updated.add(st)
+                continue
             task = _task(c, e[3:], p, m, num_stages, offset=3)
             if c.integer(e[2], f"{p}[2]") != task[1]:
                 c.fail(f"{p}[2]", f"the mesh of stage {task[1]} ({task[1]})", e[2])
@@ -660,6 +670,11 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
             b, st, kd = sorted(tasks - got)[0]
             c.fail("schedule.events", f"one event per task; micro-batch {b}'s {kd} of stage {st} "
                    "has none", f"{len(got)} of {len(tasks)} tasks")
+
+
+def _is_update(e: Any) -> bool:
+    """An event of kind ``update`` (a stage's gradient synchronisation and optimizer update)."""
+    return isinstance(e, list | tuple) and len(e) == 6 and e[5] == "update"
 
 
 def _task(c: _Checker, e: Any, path: str, m: int, num_stages: int,

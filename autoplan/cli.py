@@ -1,9 +1,11 @@
 """The ``autoplan`` command line.
 
     autoplan models                                   list workloads and sizes
+    autoplan profile -o cluster.json                  measure the attached devices (a cluster file)
     autoplan trace gpt --size 1.3B                    trace a train step, print its graph summary
     autoplan plan gpt --size 39B --cluster p3.16xlarge:8 -o plan.json
     autoplan plan mypkg.train:workload --cluster cpu:8 -o plan.json    a user's own workload
+    autoplan plan gpt --cluster cluster.json          plan with the measured profile
     autoplan show plan.json                           print a plan file's summary
     autoplan plan gpt --cluster cpu:8 --report report.html    the search's HTML report too
     autoplan report plan.json -o report.html          self-contained HTML report of plan files
@@ -115,6 +117,19 @@ def _overrides(items: Sequence[str] | None) -> dict:
     return out
 
 
+def _microbatches(text: str) -> int | str:
+    """``--microbatches``: ``auto`` or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"should be 'auto' or a positive integer. Got {text!r}")
+    return value
+
+
 def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
     from ._io import check_output_path  # noqa: PLC0415
 
@@ -130,7 +145,11 @@ def _mesh_shape(text: str) -> tuple[int, ...]:
 
 
 def _check_plan_options(args: argparse.Namespace) -> None:
-    """Refuse options that the chosen ``--pipeline`` would ignore, before anything runs."""
+    """Refuse bad ``--workers`` and options that the chosen ``--pipeline`` would ignore, before
+    anything runs."""
+    if args.workers is not None and args.workers < 1:
+        raise SearchError(f"--workers should be a positive integer. Got {args.workers}. Fix: "
+                          "--workers 1 to search in one process, or leave it out to use every CPU.")
     if args.mesh and args.pipeline == "yes":
         raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
                           "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
@@ -138,7 +157,8 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if args.pipeline == "no":
         given = [f"{flag} {val}" for flag, val in (
             ("--microbatches", args.microbatches), ("--schedule", args.schedule),
-            ("--submesh-hosts", args.submesh_hosts)) if val is not None]
+            ("--submesh-hosts", args.submesh_hosts), ("--num-layers", args.num_layers),
+            ("--stage-algorithm", args.stage_algorithm)) if val is not None]
         if given:
             raise SearchError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, "
                               "but --pipeline no makes intra-operator plans only, so "
@@ -173,6 +193,43 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    # paths and options first, before JAX starts: a typo costs no profile
+    if args.output:
+        _output_path(args.output, example="cluster.json")
+    if args.refresh and not args.cache:
+        raise AutoplanError("--refresh profiles again instead of reading the cache, so it needs "
+                            "--cache. Got --refresh alone. Fix: add --cache, or drop --refresh (a "
+                            "profile without --cache is always measured).")
+    if args.cpu_devices is not None:
+        if args.cpu_devices <= 0:
+            raise AutoplanError(f"--cpu-devices should be a positive integer. Got "
+                                f"{args.cpu_devices}. Fix: e.g. --cpu-devices 8.")
+        import jax  # noqa: PLC0415
+
+        try:
+            jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+        except RuntimeError as err:  # the backend already started (in a notebook, say)
+            raise AutoplanError(f"--cpu-devices: JAX's backend has already started, so the number "
+                                f"of CPU devices is fixed ({err}). Fix: run 'autoplan profile' in a "
+                                "fresh process.") from err
+    from ._cluster import Cluster, profile  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    if args.cache:
+        cluster = Cluster.detect(quick=args.quick, progress=not args.no_progress,
+                                 refresh=args.refresh)
+    else:
+        cluster = profile(quick=args.quick, progress=not args.no_progress)
+    dt = time.perf_counter() - t0
+    print(cluster.summary())
+    print(f"\nprofiled in {dt:.1f} s")
+    if args.output:
+        _write_when_complete(args.output, lambda: cluster.to_json(args.output))
+        print(f"cluster written to {args.output} (use it with --cluster {args.output})")
+    return 0
+
+
 def cmd_trace(args) -> int:
     from ._trace import trace  # noqa: PLC0415
 
@@ -191,7 +248,9 @@ def _search(args):
     _check_plan_options(args)
     kw = {"level": args.level, "pipeline": {"auto": "auto", "yes": True, "no": False}[args.pipeline],
           "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
-          "submesh_hosts": args.submesh_hosts or "auto", "progress": _RUN.check}
+          "submesh_hosts": args.submesh_hosts or "auto", "num_layers": args.num_layers,
+          "stage_algorithm": args.stage_algorithm or "auto", "progress": _RUN.check,
+          "workers": args.workers, "cache": not args.no_cache}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
@@ -220,7 +279,9 @@ def cmd_plan(args) -> int:
     print(result.table())
     print()
     print(result.best.summary())
-    print(f"\nsearch took {dt:.2f} s")
+    print(f"\nsearch took {dt:.2f} s"
+          + (" (from the plan cache; --no-cache searches again)"
+             if result.stats.get("cache") == "hit" else ""))
     why = no_fit_message(result.best, result.plans)
     if why is not None and not args.allow_no_fit:
         least = min(p.predicted.memory_per_device for p in result.plans)
@@ -332,7 +393,8 @@ def cmd_launch(args) -> int:
         losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
         times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
         print(f"  process {proc}: losses {losses}   step ms {times}")
-    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec}; "
+    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec} "
+          f"({plan.cluster.describe_profile()}); "
           f"{'matched' if result.matched else 'DID NOT match'} single-device results")
     return 0 if result.matched else 1
 
@@ -344,6 +406,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
+
+    sp = sub.add_parser("profile", help="measure the attached devices: compute, memory, overheads "
+                        "and collectives (a cluster file for --cluster)")
+    sp.add_argument("-o", "--output", default=None, help="write the cluster as JSON (cluster.json)")
+    sp.add_argument("--quick", action="store_true", help="fewer sizes (well under a minute)")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.add_argument("--cache", action="store_true",
+                    help="use (and fill) the profile cache of Cluster.detect / --cluster local")
+    sp.add_argument("--refresh", action="store_true", help="with --cache: profile again")
+    sp.add_argument("--cpu-devices", type=int, default=None, metavar="N",
+                    help="on the CPU platform, emulate N devices (jax_num_cpu_devices), e.g. 8")
+    sp.set_defaults(func=cmd_profile)
 
     def model_args(sp, flag=False):
         help_ = ("zoo model name (see 'autoplan models') or module:function, a function "
@@ -366,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def search_args(sp):
         sp.add_argument("--cluster", default="cpu:8",
-                        help="preset[:nodes], e.g. p3.16xlarge:8 (default cpu:8)")
+                        help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan "
+                             "profile -o' (cluster.json), or 'local' (the attached devices, "
+                             "profiled once and cached); default cpu:8")
         sp.add_argument("--level", default="auto",
                         choices=["auto", "exhaustive", "hierarchical", "folded"],
                         help="search level (default auto: exhaustive where it is the fast path, "
@@ -374,11 +450,24 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
         sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
                         help="pipeline schedule (default 1f1b)")
-        sp.add_argument("--microbatches", type=int, default=None)
+        sp.add_argument("--microbatches", type=_microbatches, default=None, metavar="auto|N",
+                        help="micro-batches of pipeline plans: auto (searched, the default) or a "
+                             "count dividing the batch")
+        sp.add_argument("--num-layers", type=int, default=None, metavar="N",
+                        help="layers the pipeline search clusters the operators into (default: "
+                             "one per named scope, at most 64)")
+        sp.add_argument("--stage-algorithm", default=None, choices=["auto", "dp", "ilp"],
+                        help="pipeline stages: dp (Alpa's stage DP), ilp (TePDist's DAG stage "
+                             "ILP), auto (the ILP when the layer graph is not a chain; the default)")
         sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
                         help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, "
                              "... and N hosts), auto (all up to 16 hosts; the default)")
         sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
+        sp.add_argument("--workers", type=int, default=None,
+                        help="processes solving independent searches at once (default: every CPU "
+                             "for large graphs; 1: this process alone)")
+        sp.add_argument("--no-cache", action="store_true",
+                        help="search even when the plan cache holds this search, and store nothing")
 
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)

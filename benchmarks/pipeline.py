@@ -1,15 +1,26 @@
 """Pipeline planning on Alpa's benchmark suites (p3.16xlarge: 8 x V100 16 GB per node).
 
-For Alpa's GPT suite (350M on 1 GPU up to 39B on 64 GPUs, remat on, global batch 1024) and its
-Wide-ResNet suite (250M on 1 GPU up to 13B on 64 GPUs, batch 1536), prints the best plan's stages
-(layers per stage, submesh, logical mesh), micro-batches, predicted step time and whether it fits
-the devices' memory, with the search time. Then GPT-3 175B on 16 and 128 DGX H100 nodes (128 and
-1,024 GPUs).
+Alpa's weak-scaling pairs (its benchmark suites and Table 4): GPT 350M/1, 760M/2, 1.3B/4, 2.6B/8,
+6.7B/16, 15B/32, 39B/64 GPUs and GShard MoE 380M/1, 690M/2, 1.3B/4, 2.4B/8, 10B/16, 27B/32,
+70B/64 (global batch 1024), Wide-ResNet 250M/1, 1B/4, 2B/8, 4B/16, 6.8B/32, 13B/64 (batch
+1536); then GPT-3 175B on 16 and 128 DGX H100 nodes (128 and 1,024 GPUs). Every model runs
+with every layer rematerialised (``remat``) in 16-bit floats. GPT and Wide-ResNet keep an fp32
+master copy of the weights with fp32 Adam moments (``master_weights="float32"``, as Alpa's GPT
+benchmark: 16 bytes of weights, gradient and optimizer state per parameter; Alpa ran Wide-ResNet
+in fp32, which holds as many bytes, and the p3.16xlarge preset's peak is fp16's). MoE keeps its
+Adam state in fp16 (8 bytes per parameter): with a master copy MoE-70B would need 1.12 TB, more
+than 64 V100s' 1.1 TB in all.
 
-Targets: `autoplan plan gpt --size 39B --cluster p3.16xlarge:8` in <= 60 s; GPT-3 175B on
+Each row is ``autoplan.search(workload, cluster, baselines=False)`` (intra-operator candidates on
+the whole cluster and the pipeline search, micro-batches searched), as a user calls it: the best
+plan's stages (layers per stage, submesh -> logical mesh), micro-batches, predicted step time,
+memory per device, whether it fits the device, and the search time (wall clock of the call,
+trace included).
+
+Targets: ``autoplan plan gpt --size 39B --cluster p3.16xlarge:8`` in <= 60 s; GPT-3 175B on
 dgx-h100:128 in <= 120 s.
 
-Run: .venv/bin/python benchmarks/pipeline.py [--quick] [--only gpt|wide_resnet|175b]
+Run: .venv/bin/python benchmarks/pipeline.py [--quick] [--only gpt|moe|wide_resnet|175b]
 """
 
 import argparse
@@ -20,8 +31,13 @@ import warnings
 import autoplan
 from autoplan import models
 
-GPT_SUITE = [("350M", 1), ("760M", 4), ("1.3B", 8), ("2.6B", 16), ("6.7B", 32), ("15B", 64), ("39B", 64)]
+GPT_SUITE = [("350M", 1), ("760M", 2), ("1.3B", 4), ("2.6B", 8), ("6.7B", 16), ("15B", 32),
+             ("39B", 64)]
+MOE_SUITE = [("380M", 1), ("690M", 2), ("1.3B", 4), ("2.4B", 8), ("10B", 16), ("27B", 32),
+             ("70B", 64)]
 WRN_SUITE = [("250M", 1), ("1B", 4), ("2B", 8), ("4B", 16), ("6.8B", 32), ("13B", 64)]
+SETUP = {"remat": True, "dtype": "float16", "master_weights": "float32"}
+OVERRIDES = {"moe": {"master_weights": "none"}}
 
 
 def cluster_for(preset: str, gpus: int) -> autoplan.Cluster:
@@ -30,44 +46,58 @@ def cluster_for(preset: str, gpus: int) -> autoplan.Cluster:
     return autoplan.Cluster.preset(preset, gpus // 8)
 
 
-def row(name, size, gpus, res, dt):
+def layout(p: autoplan.Plan) -> str:
+    """Stages as ``layers submesh->logical mesh``, runs of equal stages folded (``8 x 6L ...``),
+    separated by ``;`` (a table cell)."""
+    parts = [f"{s.layer_range[1] - s.layer_range[0]}L {s.submesh[0]}x{s.submesh[1]}"
+             f"->{'x'.join(map(str, s.mesh_shape))}" for s in p.stages]
+    out: list[str] = []
+    for part in parts:
+        if out and out[-1].split(" x ", 1)[-1] == part:
+            head = out[-1].split(" x ", 1)
+            count = int(head[0]) + 1 if len(head) == 2 else 2
+            out[-1] = f"{count} x {part}"
+        else:
+            out.append(part)
+    text = "; ".join(out)
+    return text + ("" if p.is_pipeline else " (one stage)")
+
+
+def row(name: str, size: str, gpus: int, res, dt: float) -> None:
     p = res.best
-    stages = " | ".join(f"{s.layer_range[1] - s.layer_range[0]}L {s.submesh[0]}x{s.submesh[1]}"
-                        f"->{'x'.join(map(str, s.mesh_shape))}" for s in p.stages)
     fits = p.predicted.memory_per_device <= p.cluster.device_memory
-    print(f"{name:<12} {size:>5} {gpus:>4}  {stages[:60]:<60} {p.schedule.microbatches:>4} "
-          f"{p.predicted.step_time:>9.3f} {p.predicted.memory_per_device / 2**30:>8.2f} "
-          f"{'yes' if fits else 'NO':>4} {dt:>8.1f}")
+    print(f"| {name} {size} | {gpus} | {layout(p)} | {p.schedule.microbatches} | "
+          f"{p.predicted.step_time:.3f} s | {p.predicted.memory_per_device / 2**30:.2f} GiB | "
+          f"{'yes' if fits else 'NO'} | {dt:.1f} s |", flush=True)
+
+
+def run(name: str, size: str, gpus: int, cluster: autoplan.Cluster | str, **over) -> None:
+    wl = models.get(name, size=size, **{**SETUP, **over})
+    t0 = time.perf_counter()
+    res = autoplan.search(wl, cluster, baselines=False)
+    row(name, size, gpus, res, time.perf_counter() - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first three of each suite")
-    ap.add_argument("--only", default=None)
+    ap.add_argument("--only", default=None, choices=["gpt", "moe", "wide_resnet", "175b"])
     args = ap.parse_args()
     warnings.simplefilter("ignore")
-    print(f"machine: {platform.machine()}, python {platform.python_version()}")
-    print(f"{'model':<12} {'size':>5} {'GPUs':>4}  {'stages (layers submesh->logical mesh)':<60} "
-          f"{'mb':>4} {'step s':>9} {'mem GiB':>8} {'fits':>4} {'search s':>8}")
+    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python "
+          f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    print("| model | GPUs | best plan (layers submesh -> logical mesh) | micro-batches | "
+          "predicted step | memory/device | fits | search |")
+    print("|---|---|---|---|---|---|---|---|")
     n = 3 if args.quick else None
-    if args.only in (None, "gpt"):
-        for size, gpus in GPT_SUITE[:n]:
-            wl = models.get("gpt", size=size, remat=True, dtype="float16")
-            t0 = time.perf_counter()
-            res = autoplan.search(wl, cluster_for("p3.16xlarge", gpus), baselines=False)
-            row("GPT", size, gpus, res, time.perf_counter() - t0)
-    if args.only in (None, "wide_resnet"):
-        for size, gpus in WRN_SUITE[:n]:
-            wl = models.get("wide_resnet", size=size, dtype="float16")
-            t0 = time.perf_counter()
-            res = autoplan.search(wl, cluster_for("p3.16xlarge", gpus), baselines=False)
-            row("Wide-ResNet", size, gpus, res, time.perf_counter() - t0)
+    suites = [("gpt", GPT_SUITE), ("moe", MOE_SUITE), ("wide_resnet", WRN_SUITE)]
+    for name, suite in suites:
+        if args.only in (None, name):
+            for size, gpus in suite[:n]:
+                run(name, size, gpus, cluster_for("p3.16xlarge", gpus), **OVERRIDES.get(name, {}))
     if args.only in (None, "175b") and not args.quick:
-        wl = models.get("gpt", size="175B", remat=True, dtype="bfloat16")
         for nodes in (16, 128):  # 128 and 1,024 H100s; above 16 hosts submesh_hosts="pow2"
-            t0 = time.perf_counter()
-            res = autoplan.search(wl, f"dgx-h100:{nodes}", baselines=False)
-            row("GPT-3", "175B", nodes * 8, res, time.perf_counter() - t0)
+            run("gpt", "175B", nodes * 8, f"dgx-h100:{nodes}", dtype="bfloat16")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Benchmark of Alpa's stage-mesh DP (:func:`autoplan.search.pipeline._stage_dp.stage_dp`).
 
 Random GPT-like stage costs on an 8 x 8 cluster (Alpa's 11 submesh shapes), C = 4 logical
-configs, B = 16 micro-batches, L in (16, 32, 64) layers; with and without a memory limit.
+configs, B = 16 micro-batches, L in (16, 32, 64) layers; with and without a memory limit; each
+stage also has a per-step cost (gradient synchronisation and update, 30-60% of one micro-batch's
+time here), the first stage's charged once, as the pipeline search runs the DP.
 Prints the DP time (best of ``--repeat`` runs), the number of ``t_max`` values the DP was run
 for, and the number of distinct candidate ``t_max`` values. No brute force is run.
 
@@ -34,7 +36,8 @@ def costs(L: int, N: int, M: int, C: int, seed: int, penalty: float = 0.6):
     t = work[:, :, None, None] * scale[None, None, :, None] * rng.uniform(1.0, 1.4, (L, L, K, C))
     pm = work[:, :, None, None] / sizes[None, None, :, None] * rng.uniform(0.5, 1.5, (L, L, K, C))
     am = 0.2 * pm
-    return t, shapes, pm, am, float(pre[-1] / 20)
+    step = t * rng.uniform(0.3, 0.6, t.shape)
+    return t, shapes, pm, am, float(pre[-1] / 20), step
 
 
 def main() -> None:
@@ -49,7 +52,7 @@ def main() -> None:
     print(f"{'L':>4} {'memory':>7} {'seconds':>9} {'t_max runs':>11} {'candidates':>11} "
           f"{'stages':>7} {'latency':>9}")
     for L in (16, 32, 64):
-        t, shapes, pm, am, dm = costs(L, N, M, args.configs, seed=L)
+        t, shapes, pm, am, dm, step = costs(L, N, M, args.configs, seed=L)
         tc = np.where(np.triu(np.ones((L, L), bool))[:, :, None], t.min(axis=3), np.inf)
         n_cand = np.unique(tc[np.isfinite(tc)]).size
         for mem in (False, True):
@@ -57,7 +60,7 @@ def main() -> None:
             best = float("inf")
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                r = stage_dp(t, shapes, N, M, B, **kw)
+                r = stage_dp(t, shapes, N, M, B, step_cost=step, **kw)
                 best = min(best, time.perf_counter() - t0)
             print(f"{L:>4} {'yes' if mem else 'no':>7} {best:>9.3f} {r.evaluated_t_max:>11} "
                   f"{n_cand:>11} {len(r.stages):>7} {r.total_latency:>9.2f}")

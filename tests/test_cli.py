@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from autoplan import _cache
 from autoplan.cli import main
 
 
@@ -131,12 +132,26 @@ def _no_search(monkeypatch):
     (["plan", "mlp", "--cluster", "cpu:"], ["positive device count", "'cpu:8'"]),
     (["plan", "mlp", "--mesh", "2x"], ["--mesh should be positive sizes joined by 'x'"]),
     (["plan", "mlp", "--mesh", "3x3"], ["9 devices but cluster cpu:8 has 8"]),
+    (["plan", "mlp", "--workers", "0"], ["--workers should be a positive integer. Got 0"]),
 ])
 def test_bad_plan_options_are_refused_before_the_search(argv, words, monkeypatch, capsys):
     if "3x3" not in argv:  # a mesh of the wrong size is found by the search's own check
         _no_search(monkeypatch)
     assert main(argv) == 2
     _one_line_error(capsys, *words)
+
+
+def test_plan_uses_the_plan_cache_unless_told_not_to(tmp_path, capsys):
+    argv = ["plan", "mlp", "--size", "tiny", "--pipeline", "no", "--workers", "2"]
+    outs = []
+    for _ in range(2):
+        assert main(argv) == 0
+        outs.append(capsys.readouterr().out)
+    assert len(list((_cache.cache_dir() / "search").glob("*.entry"))) == 1
+    assert "from the plan cache" not in outs[0] and "from the plan cache" in outs[1]
+    assert outs[0].split("search took")[0] == outs[1].split("search took")[0]  # the same plans
+    assert main(argv + ["--no-cache"]) == 0
+    assert "from the plan cache" not in capsys.readouterr().out
 
 
 def test_the_output_folder_is_checked_before_the_search(tmp_path, monkeypatch, capsys):

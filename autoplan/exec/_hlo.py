@@ -36,41 +36,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan._hlotext import ARRAY_RE, dtype_size, parse_instruction, shape_bytes
+
 __all__ = ["Collective", "KINDS", "MemoryStats", "collectives", "comm_bytes", "dtype_size",
            "memory_stats", "shape_bytes"]
 
 #: the collective kinds reported, in the order tables print them
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-_DTYPE_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
-    "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
-    "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1, "token": 0,
-}
-_ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
-_INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_OPCODE_RE = re.compile(r"^([a-z][a-z0-9\-]*)\(")
+_ARRAY_RE = ARRAY_RE
 _COMP_RE = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*[({]")
 _CALLS_RE = re.compile(r"\bcalls=%?([\w.\-]+)")
 _GROUPS_EXPLICIT = re.compile(r"replica_groups=\{(\{[0-9,\s]*\}(?:\s*,\s*\{[0-9,\s]*\})*)?\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=\[")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{(.*?)\}\}")
-
-
-def dtype_size(dtype: str) -> int:
-    """Bytes per element of an HLO element type (``"f32"`` -> 4); 0 for unknown types."""
-    return _DTYPE_BYTES.get(dtype, 0)
-
-
-def shape_bytes(shape: str) -> int:
-    """Bytes of an HLO shape string: an array (``f32[16,8]{1,0}``) or a tuple of arrays."""
-    total = 0
-    for dt, dims in _ARRAY_RE.findall(shape):
-        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-        total += n * dtype_size(dt)
-    return total
 
 
 def _array_shapes(shape: str) -> list[str]:
@@ -121,21 +101,6 @@ class _Instr:
     computation: str
 
 
-def _split_shape(rest: str) -> tuple[str, str]:
-    """Split ``'(f32[2], f32[3]) all-reduce(...)...'`` into the shape and the remainder."""
-    rest = rest.strip()
-    if rest.startswith("("):
-        depth = 0
-        for i, ch in enumerate(rest):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                return rest[: i + 1], rest[i + 1:].strip()
-        return rest, ""
-    sp = rest.find(" ")
-    return (rest, "") if sp < 0 else (rest[:sp], rest[sp + 1:].strip())
-
-
 def _parse(text: str) -> tuple[dict[str, list[_Instr]], dict[str, str]]:
     """Instructions by computation, and each computation's ROOT instruction name."""
     comps: dict[str, list[_Instr]] = {}
@@ -151,27 +116,14 @@ def _parse(text: str) -> tuple[dict[str, list[_Instr]], dict[str, str]]:
                 current = m.group(2)
                 comps.setdefault(current, [])
             continue
-        m = _INSTR_RE.match(line)
-        if not m:
+        parsed = parse_instruction(line)
+        if parsed is None:
             continue
-        name, rest = m.group(1), m.group(2)
-        shape, rest = _split_shape(rest)
-        om = _OPCODE_RE.match(rest)
-        if not om:
-            continue
-        opcode = om.group(1)
-        depth, end = 0, len(rest)
-        for i in range(om.end() - 1, len(rest)):
-            depth += rest[i] == "("
-            depth -= rest[i] == ")"
-            if depth == 0:
-                end = i
-                break
-        args = rest[om.end():end]
+        name, shape, opcode, args, attrs = parsed
         operands = re.findall(r"%([\w.\-]+)", args)
         if not operands and args.strip() and opcode not in ("parameter", "constant", "iota"):
             operands = [a.strip().split()[-1] for a in args.split(",") if a.strip()]
-        ins = _Instr(name, shape, opcode, operands, rest[end + 1:], current)
+        ins = _Instr(name, shape, opcode, operands, attrs, current)
         comps.setdefault(current, []).append(ins)
         if s.startswith("ROOT"):
             roots[current] = name

@@ -9,9 +9,10 @@ are. Tensor ids are handed out in the same order too, so operator ``i`` and tens
 :class:`FlatProgram` are operator ``i`` and tensor ``t`` of the :class:`~autoplan.OpGraph`.
 
 A :class:`FlatProgram` evaluates any subset of its operators on an environment ``{tensor id:
-value}``, with a hook on every operator's outputs: the executor uses it to apply
-``jax.lax.with_sharding_constraint`` to the operators a plan chose a sharding for, and the
-pipeline executor to run one stage's operators inside that stage's ``jax.jit``.
+value}``, with a hook on every operator's outputs (and, when the hook has a ``before`` method, on
+its operands): the executor uses it to apply ``jax.lax.with_sharding_constraint`` to the operands
+and results of the operators a plan chose a sharding for, and the pipeline executor to run one
+stage's operators inside that stage's ``jax.jit``.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -143,7 +144,8 @@ class FlatProgram:
             env: values of the tensors read; updated with every result.
             ops: the operators to run, a subset of ``self.ops`` in program order.
             hook: called with each operator and its results; returns the results to store
-                (e.g. with sharding constraints applied).
+                (e.g. with sharding constraints applied). When it has a ``before`` attribute,
+                ``hook.before(op, operands)`` is called first and returns the operands to use.
 
         Returns:
             ``env``.
@@ -151,6 +153,7 @@ class FlatProgram:
         Raises:
             ExecutionError: an operand is neither in ``env`` nor a constant or literal.
         """
+        before = getattr(hook, "before", None)
         for op in self.ops if ops is None else ops:
             vals = []
             for r in op.inputs:
@@ -165,6 +168,8 @@ class FlatProgram:
                         f"evaluate: operator {op.id} ({op.primitive}) reads tensor {r}, which is "
                         "not available. Fix: evaluate the operators that produce it first "
                         "(pass ops in program order).")
+            if before is not None:
+                vals = before(op, vals)
             outs = op.apply(vals)
             if hook is not None:
                 outs = hook(op, outs)
@@ -338,68 +343,110 @@ def flatten(fn: Callable[..., Any], *args: Any, max_scan_unroll: int = 512) -> F
                        out_tree=out_tree, in_tree=in_tree, num_tensors=w.next_tensor)
 
 
+class _ShardingHook:
+    """The hook of :func:`sharding_hook`: constrains an operator's operands (``before``) and
+    results (the call) to the plan's specs."""
+
+    def __init__(self, mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool):
+        self.mesh = mesh
+        self.exact_shapes = exact_shapes
+        self.outputs: dict[int, list[Any]] = {}
+        self.operands: dict[int, list[Any]] = {}
+        self.prim: dict[int, str] = {}
+        for o in op_shardings:
+            outs = [t for t in o.tensors if t.role == "output"]
+            if outs:
+                self.outputs.setdefault(o.op, []).extend(outs)
+                self.prim[o.op] = o.primitive
+            ins = [t for t in o.tensors if t.role != "output"]
+            if ins:
+                self.operands.setdefault(o.op, []).extend(ins)
+                self.prim[o.op] = o.primitive
+        self.sizes = dict(mesh.shape)
+        self.counts = {"applied": 0, "skipped": 0, "operands_applied": 0, "operands_skipped": 0}
+        self._seen: dict[str, set[tuple[int, int, str]]] = {k: set() for k in self.counts}
+
+    def count(self, kind: str, op_id: int, k: int, name: str) -> None:
+        """Count a constraint once per operator, position and tensor (tracing twice counts once)."""
+        self._seen[kind].add((op_id, k, name))
+        self.counts[kind] = len(self._seen[kind])
+
+    def fits(self, v: Any, t: Any) -> bool:
+        shape = tuple(np.shape(v))
+        if len(shape) != len(t.spec) or (self.exact_shapes and shape != tuple(t.shape)):
+            return False
+        for n, e in zip(shape, t.spec):
+            if e and (any(a not in self.sizes for a in e)
+                      or n % int(np.prod([self.sizes[a] for a in e]))):
+                return False
+        return True
+
+    def constrain(self, v: Any, t: Any) -> Any:
+        return jax.lax.with_sharding_constraint(v, NamedSharding(self.mesh, spec_to_pspec(t.spec)))
+
+    def before(self, op: FlatOp, vals: list[Any]) -> list[Any]:
+        specs = self.operands.get(op.id)
+        if not specs:
+            return vals
+        if self.prim[op.id] and self.prim[op.id] != op.primitive:  # numbered for another trace
+            for k, t in enumerate(specs):
+                self.count("operands_skipped", op.id, k, t.name)
+            return vals
+        vals = list(vals)
+        # the plan lists the tensor operands in order (literals have no spec)
+        positions = [k for k, r in enumerate(op.inputs) if not isinstance(r, Lit)]
+        for k, t in zip(positions, specs):
+            if self.fits(vals[k], t):
+                vals[k] = self.constrain(vals[k], t)
+                self.count("operands_applied", op.id, k, t.name)
+            else:
+                self.count("operands_skipped", op.id, k, t.name)
+        return vals
+
+    def __call__(self, op: FlatOp, outs: list[Any]) -> list[Any]:
+        specs = self.outputs.get(op.id)
+        if not specs:
+            return outs
+        if self.prim[op.id] and self.prim[op.id] != op.primitive:  # numbered for another trace
+            for t in specs:
+                self.count("skipped", op.id, -1, t.name)
+            return outs
+        outs = list(outs)
+        for t in specs:
+            for k, v in enumerate(outs):
+                if self.fits(v, t):
+                    outs[k] = self.constrain(v, t)
+                    self.count("applied", op.id, -1, t.name)
+                    break
+            else:
+                self.count("skipped", op.id, -1, t.name)
+        return outs
+
+
 def sharding_hook(mesh: Any, op_shardings: Iterable[Any], exact_shapes: bool = True
                   ) -> tuple[Hook, dict[str, int]]:
     """A :meth:`FlatProgram.evaluate` hook applying the plan's operator shardings.
 
     For every :class:`~autoplan.OpSharding` its ``"output"`` tensor's spec is applied with
     ``jax.lax.with_sharding_constraint`` to the operator's result of the same rank (and, with
-    ``exact_shapes``, the same shape). A spec whose mesh axes do not divide the result's
-    dimensions (a micro-batch smaller than the plan's batch, say), or recorded for an operator of
-    another primitive, is skipped.
+    ``exact_shapes``, the same shape), and its operands' specs (the ``"input"`` and ``"weight"``
+    tensors, in operand order) to its operands before it runs. Pinning the operands makes XLA
+    reshard where the plan does, with the collectives the plan costed: left free, XLA's sharding
+    propagation may move the resharding elsewhere (gathering an activation before every matmul
+    instead of the token ids once). A spec whose mesh axes do not divide the value's dimensions
+    (a micro-batch smaller than the plan's batch, say), or recorded for an operator of another
+    primitive, is skipped.
 
     Args:
         mesh: the ``jax.sharding.Mesh`` the specs name axes of.
         op_shardings: the plan's ``OpSharding`` entries to apply.
-        exact_shapes: require the result's shape to equal the recorded one.
+        exact_shapes: require the value's shape to equal the recorded one.
 
     Returns:
-        The hook, and a dict counting ``applied`` and ``skipped`` constraints (filled as the
-        hook runs, i.e. while JAX traces the function; an operator traced again, say in a second
+        The hook, and a dict counting ``applied`` and ``skipped`` result constraints and
+        ``operands_applied`` and ``operands_skipped`` operand constraints (filled as the hook
+        runs, i.e. while JAX traces the function; an operator traced again, say in a second
         program or a loop body traced twice, is counted once).
     """
-    wanted: dict[int, list[Any]] = {}
-    prim: dict[int, str] = {}
-    for o in op_shardings:
-        outs = [t for t in o.tensors if t.role == "output"]
-        if outs:
-            wanted.setdefault(o.op, []).extend(outs)
-            prim[o.op] = o.primitive
-    sizes = dict(mesh.shape)
-    counts = {"applied": 0, "skipped": 0}
-    seen: dict[str, set[tuple[int, str]]] = {"applied": set(), "skipped": set()}
-
-    def count(kind: str, op_id: int, name: str) -> None:
-        seen[kind].add((op_id, name))
-        counts[kind] = len(seen[kind])
-
-    def fits(v: Any, t: Any) -> bool:
-        shape = tuple(np.shape(v))
-        if len(shape) != len(t.spec) or (exact_shapes and shape != tuple(t.shape)):
-            return False
-        for n, e in zip(shape, t.spec):
-            if e and (any(a not in sizes for a in e) or n % int(np.prod([sizes[a] for a in e]))):
-                return False
-        return True
-
-    def hook(op: FlatOp, outs: list[Any]) -> list[Any]:
-        specs = wanted.get(op.id)
-        if not specs:
-            return outs
-        if prim[op.id] and prim[op.id] != op.primitive:  # numbered for another trace
-            for t in specs:
-                count("skipped", op.id, t.name)
-            return outs
-        outs = list(outs)
-        for t in specs:
-            for k, v in enumerate(outs):
-                if fits(v, t):
-                    outs[k] = jax.lax.with_sharding_constraint(
-                        v, NamedSharding(mesh, spec_to_pspec(t.spec)))
-                    count("applied", op.id, t.name)
-                    break
-            else:
-                count("skipped", op.id, t.name)
-        return outs
-
-    return hook, counts
+    hook = _ShardingHook(mesh, op_shardings, exact_shapes)
+    return hook, hook.counts

@@ -6,6 +6,12 @@ The state is ``{"count": int32[], "mu": tree like params, "nu": tree like params
     m_t = b1 m_{t-1} + (1 - b1) g_t
     v_t = b2 v_{t-1} + (1 - b2) g_t^2
     p_t = p_{t-1} - lr (m_t / (1 - b1^t)) / (sqrt(v_t / (1 - b2^t)) + eps)
+
+Mixed-precision training (``master_weights="float32"``, as Alpa's GPT benchmark trains fp16
+models) keeps an fp32 master copy of every fp16/bf16 parameter in the state (``"master"``), with
+fp32 moments: the update runs in fp32 on the master copy (the gradient cast up) and the new
+parameters are the master copy cast down. Per parameter element that adds 4 bytes (the copy) and
+2 x 2 bytes (fp32 instead of fp16 moments): 8 bytes of optimizer state, once per step.
 """
 
 from __future__ import annotations
@@ -17,27 +23,54 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autoplan._errors import ModelError
 from autoplan.models._layers import scope
 
-__all__ = ["adam_init", "adam_update"]
+__all__ = ["adam_init", "adam_update", "MASTER_WEIGHTS", "uses_master"]
+
+#: Choices of ``master_weights``: ``"none"`` (the state in the parameters' dtype) or
+#: ``"float32"`` (an fp32 master copy and fp32 moments for fp16/bf16 parameters).
+MASTER_WEIGHTS = ("none", "float32")
 
 
-def adam_init(params: Any, zeros_like: Callable[[Any], Any] = jnp.zeros_like) -> dict[str, Any]:
+def uses_master(params: Any, master_weights: str) -> bool:
+    """Whether ``master_weights`` adds a master copy: ``"float32"`` and some floating parameter
+    narrower than fp32."""
+    if master_weights not in MASTER_WEIGHTS:
+        raise ModelError(f"master_weights should be one of {list(MASTER_WEIGHTS)}. Got "
+                         f"{master_weights!r}. Fix: pass master_weights='float32' for an fp32 "
+                         "master copy of fp16/bf16 weights, or 'none'.")
+    if master_weights == "none":
+        return False
+    return any(jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4
+               for x in jax.tree.leaves(params))
+
+
+def adam_init(params: Any, zeros_like: Callable[[Any], Any] = jnp.zeros_like,
+              master_weights: str = "none") -> dict[str, Any]:
     """Zero Adam state for ``params``.
 
     Args:
         params: a pytree of arrays.
         zeros_like: makes one zero leaf (``jnp.zeros_like``; the zoo passes a numpy one to avoid
             compiling a fill per shape).
+        master_weights: ``"none"`` or ``"float32"`` (see the module docstring).
 
     Returns:
-        ``{"count": int32 scalar 0, "mu": zeros like params, "nu": zeros like params}``.
+        ``{"count": int32 scalar 0, "mu": zeros like params, "nu": zeros like params}``, plus
+        ``"master"`` (the parameters in fp32) with fp32 moments when a master copy is kept.
     """
-    return {
-        "count": np.zeros((), np.int32) if zeros_like is not jnp.zeros_like else jnp.zeros((), jnp.int32),
-        "mu": jax.tree.map(zeros_like, params),
-        "nu": jax.tree.map(zeros_like, params),
-    }
+    concrete = zeros_like is not jnp.zeros_like
+    count = np.zeros((), np.int32) if concrete else jnp.zeros((), jnp.int32)
+    if not uses_master(params, master_weights):
+        return {"count": count, "mu": jax.tree.map(zeros_like, params),
+                "nu": jax.tree.map(zeros_like, params)}
+    if concrete:
+        master = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    else:
+        master = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    return {"count": count, "master": master, "mu": jax.tree.map(zeros_like, master),
+            "nu": jax.tree.map(zeros_like, master)}
 
 
 def adam_update(
@@ -64,13 +97,18 @@ def adam_update(
         scoped: run under ``jax.named_scope("optimizer")``.
 
     Returns:
-        ``(new_params, new_state)`` with the same tree structures as the inputs.
+        ``(new_params, new_state)`` with the same tree structures as the inputs. With a master
+        copy in ``state`` the update runs on it in fp32 and the new parameters are it cast to
+        the parameters' dtypes.
     """
     with scope("optimizer", scoped):
         count = state["count"] + 1
         t = count.astype(jnp.float32)
         c1 = 1.0 - jnp.power(jnp.float32(b1), t)
         c2 = 1.0 - jnp.power(jnp.float32(b2), t)
+        master = state.get("master")
+        if master is not None:
+            grads = jax.tree.map(lambda g, w: g.astype(w.dtype), grads, master)
         mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g, state["mu"], grads)
         nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state["nu"], grads)
 
@@ -78,5 +116,8 @@ def adam_update(
             upd = (m / c1) / (jnp.sqrt(v / c2) + eps)
             return (p - learning_rate * upd).astype(p.dtype)
 
-        new_params = jax.tree.map(step, params, mu, nu)
-    return new_params, {"count": count, "mu": mu, "nu": nu}
+        if master is None:
+            return jax.tree.map(step, params, mu, nu), {"count": count, "mu": mu, "nu": nu}
+        new_master = jax.tree.map(step, master, mu, nu)
+        new_params = jax.tree.map(lambda w, p: w.astype(p.dtype), new_master, params)
+    return new_params, {"count": count, "master": new_master, "mu": mu, "nu": nu}

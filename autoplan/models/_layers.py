@@ -17,6 +17,7 @@ import numpy as np
 
 __all__ = [
     "scope",
+    "remat",
     "KeyGen",
     "einsum",
     "dense_init",
@@ -34,6 +35,12 @@ __all__ = [
 def scope(name: str, enabled: bool = True) -> contextlib.AbstractContextManager:
     """``jax.named_scope(name)`` when ``enabled``, else a no-op context (same computation)."""
     return jax.named_scope(name) if enabled else contextlib.nullcontext()
+
+
+def remat(fn: Callable, enabled: bool = True) -> Callable:
+    """``jax.checkpoint(fn)`` when ``enabled`` (rematerialisation: the backward pass recomputes
+    ``fn``'s activations from its inputs instead of keeping them), else ``fn``."""
+    return jax.checkpoint(fn) if enabled else fn
 
 
 _CHUNK = 1 << 16

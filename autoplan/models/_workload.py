@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoplan._errors import ModelError
-from autoplan.models._adam import adam_init, adam_update
+from autoplan.models._adam import MASTER_WEIGHTS, adam_init, adam_update
 from autoplan.models._layers import KeyGen
 
 __all__ = ["Workload", "ModelDef", "ARG_KINDS", "DTYPES", "resolve_config", "build"]
@@ -27,8 +27,12 @@ __all__ = ["Workload", "ModelDef", "ARG_KINDS", "DTYPES", "resolve_config", "bui
 ARG_KINDS: tuple[str, str, str] = ("parameter", "optimizer_state", "batch")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
-#: Fields every model's config has, with their defaults.
-COMMON: dict[str, Any] = {"dtype": "float32", "scopes": True, "learning_rate": 1e-3}
+#: Fields every model's config has, with their defaults: ``remat`` recomputes each layer's
+#: activations in the backward pass (``jax.checkpoint`` per layer, only the layer's inputs kept);
+#: ``master_weights="float32"`` keeps an fp32 master copy of fp16/bf16 weights in the optimizer
+#: state (:mod:`autoplan.models._adam`).
+COMMON: dict[str, Any] = {"dtype": "float32", "scopes": True, "learning_rate": 1e-3,
+                          "remat": False, "master_weights": "none"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -164,6 +168,12 @@ def _coerce(model: ModelDef, key: str, value: Any, default: Any) -> Any:
         if value not in DTYPES:
             raise _field_error(name, key, f"one of {list(DTYPES)}", value, "pass dtype='float32'")
         return value
+    if key == "master_weights":
+        if value not in MASTER_WEIGHTS:
+            raise _field_error(name, key, f"one of {list(MASTER_WEIGHTS)}", value,
+                               "pass master_weights='float32' (an fp32 copy of fp16/bf16 "
+                               "weights) or 'none'")
+        return value
     return value
 
 
@@ -241,7 +251,8 @@ def build(
     def init(concrete: bool):
         params = model.init_params(KeyGen(key_params, concrete), cfg)
         zeros = (lambda x: np.zeros(x.shape, x.dtype)) if concrete else jnp.zeros_like
-        return params, adam_init(params, zeros), model.init_batch(KeyGen(key_batch, concrete), cfg)
+        return (params, adam_init(params, zeros, cfg["master_weights"]),
+                model.init_batch(KeyGen(key_batch, concrete), cfg))
 
     if abstract:
         args = jax.eval_shape(lambda: init(False))

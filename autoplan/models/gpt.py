@@ -19,6 +19,9 @@ Parameter tree::
     ln_f/{scale, bias}
     head/{kernel [H,V]}
 
+With ``remat=True`` each block is rematerialised (``jax.checkpoint``: its input kept, its
+activations recomputed in the backward pass), as Alpa's GPT benchmark runs.
+
 Named scopes: ``embed``, ``layers_{i}`` (sub-scopes ``ln1``, ``attn``, ``ln2``, ``mlp``), ``head``.
 """
 
@@ -29,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from autoplan.models._layers import KeyGen, layer_norm, norm_init, scope
+from autoplan.models._layers import KeyGen, layer_norm, norm_init, remat, scope
 from autoplan.models._transformer import (
     attention,
     attn_init,
@@ -48,12 +51,11 @@ __all__ = ["MODEL", "SIZES", "alpa_flops", "param_count"]
 
 
 def _gpt(h: int, layers: int, heads: int, seq_len: int = 1024, batch: int = 1024) -> dict:
-    return {"batch": batch, "seq_len": seq_len, "hidden": h, "layers": layers, "heads": heads, "vocab": 51200,
-            "remat": False}
+    return {"batch": batch, "seq_len": seq_len, "hidden": h, "layers": layers, "heads": heads, "vocab": 51200}
 
 
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"batch": 8, "seq_len": 16, "hidden": 32, "layers": 2, "heads": 4, "vocab": 256, "remat": False},
+    "tiny": {"batch": 8, "seq_len": 16, "hidden": 32, "layers": 2, "heads": 4, "vocab": 256},
     "125M": _gpt(768, 12, 12),
     "350M": _gpt(1024, 24, 16),
     "760M": _gpt(1536, 24, 16),
@@ -125,8 +127,7 @@ def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
     def layer(lp: dict, x: jax.Array) -> jax.Array:
         return block(lp, x, cfg["heads"], scoped)
 
-    if cfg["remat"]:  # rematerialisation: keep only each layer's input, recompute in backward
-        layer = jax.checkpoint(layer)
+    layer = remat(layer, cfg["remat"])  # keep only each layer's input, recompute in backward
     for i, lp in enumerate(params["layers"]):
         with scope(f"layers_{i}", scoped):
             x = layer(lp, x)

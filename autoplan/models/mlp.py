@@ -5,6 +5,9 @@ Input ``x`` [B, features] -> ``layers_0`` .. ``layers_{L-1}`` (dense + ReLU) -> 
 
 Parameter count: ``features H + (L-1) H^2 + L H + H classes + classes``.
 
+With ``remat=True`` each hidden layer is rematerialised (``jax.checkpoint``: its input kept,
+its activations recomputed in the backward pass).
+
 Parameter tree: ``layers[i]/{kernel, bias}``, ``head/{kernel, bias}``. Scopes: ``layers_{i}``,
 ``head``.
 """
@@ -16,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from autoplan.models._layers import KeyGen, dense, dense_init, scope, softmax_cross_entropy
+from autoplan.models._layers import KeyGen, dense, dense_init, remat, scope, softmax_cross_entropy
 from autoplan.models._workload import ModelDef
 
 __all__ = ["MODEL", "SIZES", "param_count"]
@@ -44,10 +47,11 @@ def _init_params(kg: KeyGen, cfg: dict) -> dict:
 
 def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
     scoped = cfg["scopes"]
+    layer = remat(lambda p, x: jax.nn.relu(dense(p, x)), cfg["remat"])
     x = batch["x"]
     for i, p in enumerate(params["layers"]):
         with scope(f"layers_{i}", scoped):
-            x = jax.nn.relu(dense(p, x))
+            x = layer(p, x)
     with scope("head", scoped):
         return softmax_cross_entropy(dense(params["head"], x), batch["labels"])
 

@@ -23,6 +23,10 @@ MoE every other layer. Parameter count (untied LM head; no expert biases)::
 
 Alpa's size names count the vocabulary matrix once; the untied head adds ``V H``.
 
+With ``remat=True`` each layer is rematerialised (``jax.checkpoint``: its inputs, the residual
+stream and the auxiliary loss so far, kept; its activations recomputed in the backward pass), as
+Alpa's MoE benchmark runs.
+
 Parameter tree: ``embed/{wte,wpe}``, ``layers[i]/{ln1, attn/{qkv,out}, ln2, mlp/{fc1,fc2}}`` for
 dense layers or ``.../moe/{gate/{kernel [H,E]}, wi [E,H,F], wo [E,F,H]}`` for MoE layers,
 ``ln_f``, ``head/{kernel [H,V]}``. Scopes: ``embed``, ``layers_{i}`` (sub-scopes ``ln1``,
@@ -38,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import KeyGen, einsum, layer_norm, norm_init, scope
+from autoplan.models._layers import KeyGen, einsum, layer_norm, norm_init, remat, scope
 from autoplan.models._transformer import (
     attention,
     attn_init,
@@ -238,23 +242,25 @@ def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
     scoped = cfg["scopes"]
     with scope("embed", scoped):
         x = embed(params["embed"], batch["input_ids"])
+    def layer(lp: dict, x: jax.Array, aux_total: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with scope("ln1", scoped):
+            y = layer_norm(lp["ln1"], x)
+        with scope("attn", scoped):
+            x = x + attention(lp["attn"], y, cfg["heads"])
+        with scope("ln2", scoped):
+            y = layer_norm(lp["ln2"], x)
+        if "moe" in lp:
+            with scope("moe", scoped):
+                out, aux = moe_mlp(lp["moe"], y, cfg)
+                return x + out, aux_total + aux
+        with scope("mlp", scoped):
+            return x + mlp(lp["mlp"], y), aux_total
+
+    layer = remat(layer, cfg["remat"])  # keep only each layer's inputs, recompute in backward
     aux_total = jnp.zeros((), jnp.float32)
     for i, lp in enumerate(params["layers"]):
         with scope(f"layers_{i}", scoped):
-            with scope("ln1", scoped):
-                y = layer_norm(lp["ln1"], x)
-            with scope("attn", scoped):
-                x = x + attention(lp["attn"], y, cfg["heads"])
-            with scope("ln2", scoped):
-                y = layer_norm(lp["ln2"], x)
-            if "moe" in lp:
-                with scope("moe", scoped):
-                    out, aux = moe_mlp(lp["moe"], y, cfg)
-                    x = x + out
-                    aux_total = aux_total + aux
-            else:
-                with scope("mlp", scoped):
-                    x = x + mlp(lp["mlp"], y)
+            x, aux_total = layer(lp, x, aux_total)
     with scope("head", scoped):
         loss = lm_head_loss(params, x, batch["labels"], scoped)
         return loss + cfg["aux_loss_weight"] * aux_total

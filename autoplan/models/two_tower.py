@@ -10,6 +10,8 @@ item (the diagonal) as the label, the other items of the batch as negatives.
 Parameter count: ``(users + buckets) D + sum of dense layers (din dout + dout)`` with the user
 tower's first input ``(1 + user_fields) D`` and the item tower's ``item_features``.
 
+With ``remat=True`` each hidden tower layer is rematerialised (``jax.checkpoint``).
+
 Parameter tree: ``user/{embed/{ids [users,D], features [buckets,D]}, layers[i]/{kernel, bias}}``,
 ``item/{layers[i]/{kernel, bias}}`` (the last layer of each tower is the projection). Scopes:
 ``user_embed``, ``user_layers_{i}``, ``item_layers_{i}``, ``head`` (scores and loss).
@@ -22,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from autoplan.models._layers import KeyGen, dense, dense_init, scope, softmax_cross_entropy
+from autoplan.models._layers import KeyGen, dense, dense_init, remat, scope, softmax_cross_entropy
 from autoplan.models._workload import ModelDef
 
 __all__ = ["MODEL", "SIZES", "param_count"]
@@ -115,12 +117,15 @@ def _init_params(kg: KeyGen, cfg: dict) -> dict:
     return {"user": user, "item": item}
 
 
-def _tower(layers: list, x: jax.Array, prefix: str, scoped: bool) -> jax.Array:
+def _hidden(p: dict, x: jax.Array) -> jax.Array:
+    return jax.nn.relu(dense(p, x))
+
+
+def _tower(layers: list, x: jax.Array, prefix: str, scoped: bool, rematerialise: bool) -> jax.Array:
+    hidden = remat(_hidden, rematerialise)
     for i, p in enumerate(layers):
         with scope(f"{prefix}_{i}", scoped):
-            x = dense(p, x)
-            if i < len(layers) - 1:
-                x = jax.nn.relu(x)
+            x = hidden(p, x) if i < len(layers) - 1 else dense(p, x)
     return x
 
 
@@ -131,8 +136,8 @@ def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
         ids = jnp.take(up["embed"]["ids"], batch["user_ids"], axis=0)
         feats = jnp.take(up["embed"]["features"], batch["user_features"], axis=0)
         u = jnp.concatenate([ids, feats.reshape(feats.shape[0], -1)], axis=-1)
-    u = _tower(up["layers"], u, "user_layers", scoped)
-    v = _tower(params["item"]["layers"], batch["item_features"], "item_layers", scoped)
+    u = _tower(up["layers"], u, "user_layers", scoped, cfg["remat"])
+    v = _tower(params["item"]["layers"], batch["item_features"], "item_layers", scoped, cfg["remat"])
     with scope("head", scoped):
         scores = u @ v.T
         return softmax_cross_entropy(scores, jnp.arange(scores.shape[0]))

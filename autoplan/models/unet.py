@@ -10,6 +10,9 @@ Parameter count: ``sum_i [9 cin_i c_i + 9 c_i^2 + 2 c_i]`` (encoder and mid) ``+
 + 9 (2 c_i) c_i + 9 c_i^2 + 3 c_i]`` (decoder) ``+ c_0 out + out``: 33K (tiny), 8.6M (small),
 34.5M (base: the classic channels-64, 4-level layout, with 3x3 up-convolutions).
 
+With ``remat=True`` each level's convolutions are rematerialised (``jax.checkpoint``: the
+level's inputs and skip kept, its activations recomputed in the backward pass).
+
 Parameter tree: ``enc[i]/{conv1, conv2}``, ``mid/{conv1, conv2}``, ``dec[j]/{up, conv1, conv2}``,
 ``head`` (each ``{"kernel": HWIO, "bias"}``). Scopes: ``enc_{i}``, ``mid``, ``dec_{j}``, ``head``.
 """
@@ -22,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import KeyGen, conv, conv_init, max_pool, scope
+from autoplan.models._layers import KeyGen, conv, conv_init, max_pool, remat, scope
 from autoplan.models._workload import ModelDef
 
 __all__ = ["MODEL", "SIZES", "param_count"]
@@ -89,23 +92,27 @@ def _double(p: dict, x: jax.Array) -> jax.Array:
     return jax.nn.relu(_conv(p["conv2"], jax.nn.relu(_conv(p["conv1"], x))))
 
 
+def _up(p: dict, x: jax.Array, skip: jax.Array) -> jax.Array:
+    x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+    x = jax.nn.relu(_conv(p["up"], x))
+    return _double(p, jnp.concatenate([x, skip], axis=-1))
+
+
 def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
     scoped = cfg["scopes"]
+    double, up = remat(_double, cfg["remat"]), remat(_up, cfg["remat"])
     x = batch["images"]
     skips = []
     for i, p in enumerate(params["enc"]):
         with scope(f"enc_{i}", scoped):
-            x = _double(p, x)
+            x = double(p, x)
             skips.append(x)
             x = max_pool(x, 2, 2, "VALID")
     with scope("mid", scoped):
-        x = _double(params["mid"], x)
+        x = double(params["mid"], x)
     for j, p in enumerate(params["dec"]):
         with scope(f"dec_{j}", scoped):
-            x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
-            x = jax.nn.relu(_conv(p["up"], x))
-            x = jnp.concatenate([x, skips[-1 - j]], axis=-1)
-            x = _double(p, x)
+            x = up(p, x, skips[-1 - j])
     with scope("head", scoped):
         out = _conv(params["head"], x)
         return jnp.mean(jnp.square(out.astype(jnp.float32) - batch["targets"].astype(jnp.float32)))

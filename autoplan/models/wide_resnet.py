@@ -20,6 +20,9 @@ Parameter count (``C`` = channels, ``W`` = width, ``cin`` = a block's input chan
 
 which gives 255M, 1.0B, 2.0B, 4.0B, 6.7B and 12.6B for Alpa's 250M ... 13B configurations.
 
+With ``remat=True`` each bottleneck block is rematerialised (``jax.checkpoint``: its input kept,
+its activations recomputed in the backward pass).
+
 Parameter tree: ``stem/{conv/{kernel}, norm}``, ``blocks[i]/{conv1, norm1, conv2, norm2, conv3,
 norm3[, proj, proj_norm]}`` (each conv ``{"kernel": HWIO}``, each norm ``{scale, bias}``),
 ``head/{kernel [4F, classes], bias}``. Scopes: ``stem``, ``blocks_{i}``, ``head``.
@@ -27,6 +30,7 @@ norm3[, proj, proj_norm]}`` (each conv ``{"kernel": HWIO}``, each norm ``{scale,
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -42,6 +46,7 @@ from autoplan.models._layers import (
     dense_init,
     max_pool,
     norm_init,
+    remat,
     scope,
     softmax_cross_entropy,
 )
@@ -164,8 +169,9 @@ def _loss(params: dict, batch: dict, cfg: dict) -> jax.Array:
         x = jax.nn.relu(batch_norm(params["stem"]["norm"], x))
         x = max_pool(x, 3, 2)
     for i, ((_, _, stride), bp) in enumerate(zip(block_layout(cfg), params["blocks"])):
+        block = remat(functools.partial(_block, stride=stride, scoped=scoped), cfg["remat"])
         with scope(f"blocks_{i}", scoped):
-            x = _block(bp, x, stride, scoped)
+            x = block(bp, x)
     with scope("head", scoped):
         logits = dense(params["head"], jnp.mean(x, axis=(1, 2)))
         return softmax_cross_entropy(logits, batch["labels"])

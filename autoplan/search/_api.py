@@ -24,18 +24,32 @@ structure, so ``plan.named_shardings()`` returns the user's own types.
 
 from __future__ import annotations
 
-import sys
+import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autoplan import _cache
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
+from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
+from autoplan._memo import memo
 from autoplan._plan import Plan
-from autoplan.search.intra._intra import mesh_shapes_for
+from autoplan.search._parallel import (
+    Task,
+    check_not_bootstrapping,
+    check_workers,
+    resolve_workers,
+    run_tasks,
+)
+from autoplan.search._warn import raise_again, user_stacklevel
+from autoplan.search.fold._levels import Analysis
+from autoplan.search.intra._ilp import _resolve_pins
+from autoplan.search.intra._intra import make_mesh, mesh_shapes_for
+from autoplan.search.intra._pins import resolve_pins
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
 
@@ -126,15 +140,6 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
                       "autoplan.Workload(train_step, (params, opt_state, batch)), cluster).")
 
 
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning point at the first caller outside autoplan (the
-    user's line), counted from the function that calls this one."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("autoplan"):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _least_memory(plans: list[Plan]) -> Plan:
     return min(plans, key=lambda p: p.predicted.memory_per_device)
 
@@ -172,7 +177,7 @@ def _check_batch_split(best: Plan, n: int) -> None:
         f"search: the batch of {batch} does not divide over the {n} devices of {best.cluster.spec}, "
         f"and the best plan ({best.describe()}) keeps every batch input whole on every device: no "
         f"data parallelism. Fix: use a batch that is a multiple of {n} (e.g. {n * -(-batch // n)}), "
-        "or fewer devices."), stacklevel=_user_stacklevel())
+        "or fewer devices."), stacklevel=user_stacklevel())
 
 
 def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
@@ -219,12 +224,13 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
     return ranked, i
 
 
+@gc_paused
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
-           schedule: str = "1f1b", microbatches: int | None = None, level: str = "auto",
+           schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
-           pin: Mapping[str, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
+           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
-           submesh_hosts: str = "auto",
+           submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
@@ -237,7 +243,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         cluster: a :class:`~autoplan.Cluster` or its ``"name:nodes"`` string.
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
         schedule: ``"1f1b"`` or ``"gpipe"``.
-        microbatches: number of micro-batches for pipeline plans (default: searched).
+        microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
+            (default) searches it among powers of two near the default (the batch is the
+            leading dimension of the batch arguments).
         level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
             folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
             ``"exhaustive"`` (whole-graph ILP, Alpa / TePDist O3), ``"hierarchical"`` (segment
@@ -245,7 +253,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             solved once, TAPAS).
         mesh_shape: the logical mesh for intra-operator plans (default: all 2-D shapes).
         memory_budget: per-device bytes (default: the device's memory, for ranking only).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs.
+        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (in the
+            pipeline search too, in every layer's plan; a graph input's tensor id, ``gi.tensor``,
+            may stand for a regex: that input alone).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
         baselines: add data-parallel, Megatron TP and TP x PP baselines.
         num_layers: pipeline layers (default automatic).
@@ -254,15 +264,26 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         submesh_hosts: multi-host submesh shapes of the pipeline search: ``"all"`` (Alpa's
             ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts and ``N``) or ``"auto"``
             (``"all"`` up to 16 hosts).
+        workers: processes that solve the independent searches (each logical mesh, each
+            baseline) at once, this one included. Default: every CPU for graphs of at least
+            :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators, else 1; ``1`` searches
+            in this process alone. Results do not depend on it. Worker processes are started
+            fresh (a script that searches at its top level needs an
+            ``if __name__ == "__main__":`` guard) and kept for later searches.
+        cache: look the result up in the plan cache, and store it there (:mod:`autoplan._cache`:
+            keyed by the graph's structure, every cluster field and every option above but
+            ``workers`` and ``progress``); ``False`` searches and stores nothing.
         progress: called as ``progress(message, fraction)`` during the search.
         partial: called once with a :class:`SearchResult` of the intra-operator candidates,
             ranked, when the pipeline search is still to run (``stats["partial"]`` is True): a
             caller can show them while the rest of the search runs.
 
     Returns:
-        A :class:`SearchResult`. Every plan carries the folding analysis of the graph as plain
-        data (``plan.analysis``: segments in model order, their mined classes, TePDist's
-        critical nodes, the fold ratio, and the ILPs and level of the search that made it), so
+        A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
+        ``"stored"``, ``"not stored"`` (the cache folder could not be written) or ``"off"``.
+        Every plan carries the folding analysis of the graph as plain data (``plan.analysis``:
+        segments in model order, their mined classes, TePDist's critical nodes, the fold ratio,
+        and the ILPs and level of the search that made it), so
         :func:`autoplan.viz.graph_figure` can draw it from the plan or its file.
 
     Raises:
@@ -277,6 +298,65 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         BatchSplitWarning: the batch does not divide over the devices and the best plan keeps it
             whole on every device.
     """
+    options = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
+                   mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
+                   time_limit=time_limit, baselines=baselines, num_layers=num_layers,
+                   stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
+    cluster = _check_options(cluster, options)
+    check_workers(workers)
+    if not isinstance(cache, bool):
+        raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
+                          "to search without the plan cache.")
+    check_not_bootstrapping()
+    report = progress or (lambda msg, frac: None)
+    t_start = time.perf_counter()
+    report("tracing", 0.0)
+    graph, workload, t_trace = _graph_and_workload(workload_or_graph)
+    if pipeline is True and workload is None:
+        raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
+                          "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
+                          "pipeline=False.")
+    n_workers = resolve_workers(workers, len(graph))
+    config = dict(getattr(workload, "config", {}) or {})
+    if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
+        lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
+                if gi.kind == "batch" and graph.tensors[gi.tensor].shape}
+        if len(lead) == 1:
+            config["batch"] = lead.pop()
+    key = None
+    if cache:
+        # (the pipeline search needs a workload: a graph alone cannot share a pipeline result)
+        key = _cache.search_key(graph, cluster, {**options, "workload": workload is not None},
+                                config)
+        hit = _cache.load(key)
+        if hit is not None:
+            report("done (from the plan cache)", 1.0)
+            return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
+                           Analysis.from_dict(hit["analysis"]) if hit["analysis"] else None,
+                           hit["warnings"], memory_budget)
+    found = _search_plans(graph, workload, cluster, options, config, n_workers, report, partial)
+    plans, stats, analysis, recorded = found
+    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": level,
+                  "workers": n_workers})
+    plans = _finish_plans(plans, graph, analysis, stats)
+    stats["search_seconds"] = time.perf_counter() - t_start - t_trace
+    ranked, i = _rank_and_pick(plans, memory_budget)
+    ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
+    stats["best_label"] = ranked[i].label
+    stats["cache"] = "off"
+    if key is not None:
+        stats["cache"] = "stored"
+        if not _cache.store(key, ranked, i, stats,
+                            analysis.to_dict() if analysis is not None else None, recorded):
+            stats["cache"] = "not stored"
+    report("done", 1.0)
+    return _result(graph, ranked, i, stats, analysis, recorded, memory_budget)
+
+
+def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluster:
+    """Refuse bad options before any work; the cluster as a :class:`Cluster`."""
+    level, pipeline, schedule = options["level"], options["pipeline"], options["schedule"]
+    microbatches = options["microbatches"]
     if level not in LEVELS:
         raise SearchError(f"search: level should be one of {LEVELS}. Got {level!r}. "
                           "Fix: level='auto' (default), 'exhaustive', 'hierarchical' or 'folded'.")
@@ -284,125 +364,214 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
-    from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import check_microbatches, check_submesh_hosts  # noqa: PLC0415
 
-    check_submesh_hosts(submesh_hosts)
-    if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
-        raise SearchError(f"search: microbatches should be a positive integer. Got {microbatches!r}.")
-    _check_pipeline_options(pipeline, mesh_shape, microbatches, schedule, num_layers,
-                            stage_algorithm, submesh_hosts)
+    check_submesh_hosts(options["submesh_hosts"])
+    check_microbatches(microbatches)
+    _check_pipeline_options(pipeline, options["mesh_shape"],
+                            None if microbatches == "auto" else microbatches, schedule,
+                            options["num_layers"], options["stage_algorithm"],
+                            options["submesh_hosts"])
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
                           f"{type(cluster).__name__}.")
-    report = progress or (lambda msg, frac: None)
-    t_start = time.perf_counter()
-    report("tracing", 0.0)
-    graph, workload, t_trace = _graph_and_workload(workload_or_graph)
-    config = dict(getattr(workload, "config", {}) or {})
-    if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
-        lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
-                if gi.kind == "batch" and graph.tensors[gi.tensor].shape}
-        if len(lead) == 1:
-            config["batch"] = lead.pop()
-    stats: dict[str, Any] = {"operators": len(graph), "trace_seconds": t_trace, "level": level}
-    plans: list[Plan] = []
-    analysis = None
+    return cluster
 
+
+def _mesh_search(graph: OpGraph, cluster: Cluster, shape: tuple[int, ...], **kw: Any
+                 ) -> tuple[Plan, dict[str, Any], Analysis | None]:
+    """One logical mesh's intra-operator search (a task of the search): its plan, statistics and
+    folding analysis (without the mining result, which stays with the caller's graph)."""
     from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
-    n = cluster.num_devices
+    res = level_search(graph, cluster, shape, **kw)
+    analysis = None if res.analysis is None else replace(res.analysis, mining=None)
+    return res.plan, res.stats, analysis
+
+
+def _pipeline_plans(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Any:
+    """The pipeline search (a task of the search, run in the caller's process: it traces the
+    workload)."""
+    from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
+
+    return pipeline_search(workload, cluster, **kw)
+
+
+def _pins_by_name(graph: OpGraph, pin: Mapping[Any, Any] | None) -> dict[str, Any] | None:
+    """``pin`` with tensor-id keys turned into their inputs' names (anchored, escaped): the
+    pipeline search traces the step again at micro-batch size, where tensor ids differ."""
+    if not pin:
+        return None
+    input_of = graph.input_of_tensor
+    return {(f"^{re.escape(input_of[k].name)}$" if isinstance(k, int) and not isinstance(k, bool)
+             else k): v for k, v in pin.items()}
+
+
+def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Plan | None:
+    from autoplan.search._baselines import megatron_pipeline_baseline  # noqa: PLC0415
+
+    return megatron_pipeline_baseline(workload, cluster, **kw)
+
+
+def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapping[str, Any],
+                  config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
+                  partial: Callable[[SearchResult], None] | None = None
+                  ) -> tuple[list[Plan], dict[str, Any], Analysis | None,
+                             list[tuple[type[Warning], str]]]:
+    """The candidates and baselines of a search, its statistics, the folding analysis of its
+    first folded mesh, and the warnings its tasks raised (in task order).
+
+    The independent parts are tasks run on ``n_workers`` processes: the pipeline search (in this
+    process, it traces the workload), one intra-operator search per logical mesh, the
+    intra-operator baselines, and the Megatron TP x PP baseline (in this process).
+    """
+    from autoplan.search._baselines import baseline_tasks  # noqa: PLC0415
+
+    pipeline, level, memory_budget = options["pipeline"], options["level"], options["memory_budget"]
+    time_limit = options["time_limit"]
     do_intra = pipeline in (False, "auto")
     # on one device the pipeline search gives the one-stage, gradient-accumulation plan
     do_pipe = pipeline in (True, "auto") and workload is not None
-    if pipeline is True and workload is None:
-        raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
-                          "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
-                          "pipeline=False.")
-    if mesh_shape is not None:
-        shapes = [tuple(int(x) for x in mesh_shape)]
+    if options["mesh_shape"] is not None:
+        shapes = [tuple(int(x) for x in options["mesh_shape"])] if do_intra else []
     else:
-        shapes = mesh_shapes_for(n, cluster.nodes, cluster.devices_per_node)
-    infeasible: list[InfeasiblePlanError] = []
-    if do_intra:
-        for k, shape in enumerate(shapes):
-            report(f"intra-op search on mesh {'x'.join(map(str, shape))}", 0.1 + 0.4 * k / len(shapes))
-            try:
-                res = level_search(graph, cluster, shape, level=level, memory_budget=memory_budget,
-                                   pin=pin, time_limit=time_limit, config=config)
-            except InfeasiblePlanError as err:
-                infeasible.append(err)
-                continue
-            plans.append(res.plan)
-            analysis = analysis or res.analysis
-            mesh_key = "x".join(map(str, shape))
-            stats.setdefault("level_used", {})[mesh_key] = res.stats.get("level", level)
-            stats.setdefault("ilps_by_mesh", {})[mesh_key] = res.stats.get("ilps_solved")
-            stats.setdefault("level_reason", {})[mesh_key] = res.stats.get(
-                "level_reason", f"level={level!r} asked for")
-            for key, val in res.stats.items():
-                if key in ("level", "level_reason"):
-                    continue
-                if isinstance(val, int | float) and not isinstance(val, bool):
-                    prev = stats.get(key)  # a mesh may have reported None for it
-                    numeric = isinstance(prev, int | float) and not isinstance(prev, bool)
-                    stats[key] = prev + val if numeric else val
-                else:
-                    stats.setdefault(key, val)
-    if do_pipe and partial is not None and plans:
-        ranked = _rank(_finish_plans(plans, graph, analysis, stats))
-        partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
-                             graph=graph, analysis=analysis))
+        shapes = mesh_shapes_for(cluster.num_devices, cluster.nodes,
+                                 cluster.devices_per_node) if do_intra else []
+    # options each task would refuse, refused before any of them runs
+    resolve_pins(graph, options["pin"])
+    for shape in shapes:
+        _resolve_pins(graph, make_mesh(cluster, shape), options["pin"])
+    tasks: list[Task] = []
     if do_pipe:
-        from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
-
-        report("pipeline search", 0.55)
-        try:
-            pres = pipeline_search(workload, cluster, schedule=schedule, microbatches=microbatches,
-                                   level="exhaustive" if level == "auto" else level,
-                                   memory_budget=memory_budget, time_limit=time_limit,
-                                   num_layers=num_layers, stage_algorithm=stage_algorithm,
-                                   submesh_hosts=submesh_hosts)
-            plans.extend(pres.plans)
-            stats.update({f"pipeline_{k}": v for k, v in pres.stats.items()})
-        except InfeasiblePlanError as err:
-            infeasible.append(err)
-            stats["pipeline_error"] = str(err)
-    if baselines:
-        from autoplan.search._baselines import baseline_plans  # noqa: PLC0415
-
-        report("baselines", 0.85)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            plans.extend(baseline_plans(graph, cluster, workload=workload, schedule=schedule,
-                                        time_limit=time_limit, config=config,
-                                        pipeline=do_pipe))
-    searched = [p for p in plans if not p.label.startswith("baseline")]
-    if not searched:
+        tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(
+            schedule=options["schedule"], microbatches=options["microbatches"],
+            level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
+            time_limit=time_limit, num_layers=options["num_layers"],
+            stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
+            pin=_pins_by_name(graph, options["pin"])),
+            label="pipeline search", local=True))
+    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
+                   time_limit=time_limit, config=config)
+    tasks += [Task(_mesh_search, graph, (cluster, shape), mesh_kw,
+                   label=f"intra-op search on mesh {'x'.join(map(str, shape))}")
+              for shape in shapes]
+    if options["baselines"]:
+        tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
+        if do_pipe and cluster.nodes > 1:
+            tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
+                              dict(schedule=options["schedule"], time_limit=time_limit),
+                              label="baseline: Megatron TP x PP", local=True))
+    stats: dict[str, Any] = {}
+    plans: list[Plan] = []
+    baseline_plans: list[Plan] = []
+    analysis = None
+    infeasible: list[InfeasiblePlanError] = []
+    if partial is not None and do_pipe and shapes:
+        # the intra-operator candidates and baselines first, shown while the pipeline search runs
+        later = [t for t in tasks if t.fn in (_pipeline_plans, _megatron_pipeline)]
+        first = [t for t in tasks if t not in later]
+        outcomes = run_tasks(first, workers=n_workers,
+                             report=lambda msg, frac: report(msg, 0.05 + 0.45 * frac))
+        analysis = _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
+        if plans:
+            ranked = _rank(_finish_plans(plans + baseline_plans, graph, analysis, stats))
+            partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
+                                 graph=graph, analysis=analysis))
+        outcomes += run_tasks(later, workers=n_workers,
+                              report=lambda msg, frac: report(msg, 0.5 + 0.45 * frac))
+        found = _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible,
+                         level)
+    else:
+        outcomes = run_tasks(tasks, workers=n_workers,
+                             report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
+        found = _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
+    analysis = analysis or found
+    recorded = [w for o in outcomes for w in o.warnings]
+    if not plans:
         if infeasible:
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
+            budget = memory_budget or cluster.device_memory
             raise InfeasiblePlanError(
-                f"search: no plan fits the memory budget {memory_budget!r} bytes per device. "
+                f"search: no plan fits {budget:.4g} bytes per device"
+                + ("" if memory_budget else " (the device's memory)") + ". Got: "
+                + "; ".join(str(e) for e in infeasible) + " "
                 + (f"The least memory that would fit is {least:.4g} bytes. " if least else "")
                 + "Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")
+    if analysis is not None:  # the mining result stays here, with the graph it describes
+        from autoplan.search.fold._mine import mine  # noqa: PLC0415
+
+        analysis = replace(analysis, mining=memo(graph, "mining", lambda: mine(graph)))
     if memory_budget is not None:
-        plans = [p for p in plans if p.label.startswith("baseline")
-                 or p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
-    plans = _finish_plans(plans, graph, analysis, stats)
-    total = time.perf_counter() - t_start
-    stats["search_seconds"] = total - t_trace
-    ranked, i = _rank_and_pick(plans, memory_budget)
-    best = ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
-    stats["best_label"] = best.label
+        plans = [p for p in plans if p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
+    return plans + baseline_plans, stats, analysis, recorded
+
+
+def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plans: list[Plan],
+             baseline_plans: list[Plan], infeasible: list[InfeasiblePlanError],
+             level: str) -> Analysis | None:
+    """Add the tasks' outcomes to ``plans`` (candidates), ``baseline_plans``, ``infeasible`` and
+    ``stats``; the folding analysis of the first folded mesh among them."""
+    analysis = None
+    for t, o in zip(tasks, outcomes):
+        if t.fn is _pipeline_plans:
+            if isinstance(o.error, InfeasiblePlanError):
+                infeasible.append(o.error)
+                stats["pipeline_error"] = str(o.error)
+                continue
+            pres = o.result()
+            plans.extend(pres.plans)
+            stats.update({f"pipeline_{k}": v for k, v in pres.stats.items()})
+        elif t.fn is _mesh_search:
+            if isinstance(o.error, InfeasiblePlanError):
+                infeasible.append(o.error)
+                continue
+            plan, mesh_stats, mesh_analysis = o.result()
+            plans.append(plan)
+            analysis = analysis or mesh_analysis
+            _merge_mesh_stats(stats, "x".join(map(str, t.args[1])), mesh_stats, level)
+        else:  # a baseline: a plan, or None where it does not apply
+            if (p := o.result()) is not None:
+                baseline_plans.append(p)
+    return analysis
+
+
+def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[str, Any],
+                      level: str) -> None:
+    """Add one mesh's statistics: its level and why, per mesh; numbers summed over meshes;
+    anything else as the first mesh gave it."""
+    stats.setdefault("level_used", {})[mesh_key] = mesh_stats.get("level", level)
+    stats.setdefault("ilps_by_mesh", {})[mesh_key] = mesh_stats.get("ilps_solved")
+    stats.setdefault("level_reason", {})[mesh_key] = mesh_stats.get(
+        "level_reason", f"level={level!r} asked for")
+    for key, val in mesh_stats.items():
+        if key in ("level", "level_reason"):
+            continue
+        if isinstance(val, int | float) and not isinstance(val, bool):
+            prev = stats.get(key)  # a mesh may have reported None for it
+            numeric = isinstance(prev, int | float) and not isinstance(prev, bool)
+            stats[key] = prev + val if numeric else val
+        else:
+            stats.setdefault(key, val)
+
+
+def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
+            analysis: Analysis | None, recorded: list[tuple[type[Warning], str]],
+            memory_budget: float | None) -> SearchResult:
+    """The :class:`SearchResult` of ranked plans (searched now or from the cache), with the
+    search's warnings raised at the user's line."""
+    if graph.arg_trees is not None:  # kept in memory only: the caller's own pytrees
+        ranked = [p.with_(arg_trees=graph.arg_trees) for p in ranked]
+    raise_again(recorded)
+    best = ranked[i]
     if memory_budget is None:
         why = no_fit_message(best, ranked)
         if why is not None:
             warnings.warn(PlanDoesNotFitWarning(f"search: {why}; or pass memory_budget= to plan "
                                                 "for another device memory."),
-                          stacklevel=_user_stacklevel())
-    _check_batch_split(best, cluster.num_devices)
-    report("done", 1.0)
+                          stacklevel=user_stacklevel())
+    _check_batch_split(best, best.cluster.num_devices)
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)
 
 

@@ -10,6 +10,12 @@
   (axis ``x``). Only for models with such layers.
 * ``baseline: Megatron TP x PP`` — the same tensor parallelism inside each node and one pipeline
   stage per node with equal layer counts (for clusters of several nodes).
+
+A baseline is a spec per input (:mod:`autoplan.search.intra._pins`, keyed by tensor id), searched
+at the same level as the plans it is compared with. The intra-operator baselines are independent
+tasks of the search (:func:`baseline_tasks`), run on all cores beside its own meshes; the
+Megatron TP x PP baseline needs the workload (it traces the micro-batch step) and runs in the
+caller's process.
 """
 
 from __future__ import annotations
@@ -21,43 +27,88 @@ from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError
 from autoplan._graph import OpGraph
 from autoplan._plan import Plan
+from autoplan.search._parallel import Task, resolve_workers, run_tasks
 from autoplan.search.intra._pins import data_parallel_pins, megatron_pins
 
-__all__ = ["baseline_plans"]
+__all__ = ["baseline_plans", "baseline_tasks", "solve_baseline", "megatron_pipeline_baseline",
+           "INTRA_BASELINES"]
+
+#: the intra-operator baselines, in the order they are listed
+INTRA_BASELINES = ("baseline: data parallel", "baseline: Megatron TP")
+
+
+def _mesh_and_pins(graph: OpGraph, cluster: Cluster, label: str
+                   ) -> tuple[tuple[int, int], dict[int, Any]] | None:
+    """The logical mesh and pins of an intra-operator baseline, or None where it does not apply
+    (Megatron TP on one device or on a model without Megatron layers)."""
+    n, per = cluster.num_devices, cluster.devices_per_node
+    if label == "baseline: data parallel":
+        return (n, 1), data_parallel_pins(graph)
+    tp = min(per, n)
+    pins = megatron_pins(graph, tp)
+    if pins is None or n <= 1:
+        return None
+    return (n // tp, tp), pins
+
+
+def solve_baseline(graph: OpGraph, cluster: Cluster, label: str, *, time_limit: float = 60.0,
+                   config: dict | None = None) -> Plan | None:
+    """The intra-operator baseline ``label`` (one of :data:`INTRA_BASELINES`), or None where it
+    does not apply or cannot be made (its pins do not fit the mesh, or nothing fits)."""
+    from autoplan.search.fold._levels import level_search  # noqa: PLC0415
+
+    made = _mesh_and_pins(graph, cluster, label)
+    if made is None:
+        return None
+    shape, pins = made
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return level_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
+                                label=label, level="auto", config=config).plan
+    except AutoplanError:
+        return None
+
+
+def baseline_tasks(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60.0,
+                   config: dict | None = None) -> list[Task]:
+    """The intra-operator baselines that apply to this graph and cluster, as independent tasks
+    of :func:`~autoplan.search._parallel.run_tasks` (each gives a plan or None)."""
+    return [Task(solve_baseline, graph, (cluster, label), {"time_limit": time_limit,
+                                                          "config": config}, label=label)
+            for label in INTRA_BASELINES if _mesh_and_pins(graph, cluster, label) is not None]
+
+
+def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
+                               time_limit: float = 60.0) -> Plan | None:
+    """The Megatron TP x PP baseline (clusters of several nodes; None where it does not apply or
+    cannot be made)."""
+    from autoplan.search.pipeline._pipeline import pipeline_search, traced  # noqa: PLC0415
+
+    graph = traced(workload)
+    if cluster.nodes <= 1 or megatron_pins(graph, min(cluster.devices_per_node,
+                                                      cluster.num_devices)) is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
+                                  time_limit=time_limit, megatron=True, max_candidates=1)
+    except AutoplanError:
+        return None
+    return res.plans[0].with_(label="baseline: Megatron TP x PP") if res.plans else None
+
 
 def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",
                    time_limit: float = 60.0, config: dict | None = None,
-                   pipeline: bool = False) -> list[Plan]:
-    """The baselines that apply to this graph and cluster (see the module docstring)."""
-    from autoplan.search.fold._levels import level_search  # noqa: PLC0415
-
-    n, per = cluster.num_devices, cluster.devices_per_node
-    out: list[Plan] = []
-
-    def attempt(label: str, shape: tuple[int, int], pins: dict[str, Any]) -> None:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = level_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
-                                   label=label, level="auto", config=config)
-            out.append(res.plan)
-        except AutoplanError:
-            pass
-
-    attempt("baseline: data parallel", (n, 1), data_parallel_pins(graph))
-    tp = min(per, n)
-    pins = megatron_pins(graph, tp)
-    if pins is not None and n > 1:
-        attempt("baseline: Megatron TP", (n // tp, tp), pins)
-        if pipeline and cluster.nodes > 1 and workload is not None:
-            from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
-
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
-                                          time_limit=time_limit, megatron=True, max_candidates=1)
-                out.extend(p.with_(label="baseline: Megatron TP x PP") for p in res.plans[:1])
-            except AutoplanError:
-                pass
+                   pipeline: bool = False, workers: int | None = None) -> list[Plan]:
+    """The baselines that apply to this graph and cluster (see the module docstring), the
+    intra-operator ones solved on ``workers`` processes (as :func:`autoplan.search`)."""
+    tasks = baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
+    outcomes = run_tasks(tasks, workers=resolve_workers(workers, len(graph)))
+    out = [p for o in outcomes if (p := o.result()) is not None]
+    if pipeline and workload is not None:
+        p = megatron_pipeline_baseline(workload, cluster, schedule=schedule, time_limit=time_limit)
+        if p is not None:
+            out.append(p)
     return out

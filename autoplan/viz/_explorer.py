@@ -1469,7 +1469,8 @@ class Explorer:
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
                 f"{html.escape(rec.plan.describe())}, {html.escape(rec.layout)}, "
                 f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}; "
-                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}){ratio}<br>final loss "
+                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}, "
+                f"{html.escape(rec.plan.cluster.describe_profile())}){ratio}<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
 
 

@@ -196,6 +196,7 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
 <p class="muted">{html.escape(chosen.describe())}; cluster {html.escape(chosen.cluster.spec)}
 ({html.escape(chosen.cluster.device_kind)}); search level {html.escape(chosen.level)}, {chosen.search_seconds:.1f} s;
 JAX {html.escape(chosen.jax_version or 'unknown')}.</p>
+<p class="profile">Costed on the {html.escape(chosen.cluster.describe_profile())}.</p>
 <h2>Summary</h2>
 <pre class="summary">{html.escape(chosen.summary())}</pre>
 {f"<ul>{notes}</ul>" if notes else ""}

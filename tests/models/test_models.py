@@ -354,3 +354,65 @@ def test_error_lists_valid_choices():
         get("resnet")
     with pytest.raises(ModelError, match="seq_len"):
         get("gpt", "tiny", seqlen=8)
+
+
+def _one_device_memory(wl) -> float:
+    """Predicted live memory of the step on one device (parameters, optimizer state, batch and
+    the activations saved for the backward)."""
+    import autoplan
+    from autoplan.search import intra_op_search
+
+    one = autoplan.Cluster.preset("cpu", devices_per_node=1)
+    return intra_op_search(autoplan.trace(wl), one, (1, 1)).plan.predicted.memory_per_device
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_master_weights_add_eight_bytes_per_fp16_parameter(name):
+    """fp32 master weights: a 4-byte copy of each fp16 parameter and fp32 instead of fp16 Adam
+    moments (2 x 2 more bytes), counted by the cost model as optimizer state."""
+    plain = get(name, "tiny", dtype="float16")
+    master = get(name, "tiny", dtype="float16", master_weights="float32")
+    assert set(master.opt_state) == {"count", "master", "mu", "nu"}
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(master.opt_state["mu"]))
+    delta = _one_device_memory(master) - _one_device_memory(plain)
+    assert delta == 8 * plain.num_params
+    # fp32 weights need no copy
+    assert set(get(name, "tiny", master_weights="float32").opt_state) == {"count", "mu", "nu"}
+
+
+def test_master_weights_train_like_fp32():
+    """The update runs on the fp32 copy: one step from the same fp16 weights moves the master
+    copy as fp32 Adam would, and the new weights are it rounded to fp16."""
+    wl = get("mlp", "tiny", dtype="float16", master_weights="float32", abstract=False)
+    _, params, state = jax.jit(wl.fn)(*wl.args)
+    ref = get("mlp", "tiny", dtype="float32", abstract=False)
+    start32 = jax.tree.map(lambda p: p.astype(jnp.float32), wl.args[0])
+    _, ref_params, _ = jax.jit(ref.fn)(start32, ref.opt_state, jax.tree.map(
+        lambda x: x.astype(jnp.float32) if x.dtype == jnp.float16 else x, wl.args[2]))
+    for m, p, r in zip(jax.tree.leaves(state["master"]), jax.tree.leaves(params),
+                       jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(m, r, rtol=2e-2, atol=2e-4)
+        assert p.dtype == jnp.float16
+        np.testing.assert_array_equal(p, m.astype(jnp.float16))
+
+
+def test_remat_drops_the_saved_activations_as_hand_computed():
+    """With remat an MLP layer keeps only its input: its ReLU mask (batch x hidden bools) is no
+    longer saved for the backward."""
+    cfg = get("mlp", "tiny").config
+    full, lean = (_one_device_memory(get("mlp", "tiny", remat=r)) for r in (False, True))
+    assert full - lean == cfg["layers"] * cfg["batch"] * cfg["hidden"]
+
+
+@pytest.mark.parametrize("name", ["gpt", "moe", "wide_resnet", "unet", "two_tower"])
+def test_remat_lowers_predicted_memory_and_keeps_the_loss(name):
+    plain, lean = get(name, "tiny"), get(name, "tiny", remat=True)
+    assert _one_device_memory(lean) < _one_device_memory(plain)
+    a, b = get(name, "tiny", abstract=False), get(name, "tiny", remat=True, abstract=False)
+    np.testing.assert_allclose(jax.jit(a.loss_fn)(a.args[0], a.args[2]),
+                               jax.jit(b.loss_fn)(b.args[0], b.args[2]), rtol=1e-6)
+
+
+def test_master_weights_rejects_other_values():
+    with pytest.raises(ModelError, match="master_weights"):
+        get("gpt", "tiny", master_weights="bfloat16")

@@ -85,6 +85,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ from autoplan.search.intra._ilp import (
     solve_ilp,
 )
 from autoplan.search.intra._intra import intra_op_search, make_mesh, plan_from_solution
+from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
@@ -120,7 +122,8 @@ class Analysis:
     """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
 
     Attributes:
-        mining: the :class:`~autoplan.search.fold._mine.MiningResult`.
+        mining: the :class:`~autoplan.search.fold._mine.MiningResult` (None in an analysis from
+            the plan cache, which does not store it).
         segments: the TePDist segments (chain order).
         segment_class: class id of each segment (equal ids share one solve when folded).
         critical: the critical nodes that end the segments.
@@ -132,6 +135,24 @@ class Analysis:
     segment_class: list[int]
     critical: list[int]
     fold_ratio: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the figures read (segments, their classes, critical nodes, fold ratio) as plain
+        values; the mining result is left out (the plan cache stores this)."""
+        return {"segments": [dataclasses.asdict(s) for s in self.segments],
+                "segment_class": list(self.segment_class), "critical": list(self.critical),
+                "fold_ratio": float(self.fold_ratio)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Analysis:
+        """An analysis from :meth:`to_dict` (``mining`` None: recompute it with
+        :func:`autoplan.search.mine` when needed)."""
+        from autoplan.search.fold._cones import Segment  # noqa: PLC0415
+
+        segments = [Segment(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
+                    for s in d["segments"]]
+        return cls(mining=None, segments=segments, segment_class=[int(c) for c in d["segment_class"]],
+                   critical=[int(c) for c in d["critical"]], fold_ratio=float(d["fold_ratio"]))
 
     def layers_for_figure(self, graph: OpGraph) -> list[dict]:
         """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
@@ -276,7 +297,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         for o in s.ops:
             seg_of[o] = s.id
     K = len(segs)
-    pins_set = _pinned_tensors(graph, pin)
+    pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
     boundaries, long_range = _crossings(graph, seg_of, K)
     shared, pair_out = _shared_inputs(graph, seg_of)
     # per segment, for each tensor of its two boundaries: how often it is read outside the
@@ -288,6 +309,11 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         if seg_of[graph.tensors[t].producer] == i else -1
         for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
     sig = [_signature(graph, s.ops) for s in segs]
+    # each segment's pinned operands (operator position, operand index, spec): instances of a
+    # class pinned alike share its solves
+    pin_key = [",".join(f"{p}.{k}={pinned[t]}" for p, o in enumerate(s.ops)
+                        for k, t in enumerate(graph.ops[o].inputs) if t in pinned)
+               for s in segs] if pinned else []
     t_seg = time.perf_counter() - t1
     if bound_auto:
         max_ilps = max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(sig)))
@@ -304,9 +330,8 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     def class_key(i: int) -> str:
         """Segments with equal keys are solved once when folding."""
         key = sig[i]
-        if pin:
-            key += "|" + ",".join(str(p) for p, o in enumerate(segs[i].ops)
-                                  for t in graph.ops[o].inputs if t in pins_set)
+        if pinned:  # the pinned operands' positions and specs (equal pins, one solve)
+            key += "|" + pin_key[i]
         if lr_fixed[i]:
             pos = {o: p for p, o in enumerate(segs[i].ops)}
             key += "|" + repr(sorted(
@@ -503,7 +528,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         # reader's free choice, or replicated (pinned inputs keep their pin)
         own = {t: free0[r[0]][1].spec(t) for t, r in shared.items()}
         own = {t: sp for t, sp in own.items() if sp is not None}
-        rep_all = {t: (None,) * len(graph.tensors[t].shape) for t in own if t not in pins_set}
+        rep_all = {t: (None,) * len(graph.tensors[t].shape) for t in own if t not in pinned}
         assigns = [{**a, **own} for a in assigns] + [{**assigns[0], **own, **rep_all}]
         assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
     t2 = time.perf_counter()
@@ -603,13 +628,6 @@ def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> 
     return total
 
 
-def _pinned_tensors(graph: OpGraph, pin: Mapping[str, Any] | None) -> set[int]:
-    if not pin:
-        return set()
-    out = set()
-    for pattern in pin:
-        out.update(gi.tensor for gi in graph.find_inputs(pattern))
-    return out
 
 
 def _crossings(graph: OpGraph, seg_of: list[int], K: int

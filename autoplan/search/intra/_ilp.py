@@ -61,7 +61,8 @@ Sub-graphs: ``ops`` restricts the ILP to some operators (a segment); tensors the
 outside become boundary variables, and ``fixed`` fixes any tensor's spec at the boundary (a
 tensor read from outside gets exactly that spec; a tensor produced inside is charged the
 resharding to it once per use outside the sub-graph, as the whole graph reshards per consumer).
-``pins`` fixes graph inputs' specs by regular expression.
+``pins`` fixes graph inputs' specs, keyed by a regular expression over input names or by an
+input's tensor id (:mod:`autoplan.search.intra._pins`).
 
 References:
     Zheng, Li, Zhang, Zhuang, Chen, Huang, Wang, Xu, Zhuo, Xing, Gonzalez, Stoica. "Alpa:
@@ -87,13 +88,16 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph, dtype_bytes
 from autoplan._memo import memo
 from autoplan._plan import Comm
+from autoplan.search.intra._pins import pinned_by, pins_key
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
+    _derive,
     _op_key,
-    derive,
+    fusion_context,
+    gradient_feeds,
     is_follower,
     is_generator,
     is_heavy,
@@ -109,13 +113,12 @@ __all__ = [
     "solve_ilp",
     "evaluate",
     "updated_input_pairs",
+    "shared_reshards",
 ]
 
 #: replicated-input penalty: this fraction of the time to move an input's replicated excess bytes
 #: (its bytes per device above the fully sharded size) over the mesh's fastest axis
 PARAM_PENALTY = 1e-3
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                         "argmin"})
 _SCALE = 1e6  # objective in microseconds inside the solver (better conditioned)
 _OUTPUT_LEAF = re.compile(r"^\[(\d+)\](.*)$")  # output leaf ``[k]<path>``
 
@@ -267,31 +270,44 @@ def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: Logical
     return Strategy(name, (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
 
 
-def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] | None
+def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
                   ) -> dict[int, Spec]:
+    """``{input tensor id: spec}`` of ``pins`` on ``mesh`` (see
+    :func:`~autoplan.search.intra._pins.resolve_pins`), validated; once per graph, mesh shape
+    and pins (a folded search builds dozens of segment problems with the same pins)."""
+    if not pins:
+        return {}
+    key = pins_key(pins)
+    if key is None:
+        return _pin_specs(graph, mesh, pins)
+    return memo(graph, ("pin specs", mesh.shape, mesh.axis_names, key),
+                lambda: _pin_specs(graph, mesh, pins))
+
+
+def _pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> dict[int, Spec]:
     out: dict[int, Spec] = {}
-    for pattern, pspec in (pins or {}).items():
+    tensors, input_of = graph.tensors, graph.input_of_tensor
+    done: dict[tuple, Spec] = {}  # (pspec, shape) -> spec: many inputs share both
+    for t, (pattern, pspec) in pinned_by(graph, pins).items():
+        shape = tensors[t].shape
+        if pspec is None:
+            out[t] = replicated(len(shape))
+            continue
         try:
-            hits = graph.find_inputs(pattern, names_only=True)
-        except re.error as err:
-            raise SearchError(f"pin: {pattern!r} should be a regular expression ({err}). Fix: "
-                              "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
-        if not hits:
-            names = ", ".join(gi.name for gi in graph.inputs[:3])
-            raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
-                              f"{names}. Fix: use a regular expression that re.search finds in "
-                              "one of them.")
-        for gi in hits:
-            shape = graph.tensors[gi.tensor].shape
-            if pspec is None:
-                spec = replicated(len(shape))
-            else:
-                try:
-                    spec = from_pspec(pspec, shape, mesh)
-                except SearchError as err:
-                    raise SearchError(f"pin {pattern!r} -> {pspec} for input {gi.name} "
-                                      f"{shape}: {err}") from None
-            out[gi.tensor] = spec
+            k = (pspec, shape)
+            hash(k)
+        except TypeError:
+            k = None
+        spec = done.get(k) if k is not None else None
+        if spec is None:
+            try:
+                spec = from_pspec(pspec, shape, mesh)
+            except SearchError as err:
+                raise SearchError(f"pin {pattern!r} -> {pspec} for input {input_of[t].name} "
+                                  f"{shape}: {err}") from None
+            if k is not None:
+                done[k] = spec
+        out[t] = spec
     return out
 
 
@@ -319,7 +335,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         mesh: the logical mesh.
         ops: operator ids to include (default: all).
         fixed: ``{tensor id: spec or PartitionSpec}`` fixed specs at a segment's boundary.
-        pins: ``{regex over input names: PartitionSpec}`` fixed input specs.
+        pins: ``{regex over input names, or input tensor id: PartitionSpec}`` fixed input specs.
         count_unmerged: also count the variables of the unmerged ILP (``vars_before_merging``).
         chosen: ``{op id: strategy}``: these operators are nodes of their own with this one
             strategy (no follower merging, no enumeration), to cost a given plan with
@@ -392,6 +408,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
 
     # ---- operators: roots and followers --------------------------------------------------------
     follow_cache: dict[tuple, Any] = {}
+    contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
     read_back = _backward_read(graph)
     saved = set(filter(read_back.__contains__, chain.from_iterable(
@@ -410,11 +427,12 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             k = leader_operand(op, cands, graph) if cands else None
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
-                ckey = (_op_key(op), k, src_ids.tobytes())
+                ctx = contexts[i]
+                ckey = (_op_key(op), ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
                     uniq, inv = np.unique(src_ids, return_inverse=True)
-                    strats = [derive(op, mesh, k, prob.specs[u]) for u in uniq]
+                    strats = [_derive(op, mesh, k, prob.specs[u], ctx) for u in uniq]
                     hit = (strats, inv.reshape(-1)) if all(s is not None for s in strats) else None
                     follow_cache[ckey] = hit
                 if hit is not None:
@@ -457,7 +475,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     # ---- gradient-producing backward operators (for tagging collectives) -----------------------
     # (a gradient reaches the optimizer update through movement/elementwise ops only; an
     # activation gradient reaches it only through a reduction, e.g. a bias gradient)
-    feeds = _gradient_feeds(graph)
+    feeds = gradient_feeds(graph)
     prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
 
     if chosen is None:
@@ -520,34 +538,6 @@ def _backward_read(graph: OpGraph) -> frozenset[int]:
         return frozenset(read)  # type: ignore[arg-type]
 
     return memo(graph, "backward_read", make)
-
-
-def _gradient_feeds(graph: OpGraph) -> list[bool]:
-    """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
-    only (it makes a gradient)."""
-
-    def make():
-        ops, consumers = graph.ops, graph.consumers
-        feeds = [False] * len(ops)
-        # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
-        # gradient and passes it on: not heavy, not a reduction); operators are visited
-        # consumers first, so an operator's consumers are marked before it is
-        marks = [op.role == "update" for op in ops]
-        for op in reversed(ops):
-            for t in op.outputs:
-                for c in consumers[t]:
-                    if marks[c]:
-                        break
-                else:
-                    continue
-                i = op.id
-                feeds[i] = True
-                if not is_heavy(op) and op.primitive not in _REDUCTIONS:
-                    marks[i] = True
-                break
-        return feeds
-
-    return memo(graph, "gradient_feeds", make)
 
 
 def _tensor_edges(prob: ILPProblem):
@@ -892,6 +882,37 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
     return saved, comm
 
 
+def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
+                    specs: Mapping[int, Spec]) -> list[tuple[int, Comm]]:
+    """The resharding collectives a plan's costing charges more than once for what XLA does
+    once: when several operators read one tensor in the same other spec (an activation gathered
+    for a forward matmul and for its weight gradient, a weight gathered in forward and in
+    backward), XLA computes the conversion once and shares it (common-subexpression
+    elimination), while the ILP charges it on every edge (Alpa's formulation). Returned as
+    ``(consumer operator, Comm)`` for every repeat after the first, in operator order.
+    """
+    tensors, ops = graph.tensors, graph.ops
+    seen: set[tuple[int, Spec, Spec]] = set()
+    out: list[tuple[int, Comm]] = []
+    for i in sorted(op_strategy):
+        st = op_strategy[i]
+        for t, dst in zip(ops[i].inputs, st.in_specs):
+            src = specs.get(t) if t is not None else None
+            if src is None or src is dst or not tensors[t].shape:
+                continue
+            if dst is None:
+                dst = replicated(len(tensors[t].shape))
+            if dst == src:
+                continue
+            key = (t, src, dst)
+            if key in seen:
+                ten = tensors[t]
+                out.extend((i, c) for c in reshard(src, dst, ten.shape, ten.dtype, mesh)[1])
+            else:
+                seen.add(key)
+    return out
+
+
 def cost_strategies(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
                     input_specs: Mapping[int, Spec], *, pins: Mapping[str, Any] | None = None
                     ) -> tuple[_Breakdown, int]:
@@ -951,7 +972,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
         penalty += term[0]
         memory += term[1]
         specs[t] = spec
-    feeds = _gradient_feeds(graph)
+    feeds = gradient_feeds(graph)
     chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order
     compute = comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
@@ -1279,7 +1300,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             segment (or a graph input) gets exactly this spec; a tensor produced inside is charged
             the resharding to it once per use outside the segment (at least once).
         memory_budget: bytes per device for live memory (inputs and saved activations).
-        pins: ``{regex over input names: PartitionSpec}`` fixing inputs' specs.
+        pins: ``{regex over input names, or input tensor id: PartitionSpec}`` fixing inputs'
+            specs.
         time_limit: solver seconds; at the limit the incumbent is used (SolverTimeoutWarning).
         problem: a prebuilt :func:`build_problem` result to reuse.
         reduce: eliminate nodes with at most two neighbours before solving (exact; skipped with

@@ -3,8 +3,8 @@
 :func:`intra_op_search` views the whole cluster as one logical mesh (default ``(1, n)`` on one
 node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp.solve_ilp`
 and turns the solution into a single-stage :class:`autoplan.Plan`: the spec of every graph
-input, the strategy of every dot/conv operator, and the predicted step time, memory and
-communication.
+input, the strategy of every heavy operator (dot, convolution, gather, scatter), and the
+predicted step time, memory and communication.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -33,13 +33,24 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
+from autoplan.search.intra._ilp import (
+    ILPProblem,
+    ILPSolution,
+    _updated_pairs,
+    build_problem,
+    shared_reshards,
+    solve_ilp,
+)
 from autoplan.search.intra._spec import replicated
+from autoplan.search.intra._strategies import combined_latency
 
 __all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "mesh_shapes_for",
            "plan_from_solution"]
 
-_PLAN_PRIMITIVES = ("dot_general", "conv_general_dilated")
+#: the operators a plan records (and the executor pins): those with strategies of their own
+_PLAN_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter",
+                              "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
+                              "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
 
 
 @dataclass(frozen=True)
@@ -157,11 +168,27 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
 
     ``predicted.step_time`` is the solution's compute plus communication (gradient collectives of
     backward operators already discounted by the cluster's gamma; the small input penalty is not
-    included); ``comm_bytes`` sums each collective's ``B`` (the size in
-    :meth:`~autoplan.LogicalMesh.collective_time`'s formulas: the gathered size of an all-gather,
-    the buffer of an all-reduce or reduce-scatter, the group's tensor of an all-to-all);
+    included), less the repeats of a resharding several operators need (XLA does it once:
+    :func:`~autoplan.search.intra._ilp.shared_reshards`), plus what a step costs once:
+    launching its executable
+    (:meth:`~autoplan.Cluster.step_overhead` of the graph's inputs, counted as compute) and the
+    latency of the collectives XLA combines (once per combined group, counted as communication:
+    :func:`~autoplan.search.intra._strategies.combined_latency`); ``comm_bytes`` sums each
+    collective's ``B`` (the size in :meth:`~autoplan.LogicalMesh.collective_time`'s formulas: the
+    gathered size of an all-gather, the buffer of an all-reduce or reduce-scatter, each device's
+    buffer of an all-to-all);
     ``comm_by_axis`` splits those bytes over the axes a collective spans (hierarchically, innermost
     axis first); ``memory_per_device`` is the ILP's live memory (inputs plus saved activations).
+
+    The plan's operator shardings (``Stage.ops``, which the executor pins with sharding
+    constraints on operands and results) are the heavy operators and both ends of every
+    resharding: an operator that reads an operand in another spec than the one it was made in,
+    the operator that made it, and the operators making updated inputs (new parameters and
+    optimizer state) in another spec than their input's. Between those points every tensor keeps
+    its spec, so XLA compiles the collectives the plan costed where it costed them; left free,
+    XLA's sharding propagation moves reshardings (measured with
+    ``benchmarks/comm_validation.py``: up to 2.5x the predicted bytes with only the heavy
+    operators pinned).
     """
     cluster = mesh.cluster
     graph_ops, graph_tensors, specs = graph.ops, graph.tensors, sol.specs
@@ -186,7 +213,23 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
         (fwd_compute if op.role == "forward" else bwd_compute).append(st.compute_time)
         if op.primitive in _PLAN_PRIMITIVES:
             planned.append(i)
-    planned.sort()
+    planned_set = set(planned)
+    for i, st in sol.strategies.items():  # both ends of every resharding
+        op = graph_ops[i]
+        for t, dst in zip(op.inputs, st.in_specs):
+            src = specs.get(t) if t is not None else None
+            if src is None or dst is None or src == dst or not graph_tensors[t].shape:
+                continue
+            planned_set.add(i)
+            p = graph_tensors[t].producer
+            if p in sol.strategies:
+                planned_set.add(p)
+    for o, inp in _updated_pairs(graph):
+        p = graph_tensors[o].producer
+        if p in sol.strategies and o in specs and inp in specs and specs[o] != specs[inp]:
+            planned_set.add(p)
+    planned = sorted(i for i in planned_set
+                     if i in sol.strategies and len(graph_ops[i].outputs) == 1)
     ops = []
     layer_names = graph.layer_names
     for i in planned:
@@ -225,17 +268,35 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
             fwd += c.time
         else:
             bwd += c.time
+    # a resharding several operators need is done once (XLA shares it): its repeats come off
+    shared = 0.0
+    for i, c in shared_reshards(graph, mesh, sol.strategies, specs):
+        comm_bytes[c.kind] -= c.bytes
+        comm_time_by_kind[c.kind] -= c.time
+        _comm_by_axis(replace(c, bytes=-c.bytes), mesh, comm_by_axis, sizes)
+        shared += c.time
+        if graph_ops[i].role == "forward":
+            fwd -= c.time
+        else:
+            bwd -= c.time
+    # once per step: the executable's launch, and the latency of each combined collective group
+    launch = cluster.step_overhead(len(graph.inputs))
+    combined = combined_latency(graph, mesh, sol.comms)
+    for kind, t in combined.items():
+        comm_time_by_kind[kind] = comm_time_by_kind.get(kind, 0.0) + t
     # (``reduce(add, ...)`` adds one by one, left to right, as a loop of ``+=`` does)
-    fwd = functools.reduce(operator.add, fwd_compute, fwd)
-    bwd = functools.reduce(operator.add, bwd_compute, bwd)
-    step = sol.compute_time + sol.comm_time
+    fwd = functools.reduce(operator.add, fwd_compute, fwd + launch)
+    bwd = functools.reduce(operator.add, bwd_compute, bwd + sum(combined.values()))
+    compute_time = sol.compute_time + launch
+    comm_time = sol.comm_time + sum(combined.values()) - shared
+    step = compute_time + comm_time
     devices = mesh.size
     batch = (config or {}).get("batch")
     throughput = float(batch) / step if batch and step > 0 else 0.0
     mfu = graph.flops / (step * devices * cluster.peak_flops) if step > 0 else 0.0
     predicted = Predicted(step_time=step, throughput=throughput,
-                          memory_per_device=sol.memory_per_device, compute_time=sol.compute_time,
-                          comm_time=sol.comm_time, comm_bytes=comm_bytes, comm_by_axis=comm_by_axis,
+                          memory_per_device=sol.memory_per_device, compute_time=compute_time,
+                          comm_time=comm_time, comm_bytes=comm_bytes, comm_by_axis=comm_by_axis,
                           comm_time_by_kind=comm_time_by_kind, bubble_fraction=0.0, mfu=mfu)
     layers = tuple(ly.name for ly in graph.layers)
     stage = Stage(index=0, layers=layers, layer_range=(0, len(layers)), submesh=mesh.submesh,

@@ -1,7 +1,12 @@
 """Pins: fixing some graph inputs' specs before the intra-operator ILP.
 
-A pin maps a regular expression over input names (``params['w']``) to a ``PartitionSpec``; the
-ILP gives every matching input exactly that spec. The baselines are written as pins:
+A pin maps a graph input to a ``PartitionSpec``; the ILP gives that input exactly that spec. Its
+key is either a regular expression over input names (``params['w']``; every input whose name it
+``re.search``-es is pinned), as users write them, or a graph input's tensor id, as the baselines
+write them: a baseline is a spec per input, so it is expressed by input rather than by pattern.
+:func:`resolve_pins` turns either into ``{input tensor id: PartitionSpec}`` once per graph.
+
+The baselines' pins:
 
 * :func:`data_parallel_pins`: the batch split on its leading dimension over axis ``x``, every
   parameter and optimizer-state leaf replicated;
@@ -14,13 +19,16 @@ ILP gives every matching input exactly that spec. The baselines are written as p
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from jax.sharding import PartitionSpec as P
 
+from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
+from autoplan._memo import memo
 
-__all__ = ["data_parallel_pins", "megatron_pins"]
+__all__ = ["data_parallel_pins", "megatron_pins", "resolve_pins", "pinned_by", "pins_key"]
 
 # (regex over an input's path, spec) in Megatron-LM's layout; first match wins
 _MEGATRON = [
@@ -34,27 +42,93 @@ _MEGATRON = [
 ]
 
 
-def data_parallel_pins(graph: OpGraph) -> dict[str, Any]:
-    pins: dict[str, Any] = {}
+def pins_key(pins: Mapping[Any, Any] | None) -> Hashable | None:
+    """A hashable form of ``pins`` (to memoize what is derived from them), or None when a
+    value is not hashable."""
+    if not pins:
+        return ()
+    try:
+        key = tuple(pins.items())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def resolve_pins(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, Any]:
+    """``{input tensor id: PartitionSpec or None}`` for ``pins`` keyed by regular expressions
+    over input names or by graph inputs' tensor ids (a later key overrides an earlier one on the
+    same input). Computed once per graph and pins.
+
+    Raises:
+        SearchError: a key that is not a valid regular expression, matches no input name, or is
+            an integer that is not a graph input's tensor id.
+    """
+    return {t: pspec for t, (_, pspec) in pinned_by(graph, pins).items()}
+
+
+def pinned_by(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[Any, Any]]:
+    """``{input tensor id: (the pin's key, its PartitionSpec)}``: :func:`resolve_pins` with the
+    key that pinned each input (for error messages)."""
+    key = pins_key(pins)
+    if key is None:
+        return _resolve(graph, pins)
+    return memo(graph, ("pins", key), lambda: _resolve(graph, pins))
+
+
+def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[Any, Any]]:
+    out: dict[int, tuple[Any, Any]] = {}
+    input_of = graph.input_of_tensor
+    for pattern, pspec in (pins or {}).items():
+        if isinstance(pattern, int) and not isinstance(pattern, bool):
+            if pattern not in input_of:
+                raise SearchError(
+                    f"pin: an integer key should be the tensor id of a graph input. Got "
+                    f"{pattern}, which is not one. Fix: use gi.tensor of one of graph.inputs, or "
+                    "a regular expression over input names.")
+            out[pattern] = (pattern, pspec)
+            continue
+        if not isinstance(pattern, str):
+            raise SearchError(f"pin: keys should be regular expressions over input names (or "
+                              f"graph inputs' tensor ids). Got {pattern!r}. Fix: e.g. "
+                              "{r\"\\['fc1'\\]\\['kernel'\\]\": PartitionSpec(None, 'y')}.")
+        try:
+            hits = graph.find_inputs(pattern, names_only=True)
+        except re.error as err:
+            raise SearchError(f"pin: {pattern!r} should be a regular expression ({err}). Fix: "
+                              "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
+        if not hits:
+            names = ", ".join(gi.name for gi in graph.inputs[:3])
+            raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
+                              f"{names}. Fix: use a regular expression that re.search finds in "
+                              "one of them.")
+        for gi in hits:
+            out[gi.tensor] = (pattern, pspec)
+    return out
+
+
+def data_parallel_pins(graph: OpGraph) -> dict[int, Any]:
+    """Data parallelism as pins by input tensor id: every batch leaf split on its leading
+    dimension over axis ``x``, every parameter and optimizer-state leaf replicated."""
+    pins: dict[int, Any] = {}
     for gi in graph.inputs:
         shape = graph.tensors[gi.tensor].shape
-        key = "^" + re.escape(gi.name) + "$"
         if gi.kind == "batch":
-            pins[key] = P("x") if shape else P()
+            pins[gi.tensor] = P("x") if shape else P()
         elif gi.kind in ("parameter", "optimizer_state"):
-            pins[key] = P()
+            pins[gi.tensor] = P()
     return pins
 
 
-def megatron_pins(graph: OpGraph, tp: int) -> dict[str, Any] | None:
-    """Megatron pins for the graph's inputs, or None when the model has no Megatron layers."""
-    pins: dict[str, Any] = {}
+def megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
+    """Megatron pins by input tensor id (tensor parallelism of ``tp`` devices on axis ``y``, the
+    batch split over ``x``), or None when the model has no Megatron layers."""
+    pins: dict[int, Any] = {}
     matched = 0
     for gi in graph.inputs:
         shape = graph.tensors[gi.tensor].shape
-        key = "^" + re.escape(gi.name) + "$"
         if gi.kind == "batch":
-            pins[key] = P("x") if shape else P()
+            pins[gi.tensor] = P("x") if shape else P()
             continue
         if gi.kind not in ("parameter", "optimizer_state"):
             continue
@@ -66,5 +140,5 @@ def megatron_pins(graph: OpGraph, tp: int) -> dict[str, Any] | None:
                     spec = s
                     matched += gi.kind == "parameter"
                 break
-        pins[key] = spec
+        pins[gi.tensor] = spec
     return pins if matched else None

@@ -4,22 +4,27 @@ For each mesh axis used by the source spec:
 
 * kept on the same dimension (the destination's axis list on that dimension starts with the
   source's): nothing to do;
-* moved to another dimension: an **all-to-all** over that axis;
-* not used by the destination (or used in another position of the same dimension): an
-  **all-gather** over that axis.
+* moved to another dimension: an **all-to-all**, when the axes leaving a dimension land together,
+  in the same order, after what the other dimension keeps (``S(x)R -> RS(x)``;
+  ``S(xy)R -> RS(xy)`` is one all-to-all over both axes);
+* otherwise (not used by the destination, used in another position of the same dimension, or
+  split from the axes it left with, as ``S(xy)R -> S(y)R``... ``RS(xy) -> S(y)R``): an
+  **all-gather**; all gathered axes go in one all-gather over their combined group.
+
+This is what XLA's SPMD partitioner compiles (its all-to-all handles one dimension's sharding
+moving whole to another dimension; any other change gathers what leaves and slices locally), so
+the predicted collectives are the compiled ones (``benchmarks/comm_validation.py``).
 
 Axes the destination uses but the source does not are a **free slice** (each device keeps a part of
 what it holds). The conversion slices first (so later collectives move fewer bytes), then runs the
-all-to-alls, then the all-gathers in the cheapest order.
+all-to-alls, then the all-gather.
 
-Bytes ``B`` passed to :meth:`LogicalMesh.collective_time` are the size of the tensor within one
-collective group (the gathered size for an all-gather, the group's whole tensor for an
-all-to-all), as in that method's formulas.
+Bytes ``B`` passed to :meth:`LogicalMesh.collective_time` are as in that method's formulas: the
+gathered size for an all-gather, each device's buffer for an all-to-all.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
@@ -95,55 +100,46 @@ def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: 
              backward: bool) -> tuple[float, tuple[Comm, ...]]:
     names = mesh.axis_names
     size = dict(zip(names, mesh.shape))
-    src_dim: dict[str, int] = {}
-    dst_dim: dict[str, int] = {}
-    for d, e in enumerate(src):
-        for a in e or ():
-            src_dim[a] = d
-    for d, e in enumerate(dst):
-        for a in e or ():
-            dst_dim[a] = d
-    kept: set[str] = set()
-    for s_e, d_e in zip(src, dst):
-        s_e, d_e = s_e or (), d_e or ()
+    src_e = [tuple(a for a in (e or ()) if size[a] > 1) for e in src]
+    dst_e = [tuple(a for a in (e or ()) if size[a] > 1) for e in dst]
+    kept_len = []
+    for s_e, d_e in zip(src_e, dst_e):
         k = 0
         while k < len(s_e) and k < len(d_e) and s_e[k] == d_e[k]:
             k += 1
-        kept.update(s_e[:k])
-    leaving = [a for a in src_dim if a not in kept and size[a] > 1]
-    moves = [a for a in leaving if a in dst_dim and dst_dim[a] != src_dim[a]]
-    gathers = [a for a in leaving if a not in moves]
-    added = [a for a in dst_dim if a not in src_dim and size[a] > 1]
-    if not leaving:
+        kept_len.append(k)
+    rest = [s_e[k:] for s_e, k in zip(src_e, kept_len)]
+    if not any(rest):
         return 0.0, ()
+    src_axes = {a for e in src_e for a in e}
+    added = [a for e in dst_e for a in e if a not in src_axes]
+    # a dimension's leaving axes move by one all-to-all when they land together, in order, after
+    # what another dimension keeps; any other leaving axis is gathered
+    moves: list[tuple[str, ...]] = []
+    gathers: list[str] = []
+    for d, r in enumerate(rest):
+        if not r:
+            continue
+        target = [d2 for d2, d_e in enumerate(dst_e)
+                  if d2 != d and d_e == src_e[d2][:kept_len[d2]] + r]
+        if target:
+            moves.append(r)
+        else:
+            gathers.extend(r)
     total_bytes = math.prod(shape) * itemsize
-    tiles = math.prod(size[a] for a in src_dim)
     # slice first: axes only the destination uses cut what every device holds
-    tiles *= math.prod(size[a] for a in added)
+    tiles = math.prod(size[a] for a in src_axes) * math.prod(size[a] for a in added)
     cur = total_bytes / tiles
     comms: list[Comm] = []
     time = 0.0
-    for a in moves:
-        n = size[a]
-        b = cur * n
-        t = mesh.collective_time("all-to-all", b, [names.index(a)], backward)
-        comms.append(Comm("all-to-all", b, (a,), t, "reshard"))
+    for group in moves:
+        t = mesh.collective_time("all-to-all", cur, [names.index(a) for a in group], backward)
+        comms.append(Comm("all-to-all", cur, group, t, "reshard"))
         time += t
     if gathers:
-        best: tuple[float, list[Comm]] | None = None
-        for order in itertools.permutations(gathers):
-            c = cur
-            tt = 0.0
-            cc: list[Comm] = []
-            for a in order:
-                n = size[a]
-                c *= n
-                t = mesh.collective_time("all-gather", c, [names.index(a)], backward)
-                cc.append(Comm("all-gather", c, (a,), t, "reshard"))
-                tt += t
-            if best is None or tt < best[0] - 1e-18:
-                best = (tt, cc)
-        assert best is not None
-        time += best[0]
-        comms.extend(best[1])
+        axes = tuple(sorted(gathers, key=names.index))
+        b = cur * math.prod(size[a] for a in axes)
+        t = mesh.collective_time("all-gather", b, [names.index(a) for a in axes], backward)
+        comms.append(Comm("all-gather", b, axes, t, "reshard"))
+        time += t
     return time, tuple(comms)

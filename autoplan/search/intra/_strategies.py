@@ -28,10 +28,34 @@ of dimensions; a reduction over a split dimension all-reduces; slice/pad/concate
 replicate the dimension they cut or scan...). The ILP merges followers into the operand they
 follow (see :mod:`autoplan.search.intra._ilp`).
 
-Costs: ``compute_time`` is the operator's FLOPs divided by the number of devices doing distinct
-work (replicated work costs the full FLOPs), at the cluster's achievable FLOP rate;
-communication uses the mesh's alpha-beta model, with ``backward=True`` for the collectives of
-backward-role operators (gradient communication, discounted by the cluster's gamma).
+Costs: ``compute_time`` is a roofline plus a per-kernel overhead, per device,
+
+    t = max(F / R(F, dtype), Q / BW) + o . [the operator is a kernel]
+
+where ``F`` is the operator's FLOPs divided by the number of devices doing distinct work
+(replicated work costs the full FLOPs), ``R`` the cluster's achievable FLOP/s for a matmul or
+convolution of ``F`` FLOPs (the measured curve of a profile, else peak x efficiency), ``Q`` the
+bytes it reads from and writes to memory per device (each tensor's bytes over its spec's tiles),
+``BW`` the memory bandwidth and ``o`` the cluster's per-kernel overhead.
+
+XLA fuses: elementwise and data-movement operators (:data:`LOOP_FUSIBLE`) run inside the kernel
+of the operator that reads them, so an overhead per traced operator would be about three times too
+many. An operator is a **kernel** when it is not loop-fusible, or when its result is read by an
+operator that is not (a matmul, a reduction, a gather...) or is a result of the step: measured on
+the zoo's train steps (tiny and medium), this count is 0.96-1.22x the kernels XLA compiles, where
+one per traced operator is 3.3x (:func:`fusion_context`). Only a kernel writes its results to
+memory, and an operator reads from memory only the operands a kernel (or the step's inputs)
+produced; operators that read a slice (slices, gathers) read only what they produce.
+
+Communication uses the mesh's collective times (the profile's tables, or the alpha-beta model),
+with ``backward=True`` for the collectives of backward-role operators (gradient communication,
+discounted by the cluster's gamma). A collective whose result only feeds the optimizer update or
+the step's results (a gradient's all-reduce, the loss's) is one XLA combines with the others of
+its kind (:func:`combinable_ops`): of the ``k`` operators of the step that may issue such a
+collective (the combinable matmuls, convolutions, gathers, scatters and reductions), each is
+charged its transfer time and ``1/k`` of the latency, so that a plan in which they all
+communicate pays about one latency, as the combined collective does; the plan then adds what is
+missing for one latency per combined group (:func:`combined_latency`).
 
 Any primitive without a rule gets the replicated strategy only; the caller collects their names
 (``unknown``) to warn once per search.
@@ -45,8 +69,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autoplan._cluster import LogicalMesh
+from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
 from autoplan._graph import OpGraph, OpNode, dtype_bytes
+from autoplan._memo import memo
 from autoplan._plan import Comm
 from autoplan.search.intra._reshard import mesh_id
 from autoplan.search.intra._spec import Spec, enumerate_specs, replicated, spec_name
@@ -55,6 +80,12 @@ __all__ = [
     "Strategy",
     "strategies",
     "derive",
+    "fusion_context",
+    "combinable_ops",
+    "combined_latency",
+    "compute_time",
+    "gradient_feeds",
+    "LOOP_FUSIBLE",
     "is_follower",
     "is_heavy",
     "is_generator",
@@ -130,6 +161,20 @@ _SCATTER = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "s
 #: primitives with their own strategy variable
 HEAVY = frozenset({"dot_general", "conv_general_dilated", "gather"}) | _SCATTER
 _GENERATORS = frozenset({"iota", "broadcast_in_dim", "full", "zeros_like"})
+#: primitives XLA fuses into the kernel of the operator reading them (loop fusion)
+LOOP_FUSIBLE = ELEMENTWISE | frozenset({
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "iota", "slice", "rev", "pad",
+    "concatenate", "transpose", "dynamic_slice"})
+#: primitives that read only the part of their first operand they produce
+_READS_SLICE = frozenset({"slice", "dynamic_slice", "scan_slice", "gather"})
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                         "argmin"})
+
+#: an operator's place in XLA's fusion: (it is a kernel, which operands it reads from memory,
+#: the share of a collective's latency its collectives pay: 1, or 1/k for the k operators whose
+#: collectives XLA combines); ``()`` for the operands means all of them
+Context = tuple[bool, tuple[bool, ...], float]
+UNFUSED: Context = (True, (), 1.0)
 
 
 def is_heavy(op: OpNode) -> bool:
@@ -152,6 +197,131 @@ def is_generator(op: OpNode) -> bool:
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
+
+def fusion_context(graph: OpGraph) -> list[Context]:
+    """Per operator: whether it is a kernel under XLA's fusion, which of its operands it reads
+    from memory, and the share of a collective's latency its collectives pay (see the module
+    docstring); once per graph.
+
+    An operator is a kernel when it is not loop-fusible, or its result is a result of the graph
+    or is read by an operator that is not loop-fusible. An operand is read from memory when a
+    kernel or the graph's inputs made it.
+    """
+
+    def make() -> list[Context]:
+        ops, consumers, tensors = graph.ops, graph.consumers, graph.tensors
+        outputs = {o.tensor for o in graph.outputs}
+        kernel = []
+        for op in ops:
+            if op.primitive not in LOOP_FUSIBLE:
+                kernel.append(True)
+                continue
+            kernel.append(any(t in outputs or any(ops[c].primitive not in LOOP_FUSIBLE
+                                                  for c in consumers[t]) for t in op.outputs))
+        combine = combinable_ops(graph)
+        # the operators whose collectives XLA would combine: their latency is shared
+        k = sum(1 for op in ops if combine[op.id]
+                and (is_heavy(op) or op.primitive in _REDUCTIONS))
+        shared = 1.0 / max(1, k)
+        out: list[Context] = []
+        for op in ops:
+            mat = tuple(t is not None and (tensors[t].producer < 0 or kernel[tensors[t].producer])
+                        for t in op.inputs)
+            out.append((kernel[op.id], mat, shared if combine[op.id] else 1.0))
+        return out
+
+    return memo(graph, "fusion_context", make)
+
+
+def combinable_ops(graph: OpGraph) -> list[bool]:
+    """Per operator: its results only feed the optimizer update or the step's results, through
+    operators that are neither heavy nor reductions (a weight gradient, a bias gradient, the
+    loss). Nothing else waits for such an operator's collectives, so XLA combines them with the
+    others of their kind; once per graph."""
+
+    def make() -> list[bool]:
+        ops, consumers = graph.ops, graph.consumers
+        outputs = {o.tensor for o in graph.outputs}
+        terminal = [False] * len(ops)
+        for op in reversed(ops):
+            ok = any(t in outputs or consumers[t] for t in op.outputs)
+            for t in op.outputs:
+                for c in consumers[t]:
+                    oc = ops[c]
+                    if oc.role == "update":
+                        continue
+                    if is_heavy(oc) or oc.primitive in _REDUCTIONS or not terminal[c]:
+                        ok = False
+                        break
+                if not ok:
+                    break
+            terminal[op.id] = ok
+        return terminal
+
+    return memo(graph, "combinable_ops", make)
+
+
+def gradient_feeds(graph: OpGraph) -> list[bool]:
+    """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
+    only (it makes a gradient); once per graph."""
+
+    def make():
+        ops, consumers = graph.ops, graph.consumers
+        feeds = [False] * len(ops)
+        # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
+        # gradient and passes it on: not heavy, not a reduction); operators are visited
+        # consumers first, so an operator's consumers are marked before it is
+        marks = [op.role == "update" for op in ops]
+        for op in reversed(ops):
+            for t in op.outputs:
+                for c in consumers[t]:
+                    if marks[c]:
+                        break
+                else:
+                    continue
+                i = op.id
+                feeds[i] = True
+                if not is_heavy(op) and op.primitive not in _REDUCTIONS:
+                    marks[i] = True
+                break
+        return feeds
+
+    return memo(graph, "gradient_feeds", make)
+
+
+def combined_latency(graph: OpGraph, mesh: LogicalMesh,
+                     comms: Sequence[tuple[int | None, Comm]]) -> dict[str, float]:
+    """The latency the collectives XLA combines still have to pay, by kind: for every kind and
+    mesh axes, the collectives of :func:`combinable_ops` operators run as
+    ``ceil(bytes / COMBINE_THRESHOLD)`` combined collectives, each paying the latency once; their
+    strategies already charged their shares of it (see the module docstring), and the rest is
+    returned (never below zero).
+
+    Args:
+        graph: the graph; ``mesh`` the mesh; ``comms`` ``(operator id, Comm)`` of a plan.
+    """
+    ctx = fusion_context(graph)
+    groups: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+    for i, c in comms:
+        if i is None or c.where == "reshard" or ctx[i][2] >= 1.0:
+            continue
+        g = groups.setdefault((c.kind, c.axes), [0.0, 0.0])
+        g[0] += c.bytes
+        g[1] += ctx[i][2]
+    out: dict[str, float] = {}
+    for (kind, axes), (nbytes, charged) in groups.items():
+        n = max(1, math.ceil(nbytes / COMBINE_THRESHOLD))
+        missing = max(0.0, n - charged) * mesh.latency(kind, _axis_idx(mesh, axes))
+        if missing > 0:
+            out[kind] = out.get(kind, 0.0) + missing
+    return out
+
+
+def _context(op: OpNode, graph: OpGraph | None) -> Context:
+    if graph is None or op.id >= len(graph.ops) or graph.ops[op.id] is not op:
+        return UNFUSED
+    return fusion_context(graph)[op.id]
+
 
 def _op_key(op: OpNode) -> tuple:
     return (op.primitive, repr(op.params), op.in_shapes, op.out_shapes, op.in_dtypes,
@@ -185,7 +355,7 @@ def _axis_idx(mesh: LogicalMesh, axes: Sequence[str]) -> list[int]:
 
 def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
             out_specs: Sequence[Spec], comms: Sequence[tuple[str, float, tuple[str, ...]]],
-            work: int | None = None, name: str | None = None) -> Strategy:
+            work: int | None = None, name: str | None = None, ctx: Context = UNFUSED) -> Strategy:
     """Build a Strategy: time the collectives, compute time and output memory."""
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     backward = op.role == "backward"
@@ -194,11 +364,15 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
         axes = tuple(a for a in axes if sizes[a] > 1)
         if not axes or nbytes <= 0:
             continue
-        t = mesh.collective_time(kind, nbytes, _axis_idx(mesh, axes), backward)
+        idx = _axis_idx(mesh, axes)
+        t = mesh.collective_time(kind, nbytes, idx, backward)
+        if ctx[2] < 1.0:  # combined with others: the transfer and a share of the latency
+            transfer = mesh.collective_time(kind, nbytes, idx, backward, latency=False)
+            t = transfer + ctx[2] * (t - transfer)
         cs.append(Comm(kind, float(nbytes), axes, t, "op"))
     if work is None:
         work = max([_tiles(s, sizes) for s in in_specs] + [_tiles(s, sizes) for s in out_specs] + [1])
-    compute = mesh.compute_time(op.flops / work) if op.flops else 0.0
+    compute = compute_time(op, mesh, in_specs, out_specs, work, ctx, sizes)
     mem = 0.0
     for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
         mem += _nbytes(shp, dt) / _tiles(s, sizes)
@@ -210,10 +384,41 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
     return Strategy(name, tuple(out_specs), tuple(in_specs), tuple(cs), compute, mem)
 
 
-def _replicated_strategy(op: OpNode, mesh: LogicalMesh) -> Strategy:
+def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
+                 out_specs: Sequence[Spec], work: int, ctx: Context = UNFUSED,
+                 sizes: dict[str, int] | None = None) -> float:
+    """Seconds per device of ``op`` under these specs: ``max(F / R(F), Q / BW) + o`` (see the
+    module docstring), ``work`` the number of devices doing distinct work."""
+    cluster = mesh.cluster
+    if sizes is None:
+        sizes = dict(zip(mesh.axis_names, mesh.shape))
+    kernel, mat, _ = ctx
+    flops = op.flops / work if op.flops else 0.0
+    prim = op.primitive
+    if prim == "dot_general":
+        t = cluster.flop_time("matmul", flops, op.in_dtypes[0])
+    elif prim == "conv_general_dilated":
+        t = cluster.flop_time("conv", flops, op.in_dtypes[0])
+    else:
+        t = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops else 0.0
+    if cluster.memory_bandwidth > 0:
+        q = 0.0
+        for k, (shp, dt, s) in enumerate(zip(op.in_shapes, op.in_dtypes, in_specs)):
+            if shp is None or (mat and not mat[k]) or (k == 0 and prim in _READS_SLICE):
+                continue
+            q += _nbytes(shp, dt) / _tiles(s, sizes)
+        if kernel or prim in _READS_SLICE:
+            for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
+                b = _nbytes(shp, dt) / _tiles(s, sizes)
+                q += 2 * b if prim in _READS_SLICE else b  # a slice reads what it writes
+        t = max(t, cluster.memory_time(q))
+    return t + cluster.op_overhead if kernel else t
+
+
+def _replicated_strategy(op: OpNode, mesh: LogicalMesh, ctx: Context = UNFUSED) -> Strategy:
     ins = tuple(None if s is None else replicated(len(s)) for s in op.in_shapes)
     outs = tuple(replicated(len(s)) for s in op.out_shapes)
-    return _finish(op, mesh, ins, outs, (), work=1)
+    return _finish(op, mesh, ins, outs, (), work=1, ctx=ctx)
 
 
 def leader_operand(op: OpNode, candidates: Sequence[int] | None = None,
@@ -467,7 +672,8 @@ class _Slot:
 
 
 def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allow_rs: bool,
-                     out_index: int = 0, partial_ok: bool = True) -> list[Strategy]:
+                     out_index: int = 0, partial_ok: bool = True,
+                     ctx: Context = UNFUSED) -> list[Strategy]:
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     axes = [(a, n) for a, n in zip(mesh.axis_names, mesh.shape) if n > 1]
     out_shape = op.out_shapes[out_index]
@@ -497,12 +703,14 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
         ins: list[Any] = [None if s is None else [None] * len(s) for s in op.in_shapes]
         out: list[Any] = [None] * len(out_shape)
         partial: list[str] = []
+        slot_of: dict[str, int] = {}  # partial axis -> the summed loop dimension it splits
         for s, ax in per_slot.items():
             sl = slots[s]
             for pos, d in sl.operand_dims:
                 ins[pos][d] = ax
             if sl.out_dim is None:
                 partial.extend(ax)
+                slot_of.update(dict.fromkeys(ax, s))
             else:
                 out[sl.out_dim] = ax
         if partial and not partial_ok:
@@ -535,16 +743,18 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
                 if d is not None:
                     comms.append(("reduce-scatter", cur_b, (a,)))
                     cur_b /= sizes[a]
-            ar = tuple(a for a, d in zip(partial, res) if d is None)
-            if ar:
-                comms.append(("all-reduce", cur_b, ar))
+            # one all-reduce per summed loop dimension, over the axes splitting it (XLA reduces
+            # the partial sums of each split dimension on its own, each of the whole buffer)
+            ar = [a for a, d in zip(partial, res) if d is None]
+            for s in dict.fromkeys(slot_of[a] for a in ar):
+                comms.append(("all-reduce", cur_b, tuple(a for a in ar if slot_of[a] == s)))
             outs = list(replicated(len(s)) for s in op.out_shapes)
             outs[out_index] = tuple(o)
             key = (in_specs, tuple(outs))
             if key in seen:
                 continue
             seen.add(key)
-            result.append(_finish(op, mesh, in_specs, outs, comms, work=work))
+            result.append(_finish(op, mesh, in_specs, outs, comms, work=work, ctx=ctx))
     return result
 
 
@@ -650,17 +860,27 @@ _DERIVE_CACHE: dict[tuple, Strategy | None] = {}
 _STRAT_CACHE: dict[tuple, tuple[tuple[Strategy, ...], bool]] = {}
 
 
-def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec) -> Strategy | None:
+def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec,
+           graph: OpGraph | None = None) -> Strategy | None:
     """The follower strategy of ``op`` when its operand ``k`` has ``spec``.
 
     The returned strategy's ``in_specs[k]`` may differ from ``spec`` where the operator cannot
     keep a split (e.g. a reduce-window or cumsum along a split dimension): the difference is a
     resharding the caller charges.
 
+    Args:
+        op: the operator; ``graph`` its graph (for its place in XLA's fusion; without it the
+            operator is costed as a kernel of its own).
+
     Returns:
         The strategy, or None when ``op`` has no follower rule.
     """
-    key = (mesh_id(mesh), _op_key(op), k, spec)
+    ctx = _context(op, graph)
+    return _derive(op, mesh, k, spec, ctx)
+
+
+def _derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec, ctx: Context) -> Strategy | None:
+    key = (mesh_id(mesh), _op_key(op), k, spec, ctx)
     if key in _DERIVE_CACHE:
         return _DERIVE_CACHE[key]
     sizes = dict(zip(mesh.axis_names, mesh.shape))
@@ -671,7 +891,7 @@ def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec) -> Strategy | None
     st = None
     if r is not None:
         ins, outs, comms, work = r
-        st = _finish(op, mesh, ins, outs, comms, work=work)
+        st = _finish(op, mesh, ins, outs, comms, work=work, ctx=ctx)
     if len(_DERIVE_CACHE) > 2_000_000:
         _DERIVE_CACHE.clear()
     _DERIVE_CACHE[key] = st
@@ -703,19 +923,20 @@ def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
          'RS(y) x S(y)R -> RR (all-reduce y)', 'RS(y) x S(y)R -> S(y)R (reduce-scatter y)',
          'RS(y) x S(y)R -> RS(y) (reduce-scatter y)']
     """
-    key = (mesh_id(mesh), _op_key(op))
+    ctx = _context(op, graph)
+    key = (mesh_id(mesh), _op_key(op), ctx)
     hit = _STRAT_CACHE.get(key)
     if hit is None:
         try:
-            out = _strategies(op, graph, mesh)
+            out = _strategies(op, graph, mesh, ctx)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError):
             out = []
         is_unknown = not out
         if is_unknown:
-            out = [_replicated_strategy(op, mesh)]
+            out = [_replicated_strategy(op, mesh, ctx)]
         elif not any(all(not e for s in st.out_specs for e in s) and
                      all(s is None or not any(s) for s in st.in_specs) for st in out):
-            out.insert(0, _replicated_strategy(op, mesh))
+            out.insert(0, _replicated_strategy(op, mesh, ctx))
         hit = (tuple(out), is_unknown)
         if len(_STRAT_CACHE) > 200_000:
             _STRAT_CACHE.clear()
@@ -725,20 +946,21 @@ def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
     return list(hit[0])
 
 
-def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[Strategy]:
+def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
+                ctx: Context = UNFUSED) -> list[Strategy]:
     prim = op.primitive
     if not op.out_shapes:
         return []
     if prim == "dot_general":
-        return _enumerate_slots(op, mesh, _dot_slots(op), allow_rs=True)
+        return _enumerate_slots(op, mesh, _dot_slots(op), allow_rs=True, ctx=ctx)
     if prim == "conv_general_dilated":
-        return _enumerate_slots(op, mesh, _conv_slots(op), allow_rs=False)
+        return _enumerate_slots(op, mesh, _conv_slots(op), allow_rs=False, ctx=ctx)
     if prim == "gather":
         slots = _gather_slots(op)
-        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False)
+        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False, ctx=ctx)
     if prim in _SCATTER:
         slots = _scatter_slots(op)
-        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False)
+        return [] if slots is None else _enumerate_slots(op, mesh, slots, allow_rs=False, ctx=ctx)
     if prim in FOLLOWERS:
         k = leader_operand(op, [i for i, s in enumerate(op.in_shapes) if s is not None and len(s)],
                            graph)
@@ -746,12 +968,13 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[St
             if not is_generator(op):
                 return []
             return [_finish(op, mesh, tuple(None if s is None else () for s in op.in_shapes),
-                            (spec,) + tuple(replicated(len(s)) for s in op.out_shapes[1:]), ())
+                            (spec,) + tuple(replicated(len(s)) for s in op.out_shapes[1:]), (),
+                            ctx=ctx)
                     for spec in enumerate_specs(op.out_shapes[0], mesh)]
         out: list[Strategy] = []
         seen: set = set()
         for spec in enumerate_specs(op.in_shapes[k], mesh):
-            st = derive(op, mesh, k, spec)
+            st = _derive(op, mesh, k, spec, ctx)
             if st is None:
                 return []
             key = (st.in_specs, st.out_specs)
@@ -759,7 +982,7 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh) -> list[St
                 seen.add(key)
                 out.append(st)
         if prim == "reduce_sum" and len(op.out_shapes) == 1:
-            for st in _partial_sum_variants(op, mesh, out):
+            for st in _partial_sum_variants(op, mesh, out, ctx):
                 key = (st.in_specs, st.out_specs)
                 if key not in seen:
                     seen.add(key)
@@ -786,7 +1009,8 @@ def _scatter_dims(spec: Sequence[Any], out_shape: Sequence[int], a: str,
     return dims
 
 
-def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy]) -> list[Strategy]:
+def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy],
+                          ctx: Context = UNFUSED) -> list[Strategy]:
     """Reductions over a split dimension keeping the partial sums scattered: a reduce-scatter
     onto a result dimension instead of the all-reduce (one mesh axis at a time)."""
     sizes = dict(zip(mesh.axis_names, mesh.shape))
@@ -802,5 +1026,5 @@ def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy]) -
             new = tuple((e or ()) + (a,) if i == d else e for i, e in enumerate(spec))
             extra.append(_finish(op, mesh, st.in_specs, (new,),
                                  [("reduce-scatter", ar[0].bytes, (a,))],
-                                 work=_tiles(st.in_specs[0], sizes)))
+                                 work=_tiles(st.in_specs[0], sizes), ctx=ctx))
     return extra

@@ -2,64 +2,165 @@
 
 Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage ILP):
 
-1. Trace the training step at micro-batch size (the batch leaves' leading dimension divided by the
-   number of micro-batches ``B``) and cluster its operators into layers
+1. **Micro-batch graph.** The global batch is the leading dimension of the step's batch arguments
+   (the graph inputs of kind ``batch``). The step is traced at micro-batch size (that dimension
+   divided by the number of micro-batches ``B``) and its operators are clustered into layers
    (:func:`~autoplan.search.fold._clustering.cluster_layers`).
-2. For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M), (2,M) ... (N,M)) and
-   logical mesh of that submesh, solve the intra-operator ILP on the layer's subgraph. Layers with
-   the same structural signature share one solve (folding): a 96-layer GPT solves three layer
-   kinds (embedding, block, head), not 98 layers.
-3. ``t_intra(i..j, submesh, logical)`` is the sum of its layers' costs per micro-batch (each
-   layer's ILP charges the resharding of its own inputs from the specs it assumes; resharding
-   between two layers whose plans disagree inside a stage is not charged); memory by Alpa's Eq. 5
-   from the layers' parameter/optimizer bytes and activation bytes. Each cell has two variants:
-   the fastest plan and a memory-lean one (:func:`_lean_plan`).
-4. Alpa's stage DP (:func:`~autoplan.search.pipeline._stage_dp.stage_dp`) picks stages and submeshes; for a
-   layer graph that is not a chain (U-Net skips, two towers) TePDist's stage ILP on the DAG
-   (:func:`~autoplan.search.pipeline._stage_ilp.stage_ilp`) assigns layers to stages instead, and the stages
-   get equal-sized submeshes.
-5. Each chosen stage is composed from its layers' solutions (the ones the DP costed); the
-   schedule (GPipe or 1F1B) is simulated with the stages' forward/backward times and the
-   cross-mesh resharding time of the boundary tensors (send/recv, or Alpa's local all-gather:
-   send 1/n of the tensor to each destination device and all-gather there).
+2. **Layer plans.** For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M),
+   (2,M) ... (N,M)) and logical mesh of that submesh, the intra-operator ILP is solved on the
+   layer's subgraph, once per layer kind (folding: a 96-layer GPT solves three kinds). Each cell
+   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`).
+3. **Per-micro-batch and per-step work** (:class:`LayerCost`). The forward and the backward
+   (their compute, their collectives, the resharding of activations) run once per micro-batch.
+   The gradient synchronisation across a stage's data-parallel devices (the collectives the ILP
+   tags ``grad-sync``), the optimizer update, the resharding of updated parameters back to their
+   specs and the all-gathers of parameters a plan keeps sharded run once per step: gradients
+   accumulate over the micro-batches (Alpa's apply-gradient stage). A stage of ``B``
+   micro-batches costs ``B x per-micro-batch + per-step``. Its gradient synchronisation follows
+   the last micro-batch's backward and overlaps with it as the cluster's ``gamma`` says (the ILP's
+   gradient collectives are already discounted by it). The layer ILPs weight the per-step terms
+   by ``1 / B`` (:func:`per_step_weighted`), so each layer's plan is chosen for the step as it
+   runs.
+4. **Stage costs.** ``t(i..j, submesh, logical mesh)``, per micro-batch, is its layers' forward
+   and backward, plus the resharding between two layers of the stage whose plans disagree on
+   the specs of the tensors one passes to the other (from the producer's spec to the one the
+   consumer's ILP assumed, per tensor), plus the time to receive its input activations and its
+   output gradients (send/recv, or Alpa's send of 1/n slices and all-gather on the receiving
+   mesh). Memory by Alpa's Eq. 5: parameters, gradient buffers, optimizer state and parameters
+   gathered for the step held once, plus the activations of the micro-batches in flight
+   (``min(S - s, B)`` on the s-th stage in 1F1B, ``B`` in GPipe).
+5. **Stages.** Alpa's stage DP (:func:`~autoplan.search.pipeline._stage_dp.stage_dp`, with the
+   first stage's per-step work) picks stages, submeshes and logical meshes within the memory
+   limit. Side tensors (a skip edge of at most :data:`SIDE_TENSOR_FRACTION` of the layers'
+   median activation, like a loss term carried from layer to layer) do not make the layer graph a
+   non-chain. For a true DAG (U-Net skips, two towers) TePDist's stage ILP
+   (:func:`~autoplan.search.pipeline._stage_ilp.stage_ilp`) assigns layers to ``S`` stages for
+   each stage count, and the same DP over those fixed stages picks their submeshes (Alpa's
+   shapes) and logical meshes within the same memory limit.
+6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
+   several caps on the number of stages) are simulated, GPipe or 1F1B
+   (:func:`~autoplan.search.pipeline._schedule.schedule_events`), with the stages' forward and
+   backward times, the cross-stage transfers between the placed submeshes, and each stage's
+   per-step work after its last backward; the simulated step time ranks them. The DP's latency
+   equals the simulation when the stages are balanced and transfers free; otherwise the
+   simulation decides. The one-stage layout (gradient accumulation over ``B`` micro-batches) is
+   always a candidate, and so is the best layout of each of :data:`STAGE_COUNTS` stages.
+7. **Micro-batches.** With ``microbatches=None`` the count is searched among the powers of two
+   within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS` hosts). The default's layer plans are re-timed at
+   every other count (per-micro-batch compute, collective bytes and activations scaled with the
+   micro-batch size, alpha-beta times recomputed, plans whose splits no longer divide the
+   micro-batch dropped); the DP and the simulation rank each count; the best
+   :data:`EXACT_MICROBATCH_COUNTS` (when they beat the default by more than
+   :data:`SCREEN_MARGIN`) are then costed exactly (traced at their micro-batch size, their
+   layouts' layer ILPs solved there). The default is always costed exactly, so the result is
+   never worse than it.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
 import numpy as np
 
-from autoplan._cluster import Cluster, send_recv_time
+from autoplan._cluster import Cluster, LogicalMesh, send_recv_time
 from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._plan import InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
 from autoplan._trace import trace
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
+from autoplan.search.intra._ilp import ILPProblem, build_problem
+from autoplan.search.intra._intra import _comm_by_axis, intra_op_search, make_mesh, mesh_shapes_for
+from autoplan.search.intra._reshard import reshard
+from autoplan.search.intra._spec import replicated, tiles
+from autoplan.search.intra._strategies import HEAVY, combined_latency
+from autoplan.search.pipeline._schedule import (
+    ScheduleStats,
+    schedule_events,
+    schedule_stats,
+    schedule_table,
+)
+from autoplan.search.pipeline._stage_dp import place_submeshes, stage_dp, submesh_shapes
 
-__all__ = ["PipelineResult", "pipeline_search", "microbatch_workload_args", "layer_dag"]
+__all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workload_args",
+           "layer_dag", "batch_size", "layer_cost", "per_step_weighted"]
 
 #: Relative optimality gap of the per-layer ILPs (certified by the LP bound or the MIP's dual
 #: bound). Memory-budgeted layer ILPs have integrality gaps of a few tenths of a percent that
 #: branch-and-cut needs seconds to close; the stage DP's choices differ by more than this.
 LAYER_MIP_GAP = 5e-3
 
+#: Seconds a layer ILP of the pipeline search may take (at most ``time_limit``): the search
+#: solves hundreds; at the limit the best plan found is used (counted in the stats). Square
+#: logical meshes of MoE layers can keep branch-and-cut from certifying the gap for a minute.
+LAYER_TIME_LIMIT = 10.0
+
+#: The gap of the memory-lean variants' Lagrangian solves (:func:`_lean_plan`): they aim at a
+#: memory target, not at the optimum, and their weighted objectives make branch-and-cut slow.
+LEAN_MIP_GAP = 2e-2
+
 #: Up to this many hosts the pipeline search uses Alpa's full submesh set; beyond it, multi-host
 #: submeshes of a power-of-two number of hosts (plus all hosts): 11 shapes instead of 131 on 128
 #: DGX nodes.
 AUTO_ALL_HOSTS = 16
 
+#: A forward edge that skips layers and carries at most this fraction of the median bytes passed
+#: between adjacent layers is a side tensor (a scalar loss term, a small statistic): it does not
+#: make the layer graph a non-chain.
+SIDE_TENSOR_FRACTION = 0.01
+
+#: The searched micro-batch counts: powers of two dividing the batch, from the default / this
+#: factor to the default x this factor (2 on clusters of more than :data:`AUTO_ALL_HOSTS`
+#: hosts, where every count's stage DP is large).
+MICROBATCH_WINDOW = 8
+
+#: Besides the default, how many searched micro-batch counts are costed exactly (the best
+#: screened ones predicted faster than the default's best by more than :data:`SCREEN_MARGIN`).
+EXACT_MICROBATCH_COUNTS = 1
+
+#: A screened count is costed exactly only when its re-timed step beats the default's by more
+#: than this fraction (the layer ILPs' own gap, :data:`LAYER_MIP_GAP`, is of the same order).
+SCREEN_MARGIN = 5e-3
+
+#: Layouts of each stage-DP run simulated (its best ``t_max`` optima).
+DP_ALTERNATIVES = 6
+
+#: Layouts of a screened micro-batch count costed exactly.
+EXACT_LAYOUTS = 4
+
+#: Besides the best over any number of stages and the one-stage layout, the stage DP gives the
+#: best layouts of each of these stage counts (so every count is a ranked candidate).
+STAGE_COUNTS = (2, 4, 8, 16)
+
 
 @dataclass
 class PipelineResult:
+    """What :func:`pipeline_search` found: ``plans`` best first, ``stats`` (see
+    :func:`pipeline_search`)."""
+
     plans: list[Plan]
     stats: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# the batch and the micro-batch graph
+# ---------------------------------------------------------------------------------------------
+
+
+def batch_size(graph: OpGraph) -> int:
+    """The global batch of a traced step: the leading dimension its batch inputs (graph inputs of
+    kind ``batch``) share (their greatest common divisor; 1 when it has none)."""
+    dims = [graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
+            if gi.kind == "batch" and graph.tensors[gi.tensor].shape]
+    return math.gcd(*dims) if dims else 1
 
 
 def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int) -> tuple:
@@ -86,24 +187,70 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
 def traced(workload: Any) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
     search share it)."""
-    return memo(workload, ("search", "trace"), lambda: trace(workload))
+    def make() -> OpGraph:
+        if hasattr(workload, "name"):
+            return trace(workload)
+        return trace(workload.fn, *workload.args, arg_kinds=tuple(workload.arg_kinds))
+
+    return memo(workload, ("search", "trace"), make)
 
 
 def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
     """The full-batch and micro-batch graphs of a workload (once per workload object: the
     pipeline search and the Megatron TP x PP baseline use the same ones)."""
+    full = traced(workload)
+    if microbatches == 1:
+        return full, full
+
     def make() -> OpGraph:
         args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds),
                                         microbatches)
-        return trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds),
-                     name=traced(workload).name)
+        return trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
 
-    return traced(workload), memo(workload, ("search", "microbatch trace", microbatches), make)
+    return full, memo(workload, ("search", "microbatch trace", microbatches), make)
+
+
+def _aligned(a: OpGraph, b: OpGraph) -> bool:
+    """Whether two traces of one step at different batch sizes have the same operators and
+    tensors in the same order (so ids carry over)."""
+    return (len(a.ops) == len(b.ops) and len(a.tensors) == len(b.tensors)
+            and all(x.primitive == y.primitive for x, y in zip(a.ops, b.ops)))
+
+
+def _default_microbatches(batch: int, max_stages: int) -> int:
+    """Enough micro-batches to keep the bubble small and the activations of the in-flight
+    micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
+    (at least 2 when the batch allows)."""
+    cap = max(1, min(128, batch // 4))
+    b = 1
+    while b * 2 <= cap and batch % (b * 2) == 0:
+        b *= 2
+    if b == 1 and batch % 2 == 0:
+        b = 2
+    return b
+
+
+def microbatch_counts(batch: int, default: int, window: int = MICROBATCH_WINDOW) -> list[int]:
+    """The searched micro-batch counts: powers of two dividing ``batch`` within ``window`` of
+    ``default``, ascending (``default`` among them)."""
+    out, b = [], 1
+    while b <= batch:
+        if batch % b == 0 and default <= b * window and b <= default * window:
+            out.append(b)
+        b *= 2
+    return sorted(set(out) | {default})
+
+
+# ---------------------------------------------------------------------------------------------
+# the layer graph
+# ---------------------------------------------------------------------------------------------
 
 
 def layer_dag(graph: OpGraph, layers: list[LayerGroup]):
     """The layers' forward data-flow DAG (networkx): node ``i`` has ``flops``; an edge carries the
-    ``bytes`` of forward tensors from layer i to layer j."""
+    ``bytes`` of forward tensors from layer i to layer j, and ``side`` (True for an edge that
+    skips layers carrying at most :data:`SIDE_TENSOR_FRACTION` of the median bytes between
+    adjacent layers)."""
     import networkx as nx  # noqa: PLC0415
 
     of = {o: ly.index for ly in layers for o in ly.forward}
@@ -122,24 +269,16 @@ def layer_dag(graph: OpGraph, layers: list[LayerGroup]):
                             g.edges[a, b]["bytes"] += w
                         else:
                             g.add_edge(a, b, bytes=float(w))
+    adjacent = [d["bytes"] for a, b, d in g.edges(data=True) if b == a + 1]
+    ref = float(np.median(adjacent)) if adjacent else 0.0
+    for a, b, d in g.edges(data=True):
+        d["side"] = b != a + 1 and d["bytes"] <= SIDE_TENSOR_FRACTION * ref
     return g
 
 
 def _is_chain(dag) -> bool:
-    return all(b == a + 1 for a, b in dag.edges)
-
-
-def _default_microbatches(batch: int, max_stages: int) -> int:
-    """Enough micro-batches to keep the bubble small and the activations of the in-flight
-    micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
-    (at least 2 when the batch allows)."""
-    cap = max(1, min(128, batch // 4))
-    b = 1
-    while b * 2 <= cap and batch % (b * 2) == 0:
-        b *= 2
-    if b == 1 and batch % 2 == 0:
-        b = 2
-    return b
+    """Every edge joins adjacent layers, or is a side tensor."""
+    return all(b == a + 1 or d.get("side", False) for a, b, d in dag.edges(data=True))
 
 
 def check_submesh_hosts(value: Any) -> None:
@@ -148,6 +287,319 @@ def check_submesh_hosts(value: Any) -> None:
         raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
                           f"{value!r}. Fix: 'all' is Alpa's full set of multi-host submeshes, "
                           "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
+
+
+def check_microbatches(value: Any) -> None:
+    """Raise :class:`SearchError` unless ``value`` is None, ``"auto"`` or a positive integer."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise SearchError(f"search: microbatches should be a positive integer, 'auto' or None. "
+                          f"Got {value!r}. Fix: microbatches='auto' searches the count, an "
+                          "integer fixes it (it must divide the batch).")
+
+
+# ---------------------------------------------------------------------------------------------
+# one layer's plan: per micro-batch and per step
+# ---------------------------------------------------------------------------------------------
+
+
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                         "argmin"})
+
+
+def gradient_ops(graph: OpGraph) -> frozenset[int]:
+    """The backward operators that make parameter gradients: their result reaches the optimizer
+    update through operators that do not combine it with anything batch-sized (movement,
+    elementwise, a reduction over size-1 dimensions only). Their collectives are the gradient
+    synchronisation, run once per step after the micro-batches' gradients are accumulated: a
+    weight gradient's partial sums, and a bias or norm-scale gradient's reduction over the
+    batch (whose result is reshaped and summed over a broadcast size-1 dimension before the
+    update). Once per graph."""
+
+    def make() -> frozenset[int]:
+        ops, consumers = graph.ops, graph.consumers
+        marks = [op.role == "update" for op in ops]  # the result reaches the update unchanged
+        out = set()
+        for op in reversed(ops):
+            if op.role == "update" or not any(marks[c] for t in op.outputs for c in consumers[t]):
+                continue
+            if op.role == "backward":
+                out.add(op.id)
+            trivial = op.primitive in _REDUCTIONS and all(
+                op.in_shapes[0][a] == 1 for a in op.params.get("axes", ()))
+            if op.primitive not in HEAVY and (op.primitive not in _REDUCTIONS or trivial):
+                marks[op.id] = True
+        return frozenset(out)
+
+    return memo(graph, ("pipeline", "gradient ops"), make)
+
+
+def per_step_weighted(problem: ILPProblem, weight: float) -> ILPProblem:
+    """The intra-operator ILP of a layer with its per-step terms weighted by ``weight``.
+
+    In a step of ``B`` micro-batches the forward and backward run ``B`` times and the gradient
+    synchronisation and the update once, so the layer's plan should minimise
+    ``per-micro-batch + per-step / B``. The strategy costs of the update operators (compute and
+    collectives) and the collectives of gradient-producing backward operators
+    (:func:`gradient_ops`, and the ones the ILP tags ``grad-sync``) are scaled by ``weight``; the resharding edges into update operators keep
+    their full weight. The ILP's reported objective is computed from the strategies, so it
+    stays the unweighted one-micro-batch step.
+
+    Returns:
+        ``problem`` itself when ``weight >= 1``, else a shallow copy with new node costs.
+    """
+    if weight >= 1:
+        return problem
+    graph = problem.graph
+    grads = gradient_ops(graph) | problem.grad_ops
+    parts = [None] * len(problem.nodes)
+    for i, member in problem.members.items():
+        op = graph.ops[i]
+        if op.role == "update":
+            per = np.array([s.cost for s in member.strats])
+        elif i in grads:
+            per = np.array([s.comm_time for s in member.strats])
+        else:
+            continue
+        v = per[member.idx]
+        parts[member.node] = v if parts[member.node] is None else parts[member.node] + v
+    out = copy.copy(problem)
+    out.nodes = [n if part is None else replace(n, cost=n.cost - (1.0 - weight) * part)
+                 for n, part in zip(problem.nodes, parts)]
+    return out
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """A layer's intra-operator plan on one submesh and logical mesh, split by how often each
+    part runs.
+
+    Attributes:
+        forward_compute, backward_compute: seconds of computation per micro-batch.
+        step_compute: seconds of computation once per step (the optimizer update).
+        forward_comms, backward_comms: collectives per micro-batch (the operators' own and the
+            resharding of their operands), by the role of the operator that needs them.
+        step_comms: collectives once per step: the gradient synchronisation (the collectives of
+            :func:`gradient_ops`, which include those the ILP tags ``"grad-sync"``), the update's, the resharding of updated inputs back to their specs,
+            and the all-gathers of parameters read in a spec other than their own (once each per
+            step: the gathered copy is then resident).
+        resident: bytes per device not multiplied by the micro-batches in flight: parameters
+            and optimizer state as sharded, a gradient accumulation buffer per parameter (split
+            only over the axes its gradient is not synchronised over), gathered parameter copies, and the inputs the backward and the update receive from other layers (the
+            gradient of the layer's output, the update's scalars), which one micro-batch at a
+            time holds.
+        activation: bytes per device of one micro-batch in flight: its forward inputs and the
+            activations saved for the backward.
+        batch_splits: ``(full-batch size of a batch dimension, devices it is split over)`` for
+            every batch dimension the plan splits: a re-timed plan is valid for ``B``
+            micro-batches only if each such size divided by ``B`` still divides.
+        repeated_gathers: seconds the ILP charged for resharding a tensor to a spec a second
+            time (another reader of the same spec): XLA converts it once and the copy serves
+            every reader (a gathered parameter once per step), so this is not charged.
+        combined_latency: seconds of latency the collectives XLA combines (the gradient
+            synchronisation's all-reduces) pay once per step beyond their strategies' shares
+            (:func:`~autoplan.search.intra._strategies.combined_latency`); part of :attr:`step`.
+    """
+
+    forward_compute: float
+    backward_compute: float
+    step_compute: float
+    forward_comms: tuple[Comm, ...]
+    backward_comms: tuple[Comm, ...]
+    step_comms: tuple[Comm, ...]
+    resident: float
+    activation: float
+    batch_splits: tuple[tuple[int, int], ...] = ()
+    repeated_gathers: float = 0.0
+    combined_latency: float = 0.0
+
+    @property
+    def forward(self) -> float:
+        """Seconds per micro-batch of the forward."""
+        return self.forward_compute + sum(c.time for c in self.forward_comms)
+
+    @property
+    def backward(self) -> float:
+        """Seconds per micro-batch of the backward."""
+        return self.backward_compute + sum(c.time for c in self.backward_comms)
+
+    @property
+    def step(self) -> float:
+        """Seconds once per step (gradient synchronisation, update, parameter gathers)."""
+        return self.step_compute + sum(c.time for c in self.step_comms) + self.combined_latency
+
+    @property
+    def grad_sync(self) -> float:
+        """Seconds of the gradient synchronisation (part of :attr:`step`; its collectives have
+        ``where == "grad-sync"``)."""
+        return sum(c.time for c in self.step_comms if c.where == "grad-sync")
+
+    def feasible(self, microbatches: int) -> bool:
+        """Whether the plan's batch splits still divide at ``microbatches`` micro-batches."""
+        return all(full % microbatches == 0 and (full // microbatches) % k == 0
+                   for full, k in self.batch_splits)
+
+    def rescaled(self, ratio: float, mesh: LogicalMesh) -> tuple[float, float, float]:
+        """``(forward, backward, activation)`` of the same plan for micro-batches ``ratio``
+        times as large: compute and collective bytes scale, each collective's alpha-beta time
+        is recomputed on ``mesh``."""
+        return (self.forward_compute * ratio + _retimed(self.forward_comms, ratio, mesh, False),
+                self.backward_compute * ratio + _retimed(self.backward_comms, ratio, mesh, True),
+                self.activation * ratio)
+
+
+def _retimed(comms: Sequence[Comm], ratio: float, mesh: LogicalMesh, backward: bool) -> float:
+    """Seconds of ``comms`` with their bytes scaled by ``ratio`` (a backward operator's own
+    collectives discounted by gamma, as the strategies time them; resharding is not). Each
+    collective keeps the latency its strategy charged (a share of one combined collective's, for
+    those XLA combines): only the change of its time with the bytes is added."""
+    if ratio == 1.0:
+        return sum(c.time for c in comms)
+    names = mesh.axis_names
+    total = 0.0
+    for c in comms:
+        axes, disc = [names.index(a) for a in c.axes], backward and c.where != "reshard"
+        total += max(0.0, c.time + mesh.collective_time(c.kind, c.bytes * ratio, axes, disc)
+                     - mesh.collective_time(c.kind, c.bytes, axes, disc))
+    return total
+
+
+def _stage_memory(plan: Plan, sync_axes: frozenset[str] = frozenset()) -> tuple[float, float]:
+    """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
+    parameters and the optimizer state as sharded, and a gradient buffer per parameter;
+    activations = the rest of the plan's live memory (the micro-batch, boundary activations,
+    values saved for backward).
+
+    Gradients accumulate unsynchronised over the micro-batches, so a parameter's buffer is split
+    only over the mesh axes of its spec that the gradient synchronisation does not run over
+    (``sync_axes``): a parameter sharded over the data-parallel axis (its update sharded, the
+    gradient reduce-scattered once per step) still accumulates a whole local gradient."""
+    state = grads = 0.0
+    mesh = dict(zip(plan.axis_names, plan.mesh_shape))
+    for i in plan.inputs:
+        if i.kind not in ("parameter", "optimizer_state"):
+            continue
+        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
+        state += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e)
+        if i.kind == "parameter":
+            grads += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e
+                                        if a not in sync_axes)
+    act = max(0.0, plan.predicted.memory_per_device - state)
+    return state + grads, act
+
+
+def layer_cost(result: Any, sub: OpGraph, mesh: LogicalMesh,
+               batch_dims: Callable[[int], Sequence[tuple[int, int]]] | None = None,
+               transient: frozenset[int] = frozenset()) -> LayerCost:
+    """Split a layer's intra-operator plan (an :class:`~autoplan.search.intra._intra.IntraOpResult`
+    of the training step at micro-batch size, solved on ``sub``) into per-micro-batch and
+    per-step work (see :class:`LayerCost` and the module docstring).
+
+    The operators' collectives come from the ILP solution (by the operator's role; those of
+    :func:`gradient_ops` and those tagged ``"grad-sync"`` per step); the resharding of every operand is recomputed as
+    the ILP charges it (from its producer's or input's spec to the spec its consumer needs), so
+    that a parameter read in another spec can be charged once per step instead of once per
+    consumer. Every term of the ILP's communication is in exactly one place, and ``forward +
+    backward + step`` plus the executable's launch (:meth:`~autoplan.Cluster.step_overhead`,
+    charged per task by the simulation) is the plan's one-micro-batch step time.
+
+    Args:
+        result: the layer's intra-op result.
+        sub: the graph it was solved on.
+        mesh: its logical mesh.
+        batch_dims: ``tensor id -> ((dimension, full-batch size), ...)`` for the dimensions that
+            scale with the batch (to record :attr:`LayerCost.batch_splits`); None to skip.
+        transient: the ids of ``sub``'s inputs made by backward or update operators of other
+            layers (counted in :attr:`LayerCost.resident`, once, not per micro-batch in flight).
+    """
+    sol = result.solution
+    ops, tensors = sub.ops, sub.tensors
+    compute = {"forward": 0.0, "backward": 0.0, "update": 0.0}
+    for i, st in sol.strategies.items():
+        compute[ops[i].role] = compute.get(ops[i].role, 0.0) + st.compute_time
+    fwd: list[Comm] = []
+    bwd: list[Comm] = []
+    step: list[Comm] = []
+    grads = gradient_ops(sub)
+    for i, c in sol.comms:
+        if c.where == "reshard" and i is not None:
+            continue  # operand resharding: recomputed below, per operand
+        if c.where == "grad-sync" or i is None or ops[i].role == "update":
+            step.append(c)
+        elif i in grads:
+            step.append(replace(c, where="grad-sync"))
+        elif ops[i].role == "forward":
+            fwd.append(c)
+        else:
+            bwd.append(c)
+    inputs = sub.input_of_tensor
+    # the tensors with a spec while the ILP charges resharding: inputs and the results of the
+    # operators it chose strategies for (free tensors, made from constants, are never resharded)
+    sourced = set(inputs)
+    for i in sol.strategies:
+        sourced.update(ops[i].outputs)
+    gathered: dict[int, float] = {}
+    seen: set[tuple[int, tuple, tuple]] = set()
+    repeated = 0.0
+    for i in sorted(sol.strategies):  # operator order, as ``shared_reshards`` finds repeats
+        op, st = ops[i], sol.strategies[i]
+        for t, dst in zip(op.inputs, st.in_specs):
+            if t is None or t not in sourced:
+                continue
+            src = sol.specs[t]
+            if src is dst:
+                continue
+            ten = tensors[t]
+            if dst is None:
+                dst = replicated(len(ten.shape))
+            if dst == src or not ten.shape:
+                continue
+            seconds, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+            if (t, src, dst) in seen:  # XLA converts a tensor once for every reader of that spec
+                repeated += seconds
+                continue
+            seen.add((t, src, dst))
+            gi = inputs.get(t)
+            if gi is not None and gi.kind in ("parameter", "optimizer_state") and op.role != "update":
+                step.extend(cs)
+                extra = ten.nbytes / tiles(dst, mesh) - ten.nbytes / tiles(src, mesh)
+                gathered[t] = max(gathered.get(t, 0.0), extra)
+            elif op.role == "update":
+                step.extend(cs)
+            elif op.role == "forward":
+                fwd.extend(cs)
+            else:
+                bwd.extend(cs)
+    sync_axes = frozenset(a for c in step if c.where == "grad-sync" for a in c.axes)
+    resident, act = _stage_memory(result.plan, sync_axes)
+    if transient:
+        once = sum(tensors[t].nbytes / tiles(sol.specs[t], mesh) for t in transient
+                   if t in sol.specs)
+        resident, act = resident + once, max(0.0, act - once)
+    splits: set[tuple[int, int]] = set()
+    if batch_dims is not None:
+        sizes = dict(zip(mesh.axis_names, mesh.shape))
+
+        def note(t: int | None, spec) -> None:
+            if t is None or spec is None:
+                return
+            for d, full in batch_dims(t):
+                e = spec[d] if d < len(spec) else None
+                if e:
+                    splits.add((full, math.prod(sizes[a] for a in e)))
+
+        for t, spec in sol.specs.items():
+            note(t, spec)
+        for i, st in sol.strategies.items():
+            for t, spec in zip(ops[i].inputs, st.in_specs):
+                note(t, spec)
+            for t, spec in zip(ops[i].outputs, st.out_specs):
+                note(t, spec)
+    combined = sum(combined_latency(sub, mesh, sol.comms).values())
+    return LayerCost(compute["forward"], compute["backward"], compute["update"], tuple(fwd),
+                     tuple(bwd), tuple(step), resident + sum(gathered.values()), act,
+                     tuple(sorted(splits)), repeated, combined)
 
 
 def _lean_plan(fast, run, steps: int = 5):
@@ -188,334 +640,748 @@ def _lean_plan(fast, run, steps: int = 5):
     return best if best is not None else leanest
 
 
-def _stage_memory(plan: Plan) -> tuple[float, float]:
-    """(resident bytes, activation bytes) per device of a one-micro-batch plan: resident = the
-    parameters, their gradients and the optimizer state as sharded; activations = the rest of
-    the plan's live memory (the micro-batch, boundary activations, values saved for backward)."""
-    state = grads = 0.0
-    mesh = dict(zip(plan.axis_names, plan.mesh_shape))
-    for i in plan.inputs:
-        if i.kind not in ("parameter", "optimizer_state"):
-            continue
-        tiles = math.prod(mesh[a] for e in i.spec if e for a in e)
-        nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize / tiles
-        state += nbytes
-        if i.kind == "parameter":
-            grads += nbytes
-    act = max(0.0, plan.predicted.memory_per_device - state)
-    return state + grads, act
+# ---------------------------------------------------------------------------------------------
+# the search's context and the layer costs at one micro-batch count
+# ---------------------------------------------------------------------------------------------
 
 
-def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
-                    microbatches: int | None = None, level: str = "folded",
-                    memory_budget: float | None = None, time_limit: float = 60.0,
-                    num_layers: int | None = None, stage_algorithm: str = "auto",
-                    max_candidates: int = 3, megatron: bool = False,
-                    submesh_hosts: str = "auto") -> PipelineResult:
-    """Search pipeline plans (see the module docstring).
+class _Context:
+    """What every micro-batch count's costing shares: the cluster, the submeshes and their
+    logical-mesh variants, the options, and the solve counter."""
 
-    ``submesh_hosts`` picks the multi-host submesh shapes: ``"all"`` (Alpa's ``(2, M) .. (N, M)``),
-    ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
-    :data:`AUTO_ALL_HOSTS` hosts, ``"pow2"`` beyond).
+    def __init__(self, cluster: Cluster, full: OpGraph, submeshes: list[tuple[int, int]],
+                 schedule: str, budget: float, time_limit: float, megatron: bool,
+                 pins: Mapping[str, Any] | None = None):
+        self.cluster, self.full, self.submeshes = cluster, full, submeshes
+        self.N, self.M = cluster.nodes, cluster.devices_per_node
+        self.schedule, self.budget, self.time_limit, self.megatron = (
+            schedule, budget, time_limit, megatron)
+        self.pins = dict(pins or {})
+        shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
+        # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one
+        # (:func:`_lean_plan`), which the DP takes when the fastest plans do not fit (Eq. 5)
+        self.configs = [[(shape, lean) for lean in (False, True) for shape in shapes]
+                        for shapes in shapes_of]
+        self.C = max(len(c) for c in self.configs)
+        self.views = [replace(cluster, nodes=n, devices_per_node=m) for n, m in submeshes]
+        self._meshes: dict[tuple, LogicalMesh] = {}
+        self.solves = 0
+        self.timed_out = 0  # layer ILPs stopped at their time limit
+        self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
 
-    With ``megatron=True`` no search is made: the Megatron TP x PP baseline is built instead (one
-    stage per node with equal layer counts, Megatron's tensor-parallel pins inside each node).
+    def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
+        key = (k, tuple(shape))
+        if key not in self._meshes:
+            self._meshes[key] = make_mesh(self.views[k], shape)
+        return self._meshes[key]
 
-    Returns:
-        The best plan per distinct number of stages (up to ``max_candidates``), best first.
-    """
-    from autoplan.search.intra._ilp import build_problem  # noqa: PLC0415
-    from autoplan.search.intra._intra import intra_op_search, make_mesh, mesh_shapes_for  # noqa: PLC0415
-    from autoplan.search.pipeline._schedule import schedule_events, schedule_stats, schedule_table  # noqa: PLC0415
-    from autoplan.search.pipeline._stage_dp import place_submeshes, stage_dp, submesh_shapes  # noqa: PLC0415
+    def cells(self):
+        """Every ``(submesh k, config c)``."""
+        for k, cfgs in enumerate(self.configs):
+            for c in range(len(cfgs)):
+                yield k, c
 
-    if stage_algorithm not in ("auto", "dp", "ilp"):
-        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got {stage_algorithm!r}.")
-    t0 = time.perf_counter()
-    batch = int((getattr(workload, "config", {}) or {}).get("batch", 1))
-    N, M = cluster.nodes, cluster.devices_per_node
-    B = microbatches or _default_microbatches(batch, N * M)
-    full, graph = _traces(workload, B)
-    t_trace = time.perf_counter() - t0
-    layers = cluster_layers(graph, num_layers)
-    L = len(layers)
-    dag = layer_dag(graph, layers)
-    use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
+    def transfer(self, nbytes: float, dst: int, cross: bool, dst_devices: int
+                 ) -> tuple[float, float, float]:
+        """Moving ``nbytes`` to a stage on submesh ``dst`` (``dst_devices`` devices): ``(seconds,
+        send/recv bytes per receiving device, all-gather bytes)``, the cheaper of sending the
+        whole tensor to each device and Alpa's send of 1/n slices followed by an all-gather on
+        the receiving mesh."""
+        if nbytes <= 0:
+            return 0.0, 0.0, 0.0
+        whole = send_recv_time(self.cluster, nbytes, cross)
+        if dst_devices <= 1:
+            return whole, nbytes, 0.0
+        sliced = send_recv_time(self.cluster, nbytes / dst_devices, cross)
+        sliced += self.cluster.logical_mesh((dst_devices,), submesh=self.submeshes[dst]).all_gather(
+            nbytes, [0])
+        if whole <= sliced:
+            return whole, nbytes, 0.0
+        return sliced, nbytes / dst_devices, nbytes
 
-    check_submesh_hosts(submesh_hosts)
-    hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
-    submeshes = submesh_shapes(N, M, hosts)
-    shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
-    # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one (the
-    # fastest plan within halfway between its least memory and the fastest plan's, _lean_plan),
-    # which the DP takes when the fastest plans do not fit (Alpa's Eq. 5)
-    configs = [[(shape, lean) for lean in (False, True) for shape in shapes] for shapes in shapes_of]
-    C = max(len(c) for c in configs)
-    results: dict[tuple, Any] = {}
-    full_shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
-    solves = 0
-    subgraphs: dict[str, OpGraph] = {}
-    layer_subs: dict[int, OpGraph] = {}
-    problems: dict[tuple, Any] = {}
+    def recv_estimate(self, nbytes: float, k: int) -> float:
+        """The stage DP's estimate of the time a stage on submesh ``k`` spends receiving
+        ``nbytes`` from a neighbour: across hosts when the submesh spans whole hosts of a
+        multi-host cluster (its neighbours then sit on other hosts), inside a host otherwise."""
+        n, m = self.submeshes[k]
+        return self.transfer(nbytes, k, self.N > 1 and m == self.M, n * m)[0]
 
-    def layer_sub(li: int) -> OpGraph:
-        if li not in layer_subs:
-            layer_subs[li] = graph.subgraph(layers[li].ops, name=f"{graph.name}:{layers[li].name}")
-        return layer_subs[li]
 
-    def layer_result(li: int, n: int, m: int, shape, lean: bool):
-        """The intra-op plan of layer li's kind on this submesh/logical mesh/variant, solved once
-        per layer kind (on the first such layer's subgraph). The memory-lean variant is the
-        fastest plan whose memory is at most halfway between the least memory and the fastest
-        plan's (:func:`_lean_plan`), or the fastest plan itself when that is within 1.2x of the
-        least."""
-        nonlocal solves
-        sig = layers[li].signature
-        key = (sig, n, m, shape, lean, megatron)
-        if key not in results:
-            sub = subgraphs.get(sig)
-            if sub is None:
-                sub = subgraphs[sig] = layer_sub(li)
-            kw: dict[str, Any] = {}
-            if megatron:
-                from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
+@dataclass
+class _Terms:
+    """One stage (or layer) on one cell: per micro-batch and per step."""
 
-                kw["pin"] = megatron_pins(sub, m)
-            view = replace(cluster, nodes=n, devices_per_node=m)
-            pkey = (sig, n, m, shape, megatron)
-            if pkey not in problems:  # one ILP build serves the fast and the lean solves
-                problems[pkey] = build_problem(sub, make_mesh(view, shape), pins=kw.get("pin"),
-                                               count_unmerged=False)
+    forward: float
+    backward: float
+    step: float
+    resident: float
+    activation: float
 
-            def run(weight: float):
-                nonlocal solves
-                solves += 1
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    return intra_op_search(sub, view, shape, time_limit=time_limit,
-                                           level="exhaustive", count_unmerged=False,
-                                           mip_gap=LAYER_MIP_GAP, memory_weight=weight,
-                                           problem=problems[pkey], **kw)
 
-            if lean:
-                fast, _ = layer_result(li, n, m, shape, False)
-                if sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory:
-                    results[key] = fast
-                    return fast, sub
-                results[key] = _lean_plan(fast, run)
+class _Table:
+    """Layer costs at one micro-batch count: every layer kind's plan on every cell, solved lazily
+    and once per kind; the resharding between layers; the tensors layers pass each other."""
+
+    def __init__(self, ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int):
+        self.ctx, self.graph, self.layers, self.B = ctx, graph, layers, B
+        self.L = len(layers)
+        self.rep: dict[str, int] = {}
+        for ly in layers:
+            self.rep.setdefault(ly.signature, ly.index)
+        layer_of = np.full(len(graph.ops), -1, dtype=np.int64)
+        for ly in layers:
+            layer_of[list(ly.ops)] = ly.index
+        self.layer_of = layer_of
+        self.screenable = graph is not ctx.full and _aligned(graph, ctx.full)
+        self._subs: dict[int, OpGraph] = {}
+        self._local: dict[int, dict[int, int]] = {}
+        self._results: dict[tuple, Any] = {}
+        self._costs: dict[tuple, LayerCost] = {}
+        self._problems: dict[tuple, ILPProblem] = {}
+        self._pairs: dict[tuple, tuple] = {}
+        self._dims: dict[int, dict[int, tuple]] = {}
+        self._terms: dict[tuple, _Terms | None] = {}
+        self._pair_terms: dict[tuple, tuple[float, float, float]] = {}
+        self._pair_kinds: dict[tuple[int, int], tuple] = {}
+        self._passing = None
+        self._tensors = None
+
+    # ---- layers and their solutions ----------------------------------------------------------
+    def sub(self, li: int) -> OpGraph:
+        if li not in self._subs:
+            self._subs[li] = self.graph.subgraph(
+                self.layers[li].ops, name=f"{self.graph.name}:{self.layers[li].name}")
+        return self._subs[li]
+
+    def local(self, li: int) -> dict[int, int]:
+        """Layer ``li``'s subgraph tensor of each graph tensor it touches."""
+        if li not in self._local:
+            sub, ops, out = self.sub(li), self.graph.ops, {}
+            for k, op in enumerate(sub.ops):
+                g = ops[sub.origin[k]]
+                for lt, gt in zip(op.inputs, g.inputs):
+                    if lt is not None:
+                        out[gt] = lt
+                for lt, gt in zip(op.outputs, g.outputs):
+                    out[gt] = lt
+            self._local[li] = out
+        return self._local[li]
+
+    def _batch_dims(self, li: int) -> Callable[[int], tuple]:
+        """Subgraph tensor -> its ``(dimension, full-batch size)`` pairs that scale with the
+        batch (found by comparing this trace with the full-batch one)."""
+        if li not in self._dims:
+            full, out = self.ctx.full.tensors, {}
+            for gt, lt in self.local(li).items():
+                a, b = full[gt].shape, self.graph.tensors[gt].shape
+                dims = tuple((d, x) for d, (x, y) in enumerate(zip(a, b)) if x != y)
+                if dims:
+                    out[lt] = dims
+            self._dims[li] = out
+        dims = self._dims[li]
+        return lambda t: dims.get(t, ())
+
+    def _transient(self, li: int) -> frozenset[int]:
+        """Layer ``li``'s subgraph inputs made by another layer's backward or update operators."""
+        g = self.graph
+        return frozenset(gi.tensor for gi in self.sub(li).inputs if gi.kind == "activation"
+                         and g.ops[g.tensors[int(gi.path[1:])].producer].role != "forward")
+
+    def result(self, li: int, k: int, c: int):
+        """The intra-op result of layer ``li``'s kind on cell ``(k, c)`` (the kind's first layer
+        solved; its ids line up with every layer of the kind); None where the pins cannot hold
+        on that cell's mesh."""
+        sig = self.layers[li].signature
+        key = (sig, k, c)
+        if key in self._results:
+            return self._results[key]
+        shape, lean = self.ctx.configs[k][c]
+        rep = self.rep[sig]
+        if lean:
+            fast = self.result(li, k, self.ctx.configs[k].index((shape, False)))
+            if fast is None or sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory:
+                res = fast
             else:
-                results[key] = run(0.0)
-        return results[key], subgraphs[sig]
+                res = _lean_plan(fast, lambda w: self._solve(rep, k, shape, w, LEAN_MIP_GAP))
+        else:
+            res = self._solve(rep, k, shape, 0.0)
+        self._results[key] = res
+        return res
 
-    t1 = time.perf_counter()
-    layer_cost = np.full((L, len(submeshes), C), np.inf)
-    fwd_frac = np.zeros(L)
-    pmem = np.full((L, len(submeshes), C), np.inf)
-    amem = np.full((L, len(submeshes), C), np.inf)
-    for ly in layers:
-        fl_f = sum(graph.ops[o].flops for o in ly.forward)
-        fl_b = sum(graph.ops[o].flops for o in ly.backward)
-        fwd_frac[ly.index] = fl_f / max(fl_f + fl_b, 1.0)
-        if megatron:
-            continue
-        for k, (n, m) in enumerate(submeshes):
-            for c, (shape, lean) in enumerate(configs[k]):
-                res, _ = layer_result(ly.index, n, m, shape, lean)
-                layer_cost[ly.index, k, c] = res.plan.predicted.step_time
-                pmem[ly.index, k, c], amem[ly.index, k, c] = _stage_memory(res.plan)
-    t_costs = time.perf_counter() - t1
-    # t_intra[i, j, k, c] = sum of layer costs i..j (inf when any of them is impossible)
-    def range_sums(a: np.ndarray) -> np.ndarray:
-        bad = ~np.isfinite(a)
-        z = np.zeros((1,) + a.shape[1:])
-        vals = np.concatenate([z, np.cumsum(np.where(bad, 0.0, a), axis=0)])
-        nbad = np.concatenate([z, np.cumsum(bad, axis=0)])
-        out = np.full((L,) + a.shape, np.inf)
-        for i in range(L):
-            seg = vals[i + 1:] - vals[i]
-            seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
-            out[i, i:] = seg
+    def _pins(self, rep: int, k: int) -> dict[str, Any] | None:
+        """The pins that apply to layer ``rep``'s inputs: the user's, and Megatron's layout for
+        the baseline."""
+        ctx, sub = self.ctx, self.sub(rep)
+        out = {pat: spec for pat, spec in ctx.pins.items() if sub.find_inputs(pat, names_only=True)}
+        if ctx.megatron:
+            from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
+
+            out.update(megatron_pins(sub, ctx.submeshes[k][1]) or {})
+        return out or None
+
+    def _solve(self, rep: int, k: int, shape: tuple[int, ...], memory_weight: float,
+               mip_gap: float = LAYER_MIP_GAP):
+        ctx = self.ctx
+        sub = self.sub(rep)
+        pins = self._pins(rep, k)
+        pkey = (rep, k, tuple(shape))
+        prob = self._problems.get(pkey)
+        if prob is None:  # one ILP build serves the fast and the lean solves
+            try:
+                prob = build_problem(sub, ctx.mesh(k, shape), pins=pins, count_unmerged=False)
+            except SearchError:
+                if pins is None:
+                    raise
+                return None  # a pinned spec does not divide on this mesh: no plan here
+            prob = self._problems[pkey] = per_step_weighted(prob, 1.0 / self.B)
+        ctx.solves += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = intra_op_search(sub, ctx.views[k], shape,
+                                  time_limit=min(ctx.time_limit, LAYER_TIME_LIMIT),
+                                  level="exhaustive", count_unmerged=False, mip_gap=mip_gap,
+                                  memory_weight=memory_weight, problem=prob, pin=pins)
+        if res.solution.status in ("feasible", "timeout-greedy"):
+            ctx.timed_out += 1
+        return res
+
+    def cost(self, li: int, k: int, c: int) -> LayerCost | None:
+        sig = self.layers[li].signature
+        key = (sig, k, c)
+        if key not in self._costs:
+            rep = self.rep[sig]
+            shape = self.ctx.configs[k][c][0]
+            res = self.result(li, k, c)
+            self._costs[key] = None if res is None else layer_cost(
+                res, self.sub(rep), self.ctx.mesh(k, shape),
+                self._batch_dims(rep) if self.screenable else None, self._transient(rep))
+        return self._costs[key]
+
+    def terms(self, li: int, k: int, c: int, ratio: float = 1.0, B: int | None = None
+              ) -> _Terms | None:
+        """Layer ``li`` on cell ``(k, c)``; re-timed for micro-batches ``ratio`` times as large
+        (``B`` of them) when ``ratio != 1``; None where the plan's splits do not divide."""
+        key = (self.layers[li].signature, k, c, ratio, B if ratio != 1.0 else None)
+        if key in self._terms:
+            return self._terms[key]
+        lc = self.cost(li, k, c)
+        if lc is None:
+            out = None
+        elif ratio == 1.0:
+            out = _Terms(lc.forward, lc.backward, lc.step, lc.resident, lc.activation)
+        elif not lc.feasible(B):
+            out = None
+        else:
+            f, b, a = lc.rescaled(ratio, self.ctx.mesh(k, self.ctx.configs[k][c][0]))
+            out = _Terms(f, b, lc.step, lc.resident, a)
+        self._terms[key] = out
         return out
 
-    t_intra, p_intra, a_intra = range_sums(layer_cost), range_sums(pmem), range_sums(amem)
-    budget = memory_budget or cluster.device_memory
+    # ---- what layers pass each other -----------------------------------------------------------
+    def passing(self) -> dict[tuple[int, int], list[tuple[int, str]]]:
+        """``{(producer layer, consumer layer): [(tensor, role of its first reader there)]}`` for
+        every tensor one layer makes and another reads."""
+        if self._passing is None:
+            ops, consumers, layer_of = self.graph.ops, self.graph.consumers, self.layer_of
+            out: dict[tuple[int, int], dict[int, str]] = {}
+            for op in ops:
+                a = int(layer_of[op.id])
+                for t in op.outputs:
+                    for c in consumers[t]:
+                        b = int(layer_of[c])
+                        if b != a and b >= 0:
+                            out.setdefault((a, b), {}).setdefault(t, ops[c].role)
+            self._passing = {k: list(v.items()) for k, v in out.items()}
+        return self._passing
 
-    t2 = time.perf_counter()
-    layouts: list[list[tuple[int, int, int, int]]] = []  # (start, end, submesh k, config c)
-    max_s = min(L, N * M)
-    if megatron:
-        if L < N:
-            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {N} stages.")
-        k = submeshes.index((1, M))
-        c = configs[k].index(((1, M), False))
-        cuts = [round(i * L / N) for i in range(N + 1)]
-        layouts.append([(cuts[i], cuts[i + 1], k, c) for i in range(N)])
-    elif not use_ilp:
-        tried: set = set()
-        single: list | None = None  # a one-stage layout: gradient accumulation over B micro-batches
-        for mem_args in ({"param_mem": p_intra, "act_mem": a_intra, "device_memory": budget}, {}):
-            for cap in sorted({max_s, *[s for s in (1, 2, 4, 8, 16) if s < max_s]}, reverse=True):
-                try:
-                    r = stage_dp(t_intra, submeshes, N, M, B, max_stages=cap, **mem_args)
-                except InfeasiblePlanError:
-                    continue
-                lay = [(s.start, s.end, s.submesh_index, s.config_index) for s in r.stages]
-                if len(lay) < 2:
-                    # the intra-operator search covers one stage over the whole batch; it is a
-                    # candidate only when nothing else fits (one device: gradient accumulation)
-                    single = single or (lay if mem_args else None)
-                    continue
-                if tuple(lay) not in tried:
-                    tried.add(tuple(lay))
-                    layouts.append(lay)
-                if len(layouts) >= max_candidates:
-                    break
-            if layouts:
-                break  # else: nothing fits in memory; show the fastest layouts, marked as not fitting
-            if single is not None and B > 1:
-                layouts.append(single)
+    def tensors(self) -> list[tuple[int, int, str, tuple[int, ...], float]]:
+        """``(tensor, producer layer, producer role, consumer layers, bytes)`` of every tensor
+        read outside the layer that made it."""
+        if self._tensors is None:
+            by_t: dict[int, tuple[int, set[int]]] = {}
+            for (a, b), ts in self.passing().items():
+                for t, _ in ts:
+                    by_t.setdefault(t, (a, set()))[1].add(b)
+            g = self.graph
+            self._tensors = [(t, a, g.ops[g.tensors[t].producer].role, tuple(sorted(bs)),
+                              float(g.tensors[t].nbytes)) for t, (a, bs) in sorted(by_t.items())]
+        return self._tensors
+
+    def pair(self, a: int, b: int, k: int, c: int) -> tuple[list[Comm], list[Comm], list[Comm]]:
+        """The resharding of the tensors layer ``a`` passes to layer ``b`` on cell ``(k, c)``:
+        from the spec ``a``'s plan gives each to the spec ``b``'s plan assumed for it, as
+        ``(forward, backward, per-step)`` collectives by the role of its reader in ``b``."""
+        la, lb = self.local(a), self.local(b)
+        entries = self.passing().get((a, b), [])
+        fold = self._pair_kinds.get((a, b))
+        if fold is None:  # pairs of the same layer kinds passing the same tensors cost the same
+            fold = self._pair_kinds[(a, b)] = (
+                self.layers[a].signature, self.layers[b].signature,
+                tuple((la[t], lb[t], role) for t, role in entries))
+        key = (fold, k, c)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        ra, rb = self.result(a, k, c), self.result(b, k, c)
+        out: tuple[list[Comm], list[Comm], list[Comm]] = ([], [], [])
+        if ra is None or rb is None:  # no plan on this cell: the stage is impossible anyway
+            self._pairs[key] = out
+            return out
+        sa, sb = ra.solution.specs, rb.solution.specs
+        mesh = self.ctx.mesh(k, self.ctx.configs[k][c][0])
+        for t, role in entries:
+            src, dst = sa.get(la[t]), sb.get(lb[t])
+            ten = self.graph.tensors[t]
+            if src is None or dst is None or src == dst or not ten.shape:
+                continue
+            _, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+            out[0 if role == "forward" else 1 if role == "backward" else 2].extend(cs)
+        self._pairs[key] = out
+        return out
+
+    def pair_terms(self, a: int, b: int, k: int, c: int, ratio: float = 1.0
+                   ) -> tuple[float, float, float]:
+        key = (a, b, k, c, ratio)
+        hit = self._pair_terms.get(key)
+        if hit is None:
+            fw, bw, st = self.pair(a, b, k, c)
+            mesh = self.ctx.mesh(k, self.ctx.configs[k][c][0])
+            hit = self._pair_terms[key] = (_retimed(fw, ratio, mesh, False),
+                                           _retimed(bw, ratio, mesh, False),
+                                           sum(x.time for x in st))
+        return hit
+
+    def stage(self, members: Sequence[int], k: int, c: int, ratio: float = 1.0,
+              B: int | None = None) -> _Terms | None:
+        """A stage of layers ``members`` on cell ``(k, c)``: the sum of its layers plus the
+        resharding between them (None where a layer's plan does not divide)."""
+        out = _Terms(0.0, 0.0, 0.0, 0.0, 0.0)
+        for li in members:
+            t = self.terms(li, k, c, ratio, B)
+            if t is None:
+                return None
+            out.forward += t.forward
+            out.backward += t.backward
+            out.step += t.step
+            out.resident += t.resident
+            out.activation += t.activation
+        inside = set(members)
+        for a, b in self.passing():
+            if a in inside and b in inside:
+                f, bw, s = self.pair_terms(a, b, k, c, ratio)
+                out.forward += f
+                out.backward += bw
+                out.step += s
+        return out
+
+    def boundary_bytes(self, stage_of: Sequence[int], S: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per boundary between stage ``s`` and ``s + 1`` (``S - 1`` of them): the bytes of
+        forward tensors sent on (once per boundary each crosses) and of backward tensors sent
+        back."""
+        fwd, bwd = np.zeros(max(S - 1, 0)), np.zeros(max(S - 1, 0))
+        for _, a, role, bs, nbytes in self.tensors():
+            sa = stage_of[a]
+            far = max(stage_of[b] for b in bs)
+            near = min(stage_of[b] for b in bs)
+            if role == "forward" and far > sa:
+                fwd[sa:far] += nbytes
+            elif role == "backward" and near < sa:
+                bwd[near:sa] += nbytes
+        return fwd, bwd
+
+
+# ---------------------------------------------------------------------------------------------
+# stage-DP inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _range_sums(a: np.ndarray) -> np.ndarray:
+    """``out[i, j] = a[i] + ... + a[j]`` along the first axis (``inf`` when any is ``inf``)."""
+    L = a.shape[0]
+    bad = ~np.isfinite(a)
+    z = np.zeros((1,) + a.shape[1:])
+    vals = np.concatenate([z, np.cumsum(np.where(bad, 0.0, a), axis=0)])
+    nbad = np.concatenate([z, np.cumsum(bad, axis=0)])
+    out = np.full((L,) + a.shape, np.inf)
+    for i in range(L):
+        seg = vals[i + 1:] - vals[i]
+        seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
+        out[i, i:] = seg
+    return out
+
+
+def _dp_inputs(t: np.ndarray, step: np.ndarray, pmem: np.ndarray, amem: np.ndarray,
+               schedule: str, B: int) -> dict[str, np.ndarray]:
+    """The arrays :func:`stage_dp` takes; GPipe keeps all ``B`` micro-batches in flight on every
+    stage (folded into the per-stage memory)."""
+    if schedule == "gpipe":
+        pmem, amem = pmem + B * amem, np.zeros_like(amem)
+    return {"t": t, "step": step, "pmem": pmem, "amem": amem}
+
+
+def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> dict[str, np.ndarray]:
+    """``t_intra``, per-step, resident and activation arrays ``(L, L, K, C)`` of the contiguous
+    stages of a chain of layers (see the module docstring, step 4)."""
+    ctx, L = table.ctx, table.L
+    B = B or table.B
+    K, C = len(ctx.submeshes), ctx.C
+    mb = np.full((4, L, K, C), np.inf)  # forward + backward, step, resident, activation
+    for li in range(L):
+        for k, c in ctx.cells():
+            tt = table.terms(li, k, c, ratio, B)
+            if tt is not None:
+                mb[:, li, k, c] = (tt.forward + tt.backward, tt.step, tt.resident, tt.activation)
+    t, step, pmem, amem = (_range_sums(x) for x in mb)
+    # resharding between two layers of a stage: P[lo, hi] charged to every range holding both
+    pair_mb, pair_step = np.zeros((L, L, K, C)), np.zeros((L, L, K, C))
+    for a, b in table.passing():
+        lo, hi = min(a, b), max(a, b)
+        for k, c in ctx.cells():
+            f, bw, s = table.pair_terms(a, b, k, c, ratio)
+            pair_mb[lo, hi, k, c] += f + bw
+            pair_step[lo, hi, k, c] += s
+    for arr, pair in ((t, pair_mb), (step, pair_step)):
+        inner = np.cumsum(pair, axis=1)  # over hi <= j
+        arr += np.cumsum(inner[::-1], axis=0)[::-1]  # over lo >= i
+    # receiving the input activations (cut i) and the output gradients (cut j + 1)
+    fwd, bwd = table.boundary_bytes(list(range(L)), L)
+    for k in range(K):
+        recv_f = np.array([0.0] + [ctx.recv_estimate(x * ratio, k) for x in fwd])
+        recv_b = np.array([ctx.recv_estimate(x * ratio, k) for x in bwd] + [0.0])
+        t[:, :, k, :] += (recv_f[:, None] + recv_b[None, :])[:, :, None]
+    return _dp_inputs(t, step, pmem, amem, ctx.schedule, B)
+
+
+def _group_inputs(table: _Table, groups: list[list[int]], ratio: float = 1.0,
+                  B: int | None = None) -> dict[str, np.ndarray]:
+    """The same arrays over fixed stages (``groups``, in pipeline order): only ``[g, g]`` is
+    finite, so the DP keeps each group one stage and picks its submesh and logical mesh."""
+    ctx = table.ctx
+    B = B or table.B
+    S, K, C = len(groups), len(ctx.submeshes), ctx.C
+    arrs = np.full((4, S, S, K, C), np.inf)
+    stage_of = [0] * table.L
+    for g, members in enumerate(groups):
+        for li in members:
+            stage_of[li] = g
+    fwd, bwd = table.boundary_bytes(stage_of, S)
+    for g, members in enumerate(groups):
+        for k, c in ctx.cells():
+            tt = table.stage(members, k, c, ratio, B)
+            if tt is None:
+                continue
+            recv = (ctx.recv_estimate(fwd[g - 1] * ratio, k) if g > 0 else 0.0) + (
+                ctx.recv_estimate(bwd[g] * ratio, k) if g < S - 1 else 0.0)
+            arrs[:, g, g, k, c] = (tt.forward + tt.backward + recv, tt.step, tt.resident,
+                                   tt.activation)
+    return _dp_inputs(*arrs, ctx.schedule, B)
+
+
+# A layout: one (layer indices, submesh index, config index) per stage, in pipeline order.
+Layout = tuple[tuple[tuple[int, ...], int, int], ...]
+
+
+def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
+                counts: Sequence[tuple[int, int | None]],
+                members: Callable[[int, int], tuple[int, ...]], memory: bool,
+                explain: bool = True) -> tuple[dict[Layout, float], float | None]:
+    """Run :func:`stage_dp` for each ``(least, most)`` number of stages; the layouts it met (its
+    best ``t_max`` optima) with the DP's latency, and the least memory that would fit when none
+    does."""
+    out: dict[Layout, float] = {}
+    least = None
+    kw = ({"param_mem": inputs["pmem"], "act_mem": inputs["amem"], "device_memory": ctx.budget}
+          if memory else {})
+    for lo, hi in counts:
+        try:
+            r = stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, max_stages=hi,
+                         min_stages=lo, step_cost=inputs["step"],
+                         max_alternatives=DP_ALTERNATIVES, explain=False, **kw)
+        except InfeasiblePlanError:
+            continue
+        for total, stages in r.alternatives:
+            lay = tuple((members(s.start, s.end), s.submesh_index, s.config_index) for s in stages)
+            out.setdefault(lay, total)
+    if not out and memory and explain:  # nothing fits: the least memory that would fit
+        try:
+            stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, step_cost=inputs["step"], **kw)
+        except InfeasiblePlanError as err:
+            least = err.least_memory
+    return out, least
+
+
+# ---------------------------------------------------------------------------------------------
+# a layout simulated
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Eval:
+    """A layout at ``B`` micro-batches, simulated."""
+
+    layout: Layout
+    B: int
+    stages: list[_Terms]
+    placed: list[list[int]]
+    comm_f: list[float]
+    comm_b: list[float]
+    events: list
+    stats: ScheduleStats
+    memory: list[float]
+    fits: bool
+    dp_latency: float | None = None
+
+    @property
+    def step(self) -> float:
+        return self.stats.step_time
+
+    @property
+    def key(self) -> tuple[bool, float, float]:
+        """Ranking: fitting first, then the simulated step (to 9 significant digits: rounding
+        aside, re-timed plans can tie), then the memory."""
+        return (not self.fits, float(f"{self.step:.9g}"), max(self.memory))
+
+
+def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None = None,
+              dp_latency: float | None = None) -> _Eval | None:
+    """Simulate ``layout`` (see the module docstring, step 6); None when a stage's plans do not
+    divide the micro-batch or the submeshes cannot be placed."""
+    ctx = table.ctx
+    B = B or table.B
+    S = len(layout)
+    stages = []
+    for members, k, c in layout:
+        tt = table.stage(members, k, c, ratio, B)
+        if tt is None:
+            return None
+        stages.append(tt)
+    try:
+        placed = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.N, ctx.M)
+    except SearchError:
+        return None
+    stage_of = [0] * table.L
+    for s, (members, _, _) in enumerate(layout):
+        for li in members:
+            stage_of[li] = s
+    fwd, bwd = table.boundary_bytes(stage_of, S)
+    comm_f, comm_b = [], []
+    for s in range(S - 1):
+        cross = {d // ctx.M for d in placed[s]} != {d // ctx.M for d in placed[s + 1]}
+        comm_f.append(ctx.transfer(float(fwd[s]) * ratio, layout[s + 1][1], cross,
+                                   len(placed[s + 1]))[0])
+        comm_b.append(ctx.transfer(float(bwd[s]) * ratio, layout[s][1], cross, len(placed[s]))[0])
+    # launching programs: one per step for gradient accumulation (a loop in one program), one
+    # per task in a pipeline (each micro-batch's forward and backward, and the update)
+    cl = ctx.cluster
+    per_step = cl.step_overhead(math.ceil(len(ctx.full.inputs) / S))
+    per_task = cl.step_overhead(0) if S > 1 else 0.0
+    events = schedule_events(ctx.schedule, S, B, [x.forward + per_task for x in stages],
+                             [x.backward + per_task for x in stages], comm_f or None,
+                             backward_comm_times=comm_b or None,
+                             step_times=[x.step + per_step for x in stages])
+    stats = schedule_stats(events, S)
+    memory = [x.resident + (min(S - s, B) if ctx.schedule == "1f1b" else B) * x.activation
+              for s, x in enumerate(stages)]
+    fits = max(memory) <= ctx.budget * (1 + 1e-9)
+    return _Eval(layout, B, stages, placed, comm_f, comm_b, events, stats, memory, fits,
+                 dp_latency)
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts of one micro-batch count
+# ---------------------------------------------------------------------------------------------
+
+
+def _stage_counts(L: int, D: int) -> list[int]:
+    """Stage counts the DAG stage ILP is solved for: 2 .. 8, then powers of two, up to
+    ``min(L, D)``."""
+    cap = min(L, D)
+    return [s for s in sorted({*range(2, 9), 16, 32, 64}) if s <= cap]
+
+
+def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | None = None,
+             full: bool = True) -> tuple[dict[Layout, float], bool, float | None, float]:
+    """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
+    ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
+    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too and seeks
+    the least memory that would fit when nothing does (else the DP over any number of stages
+    and the one-stage layout only)."""
+    ctx, L = table.ctx, table.L
+    B = B or table.B
+    t0 = time.perf_counter()
+    D = ctx.N * ctx.M
+    max_s = min(L, D)
+    if ctx.megatron:
+        if L < ctx.N:
+            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.N} stages.")
+        k = ctx.submeshes.index((1, ctx.M))
+        c = ctx.configs[k].index(((1, ctx.M), False))
+        cuts = [round(i * L / ctx.N) for i in range(ctx.N + 1)]
+        lay = tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.N))
+        return {lay: math.nan}, True, None, time.perf_counter() - t0
+    counts: list[tuple[int, int | None]] = [(1, None), (1, 1)]
+    if full:
+        counts += [(s, s) for s in STAGE_COUNTS if s <= max_s]
+    found: dict[Layout, float] = {}
+    least = None
+    fits = True
+    if not use_ilp:
+        inputs = _chain_inputs(table, ratio, B)
+
+        def members(a: int, b: int) -> tuple[int, ...]:
+            return tuple(range(a, b))
+
+        for memory in (True, False):
+            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, full)
+            least = lm if least is None else least
+            if found:
+                fits = memory
                 break
     else:
         from autoplan.search.pipeline._stage_ilp import stage_ilp  # noqa: PLC0415
 
-        for S in sorted({s for s in (2, 4, 8) if s <= max_s and (N * M) % s == 0}):
-            per = N * M // S
-            k = next((i for i, (n, m) in enumerate(submeshes) if n * m == per), None)
-            if k is None:
-                continue
-            try:
-                r = stage_ilp(dag, S, time_limit=time_limit)
-            except (InfeasiblePlanError, SearchError):
-                continue
-            # stages as (sorted) layer sets; a DAG stage may be non-contiguous
-            groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
-            if any(not g for g in groups):
-                continue
-            per_config = [max(float(np.sum(layer_cost[g, k, ci])) for g in groups)
-                          for ci in range(len(configs[k]))]
-            c = int(np.argmin(per_config))
-            layouts.append([(g[0], g[-1] + 1, k, c, tuple(g)) for g in groups])
-    t_dp = time.perf_counter() - t2
-    if not layouts:
-        least = float(np.nanmin(np.where(np.isfinite(p_intra[0, L - 1]), p_intra[0, L - 1], np.inf)))
-        raise InfeasiblePlanError(
-            f"pipeline: no stage layout fits {budget:.4g} bytes per device.", least if np.isfinite(least) else None)
+        if ctx.groupings is None:
+            ctx.groupings = [[list(range(L))]]
+            for S in _stage_counts(L, D):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        r = stage_ilp(dag, S, time_limit=ctx.time_limit)
+                except (InfeasiblePlanError, SearchError):
+                    continue
+                groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
+                if all(groups):
+                    ctx.groupings.append(groups)
+        for memory in (True, False):
+            for groups in ctx.groupings:
+                inputs = _group_inputs(table, groups, ratio, B)
+                got, lm = _dp_layouts(inputs, ctx, B, [(1, None)], lambda a, b, g=groups: tuple(
+                    li for x in range(a, b) for li in g[x]), memory, full)
+                if lm is not None:
+                    least = lm if least is None else min(least, lm)
+                for lay, v in got.items():
+                    found.setdefault(lay, v)
+            if found:
+                fits = memory
+                break
+    return found, fits, least, time.perf_counter() - t0
 
-    plans = []
-    for lay in layouts:
-        shapes = [submeshes[st[2]] for st in lay]
-        try:
-            placed = place_submeshes(shapes, N, M)
-        except SearchError:
-            continue
-        stages, fwd_t, bwd_t, mems = [], [], [], []
-        inputs: dict[str, InputSpec] = {}
-        comm_total: dict[str, float] = {}
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+# ---------------------------------------------------------------------------------------------
+
+
+def _add(out: dict[str, float], key: str, v: float) -> None:
+    out[key] = out.get(key, 0.0) + v
+
+
+def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tuple[str, ...]
+             ) -> Plan:
+    """The :class:`Plan` of a simulated layout: each stage composed from its layers' solutions,
+    every operator under its own layer's name and scope."""
+    ctx, graph, full, B = table.ctx, table.graph, table.ctx.full, ev.B
+    full_shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
+    S = len(ev.layout)
+    stages: list[Stage] = []
+    inputs: dict[str, InputSpec] = {}
+    per_stage = []  # (compute, comm seconds, comm time by kind, comm bytes, comm by axis)
+    stage_of = [0] * table.L
+    for s, (members, _, _) in enumerate(ev.layout):
+        for li in members:
+            stage_of[li] = s
+    fwd_bytes, bwd_bytes = table.boundary_bytes(stage_of, S)
+    for si, ((members, k, c), terms) in enumerate(zip(ev.layout, ev.stages)):
+        n, m = ctx.submeshes[k]
+        shape, _ = ctx.configs[k][c]
+        mesh = ctx.mesh(k, shape)
+        op_shardings = []
+        mb_comms: list[Comm] = []
+        step_comms: list[Comm] = []
+        compute = 0.0
+        for li in members:
+            res = table.result(li, k, c)
+            lc = table.cost(li, k, c)
+            compute += B * (lc.forward_compute + lc.backward_compute) + lc.step_compute
+            mb_comms += [*lc.forward_comms, *lc.backward_comms]
+            step_comms += lc.step_comms
+            rep_sub, mine = table.sub(table.rep[table.layers[li].signature]), table.sub(li)
+            names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
+            names.update({f"%{lt}": f"%{gt}" for gt, lt in table.local(li).items()})
+            for o in res.plan.stages[0].ops:
+                gop = graph.ops[mine.origin[o.op]]
+                op_shardings.append(replace(
+                    o, op=gop.id, scope=gop.scope_name,
+                    layer=gop.scope[0] if gop.scope else "(root)",
+                    tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
+            for spec, gi in zip(res.plan.inputs, mine.inputs):
+                if gi.kind == "activation":
+                    continue
+                inputs.setdefault(gi.name, replace(
+                    spec, arg=gi.arg, arg_name=gi.arg_name, path=gi.path, kind=gi.kind,
+                    stage=si, shape=tuple(full_shapes.get(gi.name, spec.shape))))
+        inside = set(members)
+        for a, b in table.passing():
+            if a in inside and b in inside:
+                fw, bw, st = table.pair(a, b, k, c)
+                mb_comms += fw + bw
+                step_comms += st
+        comm_bytes: dict[str, float] = {}
         comm_time: dict[str, float] = {}
         by_axis: dict[str, float] = {}
-        boundary_bytes = []
-        for si, st in enumerate(lay):
-            members = list(st[4]) if len(st) > 4 else list(range(st[0], st[1]))
-            n, m = submeshes[st[2]]
-            shape, lean = configs[st[2]][st[3]]
-            f_time = b_time = resident = act = 0.0
-            stage_comm: dict[str, float] = {}
-            op_shardings = []
-            axis_names = ("x", "y")
-            for li in members:
-                res, rep_sub = layer_result(li, n, m, shape, lean)
-                p = res.plan
-                axis_names = p.axis_names
-                mine_sub = layer_sub(li)
-                f_time += p.predicted.step_time * fwd_frac[li]
-                b_time += p.predicted.step_time * (1 - fwd_frac[li])
-                r_mem, a_mem = _stage_memory(p)
-                resident += r_mem
-                act += a_mem
-                for kind, v in p.predicted.comm_bytes.items():
-                    stage_comm[kind] = stage_comm.get(kind, 0.0) + v
-                    comm_total[kind] = comm_total.get(kind, 0.0) + v * B
-                for kind, v in p.predicted.comm_time_by_kind.items():
-                    comm_time[kind] = comm_time.get(kind, 0.0) + v * B
-                for ax, v in p.predicted.comm_by_axis.items():
-                    by_axis[ax] = by_axis.get(ax, 0.0) + v * B
-                # the representative's solution, moved to this layer (same structure, same order)
-                names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine_sub.inputs)}
-                for o in p.stages[0].ops:
-                    op_shardings.append(replace(
-                        o, op=mine_sub.origin[o.op],
-                        tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
-                for spec, gi in zip(p.inputs, mine_sub.inputs):
-                    if gi.kind == "activation":
-                        continue
-                    inputs.setdefault(gi.name, replace(
-                        spec, arg=gi.arg, arg_name=gi.arg_name, path=gi.path, kind=gi.kind,
-                        stage=si, shape=tuple(full_shapes.get(gi.name, spec.shape))))
-            fwd_t.append(f_time)
-            bwd_t.append(b_time)
-            s_from_end = len(lay) - si
-            mem = resident + min(s_from_end if schedule == "1f1b" else B, B) * act
-            mems.append(mem)
-            names = tuple(nm for li in members for nm in layers[li].names)
-            stages.append(Stage(
-                index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh=(n, m),
-                device_ids=tuple(placed[si]), mesh_shape=tuple(shape), axis_names=axis_names,
-                ops=tuple(op_shardings), forward_time=f_time, backward_time=b_time, memory=mem,
-                comm_bytes=stage_comm))
-            ops = sorted(o for li in members for o in layers[li].ops)
-            inside = set(ops)
-            out_bytes = 0
-            for o in ops:
-                for t in graph.ops[o].outputs:
-                    if any(c not in inside for c in graph.consumers[t]):
-                        out_bytes += graph.tensors[t].nbytes
-            boundary_bytes.append(out_bytes)
-        # cross-mesh resharding: per boundary, min(send whole, send 1/n slices + all-gather)
-        comm_s = []
-        for si in range(len(stages) - 1):
-            a, b = stages[si], stages[si + 1]
-            cross = {d // M for d in a.device_ids} != {d // M for d in b.device_ids}
-            nbytes = boundary_bytes[si] / 2  # forward activation and backward gradient split evenly
-            whole = send_recv_time(cluster, nbytes, cross)
-            ndst = b.num_devices
-            sliced = send_recv_time(cluster, nbytes / ndst, cross)
-            if ndst > 1:
-                sliced += cluster.logical_mesh((ndst,), submesh=b.submesh).all_gather(nbytes, [0])
-            comm_s.append(min(whole, sliced))
-            comm_total["send-recv"] = comm_total.get("send-recv", 0.0) + 2 * nbytes * B
-            comm_time["send-recv"] = comm_time.get("send-recv", 0.0) + 2 * min(whole, sliced) * B
-        S = len(stages)
-        events = schedule_events(schedule, S, B, fwd_t, bwd_t, comm_s or None)
-        st_stats = schedule_stats(events, S)
-        table = schedule_table(schedule, S, B)
-        step = st_stats.step_time
-        devices = sum(s.num_devices for s in stages)
-        all_inputs = _complete_inputs(full, inputs)
-        compute = sum(fwd_t) + sum(bwd_t)
-        pred = Predicted(
-            step_time=step, throughput=batch / step if step > 0 else 0.0,
-            memory_per_device=max(mems), compute_time=compute * B / max(1, S),
-            comm_time=sum(comm_time.values()) / max(1, S), comm_bytes=comm_total,
-            comm_by_axis=by_axis, comm_time_by_kind={k: v / max(1, S) for k, v in comm_time.items()},
-            bubble_fraction=st_stats.bubble_fraction,
-            mfu=full.flops / (step * devices * cluster.peak_flops) if step > 0 else 0.0)
-        plans.append(Plan(
-            model=full.name, fingerprint=full.fingerprint, cluster=cluster, stages=tuple(stages),
-            inputs=tuple(all_inputs), predicted=pred,
-            schedule=Schedule(schedule, B, S,
-                              table=tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind)
-                                                for e in row) for row in table),
-                              events=tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind)
-                                           for e in events)),
-            label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
-            config=dict(getattr(workload, "config", {}) or {}),
-            jax_version=jax.__version__,
-            notes=(f"stage algorithm: {'TePDist DAG ILP' if use_ilp else 'Alpa stage DP'}",)))
-    stats = {"layers": L, "microbatches": B, "submeshes": len(submeshes), "layer_solves": solves,
-             "unique_layer_kinds": len(subgraphs), "trace_seconds": t_trace,
-             "cost_seconds": t_costs, "dp_seconds": t_dp, "stage_algorithm": "ilp" if use_ilp else "dp"}
-    plans.sort(key=lambda p: p.predicted.step_time)
-    return PipelineResult(plans=plans, stats=stats)
+        for times, comms in ((B, mb_comms), (1, step_comms)):
+            for x in comms:
+                _add(comm_bytes, x.kind, times * x.bytes)
+                _add(comm_time, x.kind, times * x.time)
+                axis: dict[str, float] = {}
+                _comm_by_axis(x, mesh, axis)
+                for ax, v in axis.items():
+                    _add(by_axis, ax, times * v)
+        # cross-stage transfers a device of this stage receives, per step
+        for nbytes, src in ((fwd_bytes[si - 1] if si > 0 else 0.0, si - 1),
+                            (bwd_bytes[si] if si < S - 1 else 0.0, si + 1)):
+            if nbytes <= 0:
+                continue
+            cross = {d // ctx.M for d in ev.placed[src]} != {d // ctx.M for d in ev.placed[si]}
+            t, sr, ag = ctx.transfer(float(nbytes), k, cross, n * m)
+            _add(comm_bytes, "send-recv", B * sr)
+            if ag:
+                _add(comm_bytes, "all-gather", B * ag)
+            _add(comm_time, "send-recv", B * t)
+        names = tuple(nm for li in members for nm in table.layers[li].names)
+        stages.append(Stage(
+            index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh=(n, m),
+            device_ids=tuple(ev.placed[si]), mesh_shape=tuple(shape), axis_names=mesh.axis_names,
+            ops=tuple(op_shardings), forward_time=terms.forward, backward_time=terms.backward,
+            memory=ev.memory[si], comm_bytes=comm_bytes))
+        per_stage.append((compute, comm_time, comm_bytes, by_axis))
+    busy = ev.stats.busy
+    hot = int(np.argmax(busy))
+    step = ev.step
+    devices = sum(s.num_devices for s in stages)
+    batch = batch_size(full)
+    pred = Predicted(
+        step_time=step, throughput=batch / step if step > 0 else 0.0,
+        memory_per_device=max(ev.memory), compute_time=per_stage[hot][0],
+        comm_time=sum(per_stage[hot][1].values()),
+        comm_bytes={kk: max(p[2].get(kk, 0.0) for p in per_stage)
+                    for kk in sorted({kk for p in per_stage for kk in p[2]})},
+        comm_by_axis={ax: max(p[3].get(ax, 0.0) for p in per_stage)
+                      for ax in sorted({ax for p in per_stage for ax in p[3]})},
+        comm_time_by_kind=dict(per_stage[hot][1]), bubble_fraction=ev.stats.bubble_fraction,
+        mfu=full.flops / (step * devices * ctx.cluster.peak_flops) if step > 0 else 0.0)
+    table_rows = schedule_table(ctx.schedule, S, B)
+    return Plan(
+        model=full.name, fingerprint=full.fingerprint, cluster=ctx.cluster, stages=tuple(stages),
+        inputs=tuple(_complete_inputs(full, inputs)), predicted=pred,
+        schedule=Schedule(ctx.schedule, B, S,
+                          table=tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind)
+                                            for e in row) for row in table_rows),
+                          events=tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind)
+                                       for e in ev.events)),
+        label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
+        config=dict(getattr(workload, "config", {}) or {}), jax_version=jax.__version__,
+        notes=notes)
 
 
 def _complete_inputs(full: OpGraph, inputs: dict[str, InputSpec]) -> list[InputSpec]:
@@ -529,3 +1395,187 @@ def _complete_inputs(full: OpGraph, inputs: dict[str, InputSpec]) -> list[InputS
             out.append(InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, t.shape, t.dtype,
                                  (None,) * len(t.shape), 0))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------
+
+
+def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
+                    microbatches: int | str | None = None, level: str = "folded",
+                    memory_budget: float | None = None, time_limit: float = 60.0,
+                    num_layers: int | None = None, stage_algorithm: str = "auto",
+                    max_candidates: int = 3, megatron: bool = False,
+                    submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None
+                    ) -> PipelineResult:
+    """Search pipeline plans (see the module docstring).
+
+    Args:
+        workload: anything with ``fn``, ``args`` and ``arg_kinds`` (a zoo
+            :class:`~autoplan.models.Workload` or a user's); the batch is read from the leading
+            dimension of its ``batch`` arguments.
+        cluster: the cluster.
+        schedule: ``"1f1b"`` or ``"gpipe"``.
+        microbatches: the number of micro-batches; ``None`` or ``"auto"`` searches it
+            (see the module docstring, step 7).
+        level: recorded in the plans (each layer's ILP is solved whole).
+        memory_budget: bytes per device (default the device's memory).
+        time_limit: seconds per ILP (a layer ILP stops at :data:`LAYER_TIME_LIMIT` if less,
+            with the best plan found).
+        num_layers: how many layers to cluster the operators into (default automatic).
+        stage_algorithm: ``"dp"`` (Alpa's stage DP on contiguous layers), ``"ilp"`` (TePDist's
+            stage ILP on the layer DAG, then the DP for submeshes) or ``"auto"`` (the ILP when
+            the layer graph is not a chain, side tensors aside).
+        max_candidates: how many stage counts to return the best plan of (the one-stage
+            layout is always among them).
+        megatron: build the Megatron TP x PP baseline instead of searching: one stage per node
+            with equal layer counts, Megatron's tensor-parallel pins inside each node, the
+            default number of micro-batches.
+        submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts,
+            plus ``N``), or ``"auto"`` (``"all"`` up to :data:`AUTO_ALL_HOSTS` hosts).
+        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
+            layer plan (a submesh and logical mesh on which a pinned spec does not divide has
+            no plan).
+
+    Returns:
+        The best plan per distinct number of stages, best first (fitting plans before the
+        others), and ``stats``: ``layers``, ``microbatches`` (of the best plan),
+        ``microbatches_default``, ``microbatch_candidates`` (``{count: its best fitting step time,
+        exact at the default and re-timed from the default's plans elsewhere; None where no
+        layout divides or fits}``), ``microbatches_exact`` (the counts costed
+        exactly), ``submeshes``, ``layer_solves``, ``layer_solves_at_time_limit``,
+        ``unique_layer_kinds``,
+        ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
+        best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the
+        fastest layouts are returned then, marked as not fitting) and seconds per phase.
+
+    Raises:
+        SearchError: bad options; a fixed ``microbatches`` that does not divide the batch.
+        InfeasiblePlanError: no stage layout exists, or none fits a given ``memory_budget`` (the
+            message says why and the least memory that would fit). Without ``memory_budget`` the
+            device's memory only ranks: layouts that do not fit are returned, marked.
+    """
+    if stage_algorithm not in ("auto", "dp", "ilp"):
+        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
+                          f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
+                          "'auto'.")
+    if schedule not in ("1f1b", "gpipe"):
+        raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
+    check_microbatches(microbatches)
+    check_submesh_hosts(submesh_hosts)
+    t0 = time.perf_counter()
+    full = traced(workload)
+    for pattern in pin or {}:
+        try:
+            hit = full.find_inputs(pattern, names_only=True)
+        except re.error as err:
+            raise SearchError(f"pipeline: the pin {pattern!r} should be a regular expression. Got "
+                              f"the error {err}. Fix: escape its brackets.") from err
+        if not hit:
+            raise SearchError(f"pipeline: the pin {pattern!r} should match an input name. Got no "
+                              f"match among {len(full.inputs)} inputs such as "
+                              f"{full.inputs[0].name!r}. Fix: re.search must find it in a name.")
+    batch = batch_size(full)
+    N, M = cluster.nodes, cluster.devices_per_node
+    fixed = isinstance(microbatches, int | np.integer)
+    B0 = int(microbatches) if fixed else _default_microbatches(batch, N * M)
+    if batch % B0:
+        raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
+                          f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
+                          f"{batch} or microbatches='auto'.")
+    search_mb = not fixed and not megatron
+    full, graph = _traces(workload, B0)
+    t_trace = time.perf_counter() - t0
+    layers = cluster_layers(graph, num_layers)
+    dag = layer_dag(graph, layers)
+    use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
+    hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
+    budget = float(memory_budget or cluster.device_memory)
+    ctx = _Context(cluster, full, submesh_shapes(N, M, hosts), schedule, budget, time_limit,
+                   megatron, pin)
+    table = _Table(ctx, graph, layers, B0)
+
+    # the default count, costed exactly: every layer kind on every cell, then the layouts
+    t1 = time.perf_counter()
+    if not megatron:
+        for li in table.rep.values():
+            for k, c in ctx.cells():
+                table.cost(li, k, c)
+    t_costs = time.perf_counter() - t1
+    found, fits, least, t_dp = _layouts(table, dag, use_ilp)
+    memory_note = None
+    if not fits or not found:
+        why = (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
+               f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
+               + (f" The least memory with which one would fit is {least:.4g} bytes." if least
+                  else ""))
+        if not found or memory_budget is not None:
+            raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
+                                      "rematerialisation, or raise the memory budget.", least)
+        memory_note = why + " Its fastest layouts are returned, marked as not fitting."
+    evals = [ev for ev in (_evaluate(table, lay, dp_latency=v) for lay, v in found.items()) if ev]
+    simulated = len(found)
+    candidates: dict[int, float | None] = {B0: min((ev.step for ev in evals if ev.fits),
+                                                   default=None)}
+    exact = [B0]
+    tables = {B0: table}
+
+    # other counts: screened on the default's plans re-timed, the best costed exactly
+    if search_mb and table.screenable and evals:
+        t2 = time.perf_counter()
+        screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
+        window = MICROBATCH_WINDOW if N <= AUTO_ALL_HOSTS else 2
+        for B in microbatch_counts(batch, B0, window):
+            if B == B0:
+                continue
+            ratio = B0 / B
+            lays, ok, _, _ = _layouts(table, dag, use_ilp, ratio, B, full=False)
+            got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays) if ev),
+                         key=lambda ev: ev.key)
+            simulated += len(lays)
+            candidates[B] = got[0].step if got and ok and got[0].fits else None
+            if got:
+                screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
+        t_dp += time.perf_counter() - t2
+        best_now = min(ev.key for ev in evals)
+        for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
+            if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
+                continue  # not faster than the default by more than the screening can resolve
+            gB = _traces(workload, B)[1]
+            if not _aligned(gB, graph):
+                continue
+            tables[B] = tB = _Table(ctx, gB, layers, B)
+            evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
+            exact.append(B)
+    evals.sort(key=lambda ev: ev.key)
+
+    # the best plan per stage count (the one-stage layout kept), best first
+    best_of: dict[int, _Eval] = {}
+    for ev in evals:
+        best_of.setdefault(len(ev.layout), ev)
+    chosen = sorted(best_of.values(), key=lambda ev: ev.key)[:max(1, max_candidates)]
+    if 1 in best_of and best_of[1] not in chosen:
+        chosen.append(best_of[1])
+    plans = []
+    alg = "TePDist DAG ILP + Alpa stage DP for submeshes" if use_ilp else "Alpa stage DP"
+    for ev in chosen:
+        tb = tables[ev.B]
+        dp = "" if ev.dp_latency is None or math.isnan(ev.dp_latency) else \
+            f"; stage DP latency {ev.dp_latency:.6g} s"
+        notes = (f"stage algorithm: {alg}",
+                 f"{ev.B} micro-batches" + (" (searched)" if search_mb else "")
+                 + f"; simulated step {ev.step:.6g} s{dp}")
+        plans.append(_compose(tb, ev, workload=workload, level=level, notes=notes))
+    stats = {"layers": len(layers), "microbatches": chosen[0].B, "microbatches_default": B0,
+             "microbatch_candidates": candidates, "microbatches_exact": exact,
+             "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
+             "layer_solves_at_time_limit": ctx.timed_out,
+             "unique_layer_kinds": len(table.rep), "layouts_simulated": simulated,
+             "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
+             "stage_algorithm": "ilp" if use_ilp else "dp",
+             "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
+    if memory_note:
+        stats["infeasible"] = memory_note
+    return PipelineResult(plans=plans, stats=stats)
+

@@ -7,6 +7,11 @@ rows are clock ticks and whose columns are meshes; each entry is a :class:`Task`
 for ``m`` micro-batches, so both have the bubble fraction ``(S - 1) / (m + S - 1)``; 1F1B keeps at
 most ``S - j`` micro-batches alive on mesh ``j`` where GPipe keeps all ``m``.
 
+A training step ends with per-step work on every mesh (the gradient synchronisation across the
+stage's data-parallel devices and the optimizer update), which :func:`schedule_events` places
+after the mesh's last backward (events of kind ``"update"``): the step ends when the last mesh's
+update does.
+
 Per-mesh orders:
 
 * GPipe: ``F_0 .. F_{m-1}`` then ``B_0 .. B_{m-1}``.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from autoplan._errors import SearchError
 
@@ -70,7 +76,8 @@ class Event:
         mesh: the mesh that runs it (equal to ``stage``).
         microbatch: micro-batch index.
         stage: stage index.
-        kind: ``"forward"`` or ``"backward"``.
+        kind: ``"forward"``, ``"backward"``, or ``"update"`` (the per-step work after the mesh's
+            last backward; its ``microbatch`` is that backward's, the last one).
     """
 
     start: float
@@ -138,8 +145,10 @@ def _mesh_orders(kind: str, S: int, m: int) -> list[list[Task]]:
 
 
 def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
-              comm: Sequence[float]) -> list[Event]:
+              comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
+              step: Sequence[float] | None = None) -> list[Event]:
     S = len(orders)
+    comm_b = comm if comm_bwd is None else comm_bwd
     done: dict[tuple[int, int, str], float] = {}
     pos = [0] * S
     free = [0.0] * S
@@ -162,7 +171,7 @@ def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[floa
                 else:
                     dep = done.get((b, s + 1, "backward"))
                     if dep is not None:
-                        dep += comm[s]
+                        dep += comm_b[s]
                     dur = bwd[s]
                 if dep is None:
                     break
@@ -176,7 +185,11 @@ def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[floa
                 progressed = True
         if not progressed:  # pragma: no cover - the orders above never deadlock
             raise SearchError("the pipeline schedule deadlocked: a mesh order waits on itself.")
-    events.sort(key=lambda e: (e.start, e.mesh))
+    if step is not None:
+        for j in range(S):
+            last = orders[j][-1]
+            events.append(Event(free[j], free[j] + step[j], j, last.microbatch, j, "update"))
+    events.sort(key=attrgetter("start", "mesh"))
     return events
 
 
@@ -283,7 +296,7 @@ def _check_times(name: str, vals: Sequence[float] | None, n: int) -> list[float]
     if len(out) != n or any(not math.isfinite(v) or v < 0 for v in out):
         raise SearchError(
             f"{name} should hold {n} finite times >= 0. Got {vals!r}. Fix: give one value per "
-            + ("stage boundary (S - 1 values)." if name == "comm_times" else "stage.")
+            + ("stage boundary (S - 1 values)." if name.endswith("comm_times") else "stage.")
         )
     return out
 
@@ -295,13 +308,18 @@ def schedule_events(
     forward_times: Sequence[float],
     backward_times: Sequence[float],
     comm_times: Sequence[float] | None = None,
+    *,
+    backward_comm_times: Sequence[float] | None = None,
+    step_times: Sequence[float] | None = None,
 ) -> list[Event]:
     """Simulate a schedule with real durations.
 
     Each mesh runs its tasks in the order of ``kind``'s table. A task starts when its mesh is
     free and its dependency has ended: the forward of stage ``s - 1`` (same micro-batch) plus
-    ``comm_times[s - 1]``; for a backward, the backward of stage ``s + 1`` plus ``comm_times[s]``,
-    or for the last stage its own forward.
+    ``comm_times[s - 1]``; for a backward, the backward of stage ``s + 1`` plus
+    ``backward_comm_times[s]``, or for the last stage its own forward. Transfers do not occupy a
+    mesh (they overlap with its other tasks). With ``step_times``, each mesh then runs its
+    per-step work (an ``"update"`` event) right after its last backward.
 
     Args:
         kind: ``"gpipe"`` or ``"1f1b"``.
@@ -309,8 +327,12 @@ def schedule_events(
         microbatches: ``m``.
         forward_times: per stage, one micro-batch's forward time.
         backward_times: per stage, one micro-batch's backward time.
-        comm_times: per stage boundary (``S - 1`` values), the transfer time between stages
-            ``s`` and ``s + 1`` (used for activations and their gradients); default 0.
+        comm_times: per stage boundary (``S - 1`` values), the transfer time of the activations
+            from stage ``s`` to ``s + 1``; default 0.
+        backward_comm_times: per boundary, the transfer time of the gradients from stage
+            ``s + 1`` back to ``s``; default ``comm_times``.
+        step_times: per stage, the work run once per step after its last backward (gradient
+            synchronisation, optimizer update); default none.
 
     Returns:
         The events sorted by start time, then mesh.
@@ -320,13 +342,17 @@ def schedule_events(
     fwd = _check_times("forward_times", forward_times, S)
     bwd = _check_times("backward_times", backward_times, S)
     comm = _check_times("comm_times", comm_times, S - 1)
-    return _simulate(_mesh_orders(kind, S, m), fwd, bwd, comm)
+    comm_b = None if backward_comm_times is None else _check_times(
+        "backward_comm_times", backward_comm_times, S - 1)
+    step = None if step_times is None else _check_times("step_times", step_times, S)
+    return _simulate(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
 
 
 def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
     """Step time, bubble fraction, per-mesh busy time and peak in-flight micro-batches.
 
-    ``bubble_fraction = 1 - sum(busy) / (S * step_time)``. A micro-batch is in flight on a mesh
+    ``bubble_fraction = 1 - sum(busy) / (S * step_time)`` (per-step ``"update"`` events count as
+    busy). A micro-batch is in flight on a mesh
     from the start of its forward there to the end of its backward there.
     """
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
@@ -344,7 +370,7 @@ def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
         busy[e.mesh] += e.end - e.start
         if e.kind == "forward":
             marks[e.mesh].append((e.start, 1))
-        else:
+        elif e.kind == "backward":
             marks[e.mesh].append((e.end, -1))
     peak = []
     for ms in marks:

@@ -9,7 +9,19 @@ pipeline latency (Alpa Eq. 2)
 
     T = \\sum_{s=1}^{S} t_s + (B - 1) \\max_s t_s
 
-is minimal. The module is pure: numpy in, a frozen dataclass out.
+is minimal. A training step also runs work once per step: each stage synchronises its
+gradients across its data-parallel devices and updates its parameters after its last
+micro-batch's backward. The first stage finishes its last backward last (in GPipe and 1F1B alike),
+so its per-step work ``u_1`` ends the step unless a later stage's outlasts the backward still to
+run before it; with ``step_cost`` the DP minimises
+
+.. math::
+
+    T = \\sum_{s=1}^{S} t_s + (B - 1) \\max_s t_s + u_1,
+
+exact whenever ``u_s <= u_1 + (backward time of the stages before s)``; the pipeline search
+simulates its best few layouts to rank them (:mod:`autoplan.search.pipeline._schedule`). The
+module is pure: numpy in, a frozen dataclass out.
 
 References:
     Zheng et al., "Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep
@@ -196,8 +208,11 @@ class StageAssignment:
         end: one past its last layer (the stage runs layers ``start .. end - 1``).
         submesh: its submesh shape ``(hosts, devices per host)``.
         submesh_index: index ``k`` of that shape in the ``submeshes`` given to :func:`stage_dp`.
-        config_index: the logical-mesh configuration ``c`` chosen (cheapest that fits memory).
-        cost: ``t_intra[start, end - 1, submesh_index, config_index]``.
+        config_index: the logical-mesh configuration ``c`` chosen (cheapest that fits memory;
+            for the first stage with ``step_cost``, the cheapest ``t + u`` of those that fit).
+        cost: ``t_intra[start, end - 1, submesh_index, config_index]`` (one micro-batch).
+        step_cost: ``step_cost[start, end - 1, submesh_index, config_index]`` (once per step; 0
+            without ``step_cost``). The DP charges the first stage's.
     """
 
     start: int
@@ -206,6 +221,7 @@ class StageAssignment:
     submesh_index: int
     config_index: int
     cost: float
+    step_cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -215,14 +231,19 @@ class StageDPResult:
     Attributes:
         stages: the stages in pipeline order (first layers first).
         t_max: the latency of the slowest stage.
-        total_latency: ``sum(stage.cost) + (B - 1) * t_max`` (Alpa Eq. 2).
+        total_latency: ``sum(stage.cost) + (B - 1) * t_max + stages[0].step_cost`` (Alpa Eq. 2
+            plus the first stage's per-step work).
         evaluated_t_max: how many ``t_max`` values the DP was run for.
+        alternatives: the distinct plans the search met (each the optimum for some ``t_max``),
+            as ``(total_latency, stages)``, best first (the optimum among them), at most
+            ``max_alternatives``: candidates to rank by a finer model (a schedule simulation).
     """
 
     stages: tuple[StageAssignment, ...]
     t_max: float
     total_latency: float
     evaluated_t_max: int
+    alternatives: tuple[tuple[float, tuple[StageAssignment, ...]], ...] = ()
 
 
 def _as_cost_array(name: str, arr: object, shape: tuple[int, ...] | None) -> np.ndarray:
@@ -256,27 +277,38 @@ class _Prepared:
     when the stage sits ``p + 1``-th from the pipeline's end (``inf`` where no config fits the
     memory). Positions ``>= n_pos`` cost the same as ``n_pos`` (in-flight micro-batches are capped
     by ``B``; and ``S <= s_cap``). ``P`` is the first position from which costs no longer change.
+
+    With ``step`` (the per-step cost of every stage), the first stage (the one starting at layer
+    0) keeps every config: ``first_t[p, j, k, c]`` its latency where it fits at position ``p``
+    (``inf`` elsewhere) and ``first_v`` that latency plus its per-step cost; the DP picks its
+    config by ``t + u`` among those within ``t_max``.
     """
 
-    def __init__(self, t_intra, param_mem, act_mem, device_memory, microbatches, s_cap):
+    def __init__(self, t_intra, param_mem, act_mem, device_memory, microbatches, s_cap, step=None):
         L, _, K, _ = t_intra.shape
         lower = np.tril(np.ones((L, L), dtype=bool), k=-1)
         base = np.where(lower[:, :, None, None], np.inf, t_intra)
         if device_memory is None:
-            teff = base.min(axis=3)[None]
-            cfg = base.argmin(axis=3)[None]
+            n_pos = 1
+            fits = np.ones((1,) + base.shape, dtype=bool)
         else:
             n_pos = min(microbatches, s_cap)
             pm = np.zeros_like(base) if param_mem is None else param_mem
             am = np.zeros_like(base) if act_mem is None else act_mem
-            teff = np.empty((n_pos, L, L, K))
-            cfg = np.empty((n_pos, L, L, K), dtype=np.int64)
-            for p in range(n_pos):
-                t = np.where(pm + (p + 1) * am <= device_memory, base, np.inf)
-                teff[p] = t.min(axis=3)
-                cfg[p] = t.argmin(axis=3)
+            fits = np.stack([pm + (p + 1) * am <= device_memory for p in range(n_pos)])
+        teff = np.empty((n_pos, L, L, K))
+        cfg = np.empty((n_pos, L, L, K), dtype=np.int64)
+        for p in range(n_pos):
+            t = np.where(fits[p], base, np.inf)
+            teff[p] = t.min(axis=3)
+            cfg[p] = t.argmin(axis=3)
+        self.first_t = self.first_v = None
+        if step is not None:
+            self.first_t = np.where(fits[:, 0], base[0][None], np.inf)  # (n_pos, L, K, C)
+            self.first_v = self.first_t + step[0][None]
         P = teff.shape[0]
-        while P > 1 and np.array_equal(teff[P - 2], teff[P - 1]):
+        while P > 1 and np.array_equal(teff[P - 2], teff[P - 1]) and (
+                self.first_t is None or np.array_equal(self.first_t[P - 2], self.first_t[P - 1])):
             P -= 1
         self.teff, self.cfg, self.P = teff, cfg, P
         self.n_pos = teff.shape[0]
@@ -289,6 +321,9 @@ class _Prepared:
         self.tb = tb
         self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
         finite = teff[np.isfinite(teff)]
+        if self.first_t is not None:
+            self.min_by_width = np.minimum(self.min_by_width, self.first_t[:P].min(axis=(0, 2, 3)))
+            finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
         self.candidates = np.unique(finite)
 
 
@@ -306,11 +341,30 @@ def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W
     return int(q) * W + int(w)
 
 
-def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool):
+def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: np.ndarray,
+                 D: int, W: int) -> tuple[float, tuple[int, int, int] | None]:
+    """The first stage (layers ``0 .. w``) at position ``p`` with its config chosen by ``t + u``
+    among those within ``t_max``, followed by ``nxt[w + 1, D - size]``: ``(value, (w, q, c))``."""
+    L = prep.teff.shape[1]
+    ft = prep.first_t[p, :W]  # (W, K, C)
+    fv = np.where(ft <= t_max, prep.first_v[p, :W], np.inf)
+    cols = D - sizes  # (K,)
+    rows = np.arange(1, W + 1)
+    follow = np.where((cols >= 0)[None, :] & (rows <= L)[:, None],
+                      nxt[np.minimum(rows, L)[:, None], np.maximum(cols, 0)[None, :]], np.inf)
+    vals = fv + follow[:, :, None]
+    if not np.isfinite(vals).any():
+        return math.inf, None
+    w, q, c = np.unravel_index(int(np.argmin(vals)), vals.shape)
+    return float(vals[w, q, c]), (int(w), int(q), int(c))
+
+
+def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool,
+        min_stages: int = 1):
     """One run of Alpa's Eq. 3 for a fixed ``t_max``.
 
-    Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q)`` in pipeline order, or
-    ``(inf, None)``.
+    Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q, c)`` in pipeline order
+    (``c`` None where the config is the position's cheapest, ``prep.cfg``), or ``(inf, None)``.
     """
     P = prep.P
     L = prep.tb.shape[1]
@@ -369,19 +423,37 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
             yk = np.where(better, h, tail[k])
             Z[:, k, :] = np.append(yk, INF)[shift_idx]
 
-    # pick the best number of stages
-    best, where = INF, None
-    for s in range(1, n_exact + 1):
-        if F[s][0, D] < best:
-            best, where = F[s][0, D], ("exact", s)
-    if lump and H[0, D] < best:
-        best, where = H[0, D], ("lump", 0)
+    # pick the best number of stages (the first stage: per position, or with its per-step cost)
+    best, where, first = INF, None, None
+    for s in range(max(1, min_stages), n_exact + 1):
+        if prep.first_t is None:
+            v, ch = F[s][0, D], None
+        else:
+            v, ch = _first_stage(prep, min(s, P) - 1, t_max, F[s - 1], sizes, D, W)
+        if v < best:
+            best, where, first = v, ("exact", s), ch
+    if lump:
+        if prep.first_t is None:
+            v, ch = H[0, D], None
+        else:
+            v, ch = _first_stage(prep, P - 1, t_max, np.minimum(F[n_exact], H), sizes, D, W)
+        if v < best:
+            best, where, first = v, ("lump", 0), ch
     if where is None:
         return INF, None
 
-    stages: list[tuple[int, int, int]] = []
+    stages: list[tuple[int, int, int, int | None]] = []
     k, d = 0, D
     mode, s = where
+    if first is not None:  # the first stage was chosen above, with its config
+        w, q, c = first
+        stages.append((0, w + 1, q, c))
+        k, d = w + 1, D - int(sizes[q])
+        if mode == "lump":
+            if not flag[k, d]:
+                mode, s = "exact", n_exact
+        else:
+            s -= 1
     while True:
         if mode == "lump":
             a = int(argH[k, d])
@@ -390,7 +462,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
                 break
             a = _choice(tb[min(s, P) - 1, k], F[s - 1], k, d, sizes, W, L)
         q, w = divmod(a, W)
-        stages.append((k, k + w + 1, q))
+        stages.append((k, k + w + 1, q, None))
         k, d = k + w + 1, d - int(sizes[q])
         if mode == "lump":
             if not flag[k, d]:
@@ -412,6 +484,10 @@ def stage_dp(
     act_mem: np.ndarray | None = None,
     device_memory: float | None = None,
     max_stages: int | None = None,
+    min_stages: int = 1,
+    step_cost: np.ndarray | None = None,
+    max_alternatives: int = 8,
+    explain: bool = True,
 ) -> StageDPResult:
     """Alpa's stage-mesh dynamic program (Alpa Eq. 3-5), exact and vectorised.
 
@@ -474,6 +550,15 @@ def stage_dp(
         act_mem: optional, same shape: activation bytes per device for one micro-batch.
         device_memory: bytes per device; with it, Eq. 5 excludes choices that do not fit.
         max_stages: optional upper bound on the number of stages.
+        min_stages: lower bound on the number of stages (with ``max_stages``: an exact count).
+        step_cost: optional, same shape: the work a stage runs once per step (gradient
+            synchronisation, optimizer update); the first stage's is added to ``T`` (see the
+            module docstring), and the first stage's config is the one of least ``t + u``
+            among those that fit and stay within ``t_max``.
+        max_alternatives: how many of the distinct plans met during the search to return in
+            :attr:`StageDPResult.alternatives`.
+        explain: when no plan fits the memory, find the least ``device_memory`` with which one
+            would (a bisection of DP runs) for the error; False raises without it.
 
     Returns:
         The optimal :class:`StageDPResult`.
@@ -527,16 +612,24 @@ def stage_dp(
             pm = _as_cost_array("param_mem", param_mem, t.shape)
         if act_mem is not None:
             am = _as_cost_array("act_mem", act_mem, t.shape)
+    step = None if step_cost is None else _as_cost_array("step_cost", step_cost, t.shape)
+    if step is not None and (step[upper] < 0).any():
+        raise SearchError("step_cost should be >= 0 (seconds). Got negative entries. "
+                          "Fix: check the cost model.")
+    if isinstance(min_stages, bool) or not isinstance(min_stages, (int, np.integer)) or min_stages < 1:
+        raise SearchError(f"min_stages should be an integer >= 1. Got {min_stages!r}. "
+                          "Fix: pass e.g. min_stages=2 or leave it out.")
     natural_cap = min(L, D)
     s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
     lump_allowed = s_cap == natural_cap  # no binding stage-count limit
+    min_s = int(min_stages)
 
     def build(dm):
-        return _Prepared(t, pm, am, dm, B, s_cap)
+        return _Prepared(t, pm, am, dm, B, s_cap, step)
 
     def layout(prep: _Prepared) -> tuple[int, bool]:
-        if lump_allowed:
-            return prep.P - 1, True
+        if lump_allowed:  # a lumped plan has more than n_exact stages
+            return max(prep.P - 1, min_s - 1), True
         return s_cap, False
 
     prep = build(None if device_memory is None else float(device_memory))
@@ -547,25 +640,38 @@ def stage_dp(
     def run(t_val: float):
         nonlocal evaluated
         evaluated += 1
-        return _dp(prep, t_val, sizes, D, n_exact, lump)
+        return _dp(prep, t_val, sizes, D, n_exact, lump, min_s)
 
     def plan_stats(stages):
         S = len(stages)
         out = []
-        for idx, (a, b, q) in enumerate(stages):
+        for idx, (a, b, q, c) in enumerate(stages):
             pos = min(S - idx, prep.n_pos) - 1
-            out.append((a, b, q, int(prep.cfg[pos, a, b - 1, q]), float(prep.teff[pos, a, b - 1, q])))
+            if c is None:
+                c = int(prep.cfg[pos, a, b - 1, q])
+            u = 0.0 if step is None else float(step[a, b - 1, q, c])
+            out.append((a, b, q, c, float(t[a, b - 1, q, c]), u))
         costs = [o[4] for o in out]
-        return out, sum(costs), max(costs)
+        return out, sum(costs) + out[0][5], max(costs)
+
+    seen: dict[tuple, tuple[float, list]] = {}
+
+    def remember(plan, s_sum, s_max) -> float:
+        total = s_sum + (B - 1) * s_max
+        seen.setdefault(tuple((a, b, q, c) for a, b, q, c, _, _ in plan), (total, plan))
+        return total
 
     cands = prep.candidates
     F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
     if st is None:
+        if not explain:
+            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {N} x {M} devices fits "
+                                      f"device_memory={device_memory!r} bytes.")
         _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L,
-                          lump_allowed, max_stages)
+                          lump_allowed, max_stages, step, min_s)
 
     best_plan, best_sum, best_max = plan_stats(st)
-    best = best_sum + (B - 1) * best_max
+    best = remember(best_plan, best_sum, best_max)
     # heap of open intervals of candidate indices (lo, hi), exclusive; F(cands[hi]) known
     heap: list[tuple[float, int, int, float, float]] = []
 
@@ -588,29 +694,36 @@ def stage_dp(
             push(mid, hi, math.inf, f_hi)
             continue
         plan, s_sum, s_max = plan_stats(st)
-        total = s_sum + (B - 1) * s_max
+        total = remember(plan, s_sum, s_max)
         if total < best:
             best, best_plan, best_max = total, plan, s_max
         push(lo, int(np.searchsorted(cands, s_max)), f_lo, f_mid)
         push(mid, hi, f_mid, f_hi)
 
-    stages = tuple(
-        StageAssignment(start=a, end=b, submesh=shapes[q], submesh_index=q, config_index=c, cost=cost)
-        for a, b, q, c, cost in best_plan
-    )
-    return StageDPResult(stages=stages, t_max=best_max, total_latency=best, evaluated_t_max=evaluated)
+    def assignments(plan) -> tuple[StageAssignment, ...]:
+        return tuple(StageAssignment(start=a, end=b, submesh=shapes[q], submesh_index=q,
+                                     config_index=c, cost=cost, step_cost=u)
+                     for a, b, q, c, cost, u in plan)
+
+    ranked = sorted(seen.values(), key=lambda v: v[0])[:max(1, int(max_alternatives))]
+    return StageDPResult(stages=assignments(best_plan), t_max=best_max, total_latency=best,
+                         evaluated_t_max=evaluated,
+                         alternatives=tuple((total, assignments(plan)) for total, plan in ranked))
 
 
 def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L, lump_allowed,
-                      max_stages):
+                      max_stages, step=None, min_s=1):
     limit = "" if max_stages is None else f" with at most {max_stages} stages"
+    if min_s > 1:
+        limit += f" and at least {min_s}"
 
     def feasible(dm) -> bool:
-        prep = _Prepared(t, pm, am, dm, B, s_cap)
-        n_exact, lump = (prep.P - 1, True) if lump_allowed else (s_cap, False)
+        prep = _Prepared(t, pm, am, dm, B, s_cap, step)
+        n_exact, lump = (max(prep.P - 1, min_s - 1), True) if lump_allowed else (s_cap, False)
         if prep.candidates.size == 0:
             return False
-        return _dp(prep, float(prep.candidates[-1]), sizes, D, n_exact, lump)[1] is not None
+        return _dp(prep, float(prep.candidates[-1]), sizes, D, n_exact, lump,
+                   min_s)[1] is not None
 
     if device_memory is None or not feasible(None):
         raise InfeasiblePlanError(

@@ -165,3 +165,20 @@ def test_long_range_tensors_are_fixed_on_both_sides_on_two_tower():
     ex, fo = _exhaustive_and_folded(models.get("two_tower", size="large"))
     assert fo.stats["dp_value"] == pytest.approx(fo.stats["objective"], rel=1e-9)
     assert fo.stats["objective"] <= ex.solution.objective * 1.02
+
+
+def test_folded_instances_pinned_differently_keep_their_own_pins(graphs):
+    """Two instances of one layer class whose same parameter is pinned to different specs are
+    solved apart (a class is its structure and its pins), so each keeps its pin."""
+    from jax.sharding import PartitionSpec as P
+
+    g = graphs["gpt4"]
+    cluster = autoplan.Cluster.parse("p3.16xlarge:1")
+    pins = {r"^params\['layers'\]\[1\]\['mlp'\]\['fc1'\]\['kernel'\]$": P(None, "y"),
+            r"^params\['layers'\]\[2\]\['mlp'\]\['fc1'\]\['kernel'\]$": P("y", None)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = level_search(g, cluster, (2, 4), level="folded", pin=pins)
+    spec = {i.name: tuple(i.spec) for i in res.plan.inputs}
+    assert spec["params['layers'][1]['mlp']['fc1']['kernel']"] == (None, ("y",))
+    assert spec["params['layers'][2]['mlp']['fc1']['kernel']"] == (("y",), None)

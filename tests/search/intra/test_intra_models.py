@@ -69,7 +69,19 @@ def test_gpt_plan_fields(gpt, gpt_res):
     assert isinstance(plan, Plan)
     assert len(plan.inputs) == len(g.inputs)
     assert {(i.arg, i.path) for i in plan.inputs} == {(gi.arg, gi.path) for gi in g.inputs}
-    assert {o.op for o in plan.ops} == {op.id for op in g if op.primitive == "dot_general"}
+    # the plan lists every heavy operator, and both ends of every resharding (what the
+    # executor pins)
+    listed = {o.op for o in plan.ops}
+    assert {op.id for op in g if op.primitive in ("dot_general", "gather")} <= listed
+    sol = gpt_res.solution
+    for i in listed - {op.id for op in g if op.primitive in ("dot_general", "gather",
+                                                              "scatter-add")}:
+        op, st = g.ops[i], sol.strategies[i]
+        reads = any(t is not None and sol.specs.get(t) not in (None, dst) and g.tensors[t].shape
+                    for t, dst in zip(op.inputs, st.in_specs) if dst is not None)
+        feeds = any(sol.strategies[c].in_specs[g.ops[c].inputs.index(t)] not in (None, sol.specs[t])
+                    for t in op.outputs for c in g.consumers[t] if c in sol.strategies)
+        assert reads or feeds or op.role == "update", (i, op.primitive)
     assert plan.stages[0].mesh_shape == (1, 8) and plan.stages[0].axis_names == ("x", "y")
     assert plan.schedule.kind == "none" and plan.fingerprint == g.fingerprint
     assert plan.model == g.name and plan.jax_version == jax.__version__

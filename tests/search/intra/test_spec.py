@@ -116,24 +116,40 @@ def test_reshard_all_to_all_when_split_moves_dim():
     shape, nbytes = (1024, 1024), 1024 * 1024 * 4
     t, comms = reshard((("y",), None), (None, ("y",)), shape, "float32", M24)
     assert [(c.kind, c.axes) for c in comms] == [("all-to-all", ("y",))]
-    assert t == pytest.approx(M24.collective_time("all-to-all", nbytes, [1]))
-    # with x also splitting (kept), the group holds a quarter... half the tensor
+    # B of an all-to-all is each device's buffer: a quarter of the tensor
+    assert comms[0].bytes == nbytes / 4
+    assert t == pytest.approx(M24.collective_time("all-to-all", nbytes / 4, [1]))
+    assert t == pytest.approx(M24.alpha[1] + M24.beta[1] * 3 / 4 * nbytes / 4)
+    # with x also splitting (kept), each device holds an eighth
     t2, comms2 = reshard((("x",), ("y",)), (("x", "y"), None), shape, "float32", M24)
     assert [(c.kind, c.axes) for c in comms2] == [("all-to-all", ("y",))]
-    assert comms2[0].bytes == nbytes / 2
+    assert comms2[0].bytes == nbytes / 8
+    # both axes of a dimension moving together: one all-to-all over both
+    t3, comms3 = reshard((("x", "y"), None), (None, ("x", "y")), shape, "float32", M24)
+    assert [(c.kind, c.axes, c.bytes) for c in comms3] == [("all-to-all", ("x", "y"), nbytes / 8)]
 
 
-def test_reshard_gathers_each_axis_and_orders_cheapest_first():
-    # S^01 -> R: gathers over y and x; the slow-axis gather runs on fewer bytes
+def test_reshard_split_from_its_dimension_is_gathered():
+    """An axis leaving a dimension it shared with another (``RS(xy) -> S(y)R``) cannot move by
+    all-to-all (XLA's all-to-all moves one dimension's whole sharding): every leaving axis is
+    gathered, in one all-gather over the combined group, and the result sliced."""
+    shape, nbytes = (64, 1024), 64 * 1024 * 4
+    t, comms = reshard((None, ("x", "y")), (("y",), None), shape, "float32", M24)
+    assert [(c.kind, c.axes, c.bytes) for c in comms] == [("all-gather", ("x", "y"), nbytes)]
+    assert t == pytest.approx(M24.collective_time("all-gather", nbytes, [0, 1]))
+
+
+def test_reshard_gathers_leaving_axes_in_one_all_gather():
+    # S^01 -> R: one all-gather over both axes, run hierarchically on a datasheet cluster: the
+    # inner (in-node) axis gathers half the bytes, the cross-node axis then the whole tensor
     mesh = Cluster.preset("p3.16xlarge", nodes=2).logical_mesh((2, 8))
     shape, nbytes = (64, 1024), 64 * 1024 * 4
     t, comms = reshard((("x", "y"), None), (None, None), shape, "float32", mesh)
-    assert sorted(c.axes[0] for c in comms) == ["x", "y"]
-    assert comms[0].axes == ("x",)  # cross-node axis first, on 1/8 of the bytes
-    assert comms[0].bytes == nbytes / 8 and comms[1].bytes == nbytes
-    expect = (mesh.collective_time("all-gather", nbytes / 8, [0])
-              + mesh.collective_time("all-gather", nbytes, [1]))
+    assert [(c.kind, c.axes, c.bytes) for c in comms] == [("all-gather", ("x", "y"), nbytes)]
+    expect = (mesh.alpha[1] + mesh.beta[1] * 7 / 8 * nbytes / 2
+              + mesh.alpha[0] + mesh.beta[0] * 1 / 2 * nbytes)
     assert t == pytest.approx(expect)
+    assert t == pytest.approx(mesh.collective_time("all-gather", nbytes, [0, 1]))
 
 
 def test_reshard_backward_discount():

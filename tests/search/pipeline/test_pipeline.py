@@ -47,7 +47,9 @@ def test_pipeline_plans_use_every_device_once(gpt_pipeline):
         covered = [n for s in p.stages for n in s.layers]
         assert covered == [ly.name for ly in autoplan.trace(wl).layers]
         ev = p.schedule.events
-        assert len(ev) == 2 * len(p.stages) * 4
+        # a forward and a backward per stage and micro-batch, and each stage's per-step work
+        assert len(ev) == 2 * len(p.stages) * 4 + len(p.stages)
+        assert sorted(e[5] for e in ev if e[5] == "update") == ["update"] * len(p.stages)
         assert max(e[1] for e in ev) == pytest.approx(p.predicted.step_time)
         assert 0 <= p.predicted.bubble_fraction < 1
 
@@ -124,3 +126,24 @@ def test_submesh_hosts_pow2_restricts_multi_host_stages(capsys):
     assert main(["plan", "gpt", "--size", "tiny", "--cluster", "p3.16xlarge:5", "--pipeline", "yes",
                  "--submesh-hosts", "pow2"]) == 0
     assert "autoplan-pipeline" in capsys.readouterr().out
+
+
+def test_cli_pipeline_options(capsys):
+    from autoplan.cli import main
+
+    assert main(["plan", "gpt", "--size", "tiny", "--set", "layers=4", "--cluster", "cpu:4",
+                 "--pipeline", "yes", "--num-layers", "3", "--stage-algorithm", "dp",
+                 "--microbatches", "2", "--level", "exhaustive"]) == 0
+    out = capsys.readouterr().out
+    assert "2 mb" in out and "stage" in out
+    assert main(["plan", "gpt", "--size", "tiny", "--cluster", "cpu:4", "--pipeline", "yes",
+                 "--microbatches", "auto", "--stage-algorithm", "ilp"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["plan", "gpt", "--microbatches", "many"])
+    assert "'auto' or a positive integer" in capsys.readouterr().err
+    assert main(["plan", "gpt", "--size", "tiny", "--cluster", "cpu:4", "--pipeline", "yes",
+                 "--microbatches", "3"]) == 2
+    assert "divide the batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "gpt", "--stage-algorithm", "greedy"])

@@ -202,3 +202,33 @@ def test_gpipe_and_1f1b_same_step_time_with_uniform_stages():
 def test_bad_input(call, match):
     with pytest.raises(SearchError, match=match):
         call()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward_transfers_and_per_step_work(kind):
+    """Gradients travel back with their own transfer time; each mesh's per-step work starts
+    right after its last backward, and the step ends with the last of them."""
+    S, m = 3, 4
+    f, b = [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]
+    plain = schedule_events(kind, S, m, f, b, [0.5, 0.5])
+    slow_back = schedule_events(kind, S, m, f, b, [0.5, 0.5], backward_comm_times=[1.5, 1.5])
+    assert schedule_stats(slow_back, S).step_time > schedule_stats(plain, S).step_time
+    # forward-only dependencies are unchanged by slower gradients: the first forwards agree
+    first = lambda evs: sorted((e.start, e.stage) for e in evs if e.kind == "forward")[:S]  # noqa: E731
+    assert first(plain) == first(slow_back)
+    step = [0.3, 5.0, 0.1]
+    ev = schedule_events(kind, S, m, f, b, [0.5, 0.5], step_times=step)
+    updates = {e.mesh: e for e in ev if e.kind == "update"}
+    assert sorted(updates) == [0, 1, 2]
+    for j, u in updates.items():
+        last_bwd = max(e.end for e in ev if e.mesh == j and e.kind == "backward")
+        assert u.start == last_bwd and u.end == pytest.approx(last_bwd + step[j])
+        assert u.microbatch == m - 1
+    stats = schedule_stats(ev, S)
+    assert stats.step_time == pytest.approx(max(u.end for u in updates.values()))
+    assert stats.peak_inflight == schedule_stats(plain, S).peak_inflight
+    assert stats.busy == pytest.approx([m * 3.0 + x for x in step])
+    with pytest.raises(SearchError, match="step_times"):
+        schedule_events(kind, S, m, f, b, step_times=[1.0])
+    with pytest.raises(SearchError, match="backward_comm_times.*boundary"):
+        schedule_events(kind, S, m, f, b, backward_comm_times=[1.0])

@@ -22,12 +22,14 @@ from autoplan.search.pipeline._stage_dp import (
 CLUSTERS = [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (3, 2)]
 
 
-def brute_force(t, shapes, N, M, B, pm=None, am=None, dm=None, max_stages=None):
-    """Every split into contiguous stages x every (submesh, config) per stage, devices = N*M."""
+def brute_force(t, shapes, N, M, B, pm=None, am=None, dm=None, max_stages=None, step=None,
+                min_stages=1):
+    """Every split into contiguous stages x every (submesh, config) per stage, devices = N*M;
+    with ``step``, the first stage's per-step cost is added once."""
     L, _, K, C = t.shape
     D = N * M
     best = math.inf
-    for S in range(1, L + 1):
+    for S in range(max(1, min_stages), L + 1):
         if max_stages is not None and S > max_stages:
             break
         for cuts in itertools.combinations(range(1, L), S - 1):
@@ -44,13 +46,14 @@ def brute_force(t, shapes, N, M, B, pm=None, am=None, dm=None, max_stages=None):
                             continue
                         if dm is not None and pm[a, e - 1, q, c] + min(pos, B) * am[a, e - 1, q, c] > dm:
                             continue
-                        opts.append((shapes[q][0] * shapes[q][1], v))
+                        u = 0.0 if step is None or idx else step[a, e - 1, q, c]
+                        opts.append((shapes[q][0] * shapes[q][1], v, u))
                 choices.append(opts)
             for combo in itertools.product(*choices):
-                if sum(sz for sz, _ in combo) != D:
+                if sum(sz for sz, _, _ in combo) != D:
                     continue
-                costs = [v for _, v in combo]
-                best = min(best, sum(costs) + (B - 1) * max(costs))
+                costs = [v for _, v, _ in combo]
+                best = min(best, sum(costs) + (B - 1) * max(costs) + combo[0][2])
     return best
 
 
@@ -375,3 +378,89 @@ def test_64_layers_on_8x8():
     r = stage_dp(t, shapes, 8, 8, 16)
     check_result(r, t, shapes, 8, 8, 16)
     assert len(r.stages) > 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 5),
+       C=st.integers(1, 3), B=st.integers(1, 6), memory=st.booleans(),
+       counts=st.sampled_from([(1, None), (1, None), (2, None), (2, 2), (1, 3), (3, 3)]))
+def test_first_stage_step_cost_and_stage_counts_match_brute_force(seed, cluster, L, C, B, memory,
+                                                                   counts):
+    """With per-step costs the DP adds the first stage's once (its config chosen by t + u) and
+    stays exact; min_stages/max_stages bound the number of stages."""
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.1)
+    step = np.round(rng.uniform(0.0, 8.0, t.shape), 1)
+    lo, hi = counts
+    kw = {}
+    if memory:
+        kw = dict(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
+                  device_memory=9.0)
+    expect = brute_force(t, shapes, N, M, B, kw.get("param_mem"), kw.get("act_mem"),
+                         kw.get("device_memory"), max_stages=hi, step=step, min_stages=lo)
+    r = run_or_inf(t, shapes, N, M, B, step_cost=step, min_stages=lo, max_stages=hi, **kw)
+    if math.isinf(expect):
+        assert r is None
+        return
+    assert r is not None and r.total_latency == pytest.approx(expect, rel=1e-12)
+    assert lo <= len(r.stages) <= (hi or L)
+    costs = [s.cost for s in r.stages]
+    first = r.stages[0]
+    assert first.step_cost == step[first.start, first.end - 1, first.submesh_index,
+                                   first.config_index]
+    assert r.total_latency == pytest.approx(sum(costs) + (B - 1) * max(costs) + first.step_cost)
+    # the alternatives are distinct plans, best first, each with its own latency
+    totals = [v for v, _ in r.alternatives]
+    assert totals == sorted(totals) and totals[0] == pytest.approx(r.total_latency)
+    keys = [tuple((s.start, s.end, s.submesh_index, s.config_index) for s in alt)
+            for _, alt in r.alternatives]
+    assert len(set(keys)) == len(keys)
+    for v, alt in r.alternatives:
+        c = [s.cost for s in alt]
+        assert v == pytest.approx(sum(c) + (B - 1) * max(c) + alt[0].step_cost)
+
+
+def test_first_stage_config_trades_time_for_per_step_work():
+    """A first stage whose faster config synchronises much more once per step takes the other
+    config when B x (time) + per-step says so."""
+    shapes = submesh_shapes(1, 1)
+    t = np.array([[[[1.0, 1.2]]]])  # one layer, one submesh, configs: fast / slower
+    step = np.array([[[[5.0, 0.5]]]])  # the fast one pays 5.0 once per step
+    r = stage_dp(t, shapes, 1, 1, 4, step_cost=step)
+    assert r.stages[0].config_index == 1 and r.total_latency == pytest.approx(4 * 1.2 + 0.5)
+    r = stage_dp(t, shapes, 1, 1, 64, step_cost=step)  # many micro-batches: per-step amortised
+    assert r.stages[0].config_index == 0 and r.total_latency == pytest.approx(64 * 1.0 + 5.0)
+
+
+def test_dp_latency_of_balanced_stages_equals_the_simulated_step():
+    """Alpa's Eq. 2 plus the first stage's per-step work is the 1F1B and GPipe makespan plus
+    the last update when stages are balanced and transfers free."""
+    from autoplan.search.pipeline._schedule import schedule_events, schedule_stats
+
+    L, N, M = 4, 1, 4
+    shapes = submesh_shapes(N, M)
+    K = len(shapes)
+    t = np.full((L, L, K, 1), np.inf)
+    step = np.zeros((L, L, K, 1))
+    k1 = shapes.index((1, 1))
+    for i in range(L):
+        t[i, i, k1, 0] = 3.0  # forward 1 + backward 2 per micro-batch
+        step[i, i, k1, 0] = 0.7 + 0.1 * i  # later stages finish their update earlier
+    for B in (1, 3, 8):
+        r = stage_dp(t, shapes, N, M, B, step_cost=step)
+        assert len(r.stages) == 4
+        for kind in ("1f1b", "gpipe"):
+            ev = schedule_events(kind, 4, B, [1.0] * 4, [2.0] * 4,
+                                 step_times=[s.step_cost for s in r.stages])
+            assert schedule_stats(ev, 4).step_time == pytest.approx(r.total_latency)
+
+
+def test_min_stages_bad_input():
+    t = np.ones((2, 2, 1, 1))
+    with pytest.raises(SearchError, match="min_stages"):
+        stage_dp(t, [(1, 1)], 1, 1, 2, min_stages=0)
+    with pytest.raises(InfeasiblePlanError, match="at least 3"):  # two layers, three stages
+        stage_dp(np.ones((2, 2, 3, 1)), submesh_shapes(1, 4), 1, 4, 2, min_stages=3)
+    with pytest.raises(SearchError, match="step_cost"):
+        stage_dp(t, [(1, 1)], 1, 1, 2, step_cost=-np.ones((2, 2, 1, 1)))

@@ -1,0 +1,120 @@
+"""Reading a compiled HLO module's text: element sizes, shape bytes, the entry's instructions.
+
+Shared by the executor's collective parser (:mod:`autoplan.exec._hlo`) and the profiler
+(:mod:`autoplan._profile`, which counts a reference step's kernels and the bytes they move).
+
+Example:
+    >>> shape_bytes("(f32[16,8]{1,0}, s32[4])")
+    528
+    >>> text = '''
+    ... ENTRY %main (p: f32[16,8]) -> f32[16,8] {
+    ...   %p = f32[16,8]{1,0} parameter(0)
+    ...   ROOT %t = f32[16,8]{1,0} tanh(%p)
+    ... }'''
+    >>> [(i.name, i.opcode, i.operands) for i in entry_instructions(text)]
+    [('p', 'parameter', []), ('t', 'tanh', ['p'])]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = ["DTYPE_BYTES", "Instruction", "dtype_size", "shape_bytes", "split_shape",
+           "parse_instruction", "entry_instructions", "kernel_traffic", "NOT_KERNELS"]
+
+DTYPE_BYTES = {
+    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
+    "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
+    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
+    "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1, "token": 0,
+}
+ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+OPCODE_RE = re.compile(r"^([a-z][a-z0-9\-]*)\(")
+#: entry instructions that are not kernels of their own
+NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of an HLO element type (``"f32"`` -> 4); 0 for unknown types."""
+    return DTYPE_BYTES.get(dtype, 0)
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape string: an array (``f32[16,8]{1,0}``) or a tuple of arrays."""
+    total = 0
+    for dt, dims in ARRAY_RE.findall(shape):
+        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+        total += n * dtype_size(dt)
+    return total
+
+
+def split_shape(rest: str) -> tuple[str, str]:
+    """Split ``'(f32[2], f32[3]) all-reduce(...)...'`` into the shape and the remainder."""
+    rest = rest.strip()
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[: i + 1], rest[i + 1:].strip()
+        return rest, ""
+    sp = rest.find(" ")
+    return (rest, "") if sp < 0 else (rest[:sp], rest[sp + 1:].strip())
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One instruction: its ``name``, result ``shape``, ``opcode`` and operand names."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: list[str]
+
+
+def parse_instruction(line: str) -> tuple[str, str, str, str, str] | None:
+    """``(name, shape, opcode, operand text, attributes)`` of one instruction line, or None."""
+    m = INSTR_RE.match(line)
+    if not m:
+        return None
+    shape, rest = split_shape(m.group(2))
+    om = OPCODE_RE.match(rest)
+    if not om:
+        return None
+    depth, end = 0, len(rest)
+    for i in range(om.end() - 1, len(rest)):
+        depth += rest[i] == "("
+        depth -= rest[i] == ")"
+        if depth == 0:
+            end = i
+            break
+    return m.group(1), shape, om.group(1), rest[om.end():end], rest[end + 1:]
+
+
+def entry_instructions(text: str) -> list[Instruction]:
+    """The instructions of a module's ENTRY computation, in order."""
+    start = text.find("ENTRY")
+    if start < 0:
+        return []
+    out = []
+    for line in text[start:].splitlines()[1:]:
+        if line.strip() == "}":
+            break
+        parsed = parse_instruction(line)
+        if parsed is not None:
+            name, shape, opcode, args, _ = parsed
+            out.append(Instruction(name, shape, opcode, re.findall(r"%([\w.\-]+)", args)))
+    return out
+
+
+def kernel_traffic(text: str) -> list[int]:
+    """The bytes each kernel of a module's entry reads (its operands) and writes (its results),
+    one entry per instruction that runs as a kernel (XLA's ``bytes accessed``)."""
+    instrs = entry_instructions(text)
+    shapes = {i.name: i.shape for i in instrs}
+    return [shape_bytes(i.shape) + sum(shape_bytes(shapes.get(o, "")) for o in i.operands)
+            for i in instrs if i.opcode not in NOT_KERNELS]

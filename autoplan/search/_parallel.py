@@ -1,0 +1,436 @@
+"""Independent solves on all cores: a pool of worker processes for the search.
+
+A search's intra-operator searches (one per logical mesh, one per baseline) are independent of
+one another, and so are the pipeline search's layer ILPs. :func:`run_tasks` runs a batch of such
+tasks on ``workers`` processes: the caller's own process and ``workers - 1`` workers of a
+:class:`concurrent.futures.ProcessPoolExecutor`. The caller takes tasks from the front of the
+batch and the workers from the back, so the first task (the mesh whose folding analysis the result
+shows) runs where the graph's memoised analysis already is. Every task's result is the one it gives
+run alone, and the batch returns them in task order: a parallel search returns what the serial
+one returns (``workers=1``; tested on GPT and Wide-ResNet).
+
+Start method. JAX is not fork-safe once its backend has started (tracing a step starts it), and
+HiGHS keeps threads of its own: a forked worker could inherit a lock held by a thread that does
+not exist in it. Workers are therefore started fresh (``spawn``). The search needs no JAX backend:
+workers import ``jax`` (for ``PartitionSpec``) but never start one (tested).
+
+What travels. A task names a module-level function, the graph it runs on and its other
+arguments. A graph is pickled once per batch by the caller (its fields only, not what was
+memoised on it) and travels with the tasks until every worker has confirmed it holds it; each
+worker keeps the graphs it received (:data:`WORKER_GRAPHS`, least recently used dropped), so later
+tasks, and later searches of the same graph object (a notebook re-searching on every control
+change), send only its token. Warnings a task raises are recorded where it runs and returned
+with its result, for the caller to raise again (and to store with a cached result).
+
+The pool is kept between searches and closed after :data:`IDLE_SECONDS` without work, or when the
+interpreter exits. A worker that dies, or a pool that cannot start (a script calling the search at
+its top level, without an ``if __name__ == "__main__":`` guard, re-runs in every spawned worker),
+loses nothing: the tasks run in the caller's process, with a :class:`ParallelWarning` that says
+why and how to fix it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import uuid
+import warnings
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from autoplan._errors import SearchError
+from autoplan._graph import OpGraph
+from autoplan._memo import memo
+from autoplan.search._warn import user_stacklevel
+
+__all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "check_workers",
+           "cpu_count", "shutdown"]
+
+#: ``workers=None`` uses every core for graphs of at least this many operators and one process
+#: below: a smaller graph's whole search takes about as long as starting a worker.
+AUTO_PARALLEL_OPS = 4000
+#: seconds without work after which the pool's worker processes are ended
+IDLE_SECONDS = 300.0
+#: graphs a worker keeps (least recently used dropped first)
+WORKER_GRAPHS = 8
+
+
+class ParallelWarning(UserWarning):
+    """Worker processes could not be used (they could not start, or one died); the search ran the
+    tasks in the caller's process instead, with the same results."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One independent solve: ``fn(graph, *args, **kwargs)``, ``fn`` a module-level function.
+
+    Attributes:
+        label: what it is, for progress messages (``"intra-op search on mesh 2x4"``).
+        local: run it in the caller's process only (its arguments cannot travel: a user's
+            workload, whose step function may be defined in a notebook).
+    """
+
+    fn: Callable[..., Any]
+    graph: OpGraph
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+    local: bool = False
+
+
+@dataclass
+class Outcome:
+    """What a task gave: its value or the exception it raised, and the warnings it raised
+    (``(category, message)``, in order)."""
+
+    value: Any = None
+    error: BaseException | None = None
+    warnings: list[tuple[type[Warning], str]] = field(default_factory=list)
+
+    def result(self) -> Any:
+        """The value, or the task's exception raised again."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, as
+    ``os.process_cpu_count`` does), else ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_workers(workers: int | None, num_ops: int) -> int:
+    """The number of processes a search of a graph of ``num_ops`` operators uses.
+
+    ``None``: every CPU (:func:`cpu_count`) for graphs of at least :data:`AUTO_PARALLEL_OPS`
+    operators, else 1. An integer is taken as given. Inside a worker, always 1.
+
+    Raises:
+        SearchError: ``workers`` is not a positive integer or None.
+    """
+    check_workers(workers)
+    if _IN_WORKER:
+        return 1
+    if workers is None:
+        return cpu_count() if num_ops >= AUTO_PARALLEL_OPS else 1
+    return workers
+
+
+def check_workers(workers: Any) -> None:
+    """Raise unless ``workers`` is a positive integer or None.
+
+    Raises:
+        SearchError: another value.
+    """
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise SearchError(f"search: workers should be a positive integer or None. Got {workers!r}. "
+                          "Fix: workers=1 for a search in this process alone, or leave it out to "
+                          "use every core.")
+
+
+def check_not_bootstrapping() -> None:
+    """Raise when called while a spawned process imports the main script: a script that searches
+    at its top level without an ``if __name__ == "__main__":`` guard would search again in every
+    worker process.
+
+    Raises:
+        SearchError: called during a spawned process's start.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise SearchError(
+            "search: called while a worker process was starting: the script that calls it re-runs "
+            "in every worker process, since it calls the search at its top level. Fix: put the "
+            "script's work under if __name__ == '__main__':, or pass workers=1.")
+
+
+# ---- the worker side ------------------------------------------------------------------------
+
+_IN_WORKER = False
+_NEED_GRAPH = "need graph"
+_STORE: OrderedDict[str, OpGraph] = OrderedDict()
+
+
+def _worker_init() -> None:
+    """Each worker: Ctrl-C is the caller's to handle (it ends the workers it started)."""
+    global _IN_WORKER
+    _IN_WORKER = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _recorded(caught: list[warnings.WarningMessage]) -> list[tuple[type[Warning], str]]:
+    return [(w.category, str(w.message)) for w in caught]
+
+
+def _call(task_fn: Callable[..., Any], graph: OpGraph, args: tuple, kwargs: dict) -> Outcome:
+    """Run one task, recording its warnings (in the caller as in a worker)."""
+    import gc  # noqa: PLC0415
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        was = gc.isenabled()
+        gc.disable()  # (as the search itself does: no cyclic garbage, no walks of the graph)
+        try:
+            return Outcome(task_fn(graph, *args, **kwargs), None, _recorded(caught))
+        except Exception as err:  # the task's own error, raised again in the caller
+            return Outcome(None, err, _recorded(caught))
+        finally:
+            if was:
+                gc.enable()
+
+
+def _worker_run(task_fn: Callable[..., Any], token: str, payload: bytes | None, args: tuple,
+                kwargs: dict) -> tuple[int, Outcome | str]:
+    """A task in a worker: the graph from the worker's store, or unpickled from ``payload``."""
+    import gc  # noqa: PLC0415
+
+    graph = _STORE.get(token)
+    if graph is None:
+        if payload is None:
+            return os.getpid(), _NEED_GRAPH
+        gc.disable()
+        try:
+            graph = pickle.loads(payload)
+        finally:
+            gc.enable()
+        _STORE[token] = graph
+        while len(_STORE) > WORKER_GRAPHS:
+            _STORE.popitem(last=False)
+    _STORE.move_to_end(token)
+    return os.getpid(), _call(task_fn, graph, args, kwargs)
+
+
+# ---- the caller side ------------------------------------------------------------------------
+
+class _Pool:
+    """The kept pool: its executor, size, and which workers hold which graph token."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.executor = cf.ProcessPoolExecutor(
+            max_workers=size, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init)
+        self.holders: dict[str, set[int]] = {}
+        self.last_used = time.monotonic()
+        self.busy = 0
+
+    def close(self, *, kill: bool = False) -> None:
+        procs = list(getattr(self.executor, "_processes", {}).values()) if kill else []
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        for p in procs:  # running tasks of an abandoned search: end them (our own workers only)
+            if p.is_alive():
+                p.terminate()
+
+
+_LOCK = threading.Lock()
+_POOL: _Pool | None = None
+
+
+def _acquire(size: int) -> _Pool:
+    global _POOL
+    with _LOCK:
+        if _POOL is not None and _POOL.size != size and _POOL.busy == 0:
+            _POOL.close()
+            _POOL = None
+        if _POOL is None:
+            _POOL = _Pool(size)
+        _POOL.busy += 1
+        return _POOL
+
+
+def _release(pool: _Pool, *, broken: bool = False) -> None:
+    global _POOL
+    with _LOCK:
+        pool.busy -= 1
+        pool.last_used = time.monotonic()
+        if broken:
+            if _POOL is pool:
+                _POOL = None
+            pool.close(kill=True)
+            return
+    timer = threading.Timer(IDLE_SECONDS + 1.0, _close_if_idle)
+    timer.daemon = True
+    timer.start()
+
+
+def _close_if_idle() -> None:
+    global _POOL
+    with _LOCK:
+        pool = _POOL
+        if pool is None or pool.busy or time.monotonic() - pool.last_used < IDLE_SECONDS:
+            return
+        _POOL = None
+    pool.close()
+
+
+def shutdown() -> None:
+    """End the kept worker processes now (a later parallel search starts new ones)."""
+    global _POOL
+    with _LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.close(kill=pool.busy > 0)
+
+
+def _token(graph: OpGraph) -> str:
+    """A name for this graph object, unique in this process's life (the workers' store key)."""
+    return memo(graph, ("parallel", "token"), lambda: uuid.uuid4().hex)
+
+
+def _payload(graph: OpGraph) -> bytes:
+    """The graph's fields pickled (what was memoised on it stays here: a worker recomputes what
+    it needs, which is cheaper than moving it)."""
+    bare = OpGraph.__new__(OpGraph)
+    bare.__dict__.update({f.name: getattr(graph, f.name) for f in fields(OpGraph)})
+    return pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _Batch:
+    """One call of :func:`run_tasks` with a pool: the caller takes tasks from the front, a
+    dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
+    the caller can still take any task no worker has started)."""
+
+    def __init__(self, tasks: Sequence[Task], pool: _Pool):
+        self.tasks, self.pool = tasks, pool
+        self.pending = deque(range(len(tasks)))
+        self.outcomes: list[Outcome | None] = [None] * len(tasks)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.failure: BaseException | None = None
+        self.payloads: dict[str, bytes] = {}
+        for t in tasks:  # pickled here, before the caller's own work touches the graph's memo
+            if t.local:
+                continue
+            tok = _token(t.graph)
+            if tok not in self.payloads and len(pool.holders.get(tok, ())) < pool.size:
+                self.payloads[tok] = _payload(t.graph)
+        self.thread = threading.Thread(target=self._dispatch, name="autoplan-dispatch", daemon=True)
+
+    def take(self, front: bool) -> int | None:
+        """The next task for the caller (the first pending) or a worker (the last pending one
+        that may travel)."""
+        with self.lock:
+            if front:
+                return self.pending.popleft() if self.pending else None
+            if self.stop.is_set():
+                return None
+            for j in range(len(self.pending) - 1, -1, -1):
+                if not self.tasks[self.pending[j]].local:
+                    k = self.pending[j]
+                    del self.pending[j]
+                    return k
+            return None
+
+    def _submit(self, k: int, with_payload: bool) -> cf.Future:
+        t = self.tasks[k]
+        tok = _token(t.graph)
+        payload = self.payloads.get(tok) if with_payload else None
+        return self.pool.executor.submit(_worker_run, t.fn, tok, payload, t.args, t.kwargs)
+
+    def _dispatch(self) -> None:
+        inflight: dict[cf.Future, int] = {}
+        try:
+            while True:
+                while len(inflight) < self.pool.size and not self.stop.is_set():
+                    k = self.take(front=False)
+                    if k is None:
+                        break
+                    inflight[self._submit(k, True)] = k
+                if not inflight:
+                    return
+                done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    k = inflight.pop(fut)
+                    pid, out = fut.result()  # an infrastructure failure raises here
+                    if isinstance(out, str):  # _NEED_GRAPH: the worker dropped it; send it again
+                        tok = _token(self.tasks[k].graph)
+                        if tok not in self.payloads:
+                            self.payloads[tok] = _payload(self.tasks[k].graph)
+                        inflight[self._submit(k, True)] = k
+                        continue
+                    self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
+                    self.outcomes[k] = out
+        except BaseException as err:  # the pool broke: its tasks go back to the caller
+            self.failure = err
+            self.stop.set()
+            with self.lock:
+                self.pending.extend(inflight.values())
+
+
+def run_tasks(tasks: Sequence[Task], *, workers: int,
+              report: Callable[[str, float], None] | None = None) -> list[Outcome]:
+    """Run independent tasks on ``workers`` processes (the caller's included); their outcomes
+    in task order, each what the task gives run alone.
+
+    Args:
+        tasks: the tasks, most wanted in the caller's process first.
+        workers: processes to use (1: all in the caller's process, in order).
+        report: called in the caller's thread as ``report(message, fraction done)`` before each
+            task it runs and while it waits for workers (a progress bar; it may raise to
+            interrupt the batch, which ends the workers running its tasks).
+
+    Warns:
+        ParallelWarning: the workers could not be used; the tasks ran in the caller's process.
+    """
+    tick = report or (lambda message, fraction: None)
+    n = len(tasks)
+    if workers <= 1 or n <= 1 or all(t.local for t in tasks):
+        out = []
+        for k, t in enumerate(tasks):
+            tick(t.label, k / n)
+            out.append(_call(t.fn, t.graph, t.args, t.kwargs))
+        return out
+    pool = _acquire(min(workers - 1, sum(not t.local for t in tasks)))
+    broken = False
+    batch: _Batch | None = None
+    try:
+        batch = _Batch(tasks, pool)
+        batch.thread.start()
+
+        def done() -> float:
+            return sum(o is not None for o in batch.outcomes) / n
+
+        while True:
+            k = batch.take(front=True)
+            if k is not None:
+                t = tasks[k]
+                tick(t.label, done())
+                batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
+                continue
+            if not batch.thread.is_alive():
+                break
+            batch.thread.join(timeout=0.2)
+            tick(f"waiting for {sum(o is None for o in batch.outcomes)} task(s) in worker "
+                 "processes", done())
+        for k in range(n):  # (tasks handed back by a broken pool after the loop saw it empty)
+            if batch.outcomes[k] is None:
+                t = tasks[k]
+                tick(t.label, done())
+                batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
+        if batch.failure is not None:
+            broken = True
+            warnings.warn(ParallelWarning(
+                f"search: the worker processes failed ({type(batch.failure).__name__}: "
+                f"{str(batch.failure)[:200]}); their tasks ran in this process, with the same "
+                "results. Fix: if a script calls the search at its top level, put that under "
+                "if __name__ == '__main__': (each worker re-runs the script's top level); or pass "
+                "workers=1."), stacklevel=user_stacklevel())
+        return list(batch.outcomes)  # type: ignore[arg-type]
+    except BaseException:  # an interrupted batch: its workers' tasks are abandoned
+        broken = True
+        if batch is not None:
+            batch.stop.set()
+        raise
+    finally:
+        _release(pool, broken=broken)

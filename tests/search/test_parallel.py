@@ -1,0 +1,143 @@
+"""Independent solves on all cores (autoplan.search._parallel): a parallel search returns what the
+serial one returns; workers start no JAX backend; a failed worker, a task's error and a task's
+warnings reach the caller as in a serial search."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+
+import pytest
+
+import autoplan
+from autoplan import models
+from autoplan.search import _parallel
+from autoplan.search._parallel import ParallelWarning, Task, resolve_workers, run_tasks
+
+
+def _comparable(plan):
+    """A plan's record without what depends on timing (seconds, and notes that quote them)."""
+    d = plan.to_dict()
+    d.pop("search_seconds")
+    d.pop("notes")
+    return d
+
+
+def _same_result(serial, parallel):
+    assert [_comparable(p) for p in parallel.plans] == [_comparable(p) for p in serial.plans]
+    assert parallel.best.label == serial.best.label
+    timing = {k for k in serial.stats if "seconds" in k} | {"workers", "cache"}
+    assert {k: v for k, v in parallel.stats.items() if k not in timing} == \
+        {k: v for k, v in serial.stats.items() if k not in timing}
+    if serial.analysis is None:
+        assert parallel.analysis is None
+    else:
+        assert parallel.analysis.segments == serial.analysis.segments
+        assert parallel.analysis.segment_class == serial.analysis.segment_class
+        assert parallel.analysis.mining is not None
+
+
+@pytest.mark.parametrize("name, over, level", [
+    ("gpt", dict(layers=4), "folded"),
+    ("wide_resnet", {}, "auto"),
+])
+def test_parallel_search_equals_serial(name, over, level):
+    """Every logical mesh and baseline is a task: four meshes and two baselines on 8 devices
+    (GPT folded: its tasks carry a folding analysis back)."""
+    graph = autoplan.trace(models.get(name, size="tiny", **over))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        serial = autoplan.search(graph, "p3.16xlarge:1", pipeline=False, level=level, workers=1,
+                                 cache=False)
+        parallel = autoplan.search(graph, "p3.16xlarge:1", pipeline=False, level=level,
+                                   workers=2, cache=False)
+    assert serial.stats["workers"] == 1 and parallel.stats["workers"] == 2
+    assert len(serial.plans) >= 5  # four meshes and the baselines
+    _same_result(serial, parallel)
+
+
+def test_parallel_search_with_pipeline_equals_serial():
+    """The pipeline search and the Megatron TP x PP baseline need the workload and run in the
+    caller's process while the workers solve the meshes and the other baselines."""
+    wl = models.get("gpt", size="tiny", layers=2)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        serial = autoplan.search(wl, cluster, workers=1, cache=False)
+        parallel = autoplan.search(wl, cluster, workers=3, cache=False)
+    labels = {p.label for p in serial.plans}
+    assert {"autoplan", "autoplan-pipeline", "baseline: data parallel", "baseline: Megatron TP",
+            "baseline: Megatron TP x PP"} <= labels
+    _same_result(serial, parallel)
+
+
+def _backend_started(graph) -> tuple[int, bool]:
+    """(pid, whether this process started a JAX backend) after an intra-operator search."""
+    import jax._src.xla_bridge as xb
+
+    from autoplan.search import level_search
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        level_search(graph, autoplan.Cluster.parse("p3.16xlarge:1"), (2, 4), level="folded")
+    return os.getpid(), bool(xb._backends)
+
+
+def test_workers_start_no_jax_backend():
+    graph = autoplan.trace(models.get("gpt", size="tiny", layers=2))
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(4)], workers=2)
+    facts = [o.result() for o in outs]
+    in_workers = [started for pid, started in facts if pid != os.getpid()]
+    assert in_workers and not any(in_workers)
+
+
+def _die_in_worker(graph, k: int) -> int:
+    if _parallel._IN_WORKER:
+        os._exit(3)
+    return k
+
+
+def test_a_dead_worker_loses_nothing():
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    with pytest.warns(ParallelWarning, match="ran in this process"):
+        outs = run_tasks([Task(_die_in_worker, graph, (k,)) for k in range(4)], workers=2)
+    assert [o.result() for o in outs] == [0, 1, 2, 3]
+    # the broken pool was dropped: the next batch starts a new one and uses it
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2)
+    assert any(o.result()[0] != os.getpid() for o in outs)
+
+
+def _fail_or_warn(graph, k: int) -> int:
+    warnings.warn(f"task {k} says so", RuntimeWarning, stacklevel=1)
+    if k == 2:
+        raise autoplan.SearchError("task 2 cannot")
+    return k
+
+
+def test_errors_and_warnings_reach_the_caller():
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    outs = run_tasks([Task(_fail_or_warn, graph, (k,)) for k in range(4)], workers=2)
+    assert [o.result() for k, o in enumerate(outs) if k != 2] == [0, 1, 3]
+    with pytest.raises(autoplan.SearchError, match="task 2 cannot"):
+        outs[2].result()
+    assert [o.warnings for o in outs] == [[(RuntimeWarning, f"task {k} says so")] for k in range(4)]
+
+
+def test_workers_option():
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    assert resolve_workers(3, 10) == 3
+    assert resolve_workers(None, 10) == 1  # a small graph: one process
+    assert resolve_workers(None, _parallel.AUTO_PARALLEL_OPS) == _parallel.cpu_count()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(autoplan.SearchError, match="workers should be a positive integer"):
+            autoplan.search(graph, "cpu:8", pipeline=False, workers=bad)
+
+
+def test_search_refused_while_a_worker_process_starts(monkeypatch):
+    """A script that searches at its top level re-runs in every spawned worker: there the search
+    refuses with the fix, instead of searching again inside each worker."""
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(autoplan.SearchError, match="__name__ == '__main__'"):
+        autoplan.search(graph, "cpu:8", pipeline=False)
