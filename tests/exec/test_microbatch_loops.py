@@ -47,7 +47,7 @@ def test_gradient_accumulation_is_one_program_per_step_and_follows_one_device(fa
 
 def test_the_accumulated_plan_of_the_small_mlp_runs_and_matches(fast):
     w = models.get("mlp", size="small", abstract=False)
-    res = autoplan.search(w, "cpu:8")
+    res = autoplan.search(w, "cpu:8", microbatches=64)
     acc = [p for p in res.candidates if "accumulated" in p.describe()]
     assert acc, [p.describe() for p in res.candidates]
     p = acc[0]
