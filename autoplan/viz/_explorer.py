@@ -73,6 +73,9 @@ from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
 
+#: the cluster control's entry for this machine's measured profile (``Cluster.parse("local")``)
+LOCAL_LABEL = "this machine (measured)"
+
 LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 SCHEDULES = ("1f1b", "gpipe")
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -331,12 +334,17 @@ class Explorer:
                                       value=size if zoo else NO_SIZE, description="size",
                                       disabled=not zoo, style=wide,
                                       layout=widgets.Layout(width="130px"))
-        presets = sorted(PRESETS) + ([cl.name] if self._custom_cluster else [])
+        # the presets (datasheet profiles), this machine's measured profile ("local": profiled
+        # once in the background and cached on disk), and a cluster passed in
+        presets = [(n, n) for n in sorted(PRESETS)] + [(LOCAL_LABEL, "local")]
+        if self._custom_cluster is not None and cl.name != "local":
+            presets.append((cl.name, cl.name))
         self._preset = widgets.Dropdown(options=presets, value=cl.name, description="cluster",
-                                        style=wide, layout=widgets.Layout(width="210px"))
+                                        style=wide, layout=widgets.Layout(width="250px"))
         count = cl.devices_per_node if cl.name == "cpu" else cl.nodes
         self._nodes = widgets.BoundedIntText(value=count, min=1, max=4096,
                                              description="devices" if cl.name == "cpu" else "nodes",
+                                             disabled=cl.name == "local",
                                              style=wide, layout=widgets.Layout(width="130px"))
         self._level = widgets.Dropdown(options=list(LEVELS), value=level, description="level",
                                        style=wide, layout=widgets.Layout(width="170px"))
@@ -539,17 +547,31 @@ class Explorer:
         self._workload = None
 
     def _on_preset(self, change: Mapping[str, Any]) -> None:
-        self._custom_cluster = None if change["new"] in PRESETS else self._custom_cluster
-        self._nodes.description = "devices" if change["new"] == "cpu" else "nodes"
+        new = change["new"]
+        if new in PRESETS or new == "local":
+            self._custom_cluster = None if new in PRESETS else self._custom_cluster
+        self._nodes.description = "devices" if new == "cpu" else "nodes"
+        self._nodes.disabled = new == "local"
 
     def _cluster_spec(self) -> str:
         if self._custom_cluster is not None and self._preset.value == self._custom_cluster.name:
             return self._custom_cluster.spec
+        if self._preset.value == "local":
+            return "local"
         return f"{self._preset.value}:{self._nodes.value}"
 
     def _cluster(self) -> Cluster:
+        """The cluster the controls name. ``local``: this machine's devices as measured by
+        :meth:`Cluster.detect` (a quick profile on first use, about half a minute on 8 emulated
+        CPU devices, then read from the on-disk cache), called from the search's thread."""
         if self._custom_cluster is not None and self._preset.value == self._custom_cluster.name:
             return self._custom_cluster
+        if self._preset.value == "local":
+            self._status.value = ("profiling this machine's devices (once: the profile is cached "
+                                  "on disk)")
+            cl = Cluster.detect(quick=True, progress=False)
+            self._custom_cluster = cl
+            return cl
         return Cluster.parse(self._cluster_spec())
 
     def _get_workload(self) -> Any:
@@ -1452,10 +1474,14 @@ class Explorer:
         if meas and pred > 0:
             ratio = f" ({meas / pred:.1f}x the prediction"
             cl = rec.plan.cluster
-            if cl.device_kind == "cpu" or cl.name == "cpu":
+            if cl.name == "local":
+                ratio += (": the prediction used this machine's measured profile; emulated CPU "
+                          "devices share its cores, and their step times vary with its load")
+            elif cl.device_kind == "cpu" or cl.name == "cpu":
                 ratio += (": the prediction is the cost model of the preset cluster "
                           f"{html.escape(cl.spec)}, and emulated CPU devices share this "
-                          "machine's cores")
+                          f"machine's cores; choose the cluster '{LOCAL_LABEL}' to cost plans "
+                          "on a profile of this machine")
             else:
                 ratio += (f": the prediction is for {html.escape(cl.spec)} "
                           f"({html.escape(cl.device_kind)}), not the devices that ran it")

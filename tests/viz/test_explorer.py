@@ -5,10 +5,12 @@ session's memo of results, users' workloads and graphs, errors into the Output, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
 import sys
+import threading
 
 import pytest
 
@@ -144,6 +146,39 @@ def test_controls_build_the_search_arguments(monkeypatch):
     assert ex.launch_spec() == {"model": "mlp", "size": "tiny"}
     assert len(repr(ex)) < 200 and "plans=0" in repr(ex)
     assert Explorer(autostart=False)._level.value == "auto"  # the search's default level
+
+
+def test_the_cluster_control_offers_this_machines_measured_profile(monkeypatch):
+    """Choosing "this machine (measured)" searches on Cluster.detect(quick=True) (profiled once,
+    in the search's thread) and says so; the node count is not asked for."""
+    seen, calls = {}, []
+    measured = dataclasses.replace(autoplan.Cluster.parse("cpu:8"), name="local",
+                                   launch_overhead=2e-4)
+
+    def detect(cls, devices=None, *, quick=False, progress=True, refresh=False):
+        calls.append((quick, progress, threading.current_thread() is threading.main_thread()))
+        return measured
+
+    def fake(workload, cluster, **kwargs):
+        seen["cluster"] = cluster
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(autoplan.Cluster, "detect", classmethod(detect))
+    monkeypatch.setattr(_explorer, "_search_function", lambda: fake)
+    ex = Explorer(model="mlp", cluster="cpu:8", autostart=False)
+    assert ("this machine (measured)", "local") in ex._preset.options
+    ex._preset.value = "local"
+    assert ex._nodes.disabled
+    for _ in range(2):
+        ex.search()
+        ex.wait_idle(120)
+        assert seen["cluster"] is measured
+    assert calls == [(True, False, False)]  # profiled once, off the main thread
+    ex._preset.value = "cpu"
+    assert not ex._nodes.disabled
+    ex.search()
+    ex.wait_idle(120)
+    assert seen["cluster"].name == "cpu" and len(calls) == 1
 
 
 def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
