@@ -493,11 +493,11 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
             budget = memory_budget or cluster.device_memory
             raise InfeasiblePlanError(
-                f"search: no plan fits {budget:.4g} bytes per device"
-                + ("" if memory_budget else " (the device's memory)") + ". Got: "
-                + "; ".join(str(e) for e in infeasible) + " "
-                + (f"The least memory that would fit is {least:.4g} bytes. " if least else "")
-                + "Fix: raise memory_budget, use more devices, or a smaller model.", least)
+                f"search: no plan fits the memory budget {budget:.4g} bytes per device"
+                + ("" if memory_budget else " (the device's memory)")
+                + (f"; the least any plan needs is {least:.4g} bytes" if least else "")
+                + ". Got: " + "; ".join(str(e).rstrip(".") for e in infeasible) + "."
+                + " Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")
     if analysis is not None:  # the mining result stays here, with the graph it describes
         from autoplan.search.fold._mine import mine  # noqa: PLC0415
