@@ -74,7 +74,7 @@ def row(name: str, size: str, gpus: int, res, dt: float) -> None:
 def run(name: str, size: str, gpus: int, cluster: autoplan.Cluster | str, **over) -> None:
     wl = models.get(name, size=size, **{**SETUP, **over})
     t0 = time.perf_counter()
-    res = autoplan.search(wl, cluster, baselines=False)
+    res = autoplan.search(wl, cluster, baselines=False, cache=False)  # cold: no stored result
     row(name, size, gpus, res, time.perf_counter() - t0)
 
 
