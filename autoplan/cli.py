@@ -346,6 +346,18 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _print_launch_result(plan: Any, result: Any, steps: int) -> None:
+    print(f"launch of [{plan.label}] {plan.describe()}: {result.layout}, {steps} step(s) in "
+          f"{result.wall_time:.1f} s")
+    for proc in sorted(result.losses):
+        losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
+        times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
+        print(f"  process {proc}: losses {losses}   step ms {times}")
+    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec} "
+          f"({plan.cluster.describe_profile()}); "
+          f"{'matched' if result.matched else 'DID NOT match'} single-device results", flush=True)
+
+
 def cmd_launch(args) -> int:
     from ._plan import Plan  # noqa: PLC0415
     from .exec import _launch  # noqa: PLC0415
@@ -363,6 +375,7 @@ def cmd_launch(args) -> int:
     handle = None
     try:
         # SIGTERM and SIGHUP end the launch as Ctrl-C does: workers stopped, one line, no traceback
+        # (until the last line is printed: a signal while the result is reported says so too)
         with _launch.raise_on_signals():
             handle = _launch.launch(
                 args.plan, spec, num_processes=args.num_processes,
@@ -380,22 +393,14 @@ def cmd_launch(args) -> int:
                         print(f"  {ev['reason']}: retrying on port {ev['port']}", flush=True)
                 time.sleep(0.1)
             result = handle.wait()
+            _print_launch_result(plan, result, args.steps)
     except (KeyboardInterrupt, _launch.LaunchInterrupted) as err:
         if handle is not None:
             handle.cancel()
         signum = getattr(err, "signum", signal.SIGINT)
-        print(f"autoplan: launch interrupted by {signal.Signals(signum).name}; every worker was "
-              "stopped", file=sys.stderr)
+        print(f"autoplan: interrupted by {signal.Signals(signum).name}; every worker of the "
+              "launch was stopped.", file=sys.stderr)
         return 128 + int(signum)
-    print(f"launch of [{plan.label}] {plan.describe()}: {result.layout}, {args.steps} step(s) in "
-          f"{result.wall_time:.1f} s")
-    for proc in sorted(result.losses):
-        losses = ", ".join(f"{v:.6f}" for v in result.losses[proc])
-        times = ", ".join(f"{t * 1e3:.1f}" for t in result.step_times.get(proc, []))
-        print(f"  process {proc}: losses {losses}   step ms {times}")
-    print(f"  predicted step time {plan.predicted.step_time * 1e3:.3f} ms on {plan.cluster.spec} "
-          f"({plan.cluster.describe_profile()}); "
-          f"{'matched' if result.matched else 'DID NOT match'} single-device results")
     return 0 if result.matched else 1
 
 

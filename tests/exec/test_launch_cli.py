@@ -108,8 +108,8 @@ def test_a_killed_launcher_leaves_no_worker_and_no_launch_folder(tmp_path, sig):
         assert proc.returncode == -signal.SIGKILL
     else:  # one line, no traceback, 128 + the signal
         assert proc.returncode == 128 + sig, err
-        assert err.strip() == (f"autoplan: launch interrupted by {signal.Signals(sig).name}; "
-                               "every worker was stopped")
+        assert err.strip() == (f"autoplan: interrupted by {signal.Signals(sig).name}; "
+                               "every worker of the launch was stopped.")
     # the workers' process groups: gone within 10 s (at once unless the launcher was SIGKILLed,
     # then the workers notice its pipe close)
     assert wait_gone(pids, 10), [p for p in pids if not gone(p)]
