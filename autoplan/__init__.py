@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 
 from ._cluster import Cluster as Cluster
 from ._cluster import LogicalMesh as LogicalMesh
+from ._errors import ArgumentError as ArgumentError
+from ._errors import ArgumentIndexError as ArgumentIndexError
+from ._errors import ArgumentTypeError as ArgumentTypeError
 from ._errors import AutoplanError as AutoplanError
 from ._errors import ClusterError as ClusterError
 from ._errors import EquivalenceError as EquivalenceError
@@ -31,7 +34,10 @@ from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
 from ._errors import SearchError as SearchError
+from ._errors import SolverError as SolverError
+from ._errors import StateError as StateError
 from ._errors import TraceError as TraceError
+from ._errors import WaitTimeoutError as WaitTimeoutError
 from ._plan import Plan as Plan
 
 if TYPE_CHECKING:  # loaded on first use, see _LAZY
@@ -76,7 +82,8 @@ def __getattr__(name: str):
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
-    "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
+    "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
+    "ArgumentTypeError", "ArgumentIndexError", "StateError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
     "Workload", "load_workload", "profile",
 ]

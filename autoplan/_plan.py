@@ -22,14 +22,17 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from ._cluster import Cluster
-from ._errors import PlanFileError, PlanMismatchError
+from ._errors import ArgumentError, ArgumentTypeError, PlanFileError, PlanMismatchError
 from ._io import atomic_write_text
 from ._planfile import read_plan_json, validate_plan_dict
 
-__all__ = ["SCHEMA_VERSION", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
-           "Schedule", "Predicted", "Plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
+__all__ = ["SCHEMA_VERSION", "LEVELS", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
+           "Schedule", "Predicted", "Plan", "require_plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
 
 SCHEMA_VERSION = 1
+LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
+"""The search levels a plan's ``level`` names, in the order the options list them: ``"auto"``
+picks one of the other three (see :mod:`autoplan.search.fold._levels`)."""
 Spec = tuple  # tuple[None | tuple[str, ...], ...]
 
 
@@ -318,7 +321,9 @@ class Plan:
         for i in self.inputs:
             if i.name == name or i.path == name:
                 return i
-        raise KeyError(f"no input named {name!r}; inputs look like {self.inputs[0].name!r}")
+        raise ArgumentError(f"Plan.input_spec: name should be the name or path of one of the plan's "
+                            f"inputs. Got {name!r}. Fix: pass one of "
+                            f"{[i.name for i in self.inputs][:8]}.")
 
     def describe(self) -> str:
         """A one-line description: stages and their logical meshes."""
@@ -761,3 +766,17 @@ def _set_path(tree: Any, keys: list[str | int], value: Any) -> None:
         node[last] = value
 
 
+
+
+def require_plan(plan: Any, where: str) -> Plan:
+    """``plan`` itself when it is a :class:`Plan`; else :class:`ArgumentTypeError` naming ``where``.
+
+    A search result (anything with a ``best`` plan) is named in the fix, since it is the usual
+    mistake.
+    """
+    if isinstance(plan, Plan):
+        return plan
+    hint = ("pass result.best (or one of result.plans)" if isinstance(getattr(plan, "best", None), Plan)
+            else "pass a plan from autoplan.search or Plan.from_json(path)")
+    raise ArgumentTypeError(f"{where}: plan should be an autoplan Plan. Got "
+                            f"{type(plan).__name__}: {plan!r:.40}. Fix: {hint}.")
