@@ -73,7 +73,6 @@ def test_notebook_metadata(name):
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(name, kernel):
     t0 = time.perf_counter()
