@@ -3,10 +3,13 @@
 trace -> search -> Plan -> (viz | exec):
 
     >>> import autoplan
-    >>> wl = autoplan.models.get("gpt", size="tiny")
-    >>> graph = autoplan.trace(wl)                     # doctest: +SKIP
-    >>> result = autoplan.search(wl, "cpu:8")          # doctest: +SKIP
-    >>> result.best.partition_specs()                  # doctest: +SKIP
+    >>> wl = autoplan.models.get("mlp", size="tiny", batch=512)
+    >>> graph = autoplan.trace(wl)
+    >>> result = autoplan.search(wl, "cpu:8", pipeline=False)
+    >>> result.best.describe()
+    'intra-op on mesh 8x1'
+    >>> result.best.partition_specs()[2]
+    {'labels': P('x',), 'x': P('x',)}
 
 ``import autoplan`` loads no JAX, NumPy or NetworkX: the tracer, the graph and the subpackages
 load on first use, so the command line starts at once (and a Ctrl-C during its start is handled

@@ -39,7 +39,7 @@ def kernel():
 
 def execute(path: Path, kernel_name: str):
     nb = nbformat.read(path, as_version=4)
-    # the kernel inherits JAX_PLATFORMS=cpu from tests/conftest.py
+    # the kernel inherits JAX_PLATFORMS=cpu from the root conftest.py
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=kernel_name,
                                      allow_errors=False, store_widget_state=False,
                                      resources={"metadata": {"path": str(path.parent)}})

@@ -742,9 +742,11 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             (it is then not run under the plan); see the message.
 
     Examples:
-        >>> import autoplan.exec as ex                         # doctest: +SKIP
-        >>> report = ex.run(plan, autoplan.models.get("gpt"))  # doctest: +SKIP
-        >>> report.equivalence.matched                         # doctest: +SKIP
+        >>> import autoplan, autoplan.exec as ex
+        >>> wl = autoplan.models.get("mlp", batch=512)
+        >>> plan = autoplan.plan(wl, "cpu:8", pipeline=False)
+        >>> report = ex.run(plan, wl)
+        >>> report.equivalence.matched
         True
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
