@@ -344,6 +344,7 @@ def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column]
 
 def _size_band(nbytes: float, lo: float, hi: float) -> float:
     """A block's side in [0.3, 1]: its bytes' place between ``lo`` and ``hi`` on a log scale."""
+    lo = max(lo, 1.0)  # a tensor of no bytes (an empty dimension, a token) sets no lower end
     if hi <= lo or nbytes <= 0:
         return 1.0
     return 0.3 + 0.7 * (math.log(max(nbytes, lo)) - math.log(lo)) / (math.log(hi) - math.log(lo))
