@@ -25,6 +25,7 @@ __all__ = [
     "StateError",
     "WaitTimeoutError",
     "SolverError",
+    "ScheduleError",
 ]
 
 
@@ -116,6 +117,12 @@ class ExecutionError(AutoplanError):
 
 class EquivalenceError(ExecutionError):
     """A plan's results differ from single-device execution beyond the tolerance."""
+
+
+class ScheduleError(SearchError, ExecutionError):
+    """A pipeline schedule's kind, counts, times, table or task order is invalid. Both a
+    :class:`SearchError` and an :class:`ExecutionError`: the search and the executor share the
+    schedules (:mod:`autoplan._schedule`)."""
 
 
 class LaunchError(ExecutionError):

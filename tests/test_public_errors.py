@@ -84,9 +84,10 @@ BAD_CALLS = {
     "autoplan.exec.collectives": [lambda: ex.collectives(42)],
     "autoplan.exec.comm_bytes": [lambda: ex.comm_bytes(42)],
     "autoplan.exec.flatten": [lambda: ex.flatten(42)],
-    "autoplan.exec.schedule_table": [lambda: ex.schedule_table("no-such-schedule", 2, 4),
-                                     lambda: ex.schedule_table("gpipe", 0, 4)],
-    "autoplan.exec.schedule_order": [lambda: ex.schedule_order("no-such-schedule", 2, 4)],
+    "autoplan.search.schedule_table": [lambda: search.schedule_table("no-such-schedule", 2, 4),
+                                       lambda: search.schedule_table("gpipe", 0, 4)],
+    "autoplan.search.schedule_order": [lambda: search.schedule_order("no-such-schedule", 2, 4)],
+    "autoplan.search.schedule_events": [lambda: search.schedule_events("1f1b", 2, 2, [1.0], [1.0, 1.0])],
     "autoplan.exec.check_equivalence": [lambda: ex.check_equivalence(42, None, [], [])],
 }
 
