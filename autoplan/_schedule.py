@@ -247,14 +247,8 @@ def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | No
     """1F1B (PipeDream-flush): warm-up forwards, alternate one forward and one backward, drain.
 
     Mesh ``j`` starts with ``min(S - j - 1, m)`` warm-up forwards, so at most ``S - j`` micro-batches
-    (and never more than ``m``) are alive on it. Takes ``2 (m + S - 1)`` clocks like GPipe.
-
-    Args:
-        num_stages: ``S >= 1``.
-        microbatches: ``m >= 1``.
-
-    Returns:
-        Rows = clock ticks, columns = meshes; ``None`` marks a bubble.
+    (and never more than ``m``) are alive on it. Takes ``2 (m + S - 1)`` clocks like GPipe; the
+    arguments and the table are those of :func:`gpipe_table`.
     """
     S, m = _check_sm(num_stages, microbatches)
     return _table_from_orders(_mesh_orders("1f1b", S, m))
