@@ -3,10 +3,13 @@
 trace -> search -> Plan -> (viz | exec):
 
     >>> import autoplan
-    >>> wl = autoplan.models.get("gpt", size="tiny")
-    >>> graph = autoplan.trace(wl)                     # doctest: +SKIP
-    >>> result = autoplan.search(wl, "cpu:8")          # doctest: +SKIP
-    >>> result.best.partition_specs()                  # doctest: +SKIP
+    >>> wl = autoplan.models.get("mlp", size="tiny", batch=512)
+    >>> graph = autoplan.trace(wl)
+    >>> result = autoplan.search(wl, "cpu:8", pipeline=False)
+    >>> result.best.describe()
+    'intra-op on mesh 8x1'
+    >>> result.best.partition_specs()[2]
+    {'labels': P('x',), 'x': P('x',)}
 
 ``import autoplan`` loads no JAX, NumPy or NetworkX: the tracer, the graph and the subpackages
 load on first use, so the command line starts at once (and a Ctrl-C during its start is handled
@@ -20,6 +23,9 @@ from typing import TYPE_CHECKING
 
 from ._cluster import Cluster as Cluster
 from ._cluster import LogicalMesh as LogicalMesh
+from ._errors import ArgumentError as ArgumentError
+from ._errors import ArgumentIndexError as ArgumentIndexError
+from ._errors import ArgumentTypeError as ArgumentTypeError
 from ._errors import AutoplanError as AutoplanError
 from ._errors import ClusterError as ClusterError
 from ._errors import EquivalenceError as EquivalenceError
@@ -31,7 +37,10 @@ from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
 from ._errors import SearchError as SearchError
+from ._errors import SolverError as SolverError
+from ._errors import StateError as StateError
 from ._errors import TraceError as TraceError
+from ._errors import WaitTimeoutError as WaitTimeoutError
 from ._plan import Plan as Plan
 
 if TYPE_CHECKING:  # loaded on first use, see _LAZY
@@ -76,7 +85,8 @@ def __getattr__(name: str):
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
-    "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "GraphInput", "OpGraph",
+    "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
+    "ArgumentTypeError", "ArgumentIndexError", "StateError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
     "Workload", "load_workload", "profile",
 ]

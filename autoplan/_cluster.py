@@ -679,6 +679,8 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         ClusterError: no devices, or devices of different kinds.
 
     Examples:
+        Not run as a doctest: even the quick profile times the devices for about 30 s.
+
         >>> cluster = autoplan.profile(quick=True)              # doctest: +SKIP
         >>> cluster.describe_profile()                          # doctest: +SKIP
         'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'

@@ -19,6 +19,13 @@ __all__ = [
     "ExecutionError",
     "EquivalenceError",
     "LaunchError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "ArgumentIndexError",
+    "StateError",
+    "WaitTimeoutError",
+    "SolverError",
+    "ScheduleError",
 ]
 
 
@@ -28,6 +35,29 @@ class AutoplanError(Exception):
 
 class TraceError(AutoplanError):
     """The function or its arguments could not be traced into an operator graph."""
+
+
+class ArgumentError(AutoplanError, ValueError):
+    """An argument's value is not one the function accepts: an unknown option, a layer or
+    segment that does not exist, a malformed mesh axis. Also a :class:`ValueError`."""
+
+
+class ArgumentTypeError(AutoplanError, TypeError):
+    """An argument is of a type the function does not take. Also a :class:`TypeError`."""
+
+
+class ArgumentIndexError(ArgumentError, IndexError):
+    """An index is out of range (a candidate number past the last plan). Also an
+    :class:`IndexError`."""
+
+
+class StateError(AutoplanError, RuntimeError):
+    """An object was asked for something before the step it needs (the Explorer's selection
+    before its search has a result). Also a :class:`RuntimeError`."""
+
+
+class WaitTimeoutError(AutoplanError, TimeoutError):
+    """Work still ran when a wait's timeout passed. Also a :class:`TimeoutError`."""
 
 
 class ClusterError(AutoplanError):
@@ -40,6 +70,11 @@ class ModelError(AutoplanError):
 
 class SearchError(AutoplanError):
     """The plan search was given options it cannot honour."""
+
+
+class SolverError(SearchError, RuntimeError):
+    """No ILP solver is installed, or every installed solver failed on the model. Also a
+    :class:`RuntimeError`."""
 
 
 class InfeasiblePlanError(SearchError):
@@ -82,6 +117,12 @@ class ExecutionError(AutoplanError):
 
 class EquivalenceError(ExecutionError):
     """A plan's results differ from single-device execution beyond the tolerance."""
+
+
+class ScheduleError(SearchError, ExecutionError):
+    """A pipeline schedule's kind, counts, times, table or task order is invalid. Both a
+    :class:`SearchError` and an :class:`ExecutionError`: the search and the executor share the
+    schedules (:mod:`autoplan._schedule`)."""
 
 
 class LaunchError(ExecutionError):

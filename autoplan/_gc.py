@@ -1,32 +1,65 @@
-"""Cyclic garbage collection paused while a search runs.
+"""Cyclic garbage collection paused while a search runs in the main thread.
 
 A search allocates hundreds of thousands of small objects (strategies, spec tuples, ILP rows) and
 keeps most of them until it returns; the cyclic collector would walk them all again and again
 for nothing (a quarter of a 96-layer folded search). Reference counting still frees everything
-acyclic at once; the collector resumes, as it was, when the search returns or raises.
+acyclic at once.
+
+The collector is one per process, so the pause is scoped with care:
+
+* it applies only to a search called from the main thread, where the caller waits for it; a
+  search in another thread (the Explorer's background search) leaves the collector alone, since
+  the user's own code keeps running beside it and would otherwise lose cyclic collection for the
+  search's whole duration;
+* nested paused calls share one pause: the collector is disabled when the outermost starts and
+  restored when it returns or raises, to the state it had before, so a collector the user
+  disabled stays disabled.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 
+_depth = 0
+_was_enabled = False
+
+
+def _pause() -> bool:
+    """Start (or join) the pause; False when this thread does not pause the collector."""
+    global _depth, _was_enabled
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _depth == 0:
+        _was_enabled = gc.isenabled()
+        gc.disable()
+    _depth += 1
+    return True
+
+
+def _resume() -> None:
+    global _depth
+    _depth -= 1
+    if _depth == 0 and _was_enabled:
+        gc.enable()
+
 
 def gc_paused(fn: F) -> F:
-    """Decorate ``fn`` to run with the cyclic garbage collector disabled (nesting is safe)."""
+    """Decorate ``fn`` to run with the cyclic garbage collector disabled when it is called from
+    the main thread (nesting is safe; other threads run it with the collector as it is)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        was_enabled = gc.isenabled()
-        gc.disable()
+        paused = _pause()
         try:
             return fn(*args, **kwargs)
         finally:
-            if was_enabled:
-                gc.enable()
+            if paused:
+                _resume()
 
     return wrapper  # type: ignore[return-value]

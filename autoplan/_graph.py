@@ -12,25 +12,17 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache, cached_property
+from functools import cached_property
 from typing import Any
 
 import networkx as nx
-import numpy as np
 
-__all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph", "dtype_bytes"]
+from ._dtype import dtype_bytes
+
+__all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
 
 ROLES = ("forward", "backward", "update")
 INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "activation", "constant")
-
-
-@cache
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name (``"float32"`` -> 4); 0 for tokens."""
-    try:
-        return int(np.dtype(dtype).itemsize)
-    except TypeError:
-        return 0
 
 
 @dataclass(frozen=True)

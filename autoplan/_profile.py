@@ -125,12 +125,24 @@ _FULL = _Settings(reps=5, min_time=0.05, max_op_time=0.25, matmul_step=2,
                   chain_time=2e-3)
 
 
+def _device_list(devices: Sequence[Any] | None) -> list[Any]:
+    """``devices`` as a list (default ``jax.devices()``); :class:`ClusterError` if not a sequence."""
+    if devices is None:
+        return list(jax.devices())
+    try:
+        return list(devices)
+    except TypeError:
+        raise ClusterError(f"profile: devices should be a list of JAX devices. Got "
+                           f"{type(devices).__name__}: {devices!r:.40}. Fix: pass jax.devices() or "
+                           "leave devices out.") from None
+
+
 def cache_key(devices: Sequence[Any] | None = None) -> str:
     """The name a profile of these devices is cached under: platform, device kind, count and
     jaxlib version (``cpu-cpu-8-jaxlib0.10.2``)."""
     import jaxlib  # noqa: PLC0415
 
-    devs = list(devices) if devices is not None else jax.devices()
+    devs = _device_list(devices)
     kind = re.sub(r"[^A-Za-z0-9.]+", "_", devs[0].device_kind).strip("_") or "device"
     return f"{devs[0].platform}-{kind}-{len(devs)}-jaxlib{jaxlib.__version__}"
 
@@ -147,7 +159,7 @@ def measure(devices: Sequence[Any] | None = None, *, quick: bool = False,
     Raises:
         ClusterError: no devices, or devices of different kinds.
     """
-    devs = list(devices) if devices is not None else jax.devices()
+    devs = _device_list(devices)
     if not devs:
         raise ClusterError("profile: devices should be a non-empty list of JAX devices. Got none. "
                            "Fix: pass jax.devices() or leave devices out.")

@@ -1,39 +1,55 @@
-"""Pipeline schedules as task orders: the clock tables of GPipe and 1F1B, the dependencies
-between their tasks, a plan table read back into an order, and the makespan of an order.
+"""Pipeline schedules (GPipe and 1F1B): per-mesh task orders, their clock tables, their timed
+simulation, a plan's table read back into an order, and the makespan of an order. The one
+schedule module of autoplan: the pipeline search, the executor, the figures, the tests and the
+benchmarks all use it; it depends on nothing but the error classes.
 
-A task is ``(micro-batch, stage, kind)`` with ``kind`` ``"forward"`` or ``"backward"``; stage
-``j`` runs on mesh ``j`` and does both the forward and the backward of its layers. The
+Convention (Alpa): ``S`` stages on ``S`` meshes; mesh ``j`` runs the forward *and* the backward
+of stage ``j`` (Alpa numbers the backward as stage ``2S - 1 - j``). A task is ``(micro-batch,
+stage, kind)`` (:class:`Task`, a named tuple) with ``kind`` ``"forward"`` or ``"backward"``. The
 dependencies are those of a chain of stages:
 
 * ``F(i, j)`` needs ``F(i, j - 1)`` (the previous stage's activations);
 * ``B(i, j)`` needs ``F(i, j)`` (its own saved activations) and ``B(i, j + 1)`` (the gradient
   of its output).
 
-Per-mesh orders (Huang et al., GPipe, 2019; Narayanan et al., PipeDream and Megatron-LM 1F1B,
-2019/2021):
+Per-mesh orders:
 
-* GPipe: ``F_0 .. F_{m-1}`` then ``B_0 .. B_{m-1}``;
-* 1F1B: ``w = min(S - j - 1, m)`` warm-up forwards, then one forward and one backward in
-  turn, then the cool-down backwards; mesh ``j`` holds at most ``S - j`` micro-batches'
+* GPipe: ``F_0 .. F_{m-1}`` then ``B_0 .. B_{m-1}``.
+* 1F1B: ``w = min(S - j - 1, m)`` warm-up forwards ``F_0 .. F_{w-1}``; then the steady phase
+  alternates one forward and one backward, ``F_w B_0 F_{w+1} B_1 ...``, so the first backward
+  comes after ``w + 1`` forwards (the "extra" forward is the first of the steady phase, not a
+  warm-up one); then the cool-down backwards. Mesh ``j`` holds at most ``S - j`` micro-batches'
   activations where GPipe holds all ``m``.
 
-:func:`schedule_table` places those orders on a clock with unit task times (each task at the first
-tick after its dependencies): both take ``2 (m + S - 1)`` ticks, so both have the bubble fraction
-``(S - 1) / (m + S - 1)``.
+A schedule table has clock ticks as rows and meshes as columns; each entry is a :class:`Task` or
+``None`` (a bubble). It is the earliest-start execution of these orders with unit times (each
+task at the first tick after its dependencies): both take ``2 (m + S - 1)`` ticks, so both have
+the bubble fraction ``(S - 1) / (m + S - 1)``.
 
-This module is shared by the executor and the tools that read plan files; it depends on nothing
-but the error classes.
+A training step ends with per-step work on every mesh (the gradient synchronisation across the
+stage's data-parallel devices and the optimizer update), which :func:`schedule_events` places
+after the mesh's last backward (events of kind ``"update"``): the step ends when the last mesh's
+update does.
+
+References:
+    Huang et al., "GPipe", NeurIPS 2019. Narayanan et al., "PipeDream" (SOSP 2019) and
+    "Efficient Large-Scale Language Model Training on GPU Clusters" (SC 2021) for 1F1B.
+    Zheng et al., "Alpa", OSDI 2022, Section 6 (schedules as tables).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, NamedTuple
 
-from autoplan._errors import ExecutionError
+from autoplan._errors import ScheduleError
 
-__all__ = ["KINDS", "task_deps", "schedule_table", "schedule_order", "order_from_table",
-           "ideal_makespan"]
+__all__ = ["KINDS", "Task", "Event", "ScheduleStats", "task_deps", "gpipe_table",
+           "one_f_one_b_table", "schedule_table", "schedule_order", "schedule_events",
+           "schedule_stats", "validate_table", "order_from_table", "ideal_makespan"]
 
 #: the schedule kinds with a generated table
 KINDS = ("gpipe", "1f1b")
@@ -41,50 +57,207 @@ KINDS = ("gpipe", "1f1b")
 _KIND_NAMES = {"forward": "forward", "f": "forward", "fwd": "forward",
                "backward": "backward", "b": "backward", "bwd": "backward"}
 
-Task = tuple[int, int, str]
+
+class Task(NamedTuple):
+    """One unit of pipeline work (a tuple: ``Task(0, 1, "forward") == (0, 1, "forward")``).
+
+    Attributes:
+        microbatch: micro-batch index ``0 .. m - 1``.
+        stage: stage index ``0 .. S - 1`` (also the mesh that runs it).
+        kind: ``"forward"`` or ``"backward"``.
+    """
+
+    microbatch: int
+    stage: int
+    kind: str
+
+@dataclass(frozen=True)
+class Event:
+    """A task placed in time by :func:`schedule_events`.
+
+    Attributes:
+        start: start time.
+        end: end time.
+        mesh: the mesh that runs it (equal to ``stage``).
+        microbatch: micro-batch index.
+        stage: stage index.
+        kind: ``"forward"``, ``"backward"``, or ``"update"`` (the per-step work after the mesh's
+            last backward; its ``microbatch`` is that backward's, the last one).
+    """
+
+    start: float
+    end: float
+    mesh: int
+    microbatch: int
+    stage: int
+    kind: str
 
 
-def task_deps(task: Task, num_stages: int) -> list[Task]:
+@dataclass(frozen=True)
+class ScheduleStats:
+    """Summary of a timed schedule.
+
+    Attributes:
+        step_time: from the first start to the last end.
+        bubble_fraction: ``1 - sum(busy) / (S * step_time)``.
+        busy: busy time of each mesh.
+        peak_inflight: per mesh, the most micro-batches alive at once (from the start of a
+            micro-batch's forward to the end of its backward: their activations are held).
+    """
+
+    step_time: float
+    bubble_fraction: float
+    busy: list[float]
+    peak_inflight: list[int]
+
+
+def _check_sm(num_stages: object, microbatches: object) -> tuple[int, int]:
+    for name, val in (("num_stages", num_stages), ("microbatches", microbatches)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ScheduleError(
+                f"{name} should be an integer >= 1. Got {val!r}. Fix: pass a positive count."
+            )
+    return int(num_stages), int(microbatches)
+
+
+def _check_kind(kind: object) -> str:
+    if kind not in KINDS:
+        raise ScheduleError(f"schedule kind should be 'gpipe' or '1f1b'. Got {kind!r}. Fix: use one "
+                            "of them (in the plan's Schedule too).")
+    return kind  # type: ignore[return-value]
+
+
+def task_deps(task: tuple[int, int, str], num_stages: int) -> list[Task]:
     """The tasks ``task`` reads from (see the module docstring).
 
     Examples:
         >>> task_deps((3, 1, "backward"), 3)
-        [(3, 1, 'forward'), (3, 2, 'backward')]
+        [Task(microbatch=3, stage=1, kind='forward'), Task(microbatch=3, stage=2, kind='backward')]
     """
     i, j, kind = task
     if kind == "forward":
-        return [(i, j - 1, "forward")] if j > 0 else []
-    deps = [(i, j, "forward")]
+        return [Task(i, j - 1, "forward")] if j > 0 else []
+    deps = [Task(i, j, "forward")]
     if j < num_stages - 1:
-        deps.append((i, j + 1, "backward"))
+        deps.append(Task(i, j + 1, "backward"))
     return deps
 
 
 def _mesh_orders(kind: str, S: int, m: int) -> list[list[Task]]:
     orders: list[list[Task]] = []
     for j in range(S):
-        if kind == "1f1b":
-            w = min(S - j - 1, m)
-            seq: list[Task] = [(i, j, "forward") for i in range(w)]
-            f, b = w, 0
-            while f < m or b < m:
-                if f < m:
-                    seq.append((f, j, "forward"))
-                    f += 1
-                if b < m and b < f:
-                    seq.append((b, j, "backward"))
-                    b += 1
-            orders.append(seq)
-        else:
-            orders.append([(i, j, "forward") for i in range(m)] +
-                          [(i, j, "backward") for i in range(m)])
+        fwd = [Task(b, j, "forward") for b in range(m)]
+        bwd = [Task(b, j, "backward") for b in range(m)]
+        if kind == "gpipe":
+            orders.append(fwd + bwd)
+            continue
+        w = min(S - j - 1, m)
+        order = fwd[:w]
+        f, b = w, 0
+        while f < m:  # steady state: one forward, one backward
+            order.append(fwd[f])
+            order.append(bwd[b])
+            f += 1
+            b += 1
+        order.extend(bwd[b:])
+        orders.append(order)
     return orders
+
+
+def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
+              comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
+              step: Sequence[float] | None = None) -> list[Event]:
+    S = len(orders)
+    comm_b = comm if comm_bwd is None else comm_bwd
+    done: dict[tuple[int, int, str], float] = {}
+    pos = [0] * S
+    free = [0.0] * S
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for j in range(S):
+            while pos[j] < len(orders[j]):
+                t = orders[j][pos[j]]
+                s, b = t.stage, t.microbatch
+                if t.kind == "forward":
+                    dep = 0.0 if s == 0 else done.get((b, s - 1, "forward"))
+                    if dep is not None and s > 0:
+                        dep += comm[s - 1]
+                    dur = fwd[s]
+                elif s == S - 1:
+                    dep = done.get((b, s, "forward"))
+                    dur = bwd[s]
+                else:
+                    dep = done.get((b, s + 1, "backward"))
+                    if dep is not None:
+                        dep += comm_b[s]
+                    dur = bwd[s]
+                if dep is None:
+                    break
+                start = max(free[j], dep)
+                end = start + dur
+                done[(b, s, t.kind)] = end
+                free[j] = end
+                events.append(Event(start, end, j, b, s, t.kind))
+                pos[j] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError("the order's dependencies cannot be met: each mesh runs its tasks "
+                                "in turn, and a task should not wait on one that never runs or "
+                                "runs after it. Fix: pass an order in which every task follows its "
+                                "dependencies.")
+    if step is not None:
+        for j in range(S):
+            last = orders[j][-1]
+            events.append(Event(free[j], free[j] + step[j], j, last.microbatch, j, "update"))
+    events.sort(key=attrgetter("start", "mesh"))
+    return events
+
+
+def _table_from_orders(orders: list[list[Task]]) -> list[list[Task | None]]:
+    S = len(orders)
+    events = _simulate(orders, [1.0] * S, [1.0] * S, [0.0] * max(S - 1, 0))
+    n_rows = int(max(e.end for e in events))
+    table: list[list[Task | None]] = [[None] * S for _ in range(n_rows)]
+    for e in events:
+        table[int(e.start)][e.mesh] = Task(e.microbatch, e.stage, e.kind)
+    return table
+
+
+def gpipe_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+    """GPipe: every forward first, then every backward.
+
+    Mesh ``j`` runs forward ``b`` at clock ``j + b`` and backward ``b`` at clock
+    ``(m + S - 1) + (S - 1 - j) + b``; ``2 (m + S - 1)`` clocks in all.
+
+    Args:
+        num_stages: ``S >= 1``.
+        microbatches: ``m >= 1``.
+
+    Returns:
+        Rows = clock ticks, columns = meshes; ``None`` marks a bubble.
+    """
+    S, m = _check_sm(num_stages, microbatches)
+    return _table_from_orders(_mesh_orders("gpipe", S, m))
+
+
+def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+    """1F1B (PipeDream-flush): warm-up forwards, alternate one forward and one backward, drain.
+
+    Mesh ``j`` starts with ``min(S - j - 1, m)`` warm-up forwards, so at most ``S - j`` micro-batches
+    (and never more than ``m``) are alive on it. Takes ``2 (m + S - 1)`` clocks like GPipe; the
+    arguments and the table are those of :func:`gpipe_table`.
+    """
+    S, m = _check_sm(num_stages, microbatches)
+    return _table_from_orders(_mesh_orders("1f1b", S, m))
 
 
 def schedule_table(kind: str, num_stages: int, microbatches: int) -> list[list[Task | None]]:
     """A GPipe or 1F1B clock table in the layout of ``Schedule.table``: rows are clock ticks,
     columns are meshes (stage ``j`` runs on mesh ``j``); entries are ``(micro-batch, stage,
-    kind)`` tasks or None (a bubble).
+    kind)`` tasks or None (a bubble). See :func:`gpipe_table` and :func:`one_f_one_b_table`.
 
     Args:
         kind: ``"gpipe"`` or ``"1f1b"``.
@@ -95,38 +268,15 @@ def schedule_table(kind: str, num_stages: int, microbatches: int) -> list[list[T
         ``2 (m + S - 1)`` rows holding ``2 S m`` tasks.
 
     Raises:
-        ExecutionError: an unknown kind, or a count below one.
+        ScheduleError: an unknown kind, or a count below one.
 
     Examples:
-        >>> schedule_table("gpipe", 2, 2)[:3]
+        >>> [[tuple(t) if t else None for t in row] for row in schedule_table("gpipe", 2, 2)[:3]]
         [[(0, 0, 'forward'), None], [(1, 0, 'forward'), (0, 1, 'forward')], [None, (1, 1, 'forward')]]
     """
-    if kind not in KINDS:
-        raise ExecutionError(f"schedule kind should be 'gpipe' or '1f1b'. Got {kind!r}. Fix: use "
-                             "one of them in the plan's Schedule.")
-    for name, v in (("num_stages", num_stages), ("microbatches", microbatches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ExecutionError(f"{name} should be an integer >= 1. Got {v!r}. Fix: pass a "
-                                 "positive count.")
-    S, m = num_stages, microbatches
-    orders = _mesh_orders(kind, S, m)
-    done: dict[Task, int] = {}
-    pos = [0] * S
-    rows: list[list[Task | None]] = []
-    tick = 0
-    while any(pos[j] < len(orders[j]) for j in range(S)):
-        ready = [orders[j][pos[j]] for j in range(S) if pos[j] < len(orders[j])
-                 and all(d in done and done[d] < tick for d in task_deps(orders[j][pos[j]], S))]
-        if not ready:  # pragma: no cover - the per-mesh orders above are always feasible
-            raise ExecutionError(f"schedule_table: the {kind} order deadlocked")
-        cols: list[Task | None] = [None] * S
-        for t in ready:
-            done[t] = tick
-            pos[t[1]] += 1
-            cols[t[1]] = t
-        rows.append(cols)
-        tick += 1
-    return rows
+    kind = _check_kind(kind)
+    return gpipe_table(num_stages, microbatches) if kind == "gpipe" else one_f_one_b_table(
+        num_stages, microbatches)
 
 
 def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[Task]:
@@ -137,6 +287,48 @@ def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[Task]:
         ['F0s0', 'F1s0', 'F0s1', 'B0s1', 'B0s0', 'F1s1', 'B1s1', 'B1s0']
     """
     return [t for row in schedule_table(kind, num_stages, microbatches) for t in row if t is not None]
+
+
+def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, microbatches: int) -> None:
+    """Check a schedule table.
+
+    Every ``(micro-batch, stage, kind)`` appears exactly once, in the column of its stage; a
+    forward of stage ``s > 0`` runs after the forward of stage ``s - 1`` of the same micro-batch;
+    the backward of the last stage after its own forward; the backward of stage ``s < S - 1``
+    after the backward of stage ``s + 1``.
+
+    Raises:
+        ScheduleError: naming the first violation.
+    """
+    S, m = _check_sm(num_stages, microbatches)
+    when: dict[tuple[int, int, str], int] = {}
+    for t, row in enumerate(table):
+        if len(row) != S:
+            raise ScheduleError(f"table row {t} should have {S} columns (one per mesh). Got {len(row)}.")
+        for j, task in enumerate(row):
+            if task is None:
+                continue
+            key = (task.microbatch, task.stage, task.kind)
+            if task.kind not in ("forward", "backward") or not 0 <= task.microbatch < m:
+                raise ScheduleError(f"table[{t}][{j}] is not a valid task. Got {task!r}.")
+            if task.stage != j:
+                raise ScheduleError(f"table[{t}][{j}] should hold a task of stage {j}. Got {task!r}.")
+            if key in when:
+                raise ScheduleError(f"task {task!r} appears twice: clocks {when[key]} and {t}.")
+            when[key] = t
+    for b in range(m):
+        for s in range(S):
+            for kind in ("forward", "backward"):
+                if (b, s, kind) not in when:
+                    raise ScheduleError(f"task {Task(b, s, kind)!r} is missing from the table.")
+            tf, tb = when[(b, s, "forward")], when[(b, s, "backward")]
+            if s > 0 and tf <= when[(b, s - 1, "forward")]:
+                raise ScheduleError(f"forward of micro-batch {b} stage {s} at clock {tf} does not follow "
+                                  f"stage {s - 1}'s forward (clock {when[(b, s - 1, 'forward')]}).")
+            dep = when[(b, s, "forward")] if s == S - 1 else when[(b, s + 1, "backward")]
+            if tb <= dep:
+                raise ScheduleError(f"backward of micro-batch {b} stage {s} at clock {tb} runs before its "
+                                  f"dependency (clock {dep}).")
 
 
 def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatches: int) -> list[Task]:
@@ -153,7 +345,7 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
         The order.
 
     Raises:
-        ExecutionError: an entry of another shape or kind, a missing or repeated task, or a task
+        ScheduleError: an entry of another shape or kind, a missing or repeated task, or a task
             placed before one it depends on (the message names it).
     """
     S, m = num_stages, microbatches
@@ -167,12 +359,12 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
             except (TypeError, ValueError, IndexError):
                 kind = None
             if kind is None:
-                raise ExecutionError(f"schedule table entry {e!r} should be [micro-batch, stage, "
+                raise ScheduleError(f"schedule table entry {e!r} should be [micro-batch, stage, "
                                      "'forward' or 'backward']. Fix: re-create the plan's schedule.")
-            order.append((mb, st, kind))
+            order.append(Task(mb, st, kind))
     want = {(i, j, k) for i in range(m) for j in range(S) for k in ("forward", "backward")}
     if len(order) != len(want) or set(order) != want:
-        raise ExecutionError(
+        raise ScheduleError(
             f"the plan's schedule table should hold each of the {len(want)} (micro-batch, stage, "
             f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got {len(order)} "
             "entries. Fix: re-create the plan's schedule.")
@@ -181,12 +373,109 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
         missing = [d for d in task_deps(t, S) if d not in seen]
         if missing:
             i, j, kind = t
-            raise ExecutionError(
+            raise ScheduleError(
                 f"the schedule order runs the {kind} of micro-batch {i} on stage {j} before the "
                 f"{missing[0][2]} of stage {missing[0][1]} that produces its operand. Fix: use a "
                 "schedule table whose order respects the dependencies.")
         seen.add(t)
     return order
+
+
+def _check_times(name: str, vals: Sequence[float] | None, n: int) -> list[float]:
+    if vals is None:
+        return [0.0] * n
+    try:
+        out = [float(v) for v in vals]
+    except (TypeError, ValueError) as err:
+        raise ScheduleError(f"{name} should be a sequence of {n} numbers. Got {vals!r}.") from err
+    if len(out) != n or any(not math.isfinite(v) or v < 0 for v in out):
+        raise ScheduleError(
+            f"{name} should hold {n} finite times >= 0. Got {vals!r}. Fix: give one value per "
+            + ("stage boundary (S - 1 values)." if name.endswith("comm_times") else "stage.")
+        )
+    return out
+
+
+def schedule_events(
+    kind: str,
+    num_stages: int,
+    microbatches: int,
+    forward_times: Sequence[float],
+    backward_times: Sequence[float],
+    comm_times: Sequence[float] | None = None,
+    *,
+    backward_comm_times: Sequence[float] | None = None,
+    step_times: Sequence[float] | None = None,
+) -> list[Event]:
+    """Simulate a schedule with real durations.
+
+    Each mesh runs its tasks in the order of ``kind``'s table. A task starts when its mesh is
+    free and its dependency has ended: the forward of stage ``s - 1`` (same micro-batch) plus
+    ``comm_times[s - 1]``; for a backward, the backward of stage ``s + 1`` plus
+    ``backward_comm_times[s]``, or for the last stage its own forward. Transfers do not occupy a
+    mesh (they overlap with its other tasks). With ``step_times``, each mesh then runs its
+    per-step work (an ``"update"`` event) right after its last backward.
+
+    Args:
+        kind: ``"gpipe"`` or ``"1f1b"``.
+        num_stages: ``S``.
+        microbatches: ``m``.
+        forward_times: per stage, one micro-batch's forward time.
+        backward_times: per stage, one micro-batch's backward time.
+        comm_times: per stage boundary (``S - 1`` values), the transfer time of the activations
+            from stage ``s`` to ``s + 1``; default 0.
+        backward_comm_times: per boundary, the transfer time of the gradients from stage
+            ``s + 1`` back to ``s``; default ``comm_times``.
+        step_times: per stage, the work run once per step after its last backward (gradient
+            synchronisation, optimizer update); default none.
+
+    Returns:
+        The events sorted by start time, then mesh.
+    """
+    kind = _check_kind(kind)
+    S, m = _check_sm(num_stages, microbatches)
+    fwd = _check_times("forward_times", forward_times, S)
+    bwd = _check_times("backward_times", backward_times, S)
+    comm = _check_times("comm_times", comm_times, S - 1)
+    comm_b = None if backward_comm_times is None else _check_times(
+        "backward_comm_times", backward_comm_times, S - 1)
+    step = None if step_times is None else _check_times("step_times", step_times, S)
+    return _simulate(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+
+
+def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
+    """Step time, bubble fraction, per-mesh busy time and peak in-flight micro-batches.
+
+    ``bubble_fraction = 1 - sum(busy) / (S * step_time)`` (per-step ``"update"`` events count as
+    busy). A micro-batch is in flight on a mesh
+    from the start of its forward there to the end of its backward there.
+    """
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ScheduleError(f"num_stages should be an integer >= 1. Got {num_stages!r}.")
+    if not events:
+        raise ScheduleError("events should not be empty. Got []. Fix: pass schedule_events(...).")
+    S = num_stages
+    t0 = min(e.start for e in events)
+    step = max(e.end for e in events) - t0
+    busy = [0.0] * S
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(S)]
+    for e in events:
+        if not 0 <= e.mesh < S:
+            raise ScheduleError(f"event mesh should be in 0..{S - 1}. Got {e!r}.")
+        busy[e.mesh] += e.end - e.start
+        if e.kind == "forward":
+            marks[e.mesh].append((e.start, 1))
+        elif e.kind == "backward":
+            marks[e.mesh].append((e.end, -1))
+    peak = []
+    for ms in marks:
+        cur = best = 0
+        for _, delta in sorted(ms):  # at equal times releases (-1) come first
+            cur += delta
+            best = max(best, cur)
+        peak.append(best)
+    bubble = 0.0 if step <= 0 else 1.0 - sum(busy) / (S * step)
+    return ScheduleStats(step_time=step, bubble_fraction=bubble, busy=busy, peak_inflight=peak)
 
 
 def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
@@ -203,30 +492,13 @@ def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
         The makespan ``max end(t)`` with ``end(t) = max(end(prev on mesh), end(deps)) + time(t)``.
 
     Raises:
-        ExecutionError: the order's dependencies cannot be met.
+        ScheduleError: the order's dependencies cannot be met.
 
     Examples:
         >>> ideal_makespan(schedule_order("gpipe", 2, 2), [1.0, 1.0], [2.0, 2.0])
         9.0
     """
     S = len(forward)
-    end: dict[Task, float] = {}
-    free = [0.0] * S
-    pending = list(order)
-    while pending:
-        progressed = False
-        rest: list[Task] = []
-        for t in pending:
-            deps = task_deps(t, S)
-            if all(d in end for d in deps) and all(r[1] != t[1] for r in rest):
-                start = max([free[t[1]]] + [end[d] for d in deps])
-                end[t] = start + (forward[t[1]] if t[2] == "forward" else backward[t[1]])
-                free[t[1]] = end[t]
-                progressed = True
-            else:
-                rest.append(t)
-        if not progressed:
-            raise ExecutionError("ideal_makespan: the order's dependencies cannot be met. Fix: "
-                                 "pass an order in which every task follows its dependencies.")
-        pending = rest
-    return max(end.values(), default=0.0)
+    orders = [[Task(*t) for t in order if t[1] == j] for j in range(S)]
+    events = _simulate(orders, forward, backward, [0.0] * max(S - 1, 0))
+    return max((e.end for e in events), default=0.0)

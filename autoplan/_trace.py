@@ -34,7 +34,7 @@ from jax.extend import core as jcore
 
 from ._errors import TraceError
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
-from ._workload import arg_trees, infer_arg_kinds, non_array_leaf
+from ._workload import ARG_KINDS, arg_trees, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
 
@@ -409,6 +409,10 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
     if len(kinds) != n:
         raise TraceError(f"trace: arg_kinds should give one kind per positional argument ({n}). "
                          f"Got {len(kinds)}: {kinds}. Fix: pass a tuple of length {n}.")
+    bad_kinds = [k for k in kinds if k not in ARG_KINDS]
+    if bad_kinds:
+        raise TraceError(f"trace: arg_kinds should each be one of {ARG_KINDS}. Got {bad_kinds[0]!r}. "
+                         "Fix: e.g. arg_kinds=('parameter', 'optimizer_state', 'batch').")
 
     def wrapped(a, kw):
         return fn(*a, **kw)

@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._errors import AutoplanError, InfeasiblePlanError, SearchError
+from ._plan import LEVELS
 
 __all__ = ["main"]
 
@@ -449,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "profile -o' (cluster.json), or 'local' (the attached devices, "
                              "profiled once and cached); default cpu:8")
         sp.add_argument("--level", default="auto",
-                        choices=["auto", "exhaustive", "hierarchical", "folded"],
+                        choices=list(LEVELS),
                         help="search level (default auto: exhaustive where it is the fast path, "
                              "else folded)")
         sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])

@@ -8,7 +8,7 @@ Prints the DP time (best of ``--repeat`` runs), the number of ``t_max`` values t
 for, and the number of distinct candidate ``t_max`` values. No brute force is run.
 
 Alpa's own DP: 32 layers, 8 x 8, 11 submeshes x 8 configs takes 138 s (0.42 s in its fast
-variant) on a comparable 2-core machine (REFERENCE.md, section 1).
+variant) on a comparable 2-core machine (Alpa's stage-construction code, run there).
 
 Run: ``.venv/bin/python benchmarks/stage_dp.py``
 """

@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 from autoplan._cluster import Cluster
@@ -39,6 +40,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
+from autoplan._schedule import schedule_events
 from autoplan.viz import (
     compare_figure,
     graph_figure,
@@ -59,33 +61,7 @@ X, Y = ("x",), ("y",)
 
 def one_f_one_b(fwd: list[float], bwd: list[float], m: int) -> list[tuple]:
     """Earliest-start 1F1B events ``(start, end, mesh, microbatch, stage, kind)``."""
-    S = len(fwd)
-    orders = []
-    for j in range(S):
-        w = min(S - j - 1, m)
-        order = [(b, "forward") for b in range(w)]
-        f, b = w, 0
-        while f < m:
-            order += [(f, "forward"), (b, "backward")]
-            f, b = f + 1, b + 1
-        orders.append(order + [(k, "backward") for k in range(b, m)])
-    done: dict = {}
-    pos, free, events = [0] * S, [0.0] * S, []
-    while any(pos[j] < len(orders[j]) for j in range(S)):
-        for j in range(S):
-            while pos[j] < len(orders[j]):
-                mb, kind = orders[j][pos[j]]
-                if kind == "forward":
-                    dep = 0.0 if j == 0 else done.get((mb, j - 1, kind))
-                else:
-                    dep = done.get((mb, j, "forward")) if j == S - 1 else done.get((mb, j + 1, kind))
-                if dep is None:
-                    break
-                start = max(free[j], dep)
-                done[(mb, j, kind)] = free[j] = start + (fwd[j] if kind == "forward" else bwd[j])
-                events.append((start, free[j], j, mb, j, kind))
-                pos[j] += 1
-    return sorted(events)
+    return sorted(astuple(e) for e in schedule_events("1f1b", len(fwd), m, fwd, bwd))
 
 
 def _t(name: str, role: str, shape: tuple[int, ...], spec: tuple) -> TensorSharding:

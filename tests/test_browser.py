@@ -51,7 +51,6 @@ DISPLAY_BOUND = 10.0
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
                        reason=f"Debian's Chromium is not installed ({CHROMIUM} is missing); "
                               "install it with 'apt-get install -y chromium' (.ci/run does)"),

@@ -78,7 +78,6 @@ def test_console_script_entry_point():
     assert "gpt" in out
 
 
-@pytest.mark.slow
 def test_launch_from_the_command_line(tmp_path, capsys):
     path = tmp_path / "plan.json"
     assert main(["plan", "mlp", "--size", "tiny", "--cluster", "cpu:8", "--pipeline", "no",

@@ -39,7 +39,7 @@ def kernel():
 
 def execute(path: Path, kernel_name: str):
     nb = nbformat.read(path, as_version=4)
-    # the kernel inherits JAX_PLATFORMS=cpu from tests/conftest.py
+    # the kernel inherits JAX_PLATFORMS=cpu from the root conftest.py
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=kernel_name,
                                      allow_errors=False, store_widget_state=False,
                                      resources={"metadata": {"path": str(path.parent)}})
@@ -73,7 +73,6 @@ def test_notebook_metadata(name):
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(name, kernel):
     t0 = time.perf_counter()

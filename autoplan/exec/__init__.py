@@ -24,8 +24,6 @@ from autoplan.exec._launch import LaunchResult as LaunchResult
 from autoplan.exec._launch import describe_workload as describe_workload
 from autoplan.exec._launch import launch as launch
 from autoplan.exec._layout import cluster_command as cluster_command
-from autoplan.exec._pipeline import schedule_order as schedule_order
-from autoplan.exec._pipeline import schedule_table as schedule_table
 from autoplan.exec._run import EquivalenceResult as EquivalenceResult
 from autoplan.exec._run import RunReport as RunReport
 from autoplan.exec._run import check_equivalence as check_equivalence
@@ -49,6 +47,21 @@ __all__ = [
     "MemoryStats",
     "flatten",
     "FlatProgram",
-    "schedule_table",
-    "schedule_order",
 ]
+
+_MOVED = {"schedule_table", "schedule_order"}
+
+
+def __getattr__(name: str):
+    """``autoplan.exec.schedule_table`` and ``schedule_order`` still work for one release, with a
+    :class:`DeprecationWarning`: the schedules live in one module, public as
+    ``autoplan.search.schedule_table`` and ``autoplan.search.schedule_order``."""
+    if name in _MOVED:
+        import warnings  # noqa: PLC0415
+
+        from autoplan import _schedule  # noqa: PLC0415
+
+        warnings.warn(f"autoplan.exec.{name} is deprecated; use autoplan.search.{name} (the same "
+                      "function).", DeprecationWarning, stacklevel=2)
+        return getattr(_schedule, name)
+    raise AttributeError(f"module 'autoplan.exec' has no attribute {name!r}")

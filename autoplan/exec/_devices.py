@@ -72,6 +72,12 @@ class DeviceInfo:
         return f"{self.count} {self.platform} device{'s' if self.count != 1 else ''} ({self.kind}, {self.runtime})"
 
 
+def _check_platform(platform: str | None) -> None:
+    if platform is not None and platform not in PLATFORMS:
+        raise LaunchError(f"launch: platform should be one of {sorted(PLATFORMS)} or None (detect). "
+                          f"Got {platform!r}. Fix: e.g. platform='gpu'.")
+
+
 def _probe_env(env: Mapping[str, str], platform: str | None) -> dict[str, str]:
     out = dict(env)
     if platform:
@@ -105,9 +111,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
             workload that cannot be loaded); :class:`~autoplan.LaunchError` when the probe fails
             otherwise, runs out of time, or the platform asked for has no devices.
     """
-    if platform is not None and platform not in PLATFORMS:
-        raise LaunchError(f"launch: platform should be one of {sorted(PLATFORMS)} or None (detect). "
-                          f"Got {platform!r}. Fix: e.g. platform='gpu'.")
+    _check_platform(platform)
     cmd = [python or sys.executable, "-m", "autoplan.exec._devices", "--launcher-pipe"]
     if platform:
         cmd += ["--platform", platform]
@@ -180,6 +184,7 @@ def detect_devices(platform: str | None = None, *, env: Mapping[str, str] | None
     Raises:
         LaunchError: the probe failed or the platform has no devices.
     """
+    _check_platform(platform)
     penv = _probe_env(os.environ if env is None else env, platform)
     hit = _DETECTED.get(_cache_key(penv, python))
     if hit is not None:

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoplan._errors import ArgumentTypeError
 from autoplan._hlotext import ARRAY_RE, dtype_size, parse_instruction, shape_bytes
 
 __all__ = ["Collective", "KINDS", "MemoryStats", "collectives", "comm_bytes", "dtype_size",
@@ -194,7 +195,13 @@ def collectives(hlo_text: str) -> list[Collective]:
 
     Returns:
         One :class:`Collective` per operand of every collective instruction, in text order.
+
+    Raises:
+        ArgumentTypeError: ``hlo_text`` is not a string.
     """
+    if not isinstance(hlo_text, str):
+        raise ArgumentTypeError(f"collectives: hlo_text should be an HLO module's text. Got "
+                                f"{type(hlo_text).__name__}. Fix: pass compiled.as_text().")
     comps, _roots = _parse(hlo_text)
     users: dict[str, list[_Instr]] = {}
     shapes: dict[str, str] = {}
@@ -249,6 +256,9 @@ def comm_bytes(colls: Iterable[Collective], map_cpu: bool = True, times: float =
     Returns:
         ``{kind: bytes}`` for every kind in :data:`KINDS` (zero when absent).
     """
+    if not isinstance(colls, Iterable) or isinstance(colls, str | bytes):
+        raise ArgumentTypeError(f"comm_bytes: colls should be the collectives from collectives(). "
+                                f"Got {type(colls).__name__}. Fix: comm_bytes(collectives(text)).")
     out = dict.fromkeys(KINDS, 0.0)
     for c in colls:
         kind = c.equivalent if map_cpu else c.kind

@@ -331,7 +331,8 @@ def flatten(fn: Callable[..., Any], *args: Any, max_scan_unroll: int = 512) -> F
         closed, out_shape = jax.make_jaxpr(wrapped, return_shape=True)(abstract, {})
     except Exception as err:  # JAX raises many types; all mean "not traceable"
         raise ExecutionError(f"flatten: JAX could not trace {getattr(fn, '__name__', fn)!r}: "
-                             f"{type(err).__name__}: {err}") from err
+                             f"{type(err).__name__}: {err}. Fix: pass the training step (a "
+                             "function JAX can trace) and its arguments.") from err
     w = _Walker(max_scan_unroll)
     input_ids = [w.new_tensor() for _ in closed.jaxpr.invars]
     top, top_consts = _closed_to_open(closed)

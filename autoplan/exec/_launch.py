@@ -31,7 +31,9 @@
    ``timeout``. A coordinator
    port found taken is retried on another port (``port_retries`` times).
 
-Example:
+Example (not run as a doctest: it starts one worker process per GPU of a machine that has
+them, and reads a plan file and a user's module):
+
     >>> handle = launch("plan.json", "mypkg.train:workload")          # doctest: +SKIP
     >>> handle.layout.describe()                                        # doctest: +SKIP
     '8 processes x 1 GPU (NVIDIA H100 80GB HBM3, cuda)'

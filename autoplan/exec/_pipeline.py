@@ -89,15 +89,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
 from autoplan._plan import spec_to_pspec
-from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order, schedule_table
+from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 from autoplan.exec._transfer import move, replicated_on, transfer
 
-__all__ = ["PipelineOutcome", "StepRecord", "schedule_table", "schedule_order", "run_pipeline",
-           "run_program", "ideal_makespan", "place", "divisible", "transfer", "executions_per_run",
+__all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "divisible", "transfer", "executions_per_run",
            "error_summary", "first_scalar"]
 
 #: move values between submeshes with the cross-process collective (:mod:`._transfer`) even

@@ -46,7 +46,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from autoplan._errors import EquivalenceError, ExecutionError, PlanMismatchError
+from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
@@ -591,6 +591,10 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
     Returns:
         The comparison (``worst`` names the first failing tensor when one fails).
     """
+    if not isinstance(r, _Resolved):
+        raise ArgumentTypeError(f"check_equivalence: r should be the resolved workload of a run "
+                                f"(autoplan.exec.run resolves it). Got {type(r).__name__}. Fix: call "
+                                "autoplan.exec.run(plan, workload, check=True), which calls this.")
     prog = _program(r)
     cross = list(crossing)
     cross_set = set(cross)
@@ -738,9 +742,11 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             (it is then not run under the plan); see the message.
 
     Examples:
-        >>> import autoplan.exec as ex                         # doctest: +SKIP
-        >>> report = ex.run(plan, autoplan.models.get("gpt"))  # doctest: +SKIP
-        >>> report.equivalence.matched                         # doctest: +SKIP
+        >>> import autoplan, autoplan.exec as ex
+        >>> wl = autoplan.models.get("mlp", batch=512)
+        >>> plan = autoplan.plan(wl, "cpu:8", pipeline=False)
+        >>> report = ex.run(plan, wl)
+        >>> report.equivalence.matched
         True
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:

@@ -10,6 +10,12 @@ cluster, ...)`` calls :func:`search`, and ``autoplan.search.mine``, ``autoplan.s
 import sys as _sys
 import types as _types
 
+from autoplan._schedule import gpipe_table as gpipe_table
+from autoplan._schedule import one_f_one_b_table as one_f_one_b_table
+from autoplan._schedule import schedule_events as schedule_events
+from autoplan._schedule import schedule_order as schedule_order
+from autoplan._schedule import schedule_stats as schedule_stats
+from autoplan._schedule import schedule_table as schedule_table
 from autoplan.search._api import LEVELS as LEVELS
 from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
 from autoplan.search._api import PlanDoesNotFitWarning as PlanDoesNotFitWarning
@@ -40,11 +46,6 @@ from autoplan.search.intra._spec import enumerate_specs as enumerate_specs
 from autoplan.search.intra._strategies import Strategy as Strategy
 from autoplan.search.intra._strategies import strategies as strategies
 from autoplan.search.pipeline._pipeline import pipeline_search as pipeline_search
-from autoplan.search.pipeline._schedule import gpipe_table as gpipe_table
-from autoplan.search.pipeline._schedule import one_f_one_b_table as one_f_one_b_table
-from autoplan.search.pipeline._schedule import schedule_events as schedule_events
-from autoplan.search.pipeline._schedule import schedule_stats as schedule_stats
-from autoplan.search.pipeline._schedule import schedule_table as schedule_table
 from autoplan.search.pipeline._stage_dp import place_submeshes as place_submeshes
 from autoplan.search.pipeline._stage_dp import stage_dp as stage_dp
 from autoplan.search.pipeline._stage_dp import submesh_shapes as submesh_shapes
@@ -55,7 +56,7 @@ __all__ = [
     "Cone", "Segment", "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
     "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
     "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",
-    "one_f_one_b_table", "schedule_events", "schedule_stats", "schedule_table",
+    "one_f_one_b_table", "schedule_events", "schedule_order", "schedule_stats", "schedule_table",
     "SolverTimeoutWarning", "enumerate_specs", "place_submeshes", "stage_dp", "submesh_shapes",
     "stage_ilp", "Strategy", "strategies",
 ]

@@ -37,7 +37,7 @@ from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._plan import Plan
+from autoplan._plan import LEVELS, Plan
 from autoplan.search._parallel import (
     Task,
     check_not_bootstrapping,
@@ -52,8 +52,6 @@ from autoplan.search.intra._intra import make_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
-
-LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 
 
 class PlanDoesNotFitWarning(UserWarning):

@@ -3,7 +3,7 @@
 * ``baseline: data parallel`` — logical mesh (n, 1): every batch leaf split on its leading
   dimension over all devices, every parameter and optimizer-state leaf replicated; the ILP only
   fills in the rest (so gradients are all-reduced).
-* ``baseline: Megatron TP`` — Megatron-LM's expert plan (REFERENCE.md section 4): QKV / FC1 / expert
+* ``baseline: Megatron TP`` — Megatron-LM's expert plan (Shoeybi et al., "Megatron-LM", 2019, section 3): QKV / FC1 / expert
   ``wi`` kernels split on their output dimension, attention-output / FC2 / expert ``wo`` kernels on
   their input dimension, the embedding vocabulary-parallel, the LM head on its vocabulary
   dimension; tensor parallelism inside a node (mesh axis ``y``), data parallelism across nodes

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .._cluster import COLLECTIVES
+from .._errors import ArgumentError, ArgumentTypeError
 from .._plan import Plan, Stage
 from ._style import TEMPLATE, escape, fmt_bytes, fmt_in_unit, time_unit
 
@@ -44,7 +45,7 @@ def as_plans(plans: Any) -> list[Plan]:
     """A list of plans from a Plan, a sequence of Plans, or an object with ``.plans``.
 
     Raises:
-        TypeError: anything else, or an empty collection.
+        ArgumentTypeError: anything else, or an empty collection.
     """
     if isinstance(plans, Plan):
         return [plans]
@@ -53,13 +54,15 @@ def as_plans(plans: Any) -> list[Plan]:
     if isinstance(plans, Plan):
         return [plans]
     if not isinstance(plans, Iterable) or isinstance(plans, str | bytes):
-        raise TypeError(f"plans should be a Plan, a list of Plans or an object with a .plans "
-                        f"attribute. Got {type(plans).__name__}.")
+        raise ArgumentTypeError(f"plans should be a Plan, a list of Plans or an object with a .plans "
+                                f"attribute. Got {type(plans).__name__}. Fix: pass result.plans "
+                                "or [plan_a, plan_b].")
     out = list(plans)
     bad = [type(p).__name__ for p in out if not isinstance(p, Plan)]
     if bad or not out:
-        raise TypeError(f"plans should hold at least one autoplan Plan. Got "
-                        f"{'an empty collection' if not out else 'items of type ' + ', '.join(sorted(set(bad)))}.")
+        raise ArgumentTypeError(f"plans should hold at least one autoplan Plan. Got "
+                                f"{'an empty collection' if not out else 'items of type ' + ', '.join(sorted(set(bad)))}. "
+                                "Fix: pass plans from autoplan.search or Plan.from_json.")
     return out
 
 
@@ -70,6 +73,10 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
         >>> pareto_front([(1, 5), (2, 2), (3, 3), (4, 1)])
         [0, 1, 3]
     """
+    if (not isinstance(points, Sequence)
+            or not all(isinstance(p, Sequence) and len(p) == 2 for p in points)):
+        raise ArgumentError(f"pareto_front: points should be a list of (x, y) pairs. Got "
+                            f"{points!r:.60}. Fix: pass e.g. [(1.0, 2.0), (2.0, 1.0)].")
     keep = []
     for i, (t, m) in enumerate(points):
         dominated = any(t2 <= t and m2 <= m and (t2, m2) != (t, m)
@@ -235,7 +242,7 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
         A ``plotly.graph_objects.Figure``.
 
     Raises:
-        TypeError: ``plans`` holds no Plans.
+        ArgumentTypeError: ``plans`` holds no Plans.
     """
     plans = as_plans(plans)
     hi = _match(highlight, plans)

@@ -62,8 +62,16 @@ from typing import Any
 import ipywidgets as widgets
 
 from .._cluster import PRESETS, Cluster
-from .._errors import AutoplanError, ModelError, SearchError
-from .._plan import Plan, spec_str, spec_to_pspec
+from .._errors import (
+    ArgumentError,
+    ArgumentIndexError,
+    AutoplanError,
+    ModelError,
+    SearchError,
+    StateError,
+    WaitTimeoutError,
+)
+from .._plan import LEVELS, Plan, spec_str, spec_to_pspec
 from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
@@ -76,7 +84,6 @@ __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
 #: the cluster control's entry for this machine's measured profile (``Cluster.parse("local")``)
 LOCAL_LABEL = "this machine (measured)"
 
-LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 SCHEDULES = ("1f1b", "gpipe")
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 FIGURES = ("sharding", "stage", "memory", "graph", "timeline", "compare", "launch")
@@ -290,7 +297,8 @@ class Explorer:
             raise ModelError(f"Explorer: size should be one of {models[model]} for {model!r}. "
                              f"Got {size!r}.")
         if level not in LEVELS:
-            raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}.")
+            raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}. "
+                              "Fix: level='auto' (default).")
         if schedule not in SCHEDULES:
             raise SearchError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
         if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
@@ -509,7 +517,7 @@ class Explorer:
         """Wait until no search, view update, what-if or launch is running.
 
         Raises:
-            TimeoutError: still busy after ``timeout`` seconds.
+            WaitTimeoutError: still busy after ``timeout`` seconds (also a TimeoutError).
         """
         end = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -519,9 +527,10 @@ class Explorer:
                 return self
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
-                raise TimeoutError(f"Explorer.wait_idle: still running after {timeout} s: "
-                                   f"{', '.join(t.name for t in busy)}. Status: {self._status.value!r}; "
-                                   f"launch: {self._launch_status.value!r}.")
+                raise WaitTimeoutError(f"Explorer.wait_idle: still running after {timeout} s: "
+                                       f"{', '.join(t.name for t in busy)}. Status: {self._status.value!r}; "
+                                       f"launch: {self._launch_status.value!r}. Fix: wait longer "
+                                       "(a larger timeout, or None), or check the status line.")
             busy[0].join(None if left is None else min(left, 1.0))
 
     @property
@@ -752,15 +761,16 @@ class Explorer:
         the group) and update every view (in the calling thread).
 
         Raises:
-            RuntimeError: no search result yet. IndexError: no such plan.
+            StateError: no search result yet. ArgumentIndexError: no such plan.
         """
         if self.result is None:
-            raise RuntimeError("Explorer.select: no search result yet. Fix: run ex.search() and "
-                               "ex.wait_idle() first.")
+            raise StateError("Explorer.select: no search result yet. Fix: run ex.search() and "
+                             "ex.wait_idle() first.")
         plans = self.plans
         n = len(plans)
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < n:
-            raise IndexError(f"Explorer.select: index should be in [0, {n}). Got {index!r}.")
+            raise ArgumentIndexError(f"Explorer.select: index should be in [0, {n}). Got {index!r}. "
+                                     "Fix: pass the index of one of ex.plans.")
         with self._lock:
             shown = {v for _, v in self._candidate.options}
             if index not in shown:  # an equivalent plan: its group's entry
@@ -909,12 +919,13 @@ class Explorer:
 
     def _set_focus(self, value: str) -> None:
         if self.plan is None:
-            raise RuntimeError("Explorer: select a candidate before selecting a layer.")
+            raise StateError("Explorer: a candidate should be selected before a layer. Got none. Fix: "
+                             "ex.select(0) first.")
         allowed = {v for _, v in self._focus.options}
         if value not in allowed:
             layers = [v.split(":", 1)[1] for v in allowed if v.startswith("layer:")]
-            raise ValueError(f"Explorer: {value!r} is not a layer or stage of the selected plan; its "
-                             f"layers are {layers}.")
+            raise ArgumentError(f"Explorer: {value!r} is not a layer or stage of the selected plan; its "
+                                f"layers are {layers}. Fix: pass one of them.")
         with self._lock:
             self._quiet += 1
             try:
@@ -1130,7 +1141,8 @@ class Explorer:
         neither is an input)."""
         plan = self.plan
         if plan is None:
-            raise RuntimeError("Explorer: select a candidate first.")
+            raise StateError("Explorer: a candidate should be selected first. Got none. Fix: "
+                             "ex.select(0) first.")
         names = {i.name for i in plan.inputs}
         target = tensor if tensor in names else None
         if target is None and op is not None:
@@ -1228,12 +1240,12 @@ class Explorer:
             False (and starts nothing) when a what-if is already running.
 
         Raises:
-            RuntimeError: no plan selected. SearchError: the selected plan is a pipeline plan,
+            StateError: no plan selected. SearchError: the selected plan is a pipeline plan,
                 or ``name`` is not one of its inputs.
         """
         plan = self.plan
         if plan is None:
-            raise RuntimeError("Explorer.what_if: no plan selected. Fix: run a search first.")
+            raise StateError("Explorer.what_if: no plan selected. Fix: run a search first.")
         if plan.is_pipeline:
             raise SearchError("Explorer.what_if: pins apply to intra-operator plans; the selected "
                               f"plan [{plan.label}] has {len(plan.stages)} pipeline stages. Fix: "
@@ -1372,11 +1384,11 @@ class Explorer:
             False (and starts nothing) when a launch is already running.
 
         Raises:
-            RuntimeError: no plan is selected.
+            StateError: no plan is selected.
         """
         plan = self.plan
         if plan is None:
-            raise RuntimeError("Explorer.launch: no plan selected. Fix: run a search first.")
+            raise StateError("Explorer.launch: no plan selected. Fix: run a search first.")
         if steps is not None:
             self._steps.value = int(steps)
         n = int(self._steps.value)

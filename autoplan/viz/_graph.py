@@ -19,6 +19,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .._errors import ArgumentError
 from ._style import TEMPLATE, class_color, escape, legend_swatch
 
 __all__ = ["graph_figure"]
@@ -27,12 +28,12 @@ __all__ = ["graph_figure"]
 def _resolve(ref: Any, names: dict[str, int], n: int, what: str) -> int:
     if isinstance(ref, str):
         if ref not in names:
-            raise ValueError(f"graph_figure: {what} should name a layer. Got {ref!r}; layers "
-                             f"look like {next(iter(names), '<none>')!r}.")
+            raise ArgumentError(f"graph_figure: {what} should name a layer. Got {ref!r}; layers "
+                                f"look like {next(iter(names), '<none>')!r}. Fix: pass a layer's name or index.")
         return names[ref]
     if isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < n:
-        raise ValueError(f"graph_figure: {what} should be a layer index in [0, {n}) or a layer "
-                         f"name. Got {ref!r}.")
+        raise ArgumentError(f"graph_figure: {what} should be a layer index in [0, {n}) or a layer "
+                            f"name. Got {ref!r}. Fix: pass a layer's name or index.")
     return ref
 
 
@@ -41,8 +42,8 @@ def _boundaries(segments: Sequence[Any], names: dict[str, int], n: int) -> list[
     for seg in segments:
         if isinstance(seg, Sequence) and not isinstance(seg, str):
             if len(seg) != 2:
-                raise ValueError(f"graph_figure: a segment should be a start index or a (start, "
-                                 f"end) pair. Got {seg!r}.")
+                raise ArgumentError(f"graph_figure: a segment should be a start index or a (start, "
+                                    f"end) pair. Got {seg!r}. Fix: e.g. segments=[0, (2, 4)].")
             lo = _resolve(seg[0], names, n, "segment start")
             hi = seg[1] if isinstance(seg[1], int) and seg[1] == n else _resolve(seg[1], names, n, "segment end")
             out.update((lo, hi))
@@ -59,7 +60,7 @@ def _from_analysis(source: Any) -> tuple[dict[str, Any], str, Any]:
                     source.best)
     analysis = getattr(plan, "analysis", None)
     if not isinstance(analysis, Mapping) or not analysis.get("layers"):
-        raise ValueError(
+        raise ArgumentError(
             f"graph_figure: the {type(source).__name__} carries no folding analysis (a plan made "
             "by hand or read from a file an older autoplan wrote). Got analysis="
             f"{str(analysis)[:40]}. Fix: search again with autoplan.search, or pass the layers.")
@@ -95,7 +96,7 @@ def graph_figure(layers: Any,
         "edges"``) and a legend entry per class.
 
     Raises:
-        ValueError: a layer lacks a name, a reference names no layer, or a plan or search
+        ArgumentError: a layer lacks a name, a reference names no layer, or a plan or search
             result carries no folding analysis.
     """
     edges: Sequence[Any] = ()
@@ -117,8 +118,8 @@ def graph_figure(layers: Any,
     n = len(layers)
     for i, lay in enumerate(layers):
         if not isinstance(lay, Mapping) or "name" not in lay:
-            raise ValueError(f"graph_figure: each layer should be a dict with a 'name'. Got layer "
-                             f"{i}: {lay!r}.")
+            raise ArgumentError(f"graph_figure: each layer should be a dict with a 'name'. Got layer "
+                                f"{i}: {lay!r}.")
     names = {str(lay["name"]): i for i, lay in enumerate(layers)}
     cls: list[int | None] = [lay.get("class") for lay in layers]
     if classes is not None:
@@ -127,8 +128,8 @@ def graph_figure(layers: Any,
                 cls[_resolve(k, names, n, "a key of classes")] = v
         else:
             if len(classes) != n:
-                raise ValueError(f"graph_figure: classes should have one entry per layer ({n}). "
-                                 f"Got {len(classes)}.")
+                raise ArgumentError(f"graph_figure: classes should have one entry per layer ({n}). "
+                                    f"Got {len(classes)}. Fix: one class (or None) per layer.")
             cls = list(classes)
     planned = [list(lay.get("planned") or []) for lay in layers]
     flops = [float(lay.get("flops", 0.0) or 0.0) for lay in layers]

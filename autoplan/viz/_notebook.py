@@ -26,6 +26,8 @@ from typing import Any
 import plotly.io as pio
 from plotly.io._base_renderers import MimetypeRenderer
 
+from .._errors import ArgumentError
+
 __all__ = ["set_notebook_renderer", "notebook_renderer_name", "LightHtmlRenderer"]
 
 
@@ -105,7 +107,7 @@ def set_notebook_renderer(renderer: str | None = None) -> str:
         try:
             pio.renderers.default = name
         except ValueError as err:
-            raise ValueError(f"set_notebook_renderer: renderer should be one of plotly's renderers "
-                             f"({', '.join(sorted(pio.renderers))}), optionally joined with '+'. "
-                             f"Got {name!r}.") from err
+            raise ArgumentError(f"set_notebook_renderer: renderer should be one of plotly's renderers "
+                                f"({', '.join(sorted(pio.renderers))}), optionally joined with '+'. "
+                                f"Got {name!r}. Fix: pass one of them, or None.") from err
     return pio.renderers.default

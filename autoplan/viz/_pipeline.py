@@ -18,12 +18,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .._plan import Plan, Stage
+from .._dtype import dtype_bytes
+from .._plan import Plan, Stage, require_plan
 from ._style import (
     IDLE_COLOR,
     TEMPLATE,
     UNUSED_COLOR,
-    dtype_bytes,
     escape,
     fmt_bytes,
     fmt_in_unit,
@@ -92,6 +92,7 @@ def stage_figure(plan: Plan) -> go.Figure:
         A ``plotly.graph_objects.Figure``; ``layout.meta = {"kind": "stage", "owner": [stage of
         each device or None], "per_host", "width", "rows_per_host"}``.
     """
+    plan = require_plan(plan, "stage_figure")
     cl = plan.cluster
     hosts, per = cl.nodes, cl.devices_per_node
     width = min(per, ROW_DEVICES)
@@ -211,6 +212,7 @@ def timeline_events(plan: Plan) -> tuple[list[Event], str]:
     clock tick per row (unit ``"tick"``); otherwise, for a plan with no schedule, the forward then
     backward of each micro-batch of each stage run back to back from the stages' predicted times.
     """
+    plan = require_plan(plan, "timeline_events")
     sch = plan.schedule
     if sch.events:
         return [tuple(e) for e in sch.events], "s"  # type: ignore[misc]
@@ -284,6 +286,7 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     Returns:
         A ``plotly.graph_objects.Figure``.
     """
+    plan = require_plan(plan, "timeline_figure")
     events, unit = timeline_events(plan)
     sch = plan.schedule
     meshes = max([e[2] for e in events] + [len(plan.stages) - 1, 0]) + 1
@@ -413,6 +416,7 @@ def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:
         pipeline, and gradient buffers; never negative), ``total`` (the stage's predicted memory
         per device, or the inputs' bytes when larger) and ``capacity`` (the device's memory).
     """
+    plan = require_plan(plan, "memory_breakdown")
     out = []
     for s in plan.stages:
         size = dict(zip(s.axis_names, s.mesh_shape))
@@ -453,6 +457,7 @@ def memory_figure(plan: Plan) -> go.Figure:
         A ``plotly.graph_objects.Figure``; one bar trace per part (``meta.kind == "memory"``,
         ``meta.part``), values in ``layout.meta["unit"]``.
     """
+    plan = require_plan(plan, "memory_figure")
     rows = memory_breakdown(plan)
     cap = plan.cluster.device_memory
     top = max((r["total"] for r in rows), default=0.0)

@@ -18,13 +18,14 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.offline
 
+from .._dtype import dtype_bytes
 from .._io import atomic_write_text
 from .._plan import Plan, spec_str
 from ._compare import as_plans, compare_figure, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import sharding_figure
-from ._style import dtype_bytes, fmt_bytes, fmt_seconds, pspec_text
+from ._style import fmt_bytes, fmt_seconds, pspec_text
 
 __all__ = ["report_html", "report_figures"]
 

@@ -42,12 +42,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, spec_str
+from .._dtype import dtype_bytes
+from .._errors import ArgumentError
+from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, require_plan, spec_str
 from ._style import (
     PARTIAL_PATTERN,
     REPLICATED_COLOR,
     TEMPLATE,
-    dtype_bytes,
+    check_mesh,
     escape,
     fmt_bytes,
     mesh_color,
@@ -70,21 +72,22 @@ _KEY_DOMAIN = (0.89, 1.0)
 def _check(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence[int],
            axis_names: Sequence[str]) -> None:
     if len(mesh_shape) != len(axis_names):
-        raise ValueError(f"tile_devices: axis_names should name each of the {len(mesh_shape)} mesh "
-                         f"axes of mesh_shape {tuple(mesh_shape)}. Got {tuple(axis_names)}.")
+        raise ArgumentError(f"tile_devices: axis_names should name each of the {len(mesh_shape)} mesh "
+                            f"axes of mesh_shape {tuple(mesh_shape)}. Got {tuple(axis_names)}. "
+                            "Fix: one name per mesh axis.")
     if len(spec) != len(shape):
-        raise ValueError(f"tile_devices: spec should have one entry per dimension of shape "
-                         f"{tuple(shape)} ({len(shape)} entries). Got {tuple(spec)!r}. Fix: pad "
-                         "the spec with None for replicated dimensions.")
+        raise ArgumentError(f"tile_devices: spec should have one entry per dimension of shape "
+                            f"{tuple(shape)} ({len(shape)} entries). Got {tuple(spec)!r}. Fix: pad "
+                            "the spec with None for replicated dimensions.")
     seen: set[str] = set()
     for e in spec:
         for a in e or ():
             if a not in axis_names:
-                raise ValueError(f"tile_devices: spec {tuple(spec)!r} names mesh axis {a!r} but the "
-                                 f"mesh axes are {tuple(axis_names)}. Fix: use the plan's axis names.")
+                raise ArgumentError(f"tile_devices: spec {tuple(spec)!r} names mesh axis {a!r} but the "
+                                    f"mesh axes are {tuple(axis_names)}. Fix: use the plan's axis names.")
             if a in seen:
-                raise ValueError(f"tile_devices: spec {tuple(spec)!r} uses mesh axis {a!r} twice; a "
-                                 "mesh axis can split at most one dimension.")
+                raise ArgumentError(f"tile_devices: spec {tuple(spec)!r} uses mesh axis {a!r} twice; a "
+                                    "mesh axis can split at most one dimension.")
             seen.add(a)
 
 
@@ -102,7 +105,7 @@ def tile_grid(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence[in
         ``(rows, cols)``: dims ``0 .. n-2`` give the rows, the last dim the columns.
 
     Raises:
-        ValueError: the spec does not fit the shape or names unknown mesh axes.
+        ArgumentError: the spec does not fit the shape or names unknown mesh axes.
     """
     _check(shape, spec, mesh_shape, axis_names)
     size = dict(zip(axis_names, mesh_shape))
@@ -127,7 +130,7 @@ def tile_devices(shape: Sequence[int], spec: Sequence[Any], mesh_shape: Sequence
         row-major index of the device in the mesh. Ranks > 2 are folded as :func:`tile_grid` says.
 
     Raises:
-        ValueError: the spec does not fit the shape or names unknown mesh axes.
+        ArgumentError: the spec does not fit the shape or names unknown mesh axes.
 
     Examples:
         >>> tile_devices((8, 8), (None, ("y",)), (2, 2), ("x", "y"))
@@ -184,7 +187,14 @@ def tile_color(devices: Sequence[int], mesh_shape: Sequence[int]) -> str:
         devices: the mesh-local ids (row-major) of the devices holding the tile.
         mesh_shape: the logical mesh.
     """
-    if len(devices) >= math.prod(mesh_shape) > 1:
+    check_mesh(mesh_shape, "tile_color")
+    size = math.prod(mesh_shape)
+    if (not isinstance(devices, Sequence) or not devices
+            or any(isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < size for d in devices)):
+        raise ArgumentError(f"tile_color: devices should be a non-empty list of mesh-local device "
+                            f"ids in [0, {size}). Got {devices!r:.60}. Fix: pass the ids from "
+                            "tile_devices.")
+    if len(devices) >= size > 1:
         return REPLICATED_COLOR
     return mesh_color(_shared_coords(devices, mesh_shape), mesh_shape)
 
@@ -206,6 +216,7 @@ def op_layers(plan: Plan) -> dict[int, str]:
     """The layer each planned operator is shown in: its recorded layer, or for an operator the
     trace placed in no named scope, the parameter it reads (``params[0]`` for ``params[0]['w']``),
     else the layer of the operator before it."""
+    plan = require_plan(plan, "op_layers")
     out: dict[int, str] = {}
     prev = None
     for op in sorted((o for s in plan.stages for o in s.ops), key=lambda o: o.op):
@@ -291,15 +302,15 @@ def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column]
         ``(columns, forward_only)``.
 
     Raises:
-        ValueError: ``layer`` is not a layer of the plan.
+        ArgumentError: ``layer`` is not a layer of the plan.
     """
     names = op_layers(plan)
     if layer is not None:
         ops = [(s, o) for s in plan.stages for o in s.ops if names[o.op] == layer]
         if not ops:
             known = list(dict.fromkeys(names.values()))
-            raise ValueError(f"sharding_figure: layer should be one of the plan's layers "
-                             f"({short_list(known, 6)}). Got {layer!r}.")
+            raise ArgumentError(f"sharding_figure: layer should be one of the plan's layers "
+                                f"({short_list(known, 6)}). Got {layer!r}.")
         seen: dict[str, int] = {}
         cols = []
         for s, o in sorted(ops, key=lambda so: so[1].op):
@@ -333,6 +344,7 @@ def sharding_columns(plan: Plan, layer: str | None = None) -> tuple[list[Column]
 
 def _size_band(nbytes: float, lo: float, hi: float) -> float:
     """A block's side in [0.3, 1]: its bytes' place between ``lo`` and ``hi`` on a log scale."""
+    lo = max(lo, 1.0)  # a tensor of no bytes (an empty dimension, a token) sets no lower end
     if hi <= lo or nbytes <= 0:
         return 1.0
     return 0.3 + 0.7 * (math.log(max(nbytes, lo)) - math.log(lo)) / (math.log(hi) - math.log(lo))
@@ -514,12 +526,13 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
         "columns": [{"layers", "ops", "stage", "stages", "label"}], "rows": [...]}``.
 
     Raises:
-        ValueError: ``max_columns`` is not positive, ``layer`` names no layer of the plan, or a
+        ArgumentError: ``max_columns`` is not positive, ``layer`` names no layer of the plan, or a
             tensor's spec does not fit its mesh.
     """
+    plan = require_plan(plan, "sharding_figure")
     if not isinstance(max_columns, int) or max_columns < 1:
-        raise ValueError(f"sharding_figure: max_columns should be a positive integer. Got "
-                         f"{max_columns!r}.")
+        raise ArgumentError(f"sharding_figure: max_columns should be a positive integer. Got "
+                            f"{max_columns!r}.")
     columns, forward_only = sharding_columns(plan, layer)
     shown = [columns[i] for i in _subsample(len(columns), max_columns)]
     rows: list[str] = []

@@ -9,9 +9,10 @@ from __future__ import annotations
 import colorsys
 import html
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
+
+from .._errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "REPLICATED_COLOR",
@@ -28,7 +29,6 @@ __all__ = [
     "pspec_text",
     "fmt_bytes",
     "fmt_seconds",
-    "dtype_bytes",
     "escape",
     "legend_swatch",
     "mesh_color",
@@ -73,8 +73,25 @@ def _generated(i: int, offset: float) -> str:
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
+def check_count(value: Any, what: str, where: str, minimum: int = 0) -> None:
+    """Raise :class:`ArgumentError` unless ``value`` is an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ArgumentError(f"{where}: {what} should be an integer >= {minimum}. Got {value!r}. "
+                            f"Fix: pass a whole number of at least {minimum}.")
+
+
+def check_mesh(mesh_shape: Any, where: str) -> None:
+    """Raise :class:`ArgumentError` unless ``mesh_shape`` is a sequence of positive integers."""
+    if not isinstance(mesh_shape, Sequence) or isinstance(mesh_shape, str):
+        raise ArgumentTypeError(f"{where}: mesh_shape should be a sequence of axis sizes. Got "
+                                f"{type(mesh_shape).__name__}: {mesh_shape!r:.60}. Fix: pass e.g. (2, 4).")
+    for n in mesh_shape:
+        check_count(n, "each mesh_shape entry", where, 1)
+
+
 def device_color(device: int) -> str:
     """The colour of cluster device ``device`` (a hex string; never grey)."""
+    check_count(device, "device", "device_color")
     if device < len(_DEVICE_PALETTE):
         return _DEVICE_PALETTE[device]
     return _generated(device, 0.11)
@@ -82,6 +99,7 @@ def device_color(device: int) -> str:
 
 def stage_color(stage: int) -> str:
     """The colour of pipeline stage ``stage``."""
+    check_count(stage, "stage", "stage_color")
     if stage < len(_STAGE_PALETTE):
         return _STAGE_PALETTE[stage]
     return _generated(stage, 0.37)
@@ -91,6 +109,9 @@ def class_color(cls: int | None) -> str:
     """The colour of a mined layer class (``None``: no class, light grey)."""
     if cls is None:
         return "#dddddd"
+    if isinstance(cls, bool) or not isinstance(cls, int):
+        raise ArgumentTypeError(f"class_color: cls should be a class index or None. Got "
+                                f"{type(cls).__name__}: {cls!r:.40}. Fix: pass an int.")
     if 0 <= cls < len(_CLASS_PALETTE):
         return _CLASS_PALETTE[cls]
     return _generated(abs(cls), 0.71)
@@ -147,17 +168,6 @@ def fmt_seconds(t: float) -> str:
     return f"{t * 1e6:.1f} us"
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name (``'bfloat16'`` -> 2); 4 when unknown."""
-    name = str(dtype).lower()
-    if name in ("bool", "int8", "uint8") or "float8" in name:
-        return 1
-    m = re.search(r"(\d+)$", name)
-    if m:
-        return max(1, int(m.group(1)) // 8)
-    return 4
-
-
 _MAX_HUES = 24
 _MAX_LIGHTS = 6
 _NO_HUE = (0.08, 0.30)  # (hue, saturation) of a tile not split over the hue axis: sepia
@@ -204,6 +214,13 @@ def mesh_rgb(coords: Sequence[int | None], mesh_shape: Sequence[int]) -> tuple[i
 
 def mesh_color(coords: Sequence[int | None], mesh_shape: Sequence[int]) -> str:
     """:func:`mesh_rgb` as a hex string."""
+    check_mesh(mesh_shape, "mesh_color")
+    if (not isinstance(coords, Sequence) or len(coords) != len(mesh_shape)
+            or any(c is not None and (isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n)
+                   for c, n in zip(coords, mesh_shape))):
+        raise ArgumentError(f"mesh_color: coords should give, per axis of mesh_shape "
+                            f"{tuple(mesh_shape)}, a coordinate in range or None. Got {coords!r:.60}. "
+                            "Fix: one entry per mesh axis.")
     return "#{:02x}{:02x}{:02x}".format(*mesh_rgb(coords, mesh_shape))
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the executor's tests (the lead's ``tests/conftest.py`` sets 8 CPU devices).
+"""Fixtures of the executor's tests (the root ``conftest.py`` sets 8 CPU devices).
 
 Compilations use ``xla_backend_optimization_level=0`` (see ``exec_cases.FAST``) so that the whole
 directory runs in a few minutes on two cores.

@@ -1,6 +1,6 @@
 """Shared cases of the executor's tests: tiny zoo workloads and hand-made plans, built once.
 
-(A module of its own, not ``conftest``: ``tests/conftest.py`` already owns that module name.)
+(A module of its own, not ``conftest``: the root ``conftest.py`` already owns that module name.)
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 import autoplan
-from autoplan._graph import dtype_bytes
+from autoplan._dtype import dtype_bytes
 from autoplan._plan import InputSpec, OpSharding, Plan, Predicted, Schedule, Stage, TensorSharding
-from autoplan.exec._pipeline import schedule_table
+from autoplan.search import schedule_table
 
 __all__ = ["data_parallel_plan", "tensor_parallel_plan", "pipeline_plan", "traced"]
 

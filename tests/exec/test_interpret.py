@@ -47,5 +47,7 @@ def test_program_reproduces_the_train_step():
     wl = workload("mlp")
     out = jax.jit(flatten(wl.fn, *wl.args))(*wl.args)
     ref = jax.jit(wl.fn)(*wl.args)
-    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+    assert jax.tree.structure(out) == jax.tree.structure(ref)
+    assert len(jax.tree.leaves(ref)) > 3  # the loss, the new parameters and optimizer state
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)

@@ -32,7 +32,6 @@ def test_proc_addresses_are_decoded():
     assert not is_loopback(":::22") and is_loopback("::1:22") and not is_loopback("0.0.0.0:80")
 
 
-@pytest.mark.slow
 def test_two_processes_of_four_devices_run_tiny_gpt_and_a_taken_port_is_retried(tmp_path,
                                                                                  monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this launcher's and its workers'
@@ -77,7 +76,6 @@ def test_two_processes_of_four_devices_run_tiny_gpt_and_a_taken_port_is_retried(
     assert launch_folders(tmp_path) == set()  # nothing written to disk
 
 
-@pytest.mark.slow
 def test_a_taken_port_with_no_retries_left_fails_the_launch_with_the_workers_last_lines():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -94,7 +92,6 @@ def test_a_taken_port_with_no_retries_left_fails_the_launch_with_the_workers_las
     assert wait_gone(handle.pids, 5)
 
 
-@pytest.mark.slow
 def test_a_crashed_worker_fails_the_launch_at_once_with_every_workers_last_lines():
     t0 = time.monotonic()
     handle = launch(plan("mlp", "dp"), {"model": "mlp", "size": "tiny"}, 2, 4, steps=3,
@@ -111,7 +108,6 @@ def test_a_crashed_worker_fails_the_launch_at_once_with_every_workers_last_lines
         handle.wait()
 
 
-@pytest.mark.slow
 def test_a_hung_worker_fails_the_launch_within_the_limit_and_every_socket_is_on_loopback():
     t0 = time.monotonic()
     handle = launch(plan("mlp", "dp"), {"model": "mlp", "size": "tiny"}, steps=3, timeout=240,
@@ -176,7 +172,6 @@ def test_workloads_are_described_by_their_spec():
         describe_workload(lambda x: x)
 
 
-@pytest.mark.slow
 def test_workers_that_build_different_data_stop_the_launch(tmp_path, monkeypatch):
     (tmp_path / "unseeded.py").write_text(textwrap.dedent("""
         import types

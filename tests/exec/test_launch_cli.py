@@ -38,7 +38,6 @@ def user_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", **extra}
 
 
-@pytest.mark.slow
 def test_a_users_optax_module_is_planned_and_launched_by_module_function(tmp_path):
     exe, path = cli(tmp_path), tmp_path / "plan.json"
     out = subprocess.run([*exe, "plan", "optax_mlp:workload", "--set", "layers=2", "--cluster",
@@ -81,7 +80,6 @@ def test_trace_and_plan_take_module_function_specs(tmp_path, capsys, monkeypatch
         sys.modules.pop("optax_mlp", None)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
                          ids=lambda s: s.name)
 def test_a_killed_launcher_leaves_no_worker_and_no_launch_folder(tmp_path, sig):
@@ -155,7 +153,6 @@ def _non_loopback_address() -> str | None:
     return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
 
 
-@pytest.mark.slow
 def test_the_printed_srun_worker_runs_under_slurms_variables(tmp_path, capsys):
     """The worker of the printed srun line, started twice with the variables srun gives its
     tasks: JAX's own SLURM detection joins them, process 0 binds where the scheduler's node
@@ -199,7 +196,6 @@ def test_the_printed_srun_worker_runs_under_slurms_variables(tmp_path, capsys):
     assert not any(e["event"] == "heartbeat" for evs in events for e in evs)  # no launcher here
 
 
-@pytest.mark.slow
 def test_cluster_workers_bind_the_coordinator_where_the_scheduler_says(tmp_path):
     """While a scheduler-started job runs, process 0's coordination service listens on the
     scheduler's address for it only, not on every interface."""

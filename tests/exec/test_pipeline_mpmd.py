@@ -74,7 +74,6 @@ def _launch(p, name):
     return result
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("name", ["gpt", "mlp"])
 def test_two_stages_on_two_processes_match_single_device(name, schedule):
@@ -84,7 +83,6 @@ def test_two_stages_on_two_processes_match_single_device(name, schedule):
     assert result.done[1]["executed_on"] == [4, 5, 6, 7]
 
 
-@pytest.mark.slow
 def test_stages_whose_submeshes_span_both_processes_match():
     result = _launch(_interleaved(plan("mlp", "pp", "gpipe")), "mlp")
     assert result.done[0]["executed_on"] == result.done[1]["executed_on"] == list(range(8))

@@ -7,12 +7,9 @@ import pathlib
 import re
 import warnings
 
-import pytest
-
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "getting_started.md"
 
 
-@pytest.mark.slow
 def test_the_nnx_example_of_getting_started_runs(capsys):
     text = DOC.read_text()
     section = text[text.index("## Your own model"):]

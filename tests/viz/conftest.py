@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 
 from autoplan._cluster import Cluster
@@ -24,6 +26,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
+from autoplan._schedule import schedule_events, schedule_table
 
 X, Y, XY = ("x",), ("y",), ("x", "y")
 
@@ -103,39 +106,8 @@ def make_intra_plan(label="autoplan", step_time=0.010, memory=6 * 2**30, **pred)
 
 
 def simulate(kind, fwd, bwd, m):
-    """Earliest-start execution of GPipe or 1F1B per-mesh orders; mesh j runs stage j."""
-    S = len(fwd)
-    orders = []
-    for j in range(S):
-        F = [(b, "forward") for b in range(m)]
-        B = [(b, "backward") for b in range(m)]
-        if kind == "gpipe":
-            orders.append(F + B)
-            continue
-        w = min(S - j - 1, m)
-        order, f, b = F[:w], w, 0
-        while f < m:
-            order += [F[f], B[b]]
-            f, b = f + 1, b + 1
-        orders.append(order + B[b:])
-    done, pos, free, events = {}, [0] * S, [0.0] * S, []
-    while any(pos[j] < len(orders[j]) for j in range(S)):
-        for j in range(S):
-            while pos[j] < len(orders[j]):
-                b, k = orders[j][pos[j]]
-                if k == "forward":
-                    dep = 0.0 if j == 0 else done.get((b, j - 1, k))
-                else:
-                    dep = done.get((b, j, "forward")) if j == S - 1 else done.get((b, j + 1, k))
-                if dep is None:
-                    break
-                start = max(free[j], dep)
-                end = start + (fwd[j] if k == "forward" else bwd[j])
-                done[(b, j, k)] = free[j] = end
-                events.append((start, end, j, b, j, k))
-                pos[j] += 1
-    events.sort()
-    return events
+    """Earliest-start GPipe or 1F1B events ``(start, end, mesh, micro-batch, stage, kind)``."""
+    return sorted(astuple(e) for e in schedule_events(kind, len(fwd), m, fwd, bwd))
 
 
 def make_pipeline_plan(kind="1f1b", m=4, label="autoplan-pipeline"):
@@ -161,10 +133,7 @@ def make_pipeline_plan(kind="1f1b", m=4, label="autoplan-pipeline"):
                             backward_time=bwd[s], memory=(3 - s) * 2**30))
         inputs += [param(f"['layer{4 * s + k}']['kernel']", (512, 512), spec_w, stage=s) for k in range(4)]
     events = simulate(kind, fwd, bwd, m)
-    ticks = simulate(kind, [1.0] * 3, [1.0] * 3, m)
-    table = [[None] * 3 for _ in range(int(max(e[1] for e in ticks)))]
-    for st, _, mesh, b, s, k in ticks:
-        table[int(st)][mesh] = (b, s, k)
+    table = [[None if t is None else tuple(t) for t in row] for row in schedule_table(kind, 3, m)]
     step = max(e[1] for e in events)
     busy = sum(e[1] - e[0] for e in events)
     predicted = Predicted(step_time=step, throughput=64 / step, memory_per_device=3 * 2**30,

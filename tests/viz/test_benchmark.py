@@ -36,9 +36,17 @@ def test_synthetic_gpt_plan_figures():
     assert fig.layout.meta["columns"][0]["stages"] == [0, 1, 2, 3]
     assert len([t for t in timeline_figure(plan).data if t.meta.get("kind") == "events"]) == 8
     assert stage_figure(plan).layout.title.text.count("4 stages on 32 of 32 devices") == 1
-    memory_figure(plan)
-    compare_figure(bench.variants(plan), highlight=0)
-    graph_figure(bench.gpt_layers(8))
+    memory = memory_figure(plan)
+    assert memory.layout.meta["kind"] == "memory"
+    assert {t.meta["part"] for t in memory.data} >= {"parameters", "optimizer_state", "batch"}
+    assert all(len(t.x) == 4 for t in memory.data)  # one bar per stage
+    variants = bench.variants(plan)
+    compare = compare_figure(variants, highlight=0)
+    assert compare.layout.meta["highlight"] == 0
+    assert sorted(i for g in compare.layout.meta["groups"] for i in g) == list(range(len(variants)))
+    layers = next(t for t in graph_figure(bench.gpt_layers(8)).data if t.meta["kind"] == "layers")
+    assert layers.meta["names"] == ["embed", *[f"layer{i}" for i in range(8)], "head"]
+    assert layers.meta["classes"][1:9] == [0] * 8  # the 8 blocks are one mined class
     big = bench.gpt_plan(layers=8, stages=2, microbatches=4, hidden=256, seq=64, batch=2,
                          hosts_per_stage=2)
     assert big.num_devices == 32 and big.stages[0].mesh_shape == (2, 8)

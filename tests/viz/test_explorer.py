@@ -514,7 +514,6 @@ def test_a_memory_budget_no_plan_fits_is_reported():
     assert "InfeasiblePlanError" in "".join(o.get("text", "") for o in ex._errors.outputs)
 
 
-@pytest.mark.slow
 def test_launch_streams_losses_and_reports_the_result(explorer):
     plan = explorer.select(0)
     assert plan.num_devices == 8
@@ -545,7 +544,6 @@ def test_launch_streams_losses_and_reports_the_result(explorer):
     assert explorer._launch_status.value.startswith("finished: 3 steps")
 
 
-@pytest.mark.slow
 def test_a_pipeline_plan_launches_on_two_processes(explorer):
     j = next(k for k, p in enumerate(explorer.plans) if p.is_pipeline and p.num_devices == 8)
     plan = explorer.select(j)
@@ -559,7 +557,6 @@ def test_a_pipeline_plan_launches_on_two_processes(explorer):
     explorer.select(0)
 
 
-@pytest.mark.slow
 def test_a_users_workload_is_searched_and_launched_from_the_explorer(in_user_folder):
     ex = Explorer("optax_mlp:workload", cluster="cpu:8", level="exhaustive")
     ex.wait_idle(SEARCH_TIMEOUT)

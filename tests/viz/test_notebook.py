@@ -21,7 +21,6 @@ def run(cells, tmp_path):
     return nb, html
 
 
-@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Your element with mimetype")
 def test_figures_stay_small_and_survive_nbconvert(pipeline_plan, tmp_path):
     path = tmp_path / "plan.json"

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
 from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
@@ -124,8 +125,8 @@ class Segment:
 
 def _check_level(level: str) -> None:
     if level not in LEVELS:
-        raise ValueError(f"cones: level should be one of {LEVELS}. Got {level!r}. "
-                         "Fix: pass level='O2' or level='O3'.")
+        raise ArgumentError(f"cones: level should be one of {LEVELS}. Got {level!r}. "
+                            "Fix: pass level='O2' or level='O3'.")
 
 
 def _users(graph: OpGraph) -> list[int]:
@@ -282,8 +283,8 @@ def main_part(graph: OpGraph, part: str = "all") -> list[int]:
         Operator ids.
     """
     if part not in PARTS:
-        raise ValueError(f"critical nodes: part should be one of {PARTS}. Got {part!r}. "
-                         "Fix: pass part='all' or part='forward'.")
+        raise ArgumentError(f"critical nodes: part should be one of {PARTS}. Got {part!r}. "
+                            "Fix: pass part='all' or part='forward'.")
     dep = _primary_dependent(graph)
     cand = [dep[op.id] and (part == "all" or op.role == "forward") for op in graph.ops]
     results = {o.tensor for o in graph.outputs}
@@ -402,9 +403,11 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
         The segments in chain order; they partition the operators.
     """
     if granularity not in ("layer", "critical"):
-        raise ValueError(f"segments: granularity should be 'layer' or 'critical'. Got {granularity!r}.")
+        raise ArgumentError(f"segments: granularity should be 'layer' or 'critical'. Got "
+                            f"{granularity!r}. Fix: pass granularity='layer' or 'critical'.")
     if attach not in ("structure", "scope"):
-        raise ValueError(f"segments: attach should be 'structure' or 'scope'. Got {attach!r}.")
+        raise ArgumentError(f"segments: attach should be 'structure' or 'scope'. Got {attach!r}. "
+                            "Fix: pass attach='structure' or 'scope'.")
     main = main_part(graph, part)
     crit = _critical_of(graph, main)
     bounds: list[int] | None = None

@@ -84,8 +84,9 @@ from typing import Any
 import numpy as np
 
 from autoplan._cluster import LogicalMesh
+from autoplan._dtype import dtype_bytes
 from autoplan._errors import InfeasiblePlanError, SearchError
-from autoplan._graph import OpGraph, dtype_bytes
+from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm
 from autoplan.search.intra._pins import pinned_by, pins_key

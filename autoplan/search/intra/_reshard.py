@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 
 from autoplan._cluster import LogicalMesh
-from autoplan._graph import dtype_bytes
+from autoplan._dtype import dtype_bytes
 from autoplan._memo import memo
 from autoplan._plan import Comm
 

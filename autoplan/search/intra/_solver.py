@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
+from autoplan._errors import SolverError
+
 __all__ = ["SolveResult", "SolverTimeoutWarning", "solve", "available_solvers", "MatrixModel",
            "MatrixSolution", "solve_matrix", "AssignmentSolution", "solve_assignment"]
 
@@ -82,7 +84,8 @@ def solve(prob: pulp.LpProblem, time_limit: float | None = 60.0, solver: str | N
     """
     names = [solver] if solver else available_solvers()
     if not names:
-        raise RuntimeError("no ILP solver available: pip install highspy (or pulp's bundled CBC)")
+        raise SolverError("solve: an ILP solver should be installed. Got none of HiGHS and PuLP's CBC. "
+                          "Fix: pip install highspy (or pulp with its bundled CBC).")
     last_err: Exception | None = None
     for name in names:
         t0 = time.perf_counter()
@@ -110,7 +113,8 @@ def solve(prob: pulp.LpProblem, time_limit: float | None = 60.0, solver: str | N
         if status in ("Not Solved", "Undefined") and timed_out:
             return SolveResult("infeasible", None, name, dt)
         return SolveResult("infeasible", None, name, dt)
-    raise RuntimeError(f"every ILP solver failed: {last_err}")
+    raise SolverError(f"solve: an ILP solver should solve the model. Got a failure from each of "
+                      f"{names}: {last_err}. Fix: reinstall highspy, or pass another solver.")
 
 
 class MatrixModel:
@@ -265,8 +269,8 @@ def _highs(model: MatrixModel, arrays: dict[str, np.ndarray], *, integer: bool,
                      a["cost"], a["lb"], a["ub"], a["row_lo"], a["row_hi"], a["start"][:-1],
                      a["index"], a["value"], ig)
     if st == highspy.HighsStatus.kError:
-        raise RuntimeError(f"HiGHS refused the model ({model.num_cols} columns, "
-                           f"{model.num_rows} rows)")
+        raise SolverError(f"HiGHS refused the model ({model.num_cols} columns, "
+                          f"{model.num_rows} rows). Fix: reinstall highspy.")
     return h
 
 

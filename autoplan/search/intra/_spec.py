@@ -25,8 +25,8 @@ from functools import lru_cache
 from typing import Any
 
 from autoplan._cluster import LogicalMesh
+from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
-from autoplan._graph import dtype_bytes
 from autoplan._plan import pspec_to_spec, spec_str, spec_to_pspec
 
 __all__ = [

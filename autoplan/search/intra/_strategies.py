@@ -70,7 +70,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
-from autoplan._graph import OpGraph, OpNode, dtype_bytes
+from autoplan._dtype import dtype_bytes
+from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._plan import Comm
 from autoplan.search.intra._reshard import mesh_id

@@ -39,7 +39,7 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    shapes) and logical meshes within the same memory limit.
 6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
    several caps on the number of stages) are simulated, GPipe or 1F1B
-   (:func:`~autoplan.search.pipeline._schedule.schedule_events`), with the stages' forward and
+   (:func:`~autoplan._schedule.schedule_events`), with the stages' forward and
    backward times, the cross-stage transfers between the placed submeshes, and each stage's
    per-step work after its last backward; the simulated step time ranks them. The DP's latency
    equals the simulation when the stages are balanced and transfers free; otherwise the
@@ -75,6 +75,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan._schedule import ScheduleStats, schedule_events, schedule_stats, schedule_table
 from autoplan._trace import trace
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
 from autoplan.search.intra._ilp import ILPProblem, build_problem
@@ -82,12 +83,6 @@ from autoplan.search.intra._intra import _comm_by_axis, intra_op_search, make_me
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
-from autoplan.search.pipeline._schedule import (
-    ScheduleStats,
-    schedule_events,
-    schedule_stats,
-    schedule_table,
-)
 from autoplan.search.pipeline._stage_dp import place_submeshes, stage_dp, submesh_shapes
 
 __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workload_args",

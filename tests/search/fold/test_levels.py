@@ -24,7 +24,6 @@ def graphs():
     return {k: autoplan.trace(models.get(name, size="tiny", **over)) for k, (name, over) in CASES.items()}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("case", list(CASES))
 def test_folded_and_hierarchical_match_exhaustive(graphs, case, mesh):
@@ -143,7 +142,6 @@ def _exhaustive_and_folded(workload):
                 level_search(g, cluster, (2, 4), level="folded"))
 
 
-@pytest.mark.slow
 def test_chain_dp_value_is_the_stitched_plans_cost_on_wide_resnet():
     """A Wide-ResNet block's input is read by a convolution, the residual add and the shortcut
     convolution: a boundary spec fixed on it is paid by each of them in the stitched plan, so the

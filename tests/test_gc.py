@@ -1,0 +1,46 @@
+"""The search's collector pause: main thread only, nested safely, restored as it was."""
+
+import gc
+import threading
+
+from autoplan._gc import gc_paused
+
+
+@gc_paused
+def _state(inner=None):
+    return gc.isenabled(), (inner() if inner else None)
+
+
+def test_the_main_thread_pauses_and_restores_the_collector():
+    assert gc.isenabled()
+    assert _state(lambda: _state()[0]) == (False, False)  # nested: still paused inside
+    assert gc.isenabled()
+
+
+def test_a_collector_the_user_disabled_stays_disabled():
+    gc.disable()
+    try:
+        assert _state() == (False, None)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_search_in_another_thread_leaves_the_collector_alone():
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(_state()[0]))
+    thread.start()
+    thread.join()
+    assert seen == [True] and gc.isenabled()
+
+
+def test_an_error_resumes_the_collector():
+    @gc_paused
+    def fail():
+        raise KeyError("x")
+
+    try:
+        fail()
+    except KeyError:
+        pass
+    assert gc.isenabled()
