@@ -262,6 +262,14 @@ class Cluster:
     quick: bool = False
 
     def __post_init__(self):
+        for attr in ("name", "device_kind", "profiled", "platform"):
+            v = getattr(self, attr)
+            if not isinstance(v, str):
+                raise ClusterError(f"Cluster: {attr} should be a string. Got {v!r}. Fix: re-run "
+                                   "autoplan.profile(), or use a preset.")
+        if not isinstance(self.quick, bool):
+            raise ClusterError(f"Cluster: quick should be True or False. Got {self.quick!r}. Fix: "
+                               "re-run autoplan.profile(), or use a preset.")
         for attr in ("nodes", "devices_per_node"):
             v = getattr(self, attr)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:

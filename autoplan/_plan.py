@@ -670,7 +670,26 @@ def _analysis_from(a: Any, source: str) -> Mapping[str, Any] | None:
             f"{source}: analysis should be null or an object whose 'layers' is a list of objects "
             f"with a 'name' (the folding analysis a search records). Got {str(a)[:60]!r}. Fix: "
             "re-create the plan with 'autoplan plan -o', or delete the field.", field="analysis")
+    bad = _non_finite(a)
+    if bad is not None:
+        raise PlanFileError(
+            f"{source}: analysis.{bad[0]} should be a finite number (the folding analysis holds "
+            f"counts and FLOPs). Got {bad[1]!r}. Fix: re-create the plan with 'autoplan plan -o', "
+            "or delete the field.", field=f"analysis.{bad[0]}")
     return dict(a)
+
+
+def _non_finite(x: Any, path: str = "") -> tuple[str, Any] | None:
+    """The path and value of the first NaN or infinity in plain data, or None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return path or "(value)", x
+    items = x.items() if isinstance(x, Mapping) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        hit = _non_finite(v, f"{path}.{k}" if path and isinstance(k, str) else
+                          f"{path}[{k}]" if path else str(k))
+        if hit is not None:
+            return hit
+    return None
 
 
 def _layer_span(layers: Sequence[str]) -> str:
