@@ -141,3 +141,34 @@ def test_search_refused_while_a_worker_process_starts(monkeypatch):
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(autoplan.SearchError, match="__name__ == '__main__'"):
         autoplan.search(graph, "cpu:8", pipeline=False)
+
+
+def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
+    """The pipeline search's layer ILPs are tasks of the worker pool: two processes give the
+    plans and statistics of one, and the tasks did go to a worker (the Megatron TP x PP baseline
+    too, whose layer ILPs are solved for its one layout)."""
+    from autoplan.search.pipeline import _pipeline
+
+    ran: list[tuple[int, int]] = []
+    real = _pipeline.run_tasks
+
+    def counting(tasks, *, workers, report=None):
+        outs = real(tasks, workers=workers, report=report)
+        ran.append((workers, len(tasks)))
+        return outs
+
+    monkeypatch.setattr(_pipeline, "run_tasks", counting)
+    wl = models.get("gpt", size="tiny", layers=2)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=4)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for workers in (1, 2):
+            res = [autoplan.search.pipeline_search(wl, cluster, microbatches=4, workers=workers,
+                                                   megatron=megatron, max_candidates=3)
+                   for megatron in (False, True)]
+            out[workers] = [[p.to_dict() for p in r.plans] for r in res], [
+                {k: v for k, v in r.stats.items() if "seconds" not in k} for r in res]
+    assert out[1] == out[2]
+    assert any(w == 2 and n > 1 for w, n in ran)  # a batch of several layer ILPs on two processes
+    assert out[1][1][0]["layer_solves"] > 1
