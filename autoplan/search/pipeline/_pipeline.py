@@ -1283,12 +1283,13 @@ def _cells(layouts: Iterable[Layout]) -> list[tuple[int, int, int]]:
 
 
 def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | None = None,
-             full: bool = True) -> tuple[dict[Layout, float], bool, float | None, float]:
+             full: bool = True, explain: bool = False
+             ) -> tuple[dict[Layout, float], bool, float | None, float]:
     """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
     ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
-    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too and seeks
-    the least memory that would fit when nothing does (else the DP over any number of stages
-    and the one-stage layout only)."""
+    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too (else the
+    DP over any number of stages and the one-stage layout only). ``explain`` seeks the least
+    memory that would fit when nothing does (a bisection of DP runs: only for a message)."""
     ctx, L = table.ctx, table.L
     B = B or table.B
     t0 = time.perf_counter()
@@ -1315,7 +1316,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             return tuple(range(a, b))
 
         for memory in (True, False):
-            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, full)
+            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, explain)
             least = lm if least is None else least
             if found:
                 fits = memory
@@ -1339,7 +1340,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             for groups in ctx.groupings:
                 inputs = _group_inputs(table, groups, ratio, B)
                 got, lm = _dp_layouts(inputs, ctx, B, [(1, None)], lambda a, b, g=groups: tuple(
-                    li for x in range(a, b) for li in g[x]), memory, full)
+                    li for x in range(a, b) for li in g[x]), memory, explain)
                 if lm is not None:
                     least = lm if least is None else min(least, lm)
                 for lay, v in got.items():
@@ -1593,17 +1594,21 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             for k, c in ctx.cells():
                 table.cost(li, k, c)
     t_costs = time.perf_counter() - t1
-    found, fits, least, t_dp = _layouts(table, dag, use_ilp)
-    memory_note = None
-    if not fits or not found:
-        why = (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
-               f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
-               + (f" The least memory with which one would fit is {least:.4g} bytes." if least
-                  else ""))
-        if not found or memory_budget is not None:
-            raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
-                                      "rematerialisation, or raise the memory budget.", least)
-        memory_note = why + " Its fastest layouts are returned, marked as not fitting."
+    found, fits, _, t_dp = _layouts(table, dag, use_ilp)
+
+    def no_fit() -> tuple[str, float | None]:
+        """Why no layout of the default count fits, with the least memory that would (sought
+        only when said: it takes a bisection of DP runs)."""
+        least = _layouts(table, dag, use_ilp, explain=True)[2]
+        return (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
+                f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
+                + (f" The least memory with which one would fit is {least:.4g} bytes." if least
+                   else "")), least
+
+    if not found or (not fits and memory_budget is not None):
+        why, least = no_fit()
+        raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
+                                  "rematerialisation, or raise the memory budget.", least)
     table.solve_cells(_cells(found), n_workers)
     evals = [ev for ev in (_evaluate(table, lay, dp_latency=v) for lay, v in found.items()) if ev]
     simulated = len(found)
@@ -1667,7 +1672,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
              "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
              "stage_algorithm": "ilp" if use_ilp else "dp",
              "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
-    if memory_note:
-        stats["infeasible"] = memory_note
+    if not chosen[0].fits:  # (no count's layout fits: the default count's says why)
+        stats["infeasible"] = no_fit()[0] + " Its fastest layouts are returned, marked as not fitting."
     return PipelineResult(plans=plans, stats=stats)
 
