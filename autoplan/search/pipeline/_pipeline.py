@@ -9,7 +9,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
 2. **Layer plans.** For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M),
    (2,M) ... (N,M)) and logical mesh of that submesh, the intra-operator ILP is solved on the
    layer's subgraph, once per layer kind (folding: a 96-layer GPT solves three kinds). Each cell
-   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`).
+   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`). These solves
+   are independent: one task per layer kind, submesh and logical mesh (:func:`layer_plans`) on
+   the search's worker processes (``workers=``), each kind's subgraph sent to a worker once.
 3. **Per-micro-batch and per-step work** (:class:`LayerCost`). The forward and the backward
    (their compute, their collectives, the resharding of activations) run once per micro-batch.
    The gradient synchronisation across a stage's data-parallel devices (the collectives the ILP
