@@ -234,7 +234,10 @@ class _Pool:
         self.busy = 0
 
     def close(self, *, kill: bool = False) -> None:
-        procs = list(getattr(self.executor, "_processes", {}).values()) if kill else []
+        """Shut the executor down (again is a no-op: batches that share a pool may each find it
+        broken); ``kill`` ends its worker processes too."""
+        # (an executor already shut down has no process table)
+        procs = list((getattr(self.executor, "_processes", None) or {}).values()) if kill else []
         self.executor.shutdown(wait=False, cancel_futures=True)
         for p in procs:  # running tasks of an abandoned search: end them (our own workers only)
             if p.is_alive():

@@ -126,6 +126,17 @@ def test_the_caller_runs_what_a_slow_worker_holds():
     assert _parallel._POOL is None
 
 
+def test_a_pool_shared_by_two_batches_closes_twice():
+    """A search's batch and the pipeline search's batches inside it share one pool; each may find
+    it broken and close it: closing again is harmless."""
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    run_tasks([Task(_backend_started, graph) for _ in range(2)], workers=2, steal=False)
+    pool = _parallel._POOL
+    pool.close(kill=True)
+    pool.close(kill=True)
+    _parallel.shutdown()
+
+
 def _fail_or_warn(graph, k: int) -> int:
     warnings.warn(f"task {k} says so", RuntimeWarning, stacklevel=1)
     if k == 2:
@@ -163,8 +174,8 @@ def test_search_refused_while_a_worker_process_starts(monkeypatch):
 
 def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     """The pipeline search's layer ILPs are tasks of the worker pool: two processes give the
-    plans and statistics of one, and the tasks did go to a worker (the Megatron TP x PP baseline
-    too, whose layer ILPs are solved for its one layout)."""
+    plans and statistics of one, the layer ILPs going to the pool as batches of several tasks
+    (the Megatron TP x PP baseline's too, solved for its one layout)."""
     from autoplan.search.pipeline import _pipeline
 
     ran: list[tuple[int, int]] = []
