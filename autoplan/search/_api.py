@@ -447,7 +447,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
             time_limit=time_limit, num_layers=options["num_layers"],
             stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
-            pin=_pins_by_name(graph, options["pin"])),
+            pin=_pins_by_name(graph, options["pin"]), workers=n_workers),
             label="pipeline search", local=True))
     mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
                    time_limit=time_limit, config=config)
@@ -458,7 +458,8 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
         tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
         if do_pipe and cluster.nodes > 1:
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
-                              dict(schedule=options["schedule"], time_limit=time_limit),
+                              dict(schedule=options["schedule"], time_limit=time_limit,
+                                   workers=n_workers),
                               label="baseline: Megatron TP x PP", local=True))
     stats: dict[str, Any] = {}
     plans: list[Plan] = []

@@ -80,9 +80,10 @@ def baseline_tasks(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60.0
 
 
 def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
-                               time_limit: float = 60.0) -> Plan | None:
+                               time_limit: float = 60.0, workers: int | None = None
+                               ) -> Plan | None:
     """The Megatron TP x PP baseline (clusters of several nodes; None where it does not apply or
-    cannot be made)."""
+    cannot be made), its layer ILPs solved on ``workers`` processes."""
     from autoplan.search.pipeline._pipeline import pipeline_search, traced  # noqa: PLC0415
 
     graph = traced(workload)
@@ -93,7 +94,8 @@ def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
-                                  time_limit=time_limit, megatron=True, max_candidates=1)
+                                  time_limit=time_limit, megatron=True, max_candidates=1,
+                                  workers=workers)
     except AutoplanError:
         return None
     return res.plans[0].with_(label="baseline: Megatron TP x PP") if res.plans else None
@@ -108,7 +110,8 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
     outcomes = run_tasks(tasks, workers=resolve_workers(workers, len(graph)))
     out = [p for o in outcomes if (p := o.result()) is not None]
     if pipeline and workload is not None:
-        p = megatron_pipeline_baseline(workload, cluster, schedule=schedule, time_limit=time_limit)
+        p = megatron_pipeline_baseline(workload, cluster, schedule=schedule, time_limit=time_limit,
+                                       workers=workers)
         if p is not None:
             out.append(p)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import warnings
 
 import pytest
@@ -86,7 +87,7 @@ def _backend_started(graph) -> tuple[int, bool]:
 
 def test_workers_start_no_jax_backend():
     graph = autoplan.trace(models.get("gpt", size="tiny", layers=2))
-    outs = run_tasks([Task(_backend_started, graph) for _ in range(4)], workers=2)
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(4)], workers=2, steal=False)
     facts = [o.result() for o in outs]
     in_workers = [started for pid, started in facts if pid != os.getpid()]
     assert in_workers and not any(in_workers)
@@ -101,11 +102,39 @@ def _die_in_worker(graph, k: int) -> int:
 def test_a_dead_worker_loses_nothing():
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     with pytest.warns(ParallelWarning, match="ran in this process"):
-        outs = run_tasks([Task(_die_in_worker, graph, (k,)) for k in range(4)], workers=2)
+        outs = run_tasks([Task(_die_in_worker, graph, (k,)) for k in range(4)], workers=2,
+                         steal=False)
     assert [o.result() for o in outs] == [0, 1, 2, 3]
     # the broken pool was dropped: the next batch starts a new one and uses it
-    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2)
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2, steal=False)
     assert any(o.result()[0] != os.getpid() for o in outs)
+
+
+def _stuck_in_worker(graph, k: int) -> tuple[int, int]:
+    if _parallel._IN_WORKER:
+        time.sleep(600)
+    return k, os.getpid()
+
+
+def test_the_caller_runs_what_a_slow_worker_holds():
+    """With nothing pending, the caller runs the tasks workers hold and keeps the first result;
+    the worker still busy with a finished task is ended (the pool is dropped), holding nothing
+    up."""
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    outs = run_tasks([Task(_stuck_in_worker, graph, (k,)) for k in range(3)], workers=2)
+    assert [o.result() for o in outs] == [(k, os.getpid()) for k in range(3)]
+    assert _parallel._POOL is None
+
+
+def test_a_pool_shared_by_two_batches_closes_twice():
+    """A search's batch and the pipeline search's batches inside it share one pool; each may find
+    it broken and close it: closing again is harmless."""
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    run_tasks([Task(_backend_started, graph) for _ in range(2)], workers=2, steal=False)
+    pool = _parallel._POOL
+    pool.close(kill=True)
+    pool.close(kill=True)
+    _parallel.shutdown()
 
 
 def _fail_or_warn(graph, k: int) -> int:
@@ -141,3 +170,34 @@ def test_search_refused_while_a_worker_process_starts(monkeypatch):
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(autoplan.SearchError, match="__name__ == '__main__'"):
         autoplan.search(graph, "cpu:8", pipeline=False)
+
+
+def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
+    """The pipeline search's layer ILPs are tasks of the worker pool: two processes give the
+    plans and statistics of one, the layer ILPs going to the pool as batches of several tasks
+    (the Megatron TP x PP baseline's too, solved for its one layout)."""
+    from autoplan.search.pipeline import _pipeline
+
+    ran: list[tuple[int, int]] = []
+    real = _pipeline.run_tasks
+
+    def counting(tasks, *, workers, report=None):
+        outs = real(tasks, workers=workers, report=report)
+        ran.append((workers, len(tasks)))
+        return outs
+
+    monkeypatch.setattr(_pipeline, "run_tasks", counting)
+    wl = models.get("gpt", size="tiny", layers=2)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=4)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for workers in (1, 2):
+            res = [autoplan.search.pipeline_search(wl, cluster, microbatches=4, workers=workers,
+                                                   megatron=megatron, max_candidates=3)
+                   for megatron in (False, True)]
+            out[workers] = [[p.to_dict() for p in r.plans] for r in res], [
+                {k: v for k, v in r.stats.items() if "seconds" not in k} for r in res]
+    assert out[1] == out[2]
+    assert any(w == 2 and n > 1 for w, n in ran)  # a batch of several layer ILPs on two processes
+    assert out[1][1][0]["layer_solves"] > 1

@@ -9,7 +9,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
 2. **Layer plans.** For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M),
    (2,M) ... (N,M)) and logical mesh of that submesh, the intra-operator ILP is solved on the
    layer's subgraph, once per layer kind (folding: a 96-layer GPT solves three kinds). Each cell
-   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`).
+   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`). These solves
+   are independent: one task per layer kind, submesh and logical mesh (:func:`layer_plans`) on
+   the search's worker processes (``workers=``), each kind's subgraph sent to a worker once.
 3. **Per-micro-batch and per-step work** (:class:`LayerCost`). The forward and the backward
    (their compute, their collectives, the resharding of activations) run once per micro-batch.
    The gradient synchronisation across a stage's data-parallel devices (the collectives the ILP
@@ -63,7 +65,7 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -77,6 +79,7 @@ from autoplan._memo import memo
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
 from autoplan._schedule import ScheduleStats, schedule_events, schedule_stats, schedule_table
 from autoplan._trace import trace
+from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
 from autoplan.search.intra._ilp import ILPProblem, build_problem
 from autoplan.search.intra._intra import _comm_by_axis, intra_op_search, make_mesh, mesh_shapes_for
@@ -635,6 +638,79 @@ def _lean_plan(fast, run, steps: int = 5):
     return best if best is not None else leanest
 
 
+@dataclass
+class LayerPlans:
+    """A layer kind's plans on one submesh and logical mesh (what :func:`layer_plans` gives).
+
+    Attributes:
+        fast: the fastest plan (None where the pins cannot hold on the mesh).
+        lean: the memory-lean variant (:func:`_lean_plan`; ``fast`` itself when the fastest plan
+            is already within 20% of the least memory; None until solved or without ``fast``).
+        lean_solved: whether ``lean`` was asked for.
+        solves: ILP solves it took; timed_out: how many of them stopped at the time limit.
+    """
+
+    fast: Any
+    lean: Any = None
+    lean_solved: bool = False
+    solves: int = 0
+    timed_out: int = 0
+
+
+def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
+                pins: Mapping[str, Any] | None, time_limit: float, lean: bool,
+                fast: LayerPlans | None = None) -> LayerPlans:
+    """Solve a layer's intra-operator ILP on submesh ``view`` with logical mesh ``shape``, its
+    per-step terms weighted by ``1 / B`` (:func:`per_step_weighted`): the fastest plan, and with
+    ``lean`` the memory-lean variant (one ILP build serves both). A module-level function, so
+    that the pipeline search can run it in worker processes.
+
+    Args:
+        sub: the layer's subgraph (of the step traced at micro-batch size).
+        view: the submesh as a cluster.
+        shape: the logical mesh.
+        B: the number of micro-batches.
+        pins: ``{regex over input names: PartitionSpec}``; on a mesh where a pinned spec does not
+            divide, no plan (``fast`` None).
+        time_limit: seconds per ILP solve.
+        lean: solve the memory-lean variant too.
+        fast: what an earlier call gave without the lean variant (its fastest plan is reused).
+    """
+    out = LayerPlans(None) if fast is None else LayerPlans(fast.fast, fast.lean, fast.lean_solved)
+    if out.lean_solved or (fast is not None and not lean):
+        return out
+    try:
+        prob = per_step_weighted(build_problem(sub, make_mesh(view, shape), pins=pins,
+                                               count_unmerged=False), 1.0 / B)
+    except SearchError:
+        if pins is None:
+            raise
+        out.lean_solved = True
+        return out  # a pinned spec does not divide on this mesh: no plan here
+
+    def solve(memory_weight: float, mip_gap: float):
+        out.solves += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = intra_op_search(sub, view, shape, time_limit=time_limit, level="exhaustive",
+                                  count_unmerged=False, mip_gap=mip_gap,
+                                  memory_weight=memory_weight, problem=prob, pin=pins)
+        if res.solution.status in ("feasible", "timeout-greedy"):
+            out.timed_out += 1
+        return res
+
+    if fast is None:
+        out.fast = solve(0.0, LAYER_MIP_GAP)
+    if lean:
+        f = out.fast
+        if sum(_stage_memory(f.plan)) <= 1.2 * f.solution.least_memory:
+            out.lean = f
+        else:
+            out.lean = _lean_plan(f, lambda w: solve(w, LEAN_MIP_GAP))
+        out.lean_solved = True
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the search's context and the layer costs at one micro-batch count
 # ---------------------------------------------------------------------------------------------
@@ -730,9 +806,8 @@ class _Table:
         self.screenable = graph is not ctx.full and _aligned(graph, ctx.full)
         self._subs: dict[int, OpGraph] = {}
         self._local: dict[int, dict[int, int]] = {}
-        self._results: dict[tuple, Any] = {}
+        self._solved: dict[tuple, LayerPlans] = {}  # (layer kind's first layer, k, shape)
         self._costs: dict[tuple, LayerCost] = {}
-        self._problems: dict[tuple, ILPProblem] = {}
         self._pairs: dict[tuple, tuple] = {}
         self._dims: dict[int, dict[int, tuple]] = {}
         self._terms: dict[tuple, _Terms | None] = {}
@@ -786,22 +861,52 @@ class _Table:
         """The intra-op result of layer ``li``'s kind on cell ``(k, c)`` (the kind's first layer
         solved; its ids line up with every layer of the kind); None where the pins cannot hold
         on that cell's mesh."""
-        sig = self.layers[li].signature
-        key = (sig, k, c)
-        if key in self._results:
-            return self._results[key]
         shape, lean = self.ctx.configs[k][c]
-        rep = self.rep[sig]
-        if lean:
-            fast = self.result(li, k, self.ctx.configs[k].index((shape, False)))
-            if fast is None or sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory:
-                res = fast
-            else:
-                res = _lean_plan(fast, lambda w: self._solve(rep, k, shape, w, LEAN_MIP_GAP))
-        else:
-            res = self._solve(rep, k, shape, 0.0)
-        self._results[key] = res
-        return res
+        key = (self.rep[self.layers[li].signature], k, shape)
+        got = self._solved.get(key)
+        if got is None or (lean and not got.lean_solved):
+            self._store(key, layer_plans(self.sub(key[0]), self.ctx.views[k], shape,
+                                         **self._solve_options(key[0], k), lean=lean,
+                                         fast=None if got is None else got))
+            got = self._solved[key]
+        return got.lean if lean else got.fast
+
+    def _solve_options(self, rep: int, k: int) -> dict[str, Any]:
+        return {"B": self.B, "pins": self._pins(rep, k),
+                "time_limit": min(self.ctx.time_limit, LAYER_TIME_LIMIT)}
+
+    def _store(self, key: tuple, got: LayerPlans) -> None:
+        self._solved[key] = got
+        self.ctx.solves += got.solves
+        self.ctx.timed_out += got.timed_out
+
+    def solve_cells(self, cells: Iterable[tuple[int, int, int]], workers: int) -> None:
+        """Solve the layer plans of ``(layer, k, c)`` cells not solved yet, as independent tasks
+        on ``workers`` processes (:func:`~autoplan.search._parallel.run_tasks`; one task per
+        layer kind, submesh and logical mesh: its fastest plan and, where a cell asks for it,
+        the memory-lean one). Each layer kind's subgraph travels to a worker once. What each
+        task gives is what :meth:`result` would solve in this process."""
+        want: dict[tuple, bool] = {}
+        for li, k, c in cells:
+            shape, lean = self.ctx.configs[k][c]
+            key = (self.rep[self.layers[li].signature], k, shape)
+            got = self._solved.get(key)
+            if got is None or (lean and not got.lean_solved):
+                want[key] = want.get(key, False) or lean
+        if not want:
+            return
+        keys = list(want)
+        tasks = [Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape),
+                      {**self._solve_options(rep, k), "lean": want[(rep, k, shape)],
+                       "fast": self._solved.get((rep, k, shape))},
+                      label=f"layer ILP {self.layers[rep].name} on submesh "
+                            f"{'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
+                            f"{'x'.join(map(str, shape))}")
+                 for rep, k, shape in keys]
+        for key, out in zip(keys, run_tasks(tasks, workers=workers)):
+            for category, message in out.warnings:
+                warnings.warn(message, category, stacklevel=2)
+            self._store(key, out.result())
 
     def _pins(self, rep: int, k: int) -> dict[str, Any] | None:
         """The pins that apply to layer ``rep``'s inputs: the user's, and Megatron's layout for
@@ -813,32 +918,6 @@ class _Table:
 
             out.update(megatron_pins(sub, ctx.submeshes[k][1]) or {})
         return out or None
-
-    def _solve(self, rep: int, k: int, shape: tuple[int, ...], memory_weight: float,
-               mip_gap: float = LAYER_MIP_GAP):
-        ctx = self.ctx
-        sub = self.sub(rep)
-        pins = self._pins(rep, k)
-        pkey = (rep, k, tuple(shape))
-        prob = self._problems.get(pkey)
-        if prob is None:  # one ILP build serves the fast and the lean solves
-            try:
-                prob = build_problem(sub, ctx.mesh(k, shape), pins=pins, count_unmerged=False)
-            except SearchError:
-                if pins is None:
-                    raise
-                return None  # a pinned spec does not divide on this mesh: no plan here
-            prob = self._problems[pkey] = per_step_weighted(prob, 1.0 / self.B)
-        ctx.solves += 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = intra_op_search(sub, ctx.views[k], shape,
-                                  time_limit=min(ctx.time_limit, LAYER_TIME_LIMIT),
-                                  level="exhaustive", count_unmerged=False, mip_gap=mip_gap,
-                                  memory_weight=memory_weight, problem=prob, pin=pins)
-        if res.solution.status in ("feasible", "timeout-greedy"):
-            ctx.timed_out += 1
-        return res
 
     def cost(self, li: int, k: int, c: int) -> LayerCost | None:
         sig = self.layers[li].signature
@@ -1194,13 +1273,20 @@ def _stage_counts(L: int, D: int) -> list[int]:
     return [s for s in sorted({*range(2, 9), 16, 32, 64}) if s <= cap]
 
 
+def _cells(layouts: Iterable[Layout]) -> list[tuple[int, int, int]]:
+    """The ``(layer, submesh k, config c)`` cells the stages of ``layouts`` use."""
+    return list(dict.fromkeys((li, k, c) for lay in layouts for members, k, c in lay
+                              for li in members))
+
+
 def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | None = None,
-             full: bool = True) -> tuple[dict[Layout, float], bool, float | None, float]:
+             full: bool = True, explain: bool = False
+             ) -> tuple[dict[Layout, float], bool, float | None, float]:
     """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
     ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
-    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too and seeks
-    the least memory that would fit when nothing does (else the DP over any number of stages
-    and the one-stage layout only)."""
+    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too (else the
+    DP over any number of stages and the one-stage layout only). ``explain`` seeks the least
+    memory that would fit when nothing does (a bisection of DP runs: only for a message)."""
     ctx, L = table.ctx, table.L
     B = B or table.B
     t0 = time.perf_counter()
@@ -1227,7 +1313,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             return tuple(range(a, b))
 
         for memory in (True, False):
-            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, full)
+            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, explain)
             least = lm if least is None else least
             if found:
                 fits = memory
@@ -1251,7 +1337,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
             for groups in ctx.groupings:
                 inputs = _group_inputs(table, groups, ratio, B)
                 got, lm = _dp_layouts(inputs, ctx, B, [(1, None)], lambda a, b, g=groups: tuple(
-                    li for x in range(a, b) for li in g[x]), memory, full)
+                    li for x in range(a, b) for li in g[x]), memory, explain)
                 if lm is not None:
                     least = lm if least is None else min(least, lm)
                 for lay, v in got.items():
@@ -1402,8 +1488,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     memory_budget: float | None = None, time_limit: float = 60.0,
                     num_layers: int | None = None, stage_algorithm: str = "auto",
                     max_candidates: int = 3, megatron: bool = False,
-                    submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None
-                    ) -> PipelineResult:
+                    submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None,
+                    workers: int | None = None) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
 
     Args:
@@ -1432,6 +1518,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
             layer plan (a submesh and logical mesh on which a pinned spec does not divide has
             no plan).
+        workers: processes that solve the layer ILPs (independent tasks of
+            :func:`~autoplan.search._parallel.run_tasks`, with the same results as one process);
+            None: every core for a large step (as :func:`autoplan.search`).
 
     Returns:
         The best plan per distinct number of stages, best first (fitting plans before the
@@ -1459,6 +1548,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
     check_microbatches(microbatches)
     check_submesh_hosts(submesh_hosts)
+    check_workers(workers)
     t0 = time.perf_counter()
     full = traced(workload)
     for pattern in pin or {}:
@@ -1490,25 +1580,33 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     ctx = _Context(cluster, full, submesh_shapes(N, M, hosts), schedule, budget, time_limit,
                    megatron, pin)
     table = _Table(ctx, graph, layers, B0)
+    n_workers = resolve_workers(workers, len(full))
 
     # the default count, costed exactly: every layer kind on every cell, then the layouts
     t1 = time.perf_counter()
     if not megatron:
+        table.solve_cells(((li, k, c) for li in table.rep.values() for k, c in ctx.cells()),
+                          n_workers)
         for li in table.rep.values():
             for k, c in ctx.cells():
                 table.cost(li, k, c)
     t_costs = time.perf_counter() - t1
-    found, fits, least, t_dp = _layouts(table, dag, use_ilp)
-    memory_note = None
-    if not fits or not found:
-        why = (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
-               f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
-               + (f" The least memory with which one would fit is {least:.4g} bytes." if least
-                  else ""))
-        if not found or memory_budget is not None:
-            raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
-                                      "rematerialisation, or raise the memory budget.", least)
-        memory_note = why + " Its fastest layouts are returned, marked as not fitting."
+    found, fits, _, t_dp = _layouts(table, dag, use_ilp)
+
+    def no_fit() -> tuple[str, float | None]:
+        """Why no layout of the default count fits, with the least memory that would (sought
+        only when said: it takes a bisection of DP runs)."""
+        least = _layouts(table, dag, use_ilp, explain=True)[2]
+        return (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
+                f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
+                + (f" The least memory with which one would fit is {least:.4g} bytes." if least
+                   else "")), least
+
+    if not found or (not fits and memory_budget is not None):
+        why, least = no_fit()
+        raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
+                                  "rematerialisation, or raise the memory budget.", least)
+    table.solve_cells(_cells(found), n_workers)
     evals = [ev for ev in (_evaluate(table, lay, dp_latency=v) for lay, v in found.items()) if ev]
     simulated = len(found)
     candidates: dict[int, float | None] = {B0: min((ev.step for ev in evals if ev.fits),
@@ -1541,6 +1639,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             if not _aligned(gB, graph):
                 continue
             tables[B] = tB = _Table(ctx, gB, layers, B)
+            tB.solve_cells(_cells(lays), n_workers)
             evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
             exact.append(B)
     evals.sort(key=lambda ev: ev.key)
@@ -1570,7 +1669,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
              "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
              "stage_algorithm": "ilp" if use_ilp else "dp",
              "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
-    if memory_note:
-        stats["infeasible"] = memory_note
+    if not chosen[0].fits:  # (no count's layout fits: the default count's says why)
+        stats["infeasible"] = no_fit()[0] + " Its fastest layouts are returned, marked as not fitting."
     return PipelineResult(plans=plans, stats=stats)
 
