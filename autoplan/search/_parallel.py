@@ -9,14 +9,6 @@ shows) runs where the graph's memoised analysis already is. Every task's result 
 run alone, and the batch returns them in task order: a parallel search returns what the serial
 one returns (``workers=1``; tested on GPT and Wide-ResNet).
 
-The caller does not wait for a cold worker. A worker pays to start (a fresh interpreter that
-imports JAX), to receive the graph and to recompute what the caller has memoised on it, so its
-first task on a graph can finish later than the caller would finish it. When nothing is pending,
-the caller runs the tasks workers hold on graphs no worker has finished a task on yet, first
-first, and takes whichever result comes first (a task's result does not depend on where it
-runs). Workers still busy with tasks the caller has finished are
-ended when the batch returns (unless another batch shares the pool), so they hold nothing up.
-
 Start method. JAX is not fork-safe once its backend has started (tracing a step starts it), and
 HiGHS keeps threads of its own: a forked worker could inherit a lock held by a thread that does
 not exist in it. Workers are therefore started fresh (``spawn``). The search needs no JAX backend:
@@ -319,8 +311,6 @@ class _Batch:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.failure: BaseException | None = None
-        self.sent: list[int] = []  # tasks handed to workers, in order
-        self.stolen: set[int] = set()  # ... of which the caller runs too
         self.payloads: dict[str, bytes] = {}
         for t in tasks:  # pickled here, before the caller's own work touches the graph's memo
             if t.local:
@@ -345,33 +335,8 @@ class _Batch:
                     return k
             return None
 
-    def steal(self) -> int | None:
-        """The first task a worker holds that is not done, that the caller does not run yet, and
-        whose graph no worker has finished a task on (a cold worker: still starting, receiving
-        the graph or recomputing what the caller has memoised; a warm one finishes a task it
-        started before the caller could). The caller runs it too; the first result is kept."""
-        with self.lock:
-            for k in self.sent:
-                if (self.outcomes[k] is None and k not in self.stolen
-                        and not self.pool.holders.get(_token(self.tasks[k].graph))):
-                    self.stolen.add(k)
-                    return k
-            return None
-
-    def done(self, k: int, out: Outcome) -> None:
-        """Record task ``k``'s outcome unless it has one (a worker's or the caller's, first)."""
-        with self.lock:
-            if self.outcomes[k] is None:
-                self.outcomes[k] = out
-
-    def complete(self) -> bool:
-        return all(o is not None for o in self.outcomes)
-
     def _submit(self, k: int, with_payload: bool) -> cf.Future:
         t = self.tasks[k]
-        with self.lock:
-            if k not in self.sent:
-                self.sent.append(k)
         tok = _token(t.graph)
         payload = self.payloads.get(tok) if with_payload else None
         return self.pool.executor.submit(_worker_run, t.fn, tok, payload, t.args, t.kwargs)
@@ -398,18 +363,16 @@ class _Batch:
                         inflight[self._submit(k, True)] = k
                         continue
                     self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
-                    self.done(k, out)
+                    self.outcomes[k] = out
         except BaseException as err:  # the pool broke: its tasks go back to the caller
             self.failure = err
             self.stop.set()
             with self.lock:
-                self.pending.extend(k for k in inflight.values()
-                                    if self.outcomes[k] is None and k not in self.stolen)
+                self.pending.extend(inflight.values())
 
 
 def run_tasks(tasks: Sequence[Task], *, workers: int,
-              report: Callable[[str, float], None] | None = None,
-              steal: bool = True) -> list[Outcome]:
+              report: Callable[[str, float], None] | None = None) -> list[Outcome]:
     """Run independent tasks on ``workers`` processes (the caller's included); their outcomes
     in task order, each what the task gives run alone.
 
@@ -419,8 +382,6 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
         report: called in the caller's thread as ``report(message, fraction done)`` before each
             task it runs and while it waits for workers (a progress bar; it may raise to
             interrupt the batch, which ends the workers running its tasks).
-        steal: with nothing pending, the caller runs the tasks workers hold too and keeps the
-            first result (False: it waits for the workers).
 
     Warns:
         ParallelWarning: the workers could not be used; the tasks ran in the caller's process.
@@ -440,31 +401,25 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
         batch = _Batch(tasks, pool)
         batch.thread.start()
 
-        def fraction() -> float:
+        def done() -> float:
             return sum(o is not None for o in batch.outcomes) / n
 
-        while not batch.complete():
+        while True:
             k = batch.take(front=True)
-            if k is None and steal:  # nothing pending: run what a worker holds (first result kept)
-                k = batch.steal()
             if k is not None:
                 t = tasks[k]
-                tick(t.label, fraction())
-                batch.done(k, _call(t.fn, t.graph, t.args, t.kwargs))
+                tick(t.label, done())
+                batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
                 continue
             if not batch.thread.is_alive():
                 break
             batch.thread.join(timeout=0.2)
             tick(f"waiting for {sum(o is None for o in batch.outcomes)} task(s) in worker "
-                 "processes", fraction())
-        batch.stop.set()
-        # workers still running tasks the caller finished: end them, unless another batch (an
-        # enclosing search's) shares the pool
-        superseded = batch.thread.is_alive() and pool.busy == 1
+                 "processes", done())
         for k in range(n):  # (tasks handed back by a broken pool after the loop saw it empty)
             if batch.outcomes[k] is None:
                 t = tasks[k]
-                tick(t.label, fraction())
+                tick(t.label, done())
                 batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
         if batch.failure is not None:
             broken = True
@@ -474,7 +429,6 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
                 "results. Fix: if a script calls the search at its top level, put that under "
                 "if __name__ == '__main__': (each worker re-runs the script's top level); or pass "
                 "workers=1."), stacklevel=user_stacklevel())
-        broken = broken or superseded
         return list(batch.outcomes)  # type: ignore[arg-type]
     except BaseException:  # an interrupted batch: its workers' tasks are abandoned
         broken = True

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 import warnings
 
 import pytest
@@ -87,7 +86,7 @@ def _backend_started(graph) -> tuple[int, bool]:
 
 def test_workers_start_no_jax_backend():
     graph = autoplan.trace(models.get("gpt", size="tiny", layers=2))
-    outs = run_tasks([Task(_backend_started, graph) for _ in range(4)], workers=2, steal=False)
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(4)], workers=2)
     facts = [o.result() for o in outs]
     in_workers = [started for pid, started in facts if pid != os.getpid()]
     assert in_workers and not any(in_workers)
@@ -102,35 +101,18 @@ def _die_in_worker(graph, k: int) -> int:
 def test_a_dead_worker_loses_nothing():
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     with pytest.warns(ParallelWarning, match="ran in this process"):
-        outs = run_tasks([Task(_die_in_worker, graph, (k,)) for k in range(4)], workers=2,
-                         steal=False)
+        outs = run_tasks([Task(_die_in_worker, graph, (k,)) for k in range(4)], workers=2)
     assert [o.result() for o in outs] == [0, 1, 2, 3]
     # the broken pool was dropped: the next batch starts a new one and uses it
-    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2, steal=False)
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2)
     assert any(o.result()[0] != os.getpid() for o in outs)
-
-
-def _stuck_in_worker(graph, k: int) -> tuple[int, int]:
-    if _parallel._IN_WORKER:
-        time.sleep(600)
-    return k, os.getpid()
-
-
-def test_the_caller_runs_what_a_slow_worker_holds():
-    """With nothing pending, the caller runs the tasks workers hold and keeps the first result;
-    the worker still busy with a finished task is ended (the pool is dropped), holding nothing
-    up."""
-    graph = autoplan.trace(models.get("mlp", size="tiny"))
-    outs = run_tasks([Task(_stuck_in_worker, graph, (k,)) for k in range(3)], workers=2)
-    assert [o.result() for o in outs] == [(k, os.getpid()) for k in range(3)]
-    assert _parallel._POOL is None
 
 
 def test_a_pool_shared_by_two_batches_closes_twice():
     """A search's batch and the pipeline search's batches inside it share one pool; each may find
     it broken and close it: closing again is harmless."""
     graph = autoplan.trace(models.get("mlp", size="tiny"))
-    run_tasks([Task(_backend_started, graph) for _ in range(2)], workers=2, steal=False)
+    run_tasks([Task(_backend_started, graph) for _ in range(2)], workers=2)
     pool = _parallel._POOL
     pool.close(kill=True)
     pool.close(kill=True)
