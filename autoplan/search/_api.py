@@ -264,8 +264,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             (``"all"`` up to 16 hosts).
         workers: processes that solve the independent searches (each logical mesh, each
             baseline) at once, this one included. Default: every CPU for graphs of at least
-            :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators, else 1; ``1`` searches
-            in this process alone. Results do not depend on it. Worker processes are started
+            :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators that are searched on
+            several logical meshes or with pipeline plans, else 1 (one mesh's search and its
+            baselines run faster here than a worker can unpickle the graph and redo its analyses);
+            ``1`` searches in this process alone. Results do not depend on it. Worker processes are started
             fresh (a script that searches at its top level needs an
             ``if __name__ == "__main__":`` guard) and kept for later searches.
         cache: look the result up in the plan cache, and store it there (:mod:`autoplan._cache`:
@@ -315,6 +317,12 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                           "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
                           "pipeline=False.")
     n_workers = resolve_workers(workers, len(graph))
+    one_mesh = options["mesh_shape"] is not None or len(mesh_shapes_for(
+        cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
+    if workers is None and one_mesh and (pipeline is False or workload is None):
+        # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
+        # analyses, which costs more than the baselines it would take off this process
+        n_workers = 1
     config = dict(getattr(workload, "config", {}) or {})
     if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
         lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
