@@ -31,6 +31,7 @@ why and how to fix it.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import multiprocessing
 import os
@@ -284,6 +285,21 @@ def shutdown() -> None:
         pool, _POOL = _POOL, None
     if pool is not None:
         pool.close(kill=pool.busy > 0)
+
+
+def _at_exit() -> None:
+    """Close the kept pool while the interpreter is whole (its executor's callbacks otherwise run
+    during teardown, when the modules they use are gone)."""
+    global _POOL
+    with _LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None and pool.busy:
+        pool.close(kill=True)  # a search still running in another thread: its workers end now
+    elif pool is not None:
+        pool.executor.shutdown(wait=True, cancel_futures=True)  # idle workers exit at once
+
+
+atexit.register(_at_exit)
 
 
 def _token(graph: OpGraph) -> str:
