@@ -444,7 +444,9 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
             x = np.asarray(h.getSolution().col_value, dtype=np.float64)
             col = flat.most_decided_fractional(x)
         if col is None:
-            incumbent = (float(h.getInfo().objective_function_value), x)
+            # the objective of the dive's integral point, from its columns: after a dive that
+            # forbade a column HiGHS can report the previous solve's objective value
+            incumbent = (float(a["cost"] @ x) + float(model.offset), x)
             gap = _rel_gap(incumbent[0], bound)
             if gap <= mip_gap:
                 return AssignmentSolution(
@@ -471,11 +473,23 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
     m.run()
     ms = m.getModelStatus()
     info = m.getInfo()
-    dt = time.perf_counter() - t0
     has = info.primal_solution_status == 2
+    if incumbent is not None and (ms == S.kOptimal or has):
+        # HiGHS started from a given solution can hand back that solution's columns with the
+        # objective value of a better one it found: then solve again without the start
+        x = np.asarray(m.getSolution().col_value, dtype=np.float64)
+        if abs(float(a["cost"] @ x) + float(model.offset) - float(info.objective_function_value)) \
+                > 1e-9 * max(1.0, abs(float(info.objective_function_value))):
+            m = _highs(model, a, integer=True, time_limit=left())
+            m.setOptionValue("mip_rel_gap", float(mip_gap))
+            m.run()
+            ms = m.getModelStatus()
+            info = m.getInfo()
+            has = info.primal_solution_status == 2
+    dt = time.perf_counter() - t0
     if ms == S.kOptimal or has:
         x = np.asarray(m.getSolution().col_value, dtype=np.float64)
-        obj = float(info.objective_function_value)
+        obj = float(a["cost"] @ x) + float(model.offset)
         if incumbent is not None and incumbent[0] < obj:
             obj, x = incumbent
         mb = float(info.mip_dual_bound)
