@@ -76,7 +76,7 @@ from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
-from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, pspec_text, time_unit
+from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, id_span, pspec_text, time_unit
 from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
@@ -1072,7 +1072,7 @@ class Explorer:
         self._focus_info.value = (
             f"<small>selected {label}: {len(ops)} planned operators in {len(hit_cols)} column"
             f"{'s' if len(hit_cols) != 1 else ''} of the sharding view{folded}; stage {stage}, "
-            f"devices {_span(st_devices)}</small>")
+            f"devices {id_span(st_devices)}</small>")
 
     # ---- clicks ------------------------------------------------------------------------------
     def _click_handler(self, name: str) -> Callable[[dict[str, Any]], None]:
@@ -1560,11 +1560,3 @@ def _row_runs(cells: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _span(ids: list[int]) -> str:
-    if not ids:
-        return "-"
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    if len(ids) > 8:
-        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
-    return ", ".join(map(str, ids))

@@ -27,6 +27,7 @@ from ._style import (
     escape,
     fmt_bytes,
     fmt_in_unit,
+    id_span,
     legend_swatch,
     shade,
     stage_color,
@@ -55,14 +56,6 @@ def _layer_text(stage: Stage) -> str:
 def _mesh_text(stage: Stage) -> str:
     return "x".join(map(str, stage.mesh_shape)) + " (" + ", ".join(stage.axis_names) + ")"
 
-
-def _span(ids: Sequence[int]) -> str:
-    ids = sorted(ids)
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    if len(ids) > 8:
-        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
-    return ", ".join(map(str, ids))
 
 
 def _rgb(color: str) -> list[int]:
@@ -153,7 +146,7 @@ def stage_figure(plan: Plan) -> go.Figure:
                             "font": {"size": 10 if wide >= 70 else 9, "color": "#111111"},
                             "bgcolor": "rgba(255,255,255,0.75)"})
         traces.append(legend_swatch(f"stage {s.index}: {_layer_text(s)}, mesh {_mesh_text(s)}, "
-                                    f"devices {_span(s.device_ids)}",
+                                    f"devices {id_span(s.device_ids)}",
                                     stage_color(s.index), group=f"stage{s.index}", stage=s.index))
     if len(owner) < n:
         traces.append(legend_swatch("unused", UNUSED_COLOR, group="unused"))
@@ -465,7 +458,7 @@ def memory_figure(plan: Plan) -> go.Figure:
     ref = max(top, cap if show_cap else 0.0)
     scale, uname = next(((2.0 ** p, n) for p, n in ((30, "GiB"), (20, "MiB"), (10, "KiB"))
                          if ref >= 2.0 ** p), (1.0, "B"))
-    labels = [f"stage {r['stage']}<br>devices {_span(r['devices'])}" for r in rows]
+    labels = [f"stage {r['stage']}<br>devices {id_span(r['devices'])}" for r in rows]
     traces = []
     for key, name, color in _MEMORY_PARTS:
         traces.append({

@@ -52,6 +52,7 @@ from ._style import (
     check_mesh,
     escape,
     fmt_bytes,
+    id_span,
     mesh_color,
     mesh_rgb,
     pspec_text,
@@ -464,7 +465,7 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
             f"{fmt_bytes(math.prod(t.shape) * dtype_bytes(t.dtype))}"
             f"<br>spec {pspec_text(t.spec)} = {spec_str(t.spec)}: {rows}x{cols} tiles{folded}{banded}"
             f"<br>bytes per device {fmt_bytes(per_device)}"
-            f"<br>tile (0, 0) held by device{'s' if len(cluster) > 1 else ''} {_span(cluster)}"
+            f"<br>tile (0, 0) held by device{'s' if len(cluster) > 1 else ''} {id_span(cluster)}"
             f"<br>strategy {escape(op.strategy)}")
     if stored is not None and tuple(stored) != tuple(t.spec):
         text += (f"<br><i>stored as {pspec_text(stored)} = {spec_str(stored)}: resharded before "
@@ -473,14 +474,6 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
         text += "<br>" + ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in op.comm)
     cv.hover.append((cx, cy, text, [op.op, t.name, t.role, col, row, round(w, 6), round(h, 6)]))
 
-
-def _span(ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    if len(ids) > 8:
-        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
-    return ", ".join(map(str, ids))
 
 
 def _mesh_key(stage: Stage) -> list[dict[str, Any]]:
@@ -579,7 +572,7 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
         if plan.is_pipeline:
             st = col.stages
             text += "<br>" + (f"stage {st[0]}" if len(st) == 1 else
-                              f"stages {_span(st)}")
+                              f"stages {id_span(st)}")
         ticktext.append(text)
     mesh_txt = " | ".join(dict.fromkeys("x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
                                         for s in plan.stages))

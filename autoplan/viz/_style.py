@@ -241,6 +241,19 @@ def fmt_in_unit(t: float, unit: tuple[float, str]) -> str:
     return f"{t / unit[0]:.4g} {unit[1]}"
 
 
+def id_span(ids: Sequence[int]) -> str:
+    """A set of device or stage ids as text: ``"0-7"`` for a run, the first six and the count
+    for many, ``"-"`` for none."""
+    ids = sorted(ids)
+    if not ids:
+        return "-"
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    if len(ids) > 8:
+        return f"{', '.join(map(str, ids[:6]))}, ... ({len(ids)})"
+    return ", ".join(map(str, ids))
+
+
 def short_list(names: Sequence[str], limit: int = 3) -> str:
     """``a, b, c`` or ``a .. z (24)`` for long lists (names in order)."""
     names = list(names)
