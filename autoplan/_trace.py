@@ -1,7 +1,8 @@
 """Tracing a JAX training step into an :class:`~autoplan.OpGraph`.
 
 :func:`trace` takes the jaxpr of the whole function (``jax.make_jaxpr``; abstract
-``jax.ShapeDtypeStruct`` arguments work, so nothing is allocated) and flattens it:
+``jax.ShapeDtypeStruct`` arguments work, so nothing is allocated) and flattens it with
+:func:`autoplan._jaxpr.walk_jaxpr`, the walk the executor evaluates too:
 
 * containers are inlined: ``jit``/``pjit``, ``closed_call``, ``remat``/``checkpoint``,
   ``custom_jvp_call``, ``custom_vjp_call``; their named scopes are prefixed by the enclosing
@@ -34,6 +35,7 @@ from jax.extend import core as jcore
 
 from ._errors import TraceError
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
+from ._jaxpr import Lit, Walk, walk_jaxpr
 from ._workload import ARG_KINDS, arg_trees, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
@@ -43,11 +45,8 @@ class OpaqueControlFlowWarning(UserWarning):
     """``while``/``cond`` (or an over-long ``scan``) was kept as one opaque, replicated node."""
 
 
-_INLINE = {"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call",
-           "custom_lin"}
+#: control flow whose FLOPs are counted from its bodies (each stays one operator of the walk)
 _OPAQUE = {"while", "cond", "shard_map", "xla_pmap", "custom_transpose_call"}
-_INTERNAL_SCOPES = {"rematted_computation"}
 
 #: primitives that move or re-type data without arithmetic (0 FLOPs)
 MOVEMENT = frozenset({
@@ -140,168 +139,49 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
     return float(out)
 
 
-def _aval_info(v) -> tuple[tuple[int, ...], str]:
-    aval = v.aval
-    shape = tuple(int(d) for d in getattr(aval, "shape", ()))
-    dtype = getattr(aval, "dtype", None)
-    return shape, (np.dtype(dtype).name if dtype is not None else "token")
+def _dtype_name(dtype: Any) -> str:
+    return np.dtype(dtype).name if dtype is not None else "token"
 
 
-class _Builder:
-    def __init__(self, max_scan_unroll: int):
-        self.ops: list[OpNode] = []
-        self.tensors: list[Tensor] = []
-        self.opaque: dict[str, int] = {}
-        self.max_scan_unroll = max_scan_unroll
-        self.transforms: list[tuple[str, ...]] = []  # per op: transform names (for roles)
-
-    def new_tensor(self, shape, dtype, producer=-1) -> int:
-        t = Tensor(len(self.tensors), shape, dtype, producer)
-        self.tensors.append(t)
-        return t.id
-
-    def add_op(self, primitive, params, inputs, out_avals, scope, transforms, flops=None) -> list[int]:
-        oid = len(self.ops)
-        outs = [self.new_tensor(s, d, oid) for s, d in out_avals]
-        in_shapes = tuple(self.tensors[t].shape if t is not None else None for t in inputs)
-        in_dtypes = tuple(self.tensors[t].dtype if t is not None else None for t in inputs)
-        out_shapes = tuple(s for s, _ in out_avals)
-        if flops is None:
+def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int]]:
+    """The walk's operators as :class:`OpNode` s, its tensors as :class:`Tensor` s, and the
+    count of operators kept opaque, by primitive."""
+    tensors = [Tensor(i, t.shape, _dtype_name(t.dtype), t.producer)
+               for i, t in enumerate(w.tensors)]
+    # roles: forward (under jvp), backward (under transpose); un-transformed operators after
+    # the first backward one (in program order) are the update, the ones before it forward
+    first_bwd = next((op.id for op in w.ops if "transpose" in op.transforms), len(w.ops))
+    ops: list[OpNode] = []
+    opaque: dict[str, int] = {}
+    for op in w.ops:
+        if "transpose" in op.transforms:
+            role = "backward"
+        elif "jvp" in op.transforms or "linearize" in op.transforms or op.id < first_bwd:
+            role = "forward"
+        else:
+            role = "update"
+        inputs = tuple(None if isinstance(r, Lit) else r for r in op.inputs)
+        in_shapes = tuple(tensors[t].shape if t is not None else None for t in inputs)
+        out_shapes = tuple(tensors[t].shape for t in op.outputs)
+        params = op.params if op.eqn is None else _plain_params(op.eqn.params)
+        if op.eqn is not None and (op.primitive in _OPAQUE or op.primitive == "scan"):
+            # while/cond, and a scan longer than max_scan_unroll (shorter ones are unrolled)
+            opaque[op.primitive] = opaque.get(op.primitive, 0) + 1
+            flops = _count_flops_eqn(op.eqn)
+        else:
             try:
-                flops = op_flops(primitive, params, list(in_shapes), list(out_shapes))
+                flops = op_flops(op.primitive, params, list(in_shapes), list(out_shapes))
             except (KeyError, IndexError, TypeError):
                 flops = float(sum(math.prod(s) for s in out_shapes))
-        self.ops.append(OpNode(
-            id=oid, primitive=primitive, params=params, inputs=tuple(inputs), outputs=tuple(outs),
-            flops=float(flops), scope=scope, role="", in_shapes=in_shapes, out_shapes=out_shapes,
-            bytes_in=sum(self.tensors[t].nbytes for t in inputs if t is not None),
-            bytes_out=sum(self.tensors[t].nbytes for t in outs),
-            in_dtypes=in_dtypes, out_dtypes=tuple(d for _, d in out_avals)))
-        self.transforms.append(transforms)
-        return outs
-
-    # ---- the walk ----------------------------------------------------------------------
-    def walk(self, jaxpr, in_ids: list[int | None], scope: tuple[str, ...],
-             transforms: tuple[str, ...]) -> list[int | None]:
-        env: dict[Any, int | None] = {}
-        for v, t in zip(jaxpr.invars, in_ids):
-            env[v] = t
-
-        def read(v):
-            if isinstance(v, jcore.Literal):
-                return None
-            return env.get(v)
-
-        for eqn in jaxpr.eqns:
-            ins = [read(v) for v in eqn.invars]
-            ns = eqn.source_info.name_stack
-            e_scope, e_tf = list(scope), list(transforms)
-            for el in ns.stack:
-                if type(el).__name__ == "Transform":
-                    e_tf.append(el.name)
-                elif el.name not in _INTERNAL_SCOPES:
-                    e_scope.append(el.name)
-            e_scope_t, e_tf_t = tuple(e_scope), tuple(e_tf)
-            name = eqn.primitive.name
-            if name in _INLINE:
-                sub = inline_jaxpr(eqn)
-                if sub is not None:
-                    inner, consts = sub
-                    const_ids = [self._const(c) for c in consts]
-                    outs = self.walk(inner, const_ids + ins, e_scope_t, e_tf_t)
-                    for v, t in zip(eqn.outvars, outs):
-                        env[v] = t
-                    continue
-            if name == "scan":
-                outs = self._scan(eqn, ins, e_scope_t, e_tf_t)
-            elif name in _OPAQUE:
-                self.opaque[name] = self.opaque.get(name, 0) + 1
-                outs = self.add_op(name, _plain_params(eqn.params), ins,
-                                   [_aval_info(v) for v in eqn.outvars], e_scope_t, e_tf_t,
-                                   flops=_count_flops_eqn(eqn))
-            else:
-                outs = self.add_op(name, _plain_params(eqn.params), ins,
-                                   [_aval_info(v) for v in eqn.outvars], e_scope_t, e_tf_t)
-            for v, t in zip(eqn.outvars, outs):
-                env[v] = t
-        return [read(v) for v in jaxpr.outvars]
-
-    def _const(self, c) -> int:
-        arr = np.asarray(c) if not hasattr(c, "aval") else c
-        shape = tuple(int(d) for d in np.shape(arr))
-        dtype = np.dtype(getattr(arr, "dtype", np.float32)).name
-        return self.new_tensor(shape, dtype)
-
-    def _scan(self, eqn, ins, scope, tf) -> list[int | None]:
-        p = eqn.params
-        length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
-        closed = p["jaxpr"]
-        if length > self.max_scan_unroll:
-            self.opaque["scan"] = self.opaque.get("scan", 0) + 1
-            return self.add_op("scan", _plain_params(p), ins, [_aval_info(v) for v in eqn.outvars],
-                               scope, tf, flops=_count_flops_eqn(eqn))
-        body, consts = _closed_to_open(closed)
-        const_ids = [self._const(c) for c in consts]
-        c_ids = ins[:n_consts]
-        carry = ins[n_consts:n_consts + n_carry]
-        xs = ins[n_consts + n_carry:]
-        n_ys = len(eqn.outvars) - n_carry
-        ys_iters: list[list[int | None]] = [[] for _ in range(n_ys)]
-        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
-        x_avals = [_aval_info(v) for v in eqn.invars[n_consts + n_carry:]]
-        for i in order:
-            # named by the iteration's index into the scanned inputs, not by the trip's order:
-            # the transpose of a scan runs in reverse, and its iteration i differentiates the
-            # forward scan's iteration i (the same layer of stacked parameters)
-            it_scope = scope + (f"scan_{i}",)
-            x_slices = []
-            for x, (shape, dtype) in zip(xs, x_avals):
-                if x is None:
-                    x_slices.append(None)
-                    continue
-                (s,) = self.add_op("scan_slice", {"axis": 0, "index": i}, [x], [(shape[1:], dtype)],
-                                   it_scope, tf)
-                x_slices.append(s)
-            outs = self.walk(body, const_ids + c_ids + carry + x_slices, it_scope, tf)
-            carry = outs[:n_carry]
-            for k, y in enumerate(outs[n_carry:]):
-                ys_iters[k].append(y)
-        results: list[int | None] = list(carry)
-        for k, v in enumerate(eqn.outvars[n_carry:]):
-            parts = ys_iters[k][::-1] if p.get("reverse") else ys_iters[k]
-            (y,) = self.add_op("scan_stack", {"axis": 0, "length": length}, parts,
-                               [_aval_info(v)], scope, tf)
-            results.append(y)
-        return results
-
-
-def inline_jaxpr(eqn) -> tuple[Any, list[Any]] | None:
-    """The sub-jaxpr (and its consts) a container equation is inlined with, or None when the
-    equation has none whose inputs match its operands. Shared with the plan executor, which must
-    flatten exactly as the trace does."""
-    n = len(eqn.invars)
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        j = eqn.params.get(key)
-        if j is None:
-            continue
-        if isinstance(j, jcore.ClosedJaxpr):
-            if len(j.jaxpr.invars) == n and not j.jaxpr.constvars:
-                return j.jaxpr, []
-            if len(j.jaxpr.invars) == n:
-                return _closed_to_open(j)
-        elif isinstance(j, jcore.Jaxpr) and len(j.invars) == n and not j.constvars:
-            return j, []
-    return None
-
-
-def _closed_to_open(closed):
-    """A ClosedJaxpr's jaxpr with its consts moved to leading invars."""
-    j = closed.jaxpr
-    if not j.constvars:
-        return j, []
-    from jax._src.interpreters import partial_eval as pe  # noqa: PLC0415
-
-    return pe.convert_constvars_jaxpr(j), list(closed.consts)
+        ops.append(OpNode(
+            id=op.id, primitive=op.primitive, params=params, inputs=inputs, outputs=op.outputs,
+            flops=float(flops), scope=op.scope, role=role, in_shapes=in_shapes,
+            out_shapes=out_shapes,
+            bytes_in=sum(tensors[t].nbytes for t in inputs if t is not None),
+            bytes_out=sum(tensors[t].nbytes for t in op.outputs),
+            in_dtypes=tuple(tensors[t].dtype if t is not None else None for t in inputs),
+            out_dtypes=tuple(tensors[t].dtype for t in op.outputs)))
+    return ops, tensors, opaque
 
 
 def _count_flops_jaxpr(jaxpr) -> float:
@@ -327,22 +207,6 @@ def _count_flops_eqn(eqn) -> float:
         return op_flops(name, _plain_params(eqn.params), ins, outs)
     except (KeyError, IndexError, TypeError):
         return float(sum(math.prod(s) for s in outs))
-
-
-def _assign_roles(b: _Builder) -> list[OpNode]:
-    """forward (under jvp), backward (under transpose); un-transformed ops after the first
-    backward op (in program order) are the update, the ones before it forward."""
-    first_bwd = next((i for i, tf in enumerate(b.transforms) if "transpose" in tf), len(b.ops))
-    out: list[OpNode] = []
-    for i, (op, tf) in enumerate(zip(b.ops, b.transforms)):
-        if "transpose" in tf:
-            role = "backward"
-        elif "jvp" in tf or "linearize" in tf or i < first_bwd:
-            role = "forward"
-        else:
-            role = "update"
-        out.append(OpNode(**{**op.__dict__, "role": role}))
-    return out
 
 
 def _arg_names(fn: Callable, n: int) -> list[str]:
@@ -425,34 +289,27 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
             f"{type(err).__name__}: {err}. Fix: fn must be a pure JAX function of its array "
             "arguments (see jax.make_jaxpr).") from err
 
-    b = _Builder(max_scan_unroll)
+    w = walk_jaxpr(closed, max_scan_unroll)
+    ops, tensors, opaque = _graph_from_walk(w)
     names = _arg_names(fn, n)
     inputs: list[GraphInput] = []
-    in_ids: list[int | None] = []
-    for (path, _leaf), var in zip(flat_with_path, closed.jaxpr.invars):
-        shape, dtype = _aval_info(var)
-        tid = b.new_tensor(shape, dtype)
-        in_ids.append(tid)
+    for (path, _leaf), tid in zip(flat_with_path, w.input_ids):
         if path[0].idx == 0:
             i = path[1].idx
             inputs.append(GraphInput(tid, i, names[i], jax.tree_util.keystr(path[2:]), kinds[i]))
         else:
             inputs.append(GraphInput(tid, n, "kwargs", jax.tree_util.keystr(path[1:]), "input"))
-    top, top_consts = _closed_to_open(closed)
-    consts = [b._const(c) for c in top_consts]
-    outs = b.walk(top, consts + in_ids, (), ())
     out_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]
-    outputs = [GraphOutput(t, p) for t, p in zip(outs, out_paths) if t is not None]
-    ops = _assign_roles(b)
+    outputs = [GraphOutput(t, p) for t, p in zip(w.outputs, out_paths) if not isinstance(t, Lit)]
     msgs = []
-    if b.opaque:
-        desc = ", ".join(f"{k} x{v}" for k, v in sorted(b.opaque.items()))
-        msg = (f"trace: kept {sum(b.opaque.values())} control-flow operator(s) opaque ({desc}): "
+    if opaque:
+        desc = ", ".join(f"{k} x{v}" for k, v in sorted(opaque.items()))
+        msg = (f"trace: kept {sum(opaque.values())} control-flow operator(s) opaque ({desc}): "
                "their trip counts or branches are not static, so each is one node with the "
                "replicated strategy. Fix: use lax.scan with a static length or Python loops for "
                "repeated layers.")
         warnings.warn(msg, OpaqueControlFlowWarning, stacklevel=2)
         msgs.append(msg)
-    return OpGraph(ops=ops, tensors=b.tensors, inputs=inputs, outputs=outputs,
-                   name=name or getattr(fn, "__name__", "graph"), consts=consts, warnings=msgs,
-                   arg_trees=None if kwargs else arg_trees(args))
+    return OpGraph(ops=ops, tensors=tensors, inputs=inputs, outputs=outputs,
+                   name=name or getattr(fn, "__name__", "graph"), consts=w.top_consts,
+                   warnings=msgs, arg_trees=None if kwargs else arg_trees(args))

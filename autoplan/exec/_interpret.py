@@ -1,12 +1,12 @@
 """Re-evaluating a training step op by op, numbered exactly as :func:`autoplan.trace` numbers it.
 
-:func:`flatten` takes the jaxpr of the function (``jax.make_jaxpr``, as the trace does) and walks
-it the same way :mod:`autoplan._trace` does: the same containers are inlined (jit/pjit, remat,
-custom_jvp/custom_vjp calls, ...), ``scan`` is unrolled into synthetic ``scan_slice`` /
-``scan_stack`` operators around each iteration's body (scans longer than ``max_scan_unroll`` stay
-one operator), ``while``/``cond`` and every other primitive carrying a sub-jaxpr are bound as they
-are. Tensor ids are handed out in the same order too, so operator ``i`` and tensor ``t`` of the
-:class:`FlatProgram` are operator ``i`` and tensor ``t`` of the :class:`~autoplan.OpGraph`.
+:func:`flatten` takes the jaxpr of the function (``jax.make_jaxpr``, as the trace does) and
+flattens it with :func:`autoplan._jaxpr.walk_jaxpr`, the walk :func:`autoplan.trace` builds its
+graph from: containers (jit/pjit, remat, custom_jvp/custom_vjp calls, ...) inlined, short
+``scan`` s unrolled into synthetic ``scan_slice`` / ``scan_stack`` operators around each
+iteration's body, and every other equation (``while``/``cond``, longer scans, any primitive) bound
+as it is. Operator ``i`` and tensor ``t`` of the :class:`FlatProgram` are therefore operator
+``i`` and tensor ``t`` of the :class:`~autoplan.OpGraph`.
 
 A :class:`FlatProgram` evaluates any subset of its operators on an environment ``{tensor id:
 value}``, with a hook on every operator's outputs (and, when the hook has a ``before`` method, on
@@ -34,12 +34,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jcore
 from jax.sharding import NamedSharding
 
 from autoplan._errors import ExecutionError
+from autoplan._jaxpr import Lit, Ref, Walk, WalkOp, walk_jaxpr
 from autoplan._plan import spec_to_pspec
-from autoplan._trace import _INLINE, _closed_to_open, inline_jaxpr
 
 __all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
 
@@ -47,16 +46,6 @@ try:  # HLO metadata (op_name) of re-bound equations; optional
     from jax._src import source_info_util as _siu
 except ImportError:  # pragma: no cover - private module moved
     _siu = None
-
-
-@dataclass(frozen=True)
-class Lit:
-    """A literal operand (the trace records ``None`` for it): its value."""
-
-    value: Any
-
-
-Ref = int | Lit
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,95 +199,6 @@ class FlatProgram:
                     f"{tuple(b.outputs)}). Fix: trace and run with the same autoplan version.")
 
 
-class _Walker:
-    """Mirrors :class:`autoplan._trace._Builder`: same inlining, same unrolling, same numbering."""
-
-    def __init__(self, max_scan_unroll: int):
-        self.ops: list[FlatOp] = []
-        self.consts: dict[int, Any] = {}
-        self.next_tensor = 0
-        self.max_scan_unroll = max_scan_unroll
-
-    def new_tensor(self) -> int:
-        t = self.next_tensor
-        self.next_tensor += 1
-        return t
-
-    def const(self, value: Any) -> int:
-        t = self.new_tensor()
-        self.consts[t] = value
-        return t
-
-    def add(self, primitive: str, inputs: Sequence[Ref], n_out: int, eqn: Any = None,
-            params: Mapping[str, Any] | None = None, name_stack: Any = None) -> list[int]:
-        oid = len(self.ops)
-        outs = [self.new_tensor() for _ in range(n_out)]
-        self.ops.append(FlatOp(oid, primitive, tuple(inputs), tuple(outs), eqn, dict(params or {}),
-                               name_stack))
-        return outs
-
-    def walk(self, jaxpr: Any, in_refs: Sequence[Ref], name_stack: Any) -> list[Ref]:
-        env: dict[Any, Ref] = dict(zip(jaxpr.invars, in_refs))
-
-        def read(v: Any) -> Ref:
-            if isinstance(v, jcore.Literal):
-                return Lit(v.val)
-            return env[v]
-
-        for eqn in jaxpr.eqns:
-            ins = [read(v) for v in eqn.invars]
-            ns = eqn.source_info.name_stack if name_stack is None else name_stack + eqn.source_info.name_stack
-            name = eqn.primitive.name
-            if name in _INLINE:
-                sub = inline_jaxpr(eqn)
-                if sub is not None:
-                    inner, consts = sub
-                    const_ids = [self.const(c) for c in consts]
-                    outs = self.walk(inner, const_ids + ins, ns)
-                    for v, r in zip(eqn.outvars, outs):
-                        env[v] = r
-                    continue
-            if name == "scan" and int(eqn.params["length"]) <= self.max_scan_unroll:
-                outs = self.scan(eqn, ins, ns)
-            else:
-                # opaque control flow (while/cond, long scans, anything with a sub-jaxpr) and
-                # ordinary primitives alike: bound as they are
-                outs = self.add(name, ins, len(eqn.outvars), eqn, name_stack=ns)
-            for v, r in zip(eqn.outvars, outs):
-                env[v] = r
-        return [read(v) for v in jaxpr.outvars]
-
-    def scan(self, eqn: Any, ins: list[Ref], ns: Any) -> list[Ref]:
-        p = eqn.params
-        length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
-        body, consts = _closed_to_open(p["jaxpr"])
-        const_ids: list[Ref] = [self.const(c) for c in consts]
-        c_refs = ins[:n_consts]
-        carry = ins[n_consts:n_consts + n_carry]
-        xs = ins[n_consts + n_carry:]
-        n_ys = len(eqn.outvars) - n_carry
-        ys_iters: list[list[Ref]] = [[] for _ in range(n_ys)]
-        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
-        for i in order:
-            x_slices: list[Ref] = []
-            for x in xs:
-                if isinstance(x, Lit):
-                    x_slices.append(Lit(np.asarray(x.value)[i]))
-                    continue
-                (s,) = self.add("scan_slice", [x], 1, params={"index": i}, name_stack=ns)
-                x_slices.append(s)
-            outs = self.walk(body, const_ids + c_refs + carry + x_slices, ns)
-            carry = outs[:n_carry]
-            for k, y in enumerate(outs[n_carry:]):
-                ys_iters[k].append(y)
-        results: list[Ref] = list(carry)
-        for k, v in enumerate(eqn.outvars[n_carry:]):
-            parts = ys_iters[k][::-1] if p.get("reverse") else ys_iters[k]
-            (y,) = self.add("scan_stack", parts, 1, params={"dtype": v.aval.dtype}, name_stack=ns)
-            results.append(y)
-        return results
-
-
 def _abstract(x: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -333,15 +233,22 @@ def flatten(fn: Callable[..., Any], *args: Any, max_scan_unroll: int = 512) -> F
         raise ExecutionError(f"flatten: JAX could not trace {getattr(fn, '__name__', fn)!r}: "
                              f"{type(err).__name__}: {err}. Fix: pass the training step (a "
                              "function JAX can trace) and its arguments.") from err
-    w = _Walker(max_scan_unroll)
-    input_ids = [w.new_tensor() for _ in closed.jaxpr.invars]
-    top, top_consts = _closed_to_open(closed)
-    const_ids: list[Ref] = [w.const(c) for c in top_consts]
-    outs = w.walk(top, const_ids + list(input_ids), None)
-    out_tree = jax.tree_util.tree_structure(out_shape)
-    in_tree = jax.tree_util.tree_structure(abstract)
-    return FlatProgram(ops=w.ops, input_ids=input_ids, consts=w.consts, outputs=outs,
-                       out_tree=out_tree, in_tree=in_tree, num_tensors=w.next_tensor)
+    w = walk_jaxpr(closed, max_scan_unroll)
+    ops = [FlatOp(op.id, op.primitive, op.inputs, op.outputs, op.eqn, _flat_params(w, op),
+                  op.name_stack) for op in w.ops]
+    return FlatProgram(ops=ops, input_ids=w.input_ids, consts=w.consts, outputs=w.outputs,
+                       out_tree=jax.tree_util.tree_structure(out_shape),
+                       in_tree=jax.tree_util.tree_structure(abstract), num_tensors=len(w.tensors))
+
+
+def _flat_params(w: Walk, op: WalkOp) -> dict[str, Any]:
+    """What :meth:`FlatOp.apply` reads of a synthetic operator: the slice's index, the stacked
+    result's dtype."""
+    if op.primitive == "scan_slice" and op.eqn is None:
+        return {"index": op.params["index"]}
+    if op.primitive == "scan_stack" and op.eqn is None:
+        return {"dtype": w.tensors[op.outputs[0]].dtype}
+    return {}
 
 
 class _ShardingHook:
