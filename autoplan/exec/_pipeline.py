@@ -217,6 +217,10 @@ class PipelineOutcome:
         constraints_applied, constraints_skipped: sharding constraints of the plan's operators.
         phases: number of operators per (phase, stage) task.
         dispatches: programs and transfers dispatched per step by this process.
+        grad_tensors: tensor ids of the micro-batch graph's gradients (the values handed to the
+            optimizer update), matching each record's ``grads``.
+        records: the executed steps, for the equivalence check (with ``capture``).
+        graph: the micro-batch graph.
     """
 
     losses: list[float]
@@ -232,7 +236,7 @@ class PipelineOutcome:
     constraints_applied: int
     constraints_skipped: int
     phases: dict[str, int]
-    crossing: list[int] = field(default_factory=list)
+    grad_tensors: list[int] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
     graph: Any = None
     dispatches: int = 0
@@ -245,7 +249,7 @@ class StepRecord:
     Attributes:
         loss: the step's loss.
         outputs: its results (arrays, possibly sharded, or host arrays).
-        grads: the values handed to the optimizer update (``PipelineOutcome.crossing``), in
+        grads: the values handed to the optimizer update (``PipelineOutcome.grad_tensors``), in
             that order: the full-batch gradients.
     """
 
@@ -382,6 +386,29 @@ def _acc_dtype(dtype: Any) -> np.dtype:
     return np.promote_types(np.dtype(dtype), np.float32)
 
 
+
+def _microbatch_abstract(host_args: tuple[Any, ...], batch_args: Sequence[int],
+                         num_mb: int) -> list[Any]:
+    """The step's abstract arguments for one micro-batch: batch arguments' leading dimension
+    divided by ``num_mb`` (refused when it does not divide), the others as they are."""
+    mb_abstract = []
+    for i, a in enumerate(host_args):
+        if i in batch_args:
+            def split(x, i=i):
+                x = np.asarray(x)
+                if x.ndim == 0 or x.shape[0] % num_mb:
+                    raise ExecutionError(
+                        f"batch argument {i} has a leaf of shape {x.shape} whose leading "
+                        f"dimension does not split into {num_mb} micro-batches. Fix: make a plan "
+                        "whose schedule.microbatches divides the batch size.")
+                return jax.ShapeDtypeStruct((x.shape[0] // num_mb,) + x.shape[1:], x.dtype)
+            mb_abstract.append(jax.tree_util.tree_map(split, a))
+        else:
+            mb_abstract.append(jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
+    return mb_abstract
+
+
 class _Split:
     """A training step split into phases, stages and tasks for a plan (see the module
     docstring); everything both runners share."""
@@ -390,27 +417,13 @@ class _Split:
                  arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], capture: bool):
         self.plan = plan
         self.S = S = len(plan.stages)
-        self.M = M = plan.schedule.microbatches
-        if not isinstance(M, int) or M < 1:
-            raise ExecutionError(f"schedule.microbatches should be an integer >= 1. Got {M!r}. "
+        self.num_microbatches = num_mb = plan.schedule.microbatches
+        if not isinstance(num_mb, int) or num_mb < 1:
+            raise ExecutionError(f"schedule.microbatches should be an integer >= 1. Got {num_mb!r}. "
                                  "Fix: re-create the plan's schedule.")
         self.order = _table_order(plan)
         self.batch_args = [i for i, k in enumerate(arg_kinds) if k == "batch"]
-        mb_abstract = []
-        for i, a in enumerate(host_args):
-            if i in self.batch_args:
-                def split(x, i=i):
-                    x = np.asarray(x)
-                    if x.ndim == 0 or x.shape[0] % M:
-                        raise ExecutionError(
-                            f"batch argument {i} has a leaf of shape {x.shape} whose leading "
-                            f"dimension does not split into {M} micro-batches. Fix: make a plan "
-                            "whose schedule.microbatches divides the batch size.")
-                    return jax.ShapeDtypeStruct((x.shape[0] // M,) + x.shape[1:], x.dtype)
-                mb_abstract.append(jax.tree_util.tree_map(split, a))
-            else:
-                mb_abstract.append(jax.tree_util.tree_map(
-                    lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
+        mb_abstract = _microbatch_abstract(host_args, self.batch_args, num_mb)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OpaqueControlFlowWarning)
             self.graph = graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds),
@@ -427,40 +440,8 @@ class _Split:
         self.out_ids = {r for r in prog.outputs if not isinstance(r, Lit)}
         self.tasks, self.producer = _build_tasks(prog, _assign(plan, graph, prog), self.out_ids)
 
-        # the plan's shardings of the graph inputs (spec checked against the micro-batch shape)
-        spec_of = {(i.arg, i.path): i for i in plan.inputs}
-        self.leaves: list[tuple[int, str, Any]] = []
-        for a, tree in enumerate(host_args):
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-                self.leaves.append((a, jax.tree_util.keystr(path), leaf))
-        self.in_info: dict[int, tuple[int, NamedSharding, bool]] = {}
-        for tid, (a, path, leaf) in zip(prog.input_ids, self.leaves):
-            ispec = spec_of[(a, path)]
-            mesh = meshes[ispec.stage]
-            shape = np.shape(leaf)
-            is_batch = a in self.batch_args
-            if is_batch:
-                shape = (shape[0] // M,) + tuple(shape[1:])
-            ok = divisible(shape, ispec.spec, dict(mesh.shape))
-            sh = NamedSharding(mesh, spec_to_pspec(ispec.spec) if ok else PartitionSpec())
-            self.in_info[tid] = (ispec.stage, sh, is_batch)
-
-        # accumulated values: per-micro-batch results read once per step or returned
-        producer = self.producer
-        self.accumulate: set[int] = set()
-        for (phase, _s), task in self.tasks.items():
-            if phase in ("update", "prologue"):
-                self.accumulate.update(t for t in task.inputs if producer.get(t, ("",))[0] in PER_MB)
-        self.accumulate.update(t for t in self.out_ids if producer.get(t, ("",))[0] in PER_MB)
-        for t in sorted(self.accumulate):
-            dt = graph.tensors[t].dtype
-            if not np.issubdtype(np.dtype(dt), np.floating):
-                raise ExecutionError(
-                    f"tensor {t} ({dt}) is computed per micro-batch and handed to the update or "
-                    "returned; only floating-point values can be averaged over micro-batches. Fix: "
-                    "use an intra-operator plan (schedule.microbatches = 1) for this step.")
-        self.crossing = sorted(t for t in self.accumulate if any(
-            t in task.inputs for k, task in self.tasks.items() if k[0] == "update"))
+        self.leaves, self.in_info = self._input_shardings(host_args)
+        self.accumulate, self.grad_tensors = self._accumulated()
         self.state_inputs = self._state_inputs()
         self.acc_sharding = {t: self._acc_sharding(t) for t in self.accumulate}
 
@@ -470,6 +451,49 @@ class _Split:
             self.hooks.append(sharding_hook(meshes[s], [o for o in plan.stages[s].ops if o.op in mine],
                                             exact_shapes=False))
         self._fill_task_io(capture)
+
+    def _input_shardings(self, host_args: tuple[Any, ...]
+                         ) -> tuple[list[tuple[int, str, Any]], dict[int, tuple[int, NamedSharding, bool]]]:
+        """The argument leaves ``(argument, path, leaf)`` and, per input tensor, the plan's
+        ``(stage, sharding, is batch)`` (a spec that does not divide the micro-batch shape is
+        replicated)."""
+        spec_of = {(i.arg, i.path): i for i in self.plan.inputs}
+        leaves: list[tuple[int, str, Any]] = []
+        for a, tree in enumerate(host_args):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                leaves.append((a, jax.tree_util.keystr(path), leaf))
+        in_info: dict[int, tuple[int, NamedSharding, bool]] = {}
+        for tid, (a, path, leaf) in zip(self.prog.input_ids, leaves):
+            ispec = spec_of[(a, path)]
+            mesh = self.meshes[ispec.stage]
+            shape = np.shape(leaf)
+            is_batch = a in self.batch_args
+            if is_batch:
+                shape = (shape[0] // self.num_microbatches,) + tuple(shape[1:])
+            ok = divisible(shape, ispec.spec, dict(mesh.shape))
+            sh = NamedSharding(mesh, spec_to_pspec(ispec.spec) if ok else PartitionSpec())
+            in_info[tid] = (ispec.stage, sh, is_batch)
+        return leaves, in_info
+
+    def _accumulated(self) -> tuple[set[int], list[int]]:
+        """The accumulated values (per-micro-batch results read once per step or returned) and,
+        of them, the gradients (those the update tasks read), sorted; refuses a non-float one."""
+        producer = self.producer
+        accumulate: set[int] = set()
+        for (phase, _s), task in self.tasks.items():
+            if phase in ("update", "prologue"):
+                accumulate.update(t for t in task.inputs if producer.get(t, ("",))[0] in PER_MB)
+        accumulate.update(t for t in self.out_ids if producer.get(t, ("",))[0] in PER_MB)
+        for t in sorted(accumulate):
+            dt = self.graph.tensors[t].dtype
+            if not np.issubdtype(np.dtype(dt), np.floating):
+                raise ExecutionError(
+                    f"tensor {t} ({dt}) is computed per micro-batch and handed to the update or "
+                    "returned; only floating-point values can be averaged over micro-batches. Fix: "
+                    "use an intra-operator plan (schedule.microbatches = 1) for this step.")
+        grad_tensors = sorted(t for t in accumulate if any(
+            t in task.inputs for k, task in self.tasks.items() if k[0] == "update"))
+        return accumulate, grad_tensors
 
     # ---- layout of accumulators and new state ------------------------------------------
     def _state_inputs(self) -> dict[int, int]:
@@ -518,7 +542,7 @@ class _Split:
         for k, task in tasks.items():
             for t in task.inputs:
                 readers.setdefault(t, set()).add(k)
-        wanted_means = set(self.out_ids & acc) | (set(self.crossing) if capture else set())
+        wanted_means = set(self.out_ids & acc) | (set(self.grad_tensors) if capture else set())
         for t in sorted(acc):
             s = producer[t][1]
             tasks.setdefault(("prologue", s), _Task("prologue", s)).acc.append(t)
@@ -540,7 +564,7 @@ class _Split:
     # ---- the programs ------------------------------------------------------------------
     def task_fn(self, task: _Task) -> Callable[..., Any]:
         """The function of a task's program (see :class:`_Task` for its arguments/results)."""
-        prog, s, M = self.prog, task.stage, self.M
+        prog, s, num_mb = self.prog, task.stage, self.num_microbatches
         hook = self.hooks[s][0]
         repl = self.replicated[s]
         crossing_out = {t for t in task.plain
@@ -560,7 +584,7 @@ class _Split:
             sums = vals[len(value_inputs):]
             if task.phase == "update":
                 for t, a in zip(task.means, sums):
-                    env[t] = (a / M).astype(tensors[t].dtype)
+                    env[t] = (a / num_mb).astype(tensors[t].dtype)
             prog.evaluate(env, task.ops, hook)
             outs = []
             for t in task.plain:
@@ -597,7 +621,7 @@ class _Split:
     def scan_fn(self, capture: bool) -> Callable[..., Any]:
         """The one-stage step as one program: prologue, a scan over micro-batches, means,
         update. Arguments are the flat input leaves with batch leaves stacked ``(m, b, ...)``."""
-        prog, M = self.prog, self.M
+        prog, num_mb = self.prog, self.num_microbatches
         hook = self.hooks[0][0]
         tensors, acc_sh = self.graph.tensors, self.acc_sharding
         batch_ids = [t for t in prog.input_ids if self.in_info[t][2]]
@@ -630,7 +654,7 @@ class _Split:
                     for t in acc_ids]
             sums, _ = jax.lax.scan(body, init, stacked)
             for t, a in zip(acc_ids, sums):
-                env[t] = (a / M).astype(tensors[t].dtype)
+                env[t] = (a / num_mb).astype(tensors[t].dtype)
             prog.evaluate(env, upd, hook)
             flat = []
             for i, r in enumerate(prog.outputs):
@@ -640,7 +664,7 @@ class _Split:
                 elif i == 0 and not isinstance(r, Lit):
                     v = wsc(v, loss_sh)
                 flat.append(v)
-            return flat, ([env[t] for t in self.crossing] if capture else [])
+            return flat, ([env[t] for t in self.grad_tensors] if capture else [])
 
         step.__name__ = "accumulated_step"
         return step
@@ -671,44 +695,77 @@ def _instructions(sp: _Split) -> tuple[list[Any], list[tuple]]:
     Keys: ``(tensor, micro-batch or STEP, stage)`` for values, ``(tensor, "acc", stage)`` for
     running sums, ``(tensor, "mean", stage)`` for means. Sends follow their producer at once;
     a run whose operand is not available yet is refused here, before anything runs."""
-    tasks, producer, in_info = sp.tasks, sp.producer, sp.in_info
-    acc = sp.accumulate
-    instrs: list[Any] = []
-    start: list[tuple] = []
-    avail: set[tuple] = set()
-    tensors = sp.graph.tensors
+    step = _StepBuilder(sp)
+    start = step.add_inputs()
+    tasks = sp.tasks
+    for s in range(sp.S):
+        if ("prologue", s) in tasks:
+            step.add_run(tasks[("prologue", s)], STEP)
+    for mb, s, kind in sp.order:
+        if (kind, s) in tasks:
+            step.add_run(tasks[(kind, s)], mb)
+    step.send_sums()
+    for s in range(sp.S):
+        if ("update", s) in tasks:
+            step.add_run(tasks[("update", s)], STEP)
+    step.drop_after_last_use()
+    return step.instrs, start
 
-    def aval(t: int, kind: Any) -> tuple[tuple[int, ...], Any]:
-        dt = _acc_dtype(tensors[t].dtype) if kind == "acc" else np.dtype(tensors[t].dtype)
-        return tuple(tensors[t].shape), dt
 
-    def send(src: int, pairs: Mapping[int, list[tuple[int, Any]]]) -> None:
+class _StepBuilder:
+    """One step's instruction list as :func:`_instructions` builds it, with the keys of the
+    values available so far."""
+
+    def __init__(self, sp: _Split):
+        """Start an empty step of ``sp``."""
+        self.sp = sp
+        self.instrs: list[Any] = []
+        self.avail: set[tuple] = set()
+
+    def aval(self, t: int, kind: Any) -> tuple[tuple[int, ...], Any]:
+        """Shape and dtype of tensor ``t`` (a running sum's dtype is at least float32)."""
+        ten = self.sp.graph.tensors[t]
+        dt = _acc_dtype(ten.dtype) if kind == "acc" else np.dtype(ten.dtype)
+        return tuple(ten.shape), dt
+
+    def send(self, src: int, pairs: Mapping[int, list[tuple[int, Any]]]) -> None:
+        """Send ``{destination stage: [(tensor, micro-batch or kind)]}`` from stage ``src``."""
         for dst in sorted(pairs):
             items = pairs[dst]
-            instrs.append(_Send(src, dst, [((t, i, src), (t, i, dst)) for t, i in items],
-                                [aval(t, i) for t, i in items]))
-            avail.update((t, i, dst) for t, i in items)
+            self.instrs.append(_Send(src, dst, [((t, i, src), (t, i, dst)) for t, i in items],
+                                     [self.aval(t, i) for t, i in items]))
+            self.avail.update((t, i, dst) for t, i in items)
 
-    def readers_stages(t: int, per_mb_only: bool = False) -> set[int]:
-        return {k[1] for k in sp.readers.get(t, ()) if not per_mb_only or k[0] in PER_MB}
+    def readers_stages(self, t: int, per_mb_only: bool = False) -> set[int]:
+        """The stages whose tasks (per-micro-batch ones only, if asked) read ``t``."""
+        return {k[1] for k in self.sp.readers.get(t, ()) if not per_mb_only or k[0] in PER_MB}
 
-    # non-batch inputs read on other stages than their own
-    by_home: dict[int, dict[int, list[tuple[int, Any]]]] = {}
-    for t in sp.prog.input_ids:
-        home, _sh, is_batch = in_info[t]
-        if is_batch:
-            for s in readers_stages(t):
-                for i in range(sp.M):
-                    start.append((t, i, s))
-            continue
-        start.append((t, STEP, home))
-        for s in sorted(readers_stages(t) - {home}):
-            by_home.setdefault(home, {}).setdefault(s, []).append((t, STEP))
-    avail.update(start)
-    for home in sorted(by_home):
-        send(home, by_home[home])
+    def add_inputs(self) -> list[tuple]:
+        """The inputs' keys (a batch input per micro-batch on each stage reading it), and the
+        sends of non-batch inputs read on other stages than their own; returns the keys."""
+        sp = self.sp
+        start: list[tuple] = []
+        by_home: dict[int, dict[int, list[tuple[int, Any]]]] = {}
+        for t in sp.prog.input_ids:
+            home, _sh, is_batch = sp.in_info[t]
+            if is_batch:
+                for s in self.readers_stages(t):
+                    for i in range(sp.num_microbatches):
+                        start.append((t, i, s))
+                continue
+            start.append((t, STEP, home))
+            for s in sorted(self.readers_stages(t) - {home}):
+                by_home.setdefault(home, {}).setdefault(s, []).append((t, STEP))
+        self.avail.update(start)
+        for home in sorted(by_home):
+            self.send(home, by_home[home])
+        return start
 
-    def run(task: _Task, mb: int) -> None:
+    def add_run(self, task: _Task, mb: int) -> None:
+        """Run ``task`` on micro-batch ``mb`` (or STEP), then send its results to the other
+        stages reading them; refuses an operand not available yet."""
+        sp, avail = self.sp, self.avail
+        producer, in_info = sp.producer, sp.in_info
         s = task.stage
         args = []
         for t in sp.value_inputs(task):
@@ -733,41 +790,35 @@ def _instructions(sp: _Split) -> tuple[list[Any], list[tuple]]:
         else:
             args += [(t, "acc", s) for t in task.means]
             outs = [(t, STEP, s) for t in task.plain] + [(t, "mean", s) for t in task.mean_out]
-        instrs.append(_Run(task, mb, args, outs))
+        self.instrs.append(_Run(task, mb, args, outs))
         avail.update(outs)
         pairs: dict[int, list[tuple[int, Any]]] = {}
         for t in task.plain:
-            for d in sorted(readers_stages(t, per_mb_only=task.phase in PER_MB) - {s}):
+            for d in sorted(self.readers_stages(t, per_mb_only=task.phase in PER_MB) - {s}):
                 pairs.setdefault(d, []).append((t, mb if task.phase in PER_MB else STEP))
-        send(s, pairs)
+        self.send(s, pairs)
 
-    for s in range(sp.S):
-        if ("prologue", s) in tasks:
-            run(tasks[("prologue", s)], STEP)
-    for mb, s, kind in sp.order:
-        if (kind, s) in tasks:
-            run(tasks[(kind, s)], mb)
-    # running sums read by another stage's update
-    sums: dict[int, dict[int, list[tuple[int, Any]]]] = {}
-    for t in sorted(acc):
-        s = producer[t][1]
-        for d in sorted({k[1] for k in sp.readers.get(t, ()) if k[0] == "update"} - {s}):
-            sums.setdefault(s, {}).setdefault(d, []).append((t, "acc"))
-    for s in sorted(sums):
-        send(s, sums[s])
-    for s in range(sp.S):
-        if ("update", s) in tasks:
-            run(tasks[("update", s)], STEP)
+    def send_sums(self) -> None:
+        """Send the running sums read by another stage's update."""
+        sp = self.sp
+        sums: dict[int, dict[int, list[tuple[int, Any]]]] = {}
+        for t in sorted(sp.accumulate):
+            s = sp.producer[t][1]
+            for d in sorted({k[1] for k in sp.readers.get(t, ()) if k[0] == "update"} - {s}):
+                sums.setdefault(s, {}).setdefault(d, []).append((t, "acc"))
+        for s in sorted(sums):
+            self.send(s, sums[s])
 
-    # free per-micro-batch values after their last use
-    last: dict[tuple, int] = {}
-    for n, ins in enumerate(instrs):
-        for k in (ins.args if isinstance(ins, _Run) else [a for a, _ in ins.keys]):
-            if isinstance(k[1], int) and k[1] >= 0:
-                last[k] = n
-    for k, n in last.items():
-        instrs[n].drop.append(k)
-    return instrs, start
+    def drop_after_last_use(self) -> None:
+        """Free per-micro-batch values after the instruction that uses them last."""
+        instrs = self.instrs
+        last: dict[tuple, int] = {}
+        for n, ins in enumerate(instrs):
+            for k in (ins.args if isinstance(ins, _Run) else [a for a, _ in ins.keys]):
+                if isinstance(k[1], int) and k[1] >= 0:
+                    last[k] = n
+        for k, n in last.items():
+            instrs[n].drop.append(k)
 
 
 class _Runner:
@@ -823,7 +874,7 @@ class _Runner:
             ck = (id(host), t, i, s)
             if ck not in self.batch_cache:
                 stage, sh, _ = sp.in_info[t]
-                b = host.shape[0] // sp.M
+                b = host.shape[0] // sp.num_microbatches
                 self.batch_cache[ck] = place(host[i * b:(i + 1) * b], sh if stage == s else sp.replicated[s])
             slots[key] = self.batch_cache[ck]
         return slots
@@ -1085,7 +1136,7 @@ def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
         return ((r, "mean", s) if phase in PER_MB else (r, STEP, s)), s
 
     out_keys = [locate(r) for r in prog.outputs]
-    grad_keys = [(t, "mean", sp.producer[t][1]) for t in sp.crossing] if capture else []
+    grad_keys = [(t, "mean", sp.producer[t][1]) for t in sp.grad_tensors] if capture else []
 
     def one_step() -> tuple[list[Any], list[Any]]:
         slots = runner.inputs(host_leaves, state)
@@ -1116,7 +1167,7 @@ def _run_schedule(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
         if multi:  # the results live on some processes only: share what the others need
             items = [(v, s if s is not None else 0, *_aval_of(sp, r))
                      for v, s, r in zip(flat, where, prog.outputs)]
-            items += [(g, sp.producer[t][1], *_aval_of(sp, t)) for g, t in zip(grads, sp.crossing)]
+            items += [(g, sp.producer[t][1], *_aval_of(sp, t)) for g, t in zip(grads, sp.grad_tensors)]
             host = _host_everywhere(sp, items if capture else items[:1])
             loss = float(np.asarray(host[0]).reshape(()))
             if capture:
@@ -1175,7 +1226,7 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
              order: list[tuple[int, int, str]], extra: Sequence[tuple[str, Any, float]] = ()
              ) -> PipelineOutcome:
     """Collectives, memory, the schedule's ideal and the constraint counts of a run."""
-    S, M = sp.S, sp.M
+    S, num_mb = sp.S, sp.num_microbatches
     colls: list[tuple[str, int, Collective, int]] = []
     memory: dict[int, MemoryStats] = {}
 
@@ -1198,7 +1249,7 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
         for k in sorted(sp.tasks, key=lambda k: (PHASES.index(k[0]), k[1])):
             task = sp.tasks[k]
             if task.compiled is not None and not extra:
-                account(task.name, k[1], task.compiled, M if k[0] in PER_MB else 1)
+                account(task.name, k[1], task.compiled, num_mb if k[0] in PER_MB else 1)
     fwd = [task_times.get(f"forward[{s}]", 0.0) for s in range(S)]
     bwd = [task_times.get(f"backward[{s}]", 0.0) for s in range(S)]
     ideal = (max((task_times.get(f"prologue[{s}]", 0.0) for s in range(S)), default=0.0)
@@ -1212,7 +1263,7 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
         collectives=colls, memory=memory, transfer_bytes=dict(transfer_bytes),
         task_times=task_times, ideal_time=ideal, order=order, constraints_applied=applied,
         constraints_skipped=skipped, phases={t.name: len(t.ops) for t in sp.tasks.values()},
-        crossing=sp.crossing, records=records, graph=sp.graph,
+        grad_tensors=sp.grad_tensors, records=records, graph=sp.graph,
         dispatches=(1 if extra else (runner.dispatches if runner is not None else 0)))
 
 
@@ -1220,13 +1271,13 @@ def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
                       on_step: Callable[[int, float, float], None] | None, time_tasks: bool,
                       capture: bool, compiler_options: Mapping[str, Any] | None) -> PipelineOutcome:
     """A one-stage plan over ``m`` micro-batches: one scanned program per step."""
-    prog, M = sp.prog, sp.M
+    prog, num_mb = sp.prog, sp.num_microbatches
     args = []
     for t in prog.input_ids:
         _s, sh, is_batch = sp.in_info[t]
         host = host_leaves[t]
         if is_batch:
-            stacked = host.reshape((M, host.shape[0] // M) + host.shape[1:])
+            stacked = host.reshape((num_mb, host.shape[0] // num_mb) + host.shape[1:])
             args.append(place(stacked, NamedSharding(sh.mesh, PartitionSpec(None, *sh.spec))))
         else:
             args.append(place(host, sh))
@@ -1251,7 +1302,7 @@ def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
     outputs = jax.tree_util.tree_unflatten(prog.out_tree, results[-1][0]) if results else None
     records = [StepRecord(loss, jax.tree_util.tree_unflatten(prog.out_tree, flat), list(grads))
                for loss, (flat, grads) in zip(losses, results)] if capture else []
-    order = [(i, 0, k) for i in range(M) for k in ("forward", "backward")]
+    order = [(i, 0, k) for i in range(num_mb) for k in ("forward", "backward")]
     task_times: dict[str, float] = {}
     runner = None
     if time_tasks:

@@ -289,7 +289,7 @@ def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
             and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
 
 
-def _crossing(graph: Any) -> list[int]:
+def _grad_tensors(graph: Any) -> list[int]:
     """Tensors the optimizer update reads from the forward/backward pass: the gradients."""
     upd = {op.id for op in graph.ops if op.role == "update"}
     out = []
@@ -356,14 +356,14 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     if _is_step_triple(out_shape, abstract):
         out_sh = (NamedSharding(mesh, PartitionSpec()), shardings[0], shardings[1])
     hook, counts = sharding_hook(mesh, plan.stages[0].ops, exact_shapes=True)
-    crossing = _crossing(graph) if capture else []
+    grad_tensors = _grad_tensors(graph) if capture else []
 
     def step(*args):
         leaves = jax.tree_util.tree_leaves(args)
         env = dict(zip(prog.input_ids, leaves))
         prog.evaluate(env, hook=hook)
         out = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env, x) for x in prog.outputs])
-        return out, [env[t] for t in crossing]
+        return out, [env[t] for t in grad_tensors]
 
     step.__name__ = f"{r.name}_step"
     jitted = jax.jit(step, in_shardings=tuple(shardings), out_shardings=(out_sh, None))
@@ -393,18 +393,18 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     return dict(losses=losses, step_times=times, outputs=out, compile_time=compile_time,
                 collectives=colls, memory=memory, constraints_applied=counts["applied"],
                 constraints_skipped=counts["skipped"], pipeline={}, transfer_bytes={},
-                crossing=crossing, records=records)
+                grad_tensors=grad_tensors, records=records)
 
 
-def _map_crossing(src: Any, crossing: Sequence[int], dst: Any) -> list[int]:
-    """The tensors of ``dst`` that are ``crossing`` of ``src`` (the micro-batch and full-batch
+def _map_grad_tensors(src: Any, grad_tensors: Sequence[int], dst: Any) -> list[int]:
+    """The tensors of ``dst`` that are ``grad_tensors`` of ``src`` (the micro-batch and full-batch
     traces of one step): the same ids when both have the same operators, else matched by where
     they enter the optimizer update, which does not depend on the batch size."""
     same = len(src.ops) == len(dst.ops) and all(
         a.primitive == b.primitive and a.inputs == b.inputs and a.outputs == b.outputs
         for a, b in zip(src.ops, dst.ops))
     if same:
-        return list(crossing)
+        return list(grad_tensors)
 
     def signatures(g: Any) -> tuple[list[Any], dict[Any, int]]:
         upd = [op for op in g.ops if op.role == "update"]
@@ -423,12 +423,12 @@ def _map_crossing(src: Any, crossing: Sequence[int], dst: Any) -> list[int]:
     upd_src, sig_src = signatures(src)
     upd_dst, sig_dst = signatures(dst)
     by_tensor = {t: k for k, t in sig_src.items()}
-    if upd_src != upd_dst or any(by_tensor.get(t) not in sig_dst for t in crossing):
+    if upd_src != upd_dst or any(by_tensor.get(t) not in sig_dst for t in grad_tensors):
         raise ExecutionError(
             "the optimizer update of the micro-batch trace differs from the full-batch one, so "
             "the pipeline's gradients cannot be matched for the equivalence check. Fix: run with "
             "check=False, or use micro-batches for which the step traces alike.")
-    return [sig_dst[by_tensor[t]] for t in crossing]
+    return [sig_dst[by_tensor[t]] for t in grad_tensors]
 
 
 def _to_host(x: Any) -> np.ndarray:
@@ -447,11 +447,11 @@ def _leaf_name(path: Sequence[Any], triple: bool) -> str:
     return "out" + jax.tree_util.keystr(tuple(path))
 
 
-def _grad_names(graph: Any, crossing: Sequence[int], out_names: Mapping[int, str]) -> list[str]:
+def _grad_names(graph: Any, grad_tensors: Sequence[int], out_names: Mapping[int, str]) -> list[str]:
     """Readable names of the gradient tensors: ``grad(params['w'])`` from the first new-parameter
     output they feed (else the first output), else ``%<tensor>``."""
     names = []
-    for t in crossing:
+    for t in grad_tensors:
         seen, frontier, found = {t}, [t], []
         for _ in range(64):
             nxt = []
@@ -551,7 +551,7 @@ def _shards(name: str, a: Any, b: np.ndarray) -> list[tuple[str, np.ndarray, np.
     return [(name, np.asarray(a), b)]
 
 
-def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records: Sequence[Any],
+def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], records: Sequence[Any],
                       rtol: float = RTOL, atol: float = ATOL,
                       compiler_options: Mapping[str, Any] | None = None,
                       microbatches: int = 1) -> EquivalenceResult:
@@ -562,7 +562,7 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
     ``|a - b| <= atol + rtol |b|``:
 
     * the loss;
-    * the gradients handed to the optimizer (``crossing``), norm-wise
+    * the gradients handed to the optimizer (``grad_tensors``), norm-wise
       (``max |a - b| <= atol + rtol max |b|``): a different reduction order perturbs every
       element by about the rounding error of the tensor's largest terms;
     * the new parameters and optimizer state, against the single-device update **applied to
@@ -581,7 +581,7 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
     Args:
         r: the resolved workload.
         graph: its full-batch trace.
-        crossing: tensor ids of the gradients, matching each record's ``grads``.
+        grad_tensors: tensor ids of the gradients, matching each record's ``grads``.
         records: the executed steps (``StepRecord``).
         rtol, atol: the tolerance.
         compiler_options: XLA options for the reference's compilation.
@@ -596,7 +596,90 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
                                 f"(autoplan.exec.run resolves it). Got {type(r).__name__}. Fix: call "
                                 "autoplan.exec.run(plan, workload, check=True), which calls this.")
     prog = _program(r)
-    cross = list(crossing)
+    cross = list(grad_tensors)
+    reference = _reference(prog, cross)
+    dev = jax.local_devices()[0]
+    ref_fn = None
+    out_names: dict[int, str] = {}
+    triple = False
+    tally = _Tally(rtol, atol)
+    args = r.host_args
+    nonfinite_in = nonfinite_leaves(args)
+    for s, rec in enumerate(records):
+        host_grads = [_to_host(g) for g in rec.grads]
+        dargs = jax.device_put(args, dev)
+        dgrads = jax.device_put(host_grads, dev)
+        if ref_fn is None:
+            key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
+            ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
+                compiler_options=compiler_options))
+            triple = isinstance(rec.outputs, tuple) and len(rec.outputs) == 3
+            for (path, _), ref in zip(jax.tree_util.tree_flatten_with_path(rec.outputs)[0], prog.outputs):
+                if not isinstance(ref, Lit):
+                    out_names.setdefault(ref, _leaf_name(path, triple))
+            gnames = _grad_names(graph, cross, out_names)
+        reference_out = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
+        for name, a, b, scale in _step_items(s, rec, reference_out, gnames, triple):
+            tally.add(name, a, b, scale)
+        if s + 1 < len(records):
+            if not triple:
+                break
+            args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
+                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
+    n = len(tally.names)
+    if tally.failed is not None:
+        msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)
+        return EquivalenceResult(False, tally.max_diff, tally.failed[0], n, rtol, atol, msg,
+                                 tuple(nonfinite_in))
+    note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
+            "position by position" if nonfinite_in else "")
+    return EquivalenceResult(True, tally.max_diff, tally.worst, n, rtol, atol,
+                             f"matched: max |diff| {tally.max_diff:.3e} over {n} tensors{note}",
+                             tuple(nonfinite_in))
+
+
+def _step_items(s: int, rec: Any, reference_out: tuple[Any, Any, Any], gnames: Sequence[str],
+                triple: bool) -> list[tuple[str, Any, Any, float | None]]:
+    """What step ``s`` compares, as ``(name, run's value, reference, norm-wise scale or None)``:
+    the loss, each gradient shard (norm-wise, against the reference's largest finite
+    magnitude) and the step's results."""
+    own_loss, own_grads, sub = reference_out
+    own_loss = float(np.asarray(own_loss).reshape(()))
+    items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
+    for g, og, gname in zip(rec.grads, own_grads, gnames):
+        fin = np.abs(og[np.isfinite(og)]) if og.size else og
+        scale = float(np.max(fin)) if fin.size else 0.0
+        items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
+    items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
+    return items
+
+class _Tally:
+    """The comparisons of :func:`check_equivalence` so far: the tensors compared, the largest
+    finite difference, the tensor nearest its tolerance (``worst``) and the first to fail."""
+
+    def __init__(self, rtol: float, atol: float):
+        """Start with nothing compared."""
+        self.rtol, self.atol = rtol, atol
+        self.max_diff, self.worst, self.worst_ratio = 0.0, "", -1.0
+        self.failed: tuple[str, float, bool, int] | None = None
+        self.names: set[str] = set()
+
+    def add(self, name: str, a: Any, b: Any, scale: float | None) -> None:
+        """Compare ``a`` with the reference ``b``: element-wise, or norm-wise against ``scale``
+        (the reference's largest finite magnitude) when given."""
+        self.names.add(name)
+        d, ratio, bad = _compare(np.asarray(a), np.asarray(b), self.rtol, self.atol, scale)
+        if math.isfinite(d):
+            self.max_diff = max(self.max_diff, d)
+        if ratio > self.worst_ratio:
+            self.worst, self.worst_ratio = name, ratio
+        if (ratio > 1.0 or bad) and self.failed is None:
+            self.failed = (name, d, scale is not None, bad)
+
+def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
+    """The single-device reference of a step: from the step's arguments and the run's own
+    gradients, the reference loss, the reference gradients (``cross``), and the step's results
+    with the update applied to the run's gradients."""
     cross_set = set(cross)
     downstream: list[Any] = []
     tainted = set(cross)
@@ -618,79 +701,34 @@ def check_equivalence(r: _Resolved, graph: Any, crossing: Sequence[int], records
         own_loss = own[0] if isinstance(own, tuple) else own
         return own_loss, own_grads, sub  # the own update is dead code: XLA drops it
 
-    dev = jax.local_devices()[0]
-    ref_fn = None
-    out_names: dict[int, str] = {}
-    triple = False
-    max_diff, worst, worst_ratio, failed = 0.0, "", -1.0, None
-    names: set[str] = set()
-    args = r.host_args
-    nonfinite_in = nonfinite_leaves(args)
-    for s, rec in enumerate(records):
-        host_grads = [_to_host(g) for g in rec.grads]
-        dargs = jax.device_put(args, dev)
-        dgrads = jax.device_put(host_grads, dev)
-        if ref_fn is None:
-            key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
-            ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
-                compiler_options=compiler_options))
-            triple = isinstance(rec.outputs, tuple) and len(rec.outputs) == 3
-            for (path, _), ref in zip(jax.tree_util.tree_flatten_with_path(rec.outputs)[0], prog.outputs):
-                if not isinstance(ref, Lit):
-                    out_names.setdefault(ref, _leaf_name(path, triple))
-            gnames = _grad_names(graph, cross, out_names)
-        own_loss, own_grads, sub = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
-        own_loss = float(np.asarray(own_loss).reshape(()))
-        items = [(f"loss (step {s})", np.float64(rec.loss), np.float64(own_loss), None)]
-        for g, og, gname in zip(rec.grads, own_grads, gnames):
-            fin = np.abs(og[np.isfinite(og)]) if og.size else og
-            scale = float(np.max(fin)) if fin.size else 0.0
-            items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
-        items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
-        for name, a, b, scale in items:
-            names.add(name)
-            d, ratio, bad = _compare(np.asarray(a), np.asarray(b), rtol, atol, scale)
-            if math.isfinite(d):
-                max_diff = max(max_diff, d)
-            if ratio > worst_ratio:
-                worst, worst_ratio = name, ratio
-            if (ratio > 1.0 or bad) and failed is None:
-                failed = (name, d, scale is not None, bad)
-        if s + 1 < len(records):
-            if not triple:
-                break
-            args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
-                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
-    if failed is not None:
-        name, d, normwise, bad = failed
-        kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
-        if bad:
-            what = (f"{bad} element(s) are NaN or infinite on one side and not the same on the "
-                    "other (non-finite values are compared position by position)")
-        else:
-            what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
-        if microbatches > 1:
-            cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
-                     "of per-example terms over the batch (batch-normalisation statistics, in-batch "
-                     "negatives, a sum) gives other numbers by construction; else a sharding or "
-                     "stage split that changes the computation. Fix: use a plan without "
-                     "micro-batches for such a loss, or inspect that tensor's producers under the "
-                     "plan.")
-        else:
-            cause = ("Likely cause: a sharding that changes the computation. Fix: inspect that "
-                     "tensor's producers under the plan.")
-        if nonfinite_in:
-            cause = (f"Note: the inputs themselves are not finite ({_listed(nonfinite_in)}), and NaN "
-                     "and infinity spread differently under another order of operations; check "
-                     "them first. " + cause)
-        msg = f"{name} differs from single-device execution: {what}. {cause}"
-        return EquivalenceResult(False, max_diff, name, len(names), rtol, atol, msg,
-                                 tuple(nonfinite_in))
-    note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
-            "position by position" if nonfinite_in else "")
-    return EquivalenceResult(True, max_diff, worst, len(names), rtol, atol,
-                             f"matched: max |diff| {max_diff:.3e} over {len(names)} tensors{note}",
-                             tuple(nonfinite_in))
+    return reference
+
+
+def _mismatch_message(failed: tuple[str, float, bool, int], rtol: float, atol: float,
+                      microbatches: int, nonfinite_in: Sequence[str]) -> str:
+    """The verdict of a mismatch: the first failing tensor, by how much, the likely cause."""
+    name, d, normwise, bad = failed
+    kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
+    if bad:
+        what = (f"{bad} element(s) are NaN or infinite on one side and not the same on the "
+                "other (non-finite values are compared position by position)")
+    else:
+        what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
+    if microbatches > 1:
+        cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
+                 "of per-example terms over the batch (batch-normalisation statistics, in-batch "
+                 "negatives, a sum) gives other numbers by construction; else a sharding or "
+                 "stage split that changes the computation. Fix: use a plan without "
+                 "micro-batches for such a loss, or inspect that tensor's producers under the "
+                 "plan.")
+    else:
+        cause = ("Likely cause: a sharding that changes the computation. Fix: inspect that "
+                 "tensor's producers under the plan.")
+    if nonfinite_in:
+        cause = (f"Note: the inputs themselves are not finite ({_listed(nonfinite_in)}), and NaN "
+                 "and infinity spread differently under another order of operations; check "
+                 "them first. " + cause)
+    return f"{name} differs from single-device execution: {what}. {cause}"
 
 
 def _listed(items: Sequence[str], n: int = 3) -> str:
@@ -755,29 +793,69 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     check = check and steps > 0
     r = resolve_workload(workload, seed)
     devices = list(devices) if devices is not None else jax.devices()
-    abstract = _abstract(r.host_args)
     graph = _graph(r)
-    plan.check_matches(graph, num_devices=len(devices))
-    if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
-        raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
-    plan.partition_specs(like=abstract)  # raises PlanMismatchError on another argument structure
-    if len(devices) > 1:
-        _preflight(r, compiler_options)
+    _check_plan(plan, r, graph, devices, compiler_options)
     if plan.is_pipeline or plan.schedule.microbatches > 1:
-        po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
-                          time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
-        res = dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
-                   compile_time=po.compile_time, collectives=po.collectives, memory=po.memory,
-                   constraints_applied=po.constraints_applied,
-                   constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
-                   pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
-                             "order": po.order, "phases": po.phases,
-                             "dispatches": po.dispatches},
-                   crossing=_map_crossing(po.graph, po.crossing, graph), records=po.records)
+        res = _run_pipelined(plan, r, graph, devices, steps, on_step, check, time_tasks,
+                             compiler_options)
         mode = "pipeline" if plan.is_pipeline else "accumulation"
     else:
         res = _run_intra(plan, r, graph, devices, steps, on_step, check, compiler_options)
         mode = "intra-op"
+    compiled, raw = _measured_comm_bytes(plan, res)
+    equivalence = None
+    if check:
+        equivalence = check_equivalence(r, graph, res["grad_tensors"], res["records"], rtol, atol,
+                                        compiler_options, plan.schedule.microbatches)
+        if not equivalence.matched and raise_on_mismatch:
+            raise EquivalenceError(equivalence.message)
+    return RunReport(
+        model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),
+        steps=steps, losses=res["losses"], step_times=res["step_times"],
+        compile_time=res["compile_time"], memory=res["memory"], collectives=res["collectives"],
+        comm_bytes=compiled, comm_bytes_raw=raw,
+        predicted_comm_bytes={k: float(v) for k, v in plan.predicted.comm_bytes.items()},
+        predicted_step_time=float(plan.predicted.step_time), equivalence=equivalence,
+        constraints_applied=res["constraints_applied"],
+        constraints_skipped=res["constraints_skipped"], pipeline=res["pipeline"],
+        outputs=res["outputs"])
+
+
+def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
+                compiler_options: Mapping[str, Any] | None) -> None:
+    """Refuse a plan made for another model, argument structure or number of devices; with
+    several devices, check that the step runs at all (:func:`_preflight`)."""
+    plan.check_matches(graph, num_devices=len(devices))
+    if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
+        raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
+    plan.partition_specs(like=_abstract(r.host_args))  # raises PlanMismatchError on another argument structure
+    if len(devices) > 1:
+        _preflight(r, compiler_options)
+
+
+def _run_pipelined(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], steps: int,
+                   on_step: Callable[[int, float, float], None] | None, check: bool,
+                   time_tasks: bool, compiler_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Run a pipeline or gradient-accumulation plan (:func:`run_pipeline`); its outcome as the
+    fields ``run`` reports, the gradients mapped onto the full-batch graph."""
+    po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
+                      time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
+    return dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
+                compile_time=po.compile_time, collectives=po.collectives, memory=po.memory,
+                constraints_applied=po.constraints_applied,
+                constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
+                pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
+                          "order": po.order, "phases": po.phases,
+                          "dispatches": po.dispatches},
+                grad_tensors=_map_grad_tensors(po.graph, po.grad_tensors, graph),
+                records=po.records)
+
+
+def _measured_comm_bytes(plan: Any, res: Mapping[str, Any]
+                         ) -> tuple[dict[str, float], dict[str, float]]:
+    """Bytes per device per step by collective kind, of the stage that moves most: as compiled
+    (CPU collectives mapped to what they stand for) and raw. A pipeline's per-stage figures go
+    into ``res["pipeline"]["stage_comm_bytes"]``."""
     stages: dict[int, tuple[dict[str, float], dict[str, float]]] = {
         s: (dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)) for s in range(len(plan.stages))}
     for _name, stage, c, times in res["collectives"]:
@@ -792,19 +870,4 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     raw = {k: max(r_.get(k, 0.0) for _, r_ in stages.values()) for k in kinds}
     if res["pipeline"]:
         res["pipeline"]["stage_comm_bytes"] = {s: m for s, (m, _) in stages.items()}
-    equivalence = None
-    if check:
-        equivalence = check_equivalence(r, graph, res["crossing"], res["records"], rtol, atol,
-                                        compiler_options, plan.schedule.microbatches)
-        if not equivalence.matched and raise_on_mismatch:
-            raise EquivalenceError(equivalence.message)
-    return RunReport(
-        model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),
-        steps=steps, losses=res["losses"], step_times=res["step_times"],
-        compile_time=res["compile_time"], memory=res["memory"], collectives=res["collectives"],
-        comm_bytes=compiled, comm_bytes_raw=raw,
-        predicted_comm_bytes={k: float(v) for k, v in plan.predicted.comm_bytes.items()},
-        predicted_step_time=float(plan.predicted.step_time), equivalence=equivalence,
-        constraints_applied=res["constraints_applied"],
-        constraints_skipped=res["constraints_skipped"], pipeline=res["pipeline"],
-        outputs=res["outputs"])
+    return compiled, raw

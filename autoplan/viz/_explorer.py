@@ -235,6 +235,48 @@ def spec_choices(shape: Sequence[int], mesh_shape: Sequence[int], axis_names: Se
             for s in enumerate_specs(tuple(shape), mesh)]
 
 
+def _checked_arguments(workload: Any, model: str, size: str, level: str, schedule: str,
+                       microbatches: int | None, memory_budget: float | None
+                       ) -> tuple[dict[str, list[str]], Any, str, str]:
+    """The Explorer's arguments checked: the zoo's models, the workload (a spec loaded), and the
+    model and size to show (a workload's own name and zoo size when given one)."""
+    from autoplan._loader import is_function_spec, load_workload, workload_spec  # noqa: PLC0415
+    from autoplan.models import list_models  # noqa: PLC0415
+
+    models = list_models()
+    if isinstance(workload, (str, Mapping)):
+        workload = load_workload(workload)  # a spec: loaded now, so a bad one fails here
+    if workload is not None:
+        if not (_is_graph(workload) or (hasattr(workload, "fn") and hasattr(workload, "args"))):
+            raise ModelError(
+                "Explorer: workload should be a spec ('gpt', 'mypkg.train:workload', a dict), "
+                "a workload (an autoplan.Workload or anything with fn and args) or an OpGraph "
+                f"from autoplan.trace. Got {type(workload).__name__}. Fix: "
+                "Explorer(autoplan.Workload(train_step, (params, opt_state, batch))).")
+        spec = (workload_spec(workload) or {}) if not _is_graph(workload) else {}
+        model = str(spec.get("model") or getattr(workload, "name", None) or "workload")
+        size = spec.get("size") or NO_SIZE  # a zoo size only for a zoo workload's spec
+    if not (model in models or is_function_spec(model) or workload is not None):
+        raise ModelError(f"Explorer: model should be one of {sorted(models)} or a user's "
+                         f"'module:function'. Got {model!r}. Fix: e.g. model='gpt'.")
+    if model in models and size not in models[model] and workload is None:
+        raise ModelError(f"Explorer: size should be one of {models[model]} for {model!r}. "
+                         f"Got {size!r}.")
+    if level not in LEVELS:
+        raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}. "
+                          "Fix: level='auto' (default).")
+    if schedule not in SCHEDULES:
+        raise SearchError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
+    if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
+        raise SearchError(f"Explorer: microbatches should be None or a positive integer. Got "
+                          f"{microbatches!r}.")
+    if memory_budget is not None and not (isinstance(memory_budget, int | float)
+                                          and memory_budget > 0):
+        raise SearchError(f"Explorer: memory_budget should be None or a positive number of "
+                          f"bytes. Got {memory_budget!r}. Fix: e.g. memory_budget=8 * 2**30.")
+    return models, workload, model, size
+
+
 class Explorer:
     """Search, compare, inspect, question and launch plans in a notebook.
 
@@ -274,41 +316,21 @@ class Explorer:
                  size: str = "tiny", level: str = "auto", schedule: str = "1f1b",
                  microbatches: int | None = None, memory_budget: float | None = None,
                  autostart: bool = True) -> None:
-        from autoplan._loader import is_function_spec, load_workload, workload_spec  # noqa: PLC0415
-        from autoplan.models import list_models  # noqa: PLC0415
-
-        models = list_models()
-        if isinstance(workload, (str, Mapping)):
-            workload = load_workload(workload)  # a spec: loaded now, so a bad one fails here
-        if workload is not None:
-            if not (_is_graph(workload) or (hasattr(workload, "fn") and hasattr(workload, "args"))):
-                raise ModelError(
-                    "Explorer: workload should be a spec ('gpt', 'mypkg.train:workload', a dict), "
-                    "a workload (an autoplan.Workload or anything with fn and args) or an OpGraph "
-                    f"from autoplan.trace. Got {type(workload).__name__}. Fix: "
-                    "Explorer(autoplan.Workload(train_step, (params, opt_state, batch))).")
-            spec = (workload_spec(workload) or {}) if not _is_graph(workload) else {}
-            model = str(spec.get("model") or getattr(workload, "name", None) or "workload")
-            size = spec.get("size") or NO_SIZE  # a zoo size only for a zoo workload's spec
-        if not (model in models or is_function_spec(model) or workload is not None):
-            raise ModelError(f"Explorer: model should be one of {sorted(models)} or a user's "
-                             f"'module:function'. Got {model!r}. Fix: e.g. model='gpt'.")
-        if model in models and size not in models[model] and workload is None:
-            raise ModelError(f"Explorer: size should be one of {models[model]} for {model!r}. "
-                             f"Got {size!r}.")
-        if level not in LEVELS:
-            raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}. "
-                              "Fix: level='auto' (default).")
-        if schedule not in SCHEDULES:
-            raise SearchError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
-        if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
-            raise SearchError(f"Explorer: microbatches should be None or a positive integer. Got "
-                              f"{microbatches!r}.")
-        if memory_budget is not None and not (isinstance(memory_budget, int | float)
-                                              and memory_budget > 0):
-            raise SearchError(f"Explorer: memory_budget should be None or a positive number of "
-                              f"bytes. Got {memory_budget!r}. Fix: e.g. memory_budget=8 * 2**30.")
+        models, workload, model, size = _checked_arguments(
+            workload, model, size, level, schedule, microbatches, memory_budget)
         cl = Cluster.parse(cluster)
+        self._init_state(models, workload, cl)
+        self._build_controls(model, size, cl, level, schedule, microbatches, memory_budget)
+        self._build_figures()
+        self._build_what_if_and_launch()
+        self.widget = self._layout()
+        self.widget.add_class("autoplan-explorer")
+        self._wire_callbacks()
+        if autostart:
+            self.search()
+
+    def _init_state(self, models: dict[str, list[str]], workload: Any, cl: Cluster) -> None:
+        """The explorer's state before any search: no result, plan, pins or memo."""
         self._models = models
         self._workload = workload
         self._custom_cluster = cl if cl.name not in PRESETS else None
@@ -331,8 +353,12 @@ class Explorer:
         self._stage_of_op: dict[int, int] = {}
         self._generation = 0
 
+    def _build_controls(self, model: str, size: str, cl: Cluster, level: str, schedule: str,
+                        microbatches: int | None, memory_budget: float | None) -> None:
+        """The search controls (model, size, cluster, level, schedule, micro-batches, budget),
+        the candidate and layer pickers, and the status and summary lines."""
+        models = self._models
         wide = {"description_width": "initial"}
-        # ---- controls
         self._model = widgets.Combobox(options=list(models), value=model, description="model",
                                        placeholder="zoo name or module:function",
                                        ensure_option=False, continuous_update=False, style=wide,
@@ -388,7 +414,9 @@ class Explorer:
         self._summary = widgets.HTML(value="<i>the selected plan's summary shows here</i>",
                                      layout=widgets.Layout(width="100%"))
         self._errors = widgets.Output(layout=widgets.Layout(max_height="240px", overflow="auto"))
-        # ---- figures: created once, updated in place
+
+    def _build_figures(self) -> None:
+        """The figures, created once and updated in place, each answering clicks."""
         self.figures: dict[str, PlotView] = {}
         for name in FIGURES:
             self.figures[name] = PlotView(layout=widgets.Layout(width="100%", min_width="0"))
@@ -397,7 +425,10 @@ class Explorer:
                 "title": {"text": f"{name}: run a search" if name != "launch"
                           else "launch: loss and step time per step"}}})
             self.figures[name].on_click(self._guarded("click", self._click_handler(name)))
-        # ---- what-if and code
+
+    def _build_what_if_and_launch(self) -> None:
+        """The what-if pin controls, the code view and the launch controls and figure."""
+        wide = {"description_width": "initial"}
         self._pin_info = widgets.HTML(value=self._pin_hint())
         self._pin_spec = widgets.Dropdown(options=[], description="spec", style=wide,
                                           layout=widgets.Layout(width="300px"), disabled=True)
@@ -408,7 +439,6 @@ class Explorer:
                                            tooltip="take the last pin back")
         self._pins_html = widgets.HTML(value="")
         self.code = CodeView(layout=widgets.Layout(width="100%"))
-        # ---- launch controls
         self._steps = widgets.BoundedIntText(value=5, min=2, max=1000, description="steps",
                                              style=wide, layout=widgets.Layout(width="120px"))
         self._launch_button = widgets.Button(description="Launch", button_style="success",
@@ -419,6 +449,8 @@ class Explorer:
         self._launch_result = widgets.HTML(value="")
         self._init_launch_figure()
 
+    def _layout(self) -> widgets.VBox:
+        """The root widget: controls, figures, what-if, code and launch sections in order."""
         def section(text: str) -> widgets.HTML:
             return widgets.HTML(f"<div class='autoplan-section'>{text}</div>")
 
@@ -426,7 +458,7 @@ class Explorer:
             return widgets.VBox(children, layout=widgets.Layout(width=width, min_width="0"))
 
         wrap = widgets.Layout(flex_flow="row wrap", width="100%")
-        self.widget = widgets.VBox([
+        return widgets.VBox([
             widgets.HTML(_CSS + "<b>autoplan explorer</b>: search parallelisation plans, see "
                          "why they win, ask what if, and launch them"),
             widgets.HBox([self._model, self._size, self._preset, self._nodes, self._level,
@@ -457,9 +489,9 @@ class Explorer:
                          layout=widgets.Layout(width="100%")),
             self._launch_result,
         ], layout=widgets.Layout(width="100%"))
-        self.widget.add_class("autoplan-explorer")
 
-        # ---- wiring
+    def _wire_callbacks(self) -> None:
+        """Controls observe their values; buttons run search, launch, pin and undo."""
         self._model.observe(self._on_model, names=["value"])
         self._size.observe(self._on_size, names=["value"])
         self._preset.observe(self._on_preset, names=["value"])
@@ -470,8 +502,6 @@ class Explorer:
         self._launch_button.on_click(lambda _b: self.launch())
         self._pin_button.on_click(lambda _b: self._guarded("what-if", self._pin_clicked)())
         self._undo_button.on_click(lambda _b: self._guarded("undo", self.undo)())
-        if autostart:
-            self.search()
 
     # ---- display ---------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -987,7 +1017,18 @@ class Explorer:
             return
         ops, stage, layers = self._selection(value)
         on = bool(value)
-        # sharding: the columns holding a selected operator
+        cols, hit_cols = self._highlight_sharding(value, ops, stage, layers)
+        self._highlight_stage(stage, on)
+        self._highlight_memory(plan, stage, on)
+        self._highlight_graph(ops, layers, on)
+        self._highlight_timeline(stage, on)
+        self._describe_selection(plan, value, ops, stage, cols, hit_cols)
+
+    def _highlight_sharding(self, value: str, ops: set[int], stage: int | None, layers: set[str]
+                            ) -> tuple[list[dict[str, Any]], list[int]]:
+        """Box the sharding view's columns holding a selected operator (or layer, or the selected
+        stage's) and dim the rest; returns the columns and the indices of those boxed."""
+        on = bool(value)
         fig = copy.deepcopy(self._base["sharding"])
         cols = [c for c in (fig["layout"].get("meta") or {}).get("columns", [])]
         hit_cols = [k for k, c in enumerate(cols)
@@ -1007,7 +1048,10 @@ class Explorer:
                                    "line": {"width": 0}, "fillcolor": "rgba(255,255,255,0.7)"})
         _set_shapes(fig, shapes)
         self.figures["sharding"].show(fig)
-        # stage view: the owning stage's devices outlined, the others faded
+        return cols, hit_cols
+
+    def _highlight_stage(self, stage: int | None, on: bool) -> None:
+        """Outline the selected stage's devices in the stage view and fade the others."""
         fig = copy.deepcopy(self._base["stage"])
         meta = fig["layout"].get("meta") or {}
         owner = meta.get("owner", [])
@@ -1027,7 +1071,9 @@ class Explorer:
                                "fillcolor": "rgba(0,0,0,0)"})
         _set_shapes(fig, shapes)
         self.figures["stage"].show(fig)
-        # memory: the stage's bar
+
+    def _highlight_memory(self, plan: Plan, stage: int | None, on: bool) -> None:
+        """Dim every memory bar but the selected stage's."""
         fig = copy.deepcopy(self._base["memory"])
         if on and stage is not None:
             for t in fig["data"]:
@@ -1035,7 +1081,10 @@ class Explorer:
                 t.setdefault("marker", {})["opacity"] = [
                     1.0 if s.index == stage else DIM for s in plan.stages][:n]
         self.figures["memory"].show(fig)
-        # graph: the segments holding a selected operator (or named as the layer)
+
+    def _highlight_graph(self, ops: set[int], layers: set[str], on: bool) -> None:
+        """Dim the graph view's segments holding no selected operator (nor named as a selected
+        layer)."""
         fig = copy.deepcopy(self._base["graph"])
         for t in fig["data"]:
             m = t.get("meta") or {}
@@ -1046,7 +1095,9 @@ class Explorer:
             if on and any(hit):
                 t.setdefault("marker", {})["opacity"] = [1.0 if h else DIM for h in hit]
         self.figures["graph"].show(fig)
-        # timeline: the owning stage's bars
+
+    def _highlight_timeline(self, stage: int | None, on: bool) -> None:
+        """Outline the selected stage's bars in the timeline and dim the others."""
         fig = copy.deepcopy(self._base["timeline"])
         for t in fig["data"]:
             m = t.get("meta") or {}
@@ -1055,6 +1106,12 @@ class Explorer:
                 if m.get("stage") == stage:
                     t.setdefault("marker", {})["line"] = {"color": HIGHLIGHT_LINE, "width": 1.5}
         self.figures["timeline"].show(fig)
+
+    def _describe_selection(self, plan: Plan, value: str, ops: set[int], stage: int | None,
+                            cols: list[dict[str, Any]], hit_cols: list[int]) -> None:
+        """The line under the pickers: what is selected, its columns, stage and devices (or how
+        to select, with nothing selected)."""
+        on = bool(value)
         if not on:
             self._focus_info.value = ("<small>click an operator in the sharding view, a device in "
                                       "the stage view, a segment of the mined subgraphs, a memory "

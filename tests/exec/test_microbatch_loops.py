@@ -96,7 +96,7 @@ def test_accumulators_are_float32_for_half_precision_and_laid_out_like_their_par
     r = resolve_workload(workload("mlp"))
     sp = _Split(p, r.fn, r.host_args, r.arg_kinds, graph("mlp"), jax.devices(), capture=True)
     params = {sp.in_info[t][1].spec for t in sp.state_inputs.values()}
-    laid_out = [sp.acc_sharding[t].spec for t in sp.crossing]
+    laid_out = [sp.acc_sharding[t].spec for t in sp.grad_tensors]
     assert any(spec != jax.sharding.PartitionSpec() for spec in laid_out)
     assert set(laid_out) <= params | {jax.sharding.PartitionSpec()}
 

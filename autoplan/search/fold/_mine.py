@@ -208,8 +208,11 @@ def canonical_hash(graph: OpGraph, ops: Iterable[int], iterations: int = 3,
 
 # ---- the miner -----------------------------------------------------------------------------
 
-class _Index:
-    """Interned labels and neighbour slots of the GraphNode graph."""
+class _SlottedGraph:
+    """The GraphNode graph as the miner reads it: each GraphNode's interned key, operator count,
+    FLOPs and role; its edges with interned port labels; and, per direction (producers,
+    consumers, GraphNodes sharing a parameter), each GraphNode's neighbour slots (the neighbour
+    reached by an edge label, neighbour key and rank), as dictionaries and as arrays."""
 
     def __init__(self, gng: GraphNodeGraph):
         self.gng = gng
@@ -229,30 +232,7 @@ class _Index:
         self.edge_arrays = (src, dst, elab.astype(np.uint64))
         # GraphNodes reading the same parameter / optimizer-state input: a third kind of adjacency
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
-        self.share: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        share_g: list[int] = []  # the share entries as flat lists, in the order appended
-        share_e: list[int] = []
-        share_nb: list[int] = []
-        graph = gng.graph
-        node_of_op = gng.node_of_op
-        consumers = graph.consumers
-        state = sorted((consumers[gi.tensor][0], gi.tensor) for gi in graph.inputs
-                       if gi.kind in ("parameter", "optimizer_state") and consumers[gi.tensor])
-        for _first, t in state:
-            readers = consumers[t]
-            if len(readers) > 16:  # an input read everywhere links nothing in particular
-                continue
-            rs = [(node_of_op[c], nodes[node_of_op[c]].ops.index(c), k)
-                  for c in dict.fromkeys(readers)
-                  for k, x in enumerate(graph.ops[c].inputs) if x == t]
-            for ga, ma, ka in rs:
-                for gb, mb, kb in rs:
-                    if ga != gb:
-                        e = etab.setdefault(("share", ma, ka, mb, kb), len(etab))
-                        self.share[ga].append((e, gb))
-                        share_g.append(ga)
-                        share_e.append(e)
-                        share_nb.append(gb)
+        self.share, share_g, share_e, share_nb = _shared_state_edges(gng, etab)
         # slots: (direction, edge label, neighbour key, rank, count) -> neighbour; and for each
         # node and direction, an id of its set of slots (equal ids: the same slots). Built over
         # arrays (_slots_of); only the per-node dictionaries and tuples are made in Python.
@@ -342,6 +322,39 @@ class _Index:
         return levels
 
 
+
+def _shared_state_edges(gng: GraphNodeGraph, etab: dict[tuple, int]
+                        ) -> tuple[list[list[tuple[int, int]]], list[int], list[int], list[int]]:
+    """Edges between GraphNodes reading the same parameter or optimizer-state input (read by at
+    most 16 operators), labelled by the ports read (interned into ``etab``): per GraphNode its
+    ``(edge label, neighbour)`` list, and the same entries as flat lists in the order made."""
+    nodes = gng.nodes
+    share: list[list[tuple[int, int]]] = [[] for _ in range(len(nodes))]
+    share_g: list[int] = []
+    share_e: list[int] = []
+    share_nb: list[int] = []
+    graph = gng.graph
+    node_of_op = gng.node_of_op
+    consumers = graph.consumers
+    state = sorted((consumers[gi.tensor][0], gi.tensor) for gi in graph.inputs
+                   if gi.kind in ("parameter", "optimizer_state") and consumers[gi.tensor])
+    for _first, t in state:
+        readers = consumers[t]
+        if len(readers) > 16:  # an input read everywhere links nothing in particular
+            continue
+        rs = [(node_of_op[c], nodes[node_of_op[c]].ops.index(c), k)
+              for c in dict.fromkeys(readers)
+              for k, x in enumerate(graph.ops[c].inputs) if x == t]
+        for ga, ma, ka in rs:
+            for gb, mb, kb in rs:
+                if ga != gb:
+                    e = etab.setdefault(("share", ma, ka, mb, kb), len(etab))
+                    share[ga].append((e, gb))
+                    share_g.append(ga)
+                    share_e.append(e)
+                    share_nb.append(gb)
+    return share, share_g, share_e, share_nb
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a 64-bit mixing of each element (uint64 arithmetic wraps)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -414,7 +427,11 @@ def _slots_of(d: int, g: np.ndarray, e: np.ndarray, nb: np.ndarray, key: np.ndar
 
 
 @dataclass
-class _Trial:
+class _GrownClass:
+    """A candidate class grown from seeds: its instances (GraphNode ids by position), the
+    operators they cover, the bytes crossing their boundaries, and each instance's blame (how
+    often it alone kept the others from growing)."""
+
     seed_label: tuple[int, int]  # (signature level, label)
     order: str
     inst: list[list[int]]  # per instance: GraphNode ids by position
@@ -439,14 +456,14 @@ def _frequent(labels: Sequence[int], min_support: int) -> dict[int, list[int]]:
                                                     end[by_first].tolist())}
 
 
-def _cover(ix: _Index, inst: list[list[int]]) -> int:
+def _cover(ix: _SlottedGraph, inst: list[list[int]]) -> int:
     return sum(map(ix.nops.__getitem__, chain.from_iterable(inst)))
 
 
 _WIDE = 32  # from this many instances on, _grow checks candidate columns over arrays
 
 
-def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
+def _grow(ix: _SlottedGraph, seeds: Sequence[int], claimed: bytearray,
           order: str) -> tuple[list[list[int]], list[int]]:
     """Apriori growth of the 1-node subgraph at ``seeds`` in all occurrences at once.
 
@@ -455,92 +472,125 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
     instance, then the rest). ``order`` says which extensions are tried first: ``"producers"``
     (toward the inputs) for forward GraphNodes and toward consumers for backward ones (the
     backward pass runs the layers in reverse), or the mirror image for ``"consumers"``.
-    """
-    n_inst = len(seeds)
-    # the pattern by position: cols[p][j] is instance j's GraphNode at position p; for each
-    # GraphNode, whether an instance owns it, and (own_inst, own_pos) which one, at which
-    # position (-1, 0: none)
-    cols: list[list[int]] = [list(seeds)]
-    owned = bytearray(ix.n)
-    for s in seeds:
-        owned[s] = 1
-    primary = 0 if order == "producers" else 1
-    slots = ix.slots
-    slot_set = ix.slot_set
-    forward = ix.forward
-    backward = ix.backward
-    blame = [0] * n_inst
-    odd = max(1, n_inst // 3)
-    others = range(1, n_inst)
-    # With many instances, a candidate column is checked over arrays: the same tests, at a cost
-    # that hardly grows with the instances (Python, per instance, costs more from about _WIDE
-    # instances on). own_inst and own_pos are then arrays, else lists.
-    ptr, nb_node, nb_code = ix.nbr_arrays
-    # a signature entry's code (below big), offset by its instance: instance * big + code
-    big = (int(nb_code.max(initial=0)) + 1) * ix.n
-    wide = n_inst >= _WIDE and big * n_inst < 2**62
-    if wide:
-        own_inst_a = np.full(ix.n, -1, dtype=np.int64)
-        own_inst_a[cols[0]] = np.arange(n_inst)
-        own_pos_a = np.zeros(ix.n, dtype=np.int64)
-        owned_a = np.frombuffer(owned, dtype=np.uint8)  # views: writes reach the bytearrays
-        claimed_a = np.frombuffer(claimed, dtype=np.uint8)
-        forward_a, slot_set_a = ix.forward_array, ix.slot_set_array
-        rows = np.arange(n_inst)
-        offsets = rows * big
-        cols_a = [np.array(cols[0], dtype=np.int64)]  # cols as arrays
-        n_slots = len(ix.slot_edge)
-    else:
-        own_inst = [-1] * ix.n
-        own_pos = [0] * ix.n
-        for j, s in enumerate(seeds):
-            own_inst[s] = j
-        ptr_l, ses, nbs = ix.nbr_lists
 
-    def signature(c: int, j: int) -> list:
+    Returns:
+        Per instance its GraphNode ids by position, and per instance how often it alone kept the
+        others from growing (its blame).
+    """
+    g = _Growth(ix, seeds, claimed, order)
+    g.run([0], forward_only=ix.forward[seeds[0]])
+    # attach what hangs off the instance one edge away first, then grow freely
+    first: list[int] = []
+    for p in range(len(g.cols)):
+        for d in (0, 1, 2):
+            g.extend(p, d, False, first)
+    g.run(list(range(len(g.cols))), forward_only=False)
+    inst = [[col[j] for col in g.cols] for j in range(g.n_inst)]
+    return inst, g.blame
+
+
+class _Growth:
+    """A pattern growing in all its occurrences at once (:func:`_grow`): its GraphNodes by
+    position, which GraphNodes the occurrences own and where, and each occurrence's blame.
+
+    ``cols[p][j]`` is instance ``j``'s GraphNode at position ``p``; for each GraphNode, whether an
+    instance owns it, and (``own_inst``, ``own_pos``) which one, at which position (-1, 0: none).
+    With many instances (from ``_WIDE`` on), a candidate column is checked over arrays: the same
+    tests, at a cost that hardly grows with the instances (Python, per instance, costs more from
+    about ``_WIDE`` instances on); ``own_inst`` and ``own_pos`` are then arrays, else lists.
+    """
+
+    def __init__(self, ix: _SlottedGraph, seeds: Sequence[int], claimed: bytearray, order: str):
+        """Start the pattern at its one position, ``seeds``."""
+        self.ix = ix
+        self.claimed = claimed
+        self.n_inst = n_inst = len(seeds)
+        self.cols: list[list[int]] = [list(seeds)]
+        self.owned = owned = bytearray(ix.n)
+        for s in seeds:
+            owned[s] = 1
+        self.primary = 0 if order == "producers" else 1
+        self.blame = [0] * n_inst
+        self.odd = max(1, n_inst // 3)
+        self.others = range(1, n_inst)
+        ptr, nb_node, nb_code = ix.nbr_arrays
+        # a signature entry's code (below big), offset by its instance: instance * big + code
+        self.big = big = (int(nb_code.max(initial=0)) + 1) * ix.n
+        self.wide = n_inst >= _WIDE and big * n_inst < 2**62
+        if self.wide:
+            self.own_inst_a = np.full(ix.n, -1, dtype=np.int64)
+            self.own_inst_a[self.cols[0]] = np.arange(n_inst)
+            self.own_pos_a = np.zeros(ix.n, dtype=np.int64)
+            self.owned_a = np.frombuffer(owned, dtype=np.uint8)  # views: writes reach the bytearrays
+            self.claimed_a = np.frombuffer(claimed, dtype=np.uint8)
+            self.rows = np.arange(n_inst)
+            self.offsets = self.rows * big
+            self.cols_a = [np.array(self.cols[0], dtype=np.int64)]  # cols as arrays
+        else:
+            self.own_inst = own_inst = [-1] * ix.n
+            self.own_pos = [0] * ix.n
+            for j, s in enumerate(seeds):
+                own_inst[s] = j
+        self.differ_at = [self.differing(self.cols[0])]
+
+    def signature(self, c: int, j: int) -> list:
         """How ``c`` connects to instance ``j``: (direction and edge label, position) pairs."""
+        ptr_l, ses, nbs = self.ix.nbr_lists
+        own_inst, own_pos = self.own_inst, self.own_pos
         a, b = ptr_l[c], ptr_l[c + 1]
         sig = [(se, own_pos[nb]) for se, nb in zip(ses[a:b], nbs[a:b]) if own_inst[nb] == j]
         sig.sort()
         return sig
 
-    def same_signatures(c: np.ndarray) -> bool:
+    def same_signatures(self, c: np.ndarray) -> bool:
         """Whether ``signature(c[j], j)`` is the same for every instance ``j``, over arrays:
         each signature entry coded as ``(3 * edge label + direction) * n + position`` (below
         ``big``), plus ``j * big``. Sorted, the codes fall into equal rows after removing the
         offsets exactly when every instance has the same multiset of codes (had some instance
         more, a row would hold codes of two instances, and the rows could not all agree)."""
+        ptr, nb_node, nb_code = self.ix.nbr_arrays
+        big, offsets, n_inst = self.big, self.offsets, self.n_inst
         start = ptr[c]
         lens = ptr[c + 1] - start
         j = np.repeat(offsets, lens)
         idx = np.arange(len(j)) + np.repeat(start - (np.cumsum(lens) - lens), lens)
         nb = nb_node[idx]
-        inside = own_inst_a[nb] * big == j
+        inside = self.own_inst_a[nb] * big == j
         if np.count_nonzero(inside) % n_inst:
             return False
-        code = np.sort((j + nb_code[idx] * ix.n + own_pos_a[nb])[inside]).reshape(n_inst, -1)
+        code = np.sort((j + nb_code[idx] * self.ix.n + self.own_pos_a[nb])[inside])
+        code = code.reshape(n_inst, -1)
         return bool((code - offsets[:, None] == code[0]).all())
 
-    def differing(col: list[int]) -> tuple[list[int], ...]:
+    def differing(self, col: list[int]) -> tuple[list[int], ...]:
         """Per direction, the instances whose slots at this position differ from instance
         0's (usually none)."""
-        if wide:
+        if self.wide:
+            slot_set_a = self.ix.slot_set_array
             differ = slot_set_a[:, col] != slot_set_a[:, col[:1]]
             if not differ.any():
                 return [], [], []
             return tuple([np.flatnonzero(row).tolist() for row in differ])
-        return tuple([j for j in others if slot_set[d][col[j]] != slot_set[d][col[0]]]
+        slot_set = self.ix.slot_set
+        return tuple([j for j in self.others if slot_set[d][col[j]] != slot_set[d][col[0]]]
                      for d in (0, 1, 2))
 
-    differ_at = [differing(cols[0])]
-
-    def extend(p: int, d: int, forward_only: bool, pending: list[int]) -> None:
-        slots_d = slots[d]
+    def extend(self, p: int, d: int, forward_only: bool, pending: list[int]) -> None:
+        """Add every column reached from position ``p`` through a slot of direction ``d`` that
+        all instances have, whose GraphNodes are distinct, free, and joined to their instances
+        alike; their positions go to ``pending``. Instances missing a slot the others have are
+        blamed."""
+        ix, cols, blame, claimed, owned = self.ix, self.cols, self.blame, self.claimed, self.owned
+        n_inst, wide, others, forward = self.n_inst, self.wide, self.others, ix.forward
+        slots_d = ix.slots[d]
         at = cols[p]
-        differ = differ_at[p][d]
+        differ = self.differ_at[p][d]
         map0 = slots_d[at[0]]
         if wide:
             slot_gk_d, slot_nb_d = ix.slot_arrays[d]
+            n_slots = len(ix.slot_edge)
+        else:
+            own_inst, own_pos, signature = self.own_inst, self.own_pos, self.signature
         if n_inst > 2 and differ and differ[0] == 1:
             for sk in slots_d[at[1]]:
                 if sk not in map0 and all(sk in slots_d[at[j]] for j in range(2, n_inst)):
@@ -549,7 +599,7 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
             if differ:
                 missing = [j for j in differ if sk not in slots_d[at[j]]]
                 if missing:
-                    if len(missing) <= odd:
+                    if len(missing) <= self.odd:
                         for j in missing:
                             blame[j] += 1
                     continue
@@ -558,16 +608,17 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
                 continue
             pos = len(cols)
             if wide:  # every instance has slot sk here (the differing ones were checked)
-                c = slot_nb_d[np.searchsorted(slot_gk_d, cols_a[p] * n_slots + sk)]
+                c = slot_nb_d[np.searchsorted(slot_gk_d, self.cols_a[p] * n_slots + sk)]
                 distinct = np.sort(c)
-                if ((distinct[1:] == distinct[:-1]).any() or claimed_a[c].any()
-                        or owned_a[c].any() or (forward_only and not forward_a[c].all())
-                        or not same_signatures(c)):
+                if ((distinct[1:] == distinct[:-1]).any() or self.claimed_a[c].any()
+                        or self.owned_a[c].any()
+                        or (forward_only and not ix.forward_array[c].all())
+                        or not self.same_signatures(c)):
                     continue
-                own_inst_a[c] = rows
-                own_pos_a[c] = pos
-                owned_a[c] = 1
-                cols_a.append(c)
+                self.own_inst_a[c] = self.rows
+                self.own_pos_a[c] = pos
+                self.owned_a[c] = 1
+                self.cols_a.append(c)
                 cands = c.tolist()
             else:
                 cands = [slots_d[g][sk] for g in at]
@@ -584,12 +635,15 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
                     own_pos[c] = pos
                     owned[c] = 1
             cols.append(cands)
-            differ_at.append(differing(cands))
+            self.differ_at.append(self.differing(cands))
             pending.append(pos)
 
-    def run(positions: list[int], forward_only: bool) -> None:
+    def run(self, positions: list[int], forward_only: bool) -> None:
+        """Grow from ``positions`` until no extension is frequent: each new position's preferred
+        direction first (by ``order``; reversed for backward GraphNodes), the others after."""
         hi: deque[tuple[int, int]] = deque()
         lo: deque[tuple[int, int]] = deque()
+        cols, backward, primary = self.cols, self.ix.backward, self.primary
 
         def push(p: int) -> None:
             d = 1 - primary if backward[cols[p][0]] else primary
@@ -602,22 +656,12 @@ def _grow(ix: _Index, seeds: Sequence[int], claimed: bytearray,
         while hi or lo:
             p, d = hi.popleft() if hi else lo.popleft()
             pending: list[int] = []
-            extend(p, d, forward_only, pending)
+            self.extend(p, d, forward_only, pending)
             for q in pending:
                 push(q)
 
-    run([0], forward_only=ix.forward[seeds[0]])
-    # attach what hangs off the instance one edge away first, then grow freely
-    first: list[int] = []
-    for p in range(len(cols)):
-        for d in (0, 1, 2):
-            extend(p, d, False, first)
-    run(list(range(len(cols))), forward_only=False)
-    inst = [[col[j] for col in cols] for j in range(n_inst)]
-    return inst, blame
 
-
-def _boundary_bytes(ix: _Index, inst: list[list[int]]) -> int:
+def _boundary_bytes(ix: _SlottedGraph, inst: list[list[int]]) -> int:
     """Bytes crossing instance boundaries: each instance's edges to GraphNodes outside it (an
     edge between two instances counts for both)."""
     own = np.full(ix.n, -1, dtype=np.int64)
@@ -710,18 +754,18 @@ def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
     return [rows[r] for r in np.flatnonzero(same).tolist()]
 
 
-def _saved(tr: _Trial, ix: _Index) -> int:
+def _saved(tr: _GrownClass, ix: _SlottedGraph) -> int:
     """Operators a class saves from the search: all its operators but one representative's."""
     return tr.covered - sum(ix.nops[g] for g in tr.inst[0])
 
 
-def _orient(ix: _Index, best: _Trial, seeds: list[int], claimed: bytearray,
-            min_size: int) -> tuple[_Trial, int]:
+def _orient(ix: _SlottedGraph, best: _GrownClass, seeds: list[int], claimed: bytearray,
+            min_size: int) -> tuple[_GrownClass, int]:
     """Grow ``seeds`` in the other order too; keep the growth that saves more operators, then
     the one with fewer bytes crossing instance boundaries. Returns it and the growths run."""
     other = "consumers" if best.order == "producers" else "producers"
     inst, blame = _grow(ix, seeds, claimed, other)
-    alt = _Trial(best.seed_label, other, inst, _cover(ix, inst), blame=blame)
+    alt = _GrownClass(best.seed_label, other, inst, _cover(ix, inst), blame=blame)
     if len(alt.inst[0]) >= min_size:
         if _saved(alt, ix) > _saved(best, ix):
             return alt, 1
@@ -733,7 +777,7 @@ def _orient(ix: _Index, best: _Trial, seeds: list[int], claimed: bytearray,
     return best, 1
 
 
-def _subsumed(seeds: Sequence[int], r: _Trial, where: dict[int, int]) -> bool:
+def _subsumed(seeds: Sequence[int], r: _GrownClass, where: dict[int, int]) -> bool:
     """Whether ``seeds`` sit at one position of every instance of the grown ``r``. Such seeds
     enter ``r``'s occurrences at another node, and are not grown again: the growth is taken to
     reach the same maximal pattern (it does on GPT, MoE, Wide-ResNet and MLP, where growing them
@@ -744,8 +788,8 @@ def _subsumed(seeds: Sequence[int], r: _Trial, where: dict[int, int]) -> bool:
     return p is not None and all(where.get(s) == p for s in seeds)
 
 
-def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytearray,
-                  min_support: int, min_size: int, seeds_per_level: int, complete_gain: float) -> tuple[_Trial | None, int, list[tuple[int, int]]]:
+def _greedy_round(ix: _SlottedGraph, groups: list[dict[int, list[int]]], claimed: bytearray,
+                  min_support: int, min_size: int, seeds_per_level: int, complete_gain: float) -> tuple[_GrownClass | None, int, list[tuple[int, int]]]:
     """One round of the greedy cover: grow candidate seeds, return the class that saves most.
 
     Candidates: for each signature level and each distinct count, the heaviest (then earliest)
@@ -778,7 +822,7 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
                 seen.add(key)
                 cands.append((level, lab))
     trials = 0
-    results: list[_Trial] = []
+    results: list[_GrownClass] = []
     where: list[dict[int, int]] = []  # per result: GraphNode -> its position in its instance
     for level, lab in cands:
         seeds = groups[level][lab]
@@ -787,7 +831,7 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
         inst, blame = _grow(ix, seeds, claimed, "producers")
         where.append({g: p for m in inst for p, g in enumerate(m)})
         trials += 1
-        results.append(_Trial((level, lab), "producers", inst, _cover(ix, inst), blame=blame))
+        results.append(_GrownClass((level, lab), "producers", inst, _cover(ix, inst), blame=blame))
     ok = [r for r in results if len(r.inst[0]) >= min_size]
     if not ok:
         return None, trials, cands
@@ -806,7 +850,7 @@ def _greedy_round(ix: _Index, groups: list[dict[int, list[int]]], claimed: bytea
         else:
             inst, blame = _grow(ix, rest, claimed, "producers")
             trials += 1
-        cand = _Trial(best.seed_label, "producers", inst, _cover(ix, inst), blame=blame)
+        cand = _GrownClass(best.seed_label, "producers", inst, _cover(ix, inst), blame=blame)
         if cand.covered / len(inst) < (1.0 + complete_gain) * best.covered / len(best.inst):
             break
         best, n = _orient(ix, cand, rest, claimed, min_size)
@@ -857,13 +901,38 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
     gng = graphnodes if graphnodes is not None else group_graphnodes(graph)
     timings["graphnodes"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    ix = _Index(gng)
+    ix = _SlottedGraph(gng)
     wl_levels = ix.wl(wl_rounds)
     timings["signatures"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
+    found, trials = _greedy_cover(ix, wl_levels, min_support, min_size, seeds_per_level,
+                                  max_classes, complete_gain)
+    timings["grow"] = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    classes = _verified_classes(graph, gng, found, min_support, verify)
+    timings["verify"] = time.perf_counter() - t3
+
+    assigned = np.zeros(len(graph.ops), dtype=bool)
+    for c in classes:
+        assigned[list(chain.from_iterable(c.instances))] = True
+    unassigned = tuple(np.flatnonzero(~assigned).tolist())
+    folded = sum(c.size for c in classes) + len(unassigned)
+    fold_ratio = len(graph.ops) / folded if folded else 1.0
+    timings["total"] = time.perf_counter() - t0
+    return MiningResult(classes=classes, fold_ratio=fold_ratio, unassigned=unassigned,
+                        timings=timings, num_ops=len(graph.ops), graphnodes=gng, trials=trials)
+
+
+def _greedy_cover(ix: _SlottedGraph, wl_levels: Sequence[Sequence[int]], min_support: int,
+                  min_size: int, seeds_per_level: int, max_classes: int | None,
+                  complete_gain: float) -> tuple[list[_GrownClass], int]:
+    """The greedy cover: rounds of :func:`_greedy_round` over the seeds still free, each class
+    found claiming its GraphNodes, until no seed grows (or ``max_classes``). Returns the classes
+    in the order found and the growths run."""
     claimed = bytearray(ix.n)
-    found: list[_Trial] = []
+    found: list[_GrownClass] = []
     trials = 0
     by_label = [_frequent(wl, min_support) for wl in wl_levels]
     dead: set[tuple[int, int]] = set()
@@ -883,7 +952,7 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
         if not any(groups):
             break
         best, n, tried = _greedy_round(ix, groups, claimed, min_support, min_size, seeds_per_level,
-                                           complete_gain)
+                                       complete_gain)
         trials += n
         if best is None:
             dead.update(tried)
@@ -893,9 +962,14 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
                 claimed[g] = 1
         found.append(best)
         dead.add(best.seed_label)
-    timings["grow"] = time.perf_counter() - t2
+    return found, trials
 
-    t3 = time.perf_counter()
+
+def _verified_classes(graph: OpGraph, gng: GraphNodeGraph, found: Sequence[_GrownClass],
+                      min_support: int, verify: bool) -> list[RepeatedClass]:
+    """The grown classes as :class:`RepeatedClass` es, numbered largest cover first: instances
+    that fail the isomorphism check against the representative dropped (with ``verify``), and
+    classes left with fewer than ``min_support`` instances too."""
     labeler = gng.labeler or OpLabeler(graph)
     classes: list[RepeatedClass] = []
     for tr in found:
@@ -915,16 +989,5 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
             aligned=[aligned[j] for j in order],
             graphnodes=[tuple(tr.inst[j]) for j in order]))
     classes.sort(key=lambda c: (-c.count * c.size, min(c.instances[0])))
-    classes = [RepeatedClass(i, c.hash, c.instances, c.aligned, c.graphnodes)
-               for i, c in enumerate(classes)]
-    timings["verify"] = time.perf_counter() - t3
-
-    assigned = np.zeros(len(graph.ops), dtype=bool)
-    for c in classes:
-        assigned[list(chain.from_iterable(c.instances))] = True
-    unassigned = tuple(np.flatnonzero(~assigned).tolist())
-    folded = sum(c.size for c in classes) + len(unassigned)
-    fold_ratio = len(graph.ops) / folded if folded else 1.0
-    timings["total"] = time.perf_counter() - t0
-    return MiningResult(classes=classes, fold_ratio=fold_ratio, unassigned=unassigned,
-                        timings=timings, num_ops=len(graph.ops), graphnodes=gng, trials=trials)
+    return [RepeatedClass(i, c.hash, c.instances, c.aligned, c.graphnodes)
+            for i, c in enumerate(classes)]

@@ -358,30 +358,56 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     prob = ILPProblem(graph=graph, mesh=mesh, ops=op_ids, nodes=[], members={}, tensor_src={},
                       free_tensors=frozenset(), specs=[], spec_id={}, out_pairs=[], fixed_inside={},
                       input_node={}, unknown=set(), grad_ops=set())
-    input_of = graph.input_of_tensor
-    consumers = graph.consumers
 
-    # ---- free tensors: constants and everything computed only from them -----------------------
+    # free tensors: constants and everything computed only from them
     # (the graph's set itself unless a fixed tensor is in it: no copy per segment problem)
     free = _free_tensors(graph)
     if any(t in free for t in fixed_specs):
         free = free.difference(fixed_specs)
     prob.free_tensors = free
 
-    # ---- input and boundary nodes --------------------------------------------------------------
+    needed = ([gi.tensor for gi in graph.inputs] if ops is None
+              else _read_from_outside(graph, op_ids, in_seg, free))
+    _add_input_nodes(prob, needed, fixed_specs, pinned, chosen_specs)
+    _add_operator_nodes(prob, chosen)
+    _add_fixed_and_pairs(prob, fixed_specs, in_seg)
+
+    # gradient-producing backward operators (for tagging collectives): a gradient reaches the
+    # optimizer update through movement/elementwise ops only; an activation gradient reaches it
+    # only through a reduction, e.g. a bias gradient
+    feeds = gradient_feeds(graph)
+    prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
+
+    if chosen is None:
+        _build_edges(prob)
+    if count_unmerged:
+        prob.vars_before_merging = _count_unmerged(prob)
+    prob.build_seconds = time.perf_counter() - t0
+    return prob
+
+
+def _read_from_outside(graph: OpGraph, op_ids: Sequence[int], in_seg: set[int],
+                       free: frozenset[int]) -> list[int]:
+    """The tensors a segment's operators read from outside it (non-free), in the order read."""
     needed: list[int] = []
-    if ops is None:
-        needed = [gi.tensor for gi in graph.inputs]
-    else:
-        seen: set[int] = set()
-        for i in op_ids:
-            for t in graph.ops[i].inputs:
-                if t is None or t in seen or t in free:
-                    continue
-                p = graph.tensors[t].producer
-                if p < 0 or p not in in_seg:
-                    seen.add(t)
-                    needed.append(t)
+    seen: set[int] = set()
+    for i in op_ids:
+        for t in graph.ops[i].inputs:
+            if t is None or t in seen or t in free:
+                continue
+            p = graph.tensors[t].producer
+            if p < 0 or p not in in_seg:
+                seen.add(t)
+                needed.append(t)
+    return needed
+
+
+def _add_input_nodes(prob: ILPProblem, needed: Sequence[int], fixed_specs: Mapping[int, Spec],
+                     pinned: Mapping[int, Spec], chosen_specs: Mapping[int, Spec] | None) -> None:
+    """One node per graph input or boundary tensor, over its fixed, chosen, pinned or every
+    spec (inputs pay the parameter penalty; boundary activations' memory is their producer's)."""
+    graph, mesh = prob.graph, prob.mesh
+    input_of = graph.input_of_tensor
     for t in needed:
         ten = graph.tensors[t]
         gi = input_of.get(t)
@@ -407,7 +433,11 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
         prob.input_node[t] = nid
         prob.tensor_src[t] = (nid, np.array([prob.intern(s) for s in specs], dtype=np.int64))
 
-    # ---- operators: roots and followers --------------------------------------------------------
+
+def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None) -> None:
+    """The operators' nodes: a root enumerates its strategies, a follower joins its leader
+    operand's node (its strategy derived from each of the leader's); costs and saved memory."""
+    graph, mesh, op_ids, free = prob.graph, prob.mesh, prob.ops, prob.free_tensors
     follow_cache: dict[tuple, Any] = {}
     contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
@@ -453,13 +483,21 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             if t in saved:
                 node.memory = node.memory + graph.tensors[t].nbytes / tab.out_tiles[j][member.idx]
 
-    # ---- fixed tensors produced inside, and updated-input pairs --------------------------------
-    # Charged once per use outside the segment: the whole graph (and a stitched plan, costed by
-    # cost_strategies) reshards an operand per consumer, from the producer's spec to the
-    # consumer's, so when the other segment's consumers read the fixed spec the producer -> fixed
-    # resharding is paid once by each of them (a boundary activation read by a convolution, a
-    # residual add and a shortcut convolution is gathered three times, not once); charged once,
-    # the segments' objectives would undercount the stitched plan.
+
+def _add_fixed_and_pairs(prob: ILPProblem, fixed_specs: Mapping[int, Spec],
+                         in_seg: set[int]) -> None:
+    """Fixed tensors produced inside the segment, with their uses outside, and the updated-input
+    pairs whose resharding back to the input's spec is charged.
+
+    A fixed tensor is charged once per use outside the segment: the whole graph (and a stitched
+    plan, costed by cost_strategies) reshards an operand per consumer, from the producer's spec
+    to the consumer's, so when the other segment's consumers read the fixed spec the producer ->
+    fixed resharding is paid once by each of them (a boundary activation read by a convolution, a
+    residual add and a shortcut convolution is gathered three times, not once); charged once,
+    the segments' objectives would undercount the stitched plan.
+    """
+    graph = prob.graph
+    consumers = graph.consumers
     for t, spec in fixed_specs.items():
         if t in prob.tensor_src and t not in prob.input_node:
             prob.fixed_inside[t] = spec
@@ -472,19 +510,6 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     hits = sorted((k, o, i) for i in prob.input_node for k, o in pairs_of.get(i, ())
                   if o in prob.tensor_src)
     prob.out_pairs = [(o, i) for _, o, i in hits]
-
-    # ---- gradient-producing backward operators (for tagging collectives) -----------------------
-    # (a gradient reaches the optimizer update through movement/elementwise ops only; an
-    # activation gradient reaches it only through a reduction, e.g. a bias gradient)
-    feeds = gradient_feeds(graph)
-    prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
-
-    if chosen is None:
-        _build_edges(prob)
-    if count_unmerged:
-        prob.vars_before_merging = _count_unmerged(prob)
-    prob.build_seconds = time.perf_counter() - t0
-    return prob
 
 
 def _free_tensors(graph: OpGraph) -> frozenset[int]:
@@ -1326,12 +1351,47 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         SearchError: invalid pins, fixed specs or operator ids.
     """
     prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins)
+    least = _check_problem(prob, mesh, memory_budget)
+    t0 = time.perf_counter()
+    reducer, costs, edges, active = _reduce(prob, reduce and memory_budget is None, memory_weight)
+    present = [np.isfinite(c) if active[v] and len(c) > 1 else None for v, c in enumerate(costs)]
+    kept_edges = _fold_separable_edges(edges, costs, present)
+    model = _build_model(prob, costs, active, present, kept_edges, memory_budget)
+    build_lp = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    out = _solve_model(prob, mesh, model, reducer, least, memory_budget=memory_budget,
+                       time_limit=time_limit, mip_gap=mip_gap, relax_first=relax_first,
+                       memory_weight=memory_weight)
+    vec = out.vec
+    if reducer is not None:
+        reducer.recover(vec)
+    solve_s = time.perf_counter() - t1
+    bd = _breakdown(prob, vec)
+    choice = {n.key: vec[nid] for nid, n in enumerate(prob.nodes)}
+    return ILPSolution(
+        choice=choice, strategies=bd.op_strategy, specs=bd.specs, objective=bd.objective,
+        compute_time=bd.compute, comm_time=bd.comm, penalty=bd.penalty,
+        memory_per_device=bd.memory, least_memory=least, comms=tuple(bd.comms),
+        vars_before_merging=prob.vars_before_merging,
+        vars_after_merging=model.n_bin + model.n_edge, num_binaries=model.n_bin,
+        num_edge_vars=model.n_edge, num_constraints=model.n_con,
+        num_nodes=len(prob.nodes), num_ops=len(prob.ops),
+        build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=out.status,
+        solver=out.solver, unknown_primitives=tuple(sorted(prob.unknown)),
+        solver_objective=out.solver_objective, lower_bound=out.lower_bound, gap=out.gap,
+        dives=out.dives, mip=out.mip, problem=prob)
+
+
+def _check_problem(prob: ILPProblem, mesh: LogicalMesh, memory_budget: float | None) -> float:
+    """Warn of primitives without a sharding rule; return the least memory of any plan, raising
+    when it exceeds ``memory_budget``."""
     if prob.unknown:
         warnings.warn(
             f"intra-op search: no sharding rule for primitive(s) {', '.join(sorted(prob.unknown))}; "
             "they run replicated (every operand gathered). Fix: none needed unless they are heavy; "
             "report the primitive to extend autoplan's strategy table.",
-            UnsupportedPrimitiveWarning, stacklevel=2)
+            UnsupportedPrimitiveWarning, stacklevel=3)
     least = float(sum(n.memory.min() for n in prob.nodes))
     if memory_budget is not None and least > memory_budget * (1 + 1e-9):
         raise InfeasiblePlanError(
@@ -1340,23 +1400,32 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             f"and saved activations, each sharded as much as possible) is {least:.4g} bytes. Fix: "
             "raise the budget, use more devices, or enable pipelining/rematerialisation.",
             least_memory=least)
+    return least
 
-    t0 = time.perf_counter()
+
+def _reduce(prob: ILPProblem, reduce: bool, memory_weight: float
+            ) -> tuple[_Reducer | None, list[np.ndarray], list[tuple], list[bool]]:
+    """Each node's objective (time, plus ``memory_weight`` times memory) and, when ``reduce``,
+    the nodes with at most two neighbours eliminated: the reducer, node costs, edges, and which
+    nodes stay in the model."""
     reducer: _Reducer | None = None
     costs = [n.cost + memory_weight * np.asarray(n.memory, dtype=float) if memory_weight
              else n.cost for n in prob.nodes]
     edges = prob.edges
     active = [True] * len(prob.nodes)
-    if reduce and memory_budget is None:
+    if reduce:
         reducer = _Reducer(prob, costs)
         reducer.run()
         costs = reducer.cost
         edges = [tuple(e) for e in reducer.edges.values()]
         active = [reducer.alive[v] or reducer.k[v] == 1 for v in range(len(prob.nodes))]
-    mm = MatrixModel()
-    costs = [np.array(c, dtype=float) for c in costs]
-    present = [np.isfinite(c) if active[v] and len(c) > 1 else None for v, c in enumerate(costs)]
-    # restrict edges to strategies still present; fold separable ones into node costs
+    return reducer, [np.array(c, dtype=float) for c in costs], edges, active
+
+
+def _fold_separable_edges(edges: Iterable[tuple], costs: list[np.ndarray],
+                          present: Sequence[np.ndarray | None]) -> list[tuple]:
+    """Restrict edges to the strategies still present, and fold separable ones
+    (``m[a, b] = x[a] + y[b]``) into the node costs (updated in place); returns the rest."""
     kept_edges = []
     for u, w, gu, gw, m in edges:
         rows = np.unique(gu[present[u]])
@@ -1374,6 +1443,27 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             costs[w] = costs[w] + np.where(gw >= 0, b[gw], 0.0)
             continue
         kept_edges.append((u, w, gu, gw, m))
+    return kept_edges
+
+
+@dataclass
+class _Model:
+    """The solver's matrix model with each node's strategy columns (``None``: no choice) and
+    its sizes."""
+
+    mm: MatrixModel
+    scols: list[np.ndarray | None]
+    n_bin: int
+    n_edge: int
+    n_con: int
+
+
+def _build_model(prob: ILPProblem, costs: Sequence[np.ndarray], active: Sequence[bool],
+                 present: Sequence[np.ndarray | None], kept_edges: Sequence[tuple],
+                 memory_budget: float | None) -> _Model:
+    """The matrix model: one-hot strategy columns per node, edge columns tied to both ends'
+    strategies, and the memory row when there is a budget."""
+    mm = MatrixModel()
     # column index of each node's strategy variables (-1: absent), one-hot rows
     scols: list[np.ndarray | None] = []
     const = 0.0
@@ -1411,83 +1501,90 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         mm.add_rows(np.concatenate([np.tile(np.arange(nw), nu), gw[kw]]),
                     np.concatenate([ev, sw[kw]]), np.concatenate([ones_e, neg_w]), 0.0, 0.0, nw)
         n_con += nu + nw
-    if memory_budget is not None:
-        mcols, mvals = [], []
-        mconst = 0.0
-        for nid, n in enumerate(prob.nodes):
-            idx = scols[nid]
-            if idx is None:
-                mconst += float(n.memory[0])
-            else:
-                keep = (idx >= 0) & (np.asarray(n.memory) != 0)
-                mcols.append(idx[keep])
-                mvals.append(np.asarray(n.memory, dtype=float)[keep])
-        if mcols and sum(len(c) for c in mcols):
-            mc = np.concatenate(mcols)
-            mm.add_rows(np.zeros(len(mc), dtype=np.int64), mc, np.concatenate(mvals), -np.inf,
-                        memory_budget - mconst, 1)
-            n_con += 1
+    if memory_budget is not None and _add_memory_row(prob, mm, scols, memory_budget):
+        n_con += 1
     mm.offset = const * _SCALE
-    build_lp = time.perf_counter() - t0
+    return _Model(mm, scols, n_bin, n_edge, n_con)
 
-    t1 = time.perf_counter()
-    solver_name = "none"
-    solver_obj: float | None = None
-    mip_bound: float | None = None
-    mip_achieved: float | None = 0.0
-    dives, used_mip = 0, False
-    if n_bin == 0:
-        status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
-        vec = [0] * len(prob.nodes)
-    else:
-        groups = [idx[idx >= 0] for idx in scols if idx is not None]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            res = solve_assignment(mm, groups, time_limit=time_limit, mip_gap=mip_gap,
-                                   relax_first=relax_first)
-        for w in caught:
-            warnings.warn(w.message, w.category, stacklevel=2)
-        solver_name = res.result.solver
-        mip_bound = None if res.bound is None else res.bound / _SCALE
-        mip_achieved = res.gap
-        dives, used_mip = res.dives, res.mip
-        if res.x is None:
-            timed_out = time.perf_counter() - t1 >= 0.95 * time_limit
-            if not timed_out:
-                raise InfeasiblePlanError(
-                    f"the intra-op ILP is infeasible on mesh {mesh.shape} (memory_budget="
-                    f"{memory_budget}). Fix: raise the budget or relax pins.", least_memory=least)
-            warnings.warn(
-                f"ILP solver stopped at its time limit ({time_limit} s) without a feasible plan; a "
-                "greedy plan (each node's cheapest strategy) is used. Fix: raise time_limit.",
-                SolverTimeoutWarning, stacklevel=2)
-            status = "timeout-greedy"
-            vec = _greedy(prob, memory_budget)
+
+def _add_memory_row(prob: ILPProblem, mm: MatrixModel, scols: Sequence[np.ndarray | None],
+                    memory_budget: float) -> bool:
+    """Add ``sum of the chosen strategies' memory <= memory_budget``; whether a row was added
+    (none when no strategy choice changes the memory)."""
+    mcols, mvals = [], []
+    mconst = 0.0
+    for nid, n in enumerate(prob.nodes):
+        idx = scols[nid]
+        if idx is None:
+            mconst += float(n.memory[0])
         else:
-            status = res.result.status
-            obj = res.result.objective
-            solver_obj = None if obj is None or status != "optimal" or memory_weight \
-                else obj / _SCALE
-            if memory_weight:
-                mip_bound = None  # a bound on time + weight * memory, not on the time
-            vec = [0 if idx is None else int(np.argmax(np.where(idx >= 0, res.x[idx], -1.0)))
-                   for idx in scols]
-    if reducer is not None:
-        reducer.recover(vec)
-    solve_s = time.perf_counter() - t1
-    bd = _breakdown(prob, vec)
-    choice = {n.key: vec[nid] for nid, n in enumerate(prob.nodes)}
-    return ILPSolution(
-        choice=choice, strategies=bd.op_strategy, specs=bd.specs, objective=bd.objective,
-        compute_time=bd.compute, comm_time=bd.comm, penalty=bd.penalty,
-        memory_per_device=bd.memory, least_memory=least, comms=tuple(bd.comms),
-        vars_before_merging=prob.vars_before_merging, vars_after_merging=n_bin + n_edge,
-        num_binaries=n_bin, num_edge_vars=n_edge, num_constraints=n_con,
-        num_nodes=len(prob.nodes), num_ops=len(prob.ops),
-        build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=status,
-        solver=solver_name, unknown_primitives=tuple(sorted(prob.unknown)),
-        solver_objective=solver_obj, lower_bound=mip_bound, gap=mip_achieved, dives=dives,
-        mip=used_mip, problem=prob)
+            keep = (idx >= 0) & (np.asarray(n.memory) != 0)
+            mcols.append(idx[keep])
+            mvals.append(np.asarray(n.memory, dtype=float)[keep])
+    if not (mcols and sum(len(c) for c in mcols)):
+        return False
+    mc = np.concatenate(mcols)
+    mm.add_rows(np.zeros(len(mc), dtype=np.int64), mc, np.concatenate(mvals), -np.inf,
+                memory_budget - mconst, 1)
+    return True
+
+
+@dataclass
+class _Solved:
+    """Each node's chosen strategy index (before the reducer's recovery) and how the solver got
+    there (the :class:`ILPSolution` fields of the same names)."""
+
+    vec: list[int]
+    status: str
+    solver: str = "none"
+    solver_objective: float | None = None
+    lower_bound: float | None = None
+    gap: float | None = 0.0
+    dives: int = 0
+    mip: bool = False
+
+
+def _solve_model(prob: ILPProblem, mesh: LogicalMesh, model: _Model, reducer: _Reducer | None,
+                 least: float, *, memory_budget: float | None, time_limit: float, mip_gap: float,
+                 relax_first: bool, memory_weight: float) -> _Solved:
+    """Solve the model (LP relaxation, dive, MIP: :func:`solve_assignment`) and read each node's
+    strategy off the solution; a greedy assignment when the time limit passes without one."""
+    t1 = time.perf_counter()
+    scols = model.scols
+    if model.n_bin == 0:
+        status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
+        return _Solved([0] * len(prob.nodes), status)
+    groups = [idx[idx >= 0] for idx in scols if idx is not None]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = solve_assignment(model.mm, groups, time_limit=time_limit, mip_gap=mip_gap,
+                               relax_first=relax_first)
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=3)
+    out = _Solved([], "", res.result.solver, None,
+                  None if res.bound is None else res.bound / _SCALE, res.gap, res.dives, res.mip)
+    if res.x is None:
+        timed_out = time.perf_counter() - t1 >= 0.95 * time_limit
+        if not timed_out:
+            raise InfeasiblePlanError(
+                f"the intra-op ILP is infeasible on mesh {mesh.shape} (memory_budget="
+                f"{memory_budget}). Fix: raise the budget or relax pins.", least_memory=least)
+        warnings.warn(
+            f"ILP solver stopped at its time limit ({time_limit} s) without a feasible plan; a "
+            "greedy plan (each node's cheapest strategy) is used. Fix: raise time_limit.",
+            SolverTimeoutWarning, stacklevel=3)
+        out.status = "timeout-greedy"
+        out.vec = _greedy(prob, memory_budget)
+        return out
+    out.status = res.result.status
+    obj = res.result.objective
+    out.solver_objective = None if obj is None or out.status != "optimal" or memory_weight \
+        else obj / _SCALE
+    if memory_weight:
+        out.lower_bound = None  # a bound on time + weight * memory, not on the time
+    out.vec = [0 if idx is None else int(np.argmax(np.where(idx >= 0, res.x[idx], -1.0)))
+               for idx in scols]
+    return out
 
 
 def _greedy(prob: ILPProblem, memory_budget: float | None) -> list[int]:
