@@ -27,6 +27,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from ._spec import Spec
+
 __all__ = ["plan_to_code", "path_rules"]
 
 _TOKEN = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+)\]|\.[A-Za-z_]\w*")
@@ -272,20 +274,6 @@ def _reproduces(rules: Sequence[Rule], leaves: Sequence[tuple[int, str, tuple, i
     return True
 
 
-def _pspec_code(spec: tuple) -> str:
-    entries = []
-    for e in spec:
-        if not e:
-            entries.append("None")
-        elif len(e) == 1:
-            entries.append(repr(e[0]))
-        else:
-            entries.append("(" + ", ".join(repr(a) for a in e) + ")")
-    while entries and entries[-1] == "None":
-        entries.pop()
-    return "P(" + ", ".join(entries) + ")"
-
-
 def _mesh_code(name: str, device_ids: Sequence[int], shape: Sequence[int],
                axis_names: Sequence[str]) -> str:
     ids = list(device_ids)
@@ -338,7 +326,7 @@ def plan_to_code(plan: Any, *, logical_axis_rules: bool | None = None) -> str:
         lines.append(_mesh_code("mesh", s.device_ids, s.mesh_shape, s.axis_names))
     lines += ["", "# (argument, regex over the leaf's jax.tree_util.keystr path, PartitionSpec): "
                   "the first match wins; other leaves are replicated", "RULES = ["]
-    lines += [f'    ({arg}, r"{rx}", {_pspec_code(spec)}),' for _, arg, rx, spec in rules]
+    lines += [f'    ({arg}, r"{rx}", {Spec.of(spec).pspec_text(trim=True)}),' for _, arg, rx, spec in rules]
     lines += ["]", "", ""]
     if pipeline:
         lines += [

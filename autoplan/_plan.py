@@ -5,9 +5,10 @@ an intra-operator-only plan), each stage's submesh and logical mesh, the Partiti
 graph input (parameters, optimizer state, batch) keyed by pytree path, the sharding of the heavy
 operators (dot/conv: their strategy and tensor specs), the schedule, and the predictions.
 
-Specs are stored as tuples with one entry per tensor dimension: ``None`` (replicated along that
-dimension) or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``), the same information as a
-``jax.sharding.PartitionSpec``. ``Plan.to_json()``/``Plan.from_json()`` round-trip exactly.
+Specs are stored as :class:`autoplan._spec.Spec` values, one entry per tensor dimension: ``None``
+(replicated along that dimension) or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``), the
+same information as a ``jax.sharding.PartitionSpec``; the JSON writes each as a list of entries.
+``Plan.to_json()``/``Plan.from_json()`` round-trip exactly.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ._cluster import Cluster
 from ._errors import ArgumentError, ArgumentTypeError, PlanFileError, PlanMismatchError
 from ._io import atomic_write_text
 from ._planfile import read_plan_json, validate_plan_dict
+from ._spec import Spec
 
 __all__ = ["SCHEMA_VERSION", "LEVELS", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
            "Schedule", "Predicted", "Plan", "require_plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
@@ -33,50 +35,31 @@ SCHEMA_VERSION = 1
 LEVELS = ("auto", "exhaustive", "hierarchical", "folded")
 """The search levels a plan's ``level`` names, in the order the options list them: ``"auto"``
 picks one of the other three (see :mod:`autoplan.search.fold._levels`)."""
-Spec = tuple  # tuple[None | tuple[str, ...], ...]
 
 
-def spec_to_pspec(spec: Spec):
-    """Our spec tuple -> ``jax.sharding.PartitionSpec``."""
-    from jax.sharding import PartitionSpec  # noqa: PLC0415
+def _deprecated(old: str, new: str) -> None:
+    import warnings  # noqa: PLC0415
 
-    entries = []
-    for e in spec:
-        if not e:
-            entries.append(None)
-        elif len(e) == 1:
-            entries.append(e[0])
-        else:
-            entries.append(tuple(e))
-    while entries and entries[-1] is None:
-        entries.pop()
-    return PartitionSpec(*entries)
+    warnings.warn(f"autoplan._plan.{old} is deprecated and will be removed in the next release; "
+                  f"use {new}.", DeprecationWarning, stacklevel=3)
 
 
-def pspec_to_spec(pspec, ndim: int) -> Spec:
-    """``PartitionSpec`` -> our spec tuple of length ``ndim``."""
-    out: list = []
-    for e in tuple(pspec):
-        if e is None:
-            out.append(None)
-        elif isinstance(e, str):
-            out.append((e,))
-        else:
-            out.append(tuple(e))
-    out += [None] * (ndim - len(out))
-    return tuple(out[:ndim])
+def spec_to_pspec(spec: Sequence[Any]) -> Any:
+    """Deprecated: use ``Spec.of(spec).to_pspec()`` (:meth:`autoplan._spec.Spec.to_pspec`)."""
+    _deprecated("spec_to_pspec", "autoplan._spec.Spec.to_pspec")
+    return Spec.of(spec).to_pspec()
 
 
-def spec_str(spec: Spec) -> str:
-    """Alpa's notation: ``S^x R`` style, written ``S(x)R`` / ``S(xy)``; ``R`` when replicated."""
-    parts = []
-    for e in spec:
-        parts.append("R" if not e else "S(" + ",".join(e) + ")")
-    return "".join(parts) if parts else "scalar"
+def pspec_to_spec(pspec: Any, ndim: int) -> Spec:
+    """Deprecated: use :meth:`autoplan._spec.Spec.from_pspec`."""
+    _deprecated("pspec_to_spec", "autoplan._spec.Spec.from_pspec")
+    return Spec.from_pspec(tuple(pspec)[:ndim], ndim)
 
 
-def _norm_spec(spec) -> Spec:
-    return tuple(None if not e else tuple(e) for e in spec)
+def spec_str(spec: Sequence[Any]) -> str:
+    """Deprecated: use ``str(spec)`` of a :class:`autoplan._spec.Spec`."""
+    _deprecated("spec_str", "str(Spec)")
+    return str(Spec.of(spec))
 
 
 @dataclass(frozen=True)
@@ -88,7 +71,7 @@ class TensorSharding:
         role: ``"input"``, ``"weight"`` or ``"output"``.
         shape: global shape.
         dtype: dtype name.
-        spec: per-dimension mesh axes.
+        spec: per-dimension mesh axes (:class:`autoplan._spec.Spec`).
     """
 
     name: str
@@ -97,9 +80,13 @@ class TensorSharding:
     dtype: str
     spec: Spec
 
+    def __post_init__(self) -> None:  # any spec-shaped sequence is stored as its canonical Spec
+        if type(self.spec) is not Spec:
+            object.__setattr__(self, "spec", Spec.of(self.spec))
+
     def tiles(self, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> int:
-        used = {a for e in self.spec if e for a in e}
-        return math.prod(s for s, n in zip(mesh_shape, axis_names) if n in used)
+        """How many tiles the tensor is cut into (:meth:`autoplan._spec.Spec.tiles`)."""
+        return self.spec.tiles(mesh_shape, axis_names)
 
 
 @dataclass(frozen=True)
@@ -149,7 +136,7 @@ class InputSpec:
         arg: positional argument index; ``arg_name`` its name; ``path`` its ``keystr`` in it.
         kind: ``parameter``, ``optimizer_state``, ``batch`` or ``input``.
         shape, dtype: the leaf's.
-        spec: per-dimension mesh axes.
+        spec: per-dimension mesh axes (:class:`autoplan._spec.Spec`).
         stage: the pipeline stage that holds it (0 for intra-op plans).
     """
 
@@ -161,6 +148,10 @@ class InputSpec:
     dtype: str
     spec: Spec
     stage: int = 0
+
+    def __post_init__(self) -> None:  # any spec-shaped sequence is stored as its canonical Spec
+        if type(self.spec) is not Spec:
+            object.__setattr__(self, "spec", Spec.of(self.spec))
 
     @property
     def name(self) -> str:
@@ -375,7 +366,7 @@ class Plan:
         def pick(i: InputSpec | None):
             if i is None or (stage is not None and i.stage != stage):
                 return None
-            return spec_to_pspec(i.spec)
+            return i.spec.to_pspec()
 
         if like is not None:
             return tuple(t.treedef.unflatten([pick(by_key[(a, p)]) for p in t.paths])
@@ -580,7 +571,7 @@ class Plan:
         kw = {k: d[k] for k in _FIELD_SETS["plan"][0] | _FIELD_SETS["plan"][1] if k in d}
         kw["cluster"] = cluster
         kw["stages"] = tuple(_stage_from(s) for s in d["stages"])
-        kw["inputs"] = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": _norm_spec(i["spec"])})
+        kw["inputs"] = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": Spec.of(i["spec"])})
                              for i in d["inputs"])
         kw["schedule"] = _schedule_from(d["schedule"])
         kw["predicted"] = Predicted(**{k: (dict(v) if isinstance(v, Mapping) else v)
@@ -648,7 +639,7 @@ class Plan:
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
-            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(spec_to_pspec(i.spec)))}"
+            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(i.spec.to_pspec()))}"
             f"</code></td><td>{i.stage}</td></tr>"
             for i in self.inputs[:200])
         more = f"<p>... {len(self.inputs) - 200} more inputs</p>" if len(self.inputs) > 200 else ""
@@ -739,7 +730,7 @@ def _stage_from(s: Mapping[str, Any]) -> Stage:
 
 def _op_from(o: Mapping[str, Any]) -> OpSharding:
     kw = dict(o)
-    kw["tensors"] = tuple(TensorSharding(**{**t, "shape": tuple(t["shape"]), "spec": _norm_spec(t["spec"])})
+    kw["tensors"] = tuple(TensorSharding(**{**t, "shape": tuple(t["shape"]), "spec": Spec.of(t["spec"])})
                           for t in o["tensors"])
     if "comm" in kw:
         kw["comm"] = tuple(Comm(**{**c, "axes": tuple(c["axes"])}) for c in o["comm"])

@@ -315,9 +315,7 @@ def cmd_show(args) -> int:
     print(plan.summary())
     if args.specs:
         for i in plan.inputs:
-            from ._plan import spec_to_pspec  # noqa: PLC0415
-
-            print(f"  {i.name:<60} {i.kind:<16} {str(spec_to_pspec(i.spec))}")
+            print(f"  {i.name:<60} {i.kind:<16} {str(i.spec.to_pspec())}")
     return 0
 
 

@@ -8,7 +8,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import autoplan
 from autoplan import PlanFileError, PlanMismatchError
-from autoplan._plan import Plan, pspec_to_spec, spec_str, spec_to_pspec
+from autoplan._plan import Plan
+from autoplan._spec import Spec
 from autoplan.models import get
 
 
@@ -21,11 +22,11 @@ def tiny():
 
 def test_spec_conversions():
     spec = (("x", "y"), None, ("y",))
-    assert spec_to_pspec(spec) == PartitionSpec(("x", "y"), None, "y")
-    assert pspec_to_spec(PartitionSpec(("x", "y"), None, "y"), 3) == spec
-    assert pspec_to_spec(PartitionSpec("x"), 2) == (("x",), None)
-    assert spec_to_pspec((None, None)) == PartitionSpec()
-    assert spec_str(((("x",)), None)) == "S(x)R"
+    assert Spec.of(spec).to_pspec() == PartitionSpec(("x", "y"), None, "y")
+    assert Spec.from_pspec(PartitionSpec(("x", "y"), None, "y"), 3) == spec
+    assert Spec.from_pspec(PartitionSpec("x"), 2) == (("x",), None)
+    assert Spec(None, None).to_pspec() == PartitionSpec()
+    assert str(Spec.of(((("x",)), None))) == "S(x)R"
 
 
 def test_json_round_trip_is_exact(tiny, tmp_path):

@@ -38,7 +38,6 @@ from jax.sharding import NamedSharding
 
 from autoplan._errors import ExecutionError
 from autoplan._jaxpr import Lit, Ref, Walk, WalkOp, walk_jaxpr
-from autoplan._plan import spec_to_pspec
 
 __all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
 
@@ -270,7 +269,6 @@ class _ShardingHook:
             if ins:
                 self.operands.setdefault(o.op, []).extend(ins)
                 self.prim[o.op] = o.primitive
-        self.sizes = dict(mesh.shape)
         self.counts = {"applied": 0, "skipped": 0, "operands_applied": 0, "operands_skipped": 0}
         self._seen: dict[str, set[tuple[int, int, str]]] = {k: set() for k in self.counts}
 
@@ -281,16 +279,12 @@ class _ShardingHook:
 
     def fits(self, v: Any, t: Any) -> bool:
         shape = tuple(np.shape(v))
-        if len(shape) != len(t.spec) or (self.exact_shapes and shape != tuple(t.shape)):
+        if self.exact_shapes and shape != tuple(t.shape):
             return False
-        for n, e in zip(shape, t.spec):
-            if e and (any(a not in self.sizes for a in e)
-                      or n % int(np.prod([self.sizes[a] for a in e]))):
-                return False
-        return True
+        return t.spec.divides(shape, self.mesh.axis_sizes, self.mesh.axis_names)
 
     def constrain(self, v: Any, t: Any) -> Any:
-        return jax.lax.with_sharding_constraint(v, NamedSharding(self.mesh, spec_to_pspec(t.spec)))
+        return jax.lax.with_sharding_constraint(v, NamedSharding(self.mesh, t.spec.to_pspec()))
 
     def before(self, op: FlatOp, vals: list[Any]) -> list[Any]:
         specs = self.operands.get(op.id)

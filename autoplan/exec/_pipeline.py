@@ -88,7 +88,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
-from autoplan._plan import spec_to_pspec
 from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
@@ -96,7 +95,7 @@ from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 from autoplan.exec._transfer import move, replicated_on, transfer
 
-__all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "divisible", "transfer", "executions_per_run",
+__all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "transfer", "executions_per_run",
            "error_summary", "first_scalar"]
 
 #: move values between submeshes with the cross-process collective (:mod:`._transfer`) even
@@ -106,16 +105,6 @@ _FORCE_COLLECTIVE_TRANSFERS = False
 PHASES = ("prologue", "forward", "backward", "update")
 PER_MB = ("forward", "backward")
 STEP = -1  # the micro-batch index of per-step values
-
-
-def divisible(shape: Sequence[int], spec: Sequence[Any], axis_sizes: Mapping[str, int]) -> bool:
-    """True when every dimension of ``shape`` divides by the product of its mesh axes."""
-    if len(spec) > len(shape):
-        return False
-    for n, e in zip(shape, spec):
-        if e and n % math.prod(axis_sizes[a] for a in e):
-            return False
-    return True
 
 
 def place(host: Any, sharding: jax.sharding.Sharding) -> jax.Array:
@@ -470,8 +459,8 @@ class _Split:
             is_batch = a in self.batch_args
             if is_batch:
                 shape = (shape[0] // self.num_microbatches,) + tuple(shape[1:])
-            ok = divisible(shape, ispec.spec, dict(mesh.shape))
-            sh = NamedSharding(mesh, spec_to_pspec(ispec.spec) if ok else PartitionSpec())
+            ok = ispec.spec.divides(shape, mesh.axis_sizes, mesh.axis_names)
+            sh = NamedSharding(mesh, ispec.spec.to_pspec() if ok else PartitionSpec())
             in_info[tid] = (ispec.stage, sh, is_batch)
         return leaves, in_info
 

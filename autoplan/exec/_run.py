@@ -53,7 +53,6 @@ from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
-    divisible,
     error_summary,
     first_scalar,
     place,
@@ -347,7 +346,7 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     shardings = plan.named_shardings(mesh, like=abstract)
     sizes = dict(mesh.shape)
     for i in plan.inputs:
-        if not divisible(i.shape, i.spec, sizes):
+        if not i.spec.divides(i.shape, mesh.axis_sizes, mesh.axis_names):
             raise ExecutionError(
                 f"input {i.name} of shape {i.shape} cannot take the plan's spec {i.spec} on mesh "
                 f"{sizes}: a dimension does not divide by its mesh axes. Fix: re-create the plan.")

@@ -71,12 +71,13 @@ from .._errors import (
     StateError,
     WaitTimeoutError,
 )
-from .._plan import LEVELS, Plan, spec_str, spec_to_pspec
+from .._plan import LEVELS, Plan
+from .._spec import Spec
 from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
-from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, id_span, pspec_text, time_unit
+from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, id_span, time_unit
 from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
@@ -231,7 +232,7 @@ def spec_choices(shape: Sequence[int], mesh_shape: Sequence[int], axis_names: Se
     cl = Cluster.preset("cpu", 1, devices_per_node=max(1, math.prod(mesh_shape)))
     mesh = cl.logical_mesh(tuple(mesh_shape))
     names = dict(zip(mesh.axis_names, axis_names))
-    return [tuple(None if not e else tuple(names.get(a, a) for a in e) for e in s)
+    return [Spec(*[None if not e else tuple(names.get(a, a) for a in e) for e in s])
             for s in enumerate_specs(tuple(shape), mesh)]
 
 
@@ -823,7 +824,7 @@ class Explorer:
     def _reference_for(self, plan: Plan) -> tuple[Plan | None, str]:
         for p in self._pins:
             if p["plan"] is plan:
-                return p["before"], f"before pinning {p['name']} to {pspec_text(p['spec'])}"
+                return p["before"], f"before pinning {p['name']} to {p['spec'].pspec_text()}"
         if self._reference is not None and self._reference is not plan:
             return self._reference, self._reference_note
         return None, ""
@@ -881,7 +882,7 @@ class Explorer:
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan.notes)
         rows = "".join(
             f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
-            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(spec_to_pspec(i.spec)))}"
+            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(i.spec.to_pspec()))}"
             f"</code></td><td>{i.stage}</td></tr>" for i in plan.inputs[:300])
         more = f"<p>... {len(plan.inputs) - 300} more inputs</p>" if len(plan.inputs) > 300 else ""
         return (f"<div class='autoplan-plan'><pre>{html.escape(text)}</pre>{layers}{ref}"
@@ -1222,9 +1223,9 @@ class Explorer:
         inp = next(i for i in plan.inputs if i.name == self._pin_target)
         st = next((s for s in plan.stages if s.index == inp.stage), plan.stages[0])
         specs = spec_choices(inp.shape, st.mesh_shape, st.axis_names)
-        cur = tuple(inp.spec)
+        cur = inp.spec
         specs = [cur] + [s for s in specs if s != cur]
-        return [(f"{pspec_text(s)} = {spec_str(s)}" + (" (current)" if s == cur else ""), s)
+        return [(f"{s.pspec_text()} = {s}" + (" (current)" if s == cur else ""), s)
                 for s in specs]
 
     def _refresh_pin_panel(self, message: str | None = None) -> None:
@@ -1252,11 +1253,11 @@ class Explorer:
                    if pipeline else "")
             self._pin_info.value = (
                 f"<small>pin <code>{html.escape(target)}</code> ({inp.kind}, "
-                f"{'x'.join(map(str, inp.shape)) or 'scalar'}, now {pspec_text(inp.spec)}) on mesh "
+                f"{'x'.join(map(str, inp.shape)) or 'scalar'}, now {inp.spec.pspec_text()}) on mesh "
                 f"{'x'.join(map(str, plan.mesh_shape))}: {len(choices)} specs{why}</small>")
         self._undo_button.disabled = not self._pins
         rows = "".join(
-            f"<li><code>{html.escape(p['name'])}</code> = {html.escape(pspec_text(p['spec']))}: "
+            f"<li><code>{html.escape(p['name'])}</code> = {html.escape(p['spec'].pspec_text())}: "
             f"{self._diff_text(p['before'], p['plan'])}</li>" for p in self._pins)
         self._pins_html.value = f"<small>pins:<ol>{rows}</ol></small>" if rows else ""
 
@@ -1311,24 +1312,20 @@ class Explorer:
         if inp is None:
             raise SearchError(f"Explorer.what_if: {name!r} is not an input of the selected plan. "
                               f"Fix: pick one of its inputs, e.g. {plan.inputs[0].name!r}.")
-        from .._plan import pspec_to_spec  # noqa: PLC0415
-
-        if not isinstance(spec, tuple):
-            spec = pspec_to_spec(spec, len(inp.shape))
-        spec = tuple(None if not e else tuple(e) for e in spec)
+        spec = Spec.from_pspec(spec, len(inp.shape))
         started = self._start("what-if", lambda: self._what_if_job(plan, name, spec))
         if started:
             self._pin_button.disabled = True
             self._pin_info.value = (f"<small>re-solving mesh {'x'.join(map(str, plan.mesh_shape))} "
                                     f"with <code>{html.escape(name)}</code> = "
-                                    f"{html.escape(pspec_text(spec))}...</small>")
+                                    f"{html.escape(spec.pspec_text())}...</small>")
         return started
 
-    def _what_if_job(self, before: Plan, name: str, spec: tuple) -> None:
+    def _what_if_job(self, before: Plan, name: str, spec: Spec) -> None:
         generation = self._generation
-        pins = {("^" + re.escape(p["name"]) + "$"): spec_to_pspec(p["spec"])
+        pins = {("^" + re.escape(p["name"]) + "$"): p["spec"].to_pspec()
                 for p in self._pins if self._chain_has(before, p)}
-        pins["^" + re.escape(name) + "$"] = spec_to_pspec(spec)
+        pins["^" + re.escape(name) + "$"] = spec.to_pspec()
         wl = self._get_workload()
         opts = self._options()
         t0 = time.perf_counter()
@@ -1340,7 +1337,7 @@ class Explorer:
         except AutoplanError as err:
             self._refresh_pin_panel(f"the pin cannot be honoured: {html.escape(str(err))}")
             raise
-        new = res.best.with_(label=f"what-if: {name} = {pspec_text(spec)}")
+        new = res.best.with_(label=f"what-if: {name} = {spec.pspec_text()}")
         with self._lock:
             if generation != self._generation:
                 return  # a new search replaced the result meanwhile

@@ -412,13 +412,11 @@ def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:
     plan = require_plan(plan, "memory_breakdown")
     out = []
     for s in plan.stages:
-        size = dict(zip(s.axis_names, s.mesh_shape))
         parts = {"parameter": 0.0, "optimizer_state": 0.0, "batch": 0.0}
         for i in plan.inputs:
             if len(plan.stages) > 1 and i.stage != s.index:
                 continue
-            shards = math.prod(size.get(a, 1) for e in i.spec if e for a in e)
-            nbytes = math.prod(i.shape) * dtype_bytes(i.dtype) / shards
+            nbytes = math.prod(i.shape) * dtype_bytes(i.dtype) / i.spec.tiles(s.mesh_shape, s.axis_names)
             parts[i.kind if i.kind in parts else "batch"] += nbytes
         held = sum(parts.values())
         total = max(s.memory if len(plan.stages) > 1 else plan.predicted.memory_per_device, held)

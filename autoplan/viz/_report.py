@@ -20,12 +20,12 @@ import plotly.offline
 
 from .._dtype import dtype_bytes
 from .._io import atomic_write_text
-from .._plan import Plan, spec_str
+from .._plan import Plan
 from ._compare import as_plans, compare_figure, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import sharding_figure
-from ._style import fmt_bytes, fmt_seconds, pspec_text
+from ._style import fmt_bytes, fmt_seconds
 
 __all__ = ["report_html", "report_figures"]
 
@@ -97,14 +97,12 @@ def _input_rows(plan: Plan) -> str:
     rows = []
     for i in plan.inputs:
         st = stages.get(i.stage, plan.stages[0])
-        shards = math.prod(n for n, a in zip(st.mesh_shape, st.axis_names)
-                           if any(a in (e or ()) for e in i.spec))
-        per = math.prod(i.shape) * dtype_bytes(i.dtype) / shards
+        per = math.prod(i.shape) * dtype_bytes(i.dtype) / i.spec.tiles(st.mesh_shape, st.axis_names)
         rows.append(
             f"<tr><td><code>{html.escape(i.name)}</code></td><td>{html.escape(i.kind)}</td>"
             f"<td>{'x'.join(map(str, i.shape)) or 'scalar'}</td><td>{html.escape(i.dtype)}</td>"
-            f"<td><code>{html.escape(pspec_text(i.spec))}</code></td><td><code>"
-            f"{html.escape(spec_str(i.spec))}</code></td><td class='num'>{i.stage}</td>"
+            f"<td><code>{html.escape(i.spec.pspec_text())}</code></td><td><code>"
+            f"{html.escape(str(i.spec))}</code></td><td class='num'>{i.stage}</td>"
             f"<td class='num'>{fmt_bytes(per)}</td></tr>")
     return "".join(rows)
 

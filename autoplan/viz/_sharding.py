@@ -44,7 +44,8 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._errors import ArgumentError
-from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, require_plan, spec_str
+from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, require_plan
+from .._spec import Spec
 from ._style import (
     PARTIAL_PATTERN,
     REPLICATED_COLOR,
@@ -55,7 +56,6 @@ from ._style import (
     id_span,
     mesh_color,
     mesh_rgb,
-    pspec_text,
     short_list,
 )
 
@@ -440,9 +440,7 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
                  cy: float, w: float, h: float, col: int, row: int, layers: Sequence[str],
                  write_spec: bool, stored: Any = None) -> None:
     rows, cols = tile_grid(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
-    shards = math.prod(s for s, a in zip(stage.mesh_shape, stage.axis_names)
-                       if any(a in (e or ()) for e in t.spec))
-    per_device = math.prod(t.shape) * dtype_bytes(t.dtype) / shards
+    per_device = math.prod(t.shape) * dtype_bytes(t.dtype) / t.tiles(stage.mesh_shape, stage.axis_names)
     x0, y0 = cx - w / 2, cy - h / 2
     tiles = block_tiles(t, stage)
     for tile in tiles:
@@ -455,7 +453,7 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
     if write_spec:
         cv.text[0].append(cx)
         cv.text[1].append(cy)
-        cv.text[2].append(spec_str(t.spec))
+        cv.text[2].append(str(t.spec))
     cluster = [stage.device_ids[d] if d < len(stage.device_ids) else d for d in tiles[0].devices]
     folded = f"; dims 0..{len(t.shape) - 2} folded into rows" if len(t.shape) > 2 else ""
     banded = "" if (rows <= MAX_BANDS and cols <= MAX_BANDS) else f"; drawn as {rb}x{cb} bands"
@@ -463,12 +461,13 @@ def _draw_tensor(cv: _Canvas, t: TensorSharding, op: OpSharding, stage: Stage, c
     text = (f"<b>{escape(t.name)}</b>: {t.role} of op {op.op} {escape(op.primitive)}{where}"
             f"<br>shape {'x'.join(map(str, t.shape)) or 'scalar'} {escape(t.dtype)}, "
             f"{fmt_bytes(math.prod(t.shape) * dtype_bytes(t.dtype))}"
-            f"<br>spec {pspec_text(t.spec)} = {spec_str(t.spec)}: {rows}x{cols} tiles{folded}{banded}"
+            f"<br>spec {t.spec.pspec_text()} = {t.spec}: {rows}x{cols} tiles{folded}{banded}"
             f"<br>bytes per device {fmt_bytes(per_device)}"
             f"<br>tile (0, 0) held by device{'s' if len(cluster) > 1 else ''} {id_span(cluster)}"
             f"<br>strategy {escape(op.strategy)}")
-    if stored is not None and tuple(stored) != tuple(t.spec):
-        text += (f"<br><i>stored as {pspec_text(stored)} = {spec_str(stored)}: resharded before "
+    if stored is not None and Spec.of(stored) != t.spec:
+        stored = Spec.of(stored)
+        text += (f"<br><i>stored as {stored.pspec_text()} = {stored}: resharded before "
                  "this operator</i>")
     if op.comm:
         text += "<br>" + ", ".join(f"{c.kind} over {','.join(c.axes)}" for c in op.comm)

@@ -26,7 +26,6 @@ __all__ = [
     "class_color",
     "tint",
     "shade",
-    "pspec_text",
     "fmt_bytes",
     "fmt_seconds",
     "escape",
@@ -132,19 +131,6 @@ def tint(color: str, amount: float = 0.45) -> str:
 def shade(color: str, amount: float = 0.3) -> str:
     """``color`` mixed with black (``amount`` in [0, 1])."""
     return _mix(color, (0, 0, 0), amount)
-
-
-def pspec_text(spec: Sequence[Any]) -> str:
-    """A spec tuple as ``PartitionSpec`` text, one entry per dimension: ``P('x', None)``."""
-    parts = []
-    for e in spec:
-        if not e:
-            parts.append("None")
-        elif len(e) == 1:
-            parts.append(repr(e[0]))
-        else:
-            parts.append("(" + ", ".join(repr(a) for a in e) + ")")
-    return "P(" + ", ".join(parts) + ")"
 
 
 def fmt_bytes(n: float) -> str:

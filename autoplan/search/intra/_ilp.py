@@ -89,10 +89,11 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm
+from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._pins import pinned_by, pins_key
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
-from autoplan.search.intra._spec import Spec, enumerate_specs, from_pspec, replicated, tiles
+from autoplan.search.intra._spec import checked_spec, enumerate_specs, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
     _derive,
@@ -172,8 +173,8 @@ def _tables(prob: ILPProblem, strats: list[Strategy], cache: dict[tuple, _Tables
     n_in = len(strats[0].in_specs)
     out_ids = [np.array([prob.intern(s.out_specs[j]) for s in strats], dtype=np.int64)
                for j in range(n_out)]
-    out_tiles = [np.array([math.prod(sizes[a] for e in s.out_specs[j] if e for a in e)
-                           for s in strats], dtype=float) for j in range(n_out)]
+    out_tiles = [np.array([tile_count(s.out_specs[j], sizes) for s in strats], dtype=float)
+                 for j in range(n_out)]
     in_ids: list[np.ndarray | None] = []
     for j in range(n_in):
         if any(s.in_specs[j] is None for s in strats):
@@ -266,9 +267,9 @@ def _penalty_vec(nbytes: float, strategies_: Sequence[Strategy], mesh: LogicalMe
 
 
 def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: LogicalMesh) -> Strategy:
+    spec = Spec.of(spec)
     t = tiles(spec, mesh)
-    name = "".join("R" if not e else "S(" + ",".join(e) + ")" for e in spec) or "scalar"
-    return Strategy(name, (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
+    return Strategy(str(spec), (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
 
 
 def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
@@ -302,7 +303,7 @@ def _pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> di
         spec = done.get(k) if k is not None else None
         if spec is None:
             try:
-                spec = from_pspec(pspec, shape, mesh)
+                spec = checked_spec(pspec, shape, mesh)
             except SearchError as err:
                 raise SearchError(f"pin {pattern!r} -> {pspec} for input {input_of[t].name} "
                                   f"{shape}: {err}") from None
@@ -320,7 +321,7 @@ def _resolve_fixed(graph: OpGraph, mesh: LogicalMesh, fixed: Mapping[int, Any] |
             raise SearchError(f"fixed: keys should be tensor ids of the graph (0..{len(graph.tensors) - 1}). "
                               f"Got {t!r}. Fix: use ids from graph.tensors.")
         shape = graph.tensors[int(t)].shape
-        spec = replicated(len(shape)) if pspec is None else from_pspec(pspec, shape, mesh)
+        spec = replicated(len(shape)) if pspec is None else checked_spec(pspec, shape, mesh)
         out[int(t)] = spec
     return out
 

@@ -32,10 +32,9 @@ from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._memo import memo
 from autoplan._plan import Comm
+from autoplan._spec import Spec
 
 __all__ = ["reshard", "reshard_time"]
-
-Spec = tuple
 
 _CACHE: dict[tuple, tuple[float, tuple[Comm, ...]]] = {}
 _CACHE_MAX = 1 << 20

@@ -1,11 +1,11 @@
-"""Sharding specs over a logical device mesh.
+"""Sharding specs over a logical device mesh: the search's side of :class:`autoplan._spec.Spec`.
 
 A spec says, for each dimension of a tensor, which mesh axes it is split over: ``None`` for a
-replicated dimension, or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``). It is the same
-format as :class:`autoplan.Plan` records and carries the information of a
-``jax.sharding.PartitionSpec``. In Alpa's notation, on a 2-D mesh with axes ``(x, y)``, a matrix
-spec ``(("x",), None)`` is ``S^0R``, ``(None, ("y",))`` is ``RS^1`` and ``(("x", "y"), None)`` is
-``S^{01}R``.
+replicated dimension, or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``); the value type
+is :class:`autoplan._spec.Spec`, which plans store too. In Alpa's notation, on a 2-D mesh with
+axes ``(x, y)``, a matrix spec ``(("x",), None)`` is ``S^0R``, ``(None, ("y",))`` is ``RS^1`` and
+``(("x", "y"), None)`` is ``S^{01}R``. This module enumerates the valid specs of a shape on a
+mesh and validates user-given ones.
 
 Conventions used throughout the search:
 
@@ -21,20 +21,19 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
-from autoplan._plan import pspec_to_spec, spec_str, spec_to_pspec
+from autoplan._spec import Spec, split_error, tile_count
 
 __all__ = [
     "Spec",
     "replicated",
     "axis_sizes",
     "axis_index",
-    "spec_axes",
     "tiles",
     "shard_shape",
     "bytes_per_device",
@@ -42,17 +41,14 @@ __all__ = [
     "check_spec",
     "enumerate_specs",
     "alpa_name",
-    "spec_name",
-    "to_pspec",
-    "from_pspec",
+    "checked_spec",
 ]
 
-Spec = tuple  # tuple[None | tuple[str, ...], ...]
 
-
+@cache
 def replicated(ndim: int) -> Spec:
     """The fully replicated spec of a tensor with ``ndim`` dimensions."""
-    return (None,) * ndim
+    return Spec.replicated(ndim)
 
 
 def axis_sizes(mesh: LogicalMesh) -> dict[str, int]:
@@ -73,15 +69,9 @@ def axis_index(mesh: LogicalMesh, name: str) -> int:
                           "Fix: use the mesh's axis names.") from None
 
 
-def spec_axes(spec: Spec) -> tuple[str, ...]:
-    """All mesh axes a spec uses, in dimension order."""
-    return tuple(a for e in spec if e for a in e)
-
-
 def tiles(spec: Spec, mesh: LogicalMesh) -> int:
-    """Number of distinct tiles (the product of the sizes of the axes used)."""
-    sizes = axis_sizes(mesh)
-    return math.prod(sizes[a] for e in spec if e for a in e)
+    """Number of distinct tiles (the product of the sizes of the axes used) on ``mesh``."""
+    return tile_count(spec, axis_sizes(mesh))
 
 
 def shard_shape(shape: Sequence[int], spec: Spec, mesh: LogicalMesh) -> tuple[int, ...]:
@@ -97,23 +87,7 @@ def bytes_per_device(shape: Sequence[int], dtype: str, spec: Spec, mesh: Logical
 
 def check_spec(spec: Spec, shape: Sequence[int], mesh: LogicalMesh) -> str | None:
     """Why ``spec`` is invalid for ``shape`` on ``mesh``, or None when it is valid."""
-    if len(spec) != len(shape):
-        return f"it has {len(spec)} entries but the tensor has {len(shape)} dimensions {tuple(shape)}"
-    sizes = axis_sizes(mesh)
-    seen: set[str] = set()
-    for d, (n, e) in enumerate(zip(shape, spec)):
-        if not e:
-            continue
-        for a in e:
-            if a not in sizes:
-                return f"axis {a!r} is not a mesh axis (mesh axes: {mesh.axis_names})"
-            if a in seen:
-                return f"axis {a!r} is used twice"
-            seen.add(a)
-        k = math.prod(sizes[a] for a in e)
-        if n % k:
-            return f"dimension {d} of size {n} is not divisible by {k} (axes {e})"
-    return None
+    return split_error(spec, shape, axis_sizes(mesh))
 
 
 def spec_is_valid(spec: Spec, shape: Sequence[int], mesh: LogicalMesh) -> bool:
@@ -140,7 +114,7 @@ def _enumerate(shape: tuple[int, ...], names: tuple[str, ...], sizes: tuple[int,
                 break
         if not ok:
             continue
-        t = tuple(spec)
+        t = Spec(*spec)
         if max_dims is not None and sum(1 for e in t if e) > max_dims:
             continue
         if t not in seen:
@@ -184,7 +158,7 @@ def enumerate_specs(shape: Sequence[int], mesh: LogicalMesh,
         max_split_dims: at most this many dimensions split (None: no limit).
 
     Returns:
-        The specs (tuples with one entry per dimension).
+        The specs (:class:`~autoplan._spec.Spec`, one entry per dimension).
 
     Examples:
         >>> from autoplan import Cluster
@@ -210,18 +184,9 @@ def alpa_name(spec: Spec, mesh: LogicalMesh) -> str:
     return "".join(parts)
 
 
-def spec_name(spec: Spec) -> str:
-    """Readable notation with axis names, ``S(x)R`` (as :func:`autoplan._plan.spec_str`)."""
-    return spec_str(spec)
-
-
-def to_pspec(spec: Spec):
-    """A spec as a ``jax.sharding.PartitionSpec``."""
-    return spec_to_pspec(spec)
-
-
-def from_pspec(pspec: Any, shape: Sequence[int], mesh: LogicalMesh | None = None) -> Spec:
-    """A ``PartitionSpec`` (or a spec tuple) as a spec for ``shape``, validated on ``mesh``.
+def checked_spec(pspec: Any, shape: Sequence[int], mesh: LogicalMesh | None = None) -> Spec:
+    """A ``PartitionSpec`` (or a spec tuple) as the :class:`~autoplan._spec.Spec` of ``shape``,
+    validated on ``mesh``: the form pins and fixed specs take in the search.
 
     Raises:
         SearchError: more entries than dimensions, or (with ``mesh``) an invalid spec.
@@ -231,7 +196,7 @@ def from_pspec(pspec: Any, shape: Sequence[int], mesh: LogicalMesh | None = None
         raise SearchError(f"PartitionSpec {pspec} has {len(entries)} entries but the tensor has "
                           f"{len(shape)} dimensions {tuple(shape)}. Fix: give at most one entry per "
                           "dimension.")
-    spec = pspec_to_spec(entries, len(shape))
+    spec = Spec.from_pspec(entries, len(shape))
     if mesh is not None:
         why = check_spec(spec, shape, mesh)
         if why:

@@ -74,8 +74,9 @@ from autoplan._dtype import dtype_bytes
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._plan import Comm
+from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._reshard import mesh_id
-from autoplan.search.intra._spec import Spec, enumerate_specs, replicated, spec_name
+from autoplan.search.intra._spec import enumerate_specs, replicated
 
 __all__ = [
     "Strategy",
@@ -329,12 +330,6 @@ def _op_key(op: OpNode) -> tuple:
             op.out_dtypes, op.role, op.flops)
 
 
-def _tiles(spec: Spec | None, sizes: dict[str, int]) -> int:
-    if not spec:
-        return 1
-    return math.prod(sizes[a] for e in spec if e for a in e)
-
-
 def _nbytes(shape: Sequence[int], dtype: str | None) -> float:
     return float(math.prod(shape) * dtype_bytes(dtype or "float32"))
 
@@ -372,17 +367,19 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
             t = transfer + ctx[2] * (t - transfer)
         cs.append(Comm(kind, float(nbytes), axes, t, "op"))
     if work is None:
-        work = max([_tiles(s, sizes) for s in in_specs] + [_tiles(s, sizes) for s in out_specs] + [1])
+        work = max([tile_count(s, sizes) for s in in_specs] + [tile_count(s, sizes) for s in out_specs] + [1])
     compute = compute_time(op, mesh, in_specs, out_specs, work, ctx, sizes)
     mem = 0.0
     for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
-        mem += _nbytes(shp, dt) / _tiles(s, sizes)
+        mem += _nbytes(shp, dt) / tile_count(s, sizes)
+    out_specs = tuple(map(Spec.of, out_specs))
+    in_specs = tuple(None if s is None else Spec.of(s) for s in in_specs)
     if name is None:
-        ins = [spec_name(s) for s in in_specs if s is not None and len(s) > 0]
-        name = " x ".join(ins) + " -> " + ", ".join(spec_name(s) for s in out_specs)
+        ins = [str(s) for s in in_specs if s is not None and len(s) > 0]
+        name = " x ".join(ins) + " -> " + ", ".join(str(s) for s in out_specs)
         if cs:
             name += " (" + ", ".join(f"{c.kind} {','.join(c.axes)}" for c in cs) + ")"
-    return Strategy(name, tuple(out_specs), tuple(in_specs), tuple(cs), compute, mem)
+    return Strategy(name, out_specs, in_specs, tuple(cs), compute, mem)
 
 
 def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
@@ -407,10 +404,10 @@ def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
         for k, (shp, dt, s) in enumerate(zip(op.in_shapes, op.in_dtypes, in_specs)):
             if shp is None or (mat and not mat[k]) or (k == 0 and prim in _READS_SLICE):
                 continue
-            q += _nbytes(shp, dt) / _tiles(s, sizes)
+            q += _nbytes(shp, dt) / tile_count(s, sizes)
         if kernel or prim in _READS_SLICE:
             for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
-                b = _nbytes(shp, dt) / _tiles(s, sizes)
+                b = _nbytes(shp, dt) / tile_count(s, sizes)
                 q += 2 * b if prim in _READS_SLICE else b  # a slice reads what it writes
         t = max(t, cluster.memory_time(q))
     return t + cluster.op_overhead if kernel else t
@@ -562,11 +559,11 @@ def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
         out = tuple(e for d, e in enumerate(spec) if d not in axes)
         comms = []
         if red_axes:
-            out_b = _nbytes(out_shape, op.out_dtypes[0]) / _tiles(out, sizes)
+            out_b = _nbytes(out_shape, op.out_dtypes[0]) / tile_count(out, sizes)
             comms.append(("all-reduce", out_b, red_axes))
         ins = (spec,) + tuple(None if s is None else _bcast_spec(out, s, out_shape)
                               for s in ins_shapes[1:])
-        return ins, (out,) * len(outs_shapes), comms, _tiles(spec, sizes)
+        return ins, (out,) * len(outs_shapes), comms, tile_count(spec, sizes)
 
     if prim in _CUMULATIVE:
         ax = int(P.get("axis", 0)) % max(len(src), 1)
@@ -719,7 +716,7 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
         partial.sort(key=mesh.axis_names.index)
         in_specs = tuple(None if s is None else tuple(s) for s in ins)
         base_out = tuple(out)
-        work = _tiles(base_out, sizes) * math.prod(sizes[a] for a in partial)
+        work = tile_count(base_out, sizes) * math.prod(sizes[a] for a in partial)
         # resolutions of partial sums: all-reduce, or reduce-scatter onto an output dim
         options: list[list[int | None]] = []
         for a in partial:
@@ -738,7 +735,7 @@ def _enumerate_slots(op: OpNode, mesh: LogicalMesh, slots: Sequence[_Slot], allo
                     bad = True
             if bad:
                 continue
-            cur_b = _nbytes(out_shape, out_dtype) / _tiles(base_out, sizes)
+            cur_b = _nbytes(out_shape, out_dtype) / tile_count(base_out, sizes)
             comms: list[tuple[str, float, tuple[str, ...]]] = []
             for a, d in zip(partial, res):
                 if d is not None:
@@ -1027,5 +1024,5 @@ def _partial_sum_variants(op: OpNode, mesh: LogicalMesh, base: list[Strategy],
             new = tuple((e or ()) + (a,) if i == d else e for i, e in enumerate(spec))
             extra.append(_finish(op, mesh, st.in_specs, (new,),
                                  [("reduce-scatter", ar[0].bytes, (a,))],
-                                 work=_tiles(st.in_specs[0], sizes), ctx=ctx))
+                                 work=tile_count(st.in_specs[0], sizes), ctx=ctx))
     return extra

@@ -78,6 +78,7 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
 from autoplan._schedule import ScheduleStats, schedule_events, schedule_stats, schedule_table
+from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
@@ -475,14 +476,14 @@ def _stage_memory(plan: Plan, sync_axes: frozenset[str] = frozenset()) -> tuple[
     gradient reduce-scattered once per step) still accumulates a whole local gradient."""
     state = grads = 0.0
     mesh = dict(zip(plan.axis_names, plan.mesh_shape))
+    unsynced = {a: 1 if a in sync_axes else n for a, n in mesh.items()}
     for i in plan.inputs:
         if i.kind not in ("parameter", "optimizer_state"):
             continue
         nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
-        state += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e)
+        state += nbytes / tile_count(i.spec, mesh)
         if i.kind == "parameter":
-            grads += nbytes / math.prod(mesh[a] for e in i.spec if e for a in e
-                                        if a not in sync_axes)
+            grads += nbytes / tile_count(i.spec, unsynced)
     act = max(0.0, plan.predicted.memory_per_device - state)
     return state + grads, act
 

@@ -25,7 +25,7 @@ from autoplan.search.intra._ilp import (
     updated_input_pairs,
 )
 from autoplan.search.intra._solver import SolverTimeoutWarning
-from autoplan.search.intra._spec import enumerate_specs, to_pspec
+from autoplan.search.intra._spec import enumerate_specs
 
 CL = Cluster.preset("p3.16xlarge")
 S = jax.ShapeDtypeStruct
@@ -116,7 +116,7 @@ def test_ilp_optimum_equals_brute_force(prog, data):
         if math.prod(counts) <= LIMIT:
             break
         spec = data.draw(st.sampled_from(enumerate_specs(g.tensors[gi.tensor].shape, mesh)))
-        pins["^" + re.escape(gi.name) + "$"] = to_pspec(spec)
+        pins["^" + re.escape(gi.name) + "$"] = spec.to_pspec()
         prob = build_problem(g, mesh, pins=pins)
         counts = prob.num_strategies()
     assume(math.prod(counts) <= LIMIT)

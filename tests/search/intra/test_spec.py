@@ -10,17 +10,17 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from autoplan import Cluster, SearchError
+from autoplan._spec import Spec
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import (
     alpa_name,
     bytes_per_device,
     check_spec,
+    checked_spec,
     enumerate_specs,
-    from_pspec,
     shard_shape,
     spec_is_valid,
     tiles,
-    to_pspec,
 )
 
 CL = Cluster.preset("p3.16xlarge")
@@ -62,7 +62,7 @@ def test_enumerated_specs_are_valid_and_distinct(shape, mesh_shape):
         assert spec_is_valid(s, shape, mesh), (s, check_spec(s, shape, mesh))
         used = [a for e in s if e for a in e]
         assert len(used) == len(set(used))
-        assert from_pspec(to_pspec(s), shape, mesh) == s
+        assert checked_spec(Spec.of(s).to_pspec(), shape, mesh) == s
         assert math.prod(shard_shape(shape, s, mesh)) * tiles(s, mesh) == math.prod(shape)
 
 
@@ -78,17 +78,17 @@ def test_tiles_shard_shape_bytes():
 
 
 def test_pspec_roundtrip_and_errors():
-    assert to_pspec((None, ("y",))) == P(None, "y")
-    assert to_pspec((("x", "y"), None)) == P(("x", "y"))
-    assert from_pspec(P("x"), (8, 8), M24) == (("x",), None)
+    assert Spec.of((None, ("y",))).to_pspec() == P(None, "y")
+    assert Spec.of((("x", "y"), None)).to_pspec() == P(("x", "y"))
+    assert checked_spec(P("x"), (8, 8), M24) == (("x",), None)
     with pytest.raises(SearchError, match="not divisible"):
-        from_pspec(P("y"), (6, 8), M24)
+        checked_spec(P("y"), (6, 8), M24)
     with pytest.raises(SearchError, match="used twice"):
-        from_pspec(P("x", "x"), (8, 8), M24)
+        checked_spec(P("x", "x"), (8, 8), M24)
     with pytest.raises(SearchError, match="not a mesh axis"):
-        from_pspec(P("z"), (8, 8), M24)
+        checked_spec(P("z"), (8, 8), M24)
     with pytest.raises(SearchError, match="entries"):
-        from_pspec(P("x", None, None), (8, 8), M24)
+        checked_spec(P("x", None, None), (8, 8), M24)
 
 
 # ---- resharding ------------------------------------------------------------------------------
