@@ -112,11 +112,11 @@ class Spec(tuple):
         """The ``jax.sharding.PartitionSpec``: one-axis entries as names, trailing ``None`` dropped."""
         from jax.sharding import PartitionSpec  # noqa: PLC0415 (import autoplan loads no JAX)
 
-        return PartitionSpec(*self._pspec_entries())
+        return PartitionSpec(*self._pspec_entries(trim=True))
 
-    def _pspec_entries(self) -> list[Any]:
+    def _pspec_entries(self, trim: bool) -> list[Any]:
         entries: list[Any] = [e if e is None or len(e) > 1 else e[0] for e in self]
-        while entries and entries[-1] is None:
+        while trim and entries and entries[-1] is None:
             entries.pop()
         return entries
 
@@ -156,7 +156,7 @@ class Spec(tuple):
     def pspec_text(self, *, trim: bool = False) -> str:
         """The spec as ``PartitionSpec`` code, ``P('x', None)``: one entry per dimension, or with
         ``trim`` the trailing ``None`` dropped as :meth:`to_pspec` does (``P('x')``)."""
-        entries = self._pspec_entries() if trim else [e if e is None or len(e) > 1 else e[0] for e in self]
+        entries = self._pspec_entries(trim)
         return "P(" + ", ".join(repr(e) if e is None or isinstance(e, str) else
                                 "(" + ", ".join(map(repr, e)) + ")" for e in entries) + ")"
 
