@@ -23,6 +23,7 @@ from typing import Any
 
 from ._cluster import Cluster
 from ._errors import ArgumentError, ArgumentTypeError, PlanFileError, PlanMismatchError
+from ._frozen import FrozenDict, freeze_fields
 from ._io import atomic_write_text
 from ._planfile import read_plan_json, validate_plan_dict
 
@@ -97,6 +98,9 @@ class TensorSharding:
     dtype: str
     spec: Spec
 
+    def __post_init__(self) -> None:
+        freeze_fields(self)
+
     def tiles(self, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> int:
         used = {a for e in self.spec if e for a in e}
         return math.prod(s for s, n in zip(mesh_shape, axis_names) if n in used)
@@ -112,6 +116,9 @@ class Comm:
     axes: tuple[str, ...]
     time: float
     where: str = "op"
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,10 @@ class OpSharding:
     comm: tuple[Comm, ...] = ()
     flops: float = 0.0
 
+    def __post_init__(self) -> None:
+        freeze_fields(self)
+
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -161,6 +172,9 @@ class InputSpec:
     dtype: str
     spec: Spec
     stage: int = 0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
     @property
     def name(self) -> str:
@@ -193,7 +207,10 @@ class Stage:
     forward_time: float = 0.0
     backward_time: float = 0.0
     memory: float = 0.0
-    comm_bytes: Mapping[str, float] = field(default_factory=dict)
+    comm_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
     @property
     def num_devices(self) -> int:
@@ -218,6 +235,9 @@ class Schedule:
     table: tuple[tuple[tuple[int, int, str] | None, ...], ...] = ()
     events: tuple[tuple[float, float, int, int, int, str], ...] = ()
 
+    def __post_init__(self) -> None:
+        freeze_fields(self)
+
 
 @dataclass(frozen=True)
 class Predicted:
@@ -240,11 +260,14 @@ class Predicted:
     memory_per_device: float
     compute_time: float = 0.0
     comm_time: float = 0.0
-    comm_bytes: Mapping[str, float] = field(default_factory=dict)
-    comm_by_axis: Mapping[str, float] = field(default_factory=dict)
-    comm_time_by_kind: Mapping[str, float] = field(default_factory=dict)
+    comm_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
+    comm_by_axis: Mapping[str, float] = field(default_factory=FrozenDict)
+    comm_time_by_kind: Mapping[str, float] = field(default_factory=FrozenDict)
     bubble_fraction: float = 0.0
     mfu: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
 
 @dataclass(frozen=True)
@@ -287,13 +310,16 @@ class Plan:
     predicted: Predicted
     label: str = "autoplan"
     level: str = "exhaustive"
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=FrozenDict)
     search_seconds: float = 0.0
     jax_version: str = ""
     notes: tuple[str, ...] = ()
     arg_types: tuple[tuple[str, ...], ...] = ()
     analysis: Mapping[str, Any] | None = None
     arg_trees: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
     # ---- structure ---------------------------------------------------------------------
     @property
@@ -582,15 +608,8 @@ class Plan:
         kw["stages"] = tuple(_stage_from(s) for s in d["stages"])
         kw["inputs"] = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": _norm_spec(i["spec"])})
                              for i in d["inputs"])
-        kw["schedule"] = _schedule_from(d["schedule"])
-        kw["predicted"] = Predicted(**{k: (dict(v) if isinstance(v, Mapping) else v)
-                                       for k, v in d["predicted"].items()})
-        if "config" in kw:  # JSON lists back to the tuples a workload's config holds
-            kw["config"] = {k: _tuples(v) for k, v in kw["config"].items()}
-        if "notes" in kw:
-            kw["notes"] = tuple(kw["notes"])
-        if "arg_types" in kw:
-            kw["arg_types"] = tuple(tuple(t) for t in kw["arg_types"])
+        kw["schedule"] = Schedule(**d["schedule"])
+        kw["predicted"] = Predicted(**d["predicted"])
         if "analysis" in kw:
             kw["analysis"] = _analysis_from(kw["analysis"], source)
         return cls(**kw)
@@ -676,7 +695,7 @@ def _analysis_from(a: Any, source: str) -> Mapping[str, Any] | None:
             f"{source}: analysis.{bad[0]} should be a finite number (the folding analysis holds "
             f"counts and FLOPs). Got {bad[1]!r}. Fix: re-create the plan with 'autoplan plan -o', "
             "or delete the field.", field=f"analysis.{bad[0]}")
-    return dict(a)
+    return a
 
 
 def _non_finite(x: Any, path: str = "") -> tuple[str, Any] | None:
@@ -718,22 +737,10 @@ _FIELD_SETS = {"plan": _field_sets(Plan), "cluster": _field_sets(Cluster), "stag
                "schedule": _field_sets(Schedule), "predictions": _field_sets(Predicted)}
 
 
-def _tuples(v: Any) -> Any:
-    if isinstance(v, list | tuple):
-        return tuple(_tuples(x) for x in v)
-    if isinstance(v, Mapping):
-        return {k: _tuples(x) for k, x in v.items()}
-    return v
-
-
 def _stage_from(s: Mapping[str, Any]) -> Stage:
     kw = dict(s)
-    for k in ("layers", "layer_range", "submesh", "device_ids", "mesh_shape", "axis_names"):
-        kw[k] = tuple(kw[k])
     if "ops" in kw:
         kw["ops"] = tuple(_op_from(o) for o in kw["ops"])
-    if "comm_bytes" in kw:
-        kw["comm_bytes"] = dict(kw["comm_bytes"])
     return Stage(**kw)
 
 
@@ -742,18 +749,8 @@ def _op_from(o: Mapping[str, Any]) -> OpSharding:
     kw["tensors"] = tuple(TensorSharding(**{**t, "shape": tuple(t["shape"]), "spec": _norm_spec(t["spec"])})
                           for t in o["tensors"])
     if "comm" in kw:
-        kw["comm"] = tuple(Comm(**{**c, "axes": tuple(c["axes"])}) for c in o["comm"])
+        kw["comm"] = tuple(Comm(**c) for c in o["comm"])
     return OpSharding(**kw)
-
-
-def _schedule_from(sd: Mapping[str, Any]) -> Schedule:
-    kw = dict(sd)
-    if "table" in kw:
-        kw["table"] = tuple(tuple(None if e is None else (e[0], e[1], e[2]) for e in row)
-                            for row in sd["table"])
-    if "events" in kw:
-        kw["events"] = tuple(tuple(e) for e in sd["events"])
-    return Schedule(**kw)
 
 
 def _jsonable(v: Any) -> Any:

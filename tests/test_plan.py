@@ -1,6 +1,8 @@
 """The Plan format: JSON round trip, refusals, JAX views."""
 
+import dataclasses
 import json
+import pickle
 
 import jax
 import pytest
@@ -92,3 +94,37 @@ def test_summary_and_html(tiny):
     assert "step time" in text and "mesh 2x4" in text
     html = plan._repr_html_()
     assert "PartitionSpec" in html and "params" in html
+
+
+def test_plan_is_hashable_and_equal_after_a_round_trip(tiny):
+    _, plan = tiny
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and hash(again) == hash(plan)
+    assert plan.arg_trees is not None and again.arg_trees is None  # in memory only: not compared
+    assert {plan, again} == {plan}
+    other = plan.with_(config={**plan.config, "batch": 2 * plan.config["batch"]})
+    assert other != plan and other.config["batch"] == 2 * plan.config["batch"]
+    assert pickle.loads(pickle.dumps(plan)) == plan  # the search cache pickles plans
+
+
+def test_plan_is_immutable_all_the_way_down(tiny):
+    _, plan = tiny
+    assert plan.analysis["layers"]
+    for mapping in (plan.config, plan.analysis, plan.analysis["layers"][0], plan.stages[0].comm_bytes,
+                    plan.predicted.comm_bytes, plan.predicted.comm_by_axis,
+                    plan.predicted.comm_time_by_kind):
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            mapping["x"] = 1
+        with pytest.raises(AttributeError):
+            mapping.update(x=1)
+    assert isinstance(plan.analysis["layers"], tuple)  # JSON lists are tuples in a plan
+    with pytest.raises(AttributeError):
+        plan.analysis["layers"].append({"name": "x"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.config = {}
+    # whatever a constructor is given, the plan holds frozen values
+    made = plan.with_(config={"dims": [2, {"k": [1]}]}, notes=["a"])
+    assert made.config["dims"] == (2, {"k": (1,)}) and made.notes == ("a",)
+    with pytest.raises(TypeError):
+        made.config["dims"][1]["k"] = 2
+    assert hash(made) == hash(plan.with_(config={"dims": (2, {"k": (1,)})}, notes=("a",)))
