@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
@@ -188,7 +189,8 @@ class Stage:
     Attributes:
         index: stage number.
         layers: names of its layers, in order; ``layer_range`` their [start, end) indices.
-        submesh: physical (hosts, devices per host); ``device_ids`` the cluster devices it uses.
+        submesh_shape: the shape of its physical submesh, (hosts, devices per host);
+            ``device_ids`` the cluster devices it uses.
         mesh_shape: its logical mesh; ``axis_names`` the mesh-axis names.
         ops: shardings of its heavy operators.
         forward_time, backward_time: predicted seconds per micro-batch.
@@ -199,7 +201,7 @@ class Stage:
     index: int
     layers: tuple[str, ...]
     layer_range: tuple[int, int]
-    submesh: tuple[int, int]
+    submesh_shape: tuple[int, int]
     device_ids: tuple[int, ...]
     mesh_shape: tuple[int, ...]
     axis_names: tuple[str, ...]
@@ -215,6 +217,13 @@ class Stage:
     @property
     def num_devices(self) -> int:
         return len(self.device_ids)
+
+    @property
+    def submesh(self) -> tuple[int, int]:
+        """Deprecated name of :attr:`submesh_shape` (it is a shape, not a mesh)."""
+        warnings.warn("Stage.submesh is deprecated: it is the submesh's shape (hosts, devices per "
+                      "host); use Stage.submesh_shape.", DeprecationWarning, stacklevel=2)
+        return self.submesh_shape
 
 
 @dataclass(frozen=True)
@@ -652,7 +661,7 @@ class Plan:
         ]
         for s in self.stages:
             rng = _layer_span(s.layers)
-            lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh[0]}x{s.submesh[1]:<5}  "
+            lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh_shape[0]}x{s.submesh_shape[1]:<5}  "
                          f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
                          f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
                          f"{s.memory / 2**30:>7.3f}")
@@ -739,6 +748,8 @@ _FIELD_SETS = {"plan": _field_sets(Plan), "cluster": _field_sets(Cluster), "stag
 
 def _stage_from(s: Mapping[str, Any]) -> Stage:
     kw = dict(s)
+    if "submesh" in kw:  # the name files written before ``submesh_shape`` use
+        kw["submesh_shape"] = kw.pop("submesh")
     if "ops" in kw:
         kw["ops"] = tuple(_op_from(o) for o in kw["ops"])
     return Stage(**kw)

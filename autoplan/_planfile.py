@@ -13,10 +13,11 @@ the value found, and the fix. What is checked:
   no unknown ones, and values of the right type: integers where counts and ids go, finite
   non-negative numbers for times, bytes and FLOPs, strings for names.
 * **Cluster.** A valid :class:`~autoplan.Cluster` (positive sizes, bandwidths, fractions in (0, 1]).
-* **Stages and meshes.** ``index`` is the stage's position; ``submesh`` ``(hosts, devices per
-  host)`` fits the cluster; ``device_ids`` are ``hosts x devices per host`` distinct cluster device
-  ids, on ``hosts`` hosts with that many devices each, used by no other stage; ``mesh_shape``
-  multiplies to the submesh's device count and ``axis_names`` gives one distinct name per mesh axis.
+* **Stages and meshes.** ``index`` is the stage's position; ``submesh_shape`` ``(hosts, devices
+  per host)`` fits the cluster (files written before the field had that name say ``submesh``);
+  ``device_ids`` are ``hosts x devices per host`` distinct cluster device ids, on ``hosts`` hosts
+  with that many devices each, used by no other stage; ``mesh_shape`` multiplies to the
+  submesh's device count and ``axis_names`` gives one distinct name per mesh axis.
 * **Specs.** Every input's and every operator tensor's spec has one entry per dimension, names
   only mesh axes of its stage, uses an axis at most once, and splits a dimension only over axes
   whose sizes' product divides it. Every operator communication runs over the stage's axes.
@@ -224,6 +225,10 @@ class _Checker:
                           "leave it unsplit (null)")
 
     def stage(self, s: Any, path: str, index: int, cluster: Any) -> dict[str, Any]:
+        sub = "submesh_shape"
+        if isinstance(s, Mapping) and "submesh" in s and sub not in s:
+            sub = "submesh"  # the name files written before submesh_shape use; read the same
+            s = {("submesh_shape" if k == sub else k): v for k, v in s.items()}
         st = self.obj(s, path, "stage")
         if self.integer(st["index"], f"{path}.index") != index:
             self.fail(f"{path}.index", f"{index}, the stage's position in the list", st["index"],
@@ -233,10 +238,10 @@ class _Checker:
         lo, hi = st["layer_range"]
         if hi < lo:
             self.fail(f"{path}.layer_range", "[start, end) with start <= end", st["layer_range"])
-        hosts, per = self.ints(st["submesh"], f"{path}.submesh", 1, 2)
+        hosts, per = self.ints(st["submesh_shape"], f"{path}.{sub}", 1, 2)
         if hosts > cluster.nodes or per > cluster.devices_per_node:
-            self.fail(f"{path}.submesh", f"[hosts, devices per host] within the cluster's "
-                      f"{cluster.nodes} x {cluster.devices_per_node}", st["submesh"],
+            self.fail(f"{path}.{sub}", f"[hosts, devices per host] within the cluster's "
+                      f"{cluster.nodes} x {cluster.devices_per_node}", st["submesh_shape"],
                       "use a submesh the cluster has, or the cluster the plan was made for")
         n = hosts * per
         ids = self.ints(st["device_ids"], f"{path}.device_ids")

@@ -128,3 +128,27 @@ def test_plan_is_immutable_all_the_way_down(tiny):
     with pytest.raises(TypeError):
         made.config["dims"][1]["k"] = 2
     assert hash(made) == hash(plan.with_(config={"dims": (2, {"k": (1,)})}, notes=("a",)))
+
+
+def test_files_that_say_submesh_still_load(tiny):
+    _, plan = tiny
+    d = json.loads(plan.to_json())
+    assert d["stages"][0]["submesh_shape"] == [1, 8] and "submesh" not in d["stages"][0]
+    old = json.loads(plan.to_json())  # as files written before the field was renamed
+    old["stages"][0] = {("submesh" if k == "submesh_shape" else k): v for k, v in old["stages"][0].items()}
+    assert Plan.from_json(json.dumps(old)) == plan
+    old["stages"][0]["submesh"] = [1, 16]
+    with pytest.raises(PlanFileError, match=r"stages\[0\]\.submesh should be \[hosts, devices per host\] "
+                                            r"within the cluster's 1 x 8") as err:
+        Plan.from_json(json.dumps(old))
+    assert err.value.field == "stages[0].submesh"
+    both = json.loads(plan.to_json())
+    both["stages"][0]["submesh"] = [1, 8]
+    with pytest.raises(PlanFileError, match=r"stages\[0\]\.submesh is not a field of a stage record"):
+        Plan.from_json(json.dumps(both))
+
+
+def test_stage_submesh_is_a_deprecated_name_of_submesh_shape(tiny):
+    _, plan = tiny
+    with pytest.warns(DeprecationWarning, match="use Stage.submesh_shape"):
+        assert plan.stages[0].submesh == plan.stages[0].submesh_shape == (1, 8)
