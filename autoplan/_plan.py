@@ -569,7 +569,6 @@ class Plan:
                 continue
             v = getattr(self, f.name)
             d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
-        d["mesh_axis_types"] = ["Auto"] * len(self.axis_names)
         return d
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 1) -> str:

@@ -55,7 +55,9 @@ FieldSets = Mapping[str, tuple[frozenset[str], frozenset[str]]]
 
 _FIX = "re-create the plan ('autoplan plan -o', or Plan.to_json) or restore the field from the original file"
 _KINDS = ("forward", "backward")
-_AXIS_TYPES = ("Auto", "Explicit", "Manual")
+#: the JAX axis types of a plan's meshes (``Plan.mesh`` builds Auto axes); files older autoplans
+#: wrote say so in ``mesh_axis_types``, read and checked but no longer written
+_AXIS_TYPES = ("Auto",)
 _MAPS = frozenset({"comm_bytes", "comm_by_axis", "comm_time_by_kind"})  # of the predictions
 _NUMBERS = frozenset({"step_time", "throughput", "memory_per_device", "compute_time", "comm_time",
                       "bubble_fraction", "mfu"})
@@ -427,12 +429,13 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
                 c.fail(f"stages[{k}].device_ids[{j}]", want, dev, "give each device to one stage once")
             owner[dev] = k
     _check_layers(c, views)
-    if "mesh_axis_types" in d:
+    if "mesh_axis_types" in d:  # in files older autoplans wrote
         types = c.strings(d["mesh_axis_types"], "mesh_axis_types")
         n_axes = len(views[0]["sizes"])
         if len(types) != n_axes or any(t not in _AXIS_TYPES for t in types):
             c.fail("mesh_axis_types", f"{n_axes} entries (one per mesh axis of stage 0) from "
-                   f"{list(_AXIS_TYPES)}", types)
+                   f"{list(_AXIS_TYPES)} (a plan's meshes have Auto axes)", types,
+                   "delete the field (plan files no longer write it)")
 
     # inputs
     _check_inputs(c, c.array(d["inputs"], "inputs", "input records"), views)

@@ -39,7 +39,7 @@ def test_json_round_trip_is_exact(tiny, tmp_path):
     assert Plan.from_json(plan.to_json()) == plan
     d = json.loads(plan.to_json())
     assert d["schema_version"] == 1 and d["jax_version"] == jax.__version__
-    assert d["mesh_axis_types"] == ["Auto", "Auto"]
+    assert "mesh_axis_types" not in d  # a plan's meshes have Auto axes: nothing to record
     assert d["cluster"]["name"] == "cpu"
 
 
@@ -152,3 +152,14 @@ def test_stage_submesh_is_a_deprecated_name_of_submesh_shape(tiny):
     _, plan = tiny
     with pytest.warns(DeprecationWarning, match="use Stage.submesh_shape"):
         assert plan.stages[0].submesh == plan.stages[0].submesh_shape == (1, 8)
+
+
+def test_files_with_mesh_axis_types_still_load(tiny):
+    _, plan = tiny
+    d = json.loads(plan.to_json())
+    d["mesh_axis_types"] = ["Auto", "Auto"]  # as older autoplans wrote
+    assert Plan.from_json(json.dumps(d)) == plan
+    d["mesh_axis_types"] = ["Explicit", "Auto"]
+    with pytest.raises(PlanFileError, match=r"mesh_axis_types should be 2 entries .* from \['Auto'\]"):
+        Plan.from_json(json.dumps(d))
+    assert plan.mesh().axis_types == (jax.sharding.AxisType.Auto,) * 2
