@@ -106,6 +106,10 @@ def freeze(value: Any) -> Any:
 
 
 
+#: immutable values that hold nothing else
+_ATOMS = frozenset({str, int, float, bool, complex, bytes, type(None)})
+
+
 @cache
 def _compared_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if f.compare)
@@ -120,6 +124,9 @@ def freeze_fields(record: Any) -> None:
     """
     for name in _compared_fields(type(record)):
         v = getattr(record, name)
+        t = type(v)
+        if t in _ATOMS or (t is tuple and all(type(x) in _ATOMS for x in v)):
+            continue  # the usual case (names, numbers, shapes), checked cheaply: records are many
         if isinstance(v, Mapping | list | tuple | set):
             frozen = freeze(v)
             if frozen is not v:

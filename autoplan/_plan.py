@@ -124,7 +124,9 @@ class Comm:
     where: str = "op"
 
     def __post_init__(self) -> None:
-        freeze_fields(self)
+        # the one field that could be given mutable; checked by hand: the search makes many Comms
+        if type(self.axes) is not tuple:
+            object.__setattr__(self, "axes", tuple(self.axes))
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,6 @@ class OpSharding:
 
     def __post_init__(self) -> None:
         freeze_fields(self)
-
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,17 @@ def test_files_with_mesh_axis_types_still_load(tiny):
     with pytest.raises(PlanFileError, match=r"mesh_axis_types should be 2 entries .* from \['Auto'\]"):
         Plan.from_json(json.dumps(d))
     assert plan.mesh().axis_types == (jax.sharding.AxisType.Auto,) * 2
+
+
+def test_records_freeze_what_their_constructors_are_given():
+    from autoplan._frozen import FrozenDict
+    from autoplan._plan import Comm, Stage, TensorSharding
+
+    assert Comm("all-reduce", 8.0, ["x"], 1e-6).axes == ("x",)
+    t = TensorSharding("w", "weight", [4, 8], "float32", [["x"], None])
+    assert t.shape == (4, 8) and t.spec == (("x",), None)
+    st = Stage(0, ["a"], [0, 1], [1, 2], [0, 1], [2], ["x"], comm_bytes={"all-reduce": 8.0})
+    assert (st.layers, st.layer_range, st.submesh_shape, st.device_ids) == (("a",), (0, 1), (1, 2), (0, 1))
+    assert isinstance(st.comm_bytes, FrozenDict) and st.comm_bytes == {"all-reduce": 8.0}
+    assert hash(st) == hash(Stage(0, ("a",), (0, 1), (1, 2), (0, 1), (2,), ("x",),
+                                  comm_bytes=FrozenDict({"all-reduce": 8.0})))
