@@ -9,23 +9,29 @@ Specs are stored as :class:`autoplan._spec.Spec` values, one entry per tensor di
 (replicated along that dimension) or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``), the
 same information as a ``jax.sharding.PartitionSpec``; the JSON writes each as a list of entries.
 ``Plan.to_json()``/``Plan.from_json()`` round-trip exactly.
+
+Every record is immutable all the way down (its mappings are :class:`~autoplan._frozen.FrozenDict`,
+its sequences tuples, whatever its constructor was given) and hashable. What a plan does lives in
+functions of their own, which the methods call: the JAX views and checks in
+:mod:`autoplan._plan_jax`, the texts in :mod:`autoplan._plan_text`, the file format in
+:mod:`autoplan._planfile`, the code snippet in :mod:`autoplan._code`.
 """
 
 from __future__ import annotations
 
-import html
-import json
-import math
 import os
-import re
+import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._cluster import Cluster
-from ._errors import ArgumentError, ArgumentTypeError, PlanFileError, PlanMismatchError
-from ._io import atomic_write_text
-from ._planfile import read_plan_json, validate_plan_dict
+from ._errors import ArgumentError, ArgumentTypeError
+from ._frozen import FrozenDict, freeze_fields
+from ._plan_jax import check_matches, input_trees, logical_axis_rules, named_shardings, stage_mesh
+from ._plan_jax import parse_keystr as _parse_keystr  # noqa: F401  (read by the sharding view)
+from ._plan_text import describe, plan_html, summary
+from ._planfile import field_sets, plan_to_dict, read_plan_json, validate_plan_dict, write_plan_json
 from ._spec import Spec
 
 __all__ = ["SCHEMA_VERSION", "LEVELS", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
@@ -83,6 +89,7 @@ class TensorSharding:
     def __post_init__(self) -> None:  # any spec-shaped sequence is stored as its canonical Spec
         if type(self.spec) is not Spec:
             object.__setattr__(self, "spec", Spec.of(self.spec))
+        freeze_fields(self)
 
     def tiles(self, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> int:
         """How many tiles the tensor is cut into (:meth:`autoplan._spec.Spec.tiles`)."""
@@ -99,6 +106,11 @@ class Comm:
     axes: tuple[str, ...]
     time: float
     where: str = "op"
+
+    def __post_init__(self) -> None:
+        # the one field that could be given mutable; checked by hand: the search makes many Comms
+        if type(self.axes) is not tuple:
+            object.__setattr__(self, "axes", tuple(self.axes))
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,9 @@ class OpSharding:
     comm: tuple[Comm, ...] = ()
     flops: float = 0.0
 
+    def __post_init__(self) -> None:
+        freeze_fields(self)
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -152,6 +167,7 @@ class InputSpec:
     def __post_init__(self) -> None:  # any spec-shaped sequence is stored as its canonical Spec
         if type(self.spec) is not Spec:
             object.__setattr__(self, "spec", Spec.of(self.spec))
+        freeze_fields(self)
 
     @property
     def name(self) -> str:
@@ -165,7 +181,8 @@ class Stage:
     Attributes:
         index: stage number.
         layers: names of its layers, in order; ``layer_range`` their [start, end) indices.
-        submesh: physical (hosts, devices per host); ``device_ids`` the cluster devices it uses.
+        submesh_shape: the shape of its physical submesh, (hosts, devices per host);
+            ``device_ids`` the cluster devices it uses.
         mesh_shape: its logical mesh; ``axis_names`` the mesh-axis names.
         ops: shardings of its heavy operators.
         forward_time, backward_time: predicted seconds per micro-batch.
@@ -176,7 +193,7 @@ class Stage:
     index: int
     layers: tuple[str, ...]
     layer_range: tuple[int, int]
-    submesh: tuple[int, int]
+    submesh_shape: tuple[int, int]
     device_ids: tuple[int, ...]
     mesh_shape: tuple[int, ...]
     axis_names: tuple[str, ...]
@@ -184,11 +201,21 @@ class Stage:
     forward_time: float = 0.0
     backward_time: float = 0.0
     memory: float = 0.0
-    comm_bytes: Mapping[str, float] = field(default_factory=dict)
+    comm_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
     @property
     def num_devices(self) -> int:
         return len(self.device_ids)
+
+    @property
+    def submesh(self) -> tuple[int, int]:
+        """Deprecated name of :attr:`submesh_shape` (it is a shape, not a mesh)."""
+        warnings.warn("Stage.submesh is deprecated: it is the submesh's shape (hosts, devices per "
+                      "host); use Stage.submesh_shape.", DeprecationWarning, stacklevel=2)
+        return self.submesh_shape
 
 
 @dataclass(frozen=True)
@@ -208,6 +235,9 @@ class Schedule:
     num_stages: int
     table: tuple[tuple[tuple[int, int, str] | None, ...], ...] = ()
     events: tuple[tuple[float, float, int, int, int, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
 
 @dataclass(frozen=True)
@@ -231,11 +261,14 @@ class Predicted:
     memory_per_device: float
     compute_time: float = 0.0
     comm_time: float = 0.0
-    comm_bytes: Mapping[str, float] = field(default_factory=dict)
-    comm_by_axis: Mapping[str, float] = field(default_factory=dict)
-    comm_time_by_kind: Mapping[str, float] = field(default_factory=dict)
+    comm_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
+    comm_by_axis: Mapping[str, float] = field(default_factory=FrozenDict)
+    comm_time_by_kind: Mapping[str, float] = field(default_factory=FrozenDict)
     bubble_fraction: float = 0.0
     mfu: float = 0.0
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
 
 @dataclass(frozen=True)
@@ -278,13 +311,16 @@ class Plan:
     predicted: Predicted
     label: str = "autoplan"
     level: str = "exhaustive"
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=FrozenDict)
     search_seconds: float = 0.0
     jax_version: str = ""
     notes: tuple[str, ...] = ()
     arg_types: tuple[tuple[str, ...], ...] = ()
     analysis: Mapping[str, Any] | None = None
     arg_trees: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        freeze_fields(self)
 
     # ---- structure ---------------------------------------------------------------------
     @property
@@ -318,13 +354,7 @@ class Plan:
 
     def describe(self) -> str:
         """A one-line description: stages and their logical meshes."""
-        if not self.is_pipeline:
-            desc = f"intra-op on mesh {'x'.join(map(str, self.mesh_shape))}"
-            if self.schedule.microbatches > 1:
-                desc += f", {self.schedule.microbatches} mb accumulated"
-            return desc
-        meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in self.stages)
-        return f"{len(self.stages)} stages ({self.schedule.kind}, {self.schedule.microbatches} mb): {meshes}"
+        return describe(self)
 
     # ---- JAX views ---------------------------------------------------------------------
     def partition_specs(self, like: Any = None, stage: int | None = None) -> Any:
@@ -360,86 +390,13 @@ class Plan:
             >>> plan.partition_specs(like=wl.args)[0]["layers"][0]
             {'bias': P(), 'kernel': P()}
         """
-        by_key = {(i.arg, i.path): i for i in self.inputs}
-        nargs = 1 + max((i.arg for i in self.inputs), default=-1)
-
-        def pick(i: InputSpec | None):
-            if i is None or (stage is not None and i.stage != stage):
-                return None
-            return i.spec.to_pspec()
-
-        if like is not None:
-            return tuple(t.treedef.unflatten([pick(by_key[(a, p)]) for p in t.paths])
-                         for a, t in enumerate(self._like_trees(like, nargs, by_key)))
-        if self.arg_trees is not None and len(self.arg_trees) == nargs:
-            return tuple(t.treedef.unflatten([pick(by_key.get((a, p))) for p in t.paths])
-                         for a, t in enumerate(self.arg_trees))
-        for a, types in enumerate(self.arg_types):
-            if types:
-                name = next((i.arg_name for i in self.inputs if i.arg == a), f"argument {a}")
-                raise PlanMismatchError(
-                    f"partition_specs: argument {a} ({name}) of {self.model!r} is a pytree of "
-                    f"{', '.join(types)}, which a plan file records by path only, so its structure "
-                    "cannot be rebuilt without the arguments. Fix: pass like=<the step's "
-                    "arguments> (arrays or jax.ShapeDtypeStructs, or the Workload), e.g. "
-                    "plan.named_shardings(like=(params, opt_state, batch)).")
-        trees: list[Any] = [None] * nargs
-        for i in self.inputs:
-            keys = _parse_keystr(i.path)
-            if not keys:
-                trees[i.arg] = pick(i)
-                continue
-            if trees[i.arg] is None:
-                trees[i.arg] = [] if isinstance(keys[0], int) else {}
-            _set_path(trees[i.arg], keys, pick(i))
-        return tuple(trees)
-
-    def _like_trees(self, like: Any, nargs: int, by_key: Mapping[tuple[int, str], InputSpec]
-                    ) -> tuple[Any, ...]:
-        """The :class:`autoplan._workload.ArgTree` of ``like``, checked against the plan."""
-        from ._workload import arg_trees  # noqa: PLC0415
-
-        if hasattr(like, "fn") and hasattr(like, "args"):
-            like = like.args
-        if not isinstance(like, tuple | list):
-            raise PlanMismatchError(
-                f"partition_specs: like should be the step's positional arguments as a tuple "
-                f"({nargs} of them). Got {type(like).__name__}. Fix: like=(params, opt_state, "
-                "batch), or like=workload.")
-        if len(like) != nargs:
-            raise PlanMismatchError(
-                f"partition_specs: like should have {nargs} positional arguments as the plan "
-                f"does. Got {len(like)}. Fix: pass the workload's args tuple.")
-        trees = arg_trees(like)
-        for a, t in enumerate(trees):
-            for p in t.paths:
-                if (a, p) not in by_key:
-                    raise PlanMismatchError(
-                        f"partition_specs: argument {a} has a leaf at {p!r} that the plan "
-                        f"({self.model}) does not know. Fix: use the plan made for this model.")
-            held = sum(1 for (arg, _) in by_key if arg == a)
-            if held != len(t.paths):
-                raise PlanMismatchError(
-                    f"partition_specs: argument {a} has {len(t.paths)} leaves but the plan "
-                    f"({self.model}) has {held}. Fix: use the plan made for this model.")
-        return trees
+        return input_trees(self, lambda i: i.spec.to_pspec() if stage in (None, i.stage) else None,
+                           like)
 
     def mesh(self, devices: Sequence[Any] | None = None, stage: int = 0):
         """A ``jax.sharding.Mesh`` for ``stage`` over ``devices`` (default ``jax.devices()``),
         taking the stage's device ids in order; axis types Auto."""
-        import jax  # noqa: PLC0415
-        import numpy as np  # noqa: PLC0415
-        from jax.sharding import AxisType, Mesh  # noqa: PLC0415
-
-        st = self.stages[stage]
-        devs = list(devices) if devices is not None else jax.devices()
-        if len(devs) < self.num_devices:
-            raise PlanMismatchError(
-                f"mesh: the plan uses {self.num_devices} devices but {len(devs)} are available. "
-                "Fix: run on a machine with that many devices, set jax_num_cpu_devices, or make a "
-                f"plan for {len(devs)} devices.")
-        arr = np.array([devs[d] for d in st.device_ids], dtype=object).reshape(st.mesh_shape)
-        return Mesh(arr, st.axis_names, axis_types=(AxisType.Auto,) * len(st.axis_names))
+        return stage_mesh(self, devices, stage)
 
     def named_shardings(self, mesh=None, like: Any = None, stage: int | None = None) -> Any:
         """``NamedSharding`` pytrees of the step's arguments, in the user's own container types
@@ -463,26 +420,13 @@ class Plan:
             >>> step = jax.jit(wl.fn, in_shardings=sh)
             >>> loss = step(*args)[0]
         """
-        import jax  # noqa: PLC0415
-        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415
-
-        mesh = mesh if mesh is not None else self.mesh(stage=stage or 0)
-        specs = self.partition_specs(like=like, stage=stage)
-        return jax.tree_util.tree_map(lambda p: NamedSharding(mesh, p), specs,
-                                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return named_shardings(self, self.partition_specs(like=like, stage=stage), mesh, stage)
 
     def logical_axis_rules(self) -> list[tuple[str, str | tuple[str, ...] | None]]:
         """Flax-style logical-axis rules read off the parameters' specs: for each parameter
         dimension a logical name ``"<param leaf>_<dim>"`` mapped to its mesh axes, e.g.
         ``("mlp.fc1.kernel_1", "y")``. Use with ``flax.linen.logical_to_mesh_axes``."""
-        rules = []
-        for i in self.inputs:
-            if i.kind != "parameter":
-                continue
-            base = ".".join(str(k) for k in _parse_keystr(i.path)) or i.arg_name
-            for d, e in enumerate(i.spec):
-                rules.append((f"{base}_{d}", None if not e else (e[0] if len(e) == 1 else tuple(e))))
-        return rules
+        return logical_axis_rules(self)
 
     def to_code(self, *, logical_axis_rules: bool | None = None) -> str:
         """A short, runnable Python snippet that applies this plan in a user's own script.
@@ -519,14 +463,8 @@ class Plan:
 
     # ---- files -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = {"schema": "autoplan.plan", "schema_version": SCHEMA_VERSION}
-        for f in fields(self):
-            if f.name in _IN_MEMORY:  # the user's pytree types live in memory only
-                continue
-            v = getattr(self, f.name)
-            d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
-        d["mesh_axis_types"] = ["Auto"] * len(self.axis_names)
-        return d
+        """The plan as plain JSON data: what :meth:`to_json` writes."""
+        return plan_to_dict(self, SCHEMA_VERSION, _IN_MEMORY)
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int | None = 1) -> str:
         """The plan as JSON text, also written to ``path`` when given.
@@ -537,10 +475,7 @@ class Plan:
         Raises:
             OutputError: ``path`` cannot be written (the old file, if any, is kept).
         """
-        text = json.dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            atomic_write_text(path, text)
-        return text
+        return write_plan_json(self.to_dict(), path, indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
@@ -573,158 +508,45 @@ class Plan:
         kw["stages"] = tuple(_stage_from(s) for s in d["stages"])
         kw["inputs"] = tuple(InputSpec(**{**i, "shape": tuple(i["shape"]), "spec": Spec.of(i["spec"])})
                              for i in d["inputs"])
-        kw["schedule"] = _schedule_from(d["schedule"])
-        kw["predicted"] = Predicted(**{k: (dict(v) if isinstance(v, Mapping) else v)
-                                       for k, v in d["predicted"].items()})
-        if "config" in kw:  # JSON lists back to the tuples a workload's config holds
-            kw["config"] = {k: _tuples(v) for k, v in kw["config"].items()}
-        if "notes" in kw:
-            kw["notes"] = tuple(kw["notes"])
-        if "arg_types" in kw:
-            kw["arg_types"] = tuple(tuple(t) for t in kw["arg_types"])
-        if "analysis" in kw:
-            kw["analysis"] = _analysis_from(kw["analysis"], source)
+        kw["schedule"] = Schedule(**d["schedule"])
+        kw["predicted"] = Predicted(**d["predicted"])
         return cls(**kw)
 
     def check_matches(self, graph_or_fingerprint: Any, num_devices: int | None = None) -> None:
         """Raise :class:`PlanMismatchError` unless the plan was made for this graph (and, when
         given, this many devices)."""
-        fp = getattr(graph_or_fingerprint, "fingerprint", graph_or_fingerprint)
-        if fp != self.fingerprint:
-            raise PlanMismatchError(
-                f"this plan was made for model {self.model!r} (fingerprint {self.fingerprint}) but the "
-                f"workload given has fingerprint {fp}: its parameters' paths, shapes or dtypes differ. "
-                "Fix: make a plan for this workload (autoplan.plan or 'autoplan plan').")
-        if num_devices is not None and num_devices != self.num_devices:
-            raise PlanMismatchError(
-                f"this plan uses {self.num_devices} devices but {num_devices} are available. Fix: "
-                f"make a plan for {num_devices} devices (e.g. --cluster cpu:{num_devices}).")
+        check_matches(self, graph_or_fingerprint, num_devices)
 
     def with_(self, **changes: Any) -> Plan:
+        """A copy of the plan with ``changes`` to its fields (frozen as any plan's are)."""
         return replace(self, **changes)
 
     # ---- text and HTML -----------------------------------------------------------------
     def summary(self) -> str:
         """A summary table of the plan."""
-        p = self.predicted
-        lines = [
-            f"plan [{self.label}] for {self.model} on {self.cluster.spec} "
-            f"({self.num_devices} devices, level {self.level})",
-            f"  costed on       : {self.cluster.describe_profile()}",
-            f"  layout          : {self.describe()}",
-            f"  step time       : {p.step_time * 1e3:.3f} ms   throughput {p.throughput:.1f} samples/s"
-            f"   MFU {p.mfu * 100:.1f}%",
-            f"  memory / device : {p.memory_per_device / 2**30:.3f} GiB "
-            f"(device has {self.cluster.device_memory / 2**30:.1f} GiB)",
-            f"  compute / comm  : {p.compute_time * 1e3:.3f} ms / {p.comm_time * 1e3:.3f} ms"
-            f"   bubble {p.bubble_fraction * 100:.1f}%",
-            "  communication   : " + (", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in
-                                             sorted(p.comm_bytes.items()) if v) or "none"),
-            "  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB",
-        ]
-        for s in self.stages:
-            rng = _layer_span(s.layers)
-            lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh[0]}x{s.submesh[1]:<5}  "
-                         f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
-                         f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
-                         f"{s.memory / 2**30:>7.3f}")
-        params = [i for i in self.inputs if i.kind == "parameter"]
-        sharded = sum(1 for i in params if any(i.spec))
-        lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")
-        return "\n".join(lines)
+        return summary(self)
 
     def __str__(self) -> str:
-        return self.summary()
+        return summary(self)
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
-            f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(i.spec.to_pspec()))}"
-            f"</code></td><td>{i.stage}</td></tr>"
-            for i in self.inputs[:200])
-        more = f"<p>... {len(self.inputs) - 200} more inputs</p>" if len(self.inputs) > 200 else ""
-        return (f"<div class='autoplan-plan'><pre>{html.escape(self.summary())}</pre>"
-                "<details><summary>PartitionSpecs</summary><table><tr><th>input</th><th>kind</th>"
-                f"<th>shape</th><th>PartitionSpec</th><th>stage</th></tr>{rows}</table>{more}"
-                "</details></div>")
-
-
-def _analysis_from(a: Any, source: str) -> Mapping[str, Any] | None:
-    """A plan file's ``analysis``: None (absent in files older autoplans wrote), or an object
-    whose ``layers`` is a list of objects with a ``name`` (what ``graph_figure`` reads)."""
-    if a is None:
-        return None
-    layers = a.get("layers") if isinstance(a, Mapping) else None
-    if not isinstance(layers, list) or not all(
-            isinstance(x, Mapping) and isinstance(x.get("name"), str) for x in layers):
-        raise PlanFileError(
-            f"{source}: analysis should be null or an object whose 'layers' is a list of objects "
-            f"with a 'name' (the folding analysis a search records). Got {str(a)[:60]!r}. Fix: "
-            "re-create the plan with 'autoplan plan -o', or delete the field.", field="analysis")
-    bad = _non_finite(a)
-    if bad is not None:
-        raise PlanFileError(
-            f"{source}: analysis.{bad[0]} should be a finite number (the folding analysis holds "
-            f"counts and FLOPs). Got {bad[1]!r}. Fix: re-create the plan with 'autoplan plan -o', "
-            "or delete the field.", field=f"analysis.{bad[0]}")
-    return dict(a)
-
-
-def _non_finite(x: Any, path: str = "") -> tuple[str, Any] | None:
-    """The path and value of the first NaN or infinity in plain data, or None."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return path or "(value)", x
-    items = x.items() if isinstance(x, Mapping) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        hit = _non_finite(v, f"{path}.{k}" if path and isinstance(k, str) else
-                          f"{path}[{k}]" if path else str(k))
-        if hit is not None:
-            return hit
-    return None
-
-
-def _layer_span(layers: Sequence[str]) -> str:
-    if not layers:
-        return "-"
-    if len(layers) == 1:
-        return layers[0]
-    return f"{layers[0]} .. {layers[-1]} ({len(layers)})"
+        return plan_html(self)
 
 
 #: Plan fields kept in memory only, never written to (or read from) a plan file
 _IN_MEMORY = frozenset({"arg_trees"})
-
-
-def _field_sets(cls: type) -> tuple[frozenset[str], frozenset[str]]:
-    """(required, optional) field names of a dataclass: what its record in a plan file holds."""
-    names = frozenset(f.name for f in fields(cls)) - _IN_MEMORY
-    required = frozenset(f.name for f in fields(cls)
-                         if f.default is MISSING and f.default_factory is MISSING)
-    return required, names - required
-
-
-_FIELD_SETS = {"plan": _field_sets(Plan), "cluster": _field_sets(Cluster), "stage": _field_sets(Stage),
-               "operator": _field_sets(OpSharding), "tensor": _field_sets(TensorSharding),
-               "communication": _field_sets(Comm), "input": _field_sets(InputSpec),
-               "schedule": _field_sets(Schedule), "predictions": _field_sets(Predicted)}
-
-
-def _tuples(v: Any) -> Any:
-    if isinstance(v, list | tuple):
-        return tuple(_tuples(x) for x in v)
-    if isinstance(v, Mapping):
-        return {k: _tuples(x) for k, x in v.items()}
-    return v
+_FIELD_SETS = {record: field_sets(cls, _IN_MEMORY) for record, cls in (
+    ("plan", Plan), ("cluster", Cluster), ("stage", Stage), ("operator", OpSharding),
+    ("tensor", TensorSharding), ("communication", Comm), ("input", InputSpec), ("schedule", Schedule),
+    ("predictions", Predicted))}
 
 
 def _stage_from(s: Mapping[str, Any]) -> Stage:
     kw = dict(s)
-    for k in ("layers", "layer_range", "submesh", "device_ids", "mesh_shape", "axis_names"):
-        kw[k] = tuple(kw[k])
+    if "submesh" in kw:  # the name files written before ``submesh_shape`` use
+        kw["submesh_shape"] = kw.pop("submesh")
     if "ops" in kw:
         kw["ops"] = tuple(_op_from(o) for o in kw["ops"])
-    if "comm_bytes" in kw:
-        kw["comm_bytes"] = dict(kw["comm_bytes"])
     return Stage(**kw)
 
 
@@ -733,66 +555,8 @@ def _op_from(o: Mapping[str, Any]) -> OpSharding:
     kw["tensors"] = tuple(TensorSharding(**{**t, "shape": tuple(t["shape"]), "spec": Spec.of(t["spec"])})
                           for t in o["tensors"])
     if "comm" in kw:
-        kw["comm"] = tuple(Comm(**{**c, "axes": tuple(c["axes"])}) for c in o["comm"])
+        kw["comm"] = tuple(Comm(**c) for c in o["comm"])
     return OpSharding(**kw)
-
-
-def _schedule_from(sd: Mapping[str, Any]) -> Schedule:
-    kw = dict(sd)
-    if "table" in kw:
-        kw["table"] = tuple(tuple(None if e is None else (e[0], e[1], e[2]) for e in row)
-                            for row in sd["table"])
-    if "events" in kw:
-        kw["events"] = tuple(tuple(e) for e in sd["events"])
-    return Schedule(**kw)
-
-
-def _jsonable(v: Any) -> Any:
-    if hasattr(v, "__dataclass_fields__"):
-        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)}
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, tuple | list):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-_KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+))\]|\.([A-Za-z_]\w*)")
-
-
-def _parse_keystr(path: str) -> list[str | int]:
-    keys: list[str | int] = []
-    for m in _KEY_RE.finditer(path):
-        if m.group(3) is not None:
-            keys.append(int(m.group(3)))
-        else:
-            keys.append(m.group(1) if m.group(1) is not None else (m.group(2) or m.group(4)))
-    return keys
-
-
-def _set_path(tree: Any, keys: list[str | int], value: Any) -> None:
-    node = tree
-    for k, nxt in zip(keys[:-1], keys[1:]):
-        child_default = [] if isinstance(nxt, int) else {}
-        if isinstance(k, int):
-            while len(node) <= k:
-                node.append(None)
-            if node[k] is None:
-                node[k] = child_default
-            node = node[k]
-        else:
-            node = node.setdefault(k, child_default)
-    last = keys[-1]
-    if isinstance(last, int):
-        while len(node) <= last:
-            node.append(None)
-        node[last] = value
-    else:
-        node[last] = value
-
-
 
 
 def require_plan(plan: Any, where: str) -> Plan:

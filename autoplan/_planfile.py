@@ -1,4 +1,7 @@
-"""Reading and validating plan files as a whole.
+"""Plan files: writing them, and reading and validating them as a whole.
+
+:meth:`autoplan.Plan.to_dict` and :meth:`~autoplan.Plan.to_json` write a plan with
+:func:`plan_to_dict` and :func:`write_plan_json` (atomically).
 
 :meth:`autoplan.Plan.from_json` and :meth:`~autoplan.Plan.from_dict` (and so every command that
 reads a plan: ``autoplan show``, ``report``, ``launch``) call :func:`read_plan_json` and
@@ -13,10 +16,11 @@ the value found, and the fix. What is checked:
   no unknown ones, and values of the right type: integers where counts and ids go, finite
   non-negative numbers for times, bytes and FLOPs, strings for names.
 * **Cluster.** A valid :class:`~autoplan.Cluster` (positive sizes, bandwidths, fractions in (0, 1]).
-* **Stages and meshes.** ``index`` is the stage's position; ``submesh`` ``(hosts, devices per
-  host)`` fits the cluster; ``device_ids`` are ``hosts x devices per host`` distinct cluster device
-  ids, on ``hosts`` hosts with that many devices each, used by no other stage; ``mesh_shape``
-  multiplies to the submesh's device count and ``axis_names`` gives one distinct name per mesh axis.
+* **Stages and meshes.** ``index`` is the stage's position; ``submesh_shape`` ``(hosts, devices
+  per host)`` fits the cluster (files written before the field had that name say ``submesh``);
+  ``device_ids`` are ``hosts x devices per host`` distinct cluster device ids, on ``hosts`` hosts
+  with that many devices each, used by no other stage; ``mesh_shape`` multiplies to the
+  submesh's device count and ``axis_names`` gives one distinct name per mesh axis.
 * **Specs.** Every input's and every operator tensor's spec has one entry per dimension, names
   only mesh axes of its stage, uses an axis at most once, and splits a dimension only over axes
   whose sizes' product divides it. Every operator communication runs over the stage's axes.
@@ -32,6 +36,8 @@ the value found, and the fix. What is checked:
   mesh and holds every ``(micro-batch, stage, forward/backward)`` task exactly once, in its
   stage's column, after the tasks it depends on; the events, when present, hold every task once
   with ``start <= end``.
+* **Analysis.** ``analysis``, when not null, is an object whose ``layers`` is a list of objects
+  with a ``name`` (what :func:`autoplan.viz.graph_figure` reads), holding finite numbers only.
 """
 
 from __future__ import annotations
@@ -42,19 +48,25 @@ import os
 import re
 import reprlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, NoReturn
 
+from ._cluster import Cluster
 from ._errors import ClusterError, PlanFileError
+from ._io import atomic_write_text
 from ._schedule import task_deps
 
-__all__ = ["read_plan_json", "validate_plan_dict", "FieldSets"]
+__all__ = ["read_plan_json", "validate_plan_dict", "FieldSets", "field_sets", "plan_to_dict",
+           "write_plan_json"]
 
 #: record name -> (required field names, optional field names), given by the dataclasses.
 FieldSets = Mapping[str, tuple[frozenset[str], frozenset[str]]]
 
 _FIX = "re-create the plan ('autoplan plan -o', or Plan.to_json) or restore the field from the original file"
 _KINDS = ("forward", "backward")
-_AXIS_TYPES = ("Auto", "Explicit", "Manual")
+#: the JAX axis types of a plan's meshes (``Plan.mesh`` builds Auto axes); files older autoplans
+#: wrote say so in ``mesh_axis_types``, read and checked but no longer written
+_AXIS_TYPES = ("Auto",)
 _MAPS = frozenset({"comm_bytes", "comm_by_axis", "comm_time_by_kind"})  # of the predictions
 _NUMBERS = frozenset({"step_time", "throughput", "memory_per_device", "compute_time", "comm_time",
                       "bubble_fraction", "mfu"})
@@ -62,6 +74,53 @@ _MAX_INDEX = 2**20  # bounds devices, argument positions and list indices: no pl
 # one key of a jax.tree_util.keystr path: ['name'], ["name"], [3], .attribute, or another
 # bracketed key repr (a tuple dict key, say), kept whole
 _KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+)|([^\]]*))\]|\.([A-Za-z_]\w*)")
+
+
+def field_sets(cls: type, skip: frozenset[str] = frozenset()) -> tuple[frozenset[str], frozenset[str]]:
+    """(required, optional) field names of a dataclass, less ``skip``: what its record in a plan
+    file holds."""
+    names = frozenset(f.name for f in fields(cls)) - skip
+    required = frozenset(f.name for f in fields(cls)
+                         if f.default is MISSING and f.default_factory is MISSING)
+    return required, names - required
+
+
+def plan_to_dict(plan: Any, schema_version: int, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A plan (a dataclass) as plain JSON data: ``schema`` and ``schema_version``, then every field
+    but those in ``skip`` (kept in memory only), records as objects, mappings as objects with
+    string keys, tuples as lists, and NaN or infinite numbers as null."""
+    d: dict[str, Any] = {"schema": "autoplan.plan", "schema_version": schema_version}
+    for f in fields(plan):
+        if f.name not in skip:
+            v = getattr(plan, f.name)
+            d[f.name] = v.to_dict() if isinstance(v, Cluster) else _jsonable(v)
+    return d
+
+
+def _jsonable(v: Any) -> Any:
+    if is_dataclass(v):
+        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_plan_json(d: Mapping[str, Any], path: str | os.PathLike | None = None,
+                    indent: int | None = 1) -> str:
+    """The JSON text of a plan's dict (:func:`plan_to_dict`), also written to ``path`` when given,
+    atomically (a temporary file in the same folder, flushed, then renamed over ``path``).
+
+    Raises:
+        OutputError: ``path`` cannot be written (the old file, if any, is kept).
+    """
+    text = json.dumps(d, indent=indent)
+    if path is not None:
+        atomic_write_text(path, text)
+    return text
 
 
 _REPR = reprlib.Repr()
@@ -224,6 +283,10 @@ class _Checker:
                           "leave it unsplit (null)")
 
     def stage(self, s: Any, path: str, index: int, cluster: Any) -> dict[str, Any]:
+        sub = "submesh_shape"
+        if isinstance(s, Mapping) and "submesh" in s and sub not in s:
+            sub = "submesh"  # the name files written before submesh_shape use; read the same
+            s = {("submesh_shape" if k == sub else k): v for k, v in s.items()}
         st = self.obj(s, path, "stage")
         if self.integer(st["index"], f"{path}.index") != index:
             self.fail(f"{path}.index", f"{index}, the stage's position in the list", st["index"],
@@ -233,10 +296,10 @@ class _Checker:
         lo, hi = st["layer_range"]
         if hi < lo:
             self.fail(f"{path}.layer_range", "[start, end) with start <= end", st["layer_range"])
-        hosts, per = self.ints(st["submesh"], f"{path}.submesh", 1, 2)
+        hosts, per = self.ints(st["submesh_shape"], f"{path}.{sub}", 1, 2)
         if hosts > cluster.nodes or per > cluster.devices_per_node:
-            self.fail(f"{path}.submesh", f"[hosts, devices per host] within the cluster's "
-                      f"{cluster.nodes} x {cluster.devices_per_node}", st["submesh"],
+            self.fail(f"{path}.{sub}", f"[hosts, devices per host] within the cluster's "
+                      f"{cluster.nodes} x {cluster.devices_per_node}", st["submesh_shape"],
                       "use a submesh the cluster has, or the cluster the plan was made for")
         n = hosts * per
         ids = self.ints(st["device_ids"], f"{path}.device_ids")
@@ -422,12 +485,13 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
                 c.fail(f"stages[{k}].device_ids[{j}]", want, dev, "give each device to one stage once")
             owner[dev] = k
     _check_layers(c, views)
-    if "mesh_axis_types" in d:
+    if "mesh_axis_types" in d:  # in files older autoplans wrote
         types = c.strings(d["mesh_axis_types"], "mesh_axis_types")
         n_axes = len(views[0]["sizes"])
         if len(types) != n_axes or any(t not in _AXIS_TYPES for t in types):
             c.fail("mesh_axis_types", f"{n_axes} entries (one per mesh axis of stage 0) from "
-                   f"{list(_AXIS_TYPES)}", types)
+                   f"{list(_AXIS_TYPES)} (a plan's meshes have Auto axes)", types,
+                   "delete the field (plan files no longer write it)")
 
     # inputs
     _check_inputs(c, c.array(d["inputs"], "inputs", "input records"), views)
@@ -442,7 +506,44 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
             c.number_map(v, f"predicted.{k}")
         else:
             c.number(v, f"predicted.{k}", 0.0, 1.0 if k == "bubble_fraction" else None)
+
+    # the folding analysis
+    _check_analysis(source, d.get("analysis"))
     return cluster
+
+
+def _check_analysis(source: str, a: Any) -> None:
+    """A plan file's ``analysis``: None (absent in files older autoplans wrote), or an object
+    whose ``layers`` is a list of objects with a ``name`` (what ``graph_figure`` reads)."""
+    if a is None:
+        return
+    layers = a.get("layers") if isinstance(a, Mapping) else None
+    if not isinstance(layers, list | tuple) or not all(
+            isinstance(x, Mapping) and isinstance(x.get("name"), str) for x in layers):
+        raise PlanFileError(
+            f"{source}: analysis should be null or an object whose 'layers' is a list of objects "
+            f"with a 'name' (the folding analysis a search records). Got {str(a)[:60]!r}. Fix: "
+            "re-create the plan with 'autoplan plan -o', or delete the field.", field="analysis")
+    bad = _non_finite(a)
+    if bad is not None:
+        raise PlanFileError(
+            f"{source}: analysis.{bad[0]} should be a finite number (the folding analysis holds "
+            f"counts and FLOPs). Got {bad[1]!r}. Fix: re-create the plan with 'autoplan plan -o', "
+            "or delete the field.", field=f"analysis.{bad[0]}")
+
+
+def _non_finite(x: Any, path: str = "") -> tuple[str, Any] | None:
+    """The path and value of the first NaN or infinity in plain data, or None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return path or "(value)", x
+    items = (x.items() if isinstance(x, Mapping) else enumerate(x) if isinstance(x, list | tuple)
+             else ())
+    for k, v in items:
+        hit = _non_finite(v, f"{path}.{k}" if path and isinstance(k, str) else
+                          f"{path}[{k}]" if path else str(k))
+        if hit is not None:
+            return hit
+    return None
 
 
 def _check_config(c: _Checker, config: Mapping[str, Any]) -> None:

@@ -49,7 +49,7 @@ def cluster_for(preset: str, gpus: int) -> autoplan.Cluster:
 def layout(p: autoplan.Plan) -> str:
     """Stages as ``layers submesh->logical mesh``, runs of equal stages folded (``8 x 6L ...``),
     separated by ``;`` (a table cell)."""
-    parts = [f"{s.layer_range[1] - s.layer_range[0]}L {s.submesh[0]}x{s.submesh[1]}"
+    parts = [f"{s.layer_range[1] - s.layer_range[0]}L {s.submesh_shape[0]}x{s.submesh_shape[1]}"
              f"->{'x'.join(map(str, s.mesh_shape))}" for s in p.stages]
     out: list[str] = []
     for part in parts:

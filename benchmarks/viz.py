@@ -114,7 +114,7 @@ def gpt_plan(layers: int = 96, stages: int = 8, microbatches: int = 32, hidden: 
                     comm=(Comm("all-reduce", tok * h * 2 / 2, ("y",), 1e-3),) if name in ("out", "fc2") else ()))
                 op_id += 1
         st_list.append(Stage(index=s, layers=names, layer_range=(s * per, (s + 1) * per),
-                             submesh=(hosts_per_stage, 8), device_ids=tuple(range(ndev * s, ndev * (s + 1))),
+                             submesh_shape=(hosts_per_stage, 8), device_ids=tuple(range(ndev * s, ndev * (s + 1))),
                              mesh_shape=mesh,
                              axis_names=("x", "y"), ops=tuple(ops), forward_time=0.05 + 0.002 * s,
                              backward_time=0.1 + 0.004 * s, memory=12e9))

@@ -1,6 +1,8 @@
 """The Plan format: JSON round trip, refusals, JAX views."""
 
+import dataclasses
 import json
+import pickle
 
 import jax
 import pytest
@@ -38,7 +40,7 @@ def test_json_round_trip_is_exact(tiny, tmp_path):
     assert Plan.from_json(plan.to_json()) == plan
     d = json.loads(plan.to_json())
     assert d["schema_version"] == 1 and d["jax_version"] == jax.__version__
-    assert d["mesh_axis_types"] == ["Auto", "Auto"]
+    assert "mesh_axis_types" not in d  # a plan's meshes have Auto axes: nothing to record
     assert d["cluster"]["name"] == "cpu"
 
 
@@ -93,3 +95,86 @@ def test_summary_and_html(tiny):
     assert "step time" in text and "mesh 2x4" in text
     html = plan._repr_html_()
     assert "PartitionSpec" in html and "params" in html
+
+
+def test_plan_is_hashable_and_equal_after_a_round_trip(tiny):
+    _, plan = tiny
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and hash(again) == hash(plan)
+    assert plan.arg_trees is not None and again.arg_trees is None  # in memory only: not compared
+    assert {plan, again} == {plan}
+    other = plan.with_(config={**plan.config, "batch": 2 * plan.config["batch"]})
+    assert other != plan and other.config["batch"] == 2 * plan.config["batch"]
+    assert pickle.loads(pickle.dumps(plan)) == plan  # the search cache pickles plans
+
+
+def test_plan_is_immutable_all_the_way_down(tiny):
+    _, plan = tiny
+    assert plan.analysis["layers"]
+    for mapping in (plan.config, plan.analysis, plan.analysis["layers"][0], plan.stages[0].comm_bytes,
+                    plan.predicted.comm_bytes, plan.predicted.comm_by_axis,
+                    plan.predicted.comm_time_by_kind):
+        with pytest.raises(TypeError, match="does not support item assignment"):
+            mapping["x"] = 1
+        with pytest.raises(AttributeError):
+            mapping.update(x=1)
+    assert isinstance(plan.analysis["layers"], tuple)  # JSON lists are tuples in a plan
+    with pytest.raises(AttributeError):
+        plan.analysis["layers"].append({"name": "x"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.config = {}
+    # whatever a constructor is given, the plan holds frozen values
+    made = plan.with_(config={"dims": [2, {"k": [1]}]}, notes=["a"])
+    assert made.config["dims"] == (2, {"k": (1,)}) and made.notes == ("a",)
+    with pytest.raises(TypeError):
+        made.config["dims"][1]["k"] = 2
+    assert hash(made) == hash(plan.with_(config={"dims": (2, {"k": (1,)})}, notes=("a",)))
+
+
+def test_files_that_say_submesh_still_load(tiny):
+    _, plan = tiny
+    d = json.loads(plan.to_json())
+    assert d["stages"][0]["submesh_shape"] == [1, 8] and "submesh" not in d["stages"][0]
+    old = json.loads(plan.to_json())  # as files written before the field was renamed
+    old["stages"][0] = {("submesh" if k == "submesh_shape" else k): v for k, v in old["stages"][0].items()}
+    assert Plan.from_json(json.dumps(old)) == plan
+    old["stages"][0]["submesh"] = [1, 16]
+    with pytest.raises(PlanFileError, match=r"stages\[0\]\.submesh should be \[hosts, devices per host\] "
+                                            r"within the cluster's 1 x 8") as err:
+        Plan.from_json(json.dumps(old))
+    assert err.value.field == "stages[0].submesh"
+    both = json.loads(plan.to_json())
+    both["stages"][0]["submesh"] = [1, 8]
+    with pytest.raises(PlanFileError, match=r"stages\[0\]\.submesh is not a field of a stage record"):
+        Plan.from_json(json.dumps(both))
+
+
+def test_stage_submesh_is_a_deprecated_name_of_submesh_shape(tiny):
+    _, plan = tiny
+    with pytest.warns(DeprecationWarning, match="use Stage.submesh_shape"):
+        assert plan.stages[0].submesh == plan.stages[0].submesh_shape == (1, 8)
+
+
+def test_files_with_mesh_axis_types_still_load(tiny):
+    _, plan = tiny
+    d = json.loads(plan.to_json())
+    d["mesh_axis_types"] = ["Auto", "Auto"]  # as older autoplans wrote
+    assert Plan.from_json(json.dumps(d)) == plan
+    d["mesh_axis_types"] = ["Explicit", "Auto"]
+    with pytest.raises(PlanFileError, match=r"mesh_axis_types should be 2 entries .* from \['Auto'\]"):
+        Plan.from_json(json.dumps(d))
+    assert plan.mesh().axis_types == (jax.sharding.AxisType.Auto,) * 2
+
+
+def test_records_freeze_what_their_constructors_are_given():
+    from autoplan._frozen import FrozenDict
+    from autoplan._plan import Comm, Stage, TensorSharding
+
+    assert Comm("all-reduce", 8.0, ["x"], 1e-6).axes == ("x",)
+    t = TensorSharding("w", "weight", [4, 8], "float32", [["x"], None])
+    assert t.shape == (4, 8) and t.spec == (("x",), None)
+    st = Stage(0, ["a"], [0, 1], [1, 2], [0, 1], [2], ["x"], comm_bytes={"all-reduce": 8.0})
+    assert (st.layers, st.layer_range, st.submesh_shape, st.device_ids) == (("a",), (0, 1), (1, 2), (0, 1))
+    assert isinstance(st.comm_bytes, FrozenDict) and st.comm_bytes == {"all-reduce": 8.0}
+    assert hash(st) == hash(Stage(0, ("a",), (0, 1), (1, 2), (0, 1), (2,), ("x",),
+                                  comm_bytes=FrozenDict({"all-reduce": 8.0})))

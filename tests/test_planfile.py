@@ -87,7 +87,7 @@ def test_a_dag_pipeline_plan_with_nested_layer_ranges_loads(plans):
 def _fix_devices(d: dict) -> None:
     """Give each stage of ``d`` 4 devices of an 8-device host, meshes (4, 1)."""
     for k, s in enumerate(d["stages"]):
-        s.update(submesh=[1, 4], device_ids=list(range(4 * k, 4 * k + 4)), mesh_shape=[4, 1],
+        s.update(submesh_shape=[1, 4], device_ids=list(range(4 * k, 4 * k + 4)), mesh_shape=[4, 1],
                  axis_names=["x", "y"])
 
 
@@ -148,7 +148,7 @@ _DELETE = object()
     ("intra", "stages[0].device_ids[3]", 8, "stages[0].device_ids[3]", ["below 8"]),
     ("intra", "stages[0].device_ids[3]", 2, "stages[0].device_ids[3]", ["lists once"]),
     ("intra", "stages[0].device_ids", [0, 1, 2], "stages[0].device_ids", ["8 device ids"]),
-    ("intra", "stages[0].submesh", [1, 16], "stages[0].submesh", ["within the cluster's 1 x 8"]),
+    ("intra", "stages[0].submesh_shape", [1, 16], "stages[0].submesh_shape", ["within the cluster's 1 x 8"]),
     ("intra", "stages[0].axis_names", ["x", "x"], "stages[0].axis_names", ["distinct"]),
     ("intra", "stages[0].index", 1, "stages[0].index", ["position"]),
     ("intra", "stages[0].layer_range", [0, 9], "stages", ["at least 9 layers"]),

@@ -114,7 +114,7 @@ def stage_figure(plan: Plan) -> go.Figure:
             continue
         s = by_index[st]
         text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
-                f"submesh {s.submesh[0]}x{s.submesh[1]}, logical mesh {_mesh_text(s)}<br>"
+                f"submesh {s.submesh_shape[0]}x{s.submesh_shape[1]}, logical mesh {_mesh_text(s)}<br>"
                 f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
         if len(stages) > 1:
             text += f"<br>also stages {', '.join(map(str, stages[1:]))}"

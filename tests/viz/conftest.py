@@ -89,7 +89,7 @@ INTRA_INPUTS = (
 def make_intra_plan(label="autoplan", step_time=0.010, memory=6 * 2**30, **pred):
     cluster = Cluster.preset("p3.16xlarge", 1)
     stage = Stage(index=0, layers=("fc1", "fc2", "attn", "proj", "head"), layer_range=(0, 5),
-                  submesh=(1, 8), device_ids=tuple(range(8)), mesh_shape=(2, 4), axis_names=("x", "y"),
+                  submesh_shape=(1, 8), device_ids=tuple(range(8)), mesh_shape=(2, 4), axis_names=("x", "y"),
                   ops=INTRA_OPS, forward_time=step_time / 3, backward_time=2 * step_time / 3,
                   memory=memory, comm_bytes={"all-reduce": 1e6})
     predicted = Predicted(step_time=step_time, throughput=64 / step_time, memory_per_device=memory,
@@ -128,7 +128,7 @@ def make_pipeline_plan(kind="1f1b", m=4, label="autoplan-pipeline"):
                  ts(f"%{100 * s + k + 50}", "output", (16, 512), (X if mesh[0] > 1 else None, spec_w[1]))])
             for k in range(4))
         stages.append(Stage(index=s, layers=tuple(f"layer{4 * s + k}" for k in range(4)),
-                            layer_range=(4 * s, 4 * s + 4), submesh=sub, device_ids=devs,
+                            layer_range=(4 * s, 4 * s + 4), submesh_shape=sub, device_ids=devs,
                             mesh_shape=mesh, axis_names=names, ops=ops, forward_time=fwd[s],
                             backward_time=bwd[s], memory=(3 - s) * 2**30))
         inputs += [param(f"['layer{4 * s + k}']['kernel']", (512, 512), spec_w, stage=s) for k in range(4)]

@@ -92,7 +92,7 @@ def test_gpt_repeated_layers_are_one_class(gpt_result):
     ops = {o.op for o in gpt_result.best.ops}
     assert all(set(p) <= ops for p in planned) and all(planned[k] for k in range(1, 6))
     crit = next(t for t in fig.data if t.meta and t.meta.get("kind") == "critical")
-    assert list(crit.meta["layers"]) == a["critical"]
+    assert list(crit.meta["layers"]) == list(a["critical"])
 
 
 def test_wide_resnet_has_several_classes_of_repeated_blocks(wide_resnet_result):

@@ -273,7 +273,7 @@ def test_pipeline_plan_marks_stages_and_folds_layers_sharded_alike(pipeline_plan
     assert ["stage 0" in t for t in fig.layout.xaxis.ticktext] == [True, False, False]
     assert "stage 2" in fig.layout.xaxis.ticktext[2]
     # stages on meshes of one shape, sharded alike, share a column that names them
-    stages = tuple(s.__class__(**{**s.__dict__, "mesh_shape": (1, 4), "submesh": (1, 4)})
+    stages = tuple(s.__class__(**{**s.__dict__, "mesh_shape": (1, 4), "submesh_shape": (1, 4)})
                    for s in pipeline_plan.stages)
     same = pipeline_plan.with_(stages=(stages[0],) + tuple(
         st.__class__(**{**st.__dict__, "ops": tuple(

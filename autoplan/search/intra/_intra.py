@@ -299,7 +299,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                           comm_time=comm_time, comm_bytes=comm_bytes, comm_by_axis=comm_by_axis,
                           comm_time_by_kind=comm_time_by_kind, bubble_fraction=0.0, mfu=mfu)
     layers = tuple(ly.name for ly in graph.layers)
-    stage = Stage(index=0, layers=layers, layer_range=(0, len(layers)), submesh=mesh.submesh,
+    stage = Stage(index=0, layers=layers, layer_range=(0, len(layers)), submesh_shape=mesh.submesh,
                   device_ids=mesh.device_ids, mesh_shape=mesh.shape, axis_names=mesh.axis_names,
                   ops=tuple(ops), forward_time=fwd, backward_time=bwd,
                   memory=sol.memory_per_device, comm_bytes=dict(comm_bytes))

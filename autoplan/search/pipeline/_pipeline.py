@@ -1432,7 +1432,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
             _add(comm_time, "send-recv", B * t)
         names = tuple(nm for li in members for nm in table.layers[li].names)
         stages.append(Stage(
-            index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh=(n, m),
+            index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh_shape=(n, m),
             device_ids=tuple(ev.placed[si]), mesh_shape=tuple(shape), axis_names=mesh.axis_names,
             ops=tuple(op_shardings), forward_time=terms.forward, backward_time=terms.backward,
             memory=ev.memory[si], comm_bytes=comm_bytes))

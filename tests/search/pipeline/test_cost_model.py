@@ -134,7 +134,7 @@ def test_gradient_sync_is_charged_once_per_step(gpt_dp_stages):
     for B, plan in plans.items():
         assert plan.schedule.microbatches == B
         for s in plan.stages:
-            assert s.submesh == (1, 2) and s.mesh_shape == (2, 1)
+            assert s.submesh_shape == (1, 2) and s.mesh_shape == (2, 1)
             held = [i for i in plan.inputs if i.stage == s.index and i.kind == "parameter"]
             grads = sum(math.prod(i.shape) * 4 for i in held)
             embed = sum(math.prod(i.shape) * 4 for i in held if "embed" in i.path)

@@ -115,8 +115,8 @@ def test_submesh_hosts_pow2_restricts_multi_host_stages(capsys):
     small = autoplan.search(wl, cl, pipeline=True, baselines=False, submesh_hosts="pow2")
     assert full.stats["pipeline_submeshes"] == 8 and small.stats["pipeline_submeshes"] == 7
     for plan in small.plans:
-        assert all(s.submesh[0] in (1, 2, 4, 5) for s in plan.stages)
-        assert sum(s.submesh[0] * s.submesh[1] for s in plan.stages) == 40
+        assert all(s.submesh_shape[0] in (1, 2, 4, 5) for s in plan.stages)
+        assert sum(s.submesh_shape[0] * s.submesh_shape[1] for s in plan.stages) == 40
     # a smaller space never finds a better plan than Alpa's full one
     assert full.best.predicted.step_time <= small.best.predicted.step_time * (1 + 1e-9)
     with pytest.raises(autoplan.SearchError, match="submesh_hosts"):

@@ -1,0 +1,81 @@
+"""A plan as text: its one-line description, its summary table and its notebook HTML.
+
+Functions of a :class:`~autoplan.Plan` (read through its fields only); ``Plan.describe``,
+``Plan.summary`` (and ``str(plan)``) and ``Plan._repr_html_`` call them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["describe", "summary", "plan_html"]
+
+#: inputs listed in a plan's HTML table; the rest are counted
+HTML_INPUTS = 200
+
+
+def describe(plan: Any) -> str:
+    """A one-line description: stages and their logical meshes."""
+    if not plan.is_pipeline:
+        desc = f"intra-op on mesh {'x'.join(map(str, plan.mesh_shape))}"
+        if plan.schedule.microbatches > 1:
+            desc += f", {plan.schedule.microbatches} mb accumulated"
+        return desc
+    meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in plan.stages)
+    return f"{len(plan.stages)} stages ({plan.schedule.kind}, {plan.schedule.microbatches} mb): {meshes}"
+
+
+def summary(plan: Any) -> str:
+    """A summary table of the plan: its predictions, then one row per stage."""
+    p = plan.predicted
+    lines = [
+        f"plan [{plan.label}] for {plan.model} on {plan.cluster.spec} "
+        f"({plan.num_devices} devices, level {plan.level})",
+        f"  costed on       : {plan.cluster.describe_profile()}",
+        f"  layout          : {describe(plan)}",
+        f"  step time       : {p.step_time * 1e3:.3f} ms   throughput {p.throughput:.1f} samples/s"
+        f"   MFU {p.mfu * 100:.1f}%",
+        f"  memory / device : {p.memory_per_device / 2**30:.3f} GiB "
+        f"(device has {plan.cluster.device_memory / 2**30:.1f} GiB)",
+        f"  compute / comm  : {p.compute_time * 1e3:.3f} ms / {p.comm_time * 1e3:.3f} ms"
+        f"   bubble {p.bubble_fraction * 100:.1f}%",
+        "  communication   : " + (", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in
+                                         sorted(p.comm_bytes.items()) if v) or "none"),
+        "  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB",
+    ]
+    for s in plan.stages:
+        rng = _layer_span(s.layers)
+        lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh_shape[0]}x{s.submesh_shape[1]:<5}  "
+                     f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
+                     f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
+                     f"{s.memory / 2**30:>7.3f}")
+    params = [i for i in plan.inputs if i.kind == "parameter"]
+    sharded = sum(1 for i in params if any(i.spec))
+    lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")
+    return "\n".join(lines)
+
+
+def plan_html(plan: Any) -> str:
+    """The plan for a notebook: its :func:`summary`, then a table of the inputs' specs (the
+    first :data:`HTML_INPUTS`) as PartitionSpecs."""
+    rows = "".join(
+        f"<tr><td><code>{html.escape(i.name)}</code></td><td>{i.kind}</td>"
+        f"<td>{'x'.join(map(str, i.shape))}</td><td><code>{html.escape(str(i.spec.to_pspec()))}"
+        f"</code></td><td>{i.stage}</td></tr>"
+        for i in plan.inputs[:HTML_INPUTS])
+    more = (f"<p>... {len(plan.inputs) - HTML_INPUTS} more inputs</p>"
+            if len(plan.inputs) > HTML_INPUTS else "")
+    return (f"<div class='autoplan-plan'><pre>{html.escape(summary(plan))}</pre>"
+            "<details><summary>PartitionSpecs</summary><table><tr><th>input</th><th>kind</th>"
+            f"<th>shape</th><th>PartitionSpec</th><th>stage</th></tr>{rows}</table>{more}"
+            "</details></div>")
+
+
+def _layer_span(layers: Sequence[str]) -> str:
+    if not layers:
+        return "-"
+    if len(layers) == 1:
+        return layers[0]
+    return f"{layers[0]} .. {layers[-1]} ({len(layers)})"
