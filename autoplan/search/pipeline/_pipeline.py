@@ -77,7 +77,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
-from autoplan._schedule import ScheduleStats, schedule_events, schedule_stats, schedule_table
+from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary, schedule_table
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
@@ -1191,7 +1191,10 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
 
 @dataclass
 class _Eval:
-    """A layout at ``B`` micro-batches, simulated."""
+    """A layout at ``B`` micro-batches, simulated.
+
+    ``timing`` holds the simulation's arguments: the events are simulated again only for the
+    plans made (:attr:`events`), the summary (``stats``) alone for every layout."""
 
     layout: Layout
     B: int
@@ -1199,11 +1202,16 @@ class _Eval:
     placed: list[list[int]]
     comm_f: list[float]
     comm_b: list[float]
-    events: list
+    timing: tuple[tuple, dict[str, Any]]
     stats: ScheduleStats
     memory: list[float]
     fits: bool
     dp_latency: float | None = None
+
+    @property
+    def events(self) -> list:
+        """The simulated schedule's events (:func:`~autoplan._schedule.schedule_events`)."""
+        return schedule_events(*self.timing[0], **self.timing[1])
 
     @property
     def step(self) -> float:
@@ -1249,15 +1257,15 @@ def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None =
     cl = ctx.cluster
     per_step = cl.step_overhead(math.ceil(len(ctx.full.inputs) / S))
     per_task = cl.step_overhead(0) if S > 1 else 0.0
-    events = schedule_events(ctx.schedule, S, B, [x.forward + per_task for x in stages],
-                             [x.backward + per_task for x in stages], comm_f or None,
-                             backward_comm_times=comm_b or None,
-                             step_times=[x.step + per_step for x in stages])
-    stats = schedule_stats(events, S)
+    timing = ((ctx.schedule, S, B, [x.forward + per_task for x in stages],
+               [x.backward + per_task for x in stages], comm_f or None),
+              {"backward_comm_times": comm_b or None,
+               "step_times": [x.step + per_step for x in stages]})
+    stats = schedule_summary(*timing[0], **timing[1])
     memory = [x.resident + (min(S - s, B) if ctx.schedule == "1f1b" else B) * x.activation
               for s, x in enumerate(stages)]
     fits = max(memory) <= ctx.budget * (1 + 1e-9)
-    return _Eval(layout, B, stages, placed, comm_f, comm_b, events, stats, memory, fits,
+    return _Eval(layout, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
                  dp_latency)
 
 

@@ -13,6 +13,7 @@ from autoplan._schedule import (
     one_f_one_b_table,
     schedule_events,
     schedule_stats,
+    schedule_summary,
     schedule_table,
     validate_table,
 )
@@ -156,6 +157,27 @@ def test_events_respect_dependencies_and_mesh_order(kind, S, m, data):
     assert 0 <= stats.bubble_fraction < 1
     if kind == "1f1b":
         assert all(stats.peak_inflight[i] <= S - i for i in range(S))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    S=st.integers(1, 6),
+    m=st.integers(1, 12),
+    data=st.data(),
+)
+def test_summary_equals_the_stats_of_the_events(kind, S, m, data):
+    """The pipeline search's summary (no events made) is exactly the events' statistics, with
+    backward transfers and per-step work too (ties included: zero-length tasks)."""
+    times = st.floats(0.0, 5.0)
+    fwd = data.draw(st.lists(times, min_size=S, max_size=S))
+    bwd = data.draw(st.lists(times, min_size=S, max_size=S))
+    comm = data.draw(st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1))
+    comm_b = data.draw(st.none() | st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1))
+    step = data.draw(st.none() | st.lists(times, min_size=S, max_size=S))
+    kw = {"backward_comm_times": comm_b, "step_times": step}
+    events = schedule_events(kind, S, m, fwd, bwd, comm or None, **kw)
+    assert schedule_summary(kind, S, m, fwd, bwd, comm or None, **kw) == schedule_stats(events, S)
 
 
 def test_unbalanced_stages_and_comm_example():
