@@ -42,14 +42,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from autoplan._errors import ScheduleError
 
 __all__ = ["KINDS", "Task", "Event", "ScheduleStats", "task_deps", "gpipe_table",
            "one_f_one_b_table", "schedule_table", "schedule_order", "schedule_events",
-           "schedule_stats", "validate_table", "order_from_table", "ideal_makespan"]
+           "schedule_stats", "schedule_summary", "validate_table", "order_from_table", "ideal_makespan"]
 
 #: the schedule kinds with a generated table
 KINDS = ("gpipe", "1f1b")
@@ -164,44 +164,71 @@ def _mesh_orders(kind: str, S: int, m: int) -> list[list[Task]]:
     return orders
 
 
+#: a timed task as a plain tuple: ``(start, end, mesh, microbatch, stage, kind)`` (an Event's fields)
+_Row = tuple[float, float, int, int, int, str]
+
+
 def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
               comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
               step: Sequence[float] | None = None) -> list[Event]:
+    return [Event(*r) for r in _simulate_rows(orders, fwd, bwd, comm, comm_bwd, step)]
+
+
+def _simulate_rows(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
+                   comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
+                   step: Sequence[float] | None = None) -> list[_Row]:
+    """The timed tasks of ``orders`` (each mesh's tasks run in turn, each when its dependency
+    has ended), sorted by start, then mesh."""
     S = len(orders)
     comm_b = comm if comm_bwd is None else comm_bwd
-    done: dict[tuple[int, int, str], float] = {}
+    # end times by stage, then micro-batch (every task's stage is its mesh's, 0 .. S - 1)
+    fdone: list[dict[int, float]] = [{} for _ in range(S)]
+    bdone: list[dict[int, float]] = [{} for _ in range(S)]
     pos = [0] * S
     free = [0.0] * S
-    events: list[Event] = []
+    events: list[_Row] = []
+    append = events.append
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
         for j in range(S):
-            while pos[j] < len(orders[j]):
-                t = orders[j][pos[j]]
-                s, b = t.stage, t.microbatch
-                if t.kind == "forward":
-                    dep = 0.0 if s == 0 else done.get((b, s - 1, "forward"))
-                    if dep is not None and s > 0:
+            order, p, ran = orders[j], pos[j], 0
+            while p < len(order):
+                t = order[p]
+                b, s, kind = t
+                if kind == "forward":
+                    if s == 0:
+                        dep = 0.0
+                    else:
+                        dep = fdone[s - 1].get(b)
+                        if dep is None:
+                            break
                         dep += comm[s - 1]
                     dur = fwd[s]
                 elif s == S - 1:
-                    dep = done.get((b, s, "forward"))
+                    dep = fdone[s].get(b)
+                    if dep is None:
+                        break
                     dur = bwd[s]
                 else:
-                    dep = done.get((b, s + 1, "backward"))
-                    if dep is not None:
-                        dep += comm_b[s]
+                    dep = bdone[s + 1].get(b)
+                    if dep is None:
+                        break
+                    dep += comm_b[s]
                     dur = bwd[s]
-                if dep is None:
-                    break
                 start = max(free[j], dep)
                 end = start + dur
-                done[(b, s, t.kind)] = end
+                if kind == "forward":
+                    fdone[s][b] = end
+                elif kind == "backward":
+                    bdone[s][b] = end
                 free[j] = end
-                events.append(Event(start, end, j, b, s, t.kind))
-                pos[j] += 1
-                remaining -= 1
+                append((start, end, j, b, s, kind))
+                p += 1
+                ran += 1
+            if ran:
+                pos[j] = p
+                remaining -= ran
                 progressed = True
         if not progressed:
             raise ScheduleError("the order's dependencies cannot be met: each mesh runs its tasks "
@@ -211,8 +238,8 @@ def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[floa
     if step is not None:
         for j in range(S):
             last = orders[j][-1]
-            events.append(Event(free[j], free[j] + step[j], j, last.microbatch, j, "update"))
-    events.sort(key=attrgetter("start", "mesh"))
+            events.append((free[j], free[j] + step[j], j, last.microbatch, j, "update"))
+    events.sort(key=itemgetter(0, 2))
     return events
 
 
@@ -432,6 +459,16 @@ def schedule_events(
     Returns:
         The events sorted by start time, then mesh.
     """
+    return [Event(*r) for r in _timed_rows(kind, num_stages, microbatches, forward_times,
+                                           backward_times, comm_times, backward_comm_times,
+                                           step_times)]
+
+
+def _timed_rows(kind: str, num_stages: int, microbatches: int, forward_times: Sequence[float],
+                backward_times: Sequence[float], comm_times: Sequence[float] | None,
+                backward_comm_times: Sequence[float] | None,
+                step_times: Sequence[float] | None) -> list[_Row]:
+    """:func:`schedule_events`'s events as plain tuples (arguments checked)."""
     kind = _check_kind(kind)
     S, m = _check_sm(num_stages, microbatches)
     fwd = _check_times("forward_times", forward_times, S)
@@ -440,7 +477,26 @@ def schedule_events(
     comm_b = None if backward_comm_times is None else _check_times(
         "backward_comm_times", backward_comm_times, S - 1)
     step = None if step_times is None else _check_times("step_times", step_times, S)
-    return _simulate(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+    return _simulate_rows(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+
+
+def schedule_summary(
+    kind: str,
+    num_stages: int,
+    microbatches: int,
+    forward_times: Sequence[float],
+    backward_times: Sequence[float],
+    comm_times: Sequence[float] | None = None,
+    *,
+    backward_comm_times: Sequence[float] | None = None,
+    step_times: Sequence[float] | None = None,
+) -> ScheduleStats:
+    """``schedule_stats(schedule_events(...), num_stages)`` without making the events (the
+    pipeline search times many layouts and keeps the events of a few): the same arguments, the
+    same numbers."""
+    rows = _timed_rows(kind, num_stages, microbatches, forward_times, backward_times, comm_times,
+                       backward_comm_times, step_times)
+    return _stats(rows, int(num_stages))
 
 
 def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
@@ -454,19 +510,25 @@ def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
         raise ScheduleError(f"num_stages should be an integer >= 1. Got {num_stages!r}.")
     if not events:
         raise ScheduleError("events should not be empty. Got []. Fix: pass schedule_events(...).")
-    S = num_stages
-    t0 = min(e.start for e in events)
-    step = max(e.end for e in events) - t0
+    for e in events:
+        if not 0 <= e.mesh < num_stages:
+            raise ScheduleError(f"event mesh should be in 0..{num_stages - 1}. Got {e!r}.")
+    return _stats([(e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind) for e in events],
+                  num_stages)
+
+
+def _stats(rows: Sequence[_Row], S: int) -> ScheduleStats:
+    """:func:`schedule_stats` of events given as tuples (meshes checked)."""
+    t0 = min(r[0] for r in rows)
+    step = max(r[1] for r in rows) - t0
     busy = [0.0] * S
     marks: list[list[tuple[float, int]]] = [[] for _ in range(S)]
-    for e in events:
-        if not 0 <= e.mesh < S:
-            raise ScheduleError(f"event mesh should be in 0..{S - 1}. Got {e!r}.")
-        busy[e.mesh] += e.end - e.start
-        if e.kind == "forward":
-            marks[e.mesh].append((e.start, 1))
-        elif e.kind == "backward":
-            marks[e.mesh].append((e.end, -1))
+    for start, end, mesh, _, _, kind in rows:
+        busy[mesh] += end - start
+        if kind == "forward":
+            marks[mesh].append((start, 1))
+        elif kind == "backward":
+            marks[mesh].append((end, -1))
     peak = []
     for ms in marks:
         cur = best = 0

@@ -44,8 +44,8 @@ from autoplan.search.intra._ilp import (
 from autoplan.search.intra._spec import replicated
 from autoplan.search.intra._strategies import combined_latency
 
-__all__ = ["IntraOpResult", "intra_op_search", "default_mesh_shape", "make_mesh", "mesh_shapes_for",
-           "plan_from_solution"]
+__all__ = ["IntraOpResult", "intra_op_search", "intra_op_result", "default_mesh_shape",
+           "make_mesh", "mesh_shapes_for", "plan_from_solution"]
 
 #: the operators a plan records (and the executor pins): those with strategies of their own
 _PLAN_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter",
@@ -369,7 +369,16 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         problem = build_problem(graph, mesh, pins=pin, count_unmerged=False)
     sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit,
                     problem=problem, mip_gap=mip_gap, memory_weight=memory_weight)
-    total = time.perf_counter() - t0
+    return intra_op_result(graph, mesh, sol, time.perf_counter() - t0, label=label, level=level,
+                           config=config)
+
+
+def intra_op_result(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, total: float, *,
+                    label: str = "autoplan", level: str = "exhaustive",
+                    config: Mapping[str, Any] | None = None) -> IntraOpResult:
+    """What :func:`intra_op_search` returns for the solution ``sol`` of ``graph``'s ILP on
+    ``mesh``, found in ``total`` seconds: its plan and statistics (a caller that solves several
+    ILPs and keeps one of them makes the plan of that one only)."""
     plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
                               search_seconds=total)
     stats = {

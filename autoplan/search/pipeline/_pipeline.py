@@ -77,13 +77,19 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
-from autoplan._schedule import ScheduleStats, schedule_events, schedule_stats, schedule_table
+from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary, schedule_table
 from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._clustering import LayerGroup, cluster_layers
-from autoplan.search.intra._ilp import ILPProblem, build_problem
-from autoplan.search.intra._intra import _comm_by_axis, intra_op_search, make_mesh, mesh_shapes_for
+from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
+from autoplan.search.intra._intra import (
+    IntraOpResult,
+    _comm_by_axis,
+    intra_op_result,
+    make_mesh,
+    mesh_shapes_for,
+)
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
@@ -680,36 +686,49 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
     out = LayerPlans(None) if fast is None else LayerPlans(fast.fast, fast.lean, fast.lean_solved)
     if out.lean_solved or (fast is not None and not lean):
         return out
+    mesh = make_mesh(view, shape)
     try:
-        prob = per_step_weighted(build_problem(sub, make_mesh(view, shape), pins=pins,
-                                               count_unmerged=False), 1.0 / B)
+        prob = per_step_weighted(build_problem(sub, mesh, pins=pins, count_unmerged=False),
+                                 1.0 / B)
     except SearchError:
         if pins is None:
             raise
         out.lean_solved = True
         return out  # a pinned spec does not divide on this mesh: no plan here
 
-    def solve(memory_weight: float, mip_gap: float):
+    def solve(memory_weight: float, mip_gap: float) -> _Solved:
         out.solves += 1
+        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = intra_op_search(sub, view, shape, time_limit=time_limit, level="exhaustive",
-                                  count_unmerged=False, mip_gap=mip_gap,
-                                  memory_weight=memory_weight, problem=prob, pin=pins)
-        if res.solution.status in ("feasible", "timeout-greedy"):
+            sol = solve_ilp(sub, mesh, time_limit=time_limit, problem=prob, mip_gap=mip_gap,
+                            memory_weight=memory_weight)
+        if sol.status in ("feasible", "timeout-greedy"):
             out.timed_out += 1
-        return res
+        return _Solved(sol, time.perf_counter() - t0)
+
+    def result(got: _Solved) -> IntraOpResult:
+        """The plan of a kept solve (the lean search's other solves make none)."""
+        return intra_op_result(sub, mesh, got.solution, got.seconds, level="exhaustive")
 
     if fast is None:
-        out.fast = solve(0.0, LAYER_MIP_GAP)
+        out.fast = result(solve(0.0, LAYER_MIP_GAP))
     if lean:
         f = out.fast
         if sum(_stage_memory(f.plan)) <= 1.2 * f.solution.least_memory:
             out.lean = f
         else:
-            out.lean = _lean_plan(f, lambda w: solve(w, LEAN_MIP_GAP))
+            out.lean = result(_lean_plan(f, lambda w: solve(w, LEAN_MIP_GAP)))
         out.lean_solved = True
     return out
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """One layer ILP solved: its solution and the seconds it took."""
+
+    solution: ILPSolution
+    seconds: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1192,7 +1211,10 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
 
 @dataclass
 class _Eval:
-    """A layout at ``B`` micro-batches, simulated."""
+    """A layout at ``B`` micro-batches, simulated.
+
+    ``timing`` holds the simulation's arguments: the events are simulated again only for the
+    plans made (:attr:`events`), the summary (``stats``) alone for every layout."""
 
     layout: Layout
     B: int
@@ -1200,11 +1222,16 @@ class _Eval:
     placed: list[list[int]]
     comm_f: list[float]
     comm_b: list[float]
-    events: list
+    timing: tuple[tuple, dict[str, Any]]
     stats: ScheduleStats
     memory: list[float]
     fits: bool
     dp_latency: float | None = None
+
+    @property
+    def events(self) -> list:
+        """The simulated schedule's events (:func:`~autoplan._schedule.schedule_events`)."""
+        return schedule_events(*self.timing[0], **self.timing[1])
 
     @property
     def step(self) -> float:
@@ -1250,15 +1277,15 @@ def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None =
     cl = ctx.cluster
     per_step = cl.step_overhead(math.ceil(len(ctx.full.inputs) / S))
     per_task = cl.step_overhead(0) if S > 1 else 0.0
-    events = schedule_events(ctx.schedule, S, B, [x.forward + per_task for x in stages],
-                             [x.backward + per_task for x in stages], comm_f or None,
-                             backward_comm_times=comm_b or None,
-                             step_times=[x.step + per_step for x in stages])
-    stats = schedule_stats(events, S)
+    timing = ((ctx.schedule, S, B, [x.forward + per_task for x in stages],
+               [x.backward + per_task for x in stages], comm_f or None),
+              {"backward_comm_times": comm_b or None,
+               "step_times": [x.step + per_step for x in stages]})
+    stats = schedule_summary(*timing[0], **timing[1])
     memory = [x.resident + (min(S - s, B) if ctx.schedule == "1f1b" else B) * x.activation
               for s, x in enumerate(stages)]
     fits = max(memory) <= ctx.budget * (1 + 1e-9)
-    return _Eval(layout, B, stages, placed, comm_f, comm_b, events, stats, memory, fits,
+    return _Eval(layout, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
                  dp_latency)
 
 

@@ -389,19 +389,38 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
 
     F = [np.full((L + 1, D + 1), INF)]
     F[0][L, 0] = 0.0
+    finite_tb = np.isfinite(tb)  # (P, L, W, K)
+    tmp = np.empty((L, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
-        Z = shifted(F[s - 1])  # Z[q, r, d] = F[s-1][r, d - size_q]
-        tq = tb[p].transpose(2, 0, 1)  # (K, L, W)
-        acc = np.full((K, L, D + 1), INF)
-        tmp = np.empty_like(acc)
-        for w in range(min(W, L)):  # stage k .. k + w, valid for k < L - w
-            n = L - w
-            np.add(tq[:, :n, w, None], Z[:, w + 1 : L + 1, :], out=tmp[:, :n])
-            np.minimum(acc[:, :n], tmp[:, :n], out=acc[:, :n])
+        Y = F[s - 1]
         Fs = np.full((L + 1, D + 1), INF)
-        Fs[:L] = acc.min(axis=0)
         F.append(Fs)
+        rows = np.flatnonzero(np.isfinite(Y).any(axis=1))
+        cols = np.flatnonzero(np.isfinite(Y).any(axis=0))
+        if rows.size == 0:
+            continue
+        r_lo, c_lo, c_hi = int(rows[0]), int(cols[0]), int(cols[-1]) + 1
+        # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
+        # is one addition, so taking the minimum over the finite terms only, in any order, gives
+        # the same value as over all of them (an infinite term never wins)
+        for q in range(K):
+            size = int(sizes[q])
+            lo, hi = c_lo + size, min(c_hi + size, D + 1)  # columns d whose d - size is finite
+            if lo >= hi:
+                continue
+            fq = finite_tb[p, :, :, q]  # (L, W)
+            for w in np.flatnonzero(fq[:, : min(W, L)].any(axis=0)):
+                n = L - w  # stage k .. k + w, valid for k < L - w
+                ks = np.flatnonzero(fq[:n, w])
+                k0 = max(int(ks[0]) if ks.size else n, r_lo - w - 1)
+                k1 = int(ks[-1]) + 1 if ks.size else 0
+                if k0 >= k1:
+                    continue
+                out = tmp[: k1 - k0, : hi - lo]
+                np.add(tb[p, k0:k1, w, q, None], Y[k0 + w + 1 : k1 + w + 1, lo - size : hi - size],
+                       out=out)
+                np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])
 
     H = argH = flag = None
     if lump:
@@ -412,10 +431,19 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
         Y = tail.copy()  # min(tail, H); H[L] = inf
         flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
         Z = shifted(Y)
+        cols = np.arange(D + 1)
         for k in range(L - 1, -1, -1):
-            cand = (tlast[k][:, :, None] + Z[:, k + 1 : k + 1 + W, :]).reshape(K * W, D + 1)
-            a = cand.argmin(axis=0)
-            h = cand[a, np.arange(D + 1)]
+            # the candidates q * W + w whose stage is finite, in that order: the first minimum
+            # among them is the first among all (an infinite candidate never is the minimum)
+            tk = tlast[k].ravel()
+            idx = np.flatnonzero(np.isfinite(tk))
+            if idx.size == 0:
+                continue  # H[k] stays inf, argH[k] 0 (as the argmin of infinite candidates)
+            qs, ws = np.divmod(idx, W)
+            cand = tk[idx][:, None] + Z[qs, k + 1 + ws, :]
+            a_in = cand.argmin(axis=0)
+            h = cand[a_in, cols]
+            a = np.where(np.isfinite(h), idx[a_in], 0)
             H[k] = h
             argH[k] = a
             better = h < tail[k]
@@ -521,7 +549,11 @@ def stage_dp(
     * Configs are reduced per position before the search, and positions from which costs stop
       changing (at the latest ``B``) are merged into one self-referential table, so without a
       memory limit the DP has no stage-count dimension at all (``F(k, d)``).
-    * Stages longer than the longest stage allowed by ``t_max`` are cut from the inner loop.
+    * Stages longer than the longest stage allowed by ``t_max`` are cut from the inner loop,
+      and with a stage-count dimension each ``F(s)`` adds only the finite terms: per submesh
+      and stage width, the rows whose stage fits ``t_max`` (and the memory) and whose rest
+      ``F(s - 1)`` is finite. Each term is one addition and a minimum ignores ``inf``, so the
+      table is the same as over every term.
     * ``F(t_max)`` is non-increasing in ``t_max``, and when the DP at ``t_max = t`` returns a plan
       whose slowest stage is ``m <= t``, ``F`` is constant on ``[m, t]``, so that plan's true
       latency ``F + (B - 1) m`` is the best of every candidate in ``[m, t]`` and none of them needs

@@ -13,6 +13,7 @@ from autoplan._schedule import (
     one_f_one_b_table,
     schedule_events,
     schedule_stats,
+    schedule_summary,
     schedule_table,
     validate_table,
 )
@@ -116,18 +117,24 @@ def test_validate_table_catches_errors():
         validate_table(early_bwd, 3, 2)
 
 
+def draw_times(data, S: int, least: float) -> tuple[list[float], list[float], list[float]]:
+    """Forward and backward times per stage (at least ``least``) and transfer times per
+    boundary."""
+    times = st.floats(least, 5.0)
+    return (data.draw(st.lists(times, min_size=S, max_size=S)),
+            data.draw(st.lists(times, min_size=S, max_size=S)),
+            data.draw(st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1)))
+
+
+#: a schedule kind, stage and micro-batch counts, and the data to draw its times from
+SCHEDULES = {"kind": st.sampled_from(KINDS), "S": st.integers(1, 5), "m": st.integers(1, 8),
+             "data": st.data()}
+
+
 @settings(max_examples=60, deadline=None)
-@given(
-    kind=st.sampled_from(KINDS),
-    S=st.integers(1, 5),
-    m=st.integers(1, 8),
-    data=st.data(),
-)
+@given(**SCHEDULES)
 def test_events_respect_dependencies_and_mesh_order(kind, S, m, data):
-    times = st.floats(0.1, 5.0)
-    fwd = data.draw(st.lists(times, min_size=S, max_size=S))
-    bwd = data.draw(st.lists(times, min_size=S, max_size=S))
-    comm = data.draw(st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1))
+    fwd, bwd, comm = draw_times(data, S, 0.1)
     events = schedule_events(kind, S, m, fwd, bwd, comm)
     by = {(e.microbatch, e.stage, e.kind): e for e in events}
     assert len(by) == 2 * S * m
@@ -156,6 +163,19 @@ def test_events_respect_dependencies_and_mesh_order(kind, S, m, data):
     assert 0 <= stats.bubble_fraction < 1
     if kind == "1f1b":
         assert all(stats.peak_inflight[i] <= S - i for i in range(S))
+
+
+@settings(max_examples=60, deadline=None)
+@given(**SCHEDULES)
+def test_summary_equals_the_stats_of_the_events(kind, S, m, data):
+    """The pipeline search's summary (no events made) is exactly the events' statistics, with
+    backward transfers and per-step work too (ties included: zero-length tasks)."""
+    fwd, bwd, comm = draw_times(data, S, 0.0)
+    comm_b = data.draw(st.none() | st.lists(st.floats(0.0, 2.0), min_size=S - 1, max_size=S - 1))
+    step = data.draw(st.none() | st.lists(st.floats(0.0, 5.0), min_size=S, max_size=S))
+    kw = {"backward_comm_times": comm_b, "step_times": step}
+    events = schedule_events(kind, S, m, fwd, bwd, comm or None, **kw)
+    assert schedule_summary(kind, S, m, fwd, bwd, comm or None, **kw) == schedule_stats(events, S)
 
 
 def test_unbalanced_stages_and_comm_example():
