@@ -317,45 +317,34 @@ def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[Task]:
 
 
 def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, microbatches: int) -> None:
-    """Check a schedule table.
+    """Check a schedule table: rows are clock ticks, column ``j`` is the mesh of stage ``j``.
 
-    Every ``(micro-batch, stage, kind)`` appears exactly once, in the column of its stage; a
-    forward of stage ``s > 0`` runs after the forward of stage ``s - 1`` of the same micro-batch;
-    the backward of the last stage after its own forward; the backward of stage ``s < S - 1``
-    after the backward of stage ``s + 1``.
+    Every ``(micro-batch, stage, kind)`` appears exactly once, in the column of its stage, and
+    each task runs at a later clock than every task it depends on (:func:`task_deps`): a forward
+    of stage ``s > 0`` after the forward of stage ``s - 1`` of the same micro-batch; the backward
+    of the last stage after its own forward; the backward of stage ``s < S - 1`` after the
+    backward of stage ``s + 1``. Tasks of one row run at the same time, so a dependency in the
+    same row is a violation too (which :func:`order_from_table`, reading rows in column order,
+    allows).
 
     Raises:
         ScheduleError: naming the first violation.
     """
     S, m = _check_sm(num_stages, microbatches)
-    when: dict[tuple[int, int, str], int] = {}
     for t, row in enumerate(table):
         if len(row) != S:
             raise ScheduleError(f"table row {t} should have {S} columns (one per mesh). Got {len(row)}.")
         for j, task in enumerate(row):
-            if task is None:
-                continue
-            key = (task.microbatch, task.stage, task.kind)
-            if task.kind not in ("forward", "backward") or not 0 <= task.microbatch < m:
-                raise ScheduleError(f"table[{t}][{j}] is not a valid task. Got {task!r}.")
-            if task.stage != j:
+            if task is not None and len(task) == 3 and task[1] != j:
                 raise ScheduleError(f"table[{t}][{j}] should hold a task of stage {j}. Got {task!r}.")
-            if key in when:
-                raise ScheduleError(f"task {task!r} appears twice: clocks {when[key]} and {t}.")
-            when[key] = t
-    for b in range(m):
-        for s in range(S):
-            for kind in ("forward", "backward"):
-                if (b, s, kind) not in when:
-                    raise ScheduleError(f"task {Task(b, s, kind)!r} is missing from the table.")
-            tf, tb = when[(b, s, "forward")], when[(b, s, "backward")]
-            if s > 0 and tf <= when[(b, s - 1, "forward")]:
-                raise ScheduleError(f"forward of micro-batch {b} stage {s} at clock {tf} does not follow "
-                                  f"stage {s - 1}'s forward (clock {when[(b, s - 1, 'forward')]}).")
-            dep = when[(b, s, "forward")] if s == S - 1 else when[(b, s + 1, "backward")]
-            if tb <= dep:
-                raise ScheduleError(f"backward of micro-batch {b} stage {s} at clock {tb} runs before its "
-                                  f"dependency (clock {dep}).")
+    clock = {task: t for task, t in _read_entries(table, S, m)}
+    for task, t in clock.items():
+        for dep in task_deps(task, S):
+            if clock[dep] >= t:
+                i, j, kind = task
+                raise ScheduleError(
+                    f"{kind} of micro-batch {i} stage {j} at clock {t} does not follow its "
+                    f"dependency, the {dep.kind} of stage {dep.stage} (clock {clock[dep]}).")
 
 
 def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatches: int) -> list[Task]:
@@ -375,29 +364,10 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
         ScheduleError: an entry of another shape or kind, a missing or repeated task, or a task
             placed before one it depends on (the message names it).
     """
-    S, m = num_stages, microbatches
-    order: list[Task] = []
-    for row in table:
-        for e in row:
-            if e is None:
-                continue
-            try:
-                mb, st, kind = int(e[0]), int(e[1]), _KIND_NAMES.get(str(e[2]).lower())
-            except (TypeError, ValueError, IndexError):
-                kind = None
-            if kind is None:
-                raise ScheduleError(f"schedule table entry {e!r} should be [micro-batch, stage, "
-                                     "'forward' or 'backward']. Fix: re-create the plan's schedule.")
-            order.append(Task(mb, st, kind))
-    want = {(i, j, k) for i in range(m) for j in range(S) for k in ("forward", "backward")}
-    if len(order) != len(want) or set(order) != want:
-        raise ScheduleError(
-            f"the plan's schedule table should hold each of the {len(want)} (micro-batch, stage, "
-            f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got {len(order)} "
-            "entries. Fix: re-create the plan's schedule.")
+    order = [task for task, _ in _read_entries(table, num_stages, microbatches)]
     seen: set[Task] = set()
     for t in order:
-        missing = [d for d in task_deps(t, S) if d not in seen]
+        missing = [d for d in task_deps(t, num_stages) if d not in seen]
         if missing:
             i, j, kind = t
             raise ScheduleError(
@@ -406,6 +376,42 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
                 "schedule table whose order respects the dependencies.")
         seen.add(t)
     return order
+
+
+def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[Task, int]]:
+    """The table's tasks with their clock ticks, row by row and in column order within a row,
+    checked to be well formed and to hold each of the ``2 S m`` tasks exactly once."""
+    out: list[tuple[Task, int]] = []
+    where: dict[Task, int] = {}
+    for t, row in enumerate(table):
+        for e in row:
+            if e is None:
+                continue
+            try:
+                mb, st, kind = int(e[0]), int(e[1]), _KIND_NAMES.get(str(e[2]).lower())
+            except (TypeError, ValueError, IndexError):
+                kind = None
+            if kind is None or not (0 <= mb < m and 0 <= st < S):
+                raise ScheduleError(f"schedule table entry {e!r} should be [micro-batch, stage, "
+                                    f"'forward' or 'backward'] with a micro-batch below {m} and a "
+                                    f"stage below {S}. Fix: re-create the plan's schedule.")
+            task = Task(mb, st, kind)
+            if task in where:
+                raise ScheduleError(
+                    f"the schedule table should hold each of the {2 * S * m} (micro-batch, stage, "
+                    f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got "
+                    f"{task!r} twice (clocks {where[task]} and {t}). Fix: re-create the plan's "
+                    "schedule.")
+            where[task] = t
+            out.append((task, t))
+    if len(out) != 2 * S * m:
+        first = next(Task(i, j, k) for i in range(m) for j in range(S) for k in ("forward", "backward")
+                     if Task(i, j, k) not in where)
+        raise ScheduleError(
+            f"the schedule table should hold each of the {2 * S * m} (micro-batch, stage, "
+            f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got {len(out)} "
+            f"entries: {first!r} is missing. Fix: re-create the plan's schedule.")
+    return out
 
 
 def _check_times(name: str, vals: Sequence[float] | None, n: int) -> list[float]:
