@@ -100,7 +100,7 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Plan
 from autoplan.search.fold._arrays import operand_arrays
-from autoplan.search.fold._clustering import _forward, _signature, cluster_layers
+from autoplan.search.fold._layers import _forward, _signature, group_layers
 from autoplan.search.intra._ilp import (
     ILPSolution,
     _free_tensors,
@@ -719,7 +719,7 @@ def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
         segs = tepdist_segments()
         if len(segs) >= 3 and max(len(s.ops) for s in segs) <= 0.5 * len(graph):
             return _coarsen(graph, segs, mining)
-    layers = cluster_layers(graph, max_layers=None if scoped else 64)
+    layers = group_layers(graph, max_layers=None if scoped else 64)
     out = [Segment(id=k, ops=ly.ops, main=ly.forward, critical=None, inputs=(), outputs=(),
                    params=(), flops=ly.flops) for k, ly in enumerate(layers) if ly.ops]
     out = [Segment(**{**s.__dict__, "id": k}) for k, s in enumerate(out)]

@@ -4,8 +4,8 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
 
 1. **Micro-batch graph.** The global batch is the leading dimension of the step's batch arguments
    (the graph inputs of kind ``batch``). The step is traced at micro-batch size (that dimension
-   divided by the number of micro-batches ``B``) and its operators are clustered into layers
-   (:func:`~autoplan.search.fold._clustering.cluster_layers`).
+   divided by the number of micro-batches ``B``) and its operators are grouped into layers
+   (:func:`~autoplan.search.fold._layers.group_layers`).
 2. **Layer plans.** For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M),
    (2,M) ... (N,M)) and logical mesh of that submesh, the intra-operator ILP is solved on the
    layer's subgraph, once per layer kind (folding: a 96-layer GPT solves three kinds). Each cell
@@ -81,7 +81,7 @@ from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary,
 from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
-from autoplan.search.fold._clustering import LayerGroup, cluster_layers
+from autoplan.search.fold._layers import LayerGroup, group_layers
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
 from autoplan.search.intra._intra import (
     IntraOpResult,
@@ -1532,7 +1532,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         memory_budget: bytes per device (default the device's memory).
         time_limit: seconds per ILP (a layer ILP stops at :data:`LAYER_TIME_LIMIT` if less,
             with the best plan found).
-        num_layers: how many layers to cluster the operators into (default automatic).
+        num_layers: how many layers to group the operators into (default automatic).
         stage_algorithm: ``"dp"`` (Alpa's stage DP on contiguous layers), ``"ilp"`` (TePDist's
             stage ILP on the layer DAG, then the DP for submeshes) or ``"auto"`` (the ILP when
             the layer graph is not a chain, side tensors aside).
@@ -1600,7 +1600,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     search_mb = not fixed and not megatron
     full, graph = _traces(workload, B0)
     t_trace = time.perf_counter() - t0
-    layers = cluster_layers(graph, num_layers)
+    layers = group_layers(graph, num_layers)
     dag = layer_dag(graph, layers)
     use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
     hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
