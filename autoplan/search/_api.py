@@ -48,7 +48,7 @@ from autoplan.search._parallel import (
 from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._levels import Analysis
 from autoplan.search.intra._ilp import _resolve_pins
-from autoplan.search.intra._intra import make_mesh, mesh_shapes_for
+from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
@@ -447,7 +447,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     # options each task would refuse, refused before any of them runs
     resolve_pins(graph, options["pin"])
     for shape in shapes:
-        _resolve_pins(graph, make_mesh(cluster, shape), options["pin"])
+        _resolve_pins(graph, make_logical_mesh(cluster, shape), options["pin"])
     tasks: list[Task] = []
     if do_pipe:
         tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(

@@ -109,7 +109,7 @@ from autoplan.search.intra._ilp import (
     cost_strategies,
     solve_ilp,
 )
-from autoplan.search.intra._intra import intra_op_search, make_mesh, plan_from_solution
+from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
@@ -286,7 +286,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     from autoplan.search.fold._mine import mine  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    mesh = make_mesh(cluster, mesh_shape)
+    mesh = make_logical_mesh(cluster, mesh_shape)
     mining = memo(graph, "mining", lambda: mine(graph))
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()

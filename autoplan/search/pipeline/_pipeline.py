@@ -87,7 +87,7 @@ from autoplan.search.intra._intra import (
     IntraOpResult,
     _comm_by_axis,
     intra_op_result,
-    make_mesh,
+    make_logical_mesh,
     mesh_shapes_for,
 )
 from autoplan.search.intra._reshard import reshard
@@ -686,7 +686,7 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
     out = LayerPlans(None) if fast is None else LayerPlans(fast.fast, fast.lean, fast.lean_solved)
     if out.lean_solved or (fast is not None and not lean):
         return out
-    mesh = make_mesh(view, shape)
+    mesh = make_logical_mesh(view, shape)
     try:
         prob = per_step_weighted(build_problem(sub, mesh, pins=pins, count_unmerged=False),
                                  1.0 / B)
@@ -763,7 +763,7 @@ class _Context:
     def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
         key = (k, tuple(shape))
         if key not in self._meshes:
-            self._meshes[key] = make_mesh(self.views[k], shape)
+            self._meshes[key] = make_logical_mesh(self.views[k], shape)
         return self._meshes[key]
 
     def cells(self):
