@@ -260,8 +260,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         stage_algorithm: ``"dp"`` (Alpa), ``"ilp"`` (TePDist DAG ILP) or ``"auto"`` (the ILP when
             the layer graph is not a chain).
         submesh_hosts: multi-host submesh shapes of the pipeline search: ``"all"`` (Alpa's
-            ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts and ``N``) or ``"auto"``
-            (``"all"`` up to 16 hosts).
+            ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices), ``"pow2"`` (2, 4, 8, ... hosts
+            and ``N``) or ``"auto"`` (``"all"`` up to 16 hosts).
         workers: processes that solve the independent searches (each logical mesh, each
             baseline) at once, this one included. Default: every CPU for graphs of at least
             :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators that are searched on

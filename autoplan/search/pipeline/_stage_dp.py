@@ -361,7 +361,8 @@ def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: 
 
 def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool,
         min_stages: int = 1):
-    """One run of Alpa's Eq. 3 for a fixed ``t_max``.
+    """One run of Alpa's Eq. 3 for a fixed ``t_max``, over ``D`` devices (the cluster's ``N M``:
+    the columns ``d = 0 .. D`` of the tables ``F(s, k, d)``).
 
     Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q, c)`` in pipeline order
     (``c`` None where the config is the position's cheapest, ``prep.cfg``), or ``(inf, None)``.
@@ -605,8 +606,8 @@ def stage_dp(
         Eq. 4 (``T*``), Eq. 5 (1F1B memory), Algorithm 1.
     """
     _check_cluster(num_hosts, devices_per_host)
-    N, M = int(num_hosts), int(devices_per_host)
-    D = N * M
+    num_hosts, devices_per_host = int(num_hosts), int(devices_per_host)
+    num_devices = num_hosts * devices_per_host
     t = _as_cost_array("t_intra", t_intra, None)
     L, _, K, _C = t.shape
     if len(submeshes) != K:
@@ -614,7 +615,8 @@ def stage_dp(
             f"submeshes should list one shape per t_intra submesh index ({K}). Got {len(submeshes)} "
             "shapes. Fix: pass the same submesh list t_intra was computed for."
         )
-    shapes = [_check_shape(s, N, M, f"submeshes[{i}]") for i, s in enumerate(submeshes)]
+    shapes = [_check_shape(s, num_hosts, devices_per_host, f"submeshes[{i}]")
+              for i, s in enumerate(submeshes)]
     sizes = np.array([n * m for n, m in shapes], dtype=np.int64)
     upper = np.triu(np.ones((L, L), dtype=bool))
     if (t[upper] < 0).any():
@@ -651,7 +653,7 @@ def stage_dp(
     if isinstance(min_stages, bool) or not isinstance(min_stages, (int, np.integer)) or min_stages < 1:
         raise SearchError(f"min_stages should be an integer >= 1. Got {min_stages!r}. "
                           "Fix: pass e.g. min_stages=2 or leave it out.")
-    natural_cap = min(L, D)
+    natural_cap = min(L, num_devices)
     s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
     lump_allowed = s_cap == natural_cap  # no binding stage-count limit
     min_s = int(min_stages)
@@ -672,7 +674,7 @@ def stage_dp(
     def run(t_val: float):
         nonlocal evaluated
         evaluated += 1
-        return _dp(prep, t_val, sizes, D, n_exact, lump, min_s)
+        return _dp(prep, t_val, sizes, num_devices, n_exact, lump, min_s)
 
     def plan_stats(stages):
         S = len(stages)
@@ -697,9 +699,11 @@ def stage_dp(
     F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
     if st is None:
         if not explain:
-            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {N} x {M} devices fits "
+            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {num_hosts} x "
+                                      f"{devices_per_host} devices fits "
                                       f"device_memory={device_memory!r} bytes.")
-        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L,
+        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
+                          devices_per_host, L,
                           lump_allowed, max_stages, step, min_s)
 
     best_plan, best_sum, best_max = plan_stats(st)
@@ -743,8 +747,8 @@ def stage_dp(
                          alternatives=tuple((total, assignments(plan)) for total, plan in ranked))
 
 
-def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L, lump_allowed,
-                      max_stages, step=None, min_s=1):
+def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
+                      devices_per_host, L, lump_allowed, max_stages, step=None, min_s=1):
     limit = "" if max_stages is None else f" with at most {max_stages} stages"
     if min_s > 1:
         limit += f" and at least {min_s}"
@@ -754,15 +758,15 @@ def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M
         n_exact, lump = (max(prep.P - 1, min_s - 1), True) if lump_allowed else (s_cap, False)
         if prep.candidates.size == 0:
             return False
-        return _dp(prep, float(prep.candidates[-1]), sizes, D, n_exact, lump,
+        return _dp(prep, float(prep.candidates[-1]), sizes, num_devices, n_exact, lump,
                    min_s)[1] is not None
 
     if device_memory is None or not feasible(None):
         raise InfeasiblePlanError(
             f"no split of the {L} layers into stages{limit} on submeshes {shapes} covering all "
-            f"{N} x {M} = {D} devices has finite t_intra. Got t_intra with "
-            f"{int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for more "
-            "(layers, submesh) pairs, allow more stages, or use a smaller cluster."
+            f"{num_hosts} x {devices_per_host} = {num_devices} devices has finite t_intra. Got "
+            f"t_intra with {int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for "
+            "more (layers, submesh) pairs, allow more stages, or use a smaller cluster."
         )
     # memory is the reason: smallest device_memory with which a plan exists
     n_pos = min(B, s_cap)
