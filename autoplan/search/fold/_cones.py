@@ -58,8 +58,8 @@ import numpy as np
 
 from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
-from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
+from autoplan.search.fold._operands import operand_arrays
 
 __all__ = [
     "Cone",

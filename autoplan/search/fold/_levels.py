@@ -99,8 +99,8 @@ from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Plan
-from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._layers import _forward, _signature, group_layers
+from autoplan.search.fold._operands import operand_arrays
 from autoplan.search.intra._ilp import (
     ILPSolution,
     _free_tensors,
