@@ -46,7 +46,7 @@ BAD_CALLS = {
     "autoplan.models": [lambda: autoplan.models.get("no-such-model"),
                         lambda: autoplan.models.get("gpt", size="huge"),
                         lambda: autoplan.models.get("gpt", no_such_field=3)],
-    "autoplan.search.cones": [lambda: search.cones(_graph(), level="O9")],
+    "autoplan.search.cones": [lambda: search.cones(_graph(), opt_level="O9")],
     "autoplan.search.critical_nodes": [lambda: search.critical_nodes(_graph(), part="middle")],
     "autoplan.search.segments": [lambda: search.segments(_graph(), granularity="op"),
                                  lambda: search.segments(_graph(), attach="nowhere")],

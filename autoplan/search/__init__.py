@@ -23,14 +23,14 @@ from autoplan.search._api import SearchResult as SearchResult
 from autoplan.search._api import plan as plan
 from autoplan.search._api import search as search
 from autoplan.search._baselines import baseline_plans as baseline_plans
-from autoplan.search.fold._clustering import LayerGroup as LayerGroup
-from autoplan.search.fold._clustering import cluster_layers as cluster_layers
 from autoplan.search.fold._cones import Cone as Cone
 from autoplan.search.fold._cones import Segment as Segment
 from autoplan.search.fold._cones import cones as cones
 from autoplan.search.fold._cones import critical_nodes as critical_nodes
 from autoplan.search.fold._cones import segments as segments
 from autoplan.search.fold._graphnodes import group_graphnodes as group_graphnodes
+from autoplan.search.fold._layers import LayerGroup as LayerGroup
+from autoplan.search.fold._layers import group_layers as group_layers
 from autoplan.search.fold._levels import level_search as level_search
 from autoplan.search.fold._mine import MiningResult as MiningResult
 from autoplan.search.fold._mine import mine as mine
@@ -52,7 +52,7 @@ from autoplan.search.pipeline._stage_dp import submesh_shapes as submesh_shapes
 from autoplan.search.pipeline._stage_ilp import stage_ilp as stage_ilp
 
 __all__ = [
-    "LEVELS", "SearchResult", "plan", "search", "PlanDoesNotFitWarning", "BatchSplitWarning", "baseline_plans", "LayerGroup", "cluster_layers",
+    "LEVELS", "SearchResult", "plan", "search", "PlanDoesNotFitWarning", "BatchSplitWarning", "baseline_plans", "LayerGroup", "group_layers",
     "Cone", "Segment", "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
     "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
     "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",
@@ -60,6 +60,24 @@ __all__ = [
     "SolverTimeoutWarning", "enumerate_specs", "place_submeshes", "stage_dp", "submesh_shapes",
     "stage_ilp", "Strategy", "strategies",
 ]
+
+
+_RENAMED = {"cluster_layers": "group_layers"}
+
+
+def __getattr__(name: str):
+    """Old names that still work for one release, with a :class:`DeprecationWarning` naming the
+    new one: ``cluster_layers`` is :func:`group_layers` (layers of operators, not a cluster of
+    devices)."""
+    if name in _RENAMED:
+        import warnings  # noqa: PLC0415
+
+        new = _RENAMED[name]
+        warnings.warn(f"autoplan.search.{name} is deprecated and will be removed in the next "
+                      f"release; use autoplan.search.{new} (the same function).",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module 'autoplan.search' has no attribute {name!r}")
 
 
 class _SearchModule(_types.ModuleType):

@@ -48,7 +48,7 @@ from autoplan.search._parallel import (
 from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._levels import Analysis
 from autoplan.search.intra._ilp import _resolve_pins
-from autoplan.search.intra._intra import make_mesh, mesh_shapes_for
+from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
@@ -260,8 +260,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         stage_algorithm: ``"dp"`` (Alpa), ``"ilp"`` (TePDist DAG ILP) or ``"auto"`` (the ILP when
             the layer graph is not a chain).
         submesh_hosts: multi-host submesh shapes of the pipeline search: ``"all"`` (Alpa's
-            ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts and ``N``) or ``"auto"``
-            (``"all"`` up to 16 hosts).
+            ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices), ``"pow2"`` (2, 4, 8, ... hosts
+            and ``N``) or ``"auto"`` (``"all"`` up to 16 hosts).
         workers: processes that solve the independent searches (each logical mesh, each
             baseline) at once, this one included. Default: every CPU for graphs of at least
             :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators that are searched on
@@ -447,7 +447,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     # options each task would refuse, refused before any of them runs
     resolve_pins(graph, options["pin"])
     for shape in shapes:
-        _resolve_pins(graph, make_mesh(cluster, shape), options["pin"])
+        _resolve_pins(graph, make_logical_mesh(cluster, shape), options["pin"])
     tasks: list[Task] = []
     if do_pipe:
         tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(

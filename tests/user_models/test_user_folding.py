@@ -10,7 +10,7 @@ import pytest
 import user_steps
 
 import autoplan
-from autoplan.search import cluster_layers, level_search
+from autoplan.search import group_layers, level_search
 from autoplan.search.fold._levels import AUTO_EXHAUSTIVE_OPS, choose_level
 
 
@@ -55,7 +55,7 @@ def test_layers_stacked_with_the_libraries_scans_are_layers(make, prefix):
     """``nn.scan`` and ``nnx.scan`` over stacked layers: each iteration is a layer for the
     pipeline search (with the model's input and output layers around them for linen)."""
     g = autoplan.trace(make(layers=4))
-    names = [ly.name for ly in cluster_layers(g)]
+    names = [ly.name for ly in group_layers(g)]
     scans = [f"{prefix}scan_{i}" for i in range(4)]
     assert [n for n in names if "scan_" in n] == scans
     bwd = {g.layer_names[op.id] for op in g if op.role == "backward"}
@@ -69,7 +69,7 @@ def test_layers_without_scopes_are_the_mined_blocks(graphs, name, blocks):
     transformer's blocks, the Equinox residual blocks, the MLP's hidden layers after the first),
     plus what comes before and after them, each named op<id> after its first forward operator."""
     g = graphs(name)
-    layers = cluster_layers(g)
+    layers = group_layers(g)
     assert len(layers) == blocks + 2
     assert all(ly.name.startswith("op") for ly in layers)
     starts = [int(ly.names[0][2:]) for ly in layers]

@@ -1,11 +1,13 @@
 """TePDist's hierarchy of the operator graph: cones, critical nodes and segments.
 
-TePDist splits the SPMD strategy search in three levels (Alibaba PAI's TePDist article):
+TePDist splits the SPMD strategy search in a three-tier hierarchy (Alibaba PAI's TePDist article):
 
 * **Cones.** "a subgraph that contains two kinds of nodes: root and non-root. Root nodes have
   multiple inputs or are computationally intensive; non-roots are other nodes." Here (as in the
   reference notes): a *root* is an operator with several users or none (a value used by several
-  operators, or a result of the graph), and at ``O2`` also one with several operands; a cone is a
+  operators, or a result of the graph), and at optimization level ``O2`` also one with several
+  operands (``opt_level``: TePDist's "optimization level", O2 or O3, not the search level
+  ``exhaustive``/``hierarchical``/``folded`` of :func:`autoplan.search`); a cone is a
   root plus everything upstream of it up to other roots. A non-root has exactly one user, so
   following users from it reaches exactly one root: every operator lies in exactly one cone. Per
   cone the root's strategies are enumerated and the rest inferred.
@@ -47,6 +49,7 @@ plus the embedding and the head.
 from __future__ import annotations
 
 import bisect
+import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -55,8 +58,8 @@ import numpy as np
 
 from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
-from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
+from autoplan.search.fold._operands import operand_arrays
 
 __all__ = [
     "Cone",
@@ -69,7 +72,7 @@ __all__ = [
     "segments",
 ]
 
-LEVELS = ("O2", "O3")
+OPT_LEVELS = ("O2", "O3")  # TePDist's optimization levels
 PARTS = ("all", "forward")
 
 
@@ -81,18 +84,26 @@ class Cone:
         id: index in the list :func:`cones` returns (cones are ordered by root).
         root: the root operator's id.
         ops: its operator ids, ascending (the root is the last).
-        level: ``"O2"`` or ``"O3"``.
+        opt_level: TePDist's optimization level it was made at, ``"O2"`` or ``"O3"``.
         flops: FLOPs of its operators.
     """
 
     id: int
     root: int
     ops: tuple[int, ...]
-    level: str
+    opt_level: str
     flops: float
 
     def __len__(self) -> int:
         return len(self.ops)
+
+    @property
+    def level(self) -> str:
+        """Deprecated name of :attr:`opt_level` (kept one release)."""
+        warnings.warn("Cone.level is deprecated and will be removed in the next release; use "
+                      "Cone.opt_level (TePDist's optimization level).", DeprecationWarning,
+                      stacklevel=2)
+        return self.opt_level
 
 
 @dataclass(frozen=True)
@@ -123,10 +134,11 @@ class Segment:
         return len(self.ops)
 
 
-def _check_level(level: str) -> None:
-    if level not in LEVELS:
-        raise ArgumentError(f"cones: level should be one of {LEVELS}. Got {level!r}. "
-                            "Fix: pass level='O2' or level='O3'.")
+def _check_opt_level(opt_level: str) -> None:
+    if opt_level not in OPT_LEVELS:
+        raise ArgumentError(f"cones: opt_level (TePDist's optimization level) should be one of "
+                            f"{OPT_LEVELS}. Got {opt_level!r}. Fix: pass opt_level='O2' or "
+                            "opt_level='O3'.")
 
 
 def _users(graph: OpGraph) -> list[int]:
@@ -146,31 +158,32 @@ def _users(graph: OpGraph) -> list[int]:
     return out
 
 
-def cone_roots(graph: OpGraph, level: str = "O2") -> list[int]:
+def cone_roots(graph: OpGraph, opt_level: str = "O2") -> list[int]:
     """The cone roots of ``graph``, ascending.
 
     Args:
         graph: the operator graph.
-        level: ``"O3"``: operators with several users or none; a graph result counts as a user
-            outside the graph, so an operator whose value is a result and also used by one
-            operator has two users, and one whose value is only a result has none (inside);
-            ``"O2"``: also operators with several operands (distinct non-literal input tensors).
+        opt_level: TePDist's optimization level. ``"O3"``: operators with several users or
+            none; a graph result counts as a user outside the graph, so an operator whose value
+            is a result and also used by one operator has two users, and one whose value is only
+            a result has none (inside); ``"O2"``: also operators with several operands (distinct
+            non-literal input tensors).
 
     Returns:
         Root operator ids.
     """
-    _check_level(level)
+    _check_opt_level(opt_level)
     users = _users(graph)
     roots = []
     for op in graph.ops:
         if users[op.id] != 1:
             roots.append(op.id)
-        elif level == "O2" and len({t for t in op.inputs if t is not None}) > 1:
+        elif opt_level == "O2" and len({t for t in op.inputs if t is not None}) > 1:
             roots.append(op.id)
     return roots
 
 
-def cones(graph: OpGraph, level: str = "O2") -> list[Cone]:
+def cones(graph: OpGraph, opt_level: str = "O2", *, level: str | None = None) -> list[Cone]:
     """Partition the operators into TePDist cones.
 
     Every non-root operator has exactly one user; it belongs to the cone of the root reached by
@@ -178,10 +191,16 @@ def cones(graph: OpGraph, level: str = "O2") -> list[Cone]:
 
     Args:
         graph: the operator graph.
-        level: ``"O2"`` or ``"O3"`` (see :func:`cone_roots`).
+        opt_level: TePDist's optimization level, ``"O2"`` or ``"O3"`` (see :func:`cone_roots`).
+        level: deprecated name of ``opt_level`` (kept one release, with a
+            :class:`DeprecationWarning`).
 
     Returns:
         The cones, ordered by root id.
+
+    Raises:
+        ArgumentError: ``opt_level`` is not ``"O2"`` or ``"O3"``, or ``level`` and ``opt_level``
+            disagree.
 
     Examples:
         >>> import jax, jax.numpy as jnp, autoplan
@@ -193,7 +212,15 @@ def cones(graph: OpGraph, level: str = "O2") -> list[Cone]:
         >>> [(c.root, c.ops) for c in cones(g, "O3")]
         [(3, (0, 1, 2, 3))]
     """
-    roots = set(cone_roots(graph, level))
+    if level is not None:
+        warnings.warn("cones(level=...) is deprecated and will be removed in the next release; use "
+                      "cones(opt_level=...) (TePDist's optimization level).", DeprecationWarning,
+                      stacklevel=2)
+        if opt_level not in ("O2", level):
+            raise ArgumentError(f"cones: level={level!r} and opt_level={opt_level!r} disagree. "
+                                "Fix: pass only opt_level.")
+        opt_level = level
+    roots = set(cone_roots(graph, opt_level))
     cons = graph.consumers
     cone_of = [-1] * len(graph.ops)
     order: list[int] = []
@@ -207,7 +234,7 @@ def cones(graph: OpGraph, level: str = "O2") -> list[Cone]:
     members: dict[int, list[int]] = {r: [] for r in order}
     for o, r in enumerate(cone_of):
         members[r].append(o)
-    return [Cone(i, r, tuple(members[r]), level, float(sum(graph.ops[o].flops for o in members[r])))
+    return [Cone(i, r, tuple(members[r]), opt_level, float(sum(graph.ops[o].flops for o in members[r])))
             for i, r in enumerate(sorted(order))]
 
 

@@ -99,8 +99,8 @@ from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import Plan
-from autoplan.search.fold._arrays import operand_arrays
-from autoplan.search.fold._clustering import _forward, _signature, cluster_layers
+from autoplan.search.fold._layers import _forward, _signature, group_layers
+from autoplan.search.fold._operands import operand_arrays
 from autoplan.search.intra._ilp import (
     ILPSolution,
     _free_tensors,
@@ -109,7 +109,7 @@ from autoplan.search.intra._ilp import (
     cost_strategies,
     solve_ilp,
 )
-from autoplan.search.intra._intra import intra_op_search, make_mesh, plan_from_solution
+from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
@@ -286,7 +286,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     from autoplan.search.fold._mine import mine  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    mesh = make_mesh(cluster, mesh_shape)
+    mesh = make_logical_mesh(cluster, mesh_shape)
     mining = memo(graph, "mining", lambda: mine(graph))
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -322,7 +322,10 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     variables = 0
     t_solve = 0.0
     cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
-    lr_fixed: list[dict[int, Any]] = [{} for _ in range(K)]
+    # per segment, the specs fixed on the tensors it shares with segments it does not border
+    # (long-range tensors, graph inputs read by several segments): {tensor: spec}, set per
+    # assignment tried by run_chain
+    fixed_specs: list[dict[int, Any]] = [{} for _ in range(K)]
     rep_of: dict[str, int] = {}
     act_least: dict[str, float] = {}  # class key -> least saved-activation memory
     unknown: set[str] = set()
@@ -332,13 +335,13 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         key = sig[i]
         if pinned:  # the pinned operands' positions and specs (equal pins, one solve)
             key += "|" + pin_key[i]
-        if lr_fixed[i]:
+        if fixed_specs[i]:
             pos = {o: p for p, o in enumerate(segs[i].ops)}
             key += "|" + repr(sorted(
-                [(pos[c], graph.ops[c].inputs.index(t), spec) for t, spec in lr_fixed[i].items()
-                 for c in graph.consumers[t] if c in pos]
+                [(pos[c], graph.ops[c].inputs.index(t), spec)
+                 for t, spec in fixed_specs[i].items() for c in graph.consumers[t] if c in pos]
                 + [(pos[p], -1 - graph.ops[p].outputs.index(t), spec)
-                   for t, spec in lr_fixed[i].items()
+                   for t, spec in fixed_specs[i].items()
                    if (p := graph.tensors[t].producer) in pos]))
         return key if level == "folded" else f"{key}#{i}"
 
@@ -352,7 +355,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         if key not in cache:
             if max_ilps is not None and solves >= max_ilps:
                 raise _ILPBoundReached(solves)
-            fixed = dict(lr_fixed[rep])
+            fixed = dict(fixed_specs[rep])
             if a is not None and rep > 0:
                 fixed.update(dict(zip(boundaries[rep - 1], a)))
             if b is not None and rep < K - 1:
@@ -401,8 +404,8 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     # stitched plan's cost): its producer's free spec, or one spec of the chain's vocabulary given
     # to every long-range tensor it fits; the chain DP is run for each such assignment and the
     # cheapest kept
-    free0 = [solve_segment(i, None, None) for i in range(K)]
-    lr_all = list(dict.fromkeys(t for lst in long_range for t in lst))
+    unfixed_solves = [solve_segment(i, None, None) for i in range(K)]  # nothing fixed
+    long_range_tensors = list(dict.fromkeys(t for lst in long_range for t in lst))
     adjacent = {t for bt in boundaries for t in bt}
 
     def vocabulary(free: list) -> list:
@@ -421,16 +424,17 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
 
     def run_chain(assign: dict[int, Any]):
         for i in range(K):
-            lr_fixed[i] = {t: assign[t] for t in long_range[i] if t in assign}
+            fixed_specs[i] = {t: assign[t] for t in long_range[i] if t in assign}
         for t, spec in assign.items():
             if t in shared:  # a graph input: fixed wherever it is read, and its update's result
                 for r in shared[t]:
-                    lr_fixed[r][t] = spec
+                    fixed_specs[r][t] = spec
                 for o, p in pair_out.get(t, ()):
-                    lr_fixed[p][o] = spec
+                    fixed_specs[p][o] = spec
             elif t not in adjacent:
-                lr_fixed[seg_of[graph.tensors[t].producer]][t] = spec
-        free = [solve_segment(i, None, None) if lr_fixed[i] else free0[i] for i in range(K)]
+                fixed_specs[seg_of[graph.tensors[t].producer]][t] = spec
+        free = [solve_segment(i, None, None) if fixed_specs[i] else unfixed_solves[i]
+                for i in range(K)]
         # 2. boundary candidates where the free solves disagree (see the module docstring)
         vocab = vocabulary(free)
         cands: list[list[tuple]] = []
@@ -461,7 +465,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         def state_options(i: int) -> list[tuple | None]:
             return [None] if agree[i] else list(cands[i])
 
-        ckey = [class_key(i) for i in range(K)]  # fixed from here on (lr_fixed is)
+        ckey = [class_key(i) for i in range(K)]  # fixed from here on (fixed_specs is)
 
         def solved(i: int, a: tuple | None, b: tuple | None) -> bool:
             return (a is None and b is None) or (ckey[i], a, b) in cache
@@ -511,22 +515,23 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
                 else:
                     exact(i, a, None)
                     exact(i, None, b)
-        return dp_value, path, free, [dict(x) for x in lr_fixed], cands, agree
+        return dp_value, path, free, [dict(x) for x in fixed_specs], cands, agree
 
-    if lr_all:
-        prod0 = {t: free0[seg_of[graph.tensors[t].producer]][1].spec(t) for t in lr_all}
-        prod0 = {t: sp for t, sp in prod0.items() if sp is not None}
-        vocab0 = vocabulary(free0)
-        vocab0 += [sp for sp in prod0.values() if sp not in vocab0]
-        assigns = [prod0] + [{t: v if fits(v, graph.tensors[t].shape) else sp
-                              for t, sp in prod0.items()} for v in vocab0]
+    if long_range_tensors:  # their producers' specs in the unfixed solves
+        producer_specs = {t: unfixed_solves[seg_of[graph.tensors[t].producer]][1].spec(t)
+                          for t in long_range_tensors}
+        producer_specs = {t: sp for t, sp in producer_specs.items() if sp is not None}
+        unfixed_vocab = vocabulary(unfixed_solves)
+        unfixed_vocab += [sp for sp in producer_specs.values() if sp not in unfixed_vocab]
+        assigns = [producer_specs] + [{t: v if fits(v, graph.tensors[t].shape) else sp
+                                       for t, sp in producer_specs.items()} for v in unfixed_vocab]
         assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
     else:
         assigns = [{}]
     if shared:
         # a graph input read by several segments takes one spec in all of them: its first
         # reader's free choice, or replicated (pinned inputs keep their pin)
-        own = {t: free0[r[0]][1].spec(t) for t, r in shared.items()}
+        own = {t: unfixed_solves[r[0]][1].spec(t) for t, r in shared.items()}
         own = {t: sp for t, sp in own.items() if sp is not None}
         rep_all = {t: (None,) * len(graph.tensors[t].shape) for t in own if t not in pinned}
         assigns = [{**a, **own} for a in assigns] + [{**assigns[0], **own, **rep_all}]
@@ -538,9 +543,9 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     # 4. stitch the segments' strategies and cost them as chosen on the whole graph (with
     # several assignments of the long-range and shared tensors, the cheapest stitched plan wins)
     def stitch(run) -> tuple[Any, int]:
-        _, path, free, lr_run = run[:4]
+        _, path, free, run_fixed_specs = run[:4]
         for i in range(K):
-            lr_fixed[i] = lr_run[i]
+            fixed_specs[i] = run_fixed_specs[i]
         op_strat: dict[int, Any] = {}
         in_spec: dict[int, Any] = {}
         for i, (a, b) in enumerate(path):
@@ -557,9 +562,9 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         stitched = [stitch(r) for r in runs]
         k_best = min(range(len(runs)), key=lambda k: (stitched[k][0].objective, runs[k][0]))
         bd, mismatches = stitched[k_best]
-    dp_value, path, free, lr_best, cands, agree = runs[k_best]
+    dp_value, path, free, best_fixed_specs, cands, agree = runs[k_best]
     for i in range(K):
-        lr_fixed[i] = lr_best[i]
+        fixed_specs[i] = best_fixed_specs[i]
     seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
                  for i in range(K)]
     t_stitch = time.perf_counter() - t3
@@ -719,7 +724,7 @@ def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
         segs = tepdist_segments()
         if len(segs) >= 3 and max(len(s.ops) for s in segs) <= 0.5 * len(graph):
             return _coarsen(graph, segs, mining)
-    layers = cluster_layers(graph, max_layers=None if scoped else 64)
+    layers = group_layers(graph, max_layers=None if scoped else 64)
     out = [Segment(id=k, ops=ly.ops, main=ly.forward, critical=None, inputs=(), outputs=(),
                    params=(), flops=ly.flops) for k, ly in enumerate(layers) if ly.ops]
     out = [Segment(**{**s.__dict__, "id": k}) for k, s in enumerate(out)]

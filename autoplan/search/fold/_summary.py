@@ -67,9 +67,9 @@ def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
         ``class``, ``planned``), ``classes``, ``critical``, ``critical_ops``, ``fold_ratio``,
         ``mined_classes`` and ``instances`` (per mined class, its instance count).
     """
-    from autoplan.search.fold._clustering import _signature  # noqa: PLC0415
     from autoplan.search.fold._cones import critical_nodes  # noqa: PLC0415
     from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
+    from autoplan.search.fold._layers import _signature  # noqa: PLC0415
     from autoplan.search.fold._levels import _choose_segments  # noqa: PLC0415
     from autoplan.search.fold._mine import mine  # noqa: PLC0415
 

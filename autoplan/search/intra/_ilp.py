@@ -53,7 +53,7 @@ gradient, update a sharded optimizer state, all-gather the parameters) is a plan
 choose.
 
 Memory: with ``memory_budget`` the live bytes per device (inputs plus the forward activations that
-backward operators read) must fit: :math:`\sum_v s_v^\top m_v \le M`. This sum is separable, so
+backward operators read) must fit: :math:`\sum_v s_v^\top m_v \le M_{budget}`. This sum is separable, so
 the least memory any plan needs is :math:`\sum_v \min_i m_{v,i}`, computed exactly without an
 ILP; a budget below it raises :class:`~autoplan.InfeasiblePlanError` with that value.
 

@@ -45,7 +45,7 @@ from autoplan.search.intra._spec import replicated
 from autoplan.search.intra._strategies import combined_latency
 
 __all__ = ["IntraOpResult", "intra_op_search", "intra_op_result", "default_mesh_shape",
-           "make_mesh", "mesh_shapes_for", "plan_from_solution"]
+           "make_logical_mesh", "mesh_shapes_for", "plan_from_solution"]
 
 #: the operators a plan records (and the executor pins): those with strategies of their own
 _PLAN_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter",
@@ -101,9 +101,11 @@ def mesh_shapes_for(n: int, nodes: int, per_node: int, all_shapes: bool = False)
     return [s for s in dict.fromkeys(want) if s in out]
 
 
-def make_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
-              mesh_axis_names: Sequence[str] | None = None) -> LogicalMesh:
-    """The logical mesh over the whole cluster, with a validated shape.
+def make_logical_mesh(cluster: Cluster, mesh_shape: Sequence[int] | None = None,
+                      mesh_axis_names: Sequence[str] | None = None) -> LogicalMesh:
+    """The logical mesh (:class:`~autoplan.LogicalMesh`, a device mesh with a cost per axis, not a
+    :class:`jax.sharding.Mesh` as :func:`jax.make_mesh` returns) over the whole cluster, with a
+    validated shape.
 
     ``mesh_axis_names`` defaults to ``x, y, z, w`` (as many as the shape has axes).
 
@@ -364,7 +366,7 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         ((1, 8), 'optimal')
     """
     t0 = time.perf_counter()
-    mesh = make_mesh(cluster, mesh_shape, mesh_axis_names)
+    mesh = make_logical_mesh(cluster, mesh_shape, mesh_axis_names)
     if problem is None and not count_unmerged:
         problem = build_problem(graph, mesh, pins=pin, count_unmerged=False)
     sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit,

@@ -4,14 +4,15 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
 
 1. **Micro-batch graph.** The global batch is the leading dimension of the step's batch arguments
    (the graph inputs of kind ``batch``). The step is traced at micro-batch size (that dimension
-   divided by the number of micro-batches ``B``) and its operators are clustered into layers
-   (:func:`~autoplan.search.fold._clustering.cluster_layers`).
+   divided by the number of micro-batches ``B``) and its operators are grouped into layers
+   (:func:`~autoplan.search.fold._layers.group_layers`).
 2. **Layer plans.** For every layer, submesh shape ``(n, m)`` (Alpa's (1,1), (1,2) ... (1,M),
-   (2,M) ... (N,M)) and logical mesh of that submesh, the intra-operator ILP is solved on the
-   layer's subgraph, once per layer kind (folding: a 96-layer GPT solves three kinds). Each cell
-   has two variants: the fastest plan and a memory-lean one (:func:`_lean_plan`). These solves
-   are independent: one task per layer kind, submesh and logical mesh (:func:`layer_plans`) on
-   the search's worker processes (``workers=``), each kind's subgraph sent to a worker once.
+   (2,M) ... (N,M) on ``N`` hosts of ``M`` devices) and logical mesh of that submesh, the
+   intra-operator ILP is solved on the layer's subgraph, once per layer kind (folding: a
+   96-layer GPT solves three kinds). Each cell has two variants: the fastest plan and a
+   memory-lean one (:func:`_lean_plan`). These solves are independent: one task per layer
+   kind, submesh and logical mesh (:func:`layer_plans`) on the search's worker processes
+   (``workers=``), each kind's subgraph sent to a worker once.
 3. **Per-micro-batch and per-step work** (:class:`LayerCost`). The forward and the backward
    (their compute, their collectives, the resharding of activations) run once per micro-batch.
    The gradient synchronisation across a stage's data-parallel devices (the collectives the ILP
@@ -81,13 +82,13 @@ from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary,
 from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
-from autoplan.search.fold._clustering import LayerGroup, cluster_layers
+from autoplan.search.fold._layers import LayerGroup, group_layers
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
 from autoplan.search.intra._intra import (
     IntraOpResult,
     _comm_by_axis,
     intra_op_result,
-    make_mesh,
+    make_logical_mesh,
     mesh_shapes_for,
 )
 from autoplan.search.intra._reshard import reshard
@@ -686,7 +687,7 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
     out = LayerPlans(None) if fast is None else LayerPlans(fast.fast, fast.lean, fast.lean_solved)
     if out.lean_solved or (fast is not None and not lean):
         return out
-    mesh = make_mesh(view, shape)
+    mesh = make_logical_mesh(view, shape)
     try:
         prob = per_step_weighted(build_problem(sub, mesh, pins=pins, count_unmerged=False),
                                  1.0 / B)
@@ -744,7 +745,7 @@ class _Context:
                  schedule: str, budget: float, time_limit: float, megatron: bool,
                  pins: Mapping[str, Any] | None = None):
         self.cluster, self.full, self.submeshes = cluster, full, submeshes
-        self.N, self.M = cluster.nodes, cluster.devices_per_node
+        self.num_hosts, self.devices_per_host = cluster.nodes, cluster.devices_per_node
         self.schedule, self.budget, self.time_limit, self.megatron = (
             schedule, budget, time_limit, megatron)
         self.pins = dict(pins or {})
@@ -763,7 +764,7 @@ class _Context:
     def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
         key = (k, tuple(shape))
         if key not in self._meshes:
-            self._meshes[key] = make_mesh(self.views[k], shape)
+            self._meshes[key] = make_logical_mesh(self.views[k], shape)
         return self._meshes[key]
 
     def cells(self):
@@ -795,7 +796,13 @@ class _Context:
         ``nbytes`` from a neighbour: across hosts when the submesh spans whole hosts of a
         multi-host cluster (its neighbours then sit on other hosts), inside a host otherwise."""
         n, m = self.submeshes[k]
-        return self.transfer(nbytes, k, self.N > 1 and m == self.M, n * m)[0]
+        return self.transfer(nbytes, k, self.num_hosts > 1 and m == self.devices_per_host, n * m)[0]
+
+    def crosses_hosts(self, devices: Iterable[int], other: Iterable[int]) -> bool:
+        """Whether two stages' devices (cluster ids, ``host * devices_per_host + local``) sit
+        on different sets of hosts (their transfers then cross hosts)."""
+        per_host = self.devices_per_host
+        return {d // per_host for d in devices} != {d // per_host for d in other}
 
 
 @dataclass
@@ -1188,8 +1195,8 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
           if memory else {})
     for lo, hi in counts:
         try:
-            r = stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, max_stages=hi,
-                         min_stages=lo, step_cost=inputs["step"],
+            r = stage_dp(inputs["t"], ctx.submeshes, ctx.num_hosts, ctx.devices_per_host, B,
+                         max_stages=hi, min_stages=lo, step_cost=inputs["step"],
                          max_alternatives=DP_ALTERNATIVES, explain=False, **kw)
         except InfeasiblePlanError:
             continue
@@ -1198,7 +1205,8 @@ def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
             out.setdefault(lay, total)
     if not out and memory and explain:  # nothing fits: the least memory that would fit
         try:
-            stage_dp(inputs["t"], ctx.submeshes, ctx.N, ctx.M, B, step_cost=inputs["step"], **kw)
+            stage_dp(inputs["t"], ctx.submeshes, ctx.num_hosts, ctx.devices_per_host, B,
+                     step_cost=inputs["step"], **kw)
         except InfeasiblePlanError as err:
             least = err.least_memory
     return out, least
@@ -1258,7 +1266,8 @@ def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None =
             return None
         stages.append(tt)
     try:
-        placed = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.N, ctx.M)
+        placed = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.num_hosts,
+                                 ctx.devices_per_host)
     except SearchError:
         return None
     stage_of = [0] * table.L
@@ -1268,7 +1277,7 @@ def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None =
     fwd, bwd = table.boundary_bytes(stage_of, S)
     comm_f, comm_b = [], []
     for s in range(S - 1):
-        cross = {d // ctx.M for d in placed[s]} != {d // ctx.M for d in placed[s + 1]}
+        cross = ctx.crosses_hosts(placed[s], placed[s + 1])
         comm_f.append(ctx.transfer(float(fwd[s]) * ratio, layout[s + 1][1], cross,
                                    len(placed[s + 1]))[0])
         comm_b.append(ctx.transfer(float(bwd[s]) * ratio, layout[s][1], cross, len(placed[s]))[0])
@@ -1318,15 +1327,15 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
     ctx, L = table.ctx, table.L
     B = B or table.B
     t0 = time.perf_counter()
-    D = ctx.N * ctx.M
-    max_s = min(L, D)
+    num_devices = ctx.num_hosts * ctx.devices_per_host
+    max_s = min(L, num_devices)
     if ctx.megatron:
-        if L < ctx.N:
-            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.N} stages.")
-        k = ctx.submeshes.index((1, ctx.M))
-        c = ctx.configs[k].index(((1, ctx.M), False))
-        cuts = [round(i * L / ctx.N) for i in range(ctx.N + 1)]
-        lay = tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.N))
+        if L < ctx.num_hosts:
+            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.num_hosts} stages.")
+        k = ctx.submeshes.index((1, ctx.devices_per_host))
+        c = ctx.configs[k].index(((1, ctx.devices_per_host), False))
+        cuts = [round(i * L / ctx.num_hosts) for i in range(ctx.num_hosts + 1)]
+        lay = tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.num_hosts))
         return {lay: math.nan}, True, None, time.perf_counter() - t0
     counts: list[tuple[int, int | None]] = [(1, None), (1, 1)]
     if full:
@@ -1351,7 +1360,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
 
         if ctx.groupings is None:
             ctx.groupings = [[list(range(L))]]
-            for S in _stage_counts(L, D):
+            for S in _stage_counts(L, num_devices):
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
@@ -1451,7 +1460,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                             (bwd_bytes[si] if si < S - 1 else 0.0, si + 1)):
             if nbytes <= 0:
                 continue
-            cross = {d // ctx.M for d in ev.placed[src]} != {d // ctx.M for d in ev.placed[si]}
+            cross = ctx.crosses_hosts(ev.placed[src], ev.placed[si])
             t, sr, ag = ctx.transfer(float(nbytes), k, cross, n * m)
             _add(comm_bytes, "send-recv", B * sr)
             if ag:
@@ -1532,7 +1541,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         memory_budget: bytes per device (default the device's memory).
         time_limit: seconds per ILP (a layer ILP stops at :data:`LAYER_TIME_LIMIT` if less,
             with the best plan found).
-        num_layers: how many layers to cluster the operators into (default automatic).
+        num_layers: how many layers to group the operators into (default automatic).
         stage_algorithm: ``"dp"`` (Alpa's stage DP on contiguous layers), ``"ilp"`` (TePDist's
             stage ILP on the layer DAG, then the DP for submeshes) or ``"auto"`` (the ILP when
             the layer graph is not a chain, side tensors aside).
@@ -1541,8 +1550,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         megatron: build the Megatron TP x PP baseline instead of searching: one stage per node
             with equal layer counts, Megatron's tensor-parallel pins inside each node, the
             default number of micro-batches.
-        submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)``), ``"pow2"`` (2, 4, 8, ... hosts,
-            plus ``N``), or ``"auto"`` (``"all"`` up to :data:`AUTO_ALL_HOSTS` hosts).
+        submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices),
+            ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
+            :data:`AUTO_ALL_HOSTS` hosts).
         pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
             layer plan (a submesh and logical mesh on which a pinned spec does not divide has
             no plan).
@@ -1590,9 +1600,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                               f"match among {len(full.inputs)} inputs such as "
                               f"{full.inputs[0].name!r}. Fix: re.search must find it in a name.")
     batch = batch_size(full)
-    N, M = cluster.nodes, cluster.devices_per_node
+    num_hosts, devices_per_host = cluster.nodes, cluster.devices_per_node
     fixed = isinstance(microbatches, int | np.integer)
-    B0 = int(microbatches) if fixed else _default_microbatches(batch, N * M)
+    B0 = int(microbatches) if fixed else _default_microbatches(batch, num_hosts * devices_per_host)
     if batch % B0:
         raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
                           f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
@@ -1600,13 +1610,14 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     search_mb = not fixed and not megatron
     full, graph = _traces(workload, B0)
     t_trace = time.perf_counter() - t0
-    layers = cluster_layers(graph, num_layers)
+    layers = group_layers(graph, num_layers)
     dag = layer_dag(graph, layers)
     use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
-    hosts = submesh_hosts if submesh_hosts != "auto" else ("all" if N <= AUTO_ALL_HOSTS else "pow2")
+    hosts = (submesh_hosts if submesh_hosts != "auto"
+             else ("all" if num_hosts <= AUTO_ALL_HOSTS else "pow2"))
     budget = float(memory_budget or cluster.device_memory)
-    ctx = _Context(cluster, full, submesh_shapes(N, M, hosts), schedule, budget, time_limit,
-                   megatron, pin)
+    ctx = _Context(cluster, full, submesh_shapes(num_hosts, devices_per_host, hosts), schedule, budget,
+                   time_limit, megatron, pin)
     table = _Table(ctx, graph, layers, B0)
     n_workers = resolve_workers(workers, len(full))
 
@@ -1646,7 +1657,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     if search_mb and table.screenable and evals:
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-        window = MICROBATCH_WINDOW if N <= AUTO_ALL_HOSTS else 2
+        window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
         for B in microbatch_counts(batch, B0, window):
             if B == B0:
                 continue

@@ -273,9 +273,9 @@ def _as_cost_array(name: str, arr: object, shape: tuple[int, ...] | None) -> np.
 class _Prepared:
     """Config-reduced, position-dependent stage costs in band form.
 
-    ``teff[p, i, j, k]`` is the cheapest config's latency for layers ``i..j`` on submesh ``k``
-    when the stage sits ``p + 1``-th from the pipeline's end (``inf`` where no config fits the
-    memory). Positions ``>= n_pos`` cost the same as ``n_pos`` (in-flight micro-batches are capped
+    ``best_latency[p, i, j, k]`` is the cheapest config's latency for layers ``i..j`` on submesh
+    ``k`` when the stage sits ``p + 1``-th from the pipeline's end (``inf`` where no config fits
+    the memory). Positions ``>= n_pos`` cost the same as ``n_pos`` (in-flight micro-batches are capped
     by ``B``; and ``S <= s_cap``). ``P`` is the first position from which costs no longer change.
 
     With ``step`` (the per-step cost of every stage), the first stage (the one starting at layer
@@ -296,31 +296,31 @@ class _Prepared:
             pm = np.zeros_like(base) if param_mem is None else param_mem
             am = np.zeros_like(base) if act_mem is None else act_mem
             fits = np.stack([pm + (p + 1) * am <= device_memory for p in range(n_pos)])
-        teff = np.empty((n_pos, L, L, K))
+        best_latency = np.empty((n_pos, L, L, K))
         cfg = np.empty((n_pos, L, L, K), dtype=np.int64)
         for p in range(n_pos):
             t = np.where(fits[p], base, np.inf)
-            teff[p] = t.min(axis=3)
+            best_latency[p] = t.min(axis=3)
             cfg[p] = t.argmin(axis=3)
         self.first_t = self.first_v = None
         if step is not None:
             self.first_t = np.where(fits[:, 0], base[0][None], np.inf)  # (n_pos, L, K, C)
             self.first_v = self.first_t + step[0][None]
-        P = teff.shape[0]
-        while P > 1 and np.array_equal(teff[P - 2], teff[P - 1]) and (
+        P = best_latency.shape[0]
+        while P > 1 and np.array_equal(best_latency[P - 2], best_latency[P - 1]) and (
                 self.first_t is None or np.array_equal(self.first_t[P - 2], self.first_t[P - 1])):
             P -= 1
-        self.teff, self.cfg, self.P = teff, cfg, P
-        self.n_pos = teff.shape[0]
-        # band form: tb[p, k, w, q] = teff[p, k, k + w, q]
+        self.best_latency, self.cfg, self.P = best_latency, cfg, P
+        self.n_pos = best_latency.shape[0]
+        # band form: tb[p, k, w, q] = best_latency[p, k, k + w, q]
         kk = np.arange(L)[:, None]
         jj = kk + np.arange(L)[None, :]
         valid = jj < L
-        tb = teff[:P][:, kk, np.minimum(jj, L - 1), :]
+        tb = best_latency[:P][:, kk, np.minimum(jj, L - 1), :]
         tb[:, ~valid, :] = np.inf
         self.tb = tb
         self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
-        finite = teff[np.isfinite(teff)]
+        finite = best_latency[np.isfinite(best_latency)]
         if self.first_t is not None:
             self.min_by_width = np.minimum(self.min_by_width, self.first_t[:P].min(axis=(0, 2, 3)))
             finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
@@ -345,7 +345,7 @@ def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: 
                  D: int, W: int) -> tuple[float, tuple[int, int, int] | None]:
     """The first stage (layers ``0 .. w``) at position ``p`` with its config chosen by ``t + u``
     among those within ``t_max``, followed by ``nxt[w + 1, D - size]``: ``(value, (w, q, c))``."""
-    L = prep.teff.shape[1]
+    L = prep.best_latency.shape[1]
     ft = prep.first_t[p, :W]  # (W, K, C)
     fv = np.where(ft <= t_max, prep.first_v[p, :W], np.inf)
     cols = D - sizes  # (K,)
@@ -359,9 +359,14 @@ def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: 
     return float(vals[w, q, c]), (int(w), int(q), int(c))
 
 
-def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, lump: bool,
-        min_stages: int = 1):
-    """One run of Alpa's Eq. 3 for a fixed ``t_max``.
+def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
+        merged_tail: bool, min_stages: int = 1):
+    """One run of Alpa's Eq. 3 for a fixed ``t_max``, over ``D`` devices (the cluster's ``N M``:
+    the columns ``d = 0 .. D`` of the tables ``F(s, k, d)``).
+
+    ``F(s)`` is computed for ``s <= n_exact`` stages; with ``merged_tail`` the positions from
+    ``P`` on, whose costs no longer change, share one self-referential table ``H(k, d)`` (any
+    number of further stages), so plans of more than ``n_exact`` stages are found too.
 
     Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q, c)`` in pipeline order
     (``c`` None where the config is the position's cheapest, ``prep.cfg``), or ``(inf, None)``.
@@ -423,7 +428,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
                 np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])
 
     H = argH = flag = None
-    if lump:
+    if merged_tail:
         tail = F[n_exact]
         tlast = tb[P - 1].transpose(0, 2, 1)  # (L, K, W)
         H = np.full((L + 1, D + 1), INF)
@@ -460,13 +465,13 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
             v, ch = _first_stage(prep, min(s, P) - 1, t_max, F[s - 1], sizes, D, W)
         if v < best:
             best, where, first = v, ("exact", s), ch
-    if lump:
+    if merged_tail:
         if prep.first_t is None:
             v, ch = H[0, D], None
         else:
             v, ch = _first_stage(prep, P - 1, t_max, np.minimum(F[n_exact], H), sizes, D, W)
         if v < best:
-            best, where, first = v, ("lump", 0), ch
+            best, where, first = v, ("merged", 0), ch
     if where is None:
         return INF, None
 
@@ -477,13 +482,13 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
         w, q, c = first
         stages.append((0, w + 1, q, c))
         k, d = w + 1, D - int(sizes[q])
-        if mode == "lump":
+        if mode == "merged":
             if not flag[k, d]:
                 mode, s = "exact", n_exact
         else:
             s -= 1
     while True:
-        if mode == "lump":
+        if mode == "merged":
             a = int(argH[k, d])
         else:
             if s == 0:
@@ -492,7 +497,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int, 
         q, w = divmod(a, W)
         stages.append((k, k + w + 1, q, None))
         k, d = k + w + 1, d - int(sizes[q])
-        if mode == "lump":
+        if mode == "merged":
             if not flag[k, d]:
                 mode, s = "exact", n_exact
         else:
@@ -605,8 +610,8 @@ def stage_dp(
         Eq. 4 (``T*``), Eq. 5 (1F1B memory), Algorithm 1.
     """
     _check_cluster(num_hosts, devices_per_host)
-    N, M = int(num_hosts), int(devices_per_host)
-    D = N * M
+    num_hosts, devices_per_host = int(num_hosts), int(devices_per_host)
+    num_devices = num_hosts * devices_per_host
     t = _as_cost_array("t_intra", t_intra, None)
     L, _, K, _C = t.shape
     if len(submeshes) != K:
@@ -614,7 +619,8 @@ def stage_dp(
             f"submeshes should list one shape per t_intra submesh index ({K}). Got {len(submeshes)} "
             "shapes. Fix: pass the same submesh list t_intra was computed for."
         )
-    shapes = [_check_shape(s, N, M, f"submeshes[{i}]") for i, s in enumerate(submeshes)]
+    shapes = [_check_shape(s, num_hosts, devices_per_host, f"submeshes[{i}]")
+              for i, s in enumerate(submeshes)]
     sizes = np.array([n * m for n, m in shapes], dtype=np.int64)
     upper = np.triu(np.ones((L, L), dtype=bool))
     if (t[upper] < 0).any():
@@ -651,28 +657,28 @@ def stage_dp(
     if isinstance(min_stages, bool) or not isinstance(min_stages, (int, np.integer)) or min_stages < 1:
         raise SearchError(f"min_stages should be an integer >= 1. Got {min_stages!r}. "
                           "Fix: pass e.g. min_stages=2 or leave it out.")
-    natural_cap = min(L, D)
+    natural_cap = min(L, num_devices)
     s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
-    lump_allowed = s_cap == natural_cap  # no binding stage-count limit
+    merge_allowed = s_cap == natural_cap  # no binding stage-count limit
     min_s = int(min_stages)
 
     def build(dm):
         return _Prepared(t, pm, am, dm, B, s_cap, step)
 
     def layout(prep: _Prepared) -> tuple[int, bool]:
-        if lump_allowed:  # a lumped plan has more than n_exact stages
+        if merge_allowed:  # a plan through the merged tail has more than n_exact stages
             return max(prep.P - 1, min_s - 1), True
         return s_cap, False
 
     prep = build(None if device_memory is None else float(device_memory))
-    n_exact, lump = layout(prep)
+    n_exact, merged_tail = layout(prep)
 
     evaluated = 0
 
     def run(t_val: float):
         nonlocal evaluated
         evaluated += 1
-        return _dp(prep, t_val, sizes, D, n_exact, lump, min_s)
+        return _dp(prep, t_val, sizes, num_devices, n_exact, merged_tail, min_s)
 
     def plan_stats(stages):
         S = len(stages)
@@ -697,10 +703,12 @@ def stage_dp(
     F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
     if st is None:
         if not explain:
-            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {N} x {M} devices fits "
+            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {num_hosts} x "
+                                      f"{devices_per_host} devices fits "
                                       f"device_memory={device_memory!r} bytes.")
-        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L,
-                          lump_allowed, max_stages, step, min_s)
+        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
+                          devices_per_host, L,
+                          merge_allowed, max_stages, step, min_s)
 
     best_plan, best_sum, best_max = plan_stats(st)
     best = remember(best_plan, best_sum, best_max)
@@ -743,26 +751,27 @@ def stage_dp(
                          alternatives=tuple((total, assignments(plan)) for total, plan in ranked))
 
 
-def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, D, N, M, L, lump_allowed,
-                      max_stages, step=None, min_s=1):
+def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
+                      devices_per_host, L, merge_allowed, max_stages, step=None, min_s=1):
     limit = "" if max_stages is None else f" with at most {max_stages} stages"
     if min_s > 1:
         limit += f" and at least {min_s}"
 
     def feasible(dm) -> bool:
         prep = _Prepared(t, pm, am, dm, B, s_cap, step)
-        n_exact, lump = (max(prep.P - 1, min_s - 1), True) if lump_allowed else (s_cap, False)
+        n_exact, merged_tail = ((max(prep.P - 1, min_s - 1), True) if merge_allowed
+                                else (s_cap, False))
         if prep.candidates.size == 0:
             return False
-        return _dp(prep, float(prep.candidates[-1]), sizes, D, n_exact, lump,
+        return _dp(prep, float(prep.candidates[-1]), sizes, num_devices, n_exact, merged_tail,
                    min_s)[1] is not None
 
     if device_memory is None or not feasible(None):
         raise InfeasiblePlanError(
             f"no split of the {L} layers into stages{limit} on submeshes {shapes} covering all "
-            f"{N} x {M} = {D} devices has finite t_intra. Got t_intra with "
-            f"{int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for more "
-            "(layers, submesh) pairs, allow more stages, or use a smaller cluster."
+            f"{num_hosts} x {devices_per_host} = {num_devices} devices has finite t_intra. Got "
+            f"t_intra with {int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for "
+            "more (layers, submesh) pairs, allow more stages, or use a smaller cluster."
         )
     # memory is the reason: smallest device_memory with which a plan exists
     n_pos = min(B, s_cap)

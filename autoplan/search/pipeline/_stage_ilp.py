@@ -3,7 +3,7 @@
 Every node ``v`` gets an integer stage ``x_v in [0, S - 1]``; an edge ``u -> v`` needs
 ``x_v >= x_u``; stages must be balanced, ``FLOPs(stage k) <= (1 + ratio) * total / S``; and the
 bytes on edges that cross a stage boundary are minimised. Unlike a split of a topological order
-(Alpa's layer clustering, GPipe), parallel branches may go to different stages at will.
+(Alpa's operator clustering, GPipe), parallel branches may go to different stages at will.
 
 Formulation (solved with :func:`autoplan.search.intra._solver.solve`):
 

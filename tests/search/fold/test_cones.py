@@ -142,13 +142,13 @@ def test_dag_critical_nodes_any_topological_order():
 
 # ---- cones -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("level", ["O2", "O3"])
-def test_cones_partition_and_roots(level):
+@pytest.mark.parametrize("opt_level", ["O2", "O3"])
+def test_cones_partition_and_roots(opt_level):
     g = zoo_graph("gpt", layers=2)
-    cs = cones(g, level)
+    cs = cones(g, opt_level)
     seen = sorted(o for c in cs for o in c.ops)
     assert seen == list(range(len(g)))  # every operator in exactly one cone
-    roots = set(cone_roots(g, level))
+    roots = set(cone_roots(g, opt_level))
     assert {c.root for c in cs} == roots
     results = {o.tensor for o in g.outputs}
     cone_of = {o: c.id for c in cs for o in c.ops}
@@ -156,7 +156,7 @@ def test_cones_partition_and_roots(level):
         users = {c for t in op.outputs for c in g.consumers[t]}
         n_users = len(users) + (1 if users and any(t in results for t in op.outputs) else 0)
         operands = {t for t in op.inputs if t is not None}
-        is_root = n_users != 1 or (level == "O2" and len(operands) > 1)
+        is_root = n_users != 1 or (opt_level == "O2" and len(operands) > 1)
         assert (op.id in roots) == is_root
         if not is_root:  # a non-root's only user is in its cone
             assert cone_of[next(iter(users))] == cone_of[op.id]
@@ -171,6 +171,21 @@ def test_cones_small_example():
     assert [c.ops for c in cones(g, "O2")] == [(0, 1), (2, 3)]  # the dot has two operands
     with pytest.raises(ValueError):
         cones(g, "O1")
+    assert {c.opt_level for c in cones(g, opt_level="O3")} == {"O3"}
+
+
+def test_cones_level_keyword_is_a_deprecated_name_of_opt_level():
+    """``level=`` (TePDist's O2/O3, now ``opt_level=``) still works for one release."""
+    g = autoplan.trace(lambda w, x: jnp.tanh(jnp.exp(x) @ w).sum(), sds(4, 8), sds(2, 4))
+    with pytest.warns(DeprecationWarning, match=r"use cones\(opt_level=\.\.\.\)"):
+        old = cones(g, level="O3")
+    assert old == cones(g, opt_level="O3")
+    with pytest.warns(DeprecationWarning, match="use Cone.opt_level"):
+        assert old[0].level == "O3"
+    with pytest.warns(DeprecationWarning), pytest.raises(autoplan.AutoplanError, match="disagree"):
+        cones(g, opt_level="O3", level="O2")
+    with pytest.raises(autoplan.AutoplanError, match="opt_level='O2'"):
+        cones(g, opt_level="O9")
 
 
 # ---- segments ----------------------------------------------------------------------------

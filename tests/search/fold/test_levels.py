@@ -50,7 +50,7 @@ def test_costing_as_chosen_reproduces_the_ilp_objective(graphs, case):
     """Stitched plans are costed operator by operator; on an exhaustive plan that costing gives
     exactly the merged ILP's objective and memory, so the levels are compared on one measure."""
     from autoplan.search.intra._ilp import cost_strategies
-    from autoplan.search.intra._intra import make_mesh
+    from autoplan.search.intra._intra import make_logical_mesh
 
     g = graphs[case]
     cluster = autoplan.Cluster.parse(MESHES[(2, 4)])
@@ -58,14 +58,14 @@ def test_costing_as_chosen_reproduces_the_ilp_objective(graphs, case):
         warnings.simplefilter("ignore")
         ex = level_search(g, cluster, (2, 4), level="exhaustive").solution
     inputs = {gi.tensor: ex.specs[gi.tensor] for gi in g.inputs}
-    bd, missing = cost_strategies(g, make_mesh(cluster, (2, 4)), ex.strategies, inputs)
+    bd, missing = cost_strategies(g, make_logical_mesh(cluster, (2, 4)), ex.strategies, inputs)
     assert missing == 0
     assert bd.objective == pytest.approx(ex.objective, rel=1e-9)
     assert bd.memory == pytest.approx(ex.memory_per_device, rel=1e-9)
     # a strategy changed by hand is charged: the heaviest operator with other output specs
     from autoplan.search.intra._strategies import strategies as op_strategies
 
-    mesh = make_mesh(cluster, (2, 4))
+    mesh = make_logical_mesh(cluster, (2, 4))
     heavy = max(ex.strategies, key=lambda i: g.ops[i].flops)
     other = next(s for s in op_strategies(g.ops[heavy], g, mesh, set())
                  if s.out_specs != ex.strategies[heavy].out_specs)

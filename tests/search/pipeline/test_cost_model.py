@@ -49,7 +49,7 @@ def gpt_tiny():
 def table_for(wl, cluster, B, pins=None, schedule="1f1b"):
     """The pipeline search's layer costs of ``wl`` at ``B`` micro-batches (its internals)."""
     full, graph = pp._traces(wl, B)
-    layers = pp.cluster_layers(graph)
+    layers = pp.group_layers(graph)
     ctx = pp._Context(cluster, full, pp.submesh_shapes(cluster.nodes, cluster.devices_per_node),
                       schedule, cluster.device_memory, 60.0, False, pins)
     return pp._Table(ctx, graph, layers, B)
@@ -292,7 +292,7 @@ def test_a_scalar_passed_along_keeps_the_stage_dp():
     not make the layer graph a DAG: the stage DP runs and the best plan fits."""
     wl = models.get("moe", "tiny", layers=4)
     g = autoplan.trace(wl)
-    dag = pp.layer_dag(g, pp.cluster_layers(g))
+    dag = pp.layer_dag(g, pp.group_layers(g))
     side = [(a, b) for a, b, d in dag.edges(data=True) if d["side"]]
     assert side and all(dag.edges[e]["bytes"] <= 16 for e in side)
     assert pp._is_chain(dag)

@@ -7,7 +7,7 @@ import pytest
 import autoplan
 from autoplan import models
 from autoplan._plan import Plan
-from autoplan.search import cluster_layers, pipeline_search
+from autoplan.search import group_layers, pipeline_search
 from autoplan.search.pipeline._pipeline import _is_chain, layer_dag
 
 
@@ -22,17 +22,17 @@ def gpt_pipeline():
 
 def test_clustering_balances_and_covers_every_op():
     g = autoplan.trace(models.get("gpt", size="tiny", layers=4))
-    layers = cluster_layers(g, 3)
+    layers = group_layers(g, 3)
     assert sorted(o for ly in layers for o in ly.ops) == list(range(len(g)))
     assert [ly.names for ly in layers][0][0] == "embed"
-    sigs = [ly.signature for ly in cluster_layers(g)]
+    sigs = [ly.signature for ly in group_layers(g)]
     assert sigs[1] == sigs[2] == sigs[3]  # repeated layers share a structural signature
     with pytest.raises(autoplan.SearchError, match="num_layers"):
-        cluster_layers(g, 99)
-    assert len(cluster_layers(g, max_layers=2)) == 2
-    assert len(cluster_layers(g, max_layers=None)) == len(cluster_layers(g))  # 6 units < 64
+        group_layers(g, 99)
+    assert len(group_layers(g, max_layers=2)) == 2
+    assert len(group_layers(g, max_layers=None)) == len(group_layers(g))  # 6 units < 64
     with pytest.raises(autoplan.SearchError, match="max_layers .* Got 0"):
-        cluster_layers(g, max_layers=0)
+        group_layers(g, max_layers=0)
 
 
 def test_pipeline_plans_use_every_device_once(gpt_pipeline):
@@ -65,7 +65,7 @@ def test_pipeline_plan_json_round_trip(gpt_pipeline, tmp_path):
 def test_dag_models_use_the_stage_ilp():
     wl = models.get("unet", size="tiny")
     g = autoplan.trace(wl)
-    dag = layer_dag(g, cluster_layers(g))
+    dag = layer_dag(g, group_layers(g))
     assert not _is_chain(dag)  # skip connections
     cluster = autoplan.Cluster.parse("cpu:8")
     with warnings.catch_warnings():

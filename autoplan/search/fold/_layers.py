@@ -1,6 +1,7 @@
-"""Operator clustering into layers (Alpa's inter-operator pass, step 1).
+"""Layers: a training graph's operators grouped into pipeline layers (Alpa's operator
+clustering, the inter-operator pass's step 1).
 
-The pipeline search cuts a model between *layers*; :func:`cluster_layers` builds them, and they
+The pipeline search cuts a model between *layers*; :func:`group_layers` builds them, and they
 are the one notion of layers the search uses (the pipeline's stage boundaries and, for models
 with named layers, the folded search's segments):
 
@@ -52,13 +53,13 @@ import numpy as np
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan.search.fold._arrays import operand_arrays
 from autoplan.search.fold._graphnodes import op_labels
+from autoplan.search.fold._operands import operand_arrays
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
 _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
 
-__all__ = ["LayerGroup", "cluster_layers", "HEAVY"]
+__all__ = ["LayerGroup", "group_layers", "HEAVY"]
 
 HEAVY = frozenset({"dot_general", "conv_general_dilated"})
 
@@ -189,7 +190,7 @@ def _crossing_bytes(graph: OpGraph, unit_of: dict[int, int], n: int) -> np.ndarr
     return np.cumsum(diff)[:n]
 
 
-def _group(flops: Sequence[float], cross: np.ndarray, num_layers: int, eps: float) -> list[int]:
+def _layer_cuts(flops: Sequence[float], cross: np.ndarray, num_layers: int, eps: float) -> list[int]:
     """Cut points (end index, exclusive) of ``num_layers`` contiguous groups of units: Alpa's
     least largest crossing ``B*`` under the FLOPs cap ``(1+eps).total/L`` (relaxed to the
     largest unit when one unit alone exceeds it), then, among the groupings whose every cut
@@ -233,9 +234,9 @@ def _group(flops: Sequence[float], cross: np.ndarray, num_layers: int, eps: floa
     return cuts[::-1]
 
 
-def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5, *,
-                   max_layers: int | None = 64) -> list[LayerGroup]:
-    """Cluster a training graph's operators into pipeline layers.
+def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5, *,
+                 max_layers: int | None = 64) -> list[LayerGroup]:
+    """Group a training graph's operators into pipeline layers (Alpa's operator clustering).
 
     Args:
         graph: the traced training step.
@@ -253,20 +254,20 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
     """
     units = _units(graph)
     if not units:
-        raise SearchError("cluster_layers: the graph has no forward operators to cluster.")
+        raise SearchError("group_layers: the graph has no forward operators to group.")
     n = len(units)
     if max_layers is not None and (not isinstance(max_layers, int) or max_layers <= 0):
-        raise SearchError(f"cluster_layers: max_layers should be a positive integer or None (one "
+        raise SearchError(f"group_layers: max_layers should be a positive integer or None (one "
                           f"layer per unit). Got {max_layers!r}.")
     if num_layers is None:
         num_layers = n if max_layers is None else min(n, max_layers)
     if not isinstance(num_layers, int) or num_layers <= 0 or num_layers > n:
-        raise SearchError(f"cluster_layers: num_layers should be an integer in [1, {n}] (the "
+        raise SearchError(f"group_layers: num_layers should be an integer in [1, {n}] (the "
                           f"number of units in this graph). Got {num_layers!r}.")
     if num_layers < n:  # group units into layers (one layer per unit needs no grouping)
         unit_of = {op: u for u, (_, ops) in enumerate(units) for op in ops}
         uflops = [sum(graph.ops[o].flops for o in ops) for _, ops in units]
-        cuts = _group(uflops, _crossing_bytes(graph, unit_of, n), num_layers, eps)
+        cuts = _layer_cuts(uflops, _crossing_bytes(graph, unit_of, n), num_layers, eps)
     else:
         cuts = list(range(1, n + 1))
     layer_of_unit = [0] * n
@@ -353,7 +354,7 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0
 def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     """Structural identity of a layer: its operators' primitives, shapes and the wiring among
     them, independent of ids and scope names (memoised per graph and operator set: the levels
-    ask again for the layers clustering just signed)."""
+    ask again for the layers :func:`group_layers` just signed)."""
     key = tuple(sorted(ops))
     return memo(graph, ("layer_signature", key), lambda: _make_signature(graph, key))
 

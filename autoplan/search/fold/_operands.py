@@ -1,4 +1,4 @@
-"""Per-graph numpy arrays of the operator wiring, for analyses that vectorise.
+"""Operand arrays: per-graph numpy arrays of the operator wiring, for analyses that vectorise.
 
 A traced training step has tens of thousands of operators; passes written as Python loops over
 them dominate the folded search of a deep model. :func:`operand_arrays` flattens the operands once

@@ -1,4 +1,4 @@
-"""Operator clustering into pipeline layers: Alpa's DP, balanced, against brute force."""
+"""Grouping operators into pipeline layers (Alpa's operator clustering): Alpa's DP, balanced, against brute force."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import itertools
 import warnings
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autoplan
 from autoplan import models
-from autoplan.search import cluster_layers
-from autoplan.search.fold._clustering import _group
+from autoplan.search import group_layers
+from autoplan.search.fold._layers import _layer_cuts
 
 
 def _brute(flops, cross, L, eps):
@@ -45,7 +46,7 @@ def test_grouping_is_the_brute_force_optimum(flops, data):
     cross = np.asarray(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), float)
     flops = [float(f) for f in flops]
     want = _brute(flops, cross, L, 0.5)
-    cuts = _group(flops, cross, L, 0.5)
+    cuts = _layer_cuts(flops, cross, L, 0.5)
     assert len(cuts) == L and cuts[-1] == n and cuts == sorted(set(cuts))
     if want is None:
         return
@@ -63,10 +64,22 @@ def test_gpt_2_6b_in_8_layers_is_balanced():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g = autoplan.trace(models.get("gpt", size="2.6B"))
-    layers = cluster_layers(g, 8)
+    layers = group_layers(g, 8)
     mean = sum(ly.flops for ly in layers) / len(layers)
     assert len(layers) == 8
     assert max(ly.flops for ly in layers) <= 1.3 * mean
     assert min(ly.flops for ly in layers) >= mean / 1.3
     names = [n for ly in layers for n in ly.names]
     assert names == ["embed"] + [f"layers_{i}" for i in range(32)] + ["head"]
+
+
+def test_cluster_layers_is_a_deprecated_name_of_group_layers():
+    """The old name still works for one release and names the new one."""
+    import autoplan.search as search  # noqa: PLC0415
+
+    with pytest.warns(DeprecationWarning, match="use autoplan.search.group_layers"):
+        old = search.cluster_layers
+    assert old is group_layers
+    assert "cluster_layers" not in search.__all__
+    with pytest.raises(AttributeError, match="no_such_name"):
+        search.no_such_name  # noqa: B018
