@@ -28,7 +28,7 @@ from dataclasses import fields
 from functools import cache
 from typing import Any, TypeVar
 
-__all__ = ["FrozenDict", "freeze", "freeze_fields"]
+__all__ = ["FrozenDict", "freeze", "freeze_fields", "immutable_type"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -86,8 +86,11 @@ def freeze(value: Any) -> Any:
     tuples become tuples (a named tuple keeps its type), sets become frozensets, each of their
     items frozen too; anything else is returned as it is.
 
-    A value that is frozen already is returned itself, not a copy.
+    A value that is frozen already is returned itself, not a copy; one of an
+    :func:`immutable_type` (a name, a number, a plan record, a spec) without a walk.
     """
+    if type(value) in _IMMUTABLE:
+        return value
     if isinstance(value, Mapping):
         items = {k: freeze(v) for k, v in value.items()}
         if isinstance(value, FrozenDict) and all(items[k] is v for k, v in value.items()):
@@ -106,8 +109,20 @@ def freeze(value: Any) -> Any:
 
 
 
-#: immutable values that hold nothing else
-_ATOMS = frozenset({str, int, float, bool, complex, bytes, type(None)})
+#: the types whose values are immutable all the way down: values that hold nothing else, and
+#: those of :func:`immutable_type` (frozen and kept as they are, without a walk)
+_IMMUTABLE: set[type] = {str, int, float, bool, complex, bytes, type(None)}
+
+C = TypeVar("C", bound=type)
+
+
+def immutable_type(cls: C) -> C:
+    """Class decorator: every value of ``cls`` is immutable all the way down (a frozen dataclass
+    whose ``__post_init__`` freezes its fields, a canonical tuple of names), so :func:`freeze`
+    and :func:`freeze_fields` keep it as it is without walking it: a plan holds tens of
+    thousands of such records and specs."""
+    _IMMUTABLE.add(cls)
+    return cls
 
 
 @cache
@@ -125,8 +140,9 @@ def freeze_fields(record: Any) -> None:
     for name in _compared_fields(type(record)):
         v = getattr(record, name)
         t = type(v)
-        if t in _ATOMS or (t is tuple and all(type(x) in _ATOMS for x in v)):
-            continue  # the usual case (names, numbers, shapes), checked cheaply: records are many
+        if t in _IMMUTABLE or (t is tuple and all(type(x) in _IMMUTABLE for x in v)):
+            continue  # the usual case (names, numbers, shapes, specs, tuples of records), checked
+            # cheaply: records are many
         if isinstance(v, Mapping | list | tuple | set):
             frozen = freeze(v)
             if frozen is not v:

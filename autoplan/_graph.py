@@ -216,8 +216,9 @@ class OpGraph:
                     g.add_edge(p, op.id, tensors=[t], bytes=self.tensors[t].nbytes)
         return g
 
-    @property
+    @cached_property
     def flops(self) -> float:
+        """The FLOPs of one step (every plan of a search reads it)."""
         return float(sum(op.flops for op in self.ops))
 
     def flops_by_role(self) -> dict[str, float]:

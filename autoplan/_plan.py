@@ -27,7 +27,7 @@ from typing import Any
 
 from ._cluster import Cluster
 from ._errors import ArgumentError, ArgumentTypeError
-from ._frozen import FrozenDict, freeze_fields
+from ._frozen import FrozenDict, freeze_fields, immutable_type
 from ._plan_jax import check_matches, input_trees, logical_axis_rules, named_shardings, stage_mesh
 from ._plan_jax import parse_keystr as _parse_keystr  # noqa: F401  (read by the sharding view)
 from ._plan_text import describe, plan_html, summary
@@ -68,6 +68,7 @@ def spec_str(spec: Sequence[Any]) -> str:
     return str(Spec.of(spec))
 
 
+@immutable_type
 @dataclass(frozen=True)
 class TensorSharding:
     """One tensor of an operator, for the sharding view.
@@ -96,6 +97,7 @@ class TensorSharding:
         return self.spec.tiles(mesh_shape, axis_names)
 
 
+@immutable_type
 @dataclass(frozen=True)
 class Comm:
     """A predicted communication: ``kind`` (a collective), ``bytes``, mesh ``axes``, ``time``
@@ -113,6 +115,7 @@ class Comm:
             object.__setattr__(self, "axes", tuple(self.axes))
 
 
+@immutable_type
 @dataclass(frozen=True)
 class OpSharding:
     """The chosen strategy of one (heavy) operator.
@@ -143,6 +146,7 @@ class OpSharding:
         freeze_fields(self)
 
 
+@immutable_type
 @dataclass(frozen=True)
 class InputSpec:
     """The sharding of one graph input (a parameter, optimizer-state or batch leaf).
@@ -174,6 +178,7 @@ class InputSpec:
         return f"{self.arg_name}{self.path}"
 
 
+@immutable_type
 @dataclass(frozen=True)
 class Stage:
     """One pipeline stage (the whole model for an intra-op plan).
@@ -218,6 +223,7 @@ class Stage:
         return self.submesh_shape
 
 
+@immutable_type
 @dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule.
@@ -240,6 +246,7 @@ class Schedule:
         freeze_fields(self)
 
 
+@immutable_type
 @dataclass(frozen=True)
 class Predicted:
     """The cost model's predictions for one training step.
@@ -271,6 +278,7 @@ class Predicted:
         freeze_fields(self)
 
 
+@immutable_type
 @dataclass(frozen=True)
 class Plan:
     """A parallelisation plan for one training step on one cluster.

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._errors import ArgumentError, ArgumentTypeError
+from ._frozen import immutable_type
 
 __all__ = ["Spec", "tile_count", "split_error"]
 
@@ -44,6 +45,7 @@ def _entry(e: Any) -> Entry:
     return axes or None
 
 
+@immutable_type
 class Spec(tuple):
     """Which mesh axes split each dimension of a tensor (Alpa's ``S``/``R`` notation).
 

@@ -178,3 +178,20 @@ def test_records_freeze_what_their_constructors_are_given():
     assert isinstance(st.comm_bytes, FrozenDict) and st.comm_bytes == {"all-reduce": 8.0}
     assert hash(st) == hash(Stage(0, ("a",), (0, 1), (1, 2), (0, 1), (2,), ("x",),
                                   comm_bytes=FrozenDict({"all-reduce": 8.0})))
+
+
+def test_frozen_records_and_specs_are_kept_as_they_are():
+    # a record that froze its own fields, a spec, and a tuple of them are immutable already:
+    # freezing keeps the very objects (no copy), while a list holding them still becomes a tuple
+    from autoplan._frozen import freeze
+    from autoplan._plan import OpSharding, TensorSharding
+    from autoplan._spec import Spec
+
+    spec = Spec("x", None)
+    t = TensorSharding("w", "weight", (4, 8), "float32", spec)
+    assert freeze(spec) is spec and t.spec is spec
+    ts = (t, t)
+    op = OpSharding(0, "dot_general", "", "", "forward", "RR", ts)
+    assert op.tensors is ts and freeze(op) is op
+    assert freeze([t, spec]) == (t, spec) and isinstance(freeze([t, spec]), tuple)
+    assert freeze({"s": [spec]})["s"][0] is spec

@@ -910,30 +910,43 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
 
 
 def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
-                    specs: Mapping[int, Spec]) -> list[tuple[int, Comm]]:
+                    specs: Mapping[int, Spec], ends: set[int] | None = None
+                    ) -> list[tuple[int, Comm]]:
     """The resharding collectives a plan's costing charges more than once for what XLA does
     once: when several operators read one tensor in the same other spec (an activation gathered
     for a forward matmul and for its weight gradient, a weight gathered in forward and in
     backward), XLA computes the conversion once and shares it (common-subexpression
     elimination), while the ILP charges it on every edge (Alpa's formulation). Returned as
     ``(consumer operator, Comm)`` for every repeat after the first, in operator order.
+
+    ``ends``, when given, receives in the same pass both ends of every resharding to a spec the
+    consumer's strategy names: the consumer, and the operator that made the tensor when it has a
+    strategy (the operators a plan pins, see
+    :func:`~autoplan.search.intra._intra.plan_from_solution`).
     """
     tensors, ops = graph.tensors, graph.ops
     seen: set[tuple[int, Spec, Spec]] = set()
     out: list[tuple[int, Comm]] = []
+    spec_of = specs.get
     for i in sorted(op_strategy):
         st = op_strategy[i]
         for t, dst in zip(ops[i].inputs, st.in_specs):
-            src = specs.get(t) if t is not None else None
-            if src is None or src is dst or not tensors[t].shape:
+            src = spec_of(t) if t is not None else None
+            if src is None or src is dst:
+                continue
+            ten = tensors[t]
+            if not ten.shape:
                 continue
             if dst is None:
-                dst = replicated(len(tensors[t].shape))
+                dst = replicated(len(ten.shape))
+            elif ends is not None and dst != src:
+                ends.add(i)
+                if ten.producer in op_strategy:
+                    ends.add(ten.producer)
             if dst == src:
                 continue
             key = (t, src, dst)
             if key in seen:
-                ten = tensors[t]
                 out.extend((i, c) for c in reshard(src, dst, ten.shape, ten.dtype, mesh)[1])
             else:
                 seen.add(key)

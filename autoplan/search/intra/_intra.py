@@ -216,16 +216,9 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
         if op.primitive in _PLAN_PRIMITIVES:
             planned.append(i)
     planned_set = set(planned)
-    for i, st in sol.strategies.items():  # both ends of every resharding
-        op = graph_ops[i]
-        for t, dst in zip(op.inputs, st.in_specs):
-            src = specs.get(t) if t is not None else None
-            if src is None or dst is None or src == dst or not graph_tensors[t].shape:
-                continue
-            planned_set.add(i)
-            p = graph_tensors[t].producer
-            if p in sol.strategies:
-                planned_set.add(p)
+    # both ends of every resharding, and the repeats of a resharding several operators need
+    # (XLA does it once: they come off below), in one pass
+    repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set)
     for o, inp in _updated_pairs(graph):
         p = graph_tensors[o].producer
         if p in sol.strategies and o in specs and inp in specs and specs[o] != specs[inp]:
@@ -272,7 +265,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
             bwd += c.time
     # a resharding several operators need is done once (XLA shares it): its repeats come off
     shared = 0.0
-    for i, c in shared_reshards(graph, mesh, sol.strategies, specs):
+    for i, c in repeats:
         comm_bytes[c.kind] -= c.bytes
         comm_time_by_kind[c.kind] -= c.time
         _comm_by_axis(replace(c, bytes=-c.bytes), mesh, comm_by_axis, sizes)

@@ -122,7 +122,14 @@ def data_parallel_pins(graph: OpGraph) -> dict[int, Any]:
 
 def megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
     """Megatron pins by input tensor id (tensor parallelism of ``tp`` devices on axis ``y``, the
-    batch split over ``x``), or None when the model has no Megatron layers."""
+    batch split over ``x``), or None when the model has no Megatron layers; matched once per
+    graph and ``tp`` (a search asks whether the baseline applies, then solves it), a new dict
+    each call."""
+    pins = memo(graph, ("megatron pins", tp), lambda: _megatron_pins(graph, tp))
+    return None if pins is None else dict(pins)
+
+
+def _megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
     pins: dict[int, Any] = {}
     matched = 0
     for gi in graph.inputs:

@@ -205,6 +205,36 @@ def test_memory_budget_forces_sharded_weight_update(adam):
     assert sol.objective >= free.objective
 
 
+def test_shared_reshards_gives_both_ends_of_every_resharding(adam):
+    """The ends ``shared_reshards`` collects in its pass are, for every operand its consumer's
+    strategy reads in another spec than the tensor's, the consumer and the tensor's producer
+    (when costed); the repeats it returns are those of (tensor, from, to) seen before."""
+    from autoplan.search.intra._ilp import shared_reshards
+
+    mesh = CL.logical_mesh((8, 1))
+    sol = solve_ilp(adam, mesh, pins={r"^x$": P("x"), r"^params": P()})
+    want: set[int] = set()
+    seen: dict[tuple, int] = {}
+    for i in sorted(sol.strategies):
+        for t, dst in zip(adam.ops[i].inputs, sol.strategies[i].in_specs):
+            src = sol.specs.get(t) if t is not None else None
+            if src is None or not adam.tensors[t].shape:
+                continue
+            if dst is not None and dst != src:
+                want.add(i)
+                if adam.tensors[t].producer in sol.strategies:
+                    want.add(adam.tensors[t].producer)
+            to = dst if dst is not None else (None,) * len(adam.tensors[t].shape)
+            if to != src:
+                seen[(t, src, to)] = seen.get((t, src, to), 0) + 1
+    ends: set[int] = set()
+    repeats = shared_reshards(adam, mesh, sol.strategies, sol.specs, ends=ends)
+    assert want and ends == want
+    assert repeats == shared_reshards(adam, mesh, sol.strategies, sol.specs)
+    assert {i for i, _ in repeats} <= ends
+    assert len({(i, c.kind) for i, c in repeats}) <= sum(n - 1 for n in seen.values())
+
+
 def test_memory_budget_below_minimum_raises_with_least_memory(adam):
     mesh = CL.logical_mesh((2, 4))
     sol = solve_ilp(adam, mesh)
