@@ -30,7 +30,7 @@ def specs_by_name(res):
     return {i.name: i.spec for i in res.plan.inputs}
 
 
-# GPT: the brief's hidden=256 / seq_len=64 model is so small that on V100 constants its whole
+# GPT: a hidden=256 / seq_len=64 model is so small that on V100 constants its whole
 # step computes in ~11 us, less than the latency of two collectives, so the honest optimum is to
 # replicate everything; hidden=1024 / seq_len=256 is the smallest size where sharding pays.
 @pytest.fixture(scope="module")
