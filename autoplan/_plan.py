@@ -29,7 +29,6 @@ from ._cluster import Cluster
 from ._errors import ArgumentError, ArgumentTypeError
 from ._frozen import FrozenDict, freeze_fields, immutable_type
 from ._plan_jax import check_matches, input_trees, logical_axis_rules, named_shardings, stage_mesh
-from ._plan_jax import parse_keystr as _parse_keystr  # noqa: F401  (read by the sharding view)
 from ._plan_text import describe, plan_html, summary
 from ._planfile import field_sets, plan_to_dict, read_plan_json, validate_plan_dict, write_plan_json
 from ._spec import Spec

@@ -16,14 +16,13 @@ Functions of a :class:`~autoplan.Plan` (read through its fields only; the ``Plan
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._errors import PlanMismatchError
+from ._planfile import parse_keystr
 
-__all__ = ["input_trees", "stage_mesh", "named_shardings", "logical_axis_rules", "check_matches",
-           "parse_keystr"]
+__all__ = ["input_trees", "stage_mesh", "named_shardings", "logical_axis_rules", "check_matches"]
 
 
 def input_trees(plan: Any, leaf: Callable[[Any], Any], like: Any = None) -> tuple[Any, ...]:
@@ -64,7 +63,7 @@ def input_trees(plan: Any, leaf: Callable[[Any], Any], like: Any = None) -> tupl
     trees: list[Any] = [None] * nargs
     for i in plan.inputs:
         keys = parse_keystr(i.path)
-        if not keys:
+        if not keys:  # one leaf (or not a keystr path: kept whole)
             trees[i.arg] = pick(i)
             continue
         if trees[i.arg] is None:
@@ -144,7 +143,7 @@ def logical_axis_rules(plan: Any) -> list[tuple[str, str | tuple[str, ...] | Non
     for i in plan.inputs:
         if i.kind != "parameter":
             continue
-        base = ".".join(str(k) for k in parse_keystr(i.path)) or i.arg_name
+        base = ".".join(str(k) for k in parse_keystr(i.path) or ()) or i.arg_name
         for d, e in enumerate(i.spec):
             rules.append((f"{base}_{d}", None if not e else (e[0] if len(e) == 1 else tuple(e))))
     return rules
@@ -163,20 +162,6 @@ def check_matches(plan: Any, graph_or_fingerprint: Any, num_devices: int | None 
         raise PlanMismatchError(
             f"this plan uses {plan.num_devices} devices but {num_devices} are available. Fix: "
             f"make a plan for {num_devices} devices (e.g. --cluster cpu:{num_devices}).")
-
-
-_KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+))\]|\.([A-Za-z_]\w*)")
-
-
-def parse_keystr(path: str) -> list[str | int]:
-    """The keys of a ``jax.tree_util.keystr`` path: names and list positions, in order."""
-    keys: list[str | int] = []
-    for m in _KEY_RE.finditer(path):
-        if m.group(3) is not None:
-            keys.append(int(m.group(3)))
-        else:
-            keys.append(m.group(1) if m.group(1) is not None else (m.group(2) or m.group(4)))
-    return keys
 
 
 def _set_path(tree: Any, keys: list[str | int], value: Any) -> None:

@@ -634,9 +634,9 @@ def _check_inputs(c: _Checker, inputs: list, views: list[dict[str, Any]]) -> Non
         _add_leaf(c, trees.setdefault(arg, {}), leaf, f"{path}.path", k)
 
 
-def _parse_keystr(path: str) -> list[str | int] | None:
-    """The keys of a ``jax.tree_util.keystr`` path (``""`` for an argument that is one leaf), or
-    None when ``path`` is not one."""
+def parse_keystr(path: str) -> list[str | int] | None:
+    """The keys of a ``jax.tree_util.keystr`` path, names and list positions in order (none for
+    ``""``, an argument that is one leaf), or None when ``path`` is not one."""
     keys: list[str | int] = []
     pos = 0
     for m in _KEY_RE.finditer(path):
@@ -653,7 +653,7 @@ def _parse_keystr(path: str) -> list[str | int] | None:
 def _add_leaf(c: _Checker, tree: dict, leaf: str, path: str, k: int) -> None:
     """Insert one leaf path into its argument's tree; leaves may not nest, and one node's
     children are all list positions or all names."""
-    keys = _parse_keystr(leaf)
+    keys = parse_keystr(leaf)
     if keys is None:
         c.fail(path, "a jax.tree_util.keystr path such as \"['layers'][0]['kernel']\" (or \"\" "
                "for an argument that is a single array)", leaf,

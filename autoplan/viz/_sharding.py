@@ -44,7 +44,8 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._errors import ArgumentError
-from .._plan import OpSharding, Plan, Stage, TensorSharding, _parse_keystr, require_plan
+from .._plan import OpSharding, Plan, Stage, TensorSharding, require_plan
+from .._planfile import parse_keystr
 from .._spec import Spec
 from ._style import (
     PARTIAL_PATTERN,
@@ -207,7 +208,7 @@ def _param_container(name: str) -> str | None:
     if cut < 0:
         return None
     arg, path = name[:cut], name[cut:]
-    keys = _parse_keystr(path)
+    keys = parse_keystr(path) or []
     if len(keys) < 2:
         return name
     return arg + "".join(f"[{k}]" if isinstance(k, int) else f"[{k!r}]" for k in keys[:-1])
@@ -238,7 +239,7 @@ def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     rel = "/".join(parts[parts.index(layer) + 1:]) if layer in parts else "/".join(p for p in parts if p)
     w = next((t for t in op.tensors if t.role == "weight"), None)
     if w is not None:
-        keys = [k for k in _parse_keystr(w.name[w.name.find("["):]) if isinstance(k, str)]
+        keys = [k for k in parse_keystr(w.name[w.name.find("["):]) or () if isinstance(k, str)]
         while keys and keys[-1] in _GENERIC_LEAVES:
             keys.pop()
         tail = keys[-1] if keys else ""
