@@ -108,7 +108,6 @@ def freeze(value: Any) -> Any:
     return value
 
 
-
 #: the types whose values are immutable all the way down: values that hold nothing else, and
 #: those of :func:`immutable_type` (frozen and kept as they are, without a walk)
 _IMMUTABLE: set[type] = {str, int, float, bool, complex, bytes, type(None)}

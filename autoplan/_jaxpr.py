@@ -35,13 +35,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["INLINE", "Lit", "Ref", "WalkTensor", "WalkOp", "Walk", "walk_jaxpr"]
+__all__ = ["INLINE", "Lit", "Ref", "WalkTensor", "WalkOp", "Walk", "step_jaxpr", "walk_jaxpr"]
 
 #: container primitives whose body is inlined into the walk
 INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
@@ -118,6 +120,24 @@ class Walk:
     top_consts: list[int] = field(default_factory=list)
     consts: dict[int, Any] = field(default_factory=dict)
     outputs: list[Ref] = field(default_factory=list)
+
+
+def step_jaxpr(fn: Callable[..., Any], args: Any, kwargs: Any,
+               error: Callable[[str], Exception], fix: str) -> tuple[Any, Any]:
+    """``jax.make_jaxpr`` of ``fn(*args, **kwargs)`` with its output shapes: ``(closed, shapes)``.
+
+    Raises:
+        ``error(message)``: JAX cannot trace ``fn`` (it raises many types; all mean that), the
+        message naming ``fn``, JAX's error and ``fix``.
+    """
+    def wrapped(a, kw):
+        return fn(*a, **kw)
+
+    try:
+        return jax.make_jaxpr(wrapped, return_shape=True)(args, kwargs)
+    except Exception as err:
+        raise error(f"JAX could not trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: "
+                    f"{err}. Fix: {fix}") from err
 
 
 def walk_jaxpr(closed: Any, max_scan_unroll: int = 512) -> Walk:

@@ -35,7 +35,7 @@ from jax.extend import core as jcore
 
 from ._errors import TraceError
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
-from ._jaxpr import Lit, Walk, walk_jaxpr
+from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
 from ._workload import ARG_KINDS, arg_trees, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
@@ -278,16 +278,9 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         raise TraceError(f"trace: arg_kinds should each be one of {ARG_KINDS}. Got {bad_kinds[0]!r}. "
                          "Fix: e.g. arg_kinds=('parameter', 'optimizer_state', 'batch').")
 
-    def wrapped(a, kw):
-        return fn(*a, **kw)
-
-    try:
-        closed, out_shape = jax.make_jaxpr(wrapped, return_shape=True)(args, kwargs)
-    except Exception as err:  # JAX raises many types; all mean "not traceable"
-        raise TraceError(
-            f"trace: JAX could not trace {getattr(fn, '__name__', fn)!r}: "
-            f"{type(err).__name__}: {err}. Fix: fn must be a pure JAX function of its array "
-            "arguments (see jax.make_jaxpr).") from err
+    closed, out_shape = step_jaxpr(
+        fn, args, kwargs, lambda msg: TraceError(f"trace: {msg}"),
+        "fn must be a pure JAX function of its array arguments (see jax.make_jaxpr).")
 
     w = walk_jaxpr(closed, max_scan_unroll)
     ops, tensors, opaque = _graph_from_walk(w)

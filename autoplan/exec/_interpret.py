@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from autoplan._errors import ExecutionError
-from autoplan._jaxpr import Lit, Ref, Walk, WalkOp, walk_jaxpr
+from autoplan._jaxpr import Lit, Ref, Walk, WalkOp, step_jaxpr, walk_jaxpr
 
 __all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
 
@@ -223,15 +223,9 @@ def flatten(fn: Callable[..., Any], *args: Any, max_scan_unroll: int = 512) -> F
     """
     abstract = jax.tree_util.tree_map(_abstract, args)
 
-    def wrapped(a, kw):
-        return fn(*a, **kw)
-
-    try:
-        closed, out_shape = jax.make_jaxpr(wrapped, return_shape=True)(abstract, {})
-    except Exception as err:  # JAX raises many types; all mean "not traceable"
-        raise ExecutionError(f"flatten: JAX could not trace {getattr(fn, '__name__', fn)!r}: "
-                             f"{type(err).__name__}: {err}. Fix: pass the training step (a "
-                             "function JAX can trace) and its arguments.") from err
+    closed, out_shape = step_jaxpr(
+        fn, abstract, {}, lambda msg: ExecutionError(f"flatten: {msg}"),
+        "pass the training step (a function JAX can trace) and its arguments.")
     w = walk_jaxpr(closed, max_scan_unroll)
     ops = [FlatOp(op.id, op.primitive, op.inputs, op.outputs, op.eqn, _flat_params(w, op),
                   op.name_stack) for op in w.ops]
