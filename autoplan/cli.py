@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import json
 import os
 import select
@@ -54,7 +55,7 @@ from typing import Any
 from ._errors import AutoplanError, InfeasiblePlanError, SearchError
 from ._plan import LEVELS
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
@@ -658,5 +659,36 @@ def _install_handlers(debug: bool) -> Callable[[], None]:
     return restore
 
 
+def run() -> None:
+    """The ``autoplan`` command: :func:`main`, then the process ends at once.
+
+    Its output is flushed, the search's idle worker processes are ended and every ``atexit``
+    function runs (a launch's workers are ended there), but the interpreter does not free the
+    search's objects one by one on the way out: after planning a large model that teardown took
+    seconds (3.7 s after ``autoplan plan gpt --size 39B``), with nothing left to write.
+    """
+    status = main()
+    _end_process(status)
+
+
+def _end_process(status: int) -> None:
+    """Flush, end the search's workers, run the ``atexit`` functions, and exit with ``status``
+    without the interpreter's teardown (where this Python lacks ``atexit._run_exitfuncs``, the
+    ordinary exit)."""
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if run_exitfuncs is None:  # pragma: no cover - every CPython has it
+        sys.exit(status)
+    parallel = sys.modules.get("autoplan.search._parallel")
+    if parallel is not None:
+        parallel.shutdown(kill=True)  # idle workers are ended, not waited for
+    run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said
+            pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

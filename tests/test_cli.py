@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,6 +101,39 @@ def test_the_cli_stdout_carries_no_solver_banner(tmp_path):
     assert "HiGHS" not in out.stdout and "Copyright" not in out.stdout
     assert out.stdout.lstrip().startswith("#")  # the ranked table comes first
 
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes' environments in /proc")
+def test_the_command_exits_at_once_and_ends_its_worker_processes(tmp_path):
+    # ``autoplan`` ends with ``autoplan.cli.run``: output flushed, the search's worker processes
+    # ended, the atexit functions run, and no slow teardown of the interpreter's objects
+    mark = f"autoplan-test-{os.getpid()}-{time.time_ns()}"
+    path = tmp_path / "p.json"
+    out = subprocess.run([sys.executable, "-m", "autoplan.cli", "plan", "mlp", "--size", "tiny",
+                          "--cluster", "cpu:8", "--pipeline", "no", "--workers", "2",
+                          "--no-cache", "-o", str(path)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                           "AUTOPLAN_TEST_MARK": mark})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().splitlines()[-1] == f"plan written to {path}"  # flushed in full
+    assert json.loads(path.read_text())["stages"]
+    deadline = time.monotonic() + 30
+    while _processes_marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _processes_marked(mark)
+
+
+def _processes_marked(mark: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``AUTOPLAN_TEST_MARK=mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"AUTOPLAN_TEST_MARK={mark}".encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 # ---- errors, outputs and signals ---------------------------------------------------------------
 def _one_line_error(capsys, *words: str) -> str:

@@ -278,13 +278,16 @@ def _close_if_idle() -> None:
     pool.close()
 
 
-def shutdown() -> None:
-    """End the kept worker processes now (a later parallel search starts new ones)."""
+def shutdown(*, kill: bool = False) -> None:
+    """End the kept worker processes now (a later parallel search starts new ones).
+
+    Idle workers are asked to exit (and exit after freeing what they hold); with ``kill``, or
+    while a search still uses them, they are terminated at once (the caller is about to exit)."""
     global _POOL
     with _LOCK:
         pool, _POOL = _POOL, None
     if pool is not None:
-        pool.close(kill=pool.busy > 0)
+        pool.close(kill=kill or pool.busy > 0)
 
 
 def _at_exit() -> None:
