@@ -39,6 +39,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,13 +144,16 @@ def task_deps(task: tuple[int, int, str], num_stages: int) -> list[Task]:
     return deps
 
 
-def _mesh_orders(kind: str, S: int, m: int) -> list[list[Task]]:
-    orders: list[list[Task]] = []
+@functools.lru_cache(maxsize=16)
+def _mesh_orders(kind: str, S: int, m: int) -> tuple[tuple[Task, ...], ...]:
+    """Each mesh's tasks in the order it runs them (kept for the last few ``(kind, S, m)``: a
+    search simulates many layouts of the same stage and micro-batch counts)."""
+    orders: list[tuple[Task, ...]] = []
     for j in range(S):
         fwd = [Task(b, j, "forward") for b in range(m)]
         bwd = [Task(b, j, "backward") for b in range(m)]
         if kind == "gpipe":
-            orders.append(fwd + bwd)
+            orders.append(tuple(fwd + bwd))
             continue
         w = min(S - j - 1, m)
         order = fwd[:w]
@@ -160,21 +164,21 @@ def _mesh_orders(kind: str, S: int, m: int) -> list[list[Task]]:
             f += 1
             b += 1
         order.extend(bwd[b:])
-        orders.append(order)
-    return orders
+        orders.append(tuple(order))
+    return tuple(orders)
 
 
 #: a timed task as a plain tuple: ``(start, end, mesh, microbatch, stage, kind)`` (an Event's fields)
 _Row = tuple[float, float, int, int, int, str]
 
 
-def _simulate(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
+def _simulate(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: Sequence[float],
               comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
               step: Sequence[float] | None = None) -> list[Event]:
     return [Event(*r) for r in _simulate_rows(orders, fwd, bwd, comm, comm_bwd, step)]
 
 
-def _simulate_rows(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence[float],
+def _simulate_rows(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: Sequence[float],
                    comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
                    step: Sequence[float] | None = None) -> list[_Row]:
     """The timed tasks of ``orders`` (each mesh's tasks run in turn, each when its dependency
@@ -243,7 +247,7 @@ def _simulate_rows(orders: list[list[Task]], fwd: Sequence[float], bwd: Sequence
     return events
 
 
-def _table_from_orders(orders: list[list[Task]]) -> list[list[Task | None]]:
+def _table_from_orders(orders: Sequence[Sequence[Task]]) -> list[list[Task | None]]:
     S = len(orders)
     events = _simulate(orders, [1.0] * S, [1.0] * S, [0.0] * max(S - 1, 0))
     n_rows = int(max(e.end for e in events))
