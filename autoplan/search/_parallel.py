@@ -70,7 +70,8 @@ class ParallelWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Task:
-    """One independent solve: ``fn(graph, *args, **kwargs)``, ``fn`` a module-level function.
+    """One independent solve: ``fn(graph, *args, **kwargs)``, ``fn`` a module-level function
+    (``fn(*args, **kwargs)`` when ``graph`` is None: a task whose arguments are all it needs).
 
     Attributes:
         label: what it is, for progress messages (``"intra-op search on mesh 2x4"``).
@@ -79,7 +80,7 @@ class Task:
     """
 
     fn: Callable[..., Any]
-    graph: OpGraph
+    graph: OpGraph | None
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     label: str = ""
@@ -174,7 +175,8 @@ def _recorded(caught: list[warnings.WarningMessage]) -> list[tuple[type[Warning]
     return [(w.category, str(w.message)) for w in caught]
 
 
-def _call(task_fn: Callable[..., Any], graph: OpGraph, args: tuple, kwargs: dict) -> Outcome:
+def _call(task_fn: Callable[..., Any], graph: OpGraph | None, args: tuple, kwargs: dict
+          ) -> Outcome:
     """Run one task, recording its warnings (in the caller as in a worker)."""
     import gc  # noqa: PLC0415
 
@@ -183,7 +185,9 @@ def _call(task_fn: Callable[..., Any], graph: OpGraph, args: tuple, kwargs: dict
         was = gc.isenabled()
         gc.disable()  # (as the search itself does: no cyclic garbage, no walks of the graph)
         try:
-            return Outcome(task_fn(graph, *args, **kwargs), None, _recorded(caught))
+            value = (task_fn(*args, **kwargs) if graph is None
+                     else task_fn(graph, *args, **kwargs))
+            return Outcome(value, None, _recorded(caught))
         except Exception as err:  # the task's own error, raised again in the caller
             return Outcome(None, err, _recorded(caught))
         finally:
@@ -191,11 +195,14 @@ def _call(task_fn: Callable[..., Any], graph: OpGraph, args: tuple, kwargs: dict
                 gc.enable()
 
 
-def _worker_run(task_fn: Callable[..., Any], token: str, payload: bytes | None, args: tuple,
-                kwargs: dict) -> tuple[int, Outcome | str]:
-    """A task in a worker: the graph from the worker's store, or unpickled from ``payload``."""
+def _worker_run(task_fn: Callable[..., Any], token: str | None, payload: bytes | None,
+                args: tuple, kwargs: dict) -> tuple[int, Outcome | str]:
+    """A task in a worker: the graph from the worker's store, or unpickled from ``payload``
+    (none for a task without a graph, ``token`` None)."""
     import gc  # noqa: PLC0415
 
+    if token is None:
+        return os.getpid(), _call(task_fn, None, args, kwargs)
     graph = _STORE.get(token)
     if graph is None:
         if payload is None:
@@ -332,7 +339,7 @@ class _Batch:
         self.failure: BaseException | None = None
         self.payloads: dict[str, bytes] = {}
         for t in tasks:  # pickled here, before the caller's own work touches the graph's memo
-            if t.local:
+            if t.local or t.graph is None:
                 continue
             tok = _token(t.graph)
             if tok not in self.payloads and len(pool.holders.get(tok, ())) < pool.size:
@@ -356,7 +363,7 @@ class _Batch:
 
     def _submit(self, k: int, with_payload: bool) -> cf.Future:
         t = self.tasks[k]
-        tok = _token(t.graph)
+        tok = None if t.graph is None else _token(t.graph)
         payload = self.payloads.get(tok) if with_payload else None
         return self.pool.executor.submit(_worker_run, t.fn, tok, payload, t.args, t.kwargs)
 
@@ -381,7 +388,8 @@ class _Batch:
                             self.payloads[tok] = _payload(self.tasks[k].graph)
                         inflight[self._submit(k, True)] = k
                         continue
-                    self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
+                    if self.tasks[k].graph is not None:
+                        self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
                     self.outcomes[k] = out
         except BaseException as err:  # the pool broke: its tasks go back to the caller
             self.failure = err

@@ -1182,34 +1182,35 @@ def _group_inputs(table: _Table, groups: list[list[int]], ratio: float = 1.0,
 Layout = tuple[tuple[tuple[int, ...], int, int], ...]
 
 
-def _dp_layouts(inputs: dict[str, np.ndarray], ctx: _Context, B: int,
-                counts: Sequence[tuple[int, int | None]],
-                members: Callable[[int, int], tuple[int, ...]], memory: bool,
-                explain: bool = True) -> tuple[dict[Layout, float], float | None]:
-    """Run :func:`stage_dp` for each ``(least, most)`` number of stages; the layouts it met (its
-    best ``t_max`` optima) with the DP's latency, and the least memory that would fit when none
-    does."""
-    out: dict[Layout, float] = {}
-    least = None
-    kw = ({"param_mem": inputs["pmem"], "act_mem": inputs["amem"], "device_memory": ctx.budget}
-          if memory else {})
-    for lo, hi in counts:
-        try:
-            r = stage_dp(inputs["t"], ctx.submeshes, ctx.num_hosts, ctx.devices_per_host, B,
-                         max_stages=hi, min_stages=lo, step_cost=inputs["step"],
-                         max_alternatives=DP_ALTERNATIVES, explain=False, **kw)
-        except InfeasiblePlanError:
-            continue
-        for total, stages in r.alternatives:
-            lay = tuple((members(s.start, s.end), s.submesh_index, s.config_index) for s in stages)
-            out.setdefault(lay, total)
-    if not out and memory and explain:  # nothing fits: the least memory that would fit
-        try:
-            stage_dp(inputs["t"], ctx.submeshes, ctx.num_hosts, ctx.devices_per_host, B,
-                     step_cost=inputs["step"], **kw)
-        except InfeasiblePlanError as err:
-            least = err.least_memory
-    return out, least
+def _stage_dp_run(inputs: dict[str, np.ndarray], submeshes: list[tuple[int, int]], num_hosts: int,
+                  devices_per_host: int, B: int, least: int, most: int | None,
+                  budget: float | None) -> tuple[tuple[float, tuple[tuple[int, int, int, int], ...]], ...]:
+    """One :func:`stage_dp` run for ``least .. most`` stages (a module-level function: the runs
+    of a search are independent tasks of :func:`~autoplan.search._parallel.run_tasks`): its best
+    ``t_max`` optima as ``(DP latency, ((start, end, submesh index, config index), ...))``, none
+    when no layout exists; with ``budget`` every stage fits it (Alpa's Eq. 5)."""
+    kw = ({"param_mem": inputs["pmem"], "act_mem": inputs["amem"], "device_memory": budget}
+          if budget is not None else {})
+    try:
+        r = stage_dp(inputs["t"], submeshes, num_hosts, devices_per_host, B, max_stages=most,
+                     min_stages=least, step_cost=inputs["step"], max_alternatives=DP_ALTERNATIVES,
+                     explain=False, **kw)
+    except InfeasiblePlanError:
+        return ()
+    return tuple((total, tuple((st.start, st.end, st.submesh_index, st.config_index)
+                               for st in stages)) for total, stages in r.alternatives)
+
+
+def _least_fitting_memory(inputs: dict[str, np.ndarray], ctx: _Context, B: int) -> float | None:
+    """The least memory per device with which some layout of ``inputs`` would fit (a bisection
+    of DP runs, sought only to say why nothing fits)."""
+    try:
+        stage_dp(inputs["t"], ctx.submeshes, ctx.num_hosts, ctx.devices_per_host, B,
+                 step_cost=inputs["step"], param_mem=inputs["pmem"], act_mem=inputs["amem"],
+                 device_memory=ctx.budget)
+    except InfeasiblePlanError as err:
+        return err.least_memory
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1317,72 +1318,120 @@ def _cells(layouts: Iterable[Layout]) -> list[tuple[int, int, int]]:
 
 
 def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | None = None,
-             full: bool = True, explain: bool = False
+             full: bool = True, explain: bool = False, workers: int = 1
              ) -> tuple[dict[Layout, float], bool, float | None, float]:
     """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
     ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
     seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too (else the
     DP over any number of stages and the one-stage layout only). ``explain`` seeks the least
-    memory that would fit when nothing does (a bisection of DP runs: only for a message)."""
-    ctx, L = table.ctx, table.L
-    B = B or table.B
+    memory that would fit when nothing does (a bisection of DP runs: only for a message). The
+    DP runs are tasks on ``workers`` processes (:func:`_layouts_of`)."""
+    return _layouts_of(table, dag, use_ilp, [(ratio, B or table.B, full)], explain, workers)[0]
+
+
+def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, int, bool]],
+                explain: bool = False, workers: int = 1
+                ) -> list[tuple[dict[Layout, float], bool, float | None, float]]:
+    """:func:`_layouts` of several ``(ratio, B, full)`` items at once: every stage-DP run of
+    every item is an independent task (:func:`_stage_dp_run`) of one batch on ``workers``
+    processes, first with the memory limit; the items where no layout fits it are run again
+    without it (their layouts are then marked as not fitting). Each item's layouts come in the
+    order one process would meet them; the seconds are the batch's, shared by its items."""
+    ctx = table.ctx
     t0 = time.perf_counter()
-    num_devices = ctx.num_hosts * ctx.devices_per_host
-    max_s = min(L, num_devices)
     if ctx.megatron:
-        if L < ctx.num_hosts:
-            raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.num_hosts} stages.")
-        k = ctx.submeshes.index((1, ctx.devices_per_host))
-        c = ctx.configs[k].index(((1, ctx.devices_per_host), False))
-        cuts = [round(i * L / ctx.num_hosts) for i in range(ctx.num_hosts + 1)]
-        lay = tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.num_hosts))
-        return {lay: math.nan}, True, None, time.perf_counter() - t0
-    counts: list[tuple[int, int | None]] = [(1, None), (1, 1)]
-    if full:
-        counts += [(s, s) for s in STAGE_COUNTS if s <= max_s]
-    found: dict[Layout, float] = {}
-    least = None
-    fits = True
+        lay = _megatron_layout(table)
+        return [({lay: math.nan}, True, None, time.perf_counter() - t0) for _ in items]
+    runs = [_dp_runs(table, dag, use_ilp, ratio, B, full) for ratio, B, full in items]
+    out: list[Any] = [None] * len(items)
+    leasts: dict[int, float | None] = {}
+    todo = list(range(len(items)))
+    for memory in (True, False):
+        jobs = [(i, r, lo, hi) for i in todo for r, (_, counts, _) in enumerate(runs[i])
+                for lo, hi in counts]
+        tasks = [Task(_stage_dp_run, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
+                                            ctx.devices_per_host, items[i][1], lo, hi,
+                                            ctx.budget if memory else None),
+                      label=f"stage DP, {items[i][1]} micro-batches, {lo}..{hi or 'any'} stages")
+                 for i, r, lo, hi in jobs]
+        results = [o.result() for o in run_tasks(tasks, workers=workers)]
+        found: dict[int, dict[Layout, float]] = {i: {} for i in todo}
+        empty_runs: dict[int, list[int]] = {i: [] for i in todo}
+        n = 0
+        for i in todo:
+            for r, (_, counts, members) in enumerate(runs[i]):
+                got_any = False
+                for _ in counts:
+                    for total, stages in results[n]:
+                        found[i].setdefault(tuple((members(a, b), k, c) for a, b, k, c in stages),
+                                            total)
+                        got_any = True
+                    n += 1
+                if not got_any:
+                    empty_runs[i].append(r)
+        left = []
+        for i in todo:
+            if memory and explain:
+                for r in empty_runs[i]:
+                    lm = _least_fitting_memory(runs[i][r][0], ctx, items[i][1])
+                    if lm is not None:
+                        least = leasts.get(i)
+                        leasts[i] = lm if least is None else min(least, lm)
+            if found[i] or not memory:
+                out[i] = (found[i], memory)
+            else:
+                left.append(i)
+        todo = left
+        if not todo:
+            break
+    seconds = time.perf_counter() - t0
+    return [(found_i, fits, leasts.get(i), seconds) for i, (found_i, fits) in enumerate(out)]
+
+
+def _megatron_layout(table: _Table) -> Layout:
+    """The Megatron TP x PP baseline's layout: one stage per node, equal layer counts, each on
+    one node's devices as one tensor-parallel mesh."""
+    ctx, L = table.ctx, table.L
+    if L < ctx.num_hosts:
+        raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.num_hosts} stages.")
+    k = ctx.submeshes.index((1, ctx.devices_per_host))
+    c = ctx.configs[k].index(((1, ctx.devices_per_host), False))
+    cuts = [round(i * L / ctx.num_hosts) for i in range(ctx.num_hosts + 1)]
+    return tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.num_hosts))
+
+
+def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool):
+    """The stage-DP runs of one ``(ratio, B, full)`` item: ``(DP inputs, [(least, most)
+    stages], layer indices of a run's stage start .. end)`` per run: one run over the chain of
+    layers, or one per grouping of TePDist's DAG stage ILP."""
+    ctx, L = table.ctx, table.L
+    num_devices = ctx.num_hosts * ctx.devices_per_host
     if not use_ilp:
-        inputs = _chain_inputs(table, ratio, B)
+        counts: list[tuple[int, int | None]] = [(1, None), (1, 1)]
+        if full:
+            counts += [(s, s) for s in STAGE_COUNTS if s <= min(L, num_devices)]
 
         def members(a: int, b: int) -> tuple[int, ...]:
             return tuple(range(a, b))
 
-        for memory in (True, False):
-            found, lm = _dp_layouts(inputs, ctx, B, counts, members, memory, explain)
-            least = lm if least is None else least
-            if found:
-                fits = memory
-                break
-    else:
-        from autoplan.search.pipeline._stage_ilp import stage_ilp  # noqa: PLC0415
+        return [(_chain_inputs(table, ratio, B), counts, members)]
+    from autoplan.search.pipeline._stage_ilp import stage_ilp  # noqa: PLC0415
 
-        if ctx.groupings is None:
-            ctx.groupings = [[list(range(L))]]
-            for S in _stage_counts(L, num_devices):
-                try:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        r = stage_ilp(dag, S, time_limit=ctx.time_limit)
-                except (InfeasiblePlanError, SearchError):
-                    continue
-                groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
-                if all(groups):
-                    ctx.groupings.append(groups)
-        for memory in (True, False):
-            for groups in ctx.groupings:
-                inputs = _group_inputs(table, groups, ratio, B)
-                got, lm = _dp_layouts(inputs, ctx, B, [(1, None)], lambda a, b, g=groups: tuple(
-                    li for x in range(a, b) for li in g[x]), memory, explain)
-                if lm is not None:
-                    least = lm if least is None else min(least, lm)
-                for lay, v in got.items():
-                    found.setdefault(lay, v)
-            if found:
-                fits = memory
-                break
-    return found, fits, least, time.perf_counter() - t0
+    if ctx.groupings is None:
+        ctx.groupings = [[list(range(L))]]
+        for S in _stage_counts(L, num_devices):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    r = stage_ilp(dag, S, time_limit=ctx.time_limit)
+            except (InfeasiblePlanError, SearchError):
+                continue
+            groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
+            if all(groups):
+                ctx.groupings.append(groups)
+    return [(_group_inputs(table, groups, ratio, B), [(1, None)],
+             lambda a, b, g=groups: tuple(li for x in range(a, b) for li in g[x]))
+            for groups in ctx.groupings]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1630,12 +1679,12 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             for k, c in ctx.cells():
                 table.cost(li, k, c)
     t_costs = time.perf_counter() - t1
-    found, fits, _, t_dp = _layouts(table, dag, use_ilp)
+    found, fits, _, t_dp = _layouts(table, dag, use_ilp, workers=n_workers)
 
     def no_fit() -> tuple[str, float | None]:
         """Why no layout of the default count fits, with the least memory that would (sought
         only when said: it takes a bisection of DP runs)."""
-        least = _layouts(table, dag, use_ilp, explain=True)[2]
+        least = _layouts(table, dag, use_ilp, explain=True, workers=n_workers)[2]
         return (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
                 f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
                 + (f" The least memory with which one would fit is {least:.4g} bytes." if least
@@ -1658,11 +1707,11 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
         window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
-        for B in microbatch_counts(batch, B0, window):
-            if B == B0:
-                continue
+        others = [B for B in microbatch_counts(batch, B0, window) if B != B0]
+        outs = _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in others],
+                           workers=n_workers)
+        for B, (lays, ok, _, _) in zip(others, outs):
             ratio = B0 / B
-            lays, ok, _, _ = _layouts(table, dag, use_ilp, ratio, B, full=False)
             got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays) if ev),
                          key=lambda ev: ev.key)
             simulated += len(lays)
