@@ -269,7 +269,7 @@ def _penalty_vec(nbytes: float, strategies_: Sequence[Strategy], mesh: LogicalMe
 def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: LogicalMesh) -> Strategy:
     spec = Spec.of(spec)
     t = tiles(spec, mesh)
-    return Strategy(str(spec), (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
+    return Strategy((spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t, label=str(spec))
 
 
 def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
