@@ -67,7 +67,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
@@ -345,7 +345,10 @@ def _op_key(op: OpNode) -> tuple:
             op.out_dtypes, op.role, op.flops)
 
 
-def _nbytes(shape: Sequence[int], dtype: str | None) -> float:
+@lru_cache(maxsize=65536)
+def _nbytes(shape: tuple[int, ...], dtype: str | None) -> float:
+    """Bytes of a tensor (once per shape and dtype: costing every strategy asks again and
+    again)."""
     return float(math.prod(shape) * dtype_bytes(dtype or "float32"))
 
 
@@ -355,6 +358,8 @@ def _bcast_spec(out: Spec, shp: tuple[int, ...] | None, out_shape: tuple[int, ..
         return None
     if len(shp) == 0:
         return ()
+    if shp == out_shape:  # (the common case: the spec itself, no new tuple)
+        return out
     if len(shp) == len(out_shape):
         return tuple(e if shp[d] == out_shape[d] else None for d, e in enumerate(out))
     return replicated(len(shp))
@@ -513,7 +518,9 @@ def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
         return None
 
     if prim in ELEMENTWISE:
-        if len(src) == len(out_shape):
+        if src == out_shape:
+            out = spec
+        elif len(src) == len(out_shape):
             out = tuple(e if src[d] == out_shape[d] else None for d, e in enumerate(spec))
         else:
             out = replicated(len(out_shape))
