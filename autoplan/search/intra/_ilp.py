@@ -269,7 +269,7 @@ def _penalty_vec(nbytes: float, strategies_: Sequence[Strategy], mesh: LogicalMe
 def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: LogicalMesh) -> Strategy:
     spec = Spec.of(spec)
     t = tiles(spec, mesh)
-    return Strategy(str(spec), (spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t)
+    return Strategy((spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t, label=str(spec))
 
 
 def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
@@ -463,9 +463,9 @@ def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None)
                 ckey = (_op_key(op), ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
-                    uniq, inv = np.unique(src_ids, return_inverse=True)
+                    uniq, inv = _unique_ids(src_ids)
                     strats = [_derive(op, mesh, k, prob.specs[u], ctx) for u in uniq]
-                    hit = (strats, inv.reshape(-1)) if all(s is not None for s in strats) else None
+                    hit = (strats, inv) if all(s is not None for s in strats) else None
                     follow_cache[ckey] = hit
                 if hit is not None:
                     member = _Member(nid, hit[1], hit[0], k)  # type: ignore[arg-type]
@@ -620,10 +620,10 @@ class _ReshardTable:
         hit = self.mcache.get(key)
         if hit is not None:
             return hit
-        us, iu = np.unique(src, return_inverse=True)
-        ud, idd = np.unique(dst, return_inverse=True)
-        small = np.array([[self.time(t, int(a), int(b)) for b in ud] for a in us])
-        out = small[np.ix_(iu.reshape(-1), idd.reshape(-1))]
+        us, iu = _unique_ids(src)
+        ud, idd = _unique_ids(dst)
+        small = np.array([[self.time(t, a, b) for b in ud] for a in us])
+        out = small[np.ix_(iu, idd)]
         self.mcache[key] = out
         return out
 
@@ -679,18 +679,33 @@ def _build_edges(prob: ILPProblem) -> None:
     prob.edges = edges
 
 
+def _unique_ids(ids: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` of a 1-d array of ints, the distinct values as a
+    list: on the short arrays of a node's strategies (mostly under 64 entries) a dict is several
+    times faster than numpy's sort."""
+    if len(ids) > 256:
+        u, inv = np.unique(ids, return_inverse=True)
+        return u.tolist(), inv.reshape(-1)
+    values = ids.tolist()
+    uniq = sorted(set(values))
+    pos = {v: i for i, v in enumerate(uniq)}
+    return uniq, np.array([pos[v] for v in values], dtype=np.intp)
+
+
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(rows, axis=0, return_inverse=True)`` for small non-negative ints, faster."""
     if rows.shape[1] == 1:
-        u, inv = np.unique(rows[:, 0], return_inverse=True)
-        return u[:, None], inv.reshape(-1)
+        u, inv = _unique_ids(rows[:, 0])
+        return np.array(u, dtype=rows.dtype)[:, None], inv
     base = int(rows.max()) + 1
     if base ** rows.shape[1] < 2**62:
         code = np.zeros(rows.shape[0], dtype=np.int64)
         for c in range(rows.shape[1]):
             code = code * base + rows[:, c]
-        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-        return rows[first], inv.reshape(-1)
+        u, inv = _unique_ids(code)
+        out = np.empty((len(u), rows.shape[1]), dtype=rows.dtype)
+        out[inv] = rows  # (equal codes, equal rows)
+        return out, inv
     u, inv = np.unique(rows, axis=0, return_inverse=True)
     return u, inv.reshape(-1)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
@@ -97,8 +98,29 @@ def reshard_time(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int,
 
 def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: LogicalMesh,
              backward: bool) -> tuple[float, tuple[Comm, ...]]:
-    names = mesh.axis_names
-    size = dict(zip(names, mesh.shape))
+    tiles, steps = _conversion(src, dst, mesh.axis_names, mesh.shape)
+    if not steps:
+        return 0.0, ()
+    # slice first: the axes only the destination uses cut what every device holds
+    cur = math.prod(shape) * itemsize / tiles
+    comms: list[Comm] = []
+    time = 0.0
+    for kind, axes, idx, gathered in steps:
+        b = cur if kind == "all-to-all" else cur * gathered
+        t = mesh.collective_time(kind, b, idx, backward)
+        comms.append(Comm(kind, b, axes, t, "reshard"))
+        time += t
+    return time, tuple(comms)
+
+
+@lru_cache(maxsize=1 << 16)
+def _conversion(src: Spec, dst: Spec, names: tuple[str, ...], sizes: tuple[int, ...]
+                ) -> tuple[int, tuple[tuple[str, tuple[str, ...], tuple[int, ...], int], ...]]:
+    """The collectives converting ``src`` to ``dst`` on a mesh of these axis names and sizes,
+    whatever the tensor: ``(tiles, steps)``, each device holding ``1 / tiles`` of the tensor
+    after the free slice, then each step ``(kind, axes, their positions, the product of their
+    sizes)``: the all-to-alls, then the all-gather (empty when nothing leaves a dimension)."""
+    size = dict(zip(names, sizes))
     src_e = [tuple(a for a in (e or ()) if size[a] > 1) for e in src]
     dst_e = [tuple(a for a in (e or ()) if size[a] > 1) for e in dst]
     kept_len = []
@@ -109,12 +131,12 @@ def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: 
         kept_len.append(k)
     rest = [s_e[k:] for s_e, k in zip(src_e, kept_len)]
     if not any(rest):
-        return 0.0, ()
+        return 1, ()
     src_axes = {a for e in src_e for a in e}
     added = [a for e in dst_e for a in e if a not in src_axes]
     # a dimension's leaving axes move by one all-to-all when they land together, in order, after
     # what another dimension keeps; any other leaving axis is gathered
-    moves: list[tuple[str, ...]] = []
+    steps: list[tuple[str, tuple[str, ...], tuple[int, ...], int]] = []
     gathers: list[str] = []
     for d, r in enumerate(rest):
         if not r:
@@ -122,23 +144,13 @@ def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: 
         target = [d2 for d2, d_e in enumerate(dst_e)
                   if d2 != d and d_e == src_e[d2][:kept_len[d2]] + r]
         if target:
-            moves.append(r)
+            steps.append(("all-to-all", r, tuple(names.index(a) for a in r),
+                          math.prod(size[a] for a in r)))
         else:
             gathers.extend(r)
-    total_bytes = math.prod(shape) * itemsize
-    # slice first: axes only the destination uses cut what every device holds
-    tiles = math.prod(size[a] for a in src_axes) * math.prod(size[a] for a in added)
-    cur = total_bytes / tiles
-    comms: list[Comm] = []
-    time = 0.0
-    for group in moves:
-        t = mesh.collective_time("all-to-all", cur, [names.index(a) for a in group], backward)
-        comms.append(Comm("all-to-all", cur, group, t, "reshard"))
-        time += t
     if gathers:
         axes = tuple(sorted(gathers, key=names.index))
-        b = cur * math.prod(size[a] for a in axes)
-        t = mesh.collective_time("all-gather", b, [names.index(a) for a in axes], backward)
-        comms.append(Comm("all-gather", b, axes, t, "reshard"))
-        time += t
-    return time, tuple(comms)
+        steps.append(("all-gather", axes, tuple(names.index(a) for a in axes),
+                      math.prod(size[a] for a in axes)))
+    tiles = math.prod(size[a] for a in src_axes) * math.prod(size[a] for a in added)
+    return tiles, tuple(steps)

@@ -67,6 +67,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from typing import Any
 
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
@@ -103,21 +104,35 @@ class Strategy:
     """One way to run an operator sharded.
 
     Attributes:
-        name: Alpa-style description, e.g. ``S(x)R x RS(y) -> S(x)S(y)`` or
-            ``RS(y) x S(y)R -> RR (all-reduce y)``.
         out_specs: the spec of each result.
         in_specs: the spec each operand must have (None for literals).
         comm: collectives the operator itself needs.
         compute_time: seconds of computation per device.
         memory: bytes per device of its results.
+        label: the name to show instead of the description of :attr:`name` (None: that
+            description).
     """
 
-    name: str
     out_specs: tuple[Spec, ...]
     in_specs: tuple[Spec | None, ...]
     comm: tuple[Comm, ...] = ()
     compute_time: float = 0.0
     memory: float = 0.0
+    label: str | None = None
+
+    @cached_property
+    def name(self) -> str:
+        """Alpa-style description, e.g. ``S(x)R x RS(y) -> S(x)S(y)`` or
+        ``RS(y) x S(y)R -> RR (all-reduce y)``: the specs of the operands (scalars and literals
+        left out), of the results, and the operator's collectives; the :attr:`label` when there
+        is one. Written when first read: a search lists many strategies and shows few."""
+        if self.label is not None:
+            return self.label
+        ins = [str(s) for s in self.in_specs if s is not None and len(s) > 0]
+        name = " x ".join(ins) + " -> " + ", ".join(str(s) for s in self.out_specs)
+        if self.comm:
+            name += " (" + ", ".join(f"{c.kind} {','.join(c.axes)}" for c in self.comm) + ")"
+        return name
 
     @property
     def comm_time(self) -> float:
@@ -330,7 +345,10 @@ def _op_key(op: OpNode) -> tuple:
             op.out_dtypes, op.role, op.flops)
 
 
-def _nbytes(shape: Sequence[int], dtype: str | None) -> float:
+@lru_cache(maxsize=65536)
+def _nbytes(shape: tuple[int, ...], dtype: str | None) -> float:
+    """Bytes of a tensor (once per shape and dtype: costing every strategy asks again and
+    again)."""
     return float(math.prod(shape) * dtype_bytes(dtype or "float32"))
 
 
@@ -340,6 +358,8 @@ def _bcast_spec(out: Spec, shp: tuple[int, ...] | None, out_shape: tuple[int, ..
         return None
     if len(shp) == 0:
         return ()
+    if shp == out_shape:  # (the common case: the spec itself, no new tuple)
+        return out
     if len(shp) == len(out_shape):
         return tuple(e if shp[d] == out_shape[d] else None for d, e in enumerate(out))
     return replicated(len(shp))
@@ -351,7 +371,7 @@ def _axis_idx(mesh: LogicalMesh, axes: Sequence[str]) -> list[int]:
 
 def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
             out_specs: Sequence[Spec], comms: Sequence[tuple[str, float, tuple[str, ...]]],
-            work: int | None = None, name: str | None = None, ctx: Context = UNFUSED) -> Strategy:
+            work: int | None = None, ctx: Context = UNFUSED) -> Strategy:
     """Build a Strategy: time the collectives, compute time and output memory."""
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     backward = op.role == "backward"
@@ -374,12 +394,7 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
         mem += _nbytes(shp, dt) / tile_count(s, sizes)
     out_specs = tuple(map(Spec.of, out_specs))
     in_specs = tuple(None if s is None else Spec.of(s) for s in in_specs)
-    if name is None:
-        ins = [str(s) for s in in_specs if s is not None and len(s) > 0]
-        name = " x ".join(ins) + " -> " + ", ".join(str(s) for s in out_specs)
-        if cs:
-            name += " (" + ", ".join(f"{c.kind} {','.join(c.axes)}" for c in cs) + ")"
-    return Strategy(name, out_specs, in_specs, tuple(cs), compute, mem)
+    return Strategy(out_specs, in_specs, tuple(cs), compute, mem)
 
 
 def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
@@ -503,7 +518,9 @@ def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
         return None
 
     if prim in ELEMENTWISE:
-        if len(src) == len(out_shape):
+        if src == out_shape:
+            out = spec
+        elif len(src) == len(out_shape):
             out = tuple(e if src[d] == out_shape[d] else None for d, e in enumerate(spec))
         else:
             out = replicated(len(out_shape))

@@ -10,6 +10,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ import autoplan
 from autoplan import Cluster, InfeasiblePlanError, SearchError
 from autoplan.search.intra._ilp import (
     UnsupportedPrimitiveWarning,
+    _unique_ids,
+    _unique_rows,
     build_problem,
     evaluate,
     solve_ilp,
@@ -159,6 +162,20 @@ def adam_graph(h=1024, batch=2048):
 @pytest.fixture(scope="module")
 def adam():
     return adam_graph()
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 300])
+def test_unique_ids_and_rows_agree_with_numpy(n):
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, 12, size=n)
+    u, inv = _unique_ids(ids)
+    nu, ninv = np.unique(ids, return_inverse=True)
+    assert u == nu.tolist() and np.array_equal(inv, ninv.reshape(-1))
+    for cols in (1, 3):
+        rows = rng.integers(0, 5, size=(n, cols))
+        ur, rinv = _unique_rows(rows)
+        nur, nrinv = np.unique(rows, axis=0, return_inverse=True)
+        assert np.array_equal(ur, nur) and np.array_equal(rinv, nrinv.reshape(-1))
 
 
 def test_updated_input_pairs(adam):

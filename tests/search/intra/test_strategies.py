@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -9,7 +11,9 @@ import pytest
 import autoplan
 from autoplan import Cluster
 from autoplan._graph import OpNode
+from autoplan._spec import Spec
 from autoplan.search.intra._strategies import (
+    Strategy,
     combined_latency,
     derive,
     fusion_context,
@@ -64,6 +68,20 @@ def test_dot_rs_x_sr_all_reduce_matches_hand_value():
     assert [(c.kind, c.bytes) for c in rs.comm] == [("reduce-scatter", out_bytes)]
     assert rs.comm[0].time == pytest.approx(M18.collective_time("reduce-scatter", out_bytes, [1]))
     assert "all-reduce y" in st.name and st.name.startswith("RS(y) x S(y)R -> RR")
+
+
+def test_strategy_name_describes_specs_and_collectives_or_is_the_label():
+    g, op = trace_op(lambda a, b: jnp.tanh(a @ b).sum(), (64, 128), (128, 32), prim="dot_general")
+    st = by_specs(strategies(op, g, M18))[(((None, ("y",)), (("y",), None)), ((None, None),))]
+    assert st.name == "RS(y) x S(y)R -> RR (all-reduce y)"
+    # the same description, written from the fields of an equal strategy, whenever it is read
+    again = Strategy(st.out_specs, st.in_specs, st.comm, st.compute_time, st.memory)
+    assert again == st and again.name == st.name
+    assert pickle.loads(pickle.dumps(st)).name == st.name
+    # operands without a spec (literals) and scalars are left out; a label replaces the text
+    scalar = Strategy((Spec(("x",), None),), (None, Spec(), Spec(None, ("y",))))
+    assert scalar.name == "RS(y) -> S(x)R"
+    assert Strategy((Spec(("x",), None),), (), label="S(x)R").name == "S(x)R"
 
 
 def test_dot_2d_table_on_2x4():
