@@ -1110,14 +1110,17 @@ class _Reducer:
         self.cost = [np.array(c, dtype=float) for c in
                      (cost if cost is not None else [n.cost for n in prob.nodes])]
         self.k = [len(n.strategies) for n in prob.nodes]
-        self.edges: dict[int, list] = {}
+        setup = _edge_setup(prob)
+        self.edges: dict[int, list] = dict(setup.edges)
         self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
-        self.pair: dict[tuple[int, int], int] = {}
-        self.next_id = 0
+        for v, eids in setup.adj.items():
+            self.adj[v] = set(eids)
+        self.pair: dict[tuple[int, int], int] = dict(setup.pair)
+        self.next_id = setup.next_id
+        for v, extra in setup.folds:  # in the order the edges were added
+            self.cost[v] = self.cost[v] + extra
         self.eliminated: list[tuple] = []  # (v, [(neighbour, gv, gn, m_vn)], cost_v)
         self.alive = [k > 1 for k in self.k]
-        for u, w, gu, gw, m in prob.edges:
-            self.add(u, w, gu, gw, m)
 
     # -- edges ---------------------------------------------------------------------------------
     def add(self, u: int, w: int, gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> None:
@@ -1141,8 +1144,8 @@ class _Reducer:
         a = m[:, 0]
         b = m[0, :] - m[0, 0]
         if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
-            self.cost[u] = self.cost[u] + a[gu]
-            self.cost[w] = self.cost[w] + b[gw]
+            self._fold(u, a[gu])
+            self._fold(w, b[gw])
             return
         eid = self.next_id
         self.next_id += 1
@@ -1150,6 +1153,10 @@ class _Reducer:
         self.pair[key] = eid
         self.adj[u].add(eid)
         self.adj[w].add(eid)
+
+    def _fold(self, v: int, extra: np.ndarray) -> None:
+        """Add a separable edge's share to node ``v``'s costs."""
+        self.cost[v] = self.cost[v] + extra
 
     def _view(self, eid: int, v: int):
         """Edge ``eid`` seen from ``v``: (neighbour, groups of v, groups of neighbour, m[v, n])."""
@@ -1250,6 +1257,55 @@ class _Reducer:
             for n, gv, gn, m in views:
                 tot = tot + m[gv, gn[vec[n]]]
             vec[v] = int(np.argmin(tot))
+
+
+@dataclass
+class _EdgeSetup:
+    """A problem's edges as :class:`_Reducer` starts from them: parallel edges merged, rows and
+    columns compressed, separable ones folded into node costs. None of this depends on the node
+    costs, so it is done once per problem's edge list and shared by every solve of it (the
+    pipeline search's memory-lean solves differ only in their costs).
+
+    Attributes:
+        edges, pair, adj, next_id: the reducer's edge tables after adding every edge.
+        folds: ``(node, extra cost)`` of the separable edges, in the order they were found (each
+            solve adds them to its node costs in this order: the same sums as adding the edges).
+    """
+
+    edges: dict[int, list]
+    pair: dict[tuple[int, int], int]
+    adj: dict[int, set[int]]
+    next_id: int
+    folds: list[tuple[int, np.ndarray]]
+
+
+class _SetupRecorder(_Reducer):
+    """Adds a problem's edges, recording the separable folds instead of applying them."""
+
+    def __init__(self, prob: ILPProblem):  # noqa: D107  (no node costs: see _EdgeSetup)
+        self.edges, self.pair, self.next_id = {}, {}, 0
+        self.adj = {}
+        self.folds: list[tuple[int, np.ndarray]] = []
+        for u, w, gu, gw, m in prob.edges:
+            self.adj.setdefault(u, set())
+            self.adj.setdefault(w, set())
+            self.add(u, w, gu, gw, m)
+
+    def _fold(self, v: int, extra: np.ndarray) -> None:
+        self.folds.append((v, extra))
+
+
+def _edge_setup(prob: ILPProblem) -> _EdgeSetup:
+    """The problem's :class:`_EdgeSetup`, made on first use and kept on the problem for its edge
+    list (a copy of the problem sharing the list, as the pipeline search's per-step weighting makes, shares
+    it)."""
+    hit = prob.__dict__.get("_edge_setup")
+    if hit is not None and hit[0] is prob.edges:
+        return hit[1]
+    rec = _SetupRecorder(prob)
+    setup = _EdgeSetup(rec.edges, rec.pair, rec.adj, rec.next_id, rec.folds)
+    prob._edge_setup = (prob.edges, setup)  # type: ignore[attr-defined]
+    return setup
 
 
 # ---------------------------------------------------------------------------------------------
