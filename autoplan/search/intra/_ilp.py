@@ -1121,6 +1121,8 @@ class _Reducer:
             self.cost[v] = self.cost[v] + extra
         self.eliminated: list[tuple] = []  # (v, [(neighbour, gv, gn, m_vn)], cost_v)
         self.alive = [k > 1 for k in self.k]
+        #: per node, what its last dominance test saw: (its cost array, its edge ids)
+        self._pruned: dict[int, tuple[np.ndarray, frozenset[int]]] = {}
 
     # -- edges ---------------------------------------------------------------------------------
     def add(self, u: int, w: int, gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> None:
@@ -1215,10 +1217,16 @@ class _Reducer:
         more at the node and on every incident edge whatever the neighbour does. Exact: some
         optimum survives. True if anything was pruned."""
         changed = False
+        pruned = self._pruned
         for v in range(len(self.k)):
             if not self.alive[v]:
                 continue
             c = self.cost[v]
+            seen = pruned.get(v)
+            # the test of a node whose costs and edges have not changed since its last test
+            # drops nothing more (edges are never changed in place; ids are never reused)
+            if seen is not None and seen[0] is c and seen[1] == self.adj[v]:
+                continue
             fin = np.flatnonzero(np.isfinite(c))
             if len(fin) < 2:
                 continue
@@ -1239,6 +1247,7 @@ class _Reducer:
                 c[drop] = np.inf
                 self.cost[v] = c
                 changed = True
+            pruned[v] = (c, frozenset(self.adj[v]))
         return changed
 
     def run(self, max_rounds: int = 4) -> None:
