@@ -1541,49 +1541,94 @@ def _build_model(prob: ILPProblem, costs: Sequence[np.ndarray], active: Sequence
                  present: Sequence[np.ndarray | None], kept_edges: Sequence[tuple],
                  memory_budget: float | None) -> _Model:
     """The matrix model: one-hot strategy columns per node, edge columns tied to both ends'
-    strategies, and the memory row when there is a budget."""
+    strategies, and the memory row when there is a budget.
+
+    Columns: each choosing node's present strategies (cost less the node's least), in node
+    order, then each edge's ``e[a, b]`` at ``a * nw + b`` (cost less the edge's least). Rows:
+    each choosing node's one-hot row, then per edge ``sum_b e[a, b] = sum of u's strategies in
+    group a`` (one row per group ``a`` of ``u``) and likewise for ``w``. The columns and rows of
+    all nodes, and of all edges, are made in one pass of array operations each (a layer ILP has
+    tens of edges and is solved several times).
+    """
     mm = MatrixModel()
-    # column index of each node's strategy variables (-1: absent), one-hot rows
-    scols: list[np.ndarray | None] = []
+    scols: list[np.ndarray | None] = [None] * len(prob.nodes)
     const = 0.0
-    n_bin = n_edge = n_con = 0
+    chosen = []  # (node, its present strategies, their costs)
     for nid, n in enumerate(prob.nodes):
-        k = len(n.strategies)
-        if k == 1 or not active[nid]:
-            scols.append(None)
-            if k == 1:
-                const += float(costs[nid][0])
-            continue
-        pres = present[nid]
-        cost = costs[nid][pres]
-        base = float(cost.min())
-        const += base
-        idx = np.full(k, -1, dtype=np.int64)
-        idx[pres] = mm.add_cols((cost - base) * _SCALE, integer=True)
-        scols.append(idx)
-        n_bin += int(pres.sum())
-        mm.add_rows(np.zeros(int(pres.sum()), dtype=np.int64), idx[pres], 1.0, 1.0, 1.0, 1)
-        n_con += 1
-    for u, w, gu, gw, m in kept_edges:
-        su, sw = scols[u], scols[w]
-        assert su is not None and sw is not None
-        nu, nw = m.shape
-        base = float(m.min())
-        const += base
-        ev = mm.add_cols(((m - base) * _SCALE).ravel())  # e[a, b] at a * nw + b
-        n_edge += nu * nw
-        ku, kw = (su >= 0) & (gu >= 0), (sw >= 0) & (gw >= 0)
-        ones_e, neg_u, neg_w = np.ones(nu * nw), -np.ones(int(ku.sum())), -np.ones(int(kw.sum()))
-        # sum_b e[a, b] = sum of u's strategies in group a; sum_a e[a, b] likewise for w
-        mm.add_rows(np.concatenate([np.repeat(np.arange(nu), nw), gu[ku]]),
-                    np.concatenate([ev, su[ku]]), np.concatenate([ones_e, neg_u]), 0.0, 0.0, nu)
-        mm.add_rows(np.concatenate([np.tile(np.arange(nw), nu), gw[kw]]),
-                    np.concatenate([ev, sw[kw]]), np.concatenate([ones_e, neg_w]), 0.0, 0.0, nw)
-        n_con += nu + nw
+        if len(n.strategies) == 1:
+            const += float(costs[nid][0])
+        elif active[nid]:
+            pres = present[nid]
+            cost = costs[nid][pres]
+            base = float(cost.min())
+            const += base
+            chosen.append((nid, pres, (cost - base) * _SCALE))
+    n_bin = n_edge = n_con = 0
+    if chosen:
+        sizes = [len(c) for _, _, c in chosen]
+        cols = mm.add_cols(np.concatenate([c for _, _, c in chosen]), integer=True)
+        off = 0
+        for (nid, pres, _), size in zip(chosen, sizes):
+            idx = np.full(len(pres), -1, dtype=np.int64)
+            idx[pres] = cols[off:off + size]
+            scols[nid] = idx
+            off += size
+        n_bin, n_con = off, len(chosen)
+        mm.add_rows(np.repeat(np.arange(len(chosen)), sizes), cols, 1.0, 1.0, 1.0, len(chosen))
+    if kept_edges:
+        rows, cols, vals, count, ecost, bases = _edge_rows(kept_edges, scols, mm.num_cols)
+        for base in bases.tolist():  # in edge order, after the nodes' (as they were summed)
+            const += base
+        mm.add_cols(ecost)
+        mm.add_rows(rows, cols, vals, 0.0, 0.0, count)
+        n_edge, n_con = len(ecost), n_con + count
     if memory_budget is not None and _add_memory_row(prob, mm, scols, memory_budget):
         n_con += 1
     mm.offset = const * _SCALE
     return _Model(mm, scols, n_bin, n_edge, n_con)
+
+
+def _edge_rows(kept_edges: Sequence[tuple], scols: Sequence[np.ndarray | None], first_col: int):
+    """The edges' columns and rows for :func:`_build_model`, over all edges at once.
+
+    Returns ``(rows, cols, vals, count, costs, bases)``: triplets of ``count`` rows (numbered
+    from 0) over the edge columns (numbered from ``first_col``) and the node strategy columns
+    ``scols``; the edge columns' costs; each edge's least cost. Within every row the entries
+    are in the order of a row-by-row construction (the edge columns by position, then the
+    node's strategies), so the model's sparse rows are the same.
+    """
+    ms = [e[4] for e in kept_edges]
+    nu = np.array([m.shape[0] for m in ms], dtype=np.int64)
+    nw = np.array([m.shape[1] for m in ms], dtype=np.int64)
+    size = nu * nw
+    flat = np.concatenate([m.ravel() for m in ms])
+    cstart = np.zeros(len(ms), dtype=np.int64)
+    np.cumsum(size[:-1], out=cstart[1:])
+    bases = np.minimum.reduceat(flat, cstart)
+    costs = (flat - np.repeat(bases, size)) * _SCALE
+    rstart = np.zeros(len(ms), dtype=np.int64)  # each edge's first row (u's groups, then w's)
+    np.cumsum((nu + nw)[:-1], out=rstart[1:])
+    q = np.arange(len(flat), dtype=np.int64)
+    local = q - np.repeat(cstart, size)
+    nwq = np.repeat(nw, size)
+    a = local // nwq
+    ru = np.repeat(rstart, size) + a
+    rw = np.repeat(rstart + nu, size) + (local - a * nwq)
+
+    def ends(side: int, first_row: np.ndarray):
+        g = np.concatenate([e[2 + side] for e in kept_edges])
+        s = np.concatenate([scols[e[side]] for e in kept_edges])  # type: ignore[misc]
+        keep = (s >= 0) & (g >= 0)
+        lens = np.array([len(e[2 + side]) for e in kept_edges], dtype=np.int64)
+        return (np.repeat(first_row, lens) + g)[keep], s[keep]
+
+    nru, ncu = ends(0, rstart)
+    nrw, ncw = ends(1, rstart + nu)
+    ecol = first_col + q
+    rows = np.concatenate([ru, rw, nru, nrw])
+    cols = np.concatenate([ecol, ecol, ncu, ncw])
+    vals = np.concatenate([np.ones(2 * len(flat)), -np.ones(len(nru) + len(nrw))])
+    return rows, cols, vals, int((nu + nw).sum()), costs, bases
 
 
 def _add_memory_row(prob: ILPProblem, mm: MatrixModel, scols: Sequence[np.ndarray | None],
