@@ -1504,11 +1504,24 @@ def _reduce(prob: ILPProblem, reduce: bool, memory_weight: float
 def _fold_separable_edges(edges: Iterable[tuple], costs: list[np.ndarray],
                           present: Sequence[np.ndarray | None]) -> list[tuple]:
     """Restrict edges to the strategies still present, and fold separable ones
-    (``m[a, b] = x[a] + y[b]``) into the node costs (updated in place); returns the rest."""
+    (``m[a, b] = x[a] + y[b]``) into the node costs (updated in place); returns the rest.
+
+    The edges come compressed and tested for separability as they are (by the reducer, or by
+    :func:`build_problem` without it): an edge whose every group still has a strategy present
+    is kept as it is, and only restricted edges are tested again.
+    """
     kept_edges = []
     for u, w, gu, gw, m in edges:
-        rows = np.unique(gu[present[u]])
-        cols = np.unique(gw[present[w]])
+        nu, nw = m.shape
+        rmask = np.zeros(nu, dtype=bool)
+        rmask[gu[present[u]]] = True
+        cmask = np.zeros(nw, dtype=bool)
+        cmask[gw[present[w]]] = True
+        if rmask.all() and cmask.all():
+            kept_edges.append((u, w, gu, gw, m))
+            continue
+        rows = np.flatnonzero(rmask)
+        cols = np.flatnonzero(cmask)
         m = m[np.ix_(rows, cols)]
         ru = np.full(int(gu.max()) + 1, -1)
         ru[rows] = np.arange(len(rows))
