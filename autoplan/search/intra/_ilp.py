@@ -1094,6 +1094,22 @@ def _compress(m: np.ndarray, gu: np.ndarray, gw: np.ndarray):
     return np.ascontiguousarray(rwt.T), gu, gw
 
 
+def _joint_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``(a[i], b[i])`` pairs of two group arrays in lexicographic order, and each
+    ``i``'s index among them (``_unique_rows(np.stack([a, b], axis=1))``, with a table over the
+    pairs instead of a sort: the groups are a few dozen)."""
+    nb = int(b.max()) + 1
+    size = (int(a.max()) + 1) * nb
+    if size > 1 << 20:
+        return _unique_rows(np.stack([a, b], axis=1))
+    code = a * nb + b
+    mark = np.zeros(size, dtype=bool)
+    mark[code] = True
+    uniq = np.flatnonzero(mark)
+    inv = (np.cumsum(mark) - 1)[code]
+    return np.stack([uniq // nb, uniq % nb], axis=1), inv
+
+
 class _Reducer:
     """Variable elimination on the pairwise cost structure (exact).
 
@@ -1123,6 +1139,7 @@ class _Reducer:
         self.alive = [k > 1 for k in self.k]
         #: per node, what its last dominance test saw: (its cost array, its edge ids)
         self._pruned: dict[int, tuple[np.ndarray, frozenset[int]]] = {}
+        self._finite: dict[int, tuple[np.ndarray, int]] = {}  # node -> (cost array, finite count)
 
     # -- edges ---------------------------------------------------------------------------------
     def add(self, u: int, w: int, gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> None:
@@ -1136,8 +1153,8 @@ class _Reducer:
             if ou != u:
                 gu, gw, m = gw, gu, m.T
             # joint groups on each side: (old group, new group) pairs
-            pu, iu = _unique_rows(np.stack([ogu, gu], axis=1))
-            pw, iw = _unique_rows(np.stack([ogw, gw], axis=1))
+            pu, iu = _joint_groups(ogu, gu)
+            pw, iw = _joint_groups(ogw, gw)
             m = om[np.ix_(pu[:, 0], pw[:, 0])] + m[np.ix_(pu[:, 1], pw[:, 1])]
             u, w, gu, gw = ou, ow, iu, iw
         m, gu, gw = _compress(m, gu, gw)
@@ -1176,7 +1193,11 @@ class _Reducer:
 
     # -- elimination ---------------------------------------------------------------------------
     def _eff_k(self, v: int) -> int:
-        return int(np.isfinite(self.cost[v]).sum())
+        c = self.cost[v]
+        hit = self._finite.get(v)
+        if hit is None or hit[0] is not c:  # (cost arrays are replaced, never changed in place)
+            hit = self._finite[v] = (c, int(np.isfinite(c).sum()))
+        return hit[1]
 
     def _eliminable(self, v: int) -> bool:
         return self.alive[v] and (len(self.adj[v]) <= 2 or self._eff_k(v) == 1)
