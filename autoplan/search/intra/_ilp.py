@@ -76,6 +76,7 @@ import math
 import re
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -1128,7 +1129,8 @@ class _Reducer:
         self.k = [len(n.strategies) for n in prob.nodes]
         setup = _edge_setup(prob)
         self.edges: dict[int, list] = dict(setup.edges)
-        self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
+        # (a node's edge ids, made on first use: most nodes of a large problem have no edge)
+        self.adj: dict[int, set[int]] = defaultdict(set)
         for v, eids in setup.adj.items():
             self.adj[v] = set(eids)
         self.pair: dict[tuple[int, int], int] = dict(setup.pair)
