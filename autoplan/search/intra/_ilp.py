@@ -76,6 +76,7 @@ import math
 import re
 import time
 import warnings
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -1109,6 +1110,22 @@ def _compress(m: np.ndarray, gu: np.ndarray, gw: np.ndarray):
     return np.ascontiguousarray(rwt.T), gu, gw
 
 
+def _joint_groups(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``(a[i], b[i])`` pairs of two group arrays in lexicographic order, and each
+    ``i``'s index among them (``_unique_rows(np.stack([a, b], axis=1))``, with a table over the
+    pairs instead of a sort: the groups are a few dozen)."""
+    nb = int(b.max()) + 1
+    size = (int(a.max()) + 1) * nb
+    if size > 1 << 20:
+        return _unique_rows(np.stack([a, b], axis=1))
+    code = a * nb + b
+    mark = np.zeros(size, dtype=bool)
+    mark[code] = True
+    uniq = np.flatnonzero(mark)
+    inv = (np.cumsum(mark) - 1)[code]
+    return np.stack([uniq // nb, uniq % nb], axis=1), inv
+
+
 class _Reducer:
     """Variable elimination on the pairwise cost structure (exact).
 
@@ -1125,14 +1142,21 @@ class _Reducer:
         self.cost = [np.array(c, dtype=float) for c in
                      (cost if cost is not None else [n.cost for n in prob.nodes])]
         self.k = [len(n.strategies) for n in prob.nodes]
-        self.edges: dict[int, list] = {}
-        self.adj: dict[int, set[int]] = {v: set() for v in range(len(prob.nodes))}
-        self.pair: dict[tuple[int, int], int] = {}
-        self.next_id = 0
+        setup = _edge_setup(prob)
+        self.edges: dict[int, list] = dict(setup.edges)
+        # (a node's edge ids, made on first use: most nodes of a large problem have no edge)
+        self.adj: dict[int, set[int]] = defaultdict(set)
+        for v, eids in setup.adj.items():
+            self.adj[v] = set(eids)
+        self.pair: dict[tuple[int, int], int] = dict(setup.pair)
+        self.next_id = setup.next_id
+        for v, extra in setup.folds:  # in the order the edges were added
+            self.cost[v] = self.cost[v] + extra
         self.eliminated: list[tuple] = []  # (v, [(neighbour, gv, gn, m_vn)], cost_v)
         self.alive = [k > 1 for k in self.k]
-        for u, w, gu, gw, m in prob.edges:
-            self.add(u, w, gu, gw, m)
+        #: per node, what its last dominance test saw: (its cost array, its edge ids)
+        self._pruned: dict[int, tuple[np.ndarray, frozenset[int]]] = {}
+        self._finite: dict[int, tuple[np.ndarray, int]] = {}  # node -> (cost array, finite count)
 
     # -- edges ---------------------------------------------------------------------------------
     def add(self, u: int, w: int, gu: np.ndarray, gw: np.ndarray, m: np.ndarray) -> None:
@@ -1146,8 +1170,8 @@ class _Reducer:
             if ou != u:
                 gu, gw, m = gw, gu, m.T
             # joint groups on each side: (old group, new group) pairs
-            pu, iu = _unique_rows(np.stack([ogu, gu], axis=1))
-            pw, iw = _unique_rows(np.stack([ogw, gw], axis=1))
+            pu, iu = _joint_groups(ogu, gu)
+            pw, iw = _joint_groups(ogw, gw)
             m = om[np.ix_(pu[:, 0], pw[:, 0])] + m[np.ix_(pu[:, 1], pw[:, 1])]
             u, w, gu, gw = ou, ow, iu, iw
         m, gu, gw = _compress(m, gu, gw)
@@ -1156,8 +1180,8 @@ class _Reducer:
         a = m[:, 0]
         b = m[0, :] - m[0, 0]
         if np.abs(m - a[:, None] - b[None, :]).max() <= 1e-12 * max(1e-30, np.abs(m).max()):
-            self.cost[u] = self.cost[u] + a[gu]
-            self.cost[w] = self.cost[w] + b[gw]
+            self._fold(u, a[gu])
+            self._fold(w, b[gw])
             return
         eid = self.next_id
         self.next_id += 1
@@ -1165,6 +1189,10 @@ class _Reducer:
         self.pair[key] = eid
         self.adj[u].add(eid)
         self.adj[w].add(eid)
+
+    def _fold(self, v: int, extra: np.ndarray) -> None:
+        """Add a separable edge's share to node ``v``'s costs."""
+        self.cost[v] = self.cost[v] + extra
 
     def _view(self, eid: int, v: int):
         """Edge ``eid`` seen from ``v``: (neighbour, groups of v, groups of neighbour, m[v, n])."""
@@ -1182,7 +1210,11 @@ class _Reducer:
 
     # -- elimination ---------------------------------------------------------------------------
     def _eff_k(self, v: int) -> int:
-        return int(np.isfinite(self.cost[v]).sum())
+        c = self.cost[v]
+        hit = self._finite.get(v)
+        if hit is None or hit[0] is not c:  # (cost arrays are replaced, never changed in place)
+            hit = self._finite[v] = (c, int(np.isfinite(c).sum()))
+        return hit[1]
 
     def _eliminable(self, v: int) -> bool:
         return self.alive[v] and (len(self.adj[v]) <= 2 or self._eff_k(v) == 1)
@@ -1223,10 +1255,16 @@ class _Reducer:
         more at the node and on every incident edge whatever the neighbour does. Exact: some
         optimum survives. True if anything was pruned."""
         changed = False
+        pruned = self._pruned
         for v in range(len(self.k)):
             if not self.alive[v]:
                 continue
             c = self.cost[v]
+            seen = pruned.get(v)
+            # the test of a node whose costs and edges have not changed since its last test
+            # drops nothing more (edges are never changed in place; ids are never reused)
+            if seen is not None and seen[0] is c and seen[1] == self.adj[v]:
+                continue
             fin = np.flatnonzero(np.isfinite(c))
             if len(fin) < 2:
                 continue
@@ -1247,6 +1285,7 @@ class _Reducer:
                 c[drop] = np.inf
                 self.cost[v] = c
                 changed = True
+            pruned[v] = (c, frozenset(self.adj[v]))
         return changed
 
     def run(self, max_rounds: int = 4) -> None:
@@ -1265,6 +1304,55 @@ class _Reducer:
             for n, gv, gn, m in views:
                 tot = tot + m[gv, gn[vec[n]]]
             vec[v] = int(np.argmin(tot))
+
+
+@dataclass
+class _EdgeSetup:
+    """A problem's edges as :class:`_Reducer` starts from them: parallel edges merged, rows and
+    columns compressed, separable ones folded into node costs. None of this depends on the node
+    costs, so it is done once per problem's edge list and shared by every solve of it (the
+    pipeline search's memory-lean solves differ only in their costs).
+
+    Attributes:
+        edges, pair, adj, next_id: the reducer's edge tables after adding every edge.
+        folds: ``(node, extra cost)`` of the separable edges, in the order they were found (each
+            solve adds them to its node costs in this order: the same sums as adding the edges).
+    """
+
+    edges: dict[int, list]
+    pair: dict[tuple[int, int], int]
+    adj: dict[int, set[int]]
+    next_id: int
+    folds: list[tuple[int, np.ndarray]]
+
+
+class _SetupRecorder(_Reducer):
+    """Adds a problem's edges, recording the separable folds instead of applying them."""
+
+    def __init__(self, prob: ILPProblem):  # noqa: D107  (no node costs: see _EdgeSetup)
+        self.edges, self.pair, self.next_id = {}, {}, 0
+        self.adj = {}
+        self.folds: list[tuple[int, np.ndarray]] = []
+        for u, w, gu, gw, m in prob.edges:
+            self.adj.setdefault(u, set())
+            self.adj.setdefault(w, set())
+            self.add(u, w, gu, gw, m)
+
+    def _fold(self, v: int, extra: np.ndarray) -> None:
+        self.folds.append((v, extra))
+
+
+def _edge_setup(prob: ILPProblem) -> _EdgeSetup:
+    """The problem's :class:`_EdgeSetup`, made on first use and kept on the problem for its edge
+    list (a copy of the problem sharing the list, as the pipeline search's per-step weighting makes, shares
+    it)."""
+    hit = prob.__dict__.get("_edge_setup")
+    if hit is not None and hit[0] is prob.edges:
+        return hit[1]
+    rec = _SetupRecorder(prob)
+    setup = _EdgeSetup(rec.edges, rec.pair, rec.adj, rec.next_id, rec.folds)
+    prob._edge_setup = (prob.edges, setup)  # type: ignore[attr-defined]
+    return setup
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1454,11 +1542,24 @@ def _reduce(prob: ILPProblem, reduce: bool, memory_weight: float
 def _fold_separable_edges(edges: Iterable[tuple], costs: list[np.ndarray],
                           present: Sequence[np.ndarray | None]) -> list[tuple]:
     """Restrict edges to the strategies still present, and fold separable ones
-    (``m[a, b] = x[a] + y[b]``) into the node costs (updated in place); returns the rest."""
+    (``m[a, b] = x[a] + y[b]``) into the node costs (updated in place); returns the rest.
+
+    The edges come compressed and tested for separability as they are (by the reducer, or by
+    :func:`build_problem` without it): an edge whose every group still has a strategy present
+    is kept as it is, and only restricted edges are tested again.
+    """
     kept_edges = []
     for u, w, gu, gw, m in edges:
-        rows = np.unique(gu[present[u]])
-        cols = np.unique(gw[present[w]])
+        nu, nw = m.shape
+        rmask = np.zeros(nu, dtype=bool)
+        rmask[gu[present[u]]] = True
+        cmask = np.zeros(nw, dtype=bool)
+        cmask[gw[present[w]]] = True
+        if rmask.all() and cmask.all():
+            kept_edges.append((u, w, gu, gw, m))
+            continue
+        rows = np.flatnonzero(rmask)
+        cols = np.flatnonzero(cmask)
         m = m[np.ix_(rows, cols)]
         ru = np.full(int(gu.max()) + 1, -1)
         ru[rows] = np.arange(len(rows))
@@ -1491,49 +1592,94 @@ def _build_model(prob: ILPProblem, costs: Sequence[np.ndarray], active: Sequence
                  present: Sequence[np.ndarray | None], kept_edges: Sequence[tuple],
                  memory_budget: float | None) -> _Model:
     """The matrix model: one-hot strategy columns per node, edge columns tied to both ends'
-    strategies, and the memory row when there is a budget."""
+    strategies, and the memory row when there is a budget.
+
+    Columns: each choosing node's present strategies (cost less the node's least), in node
+    order, then each edge's ``e[a, b]`` at ``a * nw + b`` (cost less the edge's least). Rows:
+    each choosing node's one-hot row, then per edge ``sum_b e[a, b] = sum of u's strategies in
+    group a`` (one row per group ``a`` of ``u``) and likewise for ``w``. The columns and rows of
+    all nodes, and of all edges, are made in one pass of array operations each (a layer ILP has
+    tens of edges and is solved several times).
+    """
     mm = MatrixModel()
-    # column index of each node's strategy variables (-1: absent), one-hot rows
-    scols: list[np.ndarray | None] = []
+    scols: list[np.ndarray | None] = [None] * len(prob.nodes)
     const = 0.0
-    n_bin = n_edge = n_con = 0
+    chosen = []  # (node, its present strategies, their costs)
     for nid, n in enumerate(prob.nodes):
-        k = len(n.strategies)
-        if k == 1 or not active[nid]:
-            scols.append(None)
-            if k == 1:
-                const += float(costs[nid][0])
-            continue
-        pres = present[nid]
-        cost = costs[nid][pres]
-        base = float(cost.min())
-        const += base
-        idx = np.full(k, -1, dtype=np.int64)
-        idx[pres] = mm.add_cols((cost - base) * _SCALE, integer=True)
-        scols.append(idx)
-        n_bin += int(pres.sum())
-        mm.add_rows(np.zeros(int(pres.sum()), dtype=np.int64), idx[pres], 1.0, 1.0, 1.0, 1)
-        n_con += 1
-    for u, w, gu, gw, m in kept_edges:
-        su, sw = scols[u], scols[w]
-        assert su is not None and sw is not None
-        nu, nw = m.shape
-        base = float(m.min())
-        const += base
-        ev = mm.add_cols(((m - base) * _SCALE).ravel())  # e[a, b] at a * nw + b
-        n_edge += nu * nw
-        ku, kw = (su >= 0) & (gu >= 0), (sw >= 0) & (gw >= 0)
-        ones_e, neg_u, neg_w = np.ones(nu * nw), -np.ones(int(ku.sum())), -np.ones(int(kw.sum()))
-        # sum_b e[a, b] = sum of u's strategies in group a; sum_a e[a, b] likewise for w
-        mm.add_rows(np.concatenate([np.repeat(np.arange(nu), nw), gu[ku]]),
-                    np.concatenate([ev, su[ku]]), np.concatenate([ones_e, neg_u]), 0.0, 0.0, nu)
-        mm.add_rows(np.concatenate([np.tile(np.arange(nw), nu), gw[kw]]),
-                    np.concatenate([ev, sw[kw]]), np.concatenate([ones_e, neg_w]), 0.0, 0.0, nw)
-        n_con += nu + nw
+        if len(n.strategies) == 1:
+            const += float(costs[nid][0])
+        elif active[nid]:
+            pres = present[nid]
+            cost = costs[nid][pres]
+            base = float(cost.min())
+            const += base
+            chosen.append((nid, pres, (cost - base) * _SCALE))
+    n_bin = n_edge = n_con = 0
+    if chosen:
+        sizes = [len(c) for _, _, c in chosen]
+        cols = mm.add_cols(np.concatenate([c for _, _, c in chosen]), integer=True)
+        off = 0
+        for (nid, pres, _), size in zip(chosen, sizes):
+            idx = np.full(len(pres), -1, dtype=np.int64)
+            idx[pres] = cols[off:off + size]
+            scols[nid] = idx
+            off += size
+        n_bin, n_con = off, len(chosen)
+        mm.add_rows(np.repeat(np.arange(len(chosen)), sizes), cols, 1.0, 1.0, 1.0, len(chosen))
+    if kept_edges:
+        rows, cols, vals, count, ecost, bases = _edge_rows(kept_edges, scols, mm.num_cols)
+        for base in bases.tolist():  # in edge order, after the nodes' (as they were summed)
+            const += base
+        mm.add_cols(ecost)
+        mm.add_rows(rows, cols, vals, 0.0, 0.0, count)
+        n_edge, n_con = len(ecost), n_con + count
     if memory_budget is not None and _add_memory_row(prob, mm, scols, memory_budget):
         n_con += 1
     mm.offset = const * _SCALE
     return _Model(mm, scols, n_bin, n_edge, n_con)
+
+
+def _edge_rows(kept_edges: Sequence[tuple], scols: Sequence[np.ndarray | None], first_col: int):
+    """The edges' columns and rows for :func:`_build_model`, over all edges at once.
+
+    Returns ``(rows, cols, vals, count, costs, bases)``: triplets of ``count`` rows (numbered
+    from 0) over the edge columns (numbered from ``first_col``) and the node strategy columns
+    ``scols``; the edge columns' costs; each edge's least cost. Within every row the entries
+    are in the order of a row-by-row construction (the edge columns by position, then the
+    node's strategies), so the model's sparse rows are the same.
+    """
+    ms = [e[4] for e in kept_edges]
+    nu = np.array([m.shape[0] for m in ms], dtype=np.int64)
+    nw = np.array([m.shape[1] for m in ms], dtype=np.int64)
+    size = nu * nw
+    flat = np.concatenate([m.ravel() for m in ms])
+    cstart = np.zeros(len(ms), dtype=np.int64)
+    np.cumsum(size[:-1], out=cstart[1:])
+    bases = np.minimum.reduceat(flat, cstart)
+    costs = (flat - np.repeat(bases, size)) * _SCALE
+    rstart = np.zeros(len(ms), dtype=np.int64)  # each edge's first row (u's groups, then w's)
+    np.cumsum((nu + nw)[:-1], out=rstart[1:])
+    q = np.arange(len(flat), dtype=np.int64)
+    local = q - np.repeat(cstart, size)
+    nwq = np.repeat(nw, size)
+    a = local // nwq
+    ru = np.repeat(rstart, size) + a
+    rw = np.repeat(rstart + nu, size) + (local - a * nwq)
+
+    def ends(side: int, first_row: np.ndarray):
+        g = np.concatenate([e[2 + side] for e in kept_edges])
+        s = np.concatenate([scols[e[side]] for e in kept_edges])  # type: ignore[misc]
+        keep = (s >= 0) & (g >= 0)
+        lens = np.array([len(e[2 + side]) for e in kept_edges], dtype=np.int64)
+        return (np.repeat(first_row, lens) + g)[keep], s[keep]
+
+    nru, ncu = ends(0, rstart)
+    nrw, ncw = ends(1, rstart + nu)
+    ecol = first_col + q
+    rows = np.concatenate([ru, rw, nru, nrw])
+    cols = np.concatenate([ecol, ecol, ncu, ncw])
+    vals = np.concatenate([np.ones(2 * len(flat)), -np.ones(len(nru) + len(nrw))])
+    return rows, cols, vals, int((nu + nw).sum()), costs, bases
 
 
 def _add_memory_row(prob: ILPProblem, mm: MatrixModel, scols: Sequence[np.ndarray | None],

@@ -20,6 +20,7 @@ import autoplan
 from autoplan import Cluster, InfeasiblePlanError, SearchError
 from autoplan.search.intra._ilp import (
     UnsupportedPrimitiveWarning,
+    _joint_groups,
     _unique_ids,
     _unique_rows,
     build_problem,
@@ -199,6 +200,33 @@ def test_merging_shrinks_the_ilp_and_solution_is_consistent(adam):
     # every updated input ends in the spec it started with (resharding charged)
     for gi in adam.inputs:
         assert sol.specs[gi.tensor] is not None
+
+
+def test_memory_weighted_solves_of_one_problem_equal_fresh_ones(adam):
+    """The solves of one problem share its edge set-up (merged, compressed edges and the
+    separable folds): each memory weight's plan is the one a freshly built problem gives."""
+    mesh = CL.logical_mesh((2, 4))
+    shared = build_problem(adam, mesh)
+    fast = solve_ilp(adam, mesh, problem=shared)
+    scale = fast.objective / max(fast.memory_per_device - fast.least_memory, 1.0)
+    plans = set()
+    for w in (0.0, scale, 4 * scale, 0.25 * scale, 0.0):
+        got = solve_ilp(adam, mesh, problem=shared, memory_weight=w)
+        ref = solve_ilp(adam, mesh, problem=build_problem(adam, mesh), memory_weight=w)
+        assert got.choice == ref.choice
+        assert (got.objective, got.memory_per_device) == (ref.objective, ref.memory_per_device)
+        plans.add(frozenset(got.choice.items()))
+    assert len(plans) > 1  # the weights reach different plans
+    assert shared._edge_setup[0] is shared.edges  # made once, kept for the edge list
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=60))
+def test_joint_groups_are_the_distinct_pairs_in_order(pairs):
+    a = np.array([p[0] for p in pairs], dtype=np.int64)
+    b = np.array([p[1] for p in pairs], dtype=np.int64)
+    got, inv = _joint_groups(a, b)
+    ref, ref_inv = _unique_rows(np.stack([a, b], axis=1))
+    assert np.array_equal(got, ref) and np.array_equal(inv, ref_inv)
 
 
 def test_memory_budget_forces_sharded_weight_update(adam):
