@@ -379,6 +379,13 @@ class _Groups:
         return int(g[int(np.argmax(x[g]))])
 
 
+def _objective(cost: np.ndarray, x: np.ndarray, offset: float) -> float:
+    """``cost @ x + offset``, summed by numpy rather than BLAS: a BLAS dot product of this length
+    wakes OpenBLAS's thread pool, whose threads then spin for a while on every core, taking it
+    from the search's other worker processes."""
+    return float(np.multiply(cost, x).sum()) + float(offset)
+
+
 def _rel_gap(objective: float, bound: float) -> float:
     """``(objective - bound) / |objective|``: how far above the bound a solution may be."""
     return (objective - bound) / max(abs(objective), 1e-300)
@@ -446,7 +453,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
         if col is None:
             # the objective of the dive's integral point, from its columns: after a dive that
             # forbade a column HiGHS can report the previous solve's objective value
-            incumbent = (float(a["cost"] @ x) + float(model.offset), x)
+            incumbent = (_objective(a["cost"], x, model.offset), x)
             gap = _rel_gap(incumbent[0], bound)
             if gap <= mip_gap:
                 return AssignmentSolution(
@@ -478,7 +485,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
         # HiGHS started from a given solution can hand back that solution's columns with the
         # objective value of a better one it found: then solve again without the start
         x = np.asarray(m.getSolution().col_value, dtype=np.float64)
-        if abs(float(a["cost"] @ x) + float(model.offset) - float(info.objective_function_value)) \
+        if abs(_objective(a["cost"], x, model.offset) - float(info.objective_function_value)) \
                 > 1e-9 * max(1.0, abs(float(info.objective_function_value))):
             m = _highs(model, a, integer=True, time_limit=left())
             m.setOptionValue("mip_rel_gap", float(mip_gap))
@@ -489,7 +496,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
     dt = time.perf_counter() - t0
     if ms == S.kOptimal or has:
         x = np.asarray(m.getSolution().col_value, dtype=np.float64)
-        obj = float(a["cost"] @ x) + float(model.offset)
+        obj = _objective(a["cost"], x, model.offset)
         if incumbent is not None and incumbent[0] < obj:
             obj, x = incumbent
         mb = float(info.mip_dual_bound)
