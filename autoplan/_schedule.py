@@ -504,9 +504,100 @@ def schedule_summary(
     """``schedule_stats(schedule_events(...), num_stages)`` without making the events (the
     pipeline search times many layouts and keeps the events of a few): the same arguments, the
     same numbers."""
-    rows = _timed_rows(kind, num_stages, microbatches, forward_times, backward_times, comm_times,
-                       backward_comm_times, step_times)
-    return _stats(rows, int(num_stages))
+    kind = _check_kind(kind)
+    S, m = _check_sm(num_stages, microbatches)
+    fwd = _check_times("forward_times", forward_times, S)
+    bwd = _check_times("backward_times", backward_times, S)
+    comm = _check_times("comm_times", comm_times, S - 1)
+    comm_b = comm if backward_comm_times is None else _check_times(
+        "backward_comm_times", backward_comm_times, S - 1)
+    step = None if step_times is None else _check_times("step_times", step_times, S)
+    meshes, deps = _sweep_order(kind, S, m)
+    # the simulation of _simulate_rows in its own sweep order, keeping only what the summary
+    # reads: each mesh's durations summed in its own order (as the sorted events sum them), the
+    # in-flight marks, the first start and the last end
+    end = [0.0] * len(meshes)
+    free = [0.0] * S
+    busy = [0.0] * S
+    first = [-1.0] * S
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(S)]
+    last = S - 1
+    for i, j in enumerate(meshes):
+        d = deps[i]
+        if d >= 0:  # a backward: its own forward (the last stage) or the next stage's backward
+            dep = end[d] if j == last else end[d] + comm_b[j]
+            dur = bwd[j]
+        elif d == -1:  # a forward of the first stage
+            dep, dur = 0.0, fwd[j]
+        else:  # a forward: the previous stage's forward, index -2 - d
+            dep, dur = end[-2 - d] + comm[j - 1], fwd[j]
+        f = free[j]
+        start = f if f >= dep else dep
+        e = start + dur
+        end[i] = free[j] = e
+        busy[j] += e - start
+        if first[j] < 0.0:
+            first[j] = start
+        if d >= 0:
+            marks[j].append((e, -1))
+        else:
+            marks[j].append((start, 1))
+    if step is not None:
+        for j in range(S):
+            f = free[j]
+            free[j] = f + step[j]
+            busy[j] += free[j] - f
+    t0 = min(first)
+    span = max(free) - t0
+    peak = []
+    for ms in marks:
+        cur = best = 0
+        for _, delta in sorted(ms):  # at equal times releases (-1) come first
+            cur += delta
+            best = max(best, cur)
+        peak.append(best)
+    bubble = 0.0 if span <= 0 else 1.0 - sum(busy) / (S * span)
+    return ScheduleStats(step_time=span, bubble_fraction=bubble, busy=busy, peak_inflight=peak)
+
+
+@functools.lru_cache(maxsize=16)
+def _sweep_order(kind: str, S: int, m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The tasks of :func:`_mesh_orders` in the order :func:`_simulate_rows` times them (every
+    task after its mesh's previous one and after its dependency), as two tuples: each task's
+    mesh, and its dependency's position in this order (a backward: ``>= 0``; a forward:
+    ``-1`` on the first stage, else ``-2 - position``)."""
+    orders = _mesh_orders(kind, S, m)
+    fpos = [[-1] * m for _ in range(S)]  # position of forward (stage, micro-batch), -1 not yet
+    bpos = [[-1] * m for _ in range(S)]
+    meshes: list[int] = []
+    deps: list[int] = []
+    pos = [0] * S
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        for j in range(S):
+            order, p = orders[j], pos[j]
+            while p < len(order):
+                b, _, kind_ = order[p]
+                if kind_ == "forward":
+                    if j == 0:
+                        code = -1
+                    else:
+                        d = fpos[j - 1][b]
+                        if d < 0:
+                            break
+                        code = -2 - d
+                    fpos[j][b] = len(meshes)
+                else:
+                    code = fpos[j][b] if j == S - 1 else bpos[j + 1][b]
+                    if code < 0:
+                        break
+                    bpos[j][b] = len(meshes)
+                meshes.append(j)
+                deps.append(code)
+                p += 1
+            remaining -= p - pos[j]
+            pos[j] = p
+    return tuple(meshes), tuple(deps)
 
 
 def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
