@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ast
 import atexit
+import gc
 import json
 import os
 import select
@@ -244,9 +245,6 @@ def cmd_trace(args) -> int:
     return 0
 
 
-_KEPT: list[Any] = []
-
-
 def _search(args):
     """The search the plan options ask for (checked before anything is traced): ``(result,
     seconds)``; a best plan that does not fit is left to the caller (warnings silenced)."""
@@ -266,12 +264,19 @@ def _search(args):
 
     wl = _workload(args)
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said by the caller, or not
-        result = search(wl, cluster, **kw)
-    # kept until the next command or the process's end: freeing a large step's traced graphs
-    # object by object takes about a second (0.8 s at GPT 39B), which the command's exit skips
-    _KEPT[:] = [wl]
+    # The search pauses the cyclic collector; its first collection afterwards would walk every
+    # object the search made and kept (0.8 s after GPT 39B). A command prints and ends, so those
+    # objects are set aside (frozen) instead, and the collector is back on for what follows.
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said by the caller, or not
+            result = search(wl, cluster, **kw)
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
     return result, time.perf_counter() - t0
 
 
