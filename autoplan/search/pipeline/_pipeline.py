@@ -704,6 +704,8 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
             warnings.simplefilter("ignore")
             sol = solve_ilp(sub, mesh, time_limit=time_limit, problem=prob, mip_gap=mip_gap,
                             memory_weight=memory_weight)
+        # (without the problem it was solved on: that is most of what a worker would send back)
+        sol = replace(sol, problem=None)
         if sol.status in ("feasible", "timeout-greedy"):
             out.timed_out += 1
         return _Solved(sol, time.perf_counter() - t0)
