@@ -24,6 +24,7 @@ structure, so ``plan.named_shardings()`` returns the user's own types.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import warnings
@@ -39,9 +40,11 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import LEVELS, Plan
 from autoplan.search._parallel import (
+    AUTO_PARALLEL_OPS,
     Task,
     check_not_bootstrapping,
     check_workers,
+    prestart,
     resolve_workers,
     run_tasks,
 )
@@ -114,6 +117,26 @@ class SearchResult:
         import html  # noqa: PLC0415
 
         return f"<pre>{html.escape(self.table())}</pre>"
+
+
+#: a workload whose arguments hold at least this many elements (parameters, optimizer state,
+#: batch) has its search's worker processes started before it is traced
+PRESTART_ELEMENTS = 10**8
+
+
+def _large_workload(workload_or_graph: Any) -> bool:
+    """Whether ``workload_or_graph`` is a workload (not yet traced) with at least
+    :data:`PRESTART_ELEMENTS` argument elements: a step whose trace takes seconds and whose
+    graph is large enough for worker processes."""
+    if isinstance(workload_or_graph, OpGraph) or not hasattr(workload_or_graph, "args"):
+        return False
+    import jax  # noqa: PLC0415
+
+    try:
+        leaves = jax.tree_util.tree_leaves(workload_or_graph.args)
+        return sum(math.prod(getattr(x, "shape", ()) or ()) for x in leaves) >= PRESTART_ELEMENTS
+    except Exception:  # (arguments of a kind this cannot size: no early start)
+        return False
 
 
 def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
@@ -311,15 +334,18 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     report = progress or (lambda msg, frac: None)
     t_start = time.perf_counter()
     report("tracing", 0.0)
+    single = options["mesh_shape"] is not None or len(mesh_shapes_for(
+        cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
+    if _large_workload(workload_or_graph) and not (workers is None and single
+                                                   and pipeline is False):
+        prestart(resolve_workers(workers, AUTO_PARALLEL_OPS))  # (they start while it traces)
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
     if pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
                           "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
                           "pipeline=False.")
     n_workers = resolve_workers(workers, len(graph))
-    one_mesh = options["mesh_shape"] is not None or len(mesh_shapes_for(
-        cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
-    if workers is None and one_mesh and (pipeline is False or workload is None):
+    if workers is None and single and (pipeline is False or workload is None):
         # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
         # analyses, which costs more than the baselines it would take off this process
         n_workers = 1

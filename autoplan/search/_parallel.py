@@ -249,9 +249,11 @@ _POOL: _Pool | None = None
 
 
 def _acquire(size: int) -> _Pool:
+    """The kept pool, made or remade to ``size`` workers (a larger idle one is kept: its extra
+    workers sit idle)."""
     global _POOL
     with _LOCK:
-        if _POOL is not None and _POOL.size != size and _POOL.busy == 0:
+        if _POOL is not None and _POOL.size < size and _POOL.busy == 0:
             _POOL.close()
             _POOL = None
         if _POOL is None:
@@ -283,6 +285,34 @@ def _close_if_idle() -> None:
             return
         _POOL = None
     pool.close()
+
+
+def _warm() -> int:
+    """A worker's first task when started ahead (:func:`prestart`): import what the search's
+    tasks run."""
+    import autoplan.search._api  # noqa: F401, PLC0415
+    import autoplan.search.pipeline._pipeline  # noqa: F401, PLC0415
+    from autoplan.search.intra._solver import new_highs  # noqa: PLC0415
+
+    new_highs()  # (HiGHS's banner, once per process, where it is silenced)
+    return os.getpid()
+
+
+def prestart(workers: int) -> None:
+    """Start the pool's ``workers - 1`` worker processes now, each importing what the tasks run,
+    without waiting for them: a search calls it before tracing a large step, so that the workers
+    start while the caller traces (a later :func:`run_tasks` of at most that many workers uses
+    them)."""
+    if _IN_WORKER or workers <= 1:
+        return
+    pool = _acquire(workers - 1)
+    try:
+        for _ in range(pool.size):
+            pool.executor.submit(_warm)
+    except Exception:  # (a pool that cannot start says so, with its fallback, when first used)
+        pass
+    finally:
+        _release(pool)
 
 
 def shutdown(*, kill: bool = False) -> None:
@@ -330,8 +360,8 @@ class _Batch:
     dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
     the caller can still take any task no worker has started)."""
 
-    def __init__(self, tasks: Sequence[Task], pool: _Pool):
-        self.tasks, self.pool = tasks, pool
+    def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int):
+        self.tasks, self.pool, self.size = tasks, pool, min(size, pool.size)
         self.pending = deque(range(len(tasks)))
         self.outcomes: list[Outcome | None] = [None] * len(tasks)
         self.lock = threading.Lock()
@@ -371,7 +401,7 @@ class _Batch:
         inflight: dict[cf.Future, int] = {}
         try:
             while True:
-                while len(inflight) < self.pool.size and not self.stop.is_set():
+                while len(inflight) < self.size and not self.stop.is_set():
                     k = self.take(front=False)
                     if k is None:
                         break
@@ -421,11 +451,12 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             tick(t.label, k / n)
             out.append(_call(t.fn, t.graph, t.args, t.kwargs))
         return out
-    pool = _acquire(min(workers - 1, sum(not t.local for t in tasks)))
+    size = min(workers - 1, sum(not t.local for t in tasks))
+    pool = _acquire(size)
     broken = False
     batch: _Batch | None = None
     try:
-        batch = _Batch(tasks, pool)
+        batch = _Batch(tasks, pool, size)
         batch.thread.start()
 
         def done() -> float:

@@ -119,6 +119,48 @@ def test_a_pool_shared_by_two_batches_closes_twice():
     _parallel.shutdown()
 
 
+def _pid(graph, k: int) -> tuple[int, int]:
+    return os.getpid(), k
+
+
+def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
+    """prestart() starts the workers before any task (their processes exist at once); the next
+    batch runs on them, and a batch asking for fewer workers than the kept pool holds uses no
+    more than it asked for."""
+    _parallel.shutdown()
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    _parallel.prestart(3)
+    pool = _parallel._POOL
+    assert pool is not None and pool.size == 2
+    started = {p.pid for p in pool.executor._processes.values()}
+    assert len(started) == 2
+    outs = run_tasks([Task(_pid, graph, (k,)) for k in range(6)], workers=3)
+    assert [o.result()[1] for o in outs] == list(range(6))
+    assert _parallel._POOL is pool  # the same pool, not a new one
+    assert {o.result()[0] for o in outs} - {os.getpid()} <= started
+    # a batch of two processes (one worker) keeps one task at a time in the pool of two
+    batch = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(4)], pool, 1)
+    assert batch.size == 1
+    _parallel.shutdown()
+
+
+def test_a_large_workload_starts_its_workers_before_it_is_traced(monkeypatch):
+    """The search of a workload whose arguments hold many elements starts its worker pool before
+    tracing; a small one, or an OpGraph, does not."""
+    calls = []
+    monkeypatch.setattr("autoplan.search._api.prestart", lambda n: calls.append(n))
+    from autoplan.search._api import _large_workload
+
+    small = models.get("mlp", size="tiny")
+    assert not _large_workload(small) and not _large_workload(autoplan.trace(small))
+    monkeypatch.setattr("autoplan.search._api.PRESTART_ELEMENTS", 1)
+    assert _large_workload(small)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        autoplan.search(small, "cpu:8", pipeline=False, workers=2, cache=False)
+    assert calls == [2]
+
+
 def _fail_or_warn(graph, k: int) -> int:
     warnings.warn(f"task {k} says so", RuntimeWarning, stacklevel=1)
     if k == 2:
