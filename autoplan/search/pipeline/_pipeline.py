@@ -1681,7 +1681,16 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             for k, c in ctx.cells():
                 table.cost(li, k, c)
     t_costs = time.perf_counter() - t1
-    found, fits, _, t_dp = _layouts(table, dag, use_ilp, workers=n_workers)
+    # the default count's layouts and the other counts' screening (the default's plans re-timed):
+    # the stage-DP runs of both in one batch of tasks
+    others: list[int] = []
+    if search_mb and table.screenable:
+        window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
+        others = [B for B in microbatch_counts(batch, B0, window) if B != B0]
+    outs = _layouts_of(table, dag, use_ilp, [(1.0, B0, True)] + [(B0 / B, B, False)
+                                                                  for B in others],
+                       workers=n_workers)
+    found, fits, _, t_dp = outs[0]
 
     def no_fit() -> tuple[str, float | None]:
         """Why no layout of the default count fits, with the least memory that would (sought
@@ -1705,14 +1714,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     tables = {B0: table}
 
     # other counts: screened on the default's plans re-timed, the best costed exactly
-    if search_mb and table.screenable and evals:
+    if others and evals:
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-        window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
-        others = [B for B in microbatch_counts(batch, B0, window) if B != B0]
-        outs = _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in others],
-                           workers=n_workers)
-        for B, (lays, ok, _, _) in zip(others, outs):
+        for B, (lays, ok, _, _) in zip(others, outs[1:]):
             ratio = B0 / B
             got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays) if ev),
                          key=lambda ev: ev.key)
