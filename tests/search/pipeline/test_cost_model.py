@@ -97,8 +97,9 @@ def test_per_step_terms_are_weighted_in_the_layer_ilp():
     li = table.rep[table.layers[1].signature]
     k, c = cell(table, (1, 8), (8, 1))
     res = quiet(table.result, li, k, c)
-    prob = res.solution.problem  # built and weighted by 1 / B = 1/4
     base = pp.build_problem(table.sub(li), table.ctx.mesh(k, (8, 1)), count_unmerged=False)
+    prob = pp.per_step_weighted(base, 1 / 4)  # as the layer ILP is weighted (B = 4)
+    assert res.solution.problem is None  # (a layer plan does not carry its problem)
     vec = [res.solution.choice[n.key] for n in base.nodes]
     drop = sum(b.cost[v] - w.cost[v] for b, w, v in zip(base.nodes, prob.nodes, vec))
     lc = table.cost(li, k, c)
