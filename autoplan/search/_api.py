@@ -119,6 +119,9 @@ class SearchResult:
         return f"<pre>{html.escape(self.table())}</pre>"
 
 
+#: the modules a search's tasks run in a worker (imported by workers started ahead)
+_TASK_MODULES = ("autoplan.search._api", "autoplan.search.pipeline._pipeline",
+                 "autoplan.search.intra._solver", "highspy")
 #: a workload whose arguments hold at least this many elements (parameters, optimizer state,
 #: batch) has its search's worker processes started before it is traced
 PRESTART_ELEMENTS = 10**8
@@ -338,7 +341,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
     if _large_workload(workload_or_graph) and not (workers is None and single
                                                    and pipeline is False):
-        prestart(resolve_workers(workers, AUTO_PARALLEL_OPS))  # (they start while it traces)
+        # (they start while it traces, importing what the tasks run)
+        prestart(resolve_workers(workers, AUTO_PARALLEL_OPS), _TASK_MODULES)
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
     if pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import importlib
 import multiprocessing
 import os
 import pickle
@@ -287,28 +288,24 @@ def _close_if_idle() -> None:
     pool.close()
 
 
-def _warm() -> int:
-    """A worker's first task when started ahead (:func:`prestart`): import what the search's
-    tasks run."""
-    import autoplan.search._api  # noqa: F401, PLC0415
-    import autoplan.search.pipeline._pipeline  # noqa: F401, PLC0415
-    from autoplan.search.intra._solver import new_highs  # noqa: PLC0415
-
-    new_highs()  # (HiGHS's banner, once per process, where it is silenced)
+def _warm(modules: tuple[str, ...]) -> int:
+    """A worker's first task when started ahead (:func:`prestart`): import ``modules``."""
+    for name in modules:
+        importlib.import_module(name)
     return os.getpid()
 
 
-def prestart(workers: int) -> None:
-    """Start the pool's ``workers - 1`` worker processes now, each importing what the tasks run,
-    without waiting for them: a search calls it before tracing a large step, so that the workers
-    start while the caller traces (a later :func:`run_tasks` of at most that many workers uses
-    them)."""
+def prestart(workers: int, modules: Sequence[str] = ()) -> None:
+    """Start the pool's ``workers - 1`` worker processes now, each importing ``modules`` (what the
+    tasks to come run), without waiting for them: a search calls it before tracing a large step,
+    so that the workers start while the caller traces (a later :func:`run_tasks` of at most that
+    many workers uses them)."""
     if _IN_WORKER or workers <= 1:
         return
     pool = _acquire(workers - 1)
     try:
         for _ in range(pool.size):
-            pool.executor.submit(_warm)
+            pool.executor.submit(_warm, tuple(modules))
     except Exception:  # (a pool that cannot start says so, with its fallback, when first used)
         pass
     finally:

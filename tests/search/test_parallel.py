@@ -129,7 +129,7 @@ def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
     more than it asked for."""
     _parallel.shutdown()
     graph = autoplan.trace(models.get("mlp", size="tiny"))
-    _parallel.prestart(3)
+    _parallel.prestart(3, ("autoplan.search._api",))
     pool = _parallel._POOL
     assert pool is not None and pool.size == 2
     started = {p.pid for p in pool.executor._processes.values()}
@@ -148,7 +148,7 @@ def test_a_large_workload_starts_its_workers_before_it_is_traced(monkeypatch):
     """The search of a workload whose arguments hold many elements starts its worker pool before
     tracing; a small one, or an OpGraph, does not."""
     calls = []
-    monkeypatch.setattr("autoplan.search._api.prestart", lambda n: calls.append(n))
+    monkeypatch.setattr("autoplan.search._api.prestart", lambda n, modules: calls.append(n))
     from autoplan.search._api import _large_workload
 
     small = models.get("mlp", size="tiny")
