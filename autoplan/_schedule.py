@@ -479,6 +479,19 @@ def _timed_rows(kind: str, num_stages: int, microbatches: int, forward_times: Se
                 backward_comm_times: Sequence[float] | None,
                 step_times: Sequence[float] | None) -> list[_Row]:
     """:func:`schedule_events`'s events as plain tuples (arguments checked)."""
+    kind, S, m, fwd, bwd, comm, comm_b, step = _checked(
+        kind, num_stages, microbatches, forward_times, backward_times, comm_times,
+        backward_comm_times, step_times)
+    return _simulate_rows(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+
+
+def _checked(kind: str, num_stages: int, microbatches: int, forward_times: Sequence[float],
+             backward_times: Sequence[float], comm_times: Sequence[float] | None,
+             backward_comm_times: Sequence[float] | None, step_times: Sequence[float] | None
+             ) -> tuple[str, int, int, list[float], list[float], list[float],
+                        list[float] | None, list[float] | None]:
+    """The simulation's arguments checked: ``(kind, S, m, fwd, bwd, comm, comm_b, step)``, the
+    last two None when not given."""
     kind = _check_kind(kind)
     S, m = _check_sm(num_stages, microbatches)
     fwd = _check_times("forward_times", forward_times, S)
@@ -487,7 +500,7 @@ def _timed_rows(kind: str, num_stages: int, microbatches: int, forward_times: Se
     comm_b = None if backward_comm_times is None else _check_times(
         "backward_comm_times", backward_comm_times, S - 1)
     step = None if step_times is None else _check_times("step_times", step_times, S)
-    return _simulate_rows(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+    return kind, S, m, fwd, bwd, comm, comm_b, step
 
 
 def schedule_summary(
@@ -504,14 +517,10 @@ def schedule_summary(
     """``schedule_stats(schedule_events(...), num_stages)`` without making the events (the
     pipeline search times many layouts and keeps the events of a few): the same arguments, the
     same numbers."""
-    kind = _check_kind(kind)
-    S, m = _check_sm(num_stages, microbatches)
-    fwd = _check_times("forward_times", forward_times, S)
-    bwd = _check_times("backward_times", backward_times, S)
-    comm = _check_times("comm_times", comm_times, S - 1)
-    comm_b = comm if backward_comm_times is None else _check_times(
-        "backward_comm_times", backward_comm_times, S - 1)
-    step = None if step_times is None else _check_times("step_times", step_times, S)
+    kind, S, m, fwd, bwd, comm, comm_b, step = _checked(
+        kind, num_stages, microbatches, forward_times, backward_times, comm_times,
+        backward_comm_times, step_times)
+    comm_b = comm if comm_b is None else comm_b
     meshes, deps = _sweep_order(kind, S, m)
     # the simulation of _simulate_rows in its own sweep order, keeping only what the summary
     # reads: each mesh's durations summed in its own order (as the sorted events sum them), the
@@ -547,17 +556,7 @@ def schedule_summary(
             f = free[j]
             free[j] = f + step[j]
             busy[j] += free[j] - f
-    t0 = min(first)
-    span = max(free) - t0
-    peak = []
-    for ms in marks:
-        cur = best = 0
-        for _, delta in sorted(ms):  # at equal times releases (-1) come first
-            cur += delta
-            best = max(best, cur)
-        peak.append(best)
-    bubble = 0.0 if span <= 0 else 1.0 - sum(busy) / (S * span)
-    return ScheduleStats(step_time=span, bubble_fraction=bubble, busy=busy, peak_inflight=peak)
+    return _stats_of(max(free) - min(first), busy, marks, S)
 
 
 @functools.lru_cache(maxsize=16)
@@ -630,6 +629,13 @@ def _stats(rows: Sequence[_Row], S: int) -> ScheduleStats:
             marks[mesh].append((start, 1))
         elif kind == "backward":
             marks[mesh].append((end, -1))
+    return _stats_of(step, busy, marks, S)
+
+
+def _stats_of(step: float, busy: list[float], marks: Sequence[list[tuple[float, int]]], S: int
+              ) -> ScheduleStats:
+    """The statistics from the step time, each mesh's busy time and its in-flight marks
+    (``(time, +1)`` at a forward's start, ``(time, -1)`` at a backward's end)."""
     peak = []
     for ms in marks:
         cur = best = 0

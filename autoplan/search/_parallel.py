@@ -23,7 +23,8 @@ change), send only its token. Warnings a task raises are recorded where it runs 
 with its result, for the caller to raise again (and to store with a cached result).
 
 The pool is kept between searches and closed after :data:`IDLE_SECONDS` without work, or when the
-interpreter exits. A worker that dies, or a pool that cannot start (a script calling the search at
+interpreter exits. A search of a large workload starts it before tracing the step
+(:func:`prestart`), so that the workers import what they run while the caller traces. A worker that dies, or a pool that cannot start (a script calling the search at
 its top level, without an ``if __name__ == "__main__":`` guard, re-runs in every spawned worker),
 loses nothing: the tasks run in the caller's process, with a :class:`ParallelWarning` that says
 why and how to fix it.
