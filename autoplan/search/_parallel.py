@@ -234,10 +234,14 @@ class _Pool:
         self.holders: dict[str, set[int]] = {}
         self.last_used = time.monotonic()
         self.busy = 0
+        self.starter: threading.Thread | None = None  # the thread of :func:`prestart`
 
     def close(self, *, kill: bool = False) -> None:
         """Shut the executor down (again is a no-op: batches that share a pool may each find it
-        broken); ``kill`` ends its worker processes too."""
+        broken); ``kill`` ends its worker processes too. Workers being started ahead are started
+        first, so that each is ended with the rest."""
+        if self.starter is not None and self.starter is not threading.current_thread():
+            self.starter.join()
         # (an executor already shut down has no process table)
         procs = list((getattr(self.executor, "_processes", None) or {}).values()) if kill else []
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -269,11 +273,11 @@ def _release(pool: _Pool, *, broken: bool = False) -> None:
     with _LOCK:
         pool.busy -= 1
         pool.last_used = time.monotonic()
-        if broken:
-            if _POOL is pool:
-                _POOL = None
-            pool.close(kill=True)
-            return
+        if broken and _POOL is pool:
+            _POOL = None
+    if broken:  # (outside the lock: closing waits for a prestart, which releases the pool)
+        pool.close(kill=True)
+        return
     timer = threading.Timer(IDLE_SECONDS + 1.0, _close_if_idle)
     timer.daemon = True
     timer.start()
@@ -297,20 +301,31 @@ def _warm(modules: tuple[str, ...]) -> int:
 
 
 def prestart(workers: int, modules: Sequence[str] = ()) -> None:
-    """Start the pool's ``workers - 1`` worker processes now, each importing ``modules`` (what the
-    tasks to come run), without waiting for them: a search calls it before tracing a large step,
-    so that the workers start while the caller traces (a later :func:`run_tasks` of at most that
-    many workers uses them)."""
+    """Start the pool's ``workers - 1`` worker processes, each importing ``modules`` (what the
+    tasks to come run), and return at once: a search calls it before tracing a large step, so
+    that the workers start while the caller traces (a later :func:`run_tasks` of at most that
+    many workers uses them).
+
+    The processes are started by a thread of their own, never the caller's: a signal's exception
+    (Ctrl-C) in the caller cannot land between starting a worker and sending it what it starts
+    from, which left the worker to fail on an empty pipe with a traceback on the user's
+    terminal. The thread is not a daemon, so an exiting interpreter waits for it (a few
+    milliseconds per worker) before the pool is shut down."""
     if _IN_WORKER or workers <= 1:
         return
     pool = _acquire(workers - 1)
-    try:
-        for _ in range(pool.size):
-            pool.executor.submit(_warm, tuple(modules))
-    except Exception:  # (a pool that cannot start says so, with its fallback, when first used)
-        pass
-    finally:
-        _release(pool)
+
+    def start() -> None:
+        try:
+            for _ in range(pool.size):
+                pool.executor.submit(_warm, tuple(modules))
+        except Exception:  # (a pool that cannot start says so, with its fallback, when first used)
+            pass
+        finally:
+            _release(pool)
+
+    pool.starter = threading.Thread(target=start, name="autoplan-prestart")
+    pool.starter.start()
 
 
 def shutdown(*, kill: bool = False) -> None:
@@ -334,6 +349,8 @@ def _at_exit() -> None:
     if pool is not None and pool.busy:
         pool.close(kill=True)  # a search still running in another thread: its workers end now
     elif pool is not None:
+        if pool.starter is not None:
+            pool.starter.join()
         pool.executor.shutdown(wait=True, cancel_futures=True)  # idle workers exit at once
 
 

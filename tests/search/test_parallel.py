@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
+import threading
 import warnings
 
 import pytest
@@ -132,6 +135,8 @@ def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
     _parallel.prestart(3, ("autoplan.search._api",))
     pool = _parallel._POOL
     assert pool is not None and pool.size == 2
+    assert pool.starter is not None and pool.starter is not threading.current_thread()
+    pool.starter.join()
     started = {p.pid for p in pool.executor._processes.values()}
     assert len(started) == 2
     outs = run_tasks([Task(_pid, graph, (k,)) for k in range(6)], workers=3)
@@ -142,6 +147,36 @@ def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
     batch = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(4)], pool, 1)
     assert batch.size == 1
     _parallel.shutdown()
+
+
+def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
+    """Ctrl-C while a worker process is being sent what it starts from (a large start, so the
+    write to its pipe blocks until it reads): the caller's KeyboardInterrupt is raised, and no
+    worker fails on a cut-off start with a traceback (the spawning is not in the caller's
+    thread, where the signal's exception would cut the write short)."""
+    script = tmp_path / "interrupt.py"
+    script.write_text(
+        "import os, signal, sys, threading, time\n"
+        "import multiprocessing.util as util\n"
+        "from autoplan.search import _parallel\n"
+        "sys.argv.append('x' * 4_000_000)  # sent to every worker: more than a pipe holds\n"
+        "real, sent = util.spawnv_passfds, []\n"
+        "def spawn(*args):  # (the resource tracker and the worker: one signal in all)\n"
+        "    if not sent:\n"
+        "        sent.append(threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)))\n"
+        "        sent[0].start()\n"
+        "    return real(*args)\n"
+        "util.spawnv_passfds = spawn\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        _parallel.prestart(2, ())\n"
+        "        time.sleep(30)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('interrupted', flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.stdout.strip() == "interrupted", proc.stderr
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
 
 
 def test_a_large_workload_starts_its_workers_before_it_is_traced(monkeypatch):
