@@ -58,8 +58,8 @@ import numpy as np
 
 from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
+from autoplan._operands import operand_arrays
 from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
-from autoplan.search.fold._operands import operand_arrays
 
 __all__ = [
     "Cone",
@@ -332,19 +332,25 @@ def main_part(graph: OpGraph, part: str = "all") -> list[int]:
 
 
 def _critical_of(graph: OpGraph, main: Sequence[int]) -> list[int]:
-    inside = set(main)
-    pos = {o: i for i, o in enumerate(main)}  # op ids are a topological order
-    cons = graph.consumers
+    """The critical nodes among ``main`` (ascending operator ids): per operator, the position
+    of its first successor and of its last predecessor inside ``main``, over the flat operand
+    arrays, then one sweep."""
     n = len(main)
-    min_succ, max_pred = [], []
-    for o in main:
-        op = graph.ops[o]
-        succ = [pos[c] for t in op.outputs for c in cons[t] if c in inside]
-        pred = [pos[p] for t in op.inputs if t is not None
-                for p in (graph.tensors[t].producer,) if p in inside]
-        min_succ.append(min(succ, default=n))
-        max_pred.append(max(pred, default=-1))
-    return [main[i] for i in _sweep(min_succ, max_pred)]
+    arr = operand_arrays(graph)
+    pos = np.full(len(graph.ops), -1, dtype=np.int64)
+    pos[np.asarray(main, dtype=np.int64)] = np.arange(n, dtype=np.int64)
+    t = arr.tensor
+    producer = np.full(len(t), -1, dtype=np.int64)
+    made = t >= 0
+    producer[made] = arr.producer[t[made]]
+    src = np.where(producer >= 0, pos[np.maximum(producer, 0)], -1)
+    dst = pos[arr.reader]
+    edge = (src >= 0) & (dst >= 0)
+    min_succ = np.full(n, n, dtype=np.int64)
+    max_pred = np.full(n, -1, dtype=np.int64)
+    np.minimum.at(min_succ, src[edge], dst[edge])
+    np.maximum.at(max_pred, dst[edge], src[edge])
+    return [main[i] for i in _sweep(min_succ.tolist(), max_pred.tolist())]
 
 
 def critical_nodes(graph: OpGraph, part: str = "all") -> list[int]:

@@ -53,8 +53,8 @@ import numpy as np
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._operands import operand_arrays
 from autoplan.search.fold._graphnodes import op_labels
-from autoplan.search.fold._operands import operand_arrays
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
 _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}

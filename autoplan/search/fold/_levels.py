@@ -98,9 +98,9 @@ from autoplan._cluster import Cluster
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._operands import operand_arrays
 from autoplan._plan import Plan
 from autoplan.search.fold._layers import _forward, _signature, group_layers
-from autoplan.search.fold._operands import operand_arrays
 from autoplan.search.intra._ilp import (
     ILPSolution,
     _free_tensors,

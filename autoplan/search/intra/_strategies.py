@@ -70,10 +70,13 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
 
+import numpy as np
+
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
+from autoplan._operands import operand_arrays
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._reshard import mesh_id
@@ -226,26 +229,30 @@ def fusion_context(graph: OpGraph) -> list[Context]:
     """
 
     def make() -> list[Context]:
-        ops, consumers, tensors = graph.ops, graph.consumers, graph.tensors
-        outputs = {o.tensor for o in graph.outputs}
-        kernel = []
-        for op in ops:
-            if op.primitive not in LOOP_FUSIBLE:
-                kernel.append(True)
-                continue
-            kernel.append(any(t in outputs or any(ops[c].primitive not in LOOP_FUSIBLE
-                                                  for c in consumers[t]) for t in op.outputs))
+        # over the flat operand arrays: a loop-fusible operator is a kernel when a result of it
+        # is a result of the graph or an operand of an operator that is not loop-fusible
+        ops = graph.ops
+        arr = operand_arrays(graph)
+        fusible = np.fromiter((op.primitive in LOOP_FUSIBLE for op in ops), bool, len(ops))
+        kernel = ~fusible
+        made = arr.tensor >= 0
+        producer = np.full(len(arr.tensor), -1, dtype=np.int64)
+        producer[made] = arr.producer[arr.tensor[made]]
+        by_op = producer >= 0
+        kernel[producer[by_op & ~fusible[arr.reader]]] = True
+        outs = np.asarray([graph.tensors[o.tensor].producer for o in graph.outputs], np.int64)
+        kernel[outs[outs >= 0]] = True
+        # an operand is read from memory when a kernel or the graph's inputs made it
+        mat = (made & ~by_op) | (by_op & kernel[np.maximum(producer, 0)])
         combine = combinable_ops(graph)
         # the operators whose collectives XLA would combine: their latency is shared
         k = sum(1 for op in ops if combine[op.id]
                 and (is_heavy(op) or op.primitive in _REDUCTIONS))
         shared = 1.0 / max(1, k)
-        out: list[Context] = []
-        for op in ops:
-            mat = tuple(t is not None and (tensors[t].producer < 0 or kernel[tensors[t].producer])
-                        for t in op.inputs)
-            out.append((kernel[op.id], mat, shared if combine[op.id] else 1.0))
-        return out
+        flat = mat.tolist()
+        bounds = arr.start.tolist()
+        return [(kn, tuple(flat[a:b]), shared if c else 1.0)
+                for kn, a, b, c in zip(kernel.tolist(), bounds, bounds[1:], combine)]
 
     return memo(graph, "fusion_context", make)
 

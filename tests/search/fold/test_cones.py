@@ -257,3 +257,21 @@ def test_segments_wide_resnet_one_per_block():
     assert names[0] == {"stem", "blocks_0"}
     assert names[1:-1] == [{f"blocks_{i}"} for i in range(1, 16)]
     assert names[-1] == {"head"}
+
+
+@pytest.mark.parametrize("name", ["gpt", "wide_resnet", "moe"])
+def test_critical_nodes_of_models_match_brute_force(name):
+    """critical_nodes (over the flat operand arrays) equals the definition, checked on the
+    operator DAG of the main part."""
+    from autoplan import models
+    from autoplan.search.fold._cones import main_part
+
+    g = autoplan.trace(models.get(name, size="tiny"))
+    for part in ("forward", "all"):
+        main = main_part(g, part)
+        inside = set(main)
+        dag = nx.DiGraph()
+        dag.add_nodes_from(main)
+        dag.add_edges_from((g.tensors[t].producer, op.id) for op in (g.ops[o] for o in main)
+                           for t in op.inputs if t is not None and g.tensors[t].producer in inside)
+        assert critical_nodes(g, part) == brute_force_critical(dag)

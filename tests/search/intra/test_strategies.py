@@ -335,3 +335,39 @@ def test_reduce_over_split_dim_all_reduce_or_keep_partial():
     # pays the whole latency
     assert fusion_context(g)[op.id][2] == 1.0
     assert rs[0].comm[0].time == pytest.approx(M18.collective_time("reduce-scatter", 32 * 4, [1]))
+
+
+def _fusion_context_by_definition(graph):
+    """fusion_context, operator by operator as its docstring defines it."""
+    from autoplan.search.intra._strategies import (
+        _REDUCTIONS,
+        LOOP_FUSIBLE,
+        combinable_ops,
+        is_heavy,
+    )
+
+    ops, consumers, tensors = graph.ops, graph.consumers, graph.tensors
+    outputs = {o.tensor for o in graph.outputs}
+    kernel = [op.primitive not in LOOP_FUSIBLE
+              or any(t in outputs or any(ops[c].primitive not in LOOP_FUSIBLE for c in consumers[t])
+                     for t in op.outputs) for op in ops]
+    combine = combinable_ops(graph)
+    k = sum(1 for op in ops if combine[op.id] and (is_heavy(op) or op.primitive in _REDUCTIONS))
+    return [(kernel[op.id],
+             tuple(t is not None and (tensors[t].producer < 0 or kernel[tensors[t].producer])
+                   for t in op.inputs),
+             1.0 / max(1, k) if combine[op.id] else 1.0) for op in ops]
+
+
+@pytest.mark.parametrize("name, kw", [("gpt", {"size": "tiny"}), ("wide_resnet", {"size": "tiny"}),
+                                      ("moe", {"size": "tiny"}), ("unet", {"size": "tiny"})])
+def test_fusion_context_over_arrays_equals_its_definition(name, kw):
+    from autoplan import models
+    from autoplan.search.intra._strategies import fusion_context
+
+    graph = autoplan.trace(models.get(name, **kw))
+    got = fusion_context(graph)
+    assert got == _fusion_context_by_definition(graph)
+    assert any(not k for k, _, _ in got) and any(k for k, _, _ in got)  # both kinds occur
+    assert any(False in m for _, m, _ in got) and any(True in m for _, m, _ in got)
+    assert all(type(k) is bool and all(type(x) is bool for x in m) for k, m, _ in got)
