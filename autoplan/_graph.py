@@ -285,13 +285,18 @@ class OpGraph:
                 continue
             paths = {prefix + (name,) for name in runs}
             out: list[str | None] = []
+            name_of: dict[tuple[str, ...], str | None] = {}  # per scope path (ops share them)
             for op in self.ops:
                 sc = op.scope
+                if sc in name_of:
+                    out.append(name_of[sc])
+                    continue
                 # (the scope path may sit deeper than in the forward pass: the backward of a
                 # rematerialised block repeats the enclosing scopes)
                 hit = next((sc[j:j + d + 1] for j in range(len(sc) - d)
                             if sc[j:j + d + 1] in paths), None)
-                out.append("/".join(hit) if hit is not None else None)
+                name_of[sc] = name = "/".join(hit) if hit is not None else None
+                out.append(name)
             return out
         return [None] * len(self.ops)
 

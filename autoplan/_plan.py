@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ._cluster import Cluster
@@ -175,6 +175,24 @@ class InputSpec:
     @property
     def name(self) -> str:
         return f"{self.arg_name}{self.path}"
+
+
+_RECORD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def canonical_record(cls: type, *values: Any) -> Any:
+    """A :class:`TensorSharding`, :class:`OpSharding` or :class:`InputSpec` from every one of its
+    field values, in field order, already in the form its constructor stores (a :class:`Spec`,
+    tuples of records, strings and numbers): equal to ``cls(*values)``, made without the
+    constructor's checks. A plan of a deep model holds tens of thousands of these records, and
+    the search makes three or more plans per search; the checked constructor was a third of
+    making one (tests check that what the search makes equals the checked records)."""
+    names = _RECORD_FIELDS.get(cls)
+    if names is None:
+        names = _RECORD_FIELDS[cls] = tuple(f.name for f in fields(cls))
+    obj = object.__new__(cls)
+    obj.__dict__.update(zip(names, values))
+    return obj
 
 
 @immutable_type

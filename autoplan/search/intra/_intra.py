@@ -32,7 +32,9 @@ from autoplan._plan import (
     Schedule,
     Stage,
     TensorSharding,
+    canonical_record,
 )
+from autoplan._spec import Spec
 from autoplan.search.intra._ilp import (
     ILPProblem,
     ILPSolution,
@@ -199,8 +201,8 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     for gi in graph.inputs:
         ten = graph_tensors[gi.tensor]
         spec = specs[gi.tensor] if gi.tensor in specs else replicated(len(ten.shape))
-        inputs.append(InputSpec(gi.arg, gi.arg_name, gi.path, gi.kind, ten.shape, ten.dtype,
-                                spec))
+        inputs.append(canonical_record(InputSpec, gi.arg, gi.arg_name, gi.path, gi.kind,
+                                       ten.shape, ten.dtype, Spec.of(spec), 0))
     op_comm: dict[int, list[Comm]] = {}
     for i, c in sol.comms:
         if i is not None and c.where != "reshard":
@@ -241,14 +243,16 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                 name, role = gi.name, "weight" if gi.kind == "parameter" else "input"
             if spec is None:
                 spec = replicated(len(ten.shape))
-            tensors.append(TensorSharding(name, role, ten.shape, ten.dtype, spec))
+            tensors.append(canonical_record(TensorSharding, name, role, ten.shape, ten.dtype,
+                                            Spec.of(spec)))
         for t, spec in zip(op.outputs, st.out_specs):
             ten = graph_tensors[t]
-            tensors.append(TensorSharding(f"%{t}", "output", ten.shape, ten.dtype, spec))
+            tensors.append(canonical_record(TensorSharding, f"%{t}", "output", ten.shape,
+                                            ten.dtype, Spec.of(spec)))
         layer = layer_names[i] or (op.scope[0] if op.scope else "(root)")
-        ops.append(OpSharding(op=i, primitive=op.primitive, scope=op.scope_name, layer=layer,
-                              role=op.role, strategy=st.name, tensors=tuple(tensors),
-                              comm=tuple(op_comm.get(i, ())), flops=op.flops))
+        ops.append(canonical_record(OpSharding, i, op.primitive, op.scope_name, layer, op.role,
+                                    st.name, tuple(tensors), tuple(op_comm.get(i, ())),
+                                    op.flops))
 
     comm_bytes: dict[str, float] = {}
     comm_time_by_kind: dict[str, float] = {}

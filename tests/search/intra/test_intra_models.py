@@ -177,3 +177,29 @@ def test_bad_mesh_shapes_and_defaults(gpt):
         intra_op_search(g, P3, (1, 8), mesh_axis_names=("x",))
     with pytest.raises(SearchError, match="Cluster"):
         intra_op_search(g, "p3.16xlarge", (1, 8))
+
+
+def test_the_plans_records_equal_their_checked_construction(gpt):
+    """The search makes a plan's records without their constructors' checks
+    (``canonical_record``): each equals (and hashes as) the record its constructor makes from
+    the same fields, with canonical specs and tuples."""
+    from dataclasses import fields
+
+    from autoplan._plan import InputSpec, OpSharding, TensorSharding, canonical_record
+    from autoplan._spec import Spec
+
+    _, graph = gpt
+    plan = intra_op_search(graph, P3, (2, 4), label="records").plan
+    records = list(plan.inputs) + [o for st in plan.stages for o in st.ops]
+    records += [t for o in records if isinstance(o, OpSharding) for t in o.tensors]
+    assert {type(r) for r in records} == {InputSpec, OpSharding, TensorSharding}
+    for r in records:
+        checked = type(r)(**{f.name: getattr(r, f.name) for f in fields(r)})
+        assert r == checked and hash(r) == hash(checked)
+        if not isinstance(r, OpSharding):
+            assert type(r.spec) is Spec and type(r.shape) is tuple
+        else:
+            assert type(r.tensors) is tuple and type(r.comm) is tuple
+    # an uncanonical value is the caller's to avoid: the helper stores what it is given
+    ts = canonical_record(TensorSharding, "%1", "output", (4,), "float32", Spec.of(("x",)))
+    assert ts == TensorSharding("%1", "output", (4,), "float32", ("x",))
