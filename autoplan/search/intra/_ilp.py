@@ -903,7 +903,7 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                     saved += tensors[t].nbytes / n
         for t, dst in zip(op.inputs, st.in_specs):
             src = spec_of(t)
-            if src is None or src is dst:
+            if src is None or src is dst or src == dst:  # (most operands: no resharding)
                 continue
             if dst is None:
                 dst = replicated(len(tensors[t].shape))
@@ -948,7 +948,7 @@ def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int,
         st = op_strategy[i]
         for t, dst in zip(ops[i].inputs, st.in_specs):
             src = spec_of(t) if t is not None else None
-            if src is None or src is dst:
+            if src is None or src is dst or src == dst:  # (most operands: no resharding)
                 continue
             ten = tensors[t]
             if not ten.shape:
