@@ -191,7 +191,7 @@ def canonical_record(cls: type, *values: Any) -> Any:
     if names is None:
         names = _RECORD_FIELDS[cls] = tuple(f.name for f in fields(cls))
     obj = object.__new__(cls)
-    obj.__dict__.update(zip(names, values))
+    obj.__dict__.update(zip(names, values, strict=True))
     return obj
 
 

@@ -234,20 +234,23 @@ class _Pool:
         self.holders: dict[str, set[int]] = {}
         self.last_used = time.monotonic()
         self.busy = 0
-        self.starter: threading.Thread | None = None  # the thread of :func:`prestart`
+        self.starters: list[threading.Thread] = []  # the threads of :func:`prestart`
 
     def close(self, *, kill: bool = False) -> None:
         """Shut the executor down (again is a no-op: batches that share a pool may each find it
         broken); ``kill`` ends its worker processes too. Workers being started ahead are started
         first, so that each is ended with the rest."""
-        if self.starter is not None and self.starter is not threading.current_thread():
-            self.starter.join()
-        # (an executor already shut down has no process table)
-        procs = list((getattr(self.executor, "_processes", None) or {}).values()) if kill else []
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for p in procs:  # running tasks of an abandoned search: end them (our own workers only)
-            if p.is_alive():
-                p.terminate()
+        try:
+            for s in self.starters:
+                if s is not threading.current_thread():
+                    s.join()
+        finally:  # (a second Ctrl-C during the wait still ends the workers)
+            # (an executor already shut down has no process table)
+            procs = list((getattr(self.executor, "_processes", None) or {}).values()) if kill else []
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            for p in procs:  # running tasks of an abandoned search: end them (our own workers)
+                if p.is_alive():
+                    p.terminate()
 
 
 _LOCK = threading.Lock()
@@ -308,9 +311,10 @@ def prestart(workers: int, modules: Sequence[str] = ()) -> None:
 
     The processes are started by a thread of their own, never the caller's: a signal's exception
     (Ctrl-C) in the caller cannot land between starting a worker and sending it what it starts
-    from, which left the worker to fail on an empty pipe with a traceback on the user's
-    terminal. The thread is not a daemon, so an exiting interpreter waits for it (a few
-    milliseconds per worker) before the pool is shut down."""
+    from, which left the worker to fail on a cut-off start with a traceback on the user's
+    terminal. Closing the pool waits for that thread (a few milliseconds per worker), so every
+    worker it started is ended with the rest; a worker it is too late to start at the
+    interpreter's exit is not started."""
     if _IN_WORKER or workers <= 1:
         return
     pool = _acquire(workers - 1)
@@ -324,8 +328,16 @@ def prestart(workers: int, modules: Sequence[str] = ()) -> None:
         finally:
             _release(pool)
 
-    pool.starter = threading.Thread(target=start, name="autoplan-prestart")
-    pool.starter.start()
+    starter = threading.Thread(target=start, name="autoplan-prestart", daemon=False)
+    pool.starters.append(starter)
+    try:
+        starter.start()
+    except BaseException as err:  # no thread (the first batch starts the workers), or Ctrl-C
+        if starter.ident is None:  # never ran: it will not release the pool
+            pool.starters.remove(starter)
+            _release(pool)
+        if not isinstance(err, Exception):
+            raise
 
 
 def shutdown(*, kill: bool = False) -> None:
@@ -349,8 +361,8 @@ def _at_exit() -> None:
     if pool is not None and pool.busy:
         pool.close(kill=True)  # a search still running in another thread: its workers end now
     elif pool is not None:
-        if pool.starter is not None:
-            pool.starter.join()
+        for s in pool.starters:
+            s.join()
         pool.executor.shutdown(wait=True, cancel_futures=True)  # idle workers exit at once
 
 

@@ -135,8 +135,9 @@ def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
     _parallel.prestart(3, ("autoplan.search._api",))
     pool = _parallel._POOL
     assert pool is not None and pool.size == 2
-    assert pool.starter is not None and pool.starter is not threading.current_thread()
-    pool.starter.join()
+    assert [s.name for s in pool.starters] == ["autoplan-prestart"]
+    assert not pool.starters[0].daemon and pool.starters[0] is not threading.current_thread()
+    pool.starters[0].join()
     started = {p.pid for p in pool.executor._processes.values()}
     assert len(started) == 2
     outs = run_tasks([Task(_pid, graph, (k,)) for k in range(6)], workers=3)
