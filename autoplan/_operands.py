@@ -28,6 +28,8 @@ class OperandArrays(NamedTuple):
         tensor: per operand, the tensor id, or -1 for a literal.
         reader: per operand, the id of the operator reading it.
         producer: per tensor, the id of the operator making it (-1: a graph input).
+        made_by: per operand, the id of the operator making it (-1: a literal or a graph
+            input).
     """
 
     count: np.ndarray
@@ -35,6 +37,7 @@ class OperandArrays(NamedTuple):
     tensor: np.ndarray
     reader: np.ndarray
     producer: np.ndarray
+    made_by: np.ndarray
 
 
 def _make(graph: OpGraph) -> OperandArrays:
@@ -49,7 +52,10 @@ def _make(graph: OpGraph) -> OperandArrays:
     reader = np.repeat(np.arange(len(inputs), dtype=np.int64), count)
     producer = np.fromiter(map(attrgetter("producer"), graph.tensors), np.int64,
                            len(graph.tensors))
-    return OperandArrays(count, start, tensor, reader, producer)
+    made_by = np.full(len(tensor), -1, dtype=np.int64)
+    made = tensor >= 0
+    made_by[made] = producer[tensor[made]]
+    return OperandArrays(count, start, tensor, reader, producer, made_by)
 
 
 def operand_arrays(graph: OpGraph) -> OperandArrays:

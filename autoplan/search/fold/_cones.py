@@ -339,10 +339,7 @@ def _critical_of(graph: OpGraph, main: Sequence[int]) -> list[int]:
     arr = operand_arrays(graph)
     pos = np.full(len(graph.ops), -1, dtype=np.int64)
     pos[np.asarray(main, dtype=np.int64)] = np.arange(n, dtype=np.int64)
-    t = arr.tensor
-    producer = np.full(len(t), -1, dtype=np.int64)
-    made = t >= 0
-    producer[made] = arr.producer[t[made]]
+    producer = arr.made_by
     src = np.where(producer >= 0, pos[np.maximum(producer, 0)], -1)
     dst = pos[arr.reader]
     edge = (src >= 0) & (dst >= 0)

@@ -376,8 +376,9 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
     total = int(cnt.sum())
     offs = np.arange(total, dtype=np.int64) - np.repeat(first, cnt)
     who = np.repeat(np.arange(n, dtype=np.int64), cnt)  # local index of each operand's reader
-    t = arr.tensor[np.repeat(arr.start[o], cnt) + offs]
-    p = np.where(t >= 0, arr.producer[np.maximum(t, 0)], -1)
+    where = np.repeat(arr.start[o], cnt) + offs  # each operand in the flat arrays
+    t = arr.tensor[where]
+    p = arr.made_by[where]
     j = np.minimum(np.searchsorted(o, p), n - 1)
     inside = (p >= 0) & (o[j] == p)
     code = np.where(inside, j - who, 0)

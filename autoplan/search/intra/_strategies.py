@@ -236,8 +236,7 @@ def fusion_context(graph: OpGraph) -> list[Context]:
         fusible = np.fromiter((op.primitive in LOOP_FUSIBLE for op in ops), bool, len(ops))
         kernel = ~fusible
         made = arr.tensor >= 0
-        producer = np.full(len(arr.tensor), -1, dtype=np.int64)
-        producer[made] = arr.producer[arr.tensor[made]]
+        producer = arr.made_by
         by_op = producer >= 0
         kernel[producer[by_op & ~fusible[arr.reader]]] = True
         outs = np.asarray([graph.tensors[o.tensor].producer for o in graph.outputs], np.int64)
