@@ -37,16 +37,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
+import numpy as np
 
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
+from autoplan._operands import operand_arrays
 
 __all__ = [
     "GraphNode",
     "GraphNodeGraph",
+    "EdgeArrays",
     "group_graphnodes",
     "HEAVY",
     "ANCHORS",
@@ -202,6 +205,27 @@ class GraphNode:
         return len(self.ops)
 
 
+class EdgeArrays(NamedTuple):
+    """The edges of a :class:`GraphNodeGraph` as arrays, each edge numbered in order of the first
+    operand it carries (operators in order, then operands).
+
+    Attributes:
+        u, v: per edge, its producing and its consuming GraphNode.
+        tensor_ptr, tensors: edge ``e``'s tensors are ``tensors[tensor_ptr[e]:tensor_ptr[e + 1]]``
+            (each once, first read first).
+        port_ptr, ports: edge ``e``'s ports are rows ``port_ptr[e]:port_ptr[e + 1]`` of
+            ``ports`` (shape ``(n, 4)``, int64, each edge's rows sorted): ``(member index of the
+            producer in u, output index, member index of the consumer in v, operand index)``.
+    """
+
+    u: np.ndarray
+    v: np.ndarray
+    tensor_ptr: np.ndarray
+    tensors: np.ndarray
+    port_ptr: np.ndarray
+    ports: np.ndarray
+
+
 @dataclass
 class GraphNodeGraph:
     """The GraphNode DAG of an operator graph.
@@ -210,20 +234,46 @@ class GraphNodeGraph:
         graph: the operator graph.
         nodes: the GraphNodes, in order of their first operator.
         node_of_op: for each operator id, the id of its GraphNode.
+        edge_arrays: the edges as arrays (:class:`EdgeArrays`): what the subgraph miner reads.
+        labeler: the interned operator labels of ``graph``.
         edges: for each GraphNode edge ``(u, v)``: ``{"tensors": ids of the tensors u passes to
-            v, "bytes": their total size}``.
+            v, "bytes": their total size}`` (made when first asked).
         ports: for each edge ``(u, v)``, the sorted tuple of ``(member index of the producer in u,
             output index, member index of the consumer in v, operand index)`` of the operands it
-            carries: what the subgraph miner uses as edge labels.
-        labeler: the interned operator labels of ``graph``.
+            carries: what the subgraph miner uses as edge labels (made when first asked).
     """
 
     graph: OpGraph
     nodes: list[GraphNode]
     node_of_op: list[int]
-    edges: dict[tuple[int, int], dict] = field(repr=False)
-    ports: dict[tuple[int, int], tuple[tuple[int, int, int, int], ...]] = field(repr=False)
+    edge_arrays: EdgeArrays = field(repr=False)
     labeler: OpLabeler | None = field(default=None, repr=False)
+
+    @cached_property
+    def edge_bytes(self) -> np.ndarray:
+        """Per edge (as numbered in :attr:`edge_arrays`), the bytes of its tensors."""
+        ea = self.edge_arrays
+        tensors = self.graph.tensors
+        nbytes = np.fromiter((tensors[t].nbytes for t in ea.tensors.tolist()), np.int64,
+                             len(ea.tensors))
+        if not len(nbytes):
+            return np.zeros(len(ea.u), dtype=np.int64)
+        return np.add.reduceat(nbytes, ea.tensor_ptr[:-1])
+
+    @cached_property
+    def edges(self) -> dict[tuple[int, int], dict]:
+        ea = self.edge_arrays
+        flat, ptr = ea.tensors.tolist(), ea.tensor_ptr.tolist()
+        return {(a, b): {"tensors": flat[x:y], "bytes": n}
+                for a, b, x, y, n in zip(ea.u.tolist(), ea.v.tolist(), ptr, ptr[1:],
+                                         self.edge_bytes.tolist())}
+
+    @cached_property
+    def ports(self) -> dict[tuple[int, int], tuple[tuple[int, int, int, int], ...]]:
+        ea = self.edge_arrays
+        rows = list(map(tuple, ea.ports.tolist()))
+        ptr = ea.port_ptr.tolist()
+        return {uv: tuple(rows[a:b]) for uv, a, b in zip(self.edges, ptr, ptr[1:])}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -289,7 +339,6 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         ['dot_general+broadcast_in_dim+add+tanh', 'reduce_sum']
     """
     ops = graph.ops
-    tensors = graph.tensors
     group_of, g_main, g_kind, g_role, final = _group(graph)
     # number the GraphNodes in order of their first operator: a GraphNode's first operator is the
     # first operator of its lowest group, and groups are numbered in order of their first operator
@@ -302,62 +351,8 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
             node_main.append(f)
         node_of_group[gid] = v
     labeler = op_labels(graph)
-    # one pass over the operands (operators in order, so each GraphNode's members come in member
-    # order): the GraphNodes' members and internal wiring, and the edges between GraphNodes with
-    # their ports. A tensor's GraphNode and (member index, output index) are set when its producer
-    # is visited, the latter packed into one int (member * wide + output, wide above any output
-    # count). A GraphNode's wiring
-    # is one flat list of ints: per member its label id, its operand count, and per operand that
-    # int, or -1 (a literal), -2 (from another GraphNode) or -3 (a graph input). With its role
-    # that is its structure key: equal keys mean equal structures, as with per-member tuples.
-    wide = 1 + max(map(len, map(attrgetter("outputs"), ops)), default=0)
-    t_node = [-1] * len(tensors)
-    t_slot = [0] * len(tensors)
-    members: list[list[int]] = [[] for _ in node_main]
-    wiring: list[list[int]] = [[] for _ in node_main]
-    flops: list[float] = []
     node_of_op = [node_of_group[gid] for gid in group_of]
-    edges: dict[tuple[int, int], dict] = {}
-    ports: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}
-    for op, v, lab in zip(ops, node_of_op, labeler.ids):
-        mem = members[v]
-        mi = len(mem)
-        mem.append(op.id)
-        flops.append(op.flops)
-        ins = op.inputs
-        w = wiring[v]
-        w.append(lab)
-        w.append(len(ins))
-        k = 0
-        for t in ins:
-            if t is None:
-                w.append(-1)
-            else:
-                u = t_node[t]
-                if u == v:
-                    w.append(t_slot[t])
-                elif u < 0:
-                    w.append(-3)
-                else:
-                    w.append(-2)
-                    s = t_slot[t]
-                    port = (s // wide, s % wide, mi, k)
-                    e = edges.get((u, v))
-                    if e is None:
-                        uv = (u, v)
-                        edges[uv] = {"tensors": [t], "bytes": tensors[t].nbytes}
-                        ports[uv] = [port]
-                    else:
-                        if t not in e["tensors"]:
-                            e["tensors"].append(t)
-                            e["bytes"] += tensors[t].nbytes
-                        ports[(u, v)].append(port)
-            k += 1
-        s = mi * wide
-        for t in op.outputs:
-            t_node[t] = v
-            t_slot[t] = s
-            s += 1
+    members, keys, edge_arrays = _wiring(graph, node_of_op, len(node_main), labeler.ids)
     # equal keys mean equal member labels, hence equal primitive sequences: one label per key.
     # A GraphNode is made by filling its instance dict: the same object as GraphNode(...) gives
     # (the dataclass has no __post_init__), without the frozen __init__'s object.__setattr__ per
@@ -366,21 +361,108 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
     key_table: dict[tuple, int] = {}
     label_of_key: list[str] = []
     nodes: list[GraphNode] = []
-    flops_of = flops.__getitem__
+    flops_of = [op.flops for op in ops].__getitem__
     for nid, gid in enumerate(node_main):
         mem = members[nid]
         role = g_role[gid]
-        key = key_table.setdefault((role, *wiring[nid]), len(key_table))
+        key = key_table.setdefault((role, keys[nid]), len(key_table))
         if key == len(label_of_key):
             label_of_key.append("+".join([ops[o].primitive for o in mem]))
         main = g_main[gid]
         node = new_node(GraphNode)
-        node.__dict__.update(id=nid, ops=tuple(mem), main=main, label=label_of_key[key], key=key,
+        node.__dict__.update(id=nid, ops=mem, main=main, label=label_of_key[key], key=key,
                              kind=g_kind[gid], flops=float(sum(map(flops_of, mem))),
                              scope=ops[main].scope, role=role)
         nodes.append(node)
-    return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op, edges=edges,
-                          ports={e: tuple(sorted(v)) for e, v in ports.items()}, labeler=labeler)
+    return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op,
+                          edge_arrays=edge_arrays, labeler=labeler)
+
+
+def _wiring(graph: OpGraph, node_of_op: list[int], n_nodes: int, labels: list[int]
+            ) -> tuple[list[tuple[int, ...]], list[bytes], EdgeArrays]:
+    """The GraphNodes' members, structure keys and edges, over the flat operand arrays.
+
+    Returns ``(members, keys, edge_arrays)``: each GraphNode's operator ids in order; its
+    wiring as bytes (equal bytes, equal structure): per member its label id, its operand count,
+    and per operand the (member index * ``wide`` + output index) of its producer inside the
+    GraphNode, or -1 (a literal), -2 (from another GraphNode) or -3 (a graph input or constant),
+    as int64 words; and the :class:`EdgeArrays`.
+    """
+    ops, tensors = graph.ops, graph.tensors
+    arr = operand_arrays(graph)
+    n_ops = len(ops)
+    node = np.asarray(node_of_op, dtype=np.int64)
+    # each operator's index among its GraphNode's members (members in operator order)
+    order = np.argsort(node, kind="stable")
+    first = np.zeros(n_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(node, minlength=n_nodes), out=first[1:])
+    member = np.empty(n_ops, dtype=np.int64)
+    member[order] = np.arange(n_ops, dtype=np.int64) - first[node[order]]
+    # each tensor's output index at its producer
+    outputs = list(map(attrgetter("outputs"), ops))
+    n_out = np.fromiter(map(len, outputs), np.int64, n_ops)
+    flat_out = np.fromiter(chain.from_iterable(outputs), np.int64, int(n_out.sum()))
+    out_index = np.zeros(len(tensors), dtype=np.int64)
+    out_start = np.zeros(n_ops, dtype=np.int64)
+    np.cumsum(n_out[:-1], out=out_start[1:])
+    out_index[flat_out] = np.arange(len(flat_out), dtype=np.int64) - np.repeat(out_start, n_out)
+    wide = 1 + int(n_out.max(initial=0))
+    # per operand: the reading and the producing GraphNode, and its code in the wiring
+    t = arr.tensor
+    p = arr.made_by
+    reader = arr.reader
+    literal = t < 0
+    made = p >= 0
+    pm = np.where(made, p, 0)
+    v = node[reader]
+    u = np.where(made, node[pm], -1)
+    slot = member[pm] * wide + out_index[np.maximum(t, 0)]
+    code = np.where(literal, -1, np.where(u == v, slot, np.where(u < 0, -3, -2)))
+    # the wiring of every operator (label, operand count, codes), in operator order, then
+    # gathered GraphNode by GraphNode
+    count = arr.count
+    size = count + 2
+    flat = np.empty(int(size.sum()), dtype=np.int64)
+    head = arr.start[:-1] + 2 * np.arange(n_ops, dtype=np.int64)
+    flat[head] = np.asarray(labels, dtype=np.int64)
+    flat[head + 1] = count
+    flat[np.arange(len(t), dtype=np.int64) + 2 * reader + 2] = code
+    size_sorted = size[order]
+    new_head = np.zeros(n_ops + 1, dtype=np.int64)
+    np.cumsum(size_sorted, out=new_head[1:])
+    src = np.repeat(head[order] - new_head[:-1], size_sorted) + np.arange(len(flat),
+                                                                         dtype=np.int64)
+    buf = flat[src].tobytes()
+    bounds = (new_head[first] * 8).tolist()
+    keys = [buf[a:b] for a, b in zip(bounds, bounds[1:])]
+    order_list = order.tolist()
+    fl = first.tolist()
+    members = [tuple(order_list[a:b]) for a, b in zip(fl, fl[1:])]
+    # the edges between GraphNodes: per edge, its tensors (each once, first seen first) and its
+    # ports (sorted)
+    cross = np.flatnonzero(made & (u != v))
+    cu, cv, ct = u[cross], v[cross], t[cross]
+    uniq, seen_at, inverse = np.unique(cu * n_nodes + cv, return_index=True, return_inverse=True)
+    n_edges = len(uniq)
+    by_first = np.argsort(seen_at, kind="stable")
+    rank = np.empty(n_edges, dtype=np.int64)
+    rank[by_first] = np.arange(n_edges, dtype=np.int64)
+    e = rank[inverse.reshape(-1)]  # each crossing operand's edge, numbered by first operand
+    n_t = max(len(tensors), 1)
+    et, et_at = np.unique(e * n_t + ct, return_index=True)
+    et = et[np.argsort(e[et_at] * len(cross) + et_at, kind="stable")]  # per edge, first seen
+    edge_no = np.arange(n_edges + 1, dtype=np.int64)
+    fields = (e, member[pm[cross]], out_index[ct], member[reader[cross]],
+              cross - arr.start[reader[cross]])
+    srt = np.lexsort(fields[::-1])
+    edge_arrays = EdgeArrays(
+        u=uniq[by_first] // n_nodes, v=uniq[by_first] % n_nodes,
+        tensor_ptr=np.searchsorted(et // n_t, edge_no), tensors=et % n_t,
+        port_ptr=np.searchsorted(e[srt], edge_no),
+        ports=np.ascontiguousarray(np.stack([f[srt] for f in fields[1:]], axis=1),
+                                   dtype=np.int64).reshape(-1, 4))
+    return members, keys, edge_arrays
+
 
 
 def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], list[int]]:

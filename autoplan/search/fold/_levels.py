@@ -292,28 +292,15 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     t1 = time.perf_counter()
     segs = memo(graph, "segments", lambda: _choose_segments(
         graph, lambda: find_segments(graph, mining=mining), mining))
-    seg_of = [-1] * len(graph.ops)
-    for s in segs:
-        for o in s.ops:
-            seg_of[o] = s.id
+    seg_of = memo(graph, "segment_of_op", lambda: _segment_of_op(graph, segs))
     K = len(segs)
     pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
-    boundaries, long_range = _crossings(graph, seg_of, K)
-    shared, pair_out = _shared_inputs(graph, seg_of)
-    # per segment, for each tensor of its two boundaries: how often it is read outside the
-    # segment when the segment makes it (-1 when it does not); a boundary spec fixed on a tensor
-    # made inside is charged once per such use (see extra_uses; ``consumers`` lists an operator
-    # once per operand it reads the tensor as)
-    outside_uses = [tuple(
-        sum(1 for c in graph.consumers[t] if seg_of[c] != i)
-        if seg_of[graph.tensors[t].producer] == i else -1
-        for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
-    sig = [_signature(graph, s.ops) for s in segs]
+    # (the same for every search of this graph's segments: the baselines share them)
+    boundaries, long_range, shared, pair_out, outside_uses, sig = memo(
+        graph, "segment_facts", lambda: _segment_facts(graph, segs, seg_of))
     # each segment's pinned operands (operator position, operand index, spec): instances of a
     # class pinned alike share its solves
-    pin_key = [",".join(f"{p}.{k}={pinned[t]}" for p, o in enumerate(s.ops)
-                        for k, t in enumerate(graph.ops[o].inputs) if t in pinned)
-               for s in segs] if pinned else []
+    pin_key = _pin_keys(graph, segs, seg_of, pinned) if pinned else []
     t_seg = time.perf_counter() - t1
     if bound_auto:
         max_ilps = max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(sig)))
@@ -613,6 +600,65 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         "objective": sol.objective, "dp_value": dp_value,
     }
     return LevelResult(plan, stats, analysis, sol)
+
+
+def _pin_keys(graph: OpGraph, segs: list, seg_of: list[int], pinned: Mapping[int, Any]
+              ) -> list[str]:
+    """Per segment, its pinned operands as ``position.operand=spec``, joined by commas in the
+    order of its operators and their operands (instances of a class pinned alike get equal
+    keys); the pinned operands are found over the flat operand arrays."""
+    arr = operand_arrays(graph)
+    keys = np.fromiter(pinned, np.int64, len(pinned))
+    where = np.flatnonzero(np.isin(arr.tensor, keys))  # the pinned operands, in operator order
+    readers = arr.reader[where]
+    operand = (where - arr.start[readers]).tolist()
+    tensors = arr.tensor[where].tolist()
+    position = memo(graph, "segment_positions", lambda: _segment_positions(graph, segs))
+    text = {t: str(sp) for t, sp in pinned.items()}
+    parts: list[list[tuple[int, int, str]]] = [[] for _ in segs]
+    for o, k, t in zip(readers.tolist(), operand, tensors):
+        i = seg_of[o]
+        if i >= 0:
+            parts[i].append((position[o], k, text[t]))
+    return [",".join(f"{p}.{k}={x}" for p, k, x in sorted(ps)) for ps in parts]
+
+
+def _segment_positions(graph: OpGraph, segs: list) -> list[int]:
+    """Each operator's position in its segment's operator list (-1: in none)."""
+    position = [-1] * len(graph.ops)
+    for s in segs:
+        for p, o in enumerate(s.ops):
+            position[o] = p
+    return position
+
+
+def _segment_of_op(graph: OpGraph, segs: list) -> list[int]:
+    """Each operator's segment (-1: none)."""
+    seg_of = [-1] * len(graph.ops)
+    for s in segs:
+        for o in s.ops:
+            seg_of[o] = s.id
+    return seg_of
+
+
+def _segment_facts(graph: OpGraph, segs: list, seg_of: list[int]) -> tuple:
+    """What the hierarchical levels need of a chain of segments, whatever is pinned or fixed:
+    the boundary and long-range tensors (:func:`_crossings`), the shared inputs and their updates
+    (:func:`_shared_inputs`), each segment's outside uses of its boundary tensors, and each
+    segment's structural signature."""
+    K = len(segs)
+    boundaries, long_range = _crossings(graph, seg_of, K)
+    shared, pair_out = _shared_inputs(graph, seg_of)
+    # per segment, for each tensor of its two boundaries: how often it is read outside the
+    # segment when the segment makes it (-1 when it does not); a boundary spec fixed on a tensor
+    # made inside is charged once per such use (see extra_uses; ``consumers`` lists an operator
+    # once per operand it reads the tensor as)
+    outside_uses = [tuple(
+        sum(1 for c in graph.consumers[t] if seg_of[c] != i)
+        if seg_of[graph.tensors[t].producer] == i else -1
+        for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
+    sig = [_signature(graph, s.ops) for s in segs]
+    return boundaries, long_range, shared, pair_out, outside_uses, sig
 
 
 def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> float:

@@ -55,6 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -225,10 +226,14 @@ class _SlottedGraph:
         self.forward = [g.role == "forward" for g in nodes]
         self.backward = [g.role == "backward" for g in nodes]
         # edges (u, v) with their interned port labels, as arrays
-        etab: dict[tuple, int] = {}
-        elab = np.array([etab.setdefault(p, len(etab)) for p in gng.ports.values()],
+        # (an edge's ports as the bytes of its rows: equal bytes, equal ports)
+        etab: dict[Any, int] = {}
+        ea = gng.edge_arrays
+        buf = ea.ports.tobytes()
+        at = (ea.port_ptr * ea.ports.itemsize * 4).tolist()
+        elab = np.array([etab.setdefault(buf[a:b], len(etab)) for a, b in zip(at, at[1:])],
                         dtype=np.int64)
-        src, dst = _pairs(gng.ports, len(elab))
+        src, dst = ea.u.copy(), ea.v.copy()
         self.edge_arrays = (src, dst, elab.astype(np.uint64))
         # GraphNodes reading the same parameter / optimizer-state input: a third kind of adjacency
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
@@ -285,9 +290,8 @@ class _SlottedGraph:
     @cached_property
     def edge_bytes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The GraphNode edges as arrays: source, destination, bytes."""
-        edges = self.gng.edges
-        src, dst = _pairs(edges, len(edges))
-        return src, dst, np.array([e["bytes"] for e in edges.values()], dtype=np.int64)
+        ea = self.gng.edge_arrays
+        return ea.u, ea.v, self.gng.edge_bytes
 
     def wl(self, rounds: int) -> list[list[int]]:
         """Weisfeiler-Lehman labels after 0, 1, .., ``rounds`` refinements of the keys, over
@@ -323,7 +327,7 @@ class _SlottedGraph:
 
 
 
-def _shared_state_edges(gng: GraphNodeGraph, etab: dict[tuple, int]
+def _shared_state_edges(gng: GraphNodeGraph, etab: dict[Any, int]
                         ) -> tuple[list[list[tuple[int, int]]], list[int], list[int], list[int]]:
     """Edges between GraphNodes reading the same parameter or optimizer-state input (read by at
     most 16 operators), labelled by the ports read (interned into ``etab``): per GraphNode its
@@ -368,12 +372,6 @@ def _runs(*cols: np.ndarray) -> np.ndarray:
     if len(start):
         start[1:] = np.any([c[1:] != c[:-1] for c in cols], axis=0)
     return start
-
-
-def _pairs(d: dict[tuple[int, int], object], m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``(u, v)`` keys of ``d`` (``m`` of them) as two arrays."""
-    uv = np.fromiter(chain.from_iterable(d), dtype=np.int64, count=2 * m)
-    return uv[0::2].copy(), uv[1::2].copy()
 
 
 def _slots_of(d: int, g: np.ndarray, e: np.ndarray, nb: np.ndarray, key: np.ndarray,
