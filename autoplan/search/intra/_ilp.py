@@ -72,14 +72,17 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import re
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, compress, repeat
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -535,6 +538,84 @@ def _free_tensors(graph: OpGraph) -> frozenset[int]:
     return memo(graph, "free_tensors", make)
 
 
+def _differing_operands(graph: OpGraph, op_ids: Sequence[int], op_strategy: Mapping[int, Strategy],
+                        specs: Mapping[int, Spec]) -> list[tuple[int, int, Spec, Spec | None]]:
+    """``(operator, tensor, spec, needed spec)`` for every operand of the operators ``op_ids``
+    that have a strategy (in that order, operands in order) whose tensor has a spec in ``specs``
+    other than the one the strategy needs (None: any). C-level passes over all operands, then a
+    loop over the few that differ."""
+    ops = graph.ops
+    ids = op_ids
+    strategies = list(map(op_strategy.get, ids))
+    if any(map(operator.is_, strategies, repeat(None))):  # (no strategy: skipped)
+        ids = [i for i, st in zip(ids, strategies) if st is not None]
+        strategies = [st for st in strategies if st is not None]
+    needed = list(map(attrgetter("in_specs"), strategies))
+    costed = _costed_ops(graph)[0]
+    if ids is costed or ids == costed:  # (the operands of every costed operator: made once)
+        flat_t, counts, reader = _costed_operands(graph)
+    else:
+        inputs = list(map(attrgetter("inputs"), map(ops.__getitem__, ids)))
+        counts = list(map(len, inputs))
+        flat_t = list(chain.from_iterable(inputs))
+        reader = None
+    if counts != list(map(len, needed)):  # (zip's pairing, operator by operator)
+        inputs = [ops[i].inputs for i in ids]
+        counts = list(map(min, map(len, inputs), map(len, needed)))
+        flat_t = list(chain.from_iterable(x[:n] for x, n in zip(inputs, counts)))
+        needed = [x[:n] for x, n in zip(needed, counts)]
+        reader = None
+    flat_dst = list(chain.from_iterable(needed))
+    src = list(map(specs.get, flat_t))  # (a literal, None, has no spec)
+    differ = [j for j in compress(range(len(flat_t)), map(operator.ne, src, flat_dst))
+              if src[j] is not None]
+    if not differ:
+        return []
+    if reader is None:
+        reader = list(chain.from_iterable(map(repeat, ids, counts)))
+    return [(reader[j], flat_t[j], src[j], flat_dst[j]) for j in differ]
+
+
+def _costed_operands(graph: OpGraph) -> tuple[list[int | None], list[int], list[int]]:
+    """The operands of :func:`_costed_ops`' operators, in order: their tensors, each
+    operator's count, and each operand's operator; once per graph."""
+
+    def make() -> tuple[list[int | None], list[int], list[int]]:
+        ops = graph.ops
+        costed = _costed_ops(graph)[0]
+        inputs = [ops[i].inputs for i in costed]
+        counts = list(map(len, inputs))
+        return (list(chain.from_iterable(inputs)), counts,
+                list(chain.from_iterable(map(repeat, costed, counts))))
+
+    return memo(graph, "costed_operands", make)
+
+
+def _saves_activation(graph: OpGraph) -> list[bool]:
+    """Per operator: whether it is a forward operator with a result some backward operator
+    reads (an activation saved for backward); once per graph."""
+    read_back = _backward_read(graph)
+    return memo(graph, "saves_activation", lambda: [
+        op.role == "forward" and any(t in read_back for t in op.outputs) for op in graph.ops])
+
+
+def _costed_ops(graph: OpGraph) -> tuple[list[int], list[int], list[int]]:
+    """The operators a complete plan costs (those with a result that is not free: see
+    :func:`_free_tensors`), in order; each one's number of results; and their results, in
+    order. Once per graph."""
+
+    def make() -> tuple[list[int], list[int], list[int]]:
+        free = _free_tensors(graph)
+        costed = [op.id for op in graph.ops
+                  if not (op.outputs and op.outputs[0] in free and free.issuperset(op.outputs))]
+        ops = graph.ops
+        n_outs = [len(ops[i].outputs) for i in costed]
+        outputs = list(chain.from_iterable(ops[i].outputs for i in costed))
+        return costed, n_outs, outputs
+
+    return memo(graph, "costed_ops", make)
+
+
 def _updated_pairs(graph: OpGraph) -> list[tuple[int, int]]:
     """:func:`updated_input_pairs`, once per graph."""
     return memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph))
@@ -883,32 +964,25 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                 comms.append((op_id, c))
         return tt * times
 
-    # one pass over the operators (each visited once: deep graphs' operators do not all stay in
-    # the processor's caches): the saved activations (forward results a backward operator
-    # reads), and the resharding of every operand to the spec its consumer needs
-    spec_of = specs.get  # (no tensor id is None: a literal operand has no spec)
+    # the saved activations (forward results a backward operator reads), operator by operator
     strategy_of = op_strategy.get
-    for i in op_ids:
-        st = strategy_of(i)
-        if st is None:
+    saves = _saves_activation(graph)
+    for i in compress(op_ids, map(saves.__getitem__, op_ids)):
+        if strategy_of(i) is None:
             continue
-        op = ops[i]
-        if op.role == "forward":
-            for t in op.outputs:
-                if t in read_back:
-                    sp = specs[t]
-                    n = n_tiles.get(sp)
-                    if n is None:
-                        n = n_tiles[sp] = tiles(sp, mesh)
-                    saved += tensors[t].nbytes / n
-        for t, dst in zip(op.inputs, st.in_specs):
-            src = spec_of(t)
-            if src is None or src is dst or src == dst:  # (most operands: no resharding)
-                continue
-            if dst is None:
-                dst = replicated(len(tensors[t].shape))
-            if dst != src and tensors[t].shape:  # scalars are never resharded
-                comm += charge(t, src, dst, i)
+        for t in ops[i].outputs:
+            if t in read_back:
+                sp = specs[t]
+                n = n_tiles.get(sp)
+                if n is None:
+                    n = n_tiles[sp] = tiles(sp, mesh)
+                saved += tensors[t].nbytes / n
+    # the resharding of every operand to the spec its consumer needs
+    for i, t, src, dst in _differing_operands(graph, op_ids, op_strategy, specs):
+        if dst is None:
+            dst = replicated(len(tensors[t].shape))
+        if dst != src and tensors[t].shape:  # scalars are never resharded
+            comm += charge(t, src, dst, i)
     for o, inp in out_pairs:
         comm += charge(o, specs[o], specs[inp], None)
     for t, spec in fixed_inside.items():
@@ -940,32 +1014,26 @@ def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int,
     strategy (the operators a plan pins, see
     :func:`~autoplan.search.intra._intra.plan_from_solution`).
     """
-    tensors, ops = graph.tensors, graph.ops
+    tensors = graph.tensors
     seen: set[tuple[int, Spec, Spec]] = set()
     out: list[tuple[int, Comm]] = []
-    spec_of = specs.get
-    for i in sorted(op_strategy):
-        st = op_strategy[i]
-        for t, dst in zip(ops[i].inputs, st.in_specs):
-            src = spec_of(t) if t is not None else None
-            if src is None or src is dst or src == dst:  # (most operands: no resharding)
-                continue
-            ten = tensors[t]
-            if not ten.shape:
-                continue
-            if dst is None:
-                dst = replicated(len(ten.shape))
-            elif ends is not None and dst != src:
-                ends.add(i)
-                if ten.producer in op_strategy:
-                    ends.add(ten.producer)
-            if dst == src:
-                continue
-            key = (t, src, dst)
-            if key in seen:
-                out.extend((i, c) for c in reshard(src, dst, ten.shape, ten.dtype, mesh)[1])
-            else:
-                seen.add(key)
+    for i, t, src, dst in _differing_operands(graph, sorted(op_strategy), op_strategy, specs):
+        ten = tensors[t]
+        if not ten.shape:
+            continue
+        if dst is None:
+            dst = replicated(len(ten.shape))
+        elif ends is not None and dst != src:
+            ends.add(i)
+            if ten.producer in op_strategy:
+                ends.add(ten.producer)
+        if dst == src:
+            continue
+        key = (t, src, dst)
+        if key in seen:
+            out.extend((i, c) for c in reshard(src, dst, ten.shape, ten.dtype, mesh)[1])
+        else:
+            seen.add(key)
     return out
 
 
@@ -1029,25 +1097,29 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
         memory += term[1]
         specs[t] = spec
     feeds = gradient_feeds(graph)
-    chosen: dict[int, Strategy] = {}  # the operators costed (not free), in order
-    compute = comm = 0.0
+    # the operators costed (not free), in order, each with its strategy: C-level passes over
+    # them (the same terms, in the same order, as a loop taking each operator in turn)
+    costed, n_outs, outputs = _costed_ops(graph)
+    strategies = list(map(op_strategy.get, costed))
+    if any(st is None for st in strategies):
+        return None
+    chosen: dict[int, Strategy] = dict(zip(costed, strategies))
+    compute = functools.reduce(operator.add, map(attrgetter("compute_time"), strategies), 0.0)
+    out_specs = list(map(attrgetter("out_specs"), strategies))
+    if list(map(len, out_specs)) == n_outs:  # (else zip's pairing, operator by operator)
+        specs.update(zip(outputs, chain.from_iterable(out_specs)))
+    else:
+        ops = graph.ops
+        for i, sp in zip(costed, out_specs):
+            specs.update(zip(ops[i].outputs, sp))
+    comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
-    strategy_of = op_strategy.get
-    for op in graph.ops:
-        outs = op.outputs
-        if outs and outs[0] in free and free.issuperset(outs):
-            continue
-        i = op.id
-        st = strategy_of(i)
-        if st is None:
-            return None
-        chosen[i] = st
-        compute += st.compute_time
+    ops = graph.ops
+    for i, st in zip(costed, strategies):
         if st.comm:
-            comm = _take_strategy(i, outs, st, op.role == "backward" and feeds[i], specs, comms,
-                                  comm)
-        else:  # (what _take_strategy does for a strategy without collectives, inline)
-            specs.update(zip(outs, st.out_specs))
+            op = ops[i]
+            comm = _take_strategy(i, op.outputs, st, op.role == "backward" and feeds[i], specs,
+                                  comms, comm)
     input_tensors = graph.input_of_tensor
     out_pairs = [(o, inp) for o, inp in _updated_pairs(graph)
                  if o in specs and inp in input_tensors]

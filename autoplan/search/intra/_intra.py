@@ -15,6 +15,8 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import jax
@@ -23,6 +25,7 @@ from autoplan._cluster import Cluster, LogicalMesh, default_axis_names
 from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
+from autoplan._memo import memo
 from autoplan._plan import (
     Comm,
     InputSpec,
@@ -164,6 +167,14 @@ def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float],
             b /= sizes[a]
 
 
+def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
+    """Per operator: whether it is a forward operator, and whether its primitive is one a plan
+    always lists (:data:`_PLAN_PRIMITIVES`); once per graph."""
+    return memo(graph, "plan_op_kinds", lambda: (
+        [op.role == "forward" for op in graph.ops],
+        [op.primitive in _PLAN_PRIMITIVES for op in graph.ops]))
+
+
 def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                        label: str = "autoplan", level: str = "exhaustive",
                        config: Mapping[str, Any] | None = None,
@@ -209,15 +220,13 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
             op_comm.setdefault(i, []).append(c)
     # one pass over the strategies: the operators the plan lists, and each operator's compute
     # time on its side of the step (added after the collectives below, in this order)
-    planned: list[int] = []
-    fwd_compute: list[float] = []
-    bwd_compute: list[float] = []
-    for i, st in sol.strategies.items():
-        op = graph_ops[i]
-        (fwd_compute if op.role == "forward" else bwd_compute).append(st.compute_time)
-        if op.primitive in _PLAN_PRIMITIVES:
-            planned.append(i)
-    planned_set = set(planned)
+    forward, listed = _op_kinds(graph)
+    ids = list(sol.strategies)
+    times = list(map(attrgetter("compute_time"), sol.strategies.values()))
+    is_forward = list(map(forward.__getitem__, ids))
+    fwd_compute = list(compress(times, is_forward))
+    bwd_compute = list(compress(times, map(operator.not_, is_forward)))
+    planned_set = set(compress(ids, map(listed.__getitem__, ids)))
     # both ends of every resharding, and the repeats of a resharding several operators need
     # (XLA does it once: they come off below), in one pass
     repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set)
