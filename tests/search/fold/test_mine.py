@@ -101,6 +101,58 @@ def test_graphnodes_layernorm_is_one_node():
         assert d["bytes"] == sum(g.tensors[t].nbytes for t in d["tensors"])
 
 
+def _wiring_by_definition(g: autoplan.OpGraph, gng) -> tuple[dict, dict, list]:
+    """The GraphNode edges, ports and structures, operand by operand (the definition the array
+    construction follows)."""
+    node, member, out_index = gng.node_of_op, {}, {}
+    for n in gng:
+        for m, o in enumerate(n.ops):
+            member[o] = m
+    for op in g.ops:
+        for k, t in enumerate(op.outputs):
+            out_index[t] = k
+    wide = 1 + max(len(op.outputs) for op in g.ops)
+    edges, ports, wiring = {}, {}, [[] for _ in gng]
+    for op in g.ops:
+        v = node[op.id]
+        wiring[v] += [gng.labeler.ids[op.id], len(op.inputs)]
+        for k, t in enumerate(op.inputs):
+            p = -1 if t is None else g.tensors[t].producer
+            if t is None:
+                wiring[v].append(-1)
+            elif p < 0:
+                wiring[v].append(-3)
+            elif node[p] == v:
+                wiring[v].append(member[p] * wide + out_index[t])
+            else:
+                wiring[v].append(-2)
+                e = edges.setdefault((node[p], v), {"tensors": [], "bytes": 0})
+                if t not in e["tensors"]:
+                    e["tensors"].append(t)
+                    e["bytes"] += g.tensors[t].nbytes
+                ports.setdefault((node[p], v), []).append(
+                    (member[p], out_index[t], member[op.id], k))
+    return edges, {e: tuple(sorted(v)) for e, v in ports.items()}, wiring
+
+
+@pytest.mark.parametrize("name", ["gpt", "moe", "wide_resnet", "two_tower"])
+def test_graphnode_edges_ports_and_keys_follow_the_operands(name):
+    g = zoo_graph(name)
+    gng = group_graphnodes(g)
+    edges, ports, wiring = _wiring_by_definition(g, gng)
+    # the same edges, in order of their first operand, with the same tensors, bytes and ports
+    assert list(gng.edges.items()) == list(edges.items())
+    assert list(gng.ports.items()) == list(ports.items())
+    assert gng.edge_arrays.u.tolist() == [u for u, _ in edges]
+    assert gng.edge_bytes.tolist() == [e["bytes"] for e in edges.values()]
+    # equal keys exactly when the role and the wiring are equal
+    by_structure = {}
+    for n in gng:
+        by_structure.setdefault((n.role, tuple(wiring[n.id])), set()).add(n.key)
+    assert all(len(keys) == 1 for keys in by_structure.values())
+    assert len(by_structure) == len({n.key for n in gng})
+
+
 # ---- mining ------------------------------------------------------------------------------
 
 def test_mine_dense_chain_one_class_per_layer():

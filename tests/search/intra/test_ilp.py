@@ -403,3 +403,33 @@ def test_unsupported_primitives_one_warning():
     assert len(ours) == 1
     assert "fft" in str(ours[0].message) and "cholesky" in str(ours[0].message)
     assert set(sol.unknown_primitives) >= {"fft", "cholesky"}
+
+
+def test_differing_operands_are_those_a_loop_over_the_operands_finds(adam):
+    """The one-pass comparison of every operand's spec with the spec its consumer needs finds
+    what a loop over the operators and their operands finds, in the same order: for all the
+    costed operators (the lists made once per graph) and for a part of them."""
+    from autoplan.search.intra._ilp import _costed_ops, _differing_operands
+
+    mesh = CL.logical_mesh((8, 1))
+    sol = solve_ilp(adam, mesh, pins={r"^x$": P("x"), r"^params": P()})
+
+    def by_loop(op_ids):
+        out = []
+        for i in op_ids:
+            st = sol.strategies.get(i)
+            if st is None:
+                continue
+            for t, dst in zip(adam.ops[i].inputs, st.in_specs):
+                src = sol.specs.get(t) if t is not None else None
+                if src is not None and src != dst:
+                    out.append((i, t, src, dst))
+        return out
+
+    costed = _costed_ops(adam)[0]
+    assert sorted(sol.strategies) == costed
+    want = by_loop(costed)
+    assert want and _differing_operands(adam, costed, sol.strategies, sol.specs) == want
+    assert _differing_operands(adam, list(costed), sol.strategies, sol.specs) == want
+    part = costed[::3] + [len(adam.ops) + 5]  # (an operator without a strategy is skipped)
+    assert _differing_operands(adam, part, sol.strategies, sol.specs) == by_loop(part)
