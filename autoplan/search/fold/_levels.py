@@ -89,7 +89,7 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -314,6 +314,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     # assignment tried by run_chain
     fixed_specs: list[dict[int, Any]] = [{} for _ in range(K)]
     rep_of: dict[str, int] = {}
+    view_cache: dict[tuple, Any] = {}  # what the segments' views share (see _SegmentView)
     act_least: dict[str, float] = {}  # class key -> least saved-activation memory
     unknown: set[str] = set()
 
@@ -361,7 +362,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         obj, strats, specs = cache[key]
         if i != rep and outside_uses[i] != outside_uses[rep]:
             obj += extra_uses(i, rep, a, b, specs)
-        return obj, _SegmentView(graph, segs[rep].ops, segs[i].ops, strats, specs)
+        return obj, _SegmentView(graph, segs[rep].ops, segs[i].ops, strats, specs, view_cache)
 
     def extra_uses(i: int, rep: int, a: tuple | None, b: tuple | None, specs) -> float:
         """What segment i's fixed boundaries cost beyond its class representative's solve: a
@@ -827,28 +828,50 @@ class _SegmentView:
     use, since the chain DP needs only the objectives and the boundaries only a few specs."""
 
     def __init__(self, graph: OpGraph, rep_ops: Sequence[int], ops: Sequence[int],
-                 strats: Mapping[int, Any], specs: Mapping[int, Any]):
+                 strats: Mapping[int, Any], specs: Mapping[int, Any],
+                 shared: dict[tuple, Any] | None = None):
         self.graph, self.rep_ops, self.ops = graph, rep_ops, ops
         self.strats, self.specs = strats, specs
         self.same = rep_ops is ops or tuple(rep_ops) == tuple(ops)
+        # what views of one search share, by the identity of objects the search keeps alive
+        # (segments' operator lists, solves' specs): positions, and a solve's graph inputs
+        self._shared = {} if shared is None else shared
 
-    @cached_property
+    def _positions(self, ops: Sequence[int]) -> dict[int, int]:
+        key = ("position", id(ops))
+        pos = self._shared.get(key)
+        if pos is None:
+            pos = self._shared[key] = ({o: k for k, o in enumerate(ops)}, ops)
+        return pos[0]
+
+    @property
     def _position(self) -> dict[int, int]:
         """Each operator's position in the segment."""
-        return {o: k for k, o in enumerate(self.ops)}
+        return self._positions(self.ops)
 
-    @cached_property
+    @property
     def _rep_position(self) -> dict[int, int]:
         """Each representative operator's position in its segment (read by both
         :meth:`strategies` and :meth:`input_specs` when stitching)."""
-        return {o: k for k, o in enumerate(self.rep_ops)}
+        return self._positions(self.rep_ops)
 
     def strategies(self) -> dict[int, Any]:
         """``{operator id: strategy}`` of this segment's operators."""
         if self.same:
             return dict(self.strats)
-        rep_pos = self._rep_position
-        return {self.ops[rep_pos[o]]: s for o, s in self.strats.items() if o in rep_pos}
+        # the positions of the solve's operators in the representative, once per solve
+        key = ("strategy positions", id(self.strats), id(self.rep_ops))
+        found = self._shared.get(key)
+        if found is None:
+            rep_pos = self._rep_position
+            kept = [o in rep_pos for o in self.strats]
+            found = self._shared[key] = (
+                [rep_pos[o] for o in self.strats if o in rep_pos], kept, self.strats, self.rep_ops)
+        positions, kept = found[0], found[1]
+        values = self.strats.values()
+        if not all(kept):
+            values = compress(values, kept)
+        return dict(zip(map(self.ops.__getitem__, positions), values))
 
     def spec(self, t: int):
         """The spec the solve gave tensor ``t`` (made or read by this segment), or None."""
@@ -867,7 +890,12 @@ class _SegmentView:
     def input_specs(self) -> list[tuple[int, Any]]:
         """``(graph input tensor, spec)`` for the graph inputs this segment reads."""
         tensors, ops = self.graph.tensors, self.graph.ops
-        ins = [(t, s) for t, s in self.specs.items() if tensors[t].producer < 0]
+        key = ("inputs", id(self.specs))
+        found = self._shared.get(key)
+        if found is None:
+            found = self._shared[key] = (
+                [(t, s) for t, s in self.specs.items() if tensors[t].producer < 0], self.specs)
+        ins = found[0]
         if self.same:
             return ins
         rep_pos = self._rep_position

@@ -218,7 +218,7 @@ def is_generator(op: OpNode) -> bool:
 # helpers
 # ---------------------------------------------------------------------------------------------
 
-def fusion_context(graph: OpGraph) -> list[Context]:
+def fusion_context(graph: OpGraph) -> Sequence[Context]:
     """Per operator: whether it is a kernel under XLA's fusion, which of its operands it reads
     from memory, and the share of a collective's latency its collectives pay (see the module
     docstring); once per graph.
@@ -228,7 +228,7 @@ def fusion_context(graph: OpGraph) -> list[Context]:
     kernel or the graph's inputs made it.
     """
 
-    def make() -> list[Context]:
+    def make() -> Sequence[Context]:
         # over the flat operand arrays: a loop-fusible operator is a kernel when a result of it
         # is a result of the graph or an operand of an operator that is not loop-fusible
         ops = graph.ops
@@ -248,12 +248,34 @@ def fusion_context(graph: OpGraph) -> list[Context]:
         k = sum(1 for op in ops if combine[op.id]
                 and (is_heavy(op) or op.primitive in _REDUCTIONS))
         shared = 1.0 / max(1, k)
-        flat = mat.tolist()
-        bounds = arr.start.tolist()
-        return [(kn, tuple(flat[a:b]), shared if c else 1.0)
-                for kn, a, b, c in zip(kernel.tolist(), bounds, bounds[1:], combine)]
+        return _Contexts(kernel.tolist(), mat.tolist(), arr.start.tolist(), combine, shared)
 
     return memo(graph, "fusion_context", make)
+
+
+class _Contexts(Sequence):
+    """The operators' fusion contexts (:func:`fusion_context`), each made when first read (a
+    search reads those of the operators it solves and of the few with collectives)."""
+
+    def __init__(self, kernel: list[bool], from_memory: list[bool], bounds: list[int],
+                 combine: list[bool], shared: float):
+        self._kernel, self._from_memory, self._bounds = kernel, from_memory, bounds
+        self._combine, self._shared = combine, shared
+        self._made: list[Context | None] = [None] * len(kernel)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        c = self._made[i]
+        if c is None:
+            i = range(len(self))[i]
+            a, b = self._bounds[i], self._bounds[i + 1]
+            c = self._made[i] = (self._kernel[i], tuple(self._from_memory[a:b]),
+                                 self._shared if self._combine[i] else 1.0)
+        return c
 
 
 def combinable_ops(graph: OpGraph) -> list[bool]:
