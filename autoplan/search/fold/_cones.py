@@ -52,6 +52,8 @@ import bisect
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 
 import networkx as nx
 import numpy as np
@@ -286,7 +288,7 @@ def _primary_dependent(graph: OpGraph) -> list[bool]:
     ops = graph.ops
     for src in batch_inputs(graph):
         dep = dependent_on(graph, (src,))
-        score = (sum([op.flops for op, d in zip(ops, dep) if d]), sum(dep))
+        score = (sum(map(attrgetter("flops"), compress(ops, dep))), sum(dep))
         if score > best_score:
             best, best_score = dep, score
     return best if best is not None else data_dependent(graph)
@@ -313,22 +315,21 @@ def main_part(graph: OpGraph, part: str = "all") -> list[int]:
         raise ArgumentError(f"critical nodes: part should be one of {PARTS}. Got {part!r}. "
                             "Fix: pass part='all' or part='forward'.")
     dep = _primary_dependent(graph)
-    cand = [dep[op.id] and (part == "all" or op.role == "forward") for op in graph.ops]
+    ops = graph.ops
+    cand = dep if part == "all" else [d and op.role == "forward" for op, d in zip(ops, dep)]
+    ids = list(compress(range(len(ops)), cand))  # the candidates, ascending
     results = {o.tensor for o in graph.outputs}
     cons = graph.consumers
-    ends = [op.id for op in graph.ops if cand[op.id] and any(t in results for t in op.outputs)]
+    ends = [i for i in ids if any(t in results for t in ops[i].outputs)]
     if not ends:
-        ends = [op.id for op in graph.ops if cand[op.id]
-                and not any(cand[c] for t in op.outputs for c in cons[t])]
-    alive = bytearray(len(graph.ops))
+        ends = [i for i in ids if not any(cand[c] for t in ops[i].outputs for c in cons[t])]
+    alive = bytearray(len(ops))
     for e in ends:
         alive[e] = 1
-    for op in reversed(graph.ops):
-        if not cand[op.id]:
-            continue
-        if not alive[op.id] and any(alive[c] for t in op.outputs for c in cons[t]):
-            alive[op.id] = 1
-    return [o for o in range(len(graph.ops)) if alive[o]]
+    for i in reversed(ids):
+        if not alive[i] and any(alive[c] for t in ops[i].outputs for c in cons[t]):
+            alive[i] = 1
+    return list(compress(range(len(ops)), alive))
 
 
 def _critical_of(graph: OpGraph, main: Sequence[int]) -> list[int]:

@@ -31,6 +31,7 @@ absorbed side groups have no data producers.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -159,10 +160,14 @@ def dependent_on(graph: OpGraph, sources: Iterable[int]) -> list[bool]:
     """For each operator, whether it depends (transitively) on any of the tensors ``sources``:
     one pass in operator (topological) order with a flag per tensor."""
     dep_t = bytearray(len(graph.tensors))
+    consumers = graph.consumers
+    first = len(graph.ops)  # no operator before the first reader of a source depends on it
     for t in sources:
         dep_t[t] = 1
+        if consumers[t]:
+            first = min(first, min(consumers[t]))
     dep = [False] * len(graph.ops)
-    for op in graph.ops:
+    for op in itertools.islice(graph.ops, first, None):
         for t in op.inputs:
             if t is not None and dep_t[t]:
                 dep[op.id] = True
