@@ -30,6 +30,9 @@ class OperandArrays(NamedTuple):
         producer: per tensor, the id of the operator making it (-1: a graph input).
         made_by: per operand, the id of the operator making it (-1: a literal or a graph
             input).
+        out_count: per operator, its number of results.
+        out_start: per operator, the offset of its first result in ``output`` (length ops + 1).
+        output: per result, the tensor id (operators in order, each one's results in order).
     """
 
     count: np.ndarray
@@ -38,6 +41,9 @@ class OperandArrays(NamedTuple):
     reader: np.ndarray
     producer: np.ndarray
     made_by: np.ndarray
+    out_count: np.ndarray
+    out_start: np.ndarray
+    output: np.ndarray
 
 
 def _make(graph: OpGraph) -> OperandArrays:
@@ -55,7 +61,13 @@ def _make(graph: OpGraph) -> OperandArrays:
     made_by = np.full(len(tensor), -1, dtype=np.int64)
     made = tensor >= 0
     made_by[made] = producer[tensor[made]]
-    return OperandArrays(count, start, tensor, reader, producer, made_by)
+    outputs = list(map(attrgetter("outputs"), graph.ops))
+    out_count = np.fromiter(map(len, outputs), np.int64, len(outputs))
+    out_start = np.zeros(len(outputs) + 1, dtype=np.int64)
+    np.cumsum(out_count, out=out_start[1:])
+    output = np.fromiter(itertools.chain.from_iterable(outputs), np.int64, int(out_start[-1]))
+    return OperandArrays(count, start, tensor, reader, producer, made_by, out_count, out_start,
+                         output)
 
 
 def operand_arrays(graph: OpGraph) -> OperandArrays:

@@ -404,13 +404,10 @@ def _wiring(graph: OpGraph, node_of_op: list[int], n_nodes: int, labels: list[in
     member = np.empty(n_ops, dtype=np.int64)
     member[order] = np.arange(n_ops, dtype=np.int64) - first[node[order]]
     # each tensor's output index at its producer
-    outputs = list(map(attrgetter("outputs"), ops))
-    n_out = np.fromiter(map(len, outputs), np.int64, n_ops)
-    flat_out = np.fromiter(chain.from_iterable(outputs), np.int64, int(n_out.sum()))
+    n_out = arr.out_count
     out_index = np.zeros(len(tensors), dtype=np.int64)
-    out_start = np.zeros(n_ops, dtype=np.int64)
-    np.cumsum(n_out[:-1], out=out_start[1:])
-    out_index[flat_out] = np.arange(len(flat_out), dtype=np.int64) - np.repeat(out_start, n_out)
+    out_index[arr.output] = (np.arange(len(arr.output), dtype=np.int64)
+                             - np.repeat(arr.out_start[:-1], n_out))
     wide = 1 + int(n_out.max(initial=0))
     # per operand: the reading and the producing GraphNode, and its code in the wiring
     t = arr.tensor

@@ -61,6 +61,7 @@ import numpy as np
 
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
+from autoplan._operands import operand_arrays
 from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
 
 __all__ = ["RepeatedClass", "MiningResult", "mine", "canonical_hash"]
@@ -715,17 +716,16 @@ def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
     label = np.array(labeler.ids, dtype=np.int64)[by_row]
     # operands and results of the operators, in id order
     flat = np.sort(by_row, axis=None)
-    opl = [ops[o] for o in flat.tolist()]
-    ins = [op.inputs for op in opl]
-    outs = [op.outputs for op in opl]
-    n_in = np.fromiter(map(len, ins), dtype=np.int64, count=len(opl))
-    n_out = np.fromiter(map(len, outs), dtype=np.int64, count=len(opl))
+    arr = operand_arrays(graph)
+    n_in = arr.count[flat]
+    n_out = arr.out_count[flat]
     n_in_of = np.zeros(len(ops), dtype=np.int64)
     n_in_of[flat] = n_in
     n_in_rows = n_in_of[by_row]
     ok = (label == label[0]).all(axis=1) & (n_in_rows == n_in_rows[0]).all(axis=1)
     # each result tensor's instance, its producer's position, and its first output index
-    out_t = np.fromiter(chain.from_iterable(outs), dtype=np.int64, count=int(n_out.sum()))
+    out_t = arr.output[np.repeat(arr.out_start[flat], n_out) + np.arange(int(n_out.sum()))
+                       - np.repeat(np.cumsum(n_out) - n_out, n_out)]
     out_op = np.repeat(flat, n_out)
     n_t = len(graph.tensors)
     t_row = np.full(n_t, -1, dtype=np.int64)
@@ -735,9 +735,9 @@ def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
     t_index = np.full(n_t, len(out_t), dtype=np.int64)
     np.minimum.at(t_index, out_t, np.arange(len(out_t)) - np.repeat(np.cumsum(n_out) - n_out, n_out))
     # each operand's code, instance, and place among its instance's operands
-    t = np.array(list(chain.from_iterable(ins)), dtype=float)  # a literal (None) is NaN
-    literal = np.isnan(t)
-    t = np.where(literal, -1, t).astype(np.int64)
+    t = arr.tensor[np.repeat(arr.start[flat], n_in) + np.arange(int(n_in.sum()))
+                   - np.repeat(np.cumsum(n_in) - n_in, n_in)]  # (a literal is -1)
+    literal = t < 0
     op = np.repeat(flat, n_in)
     row = row_of_op[op]
     inside = ~literal & (t_row[t] == row)
