@@ -984,7 +984,8 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
         if dst != src and tensors[t].shape:  # scalars are never resharded
             comm += charge(t, src, dst, i)
     for o, inp in out_pairs:
-        comm += charge(o, specs[o], specs[inp], None)
+        if specs[o] != specs[inp]:  # (an equal pair costs exactly 0.0: no resharding)
+            comm += charge(o, specs[o], specs[inp], None)
     for t, spec in fixed_inside.items():
         comm += charge(t, specs[t], spec, None, (fixed_uses or {}).get(t, 1))
     # free tensors: the spec their first consumer needs
