@@ -203,3 +203,14 @@ def test_the_plans_records_equal_their_checked_construction(gpt):
     # an uncanonical value is the caller's to avoid: the helper stores what it is given
     ts = canonical_record(TensorSharding, "%1", "output", (4,), "float32", Spec.of(("x",)))
     assert ts == TensorSharding("%1", "output", (4,), "float32", ("x",))
+
+
+@pytest.mark.parametrize("name", ["gpt", "moe", "wide_resnet", "two_tower"])
+def test_a_plans_layer_names_are_the_graphs_layers_in_order(name):
+    """A single-stage plan names the graph's layers in ``graph.layers``' order, found without
+    making the layers."""
+    from autoplan.search.intra._intra import _layer_order
+
+    graph = autoplan.trace(autoplan.models.get(name, "tiny"))
+    want = tuple(ly.name for ly in graph.layers)
+    assert _layer_order(graph) == want and len(want) > 1
