@@ -292,7 +292,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     t1 = time.perf_counter()
     segs = memo(graph, "segments", lambda: _choose_segments(
         graph, lambda: find_segments(graph, mining=mining), mining))
-    seg_of = memo(graph, "segment_of_op", lambda: _segment_of_op(graph, segs))
+    seg_of, position = memo(graph, "segment_index", lambda: _segment_index(graph, segs))
     K = len(segs)
     pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
     # (the same for every search of this graph's segments: the baselines share them)
@@ -300,7 +300,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         graph, "segment_facts", lambda: _segment_facts(graph, segs, seg_of))
     # each segment's pinned operands (operator position, operand index, spec): instances of a
     # class pinned alike share its solves
-    pin_key = _pin_keys(graph, segs, seg_of, pinned) if pinned else []
+    pin_key = _pin_keys(graph, seg_of, position, pinned, K) if pinned else []
     t_seg = time.perf_counter() - t1
     if bound_auto:
         max_ilps = max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(sig)))
@@ -603,8 +603,8 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     return LevelResult(plan, stats, analysis, sol)
 
 
-def _pin_keys(graph: OpGraph, segs: list, seg_of: list[int], pinned: Mapping[int, Any]
-              ) -> list[str]:
+def _pin_keys(graph: OpGraph, seg_of: list[int], position: list[int],
+              pinned: Mapping[int, Any], K: int) -> list[str]:
     """Per segment, its pinned operands as ``position.operand=spec``, joined by commas in the
     order of its operators and their operands (instances of a class pinned alike get equal
     keys); the pinned operands are found over the flat operand arrays."""
@@ -614,9 +614,8 @@ def _pin_keys(graph: OpGraph, segs: list, seg_of: list[int], pinned: Mapping[int
     readers = arr.reader[where]
     operand = (where - arr.start[readers]).tolist()
     tensors = arr.tensor[where].tolist()
-    position = memo(graph, "segment_positions", lambda: _segment_positions(graph, segs))
     text = {t: str(sp) for t, sp in pinned.items()}
-    parts: list[list[tuple[int, int, str]]] = [[] for _ in segs]
+    parts: list[list[tuple[int, int, str]]] = [[] for _ in range(K)]
     for o, k, t in zip(readers.tolist(), operand, tensors):
         i = seg_of[o]
         if i >= 0:
@@ -624,22 +623,16 @@ def _pin_keys(graph: OpGraph, segs: list, seg_of: list[int], pinned: Mapping[int
     return [",".join(f"{p}.{k}={x}" for p, k, x in sorted(ps)) for ps in parts]
 
 
-def _segment_positions(graph: OpGraph, segs: list) -> list[int]:
-    """Each operator's position in its segment's operator list (-1: in none)."""
+def _segment_index(graph: OpGraph, segs: list) -> tuple[list[int], list[int]]:
+    """Each operator's segment and its position in that segment's operator list (-1, -1: in
+    none)."""
+    seg_of = [-1] * len(graph.ops)
     position = [-1] * len(graph.ops)
     for s in segs:
         for p, o in enumerate(s.ops):
-            position[o] = p
-    return position
-
-
-def _segment_of_op(graph: OpGraph, segs: list) -> list[int]:
-    """Each operator's segment (-1: none)."""
-    seg_of = [-1] * len(graph.ops)
-    for s in segs:
-        for o in s.ops:
             seg_of[o] = s.id
-    return seg_of
+            position[o] = p
+    return seg_of, position
 
 
 def _segment_facts(graph: OpGraph, segs: list, seg_of: list[int]) -> tuple:
