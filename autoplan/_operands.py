@@ -16,7 +16,7 @@ import numpy as np
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 
-__all__ = ["OperandArrays", "operand_arrays"]
+__all__ = ["OperandArrays", "operand_arrays", "index_in_run", "runs"]
 
 
 class OperandArrays(NamedTuple):
@@ -73,3 +73,16 @@ def _make(graph: OpGraph) -> OperandArrays:
 def operand_arrays(graph: OpGraph) -> OperandArrays:
     """The graph's :class:`OperandArrays` (made once per graph)."""
     return memo(graph, "operand_arrays", lambda: _make(graph))
+
+
+def index_in_run(counts: np.ndarray) -> np.ndarray:
+    """For runs of the given lengths laid end to end: each element's index in its run."""
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts,
+                                                                    counts)
+
+
+def runs(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices ``starts[i] .. starts[i] + counts[i] - 1``, run after run: the flat positions
+    of some operators' operands (``runs(arr.start[ops], arr.count[ops])``) or results
+    (``runs(arr.out_start[ops], arr.out_count[ops])``)."""
+    return np.repeat(starts, counts) + index_in_run(counts)

@@ -45,7 +45,7 @@ import numpy as np
 
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
-from autoplan._operands import operand_arrays
+from autoplan._operands import index_in_run, operand_arrays
 
 __all__ = [
     "GraphNode",
@@ -406,8 +406,7 @@ def _wiring(graph: OpGraph, node_of_op: list[int], n_nodes: int, labels: list[in
     # each tensor's output index at its producer
     n_out = arr.out_count
     out_index = np.zeros(len(tensors), dtype=np.int64)
-    out_index[arr.output] = (np.arange(len(arr.output), dtype=np.int64)
-                             - np.repeat(arr.out_start[:-1], n_out))
+    out_index[arr.output] = index_in_run(n_out)
     wide = 1 + int(n_out.max(initial=0))
     # per operand: the reading and the producing GraphNode, and its code in the wiring
     t = arr.tensor

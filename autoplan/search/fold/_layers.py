@@ -53,7 +53,7 @@ import numpy as np
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._operands import operand_arrays
+from autoplan._operands import operand_arrays, runs
 from autoplan.search.fold._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
@@ -373,10 +373,8 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
     cnt = arr.count[o]
     first = np.zeros(n, dtype=np.int64)  # each operator's first operand in the local order
     np.cumsum(cnt[:-1], out=first[1:])
-    total = int(cnt.sum())
-    offs = np.arange(total, dtype=np.int64) - np.repeat(first, cnt)
     who = np.repeat(np.arange(n, dtype=np.int64), cnt)  # local index of each operand's reader
-    where = np.repeat(arr.start[o], cnt) + offs  # each operand in the flat arrays
+    where = runs(arr.start[o], cnt)  # each operand in the flat arrays
     t = arr.tensor[where]
     p = arr.made_by[where]
     j = np.minimum(np.searchsorted(o, p), n - 1)
@@ -395,9 +393,9 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
                     signed=True)
             words.append(w)
         code[outside] = np.asarray(words, dtype=np.int64)
-    out = np.empty(2 * n + total, dtype=np.int64)
+    out = np.empty(2 * n + len(where), dtype=np.int64)
     at = 2 * np.arange(n, dtype=np.int64) + first
     out[at] = head[o]
     out[at + 1] = cnt
-    out[np.repeat(at + 2, cnt) + offs] = code
+    out[runs(at + 2, cnt)] = code
     return hashlib.sha256(out.tobytes()).hexdigest()[:16]

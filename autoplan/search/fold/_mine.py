@@ -61,7 +61,7 @@ import numpy as np
 
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan._operands import operand_arrays
+from autoplan._operands import index_in_run, operand_arrays, runs
 from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
 
 __all__ = ["RepeatedClass", "MiningResult", "mine", "canonical_hash"]
@@ -724,8 +724,7 @@ def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
     n_in_rows = n_in_of[by_row]
     ok = (label == label[0]).all(axis=1) & (n_in_rows == n_in_rows[0]).all(axis=1)
     # each result tensor's instance, its producer's position, and its first output index
-    out_t = arr.output[np.repeat(arr.out_start[flat], n_out) + np.arange(int(n_out.sum()))
-                       - np.repeat(np.cumsum(n_out) - n_out, n_out)]
+    out_t = arr.output[runs(arr.out_start[flat], n_out)]
     out_op = np.repeat(flat, n_out)
     n_t = len(graph.tensors)
     t_row = np.full(n_t, -1, dtype=np.int64)
@@ -733,17 +732,16 @@ def _same_signature_as_first(graph: OpGraph, labeler: OpLabeler,
     t_pos = np.zeros(n_t, dtype=np.int64)
     t_pos[out_t] = pos_of_op[out_op]
     t_index = np.full(n_t, len(out_t), dtype=np.int64)
-    np.minimum.at(t_index, out_t, np.arange(len(out_t)) - np.repeat(np.cumsum(n_out) - n_out, n_out))
+    np.minimum.at(t_index, out_t, index_in_run(n_out))
     # each operand's code, instance, and place among its instance's operands
-    t = arr.tensor[np.repeat(arr.start[flat], n_in) + np.arange(int(n_in.sum()))
-                   - np.repeat(np.cumsum(n_in) - n_in, n_in)]  # (a literal is -1)
+    t = arr.tensor[runs(arr.start[flat], n_in)]  # (a literal is -1)
     literal = t < 0
     op = np.repeat(flat, n_in)
     row = row_of_op[op]
     inside = ~literal & (t_row[t] == row)
     k = int(n_out.max(initial=0)) + 1
     code = np.where(literal, -2, np.where(inside, t_pos[t] * k + t_index[t], -1))
-    nth = np.arange(len(t)) - np.repeat(np.cumsum(n_in) - n_in, n_in)  # operand index
+    nth = index_in_run(n_in)  # operand index
     first = np.cumsum(n_in_rows[0]) - n_in_rows[0]  # where each position's operands start
     keep = ok[row]
     block = np.zeros((m, int(n_in_rows[0].sum())), dtype=np.int64)

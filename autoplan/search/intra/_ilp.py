@@ -92,6 +92,7 @@ from autoplan._dtype import dtype_bytes
 from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._operands import operand_arrays, runs
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._pins import pinned_by, pins_key
@@ -544,7 +545,6 @@ def _differing_operands(graph: OpGraph, op_ids: Sequence[int], op_strategy: Mapp
     that have a strategy (in that order, operands in order) whose tensor has a spec in ``specs``
     other than the one the strategy needs (None: any). C-level passes over all operands, then a
     loop over the few that differ."""
-    ops = graph.ops
     ids = op_ids
     strategies = list(map(op_strategy.get, ids))
     if any(map(operator.is_, strategies, repeat(None))):  # (no strategy: skipped)
@@ -553,42 +553,31 @@ def _differing_operands(graph: OpGraph, op_ids: Sequence[int], op_strategy: Mapp
     needed = list(map(attrgetter("in_specs"), strategies))
     costed = _costed_ops(graph)[0]
     if ids is costed or ids == costed:  # (the operands of every costed operator: made once)
-        flat_t, counts, reader = _costed_operands(graph)
+        flat_t, counts, reader = memo(graph, "costed_operands",
+                                      lambda: _operands_of(graph, costed))
     else:
-        inputs = list(map(attrgetter("inputs"), map(ops.__getitem__, ids)))
-        counts = list(map(len, inputs))
-        flat_t = list(chain.from_iterable(inputs))
-        reader = None
-    if counts != list(map(len, needed)):  # (zip's pairing, operator by operator)
-        inputs = [ops[i].inputs for i in ids]
-        counts = list(map(min, map(len, inputs), map(len, needed)))
-        flat_t = list(chain.from_iterable(x[:n] for x, n in zip(inputs, counts)))
-        needed = [x[:n] for x, n in zip(needed, counts)]
-        reader = None
-    flat_dst = list(chain.from_iterable(needed))
-    src = list(map(specs.get, flat_t))  # (a literal, None, has no spec)
-    differ = [j for j in compress(range(len(flat_t)), map(operator.ne, src, flat_dst))
-              if src[j] is not None]
-    if not differ:
-        return []
-    if reader is None:
-        reader = list(chain.from_iterable(map(repeat, ids, counts)))
-    return [(reader[j], flat_t[j], src[j], flat_dst[j]) for j in differ]
-
-
-def _costed_operands(graph: OpGraph) -> tuple[list[int | None], list[int], list[int]]:
-    """The operands of :func:`_costed_ops`' operators, in order: their tensors, each
-    operator's count, and each operand's operator; once per graph."""
-
-    def make() -> tuple[list[int | None], list[int], list[int]]:
+        flat_t, counts, reader = _operands_of(graph, ids)
+    if counts == list(map(len, needed)):
+        flat_dst = list(chain.from_iterable(needed))
+    else:  # (zip's pairing, operator by operator)
         ops = graph.ops
-        costed = _costed_ops(graph)[0]
-        inputs = [ops[i].inputs for i in costed]
-        counts = list(map(len, inputs))
-        return (list(chain.from_iterable(inputs)), counts,
-                list(chain.from_iterable(map(repeat, costed, counts))))
+        rows = [(i, -1 if t is None else t, d) for i, want in zip(ids, needed)
+                for t, d in zip(ops[i].inputs, want)]
+        reader, flat_t, flat_dst = (list(c) for c in zip(*rows)) if rows else ([], [], [])
+    src = list(map(specs.get, flat_t))  # (a literal, -1, has no spec)
+    return [(reader[j], flat_t[j], src[j], flat_dst[j])
+            for j in compress(range(len(flat_t)), map(operator.ne, src, flat_dst))
+            if src[j] is not None]
 
-    return memo(graph, "costed_operands", make)
+
+def _operands_of(graph: OpGraph, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """The operands of the operators ``ids``, in order, over the flat operand arrays: their
+    tensors (-1: a literal), each operator's count, and each operand's operator."""
+    arr = operand_arrays(graph)
+    o = np.asarray(ids, dtype=np.int64)
+    count = arr.count[o]
+    return (arr.tensor[runs(arr.start[o], count)].tolist(), count.tolist(),
+            np.repeat(o, count).tolist())
 
 
 def _saves_activation(graph: OpGraph) -> list[bool]:
@@ -608,10 +597,10 @@ def _costed_ops(graph: OpGraph) -> tuple[list[int], list[int], list[int]]:
         free = _free_tensors(graph)
         costed = [op.id for op in graph.ops
                   if not (op.outputs and op.outputs[0] in free and free.issuperset(op.outputs))]
-        ops = graph.ops
-        n_outs = [len(ops[i].outputs) for i in costed]
-        outputs = list(chain.from_iterable(ops[i].outputs for i in costed))
-        return costed, n_outs, outputs
+        arr = operand_arrays(graph)
+        o = np.asarray(costed, dtype=np.int64)
+        n_outs = arr.out_count[o]
+        return costed, n_outs.tolist(), arr.output[runs(arr.out_start[o], n_outs)].tolist()
 
     return memo(graph, "costed_ops", make)
 
@@ -1102,7 +1091,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     # them (the same terms, in the same order, as a loop taking each operator in turn)
     costed, n_outs, outputs = _costed_ops(graph)
     strategies = list(map(op_strategy.get, costed))
-    if any(st is None for st in strategies):
+    if any(map(operator.is_, strategies, repeat(None))):
         return None
     chosen: dict[int, Strategy] = dict(zip(costed, strategies))
     compute = functools.reduce(operator.add, map(attrgetter("compute_time"), strategies), 0.0)
