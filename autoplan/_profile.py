@@ -16,7 +16,8 @@ contention, and devices with their own hardware (GPUs) show their own speed.
   difference between a chain of ``1 + k`` dependent operations and one, over ``k`` (the launch
   cancels), less the per-kernel overhead.
 * **Memory**: seconds per kernel by the bytes it moves (a chain of a reduction and an
-  elementwise update over sizes from 4 KiB to 16 MiB per device, bytes and kernels read from
+  elementwise update over sizes from 4 KiB to 16 MiB per device (to 256 MiB on accelerators,
+  past their last-level caches), bytes and kernels read from
   the compiled program): small kernels run from caches, large ones at the streaming bandwidth.
 * **Kernel overhead**: a small transformer training step (embedding, layer norms, attention,
   MLP, cross-entropy, Adam) replicated on every device, less its arguments passed through and
@@ -111,17 +112,20 @@ class _Settings:
     matmul_step: int  # size factor between matmul sizes
     comm_sizes: tuple[int, ...]  # collective message sizes (bytes)
     bandwidth_sizes: tuple[int, ...]  # elements per device of the bandwidth curve
+    #: added on accelerators, whose last-level caches hold the sizes above (an H100's L2 is 50 MB)
+    accelerator_bandwidth_sizes: tuple[int, ...]
     conv_dtypes: bool  # convolutions in every dtype (else float32 only)
     chain_time: float  # seconds a timed chain of operations should last (above the launch's noise)
 
 
 _QUICK = _Settings(reps=3, min_time=0.01, max_op_time=0.05, matmul_step=4,
                    comm_sizes=(2**10, 2**22), bandwidth_sizes=(2**12, 2**16, 2**20),
-                   conv_dtypes=False,
+                   accelerator_bandwidth_sizes=(2**25,), conv_dtypes=False,
                    chain_time=1e-3)
 _FULL = _Settings(reps=5, min_time=0.05, max_op_time=0.25, matmul_step=2,
                   comm_sizes=tuple(2**k for k in range(8, 25, 2)),
-                  bandwidth_sizes=tuple(2**k for k in range(10, 23, 2)), conv_dtypes=True,
+                  bandwidth_sizes=tuple(2**k for k in range(10, 23, 2)),
+                  accelerator_bandwidth_sizes=(2**24, 2**26), conv_dtypes=True,
                   chain_time=2e-3)
 
 
@@ -233,6 +237,8 @@ class _Profiler:
         self.per_arg = 0.0
         self.op_overhead = 0.0
         self.bandwidth = 0.0
+        self.bandwidth_sizes = settings.bandwidth_sizes + (
+            settings.accelerator_bandwidth_sizes if self.platform != "cpu" else ())
 
     # ---- timing ------------------------------------------------------------------------
     def time(self, fn: Callable[..., Any], *args: Any) -> float:
@@ -283,7 +289,7 @@ class _Profiler:
         dtypes = [d for d in PROFILE_DTYPES if self.supports(d)]
         geometries = self.geometries() if self.n > 1 else []
         conv_dtypes = dtypes if self.s.conv_dtypes else ["float32"]
-        total = (3 + len(self.s.bandwidth_sizes) + len(dtypes) + len(conv_dtypes)
+        total = (3 + len(self.bandwidth_sizes) + len(dtypes) + len(conv_dtypes)
                  + len(geometries) * len(_KINDS))
         self.bar = tqdm(total=total, desc="autoplan profile", unit="bench", file=sys.stderr,
                         disable=not self.show, leave=self.show)
@@ -361,7 +367,7 @@ class _Profiler:
         size's bytes and kernels read from the compiled program; small kernels run from caches.
         The largest size's rate is the streaming bandwidth."""
         sizes, secs = [], []
-        for n in self.s.bandwidth_sizes:
+        for n in self.bandwidth_sizes:
             x = self.sharded((1, n), "float32")  # one row per device: the reductions stay local
 
             def fn_of(k: int) -> Callable[..., Any]:

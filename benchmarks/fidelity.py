@@ -32,11 +32,19 @@ Usage::
 
     .venv/bin/python benchmarks/fidelity.py [--models gpt mlp user_mlp] [--sizes tiny large]
         [--clusters preset profile] [--profile cluster.json | --quick-profile]
-        [--top 8] [--steps 6] [--json results.json]
+        [--top 8] [--steps 6] [--batch-scales 0.5 1] [--json results.json]
 
 On the CPU platform (the default) it runs on ``--devices`` (8) emulated devices against the
 ``cpu`` preset; on accelerators (``JAX_PLATFORMS=cuda``) on the attached devices against
 ``--preset`` (e.g. ``dgx-h100``, with as many devices per node as are attached).
+
+**One device** (one GPU, or ``--devices 1``; ``--single-device`` asks for it anywhere): there is
+no sharding to choose, so the candidates are what one device can vary: the step as written and
+rematerialised (``remat=True``; not for ``user_mlp``), each with its gradient accumulated over 1,
+2, 4 and 8 micro-batches (``autoplan.search(..., pipeline=True, microbatches=k)``), ranked by
+predicted step time; ``--batch-scales`` runs each model at several batches. ``--sizes accel``
+sizes the models for one GPU (compute dominates the step). ``benchmarks/accelerator.sh`` runs
+this with ``autoplan profile`` and two launches.
 """
 
 from __future__ import annotations
@@ -54,6 +62,11 @@ import warnings
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+#: the workers' environment: this process only looks at the devices (and profiles them when no
+#: ``--profile`` is given), so on a GPU it must not take the memory JAX preallocates by default
+WORKER_ENV = dict(os.environ)
+if "--worker" not in sys.argv:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 DEVICES = 8  # emulated CPU devices (on accelerators: the attached ones)
 #: the ``large`` size of each model: compute not negligible on 8 emulated CPU devices
@@ -66,7 +79,20 @@ LARGE: dict[str, dict[str, Any]] = {
     "mlp": dict(batch=256, features=256, hidden=512, layers=4),
     "user_mlp": dict(batch=256, features=256, hidden=1024),
 }
+#: the ``accel`` size: compute dominates a step on one modern GPU (H100: tens of milliseconds)
+ACCEL: dict[str, dict[str, Any]] = {
+    "gpt": dict(batch=16, seq_len=512, hidden=1024, layers=8, heads=16, vocab=8192),
+    "moe": dict(batch=16, seq_len=512, hidden=1024, layers=4, heads=16, vocab=8192),
+    "wide_resnet": dict(batch=64, image=32, channels=32),
+    "unet": dict(batch=32, image=64, channels=32),
+    "two_tower": dict(batch=8192, embed_dim=128),
+    "mlp": dict(batch=2048, features=1024, hidden=4096, layers=4),
+    "user_mlp": dict(batch=8192, features=1024, hidden=4096),
+}
+SIZES = {"large": LARGE, "accel": ACCEL}
 USER_TINY = dict(batch=32, features=32, hidden=64)
+#: one device: the gradient-accumulation counts tried (each with remat off and on)
+ACCUMULATION = (1, 2, 4, 8)
 TIE = 0.05
 TARGETS = {"regret": 0.10, "rho": 0.8, "mrr": 0.9, "error": 0.25}
 
@@ -115,12 +141,17 @@ class UserStep:
         return loss, params, momentum
 
 
-def workload(name: str, size: str) -> Any:
+def workload(name: str, size: str, **over: Any) -> Any:
+    """The model ``name`` at ``size`` (``tiny``, ``large`` or ``accel``), with ``over`` (batch,
+    remat) on top; the plain-JAX ``user_mlp`` has no remat."""
+    config = {**(USER_TINY if size == "tiny" and name == "user_mlp" else {}),
+              **SIZES.get(size, {}).get(name, {}), **over}
     if name == "user_mlp":
-        return UserStep(**(USER_TINY if size == "tiny" else LARGE[name]))
+        config.pop("remat", None)
+        return UserStep(**config)
     from autoplan import models  # noqa: PLC0415
 
-    return models.get(name, "tiny", abstract=False, **(LARGE.get(name, {}) if size == "large" else {}))
+    return models.get(name, "tiny", abstract=False, **config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,6 +228,49 @@ def _devices(n: int) -> None:
         jax.config.update("jax_num_cpu_devices", n)
 
 
+def base_batch(name: str, size: str) -> int:
+    """The global batch of ``name`` at ``size``."""
+    config = SIZES.get(size, {}).get(name, {})
+    if "batch" in config:
+        return config["batch"]
+    if name == "user_mlp":
+        return USER_TINY["batch"]
+    from autoplan import models  # noqa: PLC0415
+
+    return models.get(name, "tiny").config["batch"]
+
+
+def single_device_plans(args: argparse.Namespace, cluster: Any) -> list[tuple[Any, dict]]:
+    """One device: the candidates are the step as it is and with remat, each with its gradient
+    accumulated over 1, 2, 4 and 8 micro-batches (``autoplan.search`` with ``pipeline=True`` and
+    that many micro-batches gives the one-stage plan), ranked by predicted step time."""
+    import autoplan  # noqa: PLC0415
+
+    found = []
+    for remat in ((False,) if args.model == "user_mlp" else (False, True)):
+        wl = workload(args.model, args.size, **_over(args, remat))
+        batch = wl.config["batch"]
+        for mb in ACCUMULATION:
+            if batch % mb:
+                continue
+            options = dict(pipeline=True, microbatches=mb) if mb > 1 else dict(pipeline=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = autoplan.search(wl, cluster, time_limit=args.time_limit, cache=False,
+                                      baselines=False, **options)
+            plans = [p for p in res.plans if p.schedule.microbatches == mb]
+            if plans:
+                found.append((plans[0], {"remat": remat}))
+    return sorted(found, key=lambda e: e[0].predicted.step_time)
+
+
+def _over(args: argparse.Namespace, remat: bool | None = None) -> dict[str, Any]:
+    over: dict[str, Any] = {} if args.batch is None else {"batch": args.batch}
+    if remat is not None:
+        over["remat"] = remat
+    return over
+
+
 def worker(args: argparse.Namespace) -> None:
     _devices(args.devices)
     import autoplan  # noqa: PLC0415
@@ -204,27 +278,34 @@ def worker(args: argparse.Namespace) -> None:
     from autoplan.exec import run  # noqa: PLC0415
 
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - one line per result, flushed
-    wl = workload(args.model, args.size)
     plans_file = args.out + ".plans.json"
     if os.path.exists(plans_file):  # a restart after a plan aborted the process
         with open(plans_file) as f:
             saved = json.load(f)
-        entries = [(e["cluster"], e["rank"], Plan.from_dict(e["plan"])) for e in saved]
+        entries = [(e["cluster"], e["rank"], Plan.from_dict(e["plan"]), e["variant"])
+                   for e in saved]
     else:
         entries = []
         for name, path in args.cluster:
             cluster = Cluster.parse(path)
             t0 = time.perf_counter()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = autoplan.search(wl, cluster, time_limit=args.time_limit)
+            if args.single_device:
+                found = single_device_plans(args, cluster)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = autoplan.search(workload(args.model, args.size, **_over(args)), cluster,
+                                          time_limit=args.time_limit)
+                found = [(p, {}) for p in res.plans]
             seconds = time.perf_counter() - t0
             out.write(json.dumps({"event": "search", "cluster": name, "seconds": seconds,
-                                  "plans": len(res.plans)}) + "\n")
-            for rank, p in enumerate(res.plans[: args.top]):
-                entries.append((name, rank, p))
+                                  "plans": len(found)}) + "\n")
+            for rank, (p, variant) in enumerate(found[: args.top]):
+                entries.append((name, rank, p, variant))
         with open(plans_file, "w") as f:
-            json.dump([{"cluster": c, "rank": r, "plan": p.to_dict()} for c, r, p in entries], f)
+            json.dump([{"cluster": c, "rank": r, "plan": p.to_dict(), "variant": v}
+                       for c, r, p, v in entries], f)
+    workloads: dict[bool | None, Any] = {}
     done = set()
     if os.path.exists(args.out):
         with open(args.out) as f:
@@ -232,17 +313,21 @@ def worker(args: argparse.Namespace) -> None:
                 rec = json.loads(line)
                 if rec.get("event") in ("measured", "failed", "started"):
                     done.add(rec["key"])
-    for name, rank, plan in entries:
+    for name, rank, plan, variant in entries:
         key = plan_key(plan)
+        remat = variant.get("remat")
+        label = ("remat" if remat else "no remat") if args.single_device else plan.label
         out.write(json.dumps({"event": "plan", "cluster": name, "rank": rank, "key": key,
-                              "label": plan.label, "layout": plan.describe(),
+                              "label": label, "layout": plan.describe(),
                               "predicted": plan.predicted.step_time}) + "\n")
         if key in done:
             continue
         done.add(key)
         out.write(json.dumps({"event": "started", "key": key}) + "\n")
+        if remat not in workloads:
+            workloads[remat] = workload(args.model, args.size, **_over(args, remat))
         try:
-            rep = run(plan, wl, steps=args.steps, check=False)
+            rep = run(plan, workloads[remat], steps=args.steps, check=False)
             out.write(json.dumps({"event": "measured", "key": key, "measured": rep.step_time,
                                   "steps": rep.step_times, "compile": rep.compile_time}) + "\n")
         except Exception as err:  # a plan the executor cannot run: recorded, the others go on
@@ -255,22 +340,29 @@ def worker(args: argparse.Namespace) -> None:
 # the parent: workers, tables
 # ---------------------------------------------------------------------------------------------
 
-def run_model(model: str, size: str, clusters: list[tuple[str, str]], args: argparse.Namespace,
-              tmp: str) -> list[dict]:
+def run_model(model: str, size: str, batch: int | None, clusters: list[tuple[str, str]],
+              args: argparse.Namespace, tmp: str) -> list[dict]:
     """Run the worker (restarting it after a plan that aborts it) and return its records."""
-    out = os.path.join(tmp, f"{model}-{size}.jsonl")
+    out = os.path.join(tmp, f"{model}-{size}-{batch}.jsonl")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--size", size,
            "--out", out, "--top", str(args.top), "--steps", str(args.steps),
            "--time-limit", str(args.time_limit), "--devices", str(args.devices)]
+    if batch is not None:
+        cmd += ["--batch", str(batch)]
+    if args.single_device:
+        cmd.append("--single-device")
     for name, path in clusters:
         cmd += ["--cluster", name, path]
     for attempt in range(args.top * len(clusters) + 1):
+        why = "aborted the process"
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env=WORKER_ENV)
             tail = (proc.stderr or "").strip().splitlines()[-3:]
             ok = proc.returncode == 0
-        except subprocess.TimeoutExpired:
-            ok, tail = False, [f"worker timed out after {args.timeout:.0f} s"]
+        except subprocess.TimeoutExpired:  # the worker's whole time (searches and runs) ran out
+            why = "still running when the worker's --timeout ran out"
+            ok, tail = False, [f"{args.timeout:.0f} s"]
         records = _read(out)
         if ok or any(r.get("event") == "done" for r in records):
             return records
@@ -283,8 +375,8 @@ def run_model(model: str, size: str, clusters: list[tuple[str, str]], args: argp
         with open(out, "a") as f:
             for k in pending:
                 f.write(json.dumps({"event": "failed", "key": k,
-                                    "error": "aborted the process: " + " | ".join(tail)}) + "\n")
-        print(f"  {model} {size}: a plan aborted its worker ({' | '.join(tail)[-160:]}); "
+                                    "error": f"{why}: " + " | ".join(tail)}) + "\n")
+        print(f"  {model} {size}: a plan {why} ({' | '.join(tail)[-160:]}); "
               f"restarting after it (attempt {attempt + 2})", flush=True)
     return _read(out)
 
@@ -336,10 +428,10 @@ def summarise(model: str, size: str, records: list[dict], clusters: list[str]) -
 
 def report(rows: list[dict], clusters: list[str]) -> None:
     print("\nsummary (ties: measured within 5%)")
-    print(f"  {'model':<12} {'size':<6} {'cluster':<8} {'plans':>5} {'rho':>6} {'regret':>8} "
+    print(f"  {'model':<12} {'size':<10} {'cluster':<8} {'plans':>5} {'rho':>6} {'regret':>8} "
           f"{'MRR':>5} {'|error|':>8}")
     for r in rows:
-        print(f"  {r['model']:<12} {r['size']:<6} {r['cluster']:<8} {r['plans']:>5} "
+        print(f"  {r['model']:<12} {r['size']:<10} {r['cluster']:<8} {r['plans']:>5} "
               f"{r['rho']:>6.2f} {r['regret'] * 100:>7.1f}% {r['mrr']:>5.2f} "
               f"{r['error'] * 100:>7.0f}%")
     for cluster in clusters:
@@ -369,7 +461,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=None,
                     help="zoo models and/or user_mlp (default: all of them)")
-    ap.add_argument("--sizes", nargs="*", default=["tiny", "large"], choices=["tiny", "large"])
+    ap.add_argument("--sizes", nargs="*", default=["tiny", "large"],
+                    choices=["tiny", "large", "accel"],
+                    help="accel: sized for one GPU (compute dominates the step)")
+    ap.add_argument("--batch-scales", nargs="*", type=float, default=None,
+                    help="run each model at these multiples of its size's batch (default 1)")
+    ap.add_argument("--single-device", action="store_true",
+                    help="the candidates of one device: remat off/on x 1, 2, 4, 8 accumulated "
+                         "micro-batches (the default when one device is attached)")
     ap.add_argument("--clusters", nargs="*", default=["preset", "profile"],
                     help="'preset' (the uncalibrated datasheet preset) and/or 'profile' (measured)")
     ap.add_argument("--preset", default=None,
@@ -388,6 +487,7 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--size", help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--cluster", nargs=2, action="append", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -408,6 +508,7 @@ def main() -> None:
     if n != args.devices and platform == "cpu":
         ap.error(f"--devices {args.devices}: JAX already runs {n} devices")
     args.devices = n
+    args.single_device = args.single_device or n == 1
     clusters: list[tuple[str, str]] = []
     for c in args.clusters:
         if c == "preset":
@@ -435,11 +536,14 @@ def main() -> None:
     rows, everything = [], {}
     for name in names:
         for size in args.sizes:
-            t0 = time.perf_counter()
-            records = run_model(name, size, clusters, args, tmp)
-            everything[f"{name}/{size}"] = records
-            rows += summarise(name, size, records, [c for c, _ in clusters])
-            print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for scale in args.batch_scales or [None]:
+                batch = None if scale is None else max(1, round(base_batch(name, size) * scale))
+                t0 = time.perf_counter()
+                records = run_model(name, size, batch, clusters, args, tmp)
+                label = size if batch is None else f"{size} b{batch}"
+                everything[f"{name}/{label}"] = records
+                rows += summarise(name, label, records, [c for c, _ in clusters])
+                print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
     report(rows, [c for c, _ in clusters])
     if args.json:
         with open(args.json, "w") as f:

@@ -73,8 +73,9 @@ def test_bad_input_is_a_clear_error(argv, message, capsys):
     assert err.startswith("autoplan: error:") and message in err
 
 
-def test_console_script_entry_point():
-    out = subprocess.run([sys.executable, "-m", "autoplan.cli", "models"], capture_output=True,
+@pytest.mark.parametrize("module", ["autoplan.cli", "autoplan"])
+def test_console_script_entry_point(module):
+    out = subprocess.run([sys.executable, "-m", module, "models"], capture_output=True,
                          text=True, check=True).stdout
     assert "gpt" in out
 
