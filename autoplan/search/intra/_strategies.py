@@ -164,6 +164,7 @@ ELEMENTWISE = frozenset({
     "sharding_constraint", "device_put", "mesh_cast", "reshard", "igamma", "igammac",
     "random_gamma_grad", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "threefry2x32",
     "bitcast_convert_type", "tan_p", "logaddexp",
+    "one_minus_square",  # JAX 0.11: 1 - x**2 (the derivative of tanh)
 })
 _REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
                      "reduce_or", "reduce_xor", "reduce_precision_sum"})

@@ -375,3 +375,17 @@ def test_fusion_context_over_arrays_equals_its_definition(name, kw):
     assert any(not k for k, _, _ in got) and any(k for k, _, _ in got)  # both kinds occur
     assert any(False in m for _, m, _ in got) and any(True in m for _, m, _ in got)
     assert all(type(k) is bool and all(type(x) is bool for x in m) for k, m, _ in got)
+
+
+def test_one_minus_square_is_elementwise():
+    """JAX 0.11 differentiates tanh through ``one_minus_square`` (1 - x**2): it shards as
+    every elementwise operator does, not replicated and reported as unknown (an operator of
+    that name is built by hand here, since JAX 0.10 does not emit it)."""
+    op = OpNode(0, "one_minus_square", {}, (0,), (1,), 2.0 * 16 * 32, (), "backward",
+                in_shapes=((16, 32),), out_shapes=((16, 32),), in_dtypes=("float32",),
+                out_dtypes=("float32",))
+    unknown: set[str] = set()
+    strats = strategies(op, None, M24, unknown)
+    assert not unknown
+    assert ((("x",), ("y",)),) in {st.out_specs for st in strats}
+    assert derive(op, M24, 0, (("x",), None)).out_specs == ((("x",), None),)
