@@ -61,7 +61,11 @@ import numpy as np
 from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
 from autoplan._operands import operand_arrays
-from autoplan.search.fold._graphnodes import batch_inputs, data_dependent, dependent_on
+from autoplan.search.fold._graphnodes import (
+    batch_inputs,
+    data_dependent,
+    dependence_masks,
+)
 
 __all__ = [
     "Cone",
@@ -282,12 +286,15 @@ def _sweep(min_succ: Sequence[int], max_pred: Sequence[int]) -> list[int]:
 def _primary_dependent(graph: OpGraph) -> list[bool]:
     """Operators that depend on the *primary* data input: of the batch inputs (kind ``"batch"``
     or ``"input"``, else any graph input), the one whose dependent operators carry the most FLOPs
-    (a GPT's token ids rather than its labels)."""
+    (a GPT's token ids rather than its labels). One dependence pass serves every batch input."""
     best: list[bool] | None = None
     best_score = (-1.0, -1)
     ops = graph.ops
-    for src in batch_inputs(graph):
-        dep = dependent_on(graph, (src,))
+    sources = batch_inputs(graph)
+    masks = dependence_masks(graph, sources)
+    for k in range(len(sources)):
+        bit = 1 << k
+        dep = [bool(m & bit) for m in masks]
         score = (sum(map(attrgetter("flops"), compress(ops, dep))), sum(dep))
         if score > best_score:
             best, best_score = dep, score
@@ -318,17 +325,31 @@ def main_part(graph: OpGraph, part: str = "all") -> list[int]:
     ops = graph.ops
     cand = dep if part == "all" else [d and op.role == "forward" for op, d in zip(ops, dep)]
     ids = list(compress(range(len(ops)), cand))  # the candidates, ascending
-    results = {o.tensor for o in graph.outputs}
-    cons = graph.consumers
-    ends = [i for i in ids if any(t in results for t in ops[i].outputs)]
+    tensors = graph.tensors
+    ends = sorted({p for p in (tensors[o.tensor].producer for o in graph.outputs)
+                   if p >= 0 and cand[p]})  # the candidates making a graph result
     if not ends:
+        cons = graph.consumers
         ends = [i for i in ids if not any(cand[c] for t in ops[i].outputs for c in cons[t])]
+    # backwards from the ends over candidate -> candidate edges: each candidate's readers among
+    # the candidates, from the operand arrays (CSR by producer)
+    arr = operand_arrays(graph)
+    is_cand = np.frombuffer(bytes(map(bool, cand)), dtype=np.bool_) if ops else np.zeros(0, bool)
+    edge = arr.made_by >= 0
+    edge[edge] = is_cand[arr.made_by[edge]] & is_cand[arr.reader[edge]]
+    src, dst = arr.made_by[edge], arr.reader[edge]
+    order = np.argsort(src, kind="stable")
+    readers = dst[order].tolist()
+    ptr = np.searchsorted(src[order], np.arange(len(ops) + 1)).tolist()
     alive = bytearray(len(ops))
     for e in ends:
         alive[e] = 1
     for i in reversed(ids):
-        if not alive[i] and any(alive[c] for t in ops[i].outputs for c in cons[t]):
-            alive[i] = 1
+        if not alive[i]:
+            for c in readers[ptr[i]:ptr[i + 1]]:
+                if alive[c]:
+                    alive[i] = 1
+                    break
     return list(compress(range(len(ops)), alive))
 
 

@@ -275,3 +275,44 @@ def test_critical_nodes_of_models_match_brute_force(name):
         dag.add_edges_from((g.tensors[t].producer, op.id) for op in (g.ops[o] for o in main)
                            for t in op.inputs if t is not None and g.tensors[t].producer in inside)
         assert critical_nodes(g, part) == brute_force_critical(dag)
+
+
+def _main_part_by_definition(g, part):
+    """main_part written out: the operators depending on the primary batch input (the one whose
+    dependents carry the most FLOPs), restricted by ``part``, that reach an end through
+    candidates (an end: a candidate making a graph result)."""
+    from autoplan.search.fold._graphnodes import batch_inputs, dependent_on
+
+    best, score = None, None
+    for src in batch_inputs(g):
+        dep = dependent_on(g, (src,))
+        s = (sum(op.flops for op, d in zip(g.ops, dep) if d), sum(dep))
+        if score is None or s > score:
+            best, score = dep, s
+    cand = [d and (part == "all" or op.role == "forward") for op, d in zip(g.ops, best)]
+    results = {o.tensor for o in g.outputs}
+    alive = {i for i, c in enumerate(cand) if c and set(g.ops[i].outputs) & results}
+    if not alive:
+        alive = {i for i, c in enumerate(cand) if c and not any(
+            cand[r] for t in g.ops[i].outputs for r in g.consumers[t])}
+    for i in reversed(range(len(g.ops))):
+        if cand[i] and any(r in alive for t in g.ops[i].outputs for r in g.consumers[t]):
+            alive.add(i)
+    return sorted(alive)
+
+
+@pytest.mark.parametrize("name", ["gpt", "wide_resnet", "moe", "two_tower", "mlp"])
+def test_main_part_and_dependence_masks_equal_their_definitions(name):
+    """main_part (one dependence pass for every batch input, the backward sweep over the operand
+    arrays) equals its definition, and each bit of dependence_masks equals dependent_on of that
+    source."""
+    from autoplan import models
+    from autoplan.search.fold._graphnodes import batch_inputs, dependence_masks, dependent_on
+
+    g = autoplan.trace(models.get(name, size="tiny"))
+    sources = batch_inputs(g)
+    masks = dependence_masks(g, sources)
+    for k, src in enumerate(sources):
+        assert [bool(m >> k & 1) for m in masks] == dependent_on(g, (src,))
+    for part in ("forward", "all"):
+        assert main_part(g, part) == _main_part_by_definition(g, part)
