@@ -301,6 +301,17 @@ class OpGraph:
         return [None] * len(self.ops)
 
     @cached_property
+    def layer_order(self) -> tuple[str, ...]:
+        """The names of :attr:`layers` in their order: the layers of forward operators as they
+        first appear, then those only backward operators are in (made without the layers)."""
+        names = self.layer_names
+        roles = [op.role for op in self.ops]
+        forward = dict.fromkeys(n or "(root)" for n, r in zip(names, roles) if r == "forward")
+        rest = dict.fromkeys(n or "(root)" for n, r in zip(names, roles)
+                             if r != "forward" and r != "update")
+        return tuple(forward) + tuple(n for n in rest if n not in forward)
+
+    @cached_property
     def layers(self) -> list[Layer]:
         """The named-scope layers (see :attr:`layer_names`) of the forward and backward
         operators, in forward order.
@@ -310,7 +321,6 @@ class OpGraph:
         search cuts between are :func:`autoplan.search.group_layers`'s: these named-scope
         layers where the model has them, else its repeated blocks found by mining.
         """
-        order: dict[str, int] = {}
         fwd: dict[str, list[int]] = {}
         bwd: dict[str, list[int]] = {}
         flops: dict[str, float] = {}
@@ -320,8 +330,6 @@ class OpGraph:
             if op.role == "update":
                 continue
             name = names[op.id] or "(root)"
-            if op.role == "forward" and name not in order:
-                order[name] = len(order)
             (fwd if op.role == "forward" else bwd).setdefault(name, []).append(op.id)
             flops[name] = flops.get(name, 0.0) + op.flops
             if op.role == "forward":
@@ -331,13 +339,10 @@ class OpGraph:
                         lst = params.setdefault(name, [])
                         if gi.name not in lst:
                             lst.append(gi.name)
-        for name in bwd:
-            if name not in order:
-                order[name] = len(order)
         return [
-            Layer(name, order[name], tuple(fwd.get(name, ())), tuple(bwd.get(name, ())),
+            Layer(name, k, tuple(fwd.get(name, ())), tuple(bwd.get(name, ())),
                   flops.get(name, 0.0), tuple(params.get(name, ())))
-            for name in sorted(order, key=order.__getitem__)
+            for k, name in enumerate(self.layer_order)
         ]
 
     @cached_property

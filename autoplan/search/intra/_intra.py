@@ -175,22 +175,6 @@ def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
         [op.primitive in _PLAN_PRIMITIVES for op in graph.ops]))
 
 
-def _layer_order(graph: OpGraph) -> tuple[str, ...]:
-    """The names of ``graph.layers`` in their order (the layers of forward operators as they
-    first appear, then those of backward operators only), without making the layers; once per
-    graph."""
-
-    def make() -> tuple[str, ...]:
-        names = graph.layer_names
-        roles = [op.role for op in graph.ops]
-        forward = dict.fromkeys(n or "(root)" for n, r in zip(names, roles) if r == "forward")
-        rest = dict.fromkeys(n or "(root)" for n, r in zip(names, roles)
-                             if r != "forward" and r != "update")
-        return tuple(forward) + tuple(n for n in rest if n not in forward)
-
-    return memo(graph, "plan_layer_order", make)
-
-
 def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                        label: str = "autoplan", level: str = "exhaustive",
                        config: Mapping[str, Any] | None = None,
@@ -322,7 +306,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                           memory_per_device=sol.memory_per_device, compute_time=compute_time,
                           comm_time=comm_time, comm_bytes=comm_bytes, comm_by_axis=comm_by_axis,
                           comm_time_by_kind=comm_time_by_kind, bubble_fraction=0.0, mfu=mfu)
-    layers = _layer_order(graph)
+    layers = graph.layer_order
     stage = Stage(index=0, layers=layers, layer_range=(0, len(layers)), submesh_shape=mesh.submesh,
                   device_ids=mesh.device_ids, mesh_shape=mesh.shape, axis_names=mesh.axis_names,
                   ops=tuple(ops), forward_time=fwd, backward_time=bwd,

@@ -207,10 +207,17 @@ def test_the_plans_records_equal_their_checked_construction(gpt):
 
 @pytest.mark.parametrize("name", ["gpt", "moe", "wide_resnet", "two_tower"])
 def test_a_plans_layer_names_are_the_graphs_layers_in_order(name):
-    """A single-stage plan names the graph's layers in ``graph.layers``' order, found without
-    making the layers."""
-    from autoplan.search.intra._intra import _layer_order
-
+    """``graph.layer_order`` is the layers of forward operators as they first appear, then those
+    only backward operators are in; ``graph.layers`` and a single-stage plan follow it."""
     graph = autoplan.trace(autoplan.models.get(name, "tiny"))
-    want = tuple(ly.name for ly in graph.layers)
-    assert _layer_order(graph) == want and len(want) > 1
+    want: list[str] = []
+    for role_forward in (True, False):
+        for op in graph.ops:
+            n = graph.layer_names[op.id] or "(root)"
+            if (op.role == "forward") == role_forward and op.role != "update" and n not in want:
+                want.append(n)
+    assert graph.layer_order == tuple(want) and len(want) > 1
+    assert tuple(ly.name for ly in graph.layers) == graph.layer_order
+    assert [ly.index for ly in graph.layers] == list(range(len(want)))
+    plan = autoplan.search(graph, "cpu:8", pipeline=False, mesh_shape=(2, 4), cache=False).best
+    assert plan.stages[0].layers == graph.layer_order
