@@ -141,11 +141,16 @@ class UserStep:
         return loss, params, momentum
 
 
+def _config(name: str, size: str, **over: Any) -> dict[str, Any]:
+    """The config fields ``size`` sets for ``name`` (on top of the zoo's ``tiny``), and ``over``."""
+    return {**(USER_TINY if size == "tiny" and name == "user_mlp" else {}),
+            **SIZES.get(size, {}).get(name, {}), **over}
+
+
 def workload(name: str, size: str, **over: Any) -> Any:
     """The model ``name`` at ``size`` (``tiny``, ``large`` or ``accel``), with ``over`` (batch,
     remat) on top; the plain-JAX ``user_mlp`` has no remat."""
-    config = {**(USER_TINY if size == "tiny" and name == "user_mlp" else {}),
-              **SIZES.get(size, {}).get(name, {}), **over}
+    config = _config(name, size, **over)
     if name == "user_mlp":
         config.pop("remat", None)
         return UserStep(**config)
@@ -230,11 +235,9 @@ def _devices(n: int) -> None:
 
 def base_batch(name: str, size: str) -> int:
     """The global batch of ``name`` at ``size``."""
-    config = SIZES.get(size, {}).get(name, {})
-    if "batch" in config:
+    config = _config(name, size)
+    if "batch" in config:  # (always, for user_mlp)
         return config["batch"]
-    if name == "user_mlp":
-        return USER_TINY["batch"]
     from autoplan import models  # noqa: PLC0415
 
     return models.get(name, "tiny").config["batch"]

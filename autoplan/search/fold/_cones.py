@@ -334,7 +334,7 @@ def main_part(graph: OpGraph, part: str = "all") -> list[int]:
     # backwards from the ends over candidate -> candidate edges: each candidate's readers among
     # the candidates, from the operand arrays (CSR by producer)
     arr = operand_arrays(graph)
-    is_cand = np.frombuffer(bytes(map(bool, cand)), dtype=np.bool_) if ops else np.zeros(0, bool)
+    is_cand = np.fromiter(cand, dtype=bool, count=len(cand))
     edge = arr.made_by >= 0
     edge[edge] = is_cand[arr.made_by[edge]] & is_cand[arr.reader[edge]]
     src, dst = arr.made_by[edge], arr.reader[edge]
