@@ -35,7 +35,7 @@ from autoplan._plan import (
     Schedule,
     Stage,
     TensorSharding,
-    canonical_record,
+    record_maker,
 )
 from autoplan._spec import Spec
 from autoplan.search.intra._ilp import (
@@ -208,12 +208,17 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     cluster = mesh.cluster
     graph_ops, graph_tensors, specs = graph.ops, graph.tensors, sol.specs
     input_of = graph.input_of_tensor
+    # (records made by their unchecked makers: a deep model's plan holds tens of thousands)
+    input_record = record_maker(InputSpec)
+    tensor_record = record_maker(TensorSharding)
+    op_record = record_maker(OpSharding)
+    spec_of = Spec.of
     inputs = []
     for gi in graph.inputs:
         ten = graph_tensors[gi.tensor]
         spec = specs[gi.tensor] if gi.tensor in specs else replicated(len(ten.shape))
-        inputs.append(canonical_record(InputSpec, gi.arg, gi.arg_name, gi.path, gi.kind,
-                                       ten.shape, ten.dtype, Spec.of(spec), 0))
+        inputs.append(input_record(gi.arg, gi.arg_name, gi.path, gi.kind, ten.shape, ten.dtype,
+                                   spec_of(spec), 0))
     op_comm: dict[int, list[Comm]] = {}
     for i, c in sol.comms:
         if i is not None and c.where != "reshard":
@@ -252,16 +257,13 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
                 name, role = gi.name, "weight" if gi.kind == "parameter" else "input"
             if spec is None:
                 spec = replicated(len(ten.shape))
-            tensors.append(canonical_record(TensorSharding, name, role, ten.shape, ten.dtype,
-                                            Spec.of(spec)))
+            tensors.append(tensor_record(name, role, ten.shape, ten.dtype, spec_of(spec)))
         for t, spec in zip(op.outputs, st.out_specs):
             ten = graph_tensors[t]
-            tensors.append(canonical_record(TensorSharding, f"%{t}", "output", ten.shape,
-                                            ten.dtype, Spec.of(spec)))
+            tensors.append(tensor_record(f"%{t}", "output", ten.shape, ten.dtype, spec_of(spec)))
         layer = layer_names[i] or (op.scope[0] if op.scope else "(root)")
-        ops.append(canonical_record(OpSharding, i, op.primitive, op.scope_name, layer, op.role,
-                                    st.name, tuple(tensors), tuple(op_comm.get(i, ())),
-                                    op.flops))
+        ops.append(op_record(i, op.primitive, op.scope_name, layer, op.role, st.name,
+                             tuple(tensors), tuple(op_comm.get(i, ())), op.flops))
 
     comm_bytes: dict[str, float] = {}
     comm_time_by_kind: dict[str, float] = {}
