@@ -567,7 +567,8 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         comms=tuple(bd.comms), vars_before_merging=0, vars_after_merging=variables,
         num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=n_ops,
         num_ops=n_ops, build_seconds=0.0, solve_seconds=t_solve,
-        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(unknown)))
+        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(unknown)),
+        reshard_readers=bd.reshard_readers)
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
         res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
                               time_limit=time_limit, label=label, level=level, config=config)

@@ -853,6 +853,9 @@ class _Breakdown:
     op_strategy: dict[int, Strategy]
     specs: dict[int, Spec]
     comms: list[tuple[int | None, Comm]]  # (op id charged, comm)
+    #: the operators that can read an operand in another spec than the tensor's (see
+    #: :attr:`ILPSolution.reshard_readers`)
+    reshard_readers: frozenset[int] | None = None
 
 
 def _choice_vector(prob: ILPProblem, choice: Mapping[int | str, int]) -> list[int]:
@@ -900,11 +903,12 @@ def _breakdown(prob: ILPProblem, vec: Sequence[int]) -> _Breakdown:
         # only the free tensors the problem's operators read can get a spec: found from those
         # operators rather than from every free tensor of the graph
         free = dict.fromkeys(t for i in prob.ops for t in graph.ops[i].inputs if t in free)
-    saved, comm = _charge_plan(graph, mesh, prob.ops, op_strategy, specs, prob.out_pairs,
-                               prob.fixed_inside, free, comms, comm, prob.fixed_uses)
+    saved, comm, readers = _charge_plan(graph, mesh, prob.ops, op_strategy, specs,
+                                        prob.out_pairs, prob.fixed_inside, free, comms, comm,
+                                        prob.fixed_uses)
     memory += saved
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory, op_strategy,
-                      specs, comms)
+                      specs, comms, readers)
 
 
 def _take_strategy(i: int, outputs: Sequence[int], st: Strategy, grad: bool,
@@ -925,7 +929,7 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                  out_pairs: Sequence[tuple[int, int]], fixed_inside: Mapping[int, Spec],
                  free_tensors: Iterable[int], comms: list[tuple[int | None, Comm]],
                  comm: float, fixed_uses: Mapping[int, int] | None = None
-                 ) -> tuple[float, float]:
+                 ) -> tuple[float, float, frozenset[int]]:
     """The terms of a plan that follow from its operators' strategies and its tensors' specs.
 
     ``specs`` holds the spec of every tensor with a source (an input, a boundary, an operator
@@ -934,11 +938,14 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
     spec its first consumer needs.
 
     Returns:
-        ``(saved activation bytes per device, communication seconds)``: the forward results the
-        backward pass reads; ``comm`` (the operators' own collectives) plus the resharding of
-        every operand from its spec to the one its consumer needs, of each updated input back
-        to its input's spec, and of each fixed tensor made inside to its spec (``fixed_uses[t]``
-        times, default once).
+        ``(saved activation bytes per device, communication seconds, reshard readers)``: the
+        forward results the backward pass reads; ``comm`` (the operators' own collectives) plus
+        the resharding of every operand from its spec to the one its consumer needs, of each
+        updated input back to its input's spec, and of each fixed tensor made inside to its spec
+        (``fixed_uses[t]`` times, default once); and the operators that can read an operand in
+        another spec than the tensor's once the free tensors have theirs (those charged a
+        resharding, and the readers of a free tensor given a spec: see
+        :attr:`ILPSolution.reshard_readers`).
     """
     tensors, ops, consumers = graph.tensors, graph.ops, graph.consumers
     read_back = _backward_read(graph)
@@ -967,7 +974,9 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                     n = n_tiles[sp] = tiles(sp, mesh)
                 saved += tensors[t].nbytes / n
     # the resharding of every operand to the spec its consumer needs
+    readers: set[int] = set()
     for i, t, src, dst in _differing_operands(graph, op_ids, op_strategy, specs):
+        readers.add(i)
         if dst is None:
             dst = replicated(len(tensors[t].shape))
         if dst != src and tensors[t].shape:  # scalars are never resharded
@@ -985,13 +994,14 @@ def _charge_plan(graph: OpGraph, mesh: LogicalMesh, op_ids: Sequence[int],
                 j = ops[c].inputs.index(t)
                 if st.in_specs[j] is not None:
                     specs[t] = st.in_specs[j]
+                    readers.update(consumers[t])
                     break
-    return saved, comm
+    return saved, comm, frozenset(readers)
 
 
 def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, Strategy],
-                    specs: Mapping[int, Spec], ends: set[int] | None = None
-                    ) -> list[tuple[int, Comm]]:
+                    specs: Mapping[int, Spec], ends: set[int] | None = None,
+                    readers: Iterable[int] | None = None) -> list[tuple[int, Comm]]:
     """The resharding collectives a plan's costing charges more than once for what XLA does
     once: when several operators read one tensor in the same other spec (an activation gathered
     for a forward matmul and for its weight gradient, a weight gathered in forward and in
@@ -1003,11 +1013,16 @@ def shared_reshards(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int,
     consumer's strategy names: the consumer, and the operator that made the tensor when it has a
     strategy (the operators a plan pins, see
     :func:`~autoplan.search.intra._intra.plan_from_solution`).
+
+    ``readers``, when given, holds every operator that can read an operand in another spec
+    (a solution's :attr:`ILPSolution.reshard_readers`): only their operands are compared.
     """
     tensors = graph.tensors
     seen: set[tuple[int, Spec, Spec]] = set()
     out: list[tuple[int, Comm]] = []
-    for i, t, src, dst in _differing_operands(graph, sorted(op_strategy), op_strategy, specs):
+    ids = sorted(op_strategy) if readers is None else sorted(filter(op_strategy.__contains__,
+                                                                    readers))
+    for i, t, src, dst in _differing_operands(graph, ids, op_strategy, specs):
         ten = tensors[t]
         if not ten.shape:
             continue
@@ -1105,18 +1120,17 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     comm = 0.0
     comms: list[tuple[int | None, Comm]] = []
     ops = graph.ops
-    for i, st in zip(costed, strategies):
-        if st.comm:
-            op = ops[i]
-            comm = _take_strategy(i, op.outputs, st, op.role == "backward" and feeds[i], specs,
-                                  comms, comm)
+    for i, st in compress(zip(costed, strategies), map(attrgetter("comm"), strategies)):
+        op = ops[i]  # (an operator whose strategy has collectives of its own)
+        comm = _take_strategy(i, op.outputs, st, op.role == "backward" and feeds[i], specs,
+                              comms, comm)
     input_tensors = graph.input_of_tensor
     out_pairs = [(o, inp) for o, inp in _updated_pairs(graph)
                  if o in specs and inp in input_tensors]
-    saved, comm = _charge_plan(graph, mesh, list(chosen), chosen, specs, out_pairs, {}, free,
-                               comms, comm)
+    saved, comm, readers = _charge_plan(graph, mesh, list(chosen), chosen, specs, out_pairs, {},
+                                        free, comms, comm)
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory + saved, chosen,
-                      specs, comms), missing
+                      specs, comms, readers), missing
 
 
 def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int], *,
@@ -1456,6 +1470,10 @@ class ILPSolution:
         dives: LP re-solves spent rounding a fractional relaxation (see
             :func:`~autoplan.search.intra._solver.solve_assignment`).
         mip: whether branch-and-cut was needed.
+        reshard_readers: the operators that can read an operand in another spec than the
+            tensor's: those charged a resharding, and the readers of the free tensors (built
+            from constants), which take the spec their first reader needs (None: any operator).
+            :func:`shared_reshards` compares only their operands.
     """
 
     choice: dict[int | str, int]
@@ -1486,6 +1504,7 @@ class ILPSolution:
     dives: int = 0
     mip: bool = False
     problem: ILPProblem | None = field(default=None, repr=False, compare=False)
+    reshard_readers: frozenset[int] | None = field(default=None, repr=False, compare=False)
 
 
 def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
@@ -1559,7 +1578,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         build_seconds=prob.build_seconds + build_lp, solve_seconds=solve_s, status=out.status,
         solver=out.solver, unknown_primitives=tuple(sorted(prob.unknown)),
         solver_objective=out.solver_objective, lower_bound=out.lower_bound, gap=out.gap,
-        dives=out.dives, mip=out.mip, problem=prob)
+        dives=out.dives, mip=out.mip, problem=prob, reshard_readers=bd.reshard_readers)
 
 
 def _check_problem(prob: ILPProblem, mesh: LogicalMesh, memory_budget: float | None) -> float:

@@ -234,7 +234,8 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     planned_set = set(compress(ids, map(listed.__getitem__, ids)))
     # both ends of every resharding, and the repeats of a resharding several operators need
     # (XLA does it once: they come off below), in one pass
-    repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set)
+    repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set,
+                              readers=sol.reshard_readers)
     for o, inp in _updated_pairs(graph):
         p = graph_tensors[o].producer
         if p in sol.strategies and o in specs and inp in specs and specs[o] != specs[inp]:
