@@ -279,6 +279,22 @@ class _Contexts(Sequence):
         return c
 
 
+def _passing_flags(graph: OpGraph) -> tuple[list[bool], list[bool]]:
+    """Per operator: whether it is an optimizer update, and whether it is heavy or a reduction
+    (its readers wait for its collectives; a gradient does not pass through it unchanged);
+    once per graph, for the backward sweeps of :func:`combinable_ops` and
+    :func:`gradient_feeds`, which then read flags instead of operators."""
+    stops = HEAVY | _REDUCTIONS
+    return memo(graph, "passing_flags", lambda: (
+        [op.role == "update" for op in graph.ops], [op.primitive in stops for op in graph.ops]))
+
+
+def _results(graph: OpGraph) -> tuple[list[int], list[int]]:
+    """Every operator's results as one flat list and each operator's offset in it."""
+    arr = operand_arrays(graph)
+    return arr.output.tolist(), arr.out_start.tolist()
+
+
 def combinable_ops(graph: OpGraph) -> list[bool]:
     """Per operator: its results only feed the optimizer update or the step's results, through
     operators that are neither heavy nor reductions (a weight gradient, a bias gradient, the
@@ -286,22 +302,29 @@ def combinable_ops(graph: OpGraph) -> list[bool]:
     others of their kind; once per graph."""
 
     def make() -> list[bool]:
-        ops, consumers = graph.ops, graph.consumers
+        consumers = graph.consumers
         outputs = {o.tensor for o in graph.outputs}
-        terminal = [False] * len(ops)
-        for op in reversed(ops):
-            ok = any(t in outputs or consumers[t] for t in op.outputs)
-            for t in op.outputs:
-                for c in consumers[t]:
-                    oc = ops[c]
-                    if oc.role == "update":
+        update, stop = _passing_flags(graph)
+        output, start = _results(graph)
+        terminal = [False] * len(graph.ops)
+        for i in range(len(graph.ops) - 1, -1, -1):
+            # some result is used (a result of the step, or read), and no reader but the
+            # update waits for it
+            used = False
+            ok = True
+            for t in output[start[i]:start[i + 1]]:
+                readers = consumers[t]
+                if readers or t in outputs:
+                    used = True
+                for c in readers:
+                    if update[c]:
                         continue
-                    if is_heavy(oc) or oc.primitive in _REDUCTIONS or not terminal[c]:
+                    if stop[c] or not terminal[c]:
                         ok = False
                         break
                 if not ok:
                     break
-            terminal[op.id] = ok
+            terminal[i] = ok and used
         return terminal
 
     return memo(graph, "combinable_ops", make)
@@ -312,22 +335,23 @@ def gradient_feeds(graph: OpGraph) -> list[bool]:
     only (it makes a gradient); once per graph."""
 
     def make():
-        ops, consumers = graph.ops, graph.consumers
-        feeds = [False] * len(ops)
+        consumers = graph.consumers
+        update, stop = _passing_flags(graph)
+        output, start = _results(graph)
+        feeds = [False] * len(graph.ops)
         # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
         # gradient and passes it on: not heavy, not a reduction); operators are visited
         # consumers first, so an operator's consumers are marked before it is
-        marks = [op.role == "update" for op in ops]
-        for op in reversed(ops):
-            for t in op.outputs:
+        marks = list(update)
+        for i in range(len(graph.ops) - 1, -1, -1):
+            for t in output[start[i]:start[i + 1]]:
                 for c in consumers[t]:
                     if marks[c]:
                         break
                 else:
                     continue
-                i = op.id
                 feeds[i] = True
-                if not is_heavy(op) and op.primitive not in _REDUCTIONS:
+                if not stop[i]:
                     marks[i] = True
                 break
         return feeds
