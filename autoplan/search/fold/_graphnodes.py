@@ -263,6 +263,7 @@ class GraphNodeGraph:
         graph: the operator graph.
         nodes: the GraphNodes, in order of their first operator.
         node_of_op: for each operator id, the id of its GraphNode.
+        member_of_op: for each operator id, its index in its GraphNode's ``ops``.
         edge_arrays: the edges as arrays (:class:`EdgeArrays`): what the subgraph miner reads.
         labeler: the interned operator labels of ``graph``.
         edges: for each GraphNode edge ``(u, v)``: ``{"tensors": ids of the tensors u passes to
@@ -277,6 +278,7 @@ class GraphNodeGraph:
     node_of_op: list[int]
     edge_arrays: EdgeArrays = field(repr=False)
     labeler: OpLabeler | None = field(default=None, repr=False)
+    member_of_op: list[int] = field(default_factory=list, repr=False)
 
     @cached_property
     def edge_bytes(self) -> np.ndarray:
@@ -381,7 +383,8 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         node_of_group[gid] = v
     labeler = op_labels(graph)
     node_of_op = [node_of_group[gid] for gid in group_of]
-    members, keys, edge_arrays = _wiring(graph, node_of_op, len(node_main), labeler.ids)
+    members, member_of_op, keys, edge_arrays = _wiring(graph, node_of_op, len(node_main),
+                                                       labeler.ids)
     # equal keys mean equal member labels, hence equal primitive sequences: one label per key.
     # A GraphNode is made by filling its instance dict: the same object as GraphNode(...) gives
     # (the dataclass has no __post_init__), without the frozen __init__'s object.__setattr__ per
@@ -404,14 +407,15 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
                              scope=ops[main].scope, role=role)
         nodes.append(node)
     return GraphNodeGraph(graph=graph, nodes=nodes, node_of_op=node_of_op,
-                          edge_arrays=edge_arrays, labeler=labeler)
+                          edge_arrays=edge_arrays, labeler=labeler, member_of_op=member_of_op)
 
 
 def _wiring(graph: OpGraph, node_of_op: list[int], n_nodes: int, labels: list[int]
-            ) -> tuple[list[tuple[int, ...]], list[bytes], EdgeArrays]:
+            ) -> tuple[list[tuple[int, ...]], list[int], list[bytes], EdgeArrays]:
     """The GraphNodes' members, structure keys and edges, over the flat operand arrays.
 
-    Returns ``(members, keys, edge_arrays)``: each GraphNode's operator ids in order; its
+    Returns ``(members, member_of_op, keys, edge_arrays)``: each GraphNode's operator ids in
+    order; each operator's index among its GraphNode's; each GraphNode's
     wiring as bytes (equal bytes, equal structure): per member its label id, its operand count,
     and per operand the (member index * ``wide`` + output index) of its producer inside the
     GraphNode, or -1 (a literal), -2 (from another GraphNode) or -3 (a graph input or constant),
@@ -486,7 +490,7 @@ def _wiring(graph: OpGraph, node_of_op: list[int], n_nodes: int, labels: list[in
         port_ptr=np.searchsorted(e[srt], edge_no),
         ports=np.ascontiguousarray(np.stack([f[srt] for f in fields[1:]], axis=1),
                                    dtype=np.int64).reshape(-1, 4))
-    return members, keys, edge_arrays
+    return members, member.tolist(), keys, edge_arrays
 
 
 

@@ -238,7 +238,7 @@ class _SlottedGraph:
         self.edge_arrays = (src, dst, elab.astype(np.uint64))
         # GraphNodes reading the same parameter / optimizer-state input: a third kind of adjacency
         # (an update GraphNode and the forward GraphNode of its parameter are otherwise unlinked)
-        self.share, share_g, share_e, share_nb = _shared_state_edges(gng, etab)
+        share_g, share_e, share_nb = _shared_state_edges(gng, etab)
         # slots: (direction, edge label, neighbour key, rank, count) -> neighbour; and for each
         # node and direction, an id of its set of slots (equal ids: the same slots). Built over
         # arrays (_slots_of); only the per-node dictionaries and tuples are made in Python.
@@ -329,17 +329,20 @@ class _SlottedGraph:
 
 
 def _shared_state_edges(gng: GraphNodeGraph, etab: dict[Any, int]
-                        ) -> tuple[list[list[tuple[int, int]]], list[int], list[int], list[int]]:
+                        ) -> tuple[list[int], list[int], list[int]]:
     """Edges between GraphNodes reading the same parameter or optimizer-state input (read by at
-    most 16 operators), labelled by the ports read (interned into ``etab``): per GraphNode its
-    ``(edge label, neighbour)`` list, and the same entries as flat lists in the order made."""
+    most 16 operators), labelled by the ports read (interned into ``etab``): per edge, in the
+    order made, its GraphNode, its label and its neighbour."""
     nodes = gng.nodes
-    share: list[list[tuple[int, int]]] = [[] for _ in range(len(nodes))]
     share_g: list[int] = []
     share_e: list[int] = []
     share_nb: list[int] = []
     graph = gng.graph
     node_of_op = gng.node_of_op
+    member = gng.member_of_op
+    if len(member) != len(node_of_op):  # (a GraphNode graph made without it)
+        member = [nodes[node_of_op[o]].ops.index(o) for o in range(len(node_of_op))]
+    ops = graph.ops
     consumers = graph.consumers
     state = sorted((consumers[gi.tensor][0], gi.tensor) for gi in graph.inputs
                    if gi.kind in ("parameter", "optimizer_state") and consumers[gi.tensor])
@@ -347,18 +350,17 @@ def _shared_state_edges(gng: GraphNodeGraph, etab: dict[Any, int]
         readers = consumers[t]
         if len(readers) > 16:  # an input read everywhere links nothing in particular
             continue
-        rs = [(node_of_op[c], nodes[node_of_op[c]].ops.index(c), k)
+        rs = [(node_of_op[c], member[c], k)
               for c in dict.fromkeys(readers)
-              for k, x in enumerate(graph.ops[c].inputs) if x == t]
+              for k, x in enumerate(ops[c].inputs) if x == t]
         for ga, ma, ka in rs:
             for gb, mb, kb in rs:
                 if ga != gb:
-                    e = etab.setdefault(("share", ma, ka, mb, kb), len(etab))
-                    share[ga].append((e, gb))
                     share_g.append(ga)
-                    share_e.append(e)
+                    share_e.append(etab.setdefault(("share", ma, ka, mb, kb), len(etab)))
                     share_nb.append(gb)
-    return share, share_g, share_e, share_nb
+    return share_g, share_e, share_nb
+
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a 64-bit mixing of each element (uint64 arithmetic wraps)."""
