@@ -277,7 +277,65 @@ def test_shared_reshards_gives_both_ends_of_every_resharding(adam):
     assert want and ends == want
     assert repeats == shared_reshards(adam, mesh, sol.strategies, sol.specs)
     assert {i for i, _ in repeats} <= ends
+    # the operators the solution says can read another spec are enough: the same repeats and
+    # ends from their operands alone
+    assert sol.reshard_readers is not None and len(sol.reshard_readers) < len(sol.strategies)
+    few: set[int] = set()
+    assert shared_reshards(adam, mesh, sol.strategies, sol.specs, ends=few,
+                           readers=sol.reshard_readers) == repeats
+    assert few == ends
     assert len({(i, c.kind) for i, c in repeats}) <= sum(n - 1 for n in seen.values())
+
+
+@pytest.mark.parametrize("name, kw, shape", [
+    ("gpt", dict(size="125M", layers=4, hidden=512, heads=8, seq_len=128, batch=8), (2, 4)),
+    ("gpt", dict(size="125M", layers=4, hidden=512, heads=8, seq_len=128, batch=8), (1, 8)),
+    ("wide_resnet", dict(size="tiny"), (1, 8))])
+def test_a_stitched_plans_reshard_readers_give_its_shared_reshardings(name, kw, shape):
+    """A folded plan's solution names the operators that can read an operand in another spec;
+    the shared reshardings (and both ends of every resharding) from their operands alone are
+    those found from every operand."""
+    from autoplan.search.fold._levels import level_search
+    from autoplan.search.intra._ilp import shared_reshards
+
+    graph = autoplan.trace(autoplan.models.get(name, **kw))
+    mesh = CL.logical_mesh(shape)
+    sol = level_search(graph, CL, shape, level="folded").solution
+    assert sol.reshard_readers is not None
+    every: set[int] = set()
+    few: set[int] = set()
+    want = shared_reshards(graph, mesh, sol.strategies, sol.specs, ends=every)
+    got = shared_reshards(graph, mesh, sol.strategies, sol.specs, ends=few,
+                          readers=sol.reshard_readers)
+    assert got == want and few == every and every
+
+
+def test_reshard_readers_hold_the_readers_of_a_free_tensor_in_another_spec():
+    """A tensor built from constants takes the spec its first reader needs; another reader may
+    need another spec, and that reader is one of the solution's reshard readers (the shared
+    reshardings and their ends are the same from the reshard readers alone)."""
+    from autoplan.search.intra._ilp import _free_tensors, shared_reshards
+
+    def step(w1, w2, x):
+        m = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8)  # free: built from constants
+        return (x @ (w1 * m) + x @ (w2 * m)).sum()
+
+    sd = jax.ShapeDtypeStruct
+    g = autoplan.trace(step, sd((8, 8), jnp.float32), sd((8, 8), jnp.float32),
+                       sd((4, 8), jnp.float32), arg_kinds=("parameter", "parameter", "batch"))
+    mesh = CL.logical_mesh((1, 8))
+    sol = solve_ilp(g, mesh, pins={r"^w1$": P(None, "y"), r"^w2$": P("y", None), r"^x$": P()})
+    free = _free_tensors(g)
+    other = [i for i, st in sol.strategies.items()
+             for t, need in zip(g.ops[i].inputs, st.in_specs)
+             if t in free and need is not None and need != sol.specs[t]]
+    assert other and set(other) <= sol.reshard_readers
+    every: set[int] = set()
+    few: set[int] = set()
+    assert (shared_reshards(g, mesh, sol.strategies, sol.specs, ends=few,
+                            readers=sol.reshard_readers)
+            == shared_reshards(g, mesh, sol.strategies, sol.specs, ends=every))
+    assert few == every and set(other) <= every
 
 
 def test_memory_budget_below_minimum_raises_with_least_memory(adam):

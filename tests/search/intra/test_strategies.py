@@ -377,6 +377,51 @@ def test_fusion_context_over_arrays_equals_its_definition(name, kw):
     assert all(type(k) is bool and all(type(x) is bool for x in m) for k, m, _ in got)
 
 
+def _passing_by_definition(graph):
+    """combinable_ops and gradient_feeds operator by operator as their docstrings define them,
+    recursively over each operator's readers."""
+    import functools
+
+    from autoplan.search.intra._strategies import _REDUCTIONS, is_heavy
+
+    ops, consumers = graph.ops, graph.consumers
+    outputs = {o.tensor for o in graph.outputs}
+    stop = [is_heavy(op) or op.primitive in _REDUCTIONS for op in ops]
+
+    @functools.cache
+    def only_update_waits(i):  # its results only feed the update or the step's results
+        readers = [c for t in ops[i].outputs for c in consumers[t]]
+        used = any(t in outputs for t in ops[i].outputs) or bool(readers)
+        return used and all(ops[c].role == "update" or (not stop[c] and only_update_waits(c))
+                            for c in readers)
+
+    @functools.cache
+    def passes_gradient(c):  # a result read by c reaches the update unchanged
+        return ops[c].role == "update" or (not stop[c] and makes_gradient(c))
+
+    @functools.cache
+    def makes_gradient(i):
+        return any(passes_gradient(c) for t in ops[i].outputs for c in consumers[t])
+
+    order = range(len(ops) - 1, -1, -1)  # (readers first: no deep recursion)
+    combinable = [only_update_waits(i) for i in order][::-1]
+    feeds = [makes_gradient(i) for i in order][::-1]
+    return combinable, feeds
+
+
+@pytest.mark.parametrize("name, kw", [("gpt", {"size": "tiny"}), ("wide_resnet", {"size": "tiny"}),
+                                      ("moe", {"size": "tiny"}),
+                                      ("gpt", {"size": "tiny", "remat": True})])
+def test_combinable_ops_and_gradient_feeds_equal_their_definitions(name, kw):
+    from autoplan import models
+    from autoplan.search.intra._strategies import combinable_ops, gradient_feeds
+
+    graph = autoplan.trace(models.get(name, **kw))
+    combinable, feeds = _passing_by_definition(graph)
+    assert combinable_ops(graph) == combinable and any(combinable) and not all(combinable)
+    assert gradient_feeds(graph) == feeds and any(feeds) and not all(feeds)
+
+
 def test_one_minus_square_is_elementwise():
     """JAX 0.11 differentiates tanh through ``one_minus_square`` (1 - x**2): it shards as
     every elementwise operator does, not replicated and reported as unknown (an operator of
