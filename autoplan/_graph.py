@@ -266,21 +266,33 @@ class OpGraph:
         """
         fwd = [op for op in self.ops if op.role == "forward"]
         total = sum(op.flops for op in fwd) or 1.0
+        # the forward pass as runs of operators with one scope path: (path, their FLOPs in
+        # order); the sums below add the same terms in the same order as a pass over operators
+        spans: list[tuple[tuple[str, ...], list[float]]] = []
+        for op in fwd:
+            if not spans or spans[-1][0] != op.scope:
+                spans.append((op.scope, [op.flops]))
+            else:
+                spans[-1][1].append(op.flops)
         for d in range(4):
             share: dict[tuple[str, ...], float] = {}
-            for op in fwd:
-                if len(op.scope) > d:
-                    share[op.scope[:d]] = share.get(op.scope[:d], 0.0) + op.flops + 1e-9
+            for sc, fl in spans:
+                if len(sc) > d:
+                    s = share.get(sc[:d], 0.0)
+                    for f in fl:
+                        s = s + f + 1e-9
+                    share[sc[:d]] = s
             if not share:
                 break
             prefix = max(share, key=share.__getitem__)
             runs: list[str] = []
             covered = 0.0
-            for op in fwd:
-                if len(op.scope) > d and op.scope[:d] == prefix:
-                    covered += op.flops
-                    if not runs or runs[-1] != op.scope[d]:
-                        runs.append(op.scope[d])
+            for sc, fl in spans:
+                if len(sc) > d and sc[:d] == prefix:
+                    for f in fl:
+                        covered += f
+                    if not runs or runs[-1] != sc[d]:
+                        runs.append(sc[d])
             if len(set(runs)) < 2 or len(set(runs)) != len(runs) or covered < 0.5 * total:
                 continue
             paths = {prefix + (name,) for name in runs}

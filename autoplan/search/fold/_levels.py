@@ -661,11 +661,16 @@ def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> 
     pinned)."""
     pinned = _resolve_pins(graph, mesh, pin)
     most: dict[tuple[int, ...], int] = {}  # shape -> most tiles a spec of it gives
+    n_tiles: dict[Any, int] = {}  # pinned spec -> its tiles (a baseline pins every input)
     total = 0.0
     for gi in graph.inputs:
         ten = graph.tensors[gi.tensor]
-        if gi.tensor in pinned:
-            total += ten.nbytes / tiles(pinned[gi.tensor], mesh)
+        sp = pinned.get(gi.tensor)
+        if sp is not None:
+            n = n_tiles.get(sp)
+            if n is None:
+                n = n_tiles[sp] = tiles(sp, mesh)
+            total += ten.nbytes / n
             continue
         n = most.get(ten.shape)
         if n is None:
