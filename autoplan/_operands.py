@@ -53,19 +53,25 @@ def _make(graph: OpGraph) -> OperandArrays:
     np.cumsum(count, out=start[1:])
     flat = list(itertools.chain.from_iterable(inputs))
     if None in flat:
-        flat = [-1 if t is None else t for t in flat]
-    tensor = np.asarray(flat, dtype=np.int64).reshape(-1)
+        # (in one C-level pass: a literal, None, becomes NaN; tensor ids are far below 2**53,
+        # so floats hold them exactly)
+        as_float = np.array(flat, dtype=np.float64)
+        as_float[np.isnan(as_float)] = -1.0
+        tensor = as_float.astype(np.int64)
+    else:
+        tensor = np.asarray(flat, dtype=np.int64).reshape(-1)
     reader = np.repeat(np.arange(len(inputs), dtype=np.int64), count)
-    producer = np.fromiter(map(attrgetter("producer"), graph.tensors), np.int64,
-                           len(graph.tensors))
-    made_by = np.full(len(tensor), -1, dtype=np.int64)
-    made = tensor >= 0
-    made_by[made] = producer[tensor[made]]
     outputs = list(map(attrgetter("outputs"), graph.ops))
     out_count = np.fromiter(map(len, outputs), np.int64, len(outputs))
     out_start = np.zeros(len(outputs) + 1, dtype=np.int64)
     np.cumsum(out_count, out=out_start[1:])
     output = np.fromiter(itertools.chain.from_iterable(outputs), np.int64, int(out_start[-1]))
+    # each tensor's producer is the operator listing it among its results (-1: none)
+    producer = np.full(len(graph.tensors), -1, dtype=np.int64)
+    producer[output] = np.repeat(np.arange(len(outputs), dtype=np.int64), out_count)
+    made_by = np.full(len(tensor), -1, dtype=np.int64)
+    made = tensor >= 0
+    made_by[made] = producer[tensor[made]]
     return OperandArrays(count, start, tensor, reader, producer, made_by, out_count, out_start,
                          output)
 
