@@ -897,12 +897,20 @@ class _SegmentView:
         ins = found[0]
         if self.same:
             return ins
-        rep_pos = self._rep_position
+        # where the representative first reads each of them (position, operand), once per solve
+        key = ("input reads", id(self.specs), id(self.rep_ops))
+        reads = self._shared.get(key)
+        if reads is None:
+            rep_pos = self._rep_position
+            first = []
+            for t, s in ins:
+                r = next((c for c in self.graph.consumers[t] if c in rep_pos), None)
+                if r is not None:
+                    first.append((rep_pos[r], ops[r].inputs.index(t), s))
+            reads = self._shared[key] = (first, self.specs, self.rep_ops)
         out = []
-        for t, s in ins:
-            r = next((c for c in self.graph.consumers[t] if c in rep_pos), None)
-            if r is not None:
-                u = ops[self.ops[rep_pos[r]]].inputs[ops[r].inputs.index(t)]
-                if u is not None and tensors[u].producer < 0:
-                    out.append((u, s))
+        for p, k, s in reads[0]:
+            u = ops[self.ops[p]].inputs[k]
+            if u is not None and tensors[u].producer < 0:
+                out.append((u, s))
         return out
