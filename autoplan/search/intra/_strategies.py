@@ -68,6 +68,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -245,9 +246,9 @@ def fusion_context(graph: OpGraph) -> Sequence[Context]:
         # an operand is read from memory when a kernel or the graph's inputs made it
         mat = (made & ~by_op) | (by_op & kernel[np.maximum(producer, 0)])
         combine = combinable_ops(graph)
-        # the operators whose collectives XLA would combine: their latency is shared
-        k = sum(1 for op in ops if combine[op.id]
-                and (is_heavy(op) or op.primitive in _REDUCTIONS))
+        # the operators whose collectives XLA would combine (heavy ones and reductions among
+        # the combinable): their latency is shared
+        k = sum(compress(_passing_flags(graph)[1], combine))
         shared = 1.0 / max(1, k)
         return _Contexts(kernel.tolist(), mat.tolist(), arr.start.tolist(), combine, shared)
 
