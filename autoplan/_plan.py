@@ -188,14 +188,14 @@ def record_maker(cls: type) -> Any:
     calls it per record: a third of the cost of the generic path."""
     make = _RECORD_MAKERS.get(cls)
     if make is None:
+        # positional parameters v0, v1, ... (no field name can shadow the maker's own names);
+        # the fields are the dict's keys, as string literals, in field order
         names = [f.name for f in fields(cls)]
-        if not all(n.isidentifier() for n in names):  # (dataclass fields always are)
-            raise TypeError(f"record_maker: {cls.__name__} has a field that is not a name")
-        body = "".join(f"    d[{n!r}] = {n}\n" for n in names)
-        src = (f"def make({', '.join(names)}):\n    obj = new(cls)\n    d = obj.__dict__\n"
-               f"{body}    return obj\n")
+        params = ", ".join(f"v{k}" for k in range(len(names)))
+        body = "".join(f"    d[{n!r}] = v{k}\n" for k, n in enumerate(names))
+        src = f"def make({params}):\n    obj = new(cls)\n    d = obj.__dict__\n{body}    return obj\n"
         scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
-        exec(src, scope)  # noqa: S102 (the source is made from the dataclass's own field names)
+        exec(src, scope)  # noqa: S102 (made from the dataclass's own field names, as literals)
         make = _RECORD_MAKERS[cls] = scope["make"]
         make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
     return make

@@ -195,3 +195,22 @@ def test_frozen_records_and_specs_are_kept_as_they_are():
     assert op.tensors is ts and freeze(op) is op
     assert freeze([t, spec]) == (t, spec) and isinstance(freeze([t, spec]), tuple)
     assert freeze({"s": [spec]})["s"][0] is spec
+
+
+def test_record_maker_fills_any_field_names_in_order():
+    """A record class's unchecked maker equals its constructor whatever its fields are named,
+    names of the maker's own locals included."""
+    from dataclasses import dataclass
+
+    from autoplan._plan import record_maker
+
+    @dataclass(frozen=True)
+    class Rec:
+        d: int
+        obj: str
+        new: float
+        cls: tuple
+
+    rec = record_maker(Rec)(1, "a", 2.0, (3,))
+    assert rec == Rec(1, "a", 2.0, (3,)) and list(vars(rec)) == ["d", "obj", "new", "cls"]
+    assert record_maker(Rec) is record_maker(Rec)
