@@ -276,9 +276,9 @@ class GraphNodeGraph:
     graph: OpGraph
     nodes: list[GraphNode]
     node_of_op: list[int]
+    member_of_op: list[int] = field(repr=False)
     edge_arrays: EdgeArrays = field(repr=False)
     labeler: OpLabeler | None = field(default=None, repr=False)
-    member_of_op: list[int] = field(default_factory=list, repr=False)
 
     @cached_property
     def edge_bytes(self) -> np.ndarray:

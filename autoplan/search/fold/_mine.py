@@ -333,15 +333,12 @@ def _shared_state_edges(gng: GraphNodeGraph, etab: dict[Any, int]
     """Edges between GraphNodes reading the same parameter or optimizer-state input (read by at
     most 16 operators), labelled by the ports read (interned into ``etab``): per edge, in the
     order made, its GraphNode, its label and its neighbour."""
-    nodes = gng.nodes
     share_g: list[int] = []
     share_e: list[int] = []
     share_nb: list[int] = []
     graph = gng.graph
     node_of_op = gng.node_of_op
     member = gng.member_of_op
-    if len(member) != len(node_of_op):  # (a GraphNode graph made without it)
-        member = [nodes[node_of_op[o]].ops.index(o) for o in range(len(node_of_op))]
     ops = graph.ops
     consumers = graph.consumers
     state = sorted((consumers[gi.tensor][0], gi.tensor) for gi in graph.inputs
