@@ -1127,8 +1127,10 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     input_tensors = graph.input_of_tensor
     out_pairs = [(o, inp) for o, inp in _updated_pairs(graph)
                  if o in specs and inp in input_tensors]
-    saved, comm, readers = _charge_plan(graph, mesh, list(chosen), chosen, specs, out_pairs, {},
-                                        free, comms, comm)
+    # (``costed`` itself, the keys of ``chosen`` in order: the operand pass takes the operands
+    # it made once per graph)
+    saved, comm, readers = _charge_plan(graph, mesh, costed, chosen, specs, out_pairs, {}, free,
+                                        comms, comm)
     return _Breakdown(compute + comm + penalty, compute, comm, penalty, memory + saved, chosen,
                       specs, comms, readers), missing
 

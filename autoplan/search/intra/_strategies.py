@@ -291,9 +291,10 @@ def _passing_flags(graph: OpGraph) -> tuple[list[bool], list[bool]]:
 
 
 def _results(graph: OpGraph) -> tuple[list[int], list[int]]:
-    """Every operator's results as one flat list and each operator's offset in it."""
+    """Every operator's results as one flat list and each operator's offset in it; once per
+    graph (both backward sweeps read them)."""
     arr = operand_arrays(graph)
-    return arr.output.tolist(), arr.out_start.tolist()
+    return memo(graph, "result_lists", lambda: (arr.output.tolist(), arr.out_start.tolist()))
 
 
 def combinable_ops(graph: OpGraph) -> list[bool]:
