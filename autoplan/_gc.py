@@ -1,9 +1,12 @@
-"""Cyclic garbage collection paused while a search runs in the main thread.
+"""Cyclic garbage collection paused while a search or a trace runs in the main thread.
 
 A search allocates hundreds of thousands of small objects (strategies, spec tuples, ILP rows) and
 keeps most of them until it returns; the cyclic collector would walk them all again and again
-for nothing (a quarter of a 96-layer folded search). Reference counting still frees everything
-acyclic at once.
+for nothing (a quarter of a 96-layer folded search). A trace is the same: ``jax.make_jaxpr``
+keeps every traced equation until the jaxpr is done, and the graph keeps every operator (the
+collector took a third of GPT-3 175B's 4.2 s trace, for 4 MiB more peak memory without it).
+Reference counting still frees everything acyclic at once, and the cycles left behind are
+collected once the collector resumes.
 
 The collector is one per process, so the pause is scoped with care:
 

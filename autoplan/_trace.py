@@ -34,6 +34,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from ._errors import TraceError
+from ._gc import gc_paused
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
 from ._workload import ARG_KINDS, arg_trees, infer_arg_kinds, non_array_leaf
@@ -219,6 +220,7 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
     return [names[i] if i < len(names) else f"arg{i}" for i in range(n)]
 
 
+@gc_paused
 def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
           name: str | None = None, max_scan_unroll: int = 512, **kwargs: Any) -> OpGraph:
     """Trace a JAX function (typically a whole training step) into an :class:`OpGraph`.

@@ -1,4 +1,4 @@
-"""The search's collector pause: main thread only, nested safely, restored as it was."""
+"""The collector pause of searches and traces: main thread only, nested safely, restored as it was."""
 
 import gc
 import threading
@@ -42,5 +42,29 @@ def test_an_error_resumes_the_collector():
     try:
         fail()
     except KeyError:
+        pass
+    assert gc.isenabled()
+
+
+def test_trace_pauses_the_collector_and_restores_it():
+    import jax.numpy as jnp
+
+    import autoplan
+
+    seen = []
+
+    def step(params, batch):
+        seen.append(gc.isenabled())  # runs while JAX traces it
+        return params["w"] * batch["x"]
+
+    graph = autoplan.trace(step, {"w": jnp.ones(4)}, {"x": jnp.ones(4)})
+    assert len(graph.ops) >= 1 and seen == [False] and gc.isenabled()
+
+    def broken(params, batch):
+        raise ValueError("not traceable")
+
+    try:
+        autoplan.trace(broken, {"w": jnp.ones(4)}, {"x": jnp.ones(4)})
+    except Exception:
         pass
     assert gc.isenabled()
