@@ -218,23 +218,29 @@ def test_json_round_trip_and_files(tmp_path):
         Cluster.from_json(tmp_path / "plan.json")
 
 
-def test_the_recorded_gpu_profile_costs_plans(tmp_path):
-    """docs/profiles holds a profile measured on an NVIDIA H100 (``autoplan profile``): it reads
-    on any machine and a search costs plans on it, faster than on the emulated CPU devices."""
+@pytest.mark.parametrize("name, kind, bandwidth", [
+    ("nvidia-h100-80gb-1.json", "NVIDIA H100 80GB HBM3", (2e12, 3.5e12)),  # HBM3
+    ("nvidia-h200-1.json", "NVIDIA H200", (3e12, 4.8e12)),  # HBM3e
+])
+def test_the_recorded_gpu_profiles_cost_plans(name, kind, bandwidth):
+    """docs/profiles holds profiles measured on an NVIDIA H100 and an H200 (``autoplan
+    profile``, full): each reads on any machine and a search costs plans on it, faster than on
+    the emulated CPU devices."""
     from pathlib import Path
 
     import autoplan
     from autoplan import models
 
-    path = Path(__file__).resolve().parents[1] / "docs" / "profiles" / "nvidia-h100-80gb-1.json"
-    h100 = Cluster.parse(str(path))
-    assert (h100.platform, h100.device_kind, h100.num_devices) == ("gpu", "NVIDIA H100 80GB HBM3", 1)
-    assert h100.profiled and not h100.quick
-    assert 2e12 < h100.memory_bandwidth < 3.5e12  # HBM3, measured past the 50 MB L2
-    assert h100.compute_time(1e13) < 1e13 / 300e12  # TF32 matmuls: above 300 TFLOP/s when large
+    path = Path(__file__).resolve().parents[1] / "docs" / "profiles" / name
+    gpu = Cluster.parse(str(path))
+    assert (gpu.platform, gpu.device_kind, gpu.num_devices) == ("gpu", kind, 1)
+    assert gpu.profiled and not gpu.quick
+    # the streaming bandwidth, measured past the last-level cache (50 MB on both)
+    assert bandwidth[0] < gpu.memory_bandwidth < bandwidth[1]
+    assert gpu.compute_time(1e13) < 1e13 / 300e12  # TF32 matmuls: above 300 TFLOP/s when large
     # a step big enough that compute, not the launch, decides (shapes only: nothing allocated)
     w = models.get("gpt", "tiny", batch=8, seq_len=512, hidden=1024, heads=16, layers=2)
-    on_gpu = autoplan.search(w, h100, pipeline=False, cache=False).best
+    on_gpu = autoplan.search(w, gpu, pipeline=False, cache=False).best
     on_cpu = autoplan.search(w, "cpu:1", pipeline=False, cache=False).best
-    assert "NVIDIA H100" in on_gpu.summary()
+    assert kind in on_gpu.summary()
     assert on_gpu.predicted.step_time * 20 < on_cpu.predicted.step_time
