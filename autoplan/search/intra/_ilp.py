@@ -711,7 +711,6 @@ class _ReshardTable:
 def _build_edges(prob: ILPProblem) -> None:
     """Fold self-edges and separable edges into node costs; keep the others compressed."""
     table = _ReshardTable(prob)
-    prob._table = table  # type: ignore[attr-defined]
     pairs: dict[tuple[int, int], list] = {}
     for t, u, src, w, dst in _tensor_edges(prob):
         if u == w:
