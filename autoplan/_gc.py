@@ -16,7 +16,12 @@ The collector is one per process, so the pause is scoped with care:
   search's whole duration;
 * nested paused calls share one pause: the collector is disabled when the outermost starts and
   restored when it returns or raises, to the state it had before, so a collector the user
-  disabled stays disabled.
+  disabled stays disabled;
+* when the outermost call restores the collector, it collects the young and middle generations
+  at once: everything the pause made and kept is in the young one, and the first allocation
+  after it would otherwise make the caller's next statement pay for walking it (0.15 s after
+  tracing GPT-3 175B's 38,860 operators, 0.1 s after a folded search of 96 layers), and walk
+  it again when it reached the middle generation.
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ def _resume() -> None:
     _depth -= 1
     if _depth == 0 and _was_enabled:
         gc.enable()
+        # the objects made during the pause are all in the young generation: collect it now
+        # (with the middle one, so that what survives goes to the oldest at once rather than
+        # being walked again there), so that the call pays for its own garbage and not the
+        # caller's next statement
+        gc.collect(1)
 
 
 def gc_paused(fn: F) -> F:

@@ -68,3 +68,15 @@ def test_trace_pauses_the_collector_and_restores_it():
     except Exception:
         pass
     assert gc.isenabled()
+
+
+def test_the_pause_collects_its_own_young_generation():
+    kept = []
+
+    @gc_paused
+    def allocate():
+        kept.extend([i] for i in range(20_000))  # tracked containers, kept alive
+
+    allocate()
+    # (without the collection at the end, the young generation would count the 20,000 lists)
+    assert gc.get_count()[0] < gc.get_threshold()[0] and len(kept) == 20_000
