@@ -36,8 +36,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 import networkx as nx
@@ -517,7 +515,7 @@ def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], 
     g_role: list[str] = []
     g_x: list[int] = []  # for a normalisation: the operator that produced the reduced tensor
     users: dict[int, set[int]] = {}  # side group -> the other groups that read its values
-    reads: Counter | None = None  # reads of each tensor (by operand), made when first needed
+    reads: list[int] | None = None  # reads of each tensor (by operand), made when first needed
     anchors, heavy, reductions = ANCHORS, HEAVY, REDUCTIONS
     for op in ops:
         role = op.role
@@ -564,7 +562,7 @@ def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], 
             # a reduction of a value private to a normalisation continues it
             if a >= 0 and b < 0 and g_kind[a] == "norm" and g_role[a] == role:
                 if reads is None:
-                    reads = _reads(ops)
+                    reads = _reads(graph)
                 if _private(op, tensors, ops, code, reads):
                     g = a
             if g < 0:
@@ -618,13 +616,15 @@ def _new(g_main: list[int], g_kind: list[str], g_role: list[str], g_x: list[int]
     return len(g_main) - 1
 
 
-def _reads(ops: list[OpNode]) -> Counter:
-    """How many operands read each tensor."""
-    return Counter(chain.from_iterable(map(attrgetter("inputs"), ops)))
+def _reads(graph: OpGraph) -> list[int]:
+    """How many operands read each tensor, per tensor id (from the graph's operand arrays, which
+    the GraphNodes' wiring takes too)."""
+    t = operand_arrays(graph).tensor
+    return np.bincount(t[t >= 0], minlength=len(graph.tensors)).tolist()
 
 
 def _private(op: OpNode, tensors: list, ops: list[OpNode], code: list[int],
-             reads: Counter) -> bool:
+             reads: Sequence[int]) -> bool:
     """Whether every batch-dependent producer of ``op`` has ``op`` as its only consumer: no
     operand outside ``op`` reads any of its outputs."""
     mine = Counter(t for t in op.inputs if t is not None and code[t] >= 0)
