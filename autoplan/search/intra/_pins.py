@@ -44,11 +44,13 @@ _MEGATRON = [
 
 def pins_key(pins: Mapping[Any, Any] | None) -> Hashable | None:
     """A hashable form of ``pins`` (to memoize what is derived from them), or None when a
-    value is not hashable."""
+    value is not hashable: its keys and its values, in order, as two tuples (the Megatron pins
+    of a deep model hold thousands of inputs, and a memo keeps its keys: two tuples, not a
+    pair per input)."""
     if not pins:
         return ()
     try:
-        key = tuple(pins.items())
+        key = (tuple(pins.keys()), tuple(pins.values()))
         hash(key)
     except TypeError:
         return None

@@ -511,3 +511,18 @@ def test_differing_operands_are_those_a_loop_over_the_operands_finds(adam):
     assert _differing_operands(adam, list(costed), sol.strategies, sol.specs) == want
     part = costed[::3] + [len(adam.ops) + 5]  # (an operator without a strategy is skipped)
     assert _differing_operands(adam, part, sol.strategies, sol.specs) == by_loop(part)
+
+
+def test_pins_key_tells_pins_apart_and_keeps_two_tuples():
+    """The memo key of a set of pins: equal pins give equal keys, another spec or input another
+    key; an unhashable value gives None; and the key holds two tuples, not a pair per input."""
+    from autoplan.search.intra._pins import pins_key
+
+    a = {"w1": P("x", None), "w2": P(None, "y")}
+    assert pins_key(a) == pins_key(dict(a)) and hash(pins_key(a)) == hash(pins_key(dict(a)))
+    assert pins_key(a) != pins_key({"w1": P("x", None), "w2": P("y", None)})
+    assert pins_key(a) != pins_key({"w1": P("x", None), "w3": P(None, "y")})
+    assert pins_key({}) == pins_key(None) == ()
+    assert pins_key({"w1": ["x", None]}) is None
+    key = pins_key({i: P() for i in range(1000)})
+    assert len(key) == 2 and all(type(part) is tuple and len(part) == 1000 for part in key)
