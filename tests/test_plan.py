@@ -214,3 +214,14 @@ def test_record_maker_fills_any_field_names_in_order():
     rec = record_maker(Rec)(1, "a", 2.0, (3,))
     assert rec == Rec(1, "a", 2.0, (3,)) and list(vars(rec)) == ["d", "obj", "new", "cls"]
     assert record_maker(Rec) is record_maker(Rec)
+
+    @dataclass(frozen=True, slots=True)  # the plan's records keep their fields in slots
+    class Slotted:
+        s0: int
+        obj: str
+        new: float
+        cls: tuple
+
+    rec = record_maker(Slotted)(1, "a", 2.0, (3,))
+    assert rec == Slotted(1, "a", 2.0, (3,)) and not hasattr(rec, "__dict__")
+    assert (rec.s0, rec.obj, rec.new, rec.cls) == (1, "a", 2.0, (3,))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -277,8 +278,8 @@ def test_pipeline_plan_marks_stages_and_folds_layers_sharded_alike(pipeline_plan
                    for s in pipeline_plan.stages)
     same = pipeline_plan.with_(stages=(stages[0],) + tuple(
         st.__class__(**{**st.__dict__, "ops": tuple(
-            o.__class__(**{**o.__dict__, "tensors": tuple(
-                t.__class__(**{**t.__dict__, "spec": u.spec}) for t, u in zip(o.tensors, stages[0].ops[0].tensors))})
+            replace(o, tensors=tuple(
+                replace(t, spec=u.spec) for t, u in zip(o.tensors, stages[0].ops[0].tensors)))
             for o in st.ops)}) for st in stages[1:]))
     cols = sharding_figure(same).layout.meta["columns"]
     assert [(c["stages"], len(c["layers"])) for c in cols] == [([0, 1, 2], 12)]
@@ -306,7 +307,7 @@ def test_unscoped_operators_are_named_by_their_parameters():
                                   ts(f"params[{k}]['w']", "weight", (64, 64), (None, None)),
                                   ts(f"%{k + 10}", "output", (16, 64), (X, None))])
                 for k in range(3))
-    ops = tuple(type(o)(**{**o.__dict__, "scope": ""}) for o in ops)
+    ops = tuple(replace(o, scope="") for o in ops)
     stage = Stage(0, ("(root)",), (0, 1), (1, 8), tuple(range(8)), (2, 4), ("x", "y"), ops=ops)
     plan = Plan("mlp", "0" * 16, Cluster.preset("p3.16xlarge", 1), (stage,), (), Schedule("none", 1, 1),
                 Predicted(1.0, 1.0, 1.0))
