@@ -192,7 +192,8 @@ def record_maker(cls: type) -> Any:
     make = _RECORD_MAKERS.get(cls)
     if make is None:
         # positional parameters v0, v1, ... (no field name can shadow the maker's own names);
-        # the fields are the dict's keys, as string literals, in field order
+        # the fields in field order: their slot descriptors' setters, or the instance dict's
+        # keys as string literals
         names = [f.name for f in fields(cls)]
         params = ", ".join(f"v{k}" for k in range(len(names)))
         scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
