@@ -515,7 +515,6 @@ def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], 
     g_role: list[str] = []
     g_x: list[int] = []  # for a normalisation: the operator that produced the reduced tensor
     users: dict[int, set[int]] = {}  # side group -> the other groups that read its values
-    reads: list[int] | None = None  # reads of each tensor (by operand), made when first needed
     anchors, heavy, reductions = ANCHORS, HEAVY, REDUCTIONS
     for op in ops:
         role = op.role
@@ -561,9 +560,7 @@ def _group(graph: OpGraph) -> tuple[list[int], list[int], list[str], list[str], 
         elif prim in reductions:
             # a reduction of a value private to a normalisation continues it
             if a >= 0 and b < 0 and g_kind[a] == "norm" and g_role[a] == role:
-                if reads is None:
-                    reads = _reads(graph)
-                if _private(op, tensors, ops, code, reads):
+                if _private(op, tensors, ops, code, graph.consumers):
                     g = a
             if g < 0:
                 x = next((tensors[t].producer for t in op.inputs
@@ -616,17 +613,11 @@ def _new(g_main: list[int], g_kind: list[str], g_role: list[str], g_x: list[int]
     return len(g_main) - 1
 
 
-def _reads(graph: OpGraph) -> list[int]:
-    """How many operands read each tensor, per tensor id (from the graph's operand arrays, which
-    the GraphNodes' wiring takes too)."""
-    t = operand_arrays(graph).tensor
-    return np.bincount(t[t >= 0], minlength=len(graph.tensors)).tolist()
-
-
 def _private(op: OpNode, tensors: list, ops: list[OpNode], code: list[int],
-             reads: Sequence[int]) -> bool:
+             consumers: Sequence[Sequence[int]]) -> bool:
     """Whether every batch-dependent producer of ``op`` has ``op`` as its only consumer: no
-    operand outside ``op`` reads any of its outputs."""
+    operand outside ``op`` reads any of its outputs (``consumers``: the graph's, one entry per
+    operand reading a tensor)."""
     mine = Counter(t for t in op.inputs if t is not None and code[t] >= 0)
     seen = set()
     for t in mine:
@@ -635,6 +626,6 @@ def _private(op: OpNode, tensors: list, ops: list[OpNode], code: list[int],
             continue
         seen.add(p)
         outs = ops[p].outputs
-        if sum(reads[u] for u in outs) != sum(mine[u] for u in outs):
+        if sum(len(consumers[u]) for u in outs) != sum(mine[u] for u in outs):
             return False
     return True
