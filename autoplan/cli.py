@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import ast
 import atexit
-import gc
 import json
 import os
 import select
@@ -264,19 +263,11 @@ def _search(args):
 
     wl = _workload(args)
     t0 = time.perf_counter()
-    # The search pauses the cyclic collector; its first collection afterwards would walk every
-    # object the search made and kept (0.8 s after GPT 39B). A command prints and ends, so those
-    # objects are set aside (frozen) instead, and the collector is back on for what follows.
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said by the caller, or not
-            result = search(wl, cluster, **kw)
-    finally:
-        gc.freeze()
-        if was:
-            gc.enable()
+    # (the search pauses the cyclic collector and, when it returns, moves what it kept to the
+    # oldest generation without a walk: see autoplan/_gc.py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanDoesNotFitWarning)  # said by the caller, or not
+        result = search(wl, cluster, **kw)
     return result, time.perf_counter() - t0
 
 
