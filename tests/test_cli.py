@@ -28,9 +28,14 @@ def test_trace_prints_the_graph(capsys):
 
 
 def test_plan_show_and_report(tmp_path, capsys):
+    import gc
+
     path = tmp_path / "plan.json"
+    frozen = gc.get_freeze_count()
     assert main(["plan", "mlp", "--size", "tiny", "--cluster", "cpu:8", "--pipeline", "no",
                  "--level", "exhaustive", "-o", str(path)]) == 0
+    # (called in-process, the command leaves the caller's collector as it was: nothing frozen)
+    assert gc.get_freeze_count() == frozen and gc.isenabled()
     out = capsys.readouterr().out
     assert "baseline: data parallel" in out and f"plan written to {path}" in out
     assert json.loads(path.read_text())["model"] == "mlp"
