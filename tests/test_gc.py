@@ -82,7 +82,7 @@ def test_what_the_pause_kept_goes_to_the_oldest_generation_unwalked():
     allocate()
     # (left in the young generation, the caller's next allocation would walk the 20,000 lists)
     assert gc.get_count()[0] < gc.get_threshold()[0] and len(kept) == 20_000
-    assert not any(map(gc.is_tracked, gc.get_objects(0))) or len(gc.get_objects(0)) < 100
+    assert len(gc.get_objects(0)) < 100  # (the young generation: what came after)
     oldest = {id(o) for o in gc.get_objects(2)}
     assert all(id(x) in oldest for x in kept[::997]) and gc.get_freeze_count() == frozen
 
@@ -108,8 +108,8 @@ def test_objects_the_user_froze_stay_frozen():
 
 def test_a_folded_search_and_its_trace_leave_no_cyclic_garbage_of_their_size():
     """What lets the pause promote what it kept without a walk: reference counting frees what a
-    trace and a search drop. (A few fixed objects are cycles: the ctypes function types a solver
-    library's binding makes per load.)"""
+    trace and a search drop. (The first round's imports and caches leave a few cycles; later
+    rounds none, at either size.)"""
     import autoplan
     from autoplan import models
 
