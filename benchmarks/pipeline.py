@@ -17,7 +17,7 @@ plan's stages (layers per stage, submesh -> logical mesh), micro-batches, predic
 memory per device, whether it fits the device, and the search time (wall clock of the call,
 trace included).
 
-The targets are met on the command users run, printed last (without ``--quick`` or an ``--only``
+The targets are measured on the command users run, printed last (without ``--quick`` or an ``--only``
 other than gpt and 175b), from ``benchmarks/public_calls.py``, each in a fresh process, best of 3:
 ``autoplan plan gpt --size 39B --set remat=true --set dtype=float16 --cluster p3.16xlarge:8`` in
 <= 15 s wall; ``autoplan plan gpt --size 175B --cluster dgx-h100:128`` in <= 40 s wall. (The

@@ -10,7 +10,7 @@ search is cold in its analyses (mining and segments included; ``analysis s`` is 
 folded searches are the median of ``--repeat`` (default 3) runs. The exhaustive ILP is skipped
 above ``--max-exhaustive-layers`` (default 24), where it takes minutes.
 
-The targets are met on the public call, and printed last (without ``--quick``), from
+The targets are measured on the public call, printed last (without ``--quick``), from
 ``benchmarks/public_calls.py``: ``autoplan.search(graph, p3.16xlarge, pipeline=False,
 mesh_shape=(2, 4), level="folded")``, baselines included, each in a fresh process, best of
 ``--repeat``; 96 layers <= 1.5x 24 layers; GPT-3 175B on 2x8 (p3.16xlarge:2) <= 3 s.
