@@ -408,6 +408,11 @@ def test_an_accepted_mutated_plan_can_be_drawn(plans, data):
         plan = Plan.from_json(json.dumps(d))
     except PlanFileError:
         return
+    # each figure draws the plan it was given: every stage of the mutated plan has its own
+    # legend entry in the stage figure and its own forward bars in the timeline
     sharding_figure(plan)
-    stage_figure(plan)
-    timeline_figure(plan)
+    names = [t.name or "" for t in stage_figure(plan).data]
+    bars = {t.name for t in timeline_figure(plan).data}
+    for st_ in plan.stages:
+        assert any(n.startswith(f"stage {st_.index}:") for n in names), (st_.index, names)
+        assert f"stage {st_.index} forward" in bars, (st_.index, bars)

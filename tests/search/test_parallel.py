@@ -117,8 +117,18 @@ def test_a_pool_shared_by_two_batches_closes_twice():
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     run_tasks([Task(_backend_started, graph) for _ in range(2)], workers=2)
     pool = _parallel._POOL
+    procs = list(pool.executor._processes.values())
+    assert procs and all(p.is_alive() for p in procs)
     pool.close(kill=True)
-    pool.close(kill=True)
+    pool.close(kill=True)  # no error the second time
+    for p in procs:
+        p.join(timeout=30)
+    assert not any(p.is_alive() for p in procs)  # the first close ended the workers
+    _parallel.shutdown()
+    # the closed pool is not reused: the next batch starts a new one and runs in its workers
+    outs = run_tasks([Task(_backend_started, graph) for _ in range(3)], workers=2)
+    assert _parallel._POOL is not pool
+    assert any(o.result()[0] != os.getpid() for o in outs)
     _parallel.shutdown()
 
 
