@@ -17,12 +17,16 @@ from typing import Any
 
 import networkx as nx
 
-from ._dtype import dtype_bytes
+from ._dtype import dtype_bytes, is_key_dtype
 
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
 
 ROLES = ("forward", "backward", "update")
-INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "activation", "constant")
+#: primitives whose operands (``random_wrap``) or results (``random_unwrap``) are raw ``uint32``
+#: key data
+_KEY_DATA_IN = frozenset({"random_wrap"})
+_KEY_DATA_OUT = frozenset({"random_unwrap"})
+INPUT_KINDS = ("parameter", "optimizer_state", "batch", "key", "input", "activation", "constant")
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,8 @@ class GraphInput:
         arg: which positional argument it belongs to.
         arg_name: that argument's name in the function's signature (``"params"``).
         path: ``jax.tree_util.keystr`` of the leaf within the argument (``"['layers'][3]['fc1']"``).
-        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"input"``, or (in a
-            subgraph) ``"activation"`` for a tensor made by an operator outside it.
+        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"key"`` (a PRNG key:
+            replicated, never sharded), ``"input"``, or (in a subgraph) ``"activation"`` for a tensor made by an operator outside it.
     """
 
     tensor: int
@@ -215,6 +219,20 @@ class OpGraph:
                 else:
                     g.add_edge(p, op.id, tensors=[t], bytes=self.tensors[t].nbytes)
         return g
+
+    @cached_property
+    def key_tensors(self) -> frozenset[int]:
+        """The tensors that hold PRNG keys, which are replicated on every device and never
+        sharded: typed keys (dtype ``key<impl>``), graph inputs of kind ``"key"``, and raw
+        ``uint32`` key data (what ``random_wrap`` reads and ``random_unwrap`` makes)."""
+        out = {t.id for t in self.tensors if is_key_dtype(t.dtype)}
+        out.update(gi.tensor for gi in self.inputs if gi.kind == "key")
+        for op in self.ops:
+            if op.primitive in _KEY_DATA_IN:
+                out.update(t for t in op.inputs if t is not None)
+            elif op.primitive in _KEY_DATA_OUT:
+                out.update(op.outputs)
+        return frozenset(out)
 
     @cached_property
     def flops(self) -> float:

@@ -109,9 +109,38 @@ STEP = -1  # the micro-batch index of per-step values
 
 def place(host: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """A (global) array with ``sharding`` made from a host value: each process fills its own
-    shards (``jax.make_array_from_callback``), so this works across processes too."""
+    shards (``jax.make_array_from_callback``), so this works across processes too.
+
+    A typed PRNG key (``jax.random.key``) is placed as its key data, with the key's spec and the
+    data's last dimension (the key's words) whole, then wrapped again as a key of the same
+    implementation."""
+    if is_key_array(host):
+        data = np.asarray(jax.random.key_data(host))
+        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
+        words = place(data, NamedSharding(sharding.mesh, PartitionSpec(*spec)))
+        return jax.random.wrap_key_data(words, impl=jax.random.key_impl(host))
     host = np.asarray(host)
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def is_key_array(x: Any) -> bool:
+    """True for a typed PRNG key array (dtype ``key<impl>``)."""
+    dtype = getattr(x, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def host_value(x: Any) -> Any:
+    """A value held on the host between steps: a NumPy array, or a typed PRNG key kept as the
+    JAX key array it is (NumPy has no key dtype)."""
+    return x if is_key_array(x) else np.asarray(x)
+
+
+def comparable(x: Any) -> np.ndarray:
+    """A NumPy array to compare: the value itself, or a typed key's key data (``uint32``)."""
+    return np.asarray(jax.random.key_data(x)) if is_key_array(x) else np.asarray(x)
 
 
 def executions_per_run(hlo_text: str, default_trip_count: int = 1) -> dict[str, int]:
