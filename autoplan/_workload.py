@@ -38,6 +38,8 @@ _KEY_NAMES = {"rng", "key", "rngs", "prng", "prng_key", "rng_key", "keys", "drop
               "dropout_key", "dropout_rngs", "sample_key", "noise_key", "rng_state"}
 # flax.nnx's random-state variables: an nnx.Rngs split off with nnx.split(rngs)
 _NNX_RNG_TYPES = {"RngKey", "RngCount", "RngState"}
+# flax.nnx's optimizer-state variables: an nnx.Optimizer's state split off with nnx.split
+_NNX_OPT_TYPES = {"OptState", "OptVariable", "OptArray"}
 
 # argument names as training steps spell them (compared lower-case)
 _NAMES = {
@@ -67,8 +69,10 @@ def _node_types(tree: Any) -> set[type]:
 
 
 def _is_optimizer_state(tree: Any) -> bool:
-    """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...)."""
+    """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...) or
+    the state of a Flax ``nnx.Optimizer`` (its ``OptState`` variables)."""
     return any((getattr(t, "__module__", "") or "").split(".")[0] == "optax"
+               or (t.__name__ in _NNX_OPT_TYPES and (t.__module__ or "").startswith("flax"))
                for t in _node_types(tree))
 
 

@@ -287,7 +287,7 @@ def _abstract(host_args: Any) -> Any:
 
 def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
     tree = jax.tree_util.tree_structure
-    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) == 3
+    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) >= 3
             and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
 
 
@@ -378,7 +378,7 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
         if out_sh is None:
             raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
                                  "new_opt_state). Fix: run steps=1.")
-        return (result[0][1], result[0][2], a[2])
+        return (result[0][1], result[0][2], *a[2:])  # the batch and extra inputs (keys) stay
 
     def loss_of(result: Any) -> float:
         out = result[0]
@@ -631,7 +631,7 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
             if not triple:
                 break
             args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
-                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
+                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), *r.host_args[2:])
     n = len(tally.names)
     if tally.failed is not None:
         msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)
