@@ -226,3 +226,21 @@ def test_micro_batched_plans_of_a_step_with_random_draws_are_refused_before_runn
     with pytest.raises(autoplan.ExecutionError, match=r"draws no random numbers.*key argument"
                        r"\(s\) key, random draws \(random_bits\).*Fix: run an intra-operator"):
         run(plan, wl, steps=1)
+
+
+def test_the_keys_example_of_getting_started_runs(capsys):
+    import pathlib
+    import re
+
+    doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "getting_started.md"
+    text = doc.read_text()
+    section = text[text.index("## What your step may contain"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "jax.random.bernoulli(key" in code
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(code, str(doc), "exec"), {})  # noqa: S102 - the documented example
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "('parameter', 'optimizer_state', 'batch', 'key')"
+    assert out[1].startswith("matched")
+    assert 0.0 < float(out[-1]) < 10.0
