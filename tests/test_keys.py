@@ -244,3 +244,69 @@ def test_the_keys_example_of_getting_started_runs(capsys):
     assert out[0] == "('parameter', 'optimizer_state', 'batch', 'key')"
     assert out[1].startswith("matched")
     assert 0.0 < float(out[-1]) < 10.0
+
+
+CLOSED_KEY = jax.random.key(42)  # a concrete key a step closes over: a constant of its jaxpr
+
+
+def scanned_keys_step(params, batch, key):
+    """Keys stacked by a scan, drawn from under vmap, and a key constant."""
+    _, keys = jax.lax.scan(lambda c, i: (c, jax.random.fold_in(c, i)), key, jnp.arange(4))
+
+    def loss_fn(p):
+        h = jnp.tanh(batch @ p)
+        noise = jax.vmap(lambda k: jax.random.normal(k, (h.shape[1],)))(keys)
+        mask = jax.random.bernoulli(CLOSED_KEY, 0.5, h.shape)
+        return jnp.mean(jnp.where(mask, h, 0.0) ** 2) + 1e-3 * noise.sum()
+
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    return loss, params - 0.1 * g
+
+
+def test_stacked_keys_and_key_constants_trace_and_run():
+    from autoplan.exec import flatten
+
+    p = jnp.full((8, 16), 0.1)
+    b = jnp.asarray(np.random.default_rng(0).normal(size=(16, 8)), jnp.float32)
+    wl = autoplan.Workload(scanned_keys_step, (p, b, jax.random.key(1)))
+    assert wl.arg_kinds == ("parameter", "batch", "key")
+    g = autoplan.trace(wl)
+    assert [op.out_dtypes for op in g if op.primitive == "scan_stack"] == [("key<fry>",)]
+    assert [g.tensors[t].dtype for t in g.consts] == ["key<fry>"]
+    # the executor's walk evaluates the keys as the step does
+    out = flatten(scanned_keys_step, *wl.args)(*wl.args)
+    assert float(out[0]) == float(scanned_keys_step(*wl.args)[0])
+    res = autoplan.search(wl, "cpu:8", pipeline=False)
+    for plan in (res.best, *res.baselines):
+        assert run(plan, wl, steps=1, compiler_options=FAST).equivalence.matched
+
+
+def test_a_dropout_plan_with_sharded_draws_is_launched_on_two_processes(tmp_path, monkeypatch):
+    """The NNX dropout row (typed keys in an nnx.Rngs state) under the data-parallel plan, whose
+    random bits are drawn split over the batch, launched on 2 worker processes by name."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "tests" / "user_models"
+    monkeypatch.chdir(folder)
+    try:
+        wl = autoplan.load_workload("matrix_steps:workload_nnx_dropout")
+        res = autoplan.search(wl, "cpu:8", pipeline=False)
+    finally:
+        sys.modules.pop("matrix_steps", None)
+    dp = next(p for p in res.baselines if p.label == "baseline: data parallel")
+    assert any(str(t.spec) != "RR" for o in dp.stages[0].ops if o.primitive == "random_bits"
+               for t in o.tensors if t.role == "output")
+    path = tmp_path / "plan.json"
+    dp.to_json(str(path))
+    script = tmp_path / "autoplan_cli.py"
+    script.write_text("import sys\nfrom autoplan.cli import main\nsys.exit(main())\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, str(script), "launch", str(path), "--model",
+                          "matrix_steps:workload_nnx_dropout", "--steps", "3"], cwd=folder,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "process 1: losses" in out.stdout and "matched single-device results" in out.stdout
