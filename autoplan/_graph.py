@@ -485,8 +485,12 @@ class OpGraph:
             f"  parameters     : {self.param_count:,} ({_fmt_bytes(self.param_bytes)})",
             f"  optimizer state: {_fmt_bytes(self.bytes_of_kind('optimizer_state'))}",
             f"  batch          : {_fmt_bytes(self.bytes_of_kind('batch'))}",
-            "  top primitives : " + ", ".join(f"{k} x{v}" for k, v in top),
         ]
+        keys = self.inputs_of_kind("key")
+        if keys:
+            lines.append(f"  PRNG keys      : {len(keys)} leaves "
+                         f"({_fmt_bytes(self.bytes_of_kind('key'))}), replicated")
+        lines.append("  top primitives : " + ", ".join(f"{k} x{v}" for k, v in top))
         layers = self.layers
         names = [ly.name for ly in layers]
         lines.append(f"  layers ({len(layers)}): " + _compress_names(names))

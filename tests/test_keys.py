@@ -310,3 +310,9 @@ def test_a_dropout_plan_with_sharded_draws_is_launched_on_two_processes(tmp_path
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "process 1: losses" in out.stdout and "matched single-device results" in out.stdout
+
+
+def test_the_graph_summary_lists_the_keys():
+    g = autoplan.trace(_workload(jax.random.key(3)))
+    assert "  PRNG keys      : 1 leaves (8 B), replicated" in g.summary().splitlines()
+    assert "PRNG keys" not in autoplan.trace(_workload(None, inner_key_step)).summary()
