@@ -316,3 +316,33 @@ def test_the_graph_summary_lists_the_keys():
     g = autoplan.trace(_workload(jax.random.key(3)))
     assert "  PRNG keys      : 1 leaves (8 B), replicated" in g.summary().splitlines()
     assert "PRNG keys" not in autoplan.trace(_workload(None, inner_key_step)).summary()
+
+
+def per_example_key_step(params, batch):
+    """Keys inside the batch, one per example (``batch['keys']``: typed keys of shape (B,))."""
+    def loss_fn(p):
+        h = jnp.tanh(batch["x"] @ p["w1"])
+        keep = jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, h.shape[1:]))(batch["keys"])
+        return jnp.mean((jnp.where(keep, h / 0.8, 0.0) @ p["w2"] - batch["y"]) ** 2)
+
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    return loss, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+
+
+def test_keys_are_never_pinned_sharded():
+    wl = _workload(jax.random.key(3))
+    with pytest.raises(autoplan.SearchError, match=r"should not shard PRNG keys.*Got "
+                       r"P\('x',\) for key \(kind 'key'\)"):
+        autoplan.search(wl, "cpu:8", pipeline=False, pin={r"^key$": PartitionSpec("x")})
+    # keys in the batch, one per example: the data-parallel baseline splits the batch's arrays
+    # and keeps the keys whole
+    batch = {**_batch(), "keys": jax.random.split(jax.random.key(0), 32)}
+    wl = autoplan.Workload(per_example_key_step, (_params(), batch))
+    assert wl.arg_kinds == ("parameter", "batch") and wl.config == {"batch": 32}
+    res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(8, 1),
+                          pin={r"batch": PartitionSpec("x")})
+    for plan in (res.best, *res.baselines):
+        specs = {i.path: i.spec.to_pspec() for i in plan.inputs if i.kind == "batch"}
+        assert specs["['keys']"] == PartitionSpec()
+        assert run(plan, wl, steps=1, compiler_options=FAST).equivalence.matched
+    assert specs["['x']"] == PartitionSpec("x")
