@@ -346,3 +346,16 @@ def test_keys_are_never_pinned_sharded():
         assert specs["['keys']"] == PartitionSpec()
         assert run(plan, wl, steps=1, compiler_options=FAST).equivalence.matched
     assert specs["['x']"] == PartitionSpec("x")
+
+
+def test_a_duck_typed_workload_with_keys_gets_the_kind_key_or_a_clear_refusal():
+    import types
+
+    params = _params()
+    args = (params, TX.init(params), _batch(), jax.random.key(0))
+    loaded = autoplan.load_workload(types.SimpleNamespace(fn=dropout_step, args=args))
+    assert loaded.arg_kinds == ("parameter", "optimizer_state", "batch", "key")
+    bad = types.SimpleNamespace(fn=dropout_step, args=args,
+                                arg_kinds=("parameter", "optimizer_state", "batch", "batch"))
+    with pytest.raises(autoplan.ModelError, match="should be 'key'"):
+        autoplan.load_workload(bad)
