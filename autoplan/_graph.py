@@ -26,6 +26,8 @@ ROLES = ("forward", "backward", "update")
 #: key data
 _KEY_DATA_IN = frozenset({"random_wrap"})
 _KEY_DATA_OUT = frozenset({"random_unwrap"})
+#: primitives that draw random numbers from a key
+RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
 INPUT_KINDS = ("parameter", "optimizer_state", "batch", "key", "input", "activation", "constant")
 
 
@@ -233,6 +235,13 @@ class OpGraph:
             elif op.primitive in _KEY_DATA_OUT:
                 out.update(op.outputs)
         return frozenset(out)
+
+    @cached_property
+    def random_draws(self) -> tuple[int, ...]:
+        """The operators that draw random numbers (``random_bits``, ``threefry2x32``,
+        ``rng_bit_generator``): a step with any draws different numbers when it runs once per
+        micro-batch."""
+        return tuple(op.id for op in self.ops if op.primitive in RANDOM_DRAWS)
 
     @cached_property
     def flops(self) -> float:

@@ -359,3 +359,10 @@ def test_a_duck_typed_workload_with_keys_gets_the_kind_key_or_a_clear_refusal():
                                 arg_kinds=("parameter", "optimizer_state", "batch", "batch"))
     with pytest.raises(autoplan.ModelError, match="should be 'key'"):
         autoplan.load_workload(bad)
+
+
+def test_the_graph_names_its_random_draws():
+    g = autoplan.trace(_workload(jax.random.key(3)))
+    assert [g.ops[i].primitive for i in g.random_draws] == ["random_bits"]
+    plain = autoplan.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 2)), jnp.ones((8, 4)))
+    assert plain.random_draws == () and plain.key_tensors == frozenset()

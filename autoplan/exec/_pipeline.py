@@ -1115,10 +1115,10 @@ def refuse_random_draws(plan: Any, graph: Any) -> None:
 
     Raises:
         ExecutionError: the graph holds PRNG keys (:attr:`autoplan.OpGraph.key_tensors`) or draws
-            random bits, naming what it found and the fix.
+            random numbers (:attr:`autoplan.OpGraph.random_draws`), naming what it found and the
+            fix.
     """
-    draws = sorted({op.primitive for op in graph.ops
-                    if op.primitive in ("random_bits", "threefry2x32", "rng_bit_generator")})
+    draws = sorted({graph.ops[i].primitive for i in graph.random_draws})
     keys = [gi.name for gi in graph.inputs if gi.tensor in graph.key_tensors]
     if not draws and not keys:
         return
