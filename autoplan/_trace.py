@@ -16,6 +16,11 @@
 * ``while`` and ``cond`` stay opaque nodes (their trip counts and branches are not static): one
   :class:`OpaqueControlFlowWarning` names them all.
 
+PRNG keys are values like any other: a typed key's tensor has the dtype ``key<impl>``
+(``key<fry>``, 8 bytes) and the key primitives (``random_seed``, ``random_wrap``,
+``random_split``, ``random_fold_in``, ...) are operators; arguments holding keys get the kind
+``key`` (:func:`autoplan._workload.infer_arg_kinds`).
+
 Each operator records its primitive, sharding-relevant params, shapes, dtypes, FLOPs, bytes, its
 ``jax.named_scope`` path and its role: ``forward`` (under ``jvp``), ``backward`` (under
 ``transpose``) or ``update`` (after the gradients, such as the optimizer step).
