@@ -366,3 +366,21 @@ def test_the_graph_names_its_random_draws():
     assert [g.ops[i].primitive for i in g.random_draws] == ["random_bits"]
     plain = autoplan.trace(lambda w, x: (x @ w).sum(), jnp.ones((4, 2)), jnp.ones((8, 4)))
     assert plain.random_draws == () and plain.key_tensors == frozenset()
+
+
+def test_an_nnx_rngs_object_is_a_key_argument_and_its_misuse_names_the_fix():
+    def step(params, batch, rngs):
+        key = rngs.dropout()  # drawn at the step's top level
+        return jax.value_and_grad(_dropout_loss)(params, batch, key)
+
+    wl = autoplan.Workload(step, (_params(), _batch(), nnx.Rngs(0, dropout=1)))
+    assert wl.arg_kinds == ("parameter", "batch", "key")
+    plan = autoplan.search(wl, "cpu:8", pipeline=False).best
+    assert run(plan, wl, steps=1, compiler_options=FAST).equivalence.matched
+
+    def inside(params, batch, rngs):  # the Rngs advanced inside jax.value_and_grad
+        return jax.value_and_grad(lambda p: _dropout_loss(p, batch, rngs.dropout()))(params)
+
+    with pytest.raises(autoplan.TraceError, match=r"TraceContextError.*Fix: draw keys from an "
+                       r"nnx.Rngs before entering jax.grad"):
+        autoplan.trace(autoplan.Workload(inside, (_params(), _batch(), nnx.Rngs(0, dropout=1))))
