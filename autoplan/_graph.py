@@ -17,12 +17,18 @@ from typing import Any
 
 import networkx as nx
 
-from ._dtype import dtype_bytes
+from ._dtype import dtype_bytes, is_key_dtype
 
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
 
 ROLES = ("forward", "backward", "update")
-INPUT_KINDS = ("parameter", "optimizer_state", "batch", "input", "activation", "constant")
+#: primitives whose operands (``random_wrap``) or results (``random_unwrap``) are raw ``uint32``
+#: key data
+_KEY_DATA_IN = frozenset({"random_wrap"})
+_KEY_DATA_OUT = frozenset({"random_unwrap"})
+#: primitives that draw random numbers from a key
+RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
+INPUT_KINDS = ("parameter", "optimizer_state", "batch", "key", "input", "activation", "constant")
 
 
 @dataclass(frozen=True)
@@ -101,8 +107,8 @@ class GraphInput:
         arg: which positional argument it belongs to.
         arg_name: that argument's name in the function's signature (``"params"``).
         path: ``jax.tree_util.keystr`` of the leaf within the argument (``"['layers'][3]['fc1']"``).
-        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"input"``, or (in a
-            subgraph) ``"activation"`` for a tensor made by an operator outside it.
+        kind: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"key"`` (a PRNG key:
+            replicated, never sharded), ``"input"``, or (in a subgraph) ``"activation"`` for a tensor made by an operator outside it.
     """
 
     tensor: int
@@ -215,6 +221,27 @@ class OpGraph:
                 else:
                     g.add_edge(p, op.id, tensors=[t], bytes=self.tensors[t].nbytes)
         return g
+
+    @cached_property
+    def key_tensors(self) -> frozenset[int]:
+        """The tensors that hold PRNG keys, which are replicated on every device and never
+        sharded: typed keys (dtype ``key<impl>``), graph inputs of kind ``"key"``, and raw
+        ``uint32`` key data (what ``random_wrap`` reads and ``random_unwrap`` makes)."""
+        out = {t.id for t in self.tensors if is_key_dtype(t.dtype)}
+        out.update(gi.tensor for gi in self.inputs if gi.kind == "key")
+        for op in self.ops:
+            if op.primitive in _KEY_DATA_IN:
+                out.update(t for t in op.inputs if t is not None)
+            elif op.primitive in _KEY_DATA_OUT:
+                out.update(op.outputs)
+        return frozenset(out)
+
+    @cached_property
+    def random_draws(self) -> tuple[int, ...]:
+        """The operators that draw random numbers (``random_bits``, ``threefry2x32``,
+        ``rng_bit_generator``): a step with any draws different numbers when it runs once per
+        micro-batch."""
+        return tuple(op.id for op in self.ops if op.primitive in RANDOM_DRAWS)
 
     @cached_property
     def flops(self) -> float:
@@ -467,8 +494,12 @@ class OpGraph:
             f"  parameters     : {self.param_count:,} ({_fmt_bytes(self.param_bytes)})",
             f"  optimizer state: {_fmt_bytes(self.bytes_of_kind('optimizer_state'))}",
             f"  batch          : {_fmt_bytes(self.bytes_of_kind('batch'))}",
-            "  top primitives : " + ", ".join(f"{k} x{v}" for k, v in top),
         ]
+        keys = self.inputs_of_kind("key")
+        if keys:
+            lines.append(f"  PRNG keys      : {len(keys)} leaves "
+                         f"({_fmt_bytes(self.bytes_of_kind('key'))}), replicated")
+        lines.append("  top primitives : " + ", ".join(f"{k} x{v}" for k, v in top))
         layers = self.layers
         names = [ly.name for ly in layers]
         lines.append(f"  layers ({len(layers)}): " + _compress_names(names))

@@ -136,6 +136,10 @@ def step_jaxpr(fn: Callable[..., Any], args: Any, kwargs: Any,
     try:
         return jax.make_jaxpr(wrapped, return_shape=True)(args, kwargs)
     except Exception as err:
+        if type(err).__name__ == "TraceContextError":  # Flax state changed under a transform
+            fix = ("draw keys from an nnx.Rngs before entering jax.grad/jax.value_and_grad (key = "
+                   "rngs.dropout() at the top of the step), or use nnx.value_and_grad, which "
+                   "carries Flax's state through the transform.")
         raise error(f"JAX could not trace {getattr(fn, '__name__', fn)!r}: {type(err).__name__}: "
                     f"{err}. Fix: {fix}") from err
 

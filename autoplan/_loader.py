@@ -339,7 +339,7 @@ def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, s
     """
     import jax  # noqa: PLC0415
 
-    from autoplan._workload import infer_arg_kinds  # noqa: PLC0415
+    from autoplan._workload import check_key_kinds, infer_arg_kinds  # noqa: PLC0415
 
     def is_abstract(o: Any) -> bool:
         return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(o.args))
@@ -370,6 +370,8 @@ def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, s
         raise ModelError(f"workload {label!r}: arg_kinds should give one kind per argument "
                          f"({len(args)}). Got {kinds}. Fix: e.g. ('parameter', "
                          "'optimizer_state', 'batch').")
+    if getattr(obj, "arg_kinds", None) is not None:
+        check_key_kinds(obj.fn, args, kinds, ModelError, f"workload {label!r}")
     return LoadedWorkload(name=label, fn=obj.fn, args=args, arg_kinds=kinds, spec=spec, source=obj)
 
 

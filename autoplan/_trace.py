@@ -16,6 +16,11 @@
 * ``while`` and ``cond`` stay opaque nodes (their trip counts and branches are not static): one
   :class:`OpaqueControlFlowWarning` names them all.
 
+PRNG keys are values like any other: a typed key's tensor has the dtype ``key<impl>``
+(``key<fry>``, 8 bytes) and the key primitives (``random_seed``, ``random_wrap``,
+``random_split``, ``random_fold_in``, ...) are operators; arguments holding keys get the kind
+``key`` (:func:`autoplan._workload.infer_arg_kinds`).
+
 Each operator records its primitive, sharding-relevant params, shapes, dtypes, FLOPs, bytes, its
 ``jax.named_scope`` path and its role: ``forward`` (under ``jvp``), ``backward`` (under
 ``transpose``) or ``update`` (after the gradients, such as the optimizer step).
@@ -37,7 +42,7 @@ from ._errors import TraceError
 from ._gc import gc_paused
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
-from ._workload import ARG_KINDS, arg_trees, infer_arg_kinds, non_array_leaf
+from ._workload import ARG_KINDS, arg_trees, check_key_kinds, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
 
@@ -56,7 +61,12 @@ MOVEMENT = frozenset({
     "iota", "rev", "split", "scan_slice", "scan_stack", "stop_gradient", "sharding_constraint",
     "device_put", "bitcast_convert_type", "squeeze_p", "reduce_precision", "optimization_barrier",
     "mesh_cast", "reshard", "select_and_gather_add",
+    "random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in",
+    "random_clone",
 })
+#: integer operations per 32-bit word of ``random_bits``: threefry2x32 makes two words in 20
+#: rounds of add, rotate (two shifts and an or) and xor, with a key injection every 4 rounds
+THREEFRY_OPS = 55
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
                         "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin",
                         "cumlogsumexp", "reduce_precision_sum"})
@@ -115,9 +125,13 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
     """FLOPs of one operator.
 
     dot_general: 2.|out|.prod(contracting dims); conv: 2.|out|.C_in(per group).prod(kernel
-    spatial); reductions and scans: |in|; data movement: 0; every other (elementwise) op: |out|.
+    spatial); reductions and scans: |in|; data movement and key handling (``random_seed``,
+    ``random_wrap``, ...: a few words per key): 0; ``random_bits``: :data:`THREEFRY_OPS` integer
+    operations per 32-bit word drawn; every other (elementwise) op: |out|.
     """
     out = sum(math.prod(s) for s in out_shapes)
+    if primitive == "random_bits":
+        return float(THREEFRY_OPS * out * max(1, int(params.get("bit_width", 32)) // 32))
     if primitive == "dot_general":
         (lc, _rc), _ = params["dimension_numbers"]
         return 2.0 * out * math.prod(in_shapes[0][d] for d in lc)
@@ -141,7 +155,13 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
 
 
 def _dtype_name(dtype: Any) -> str:
-    return np.dtype(dtype).name if dtype is not None else "token"
+    """A dtype's name: NumPy's for arrays, ``key<impl>`` for typed PRNG keys (JAX's extended
+    dtypes, which NumPy cannot interpret), ``token`` for tokens."""
+    if dtype is None:
+        return "token"
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return str(dtype)
+    return np.dtype(dtype).name
 
 
 def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int]]:
@@ -230,7 +250,7 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
             :class:`autoplan.Workload` (or a zoo workload), whose ``fn`` and ``args`` are used.
         *args: its positional arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees.
         arg_kinds: the kind of each positional argument (``"parameter"``,
-            ``"optimizer_state"``, ``"batch"``, ``"input"``). Default: read off the arguments
+            ``"optimizer_state"``, ``"batch"``, ``"key"``, ``"input"``). Default: read off the arguments
             and the signature by :func:`autoplan._workload.infer_arg_kinds` (an optax state is
             the optimizer state; ``params``, ``opt_state``, ``batch`` and similar names; else
             three arguments are (parameter, optimizer_state, batch), two (parameter, batch)).
@@ -279,6 +299,8 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
     if bad_kinds:
         raise TraceError(f"trace: arg_kinds should each be one of {ARG_KINDS}. Got {bad_kinds[0]!r}. "
                          "Fix: e.g. arg_kinds=('parameter', 'optimizer_state', 'batch').")
+    if arg_kinds is not None:
+        check_key_kinds(fn, args, kinds, TraceError, "trace")
 
     closed, out_shape = step_jaxpr(
         fn, args, kwargs, lambda msg: TraceError(f"trace: {msg}"),

@@ -6,9 +6,11 @@ included), :func:`autoplan.exec.run` and :func:`autoplan.exec.launch` (a ``modul
 spec returning a Workload). The zoo's :class:`autoplan.models.Workload` has the same fields and
 methods (``fn``, ``args``, ``arg_kinds``, ``name``, ``config``, ``concrete``).
 
-The kind of each positional argument (``parameter``, ``optimizer_state``, ``batch`` or
+The kind of each positional argument (``parameter``, ``optimizer_state``, ``batch``, ``key`` or
 ``input``) decides how the search treats it: parameters and their optimizer state are what a
-stage holds, batch arguments are split into micro-batches along their leading dimension.
+stage holds, batch arguments are split into micro-batches along their leading dimension, and
+PRNG keys (typed ``jax.random.key`` s, raw ``uint32`` ``jax.random.PRNGKey`` s, an
+``nnx.Rngs`` state) are replicated on every device, never sharded or split.
 :func:`infer_arg_kinds` reads them off the arguments and the step's signature when the user does
 not say (see its docstring); ``Workload(..., arg_kinds=...)`` overrides.
 """
@@ -25,10 +27,19 @@ import jax
 
 from autoplan._errors import ModelError
 
-__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf", "ARG_KINDS"]
+__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
+           "check_key_kinds", "is_key_leaf", "ARG_KINDS"]
 
 #: The kinds a positional argument of a training step can have.
-ARG_KINDS = ("parameter", "optimizer_state", "batch", "input")
+ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")
+
+# names a PRNG key argument goes by; a raw uint32 key (jax.random.PRNGKey) is known by them
+_KEY_NAMES = {"rng", "key", "rngs", "prng", "prng_key", "rng_key", "keys", "dropout_rng",
+              "dropout_key", "dropout_rngs", "sample_key", "noise_key", "rng_state"}
+# flax.nnx's random-state variables: an nnx.Rngs split off with nnx.split(rngs)
+_NNX_RNG_TYPES = {"RngKey", "RngCount", "RngState"}
+# flax.nnx's optimizer-state variables: an nnx.Optimizer's state split off with nnx.split
+_NNX_OPT_TYPES = {"OptState", "OptVariable", "OptArray"}
 
 # argument names as training steps spell them (compared lower-case)
 _NAMES = {
@@ -58,9 +69,79 @@ def _node_types(tree: Any) -> set[type]:
 
 
 def _is_optimizer_state(tree: Any) -> bool:
-    """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...)."""
+    """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...) or
+    the state of a Flax ``nnx.Optimizer`` (its ``OptState`` variables)."""
     return any((getattr(t, "__module__", "") or "").split(".")[0] == "optax"
+               or (t.__name__ in _NNX_OPT_TYPES and (t.__module__ or "").startswith("flax"))
                for t in _node_types(tree))
+
+
+def is_key_leaf(leaf: Any) -> bool:
+    """True for a typed PRNG key (``jax.random.key``, or its ``jax.ShapeDtypeStruct``)."""
+    dtype = getattr(leaf, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def _is_raw_key_leaf(leaf: Any) -> bool:
+    """True for what ``jax.random.PRNGKey`` makes: ``uint32`` words, the last dimension holding
+    one key (2 words for threefry, 4 for RBG)."""
+    shape = tuple(getattr(leaf, "shape", ()))
+    return (str(getattr(leaf, "dtype", "")) == "uint32" and len(shape) >= 1
+            and shape[-1] in (2, 4))
+
+
+def _is_key_tree(tree: Any, name: str | None) -> bool:
+    """True when an argument is PRNG state: every leaf a typed key; an ``nnx.Rngs`` state (its
+    keys and counters); or, for an argument named like a key (``key``, ``rng``, ...), raw
+    ``uint32`` keys."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    if not leaves:
+        return False
+    if all(is_key_leaf(x) for x in leaves):
+        return True
+    if any(t.__name__ in _NNX_RNG_TYPES and (t.__module__ or "").startswith("flax")
+           for t in _node_types(tree)):
+        return all(is_key_leaf(x) or str(getattr(x, "dtype", "")) == "uint32" for x in leaves)
+    return (name is not None and name.lower() in _KEY_NAMES
+            and all(is_key_leaf(x) or _is_raw_key_leaf(x) for x in leaves))
+
+
+def check_key_kinds(fn: Callable[..., Any], args: Sequence[Any], kinds: Sequence[str],
+                    error: Callable[[str], Exception], where: str) -> None:
+    """Refuse kinds that would shard or split PRNG keys, or call a non-key argument a key.
+
+    A key is replicated on every device: an argument made of typed keys given the kind
+    ``parameter``, ``optimizer_state`` or ``batch`` would be sharded or split into micro-batches,
+    and an argument given the kind ``key`` must hold keys.
+
+    Raises:
+        ``error(message)``: naming the argument, what it holds and the kind to give.
+    """
+    names = _param_names(fn, len(args))
+    for i, (a, kind) in enumerate(zip(args, kinds)):
+        nm = names[i] or f"argument {i}"
+        leaves = jax.tree_util.tree_flatten_with_path(a)[0]
+        if kind in ("parameter", "optimizer_state", "batch") and leaves and all(
+                is_key_leaf(x) for _, x in leaves):
+            raise error(
+                f"{where}: argument {i} ({nm!r}) holds PRNG keys ({leaves[0][1].dtype}), so its "
+                f"kind should be 'key' (replicated on every device, never sharded or split into "
+                f"micro-batches). Got arg_kinds[{i}] = {kind!r}. Fix: give 'key' for it, or leave "
+                "arg_kinds out to have the kinds read off the arguments.")
+        if kind == "key":
+            bad = next(((p, x) for p, x in leaves if not (is_key_leaf(x) or str(
+                getattr(x, "dtype", "")) == "uint32")), None)
+            if bad is not None or not leaves:
+                what = ("no leaves" if not leaves else f"{getattr(bad[1], 'dtype', type(bad[1]))} "
+                        f"at {nm}{jax.tree_util.keystr(bad[0])}")
+                raise error(
+                    f"{where}: an argument of kind 'key' should hold PRNG keys: typed keys "
+                    f"(jax.random.key), raw uint32 keys (jax.random.PRNGKey) or an nnx.Rngs state. "
+                    f"Got {what} in argument {i} ({nm!r}). Fix: give it the kind 'input' (a "
+                    "replicated value) or 'batch', or pass the key there.")
 
 
 def _param_names(fn: Callable[..., Any], n: int) -> list[str | None]:
@@ -78,15 +159,19 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
 
     In order of precedence, an argument is:
 
-    1. ``"optimizer_state"`` when its pytree holds an optax state (a node whose type comes from
+    1. ``"key"`` when it is PRNG state: every leaf a typed key (``jax.random.key``), an
+       ``nnx.Rngs`` state (``nnx.split(rngs)``), or raw ``uint32`` keys
+       (``jax.random.PRNGKey``) in an argument named like a key (``key``, ``rng``, ``rngs``,
+       ``dropout_rng``, ...);
+    2. ``"optimizer_state"`` when its pytree holds an optax state (a node whose type comes from
        ``optax``: ``ScaleByAdamState``, ``EmptyState``, ...);
-    2. the kind its name in ``fn``'s signature says: ``params``/``model``/``weights`` ->
+    3. the kind its name in ``fn``'s signature says: ``params``/``model``/``weights`` ->
        ``"parameter"``, ``opt_state``/``optimizer_state`` -> ``"optimizer_state"``,
-       ``batch``/``data``/``x``/``tokens``/``images`` -> ``"batch"``, ``rng``/``key``/``step``
+       ``batch``/``data``/``x``/``tokens``/``images`` -> ``"batch"``, ``seed``/``step``/``lr``
        -> ``"input"``;
-    3. by position, the kinds of the usual signatures not yet taken: ``(params, opt_state,
+    4. by position, the kinds of the usual signatures not yet taken: ``(params, opt_state,
        batch)``, ``(params, batch)``, ``(params,)``;
-    4. else ``"input"`` (replicated, never split).
+    5. else ``"input"`` (replicated, never split).
 
     Args:
         fn: the training step.
@@ -101,13 +186,21 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
         ...     return (x @ w).sum()
         >>> infer_arg_kinds(step, (jnp.ones((4, 2)), jnp.ones((8, 4))))
         ('parameter', 'batch')
+        >>> import jax
+        >>> def noisy_step(w, x, rng):
+        ...     return (x @ w + jax.random.normal(rng, (8, 2))).sum()
+        >>> infer_arg_kinds(noisy_step, (jnp.ones((4, 2)), jnp.ones((8, 4)), jax.random.key(0)))
+        ('parameter', 'batch', 'key')
     """
     n = len(args)
+    names = _param_names(fn, n)
     kinds: list[str | None] = [None] * n
     for i, a in enumerate(args):
-        if _is_optimizer_state(a):
+        if _is_key_tree(a, names[i]):
+            kinds[i] = "key"
+        elif _is_optimizer_state(a):
             kinds[i] = "optimizer_state"
-    for i, name in enumerate(_param_names(fn, n)):
+    for i, name in enumerate(names):
         if kinds[i] is None and name is not None:
             kinds[i] = next((k for k, names in _NAMES.items() if name.lower() in names), None)
     default = _POSITIONAL.get(n, ())
@@ -206,8 +299,9 @@ class Workload:
             ``jax.ShapeDtypeStruct`` (abstract: nothing is allocated; running the plan then needs
             ``init``). Any pytree works: ``flax.nnx.State``, Equinox modules (``None`` where
             ``eqx.partition`` left non-arrays), optax's named tuples, dataclasses.
-        arg_kinds: ``"parameter"``, ``"optimizer_state"``, ``"batch"`` or ``"input"`` per
-            argument (default: :func:`infer_arg_kinds`).
+        arg_kinds: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"key"`` or
+            ``"input"`` per argument (default: :func:`infer_arg_kinds`). Keys are replicated
+            on every device and never split into micro-batches.
         name: a name for plans and reports (default ``fn.__name__``).
         config: what plans record about the workload; ``"batch"`` (the leading dimension of the
             batch arguments) is filled in when the batch leaves agree on it.
@@ -261,6 +355,7 @@ class Workload:
                     f"Workload: arg_kinds should give one of {ARG_KINDS} for each of the "
                     f"{len(args)} arguments. Got {tuple(arg_kinds)!r}. Fix: e.g. "
                     f"arg_kinds={_POSITIONAL.get(len(args), ('input',) * len(args))!r}.")
+            check_key_kinds(fn, args, kinds, ModelError, "Workload")
         if init is not None and not callable(init):
             raise ModelError(f"Workload: init should be a function seed -> args. Got "
                              f"{type(init).__name__}. Fix: init=lambda seed: make_args(seed).")

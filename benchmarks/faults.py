@@ -420,6 +420,43 @@ def cases() -> list[Case]:
             '    plan = plan.with_(schedule=replace(plan.schedule, kind="1f1b", microbatches=64))\n'
             '    rep = run(plan, get("mlp", "tiny", batch=64, abstract=False), steps=1, check=True)\n'
             '    print(rep.equivalence.matched)')), expect="ok")
+
+    # PRNG keys in a user's step (a dropout step whose key is its fourth argument)
+    g = "keys"
+    dropout = (
+        '    import jax.numpy as jnp\n'
+        '    def step(params, opt_state, batch, key):\n'
+        '        def loss(p):\n'
+        '            h = jnp.tanh(batch @ p)\n'
+        '            return jnp.mean(jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h, 0.) ** 2)\n'
+        '        l, g = jax.value_and_grad(loss)(params)\n'
+        '        return l, params - 0.1 * g, opt_state\n'
+        '    args = (jnp.ones((8, 8)), jnp.zeros(()), jnp.ones((16, 8)), jax.random.key(0))\n')
+    add("k-dropout", g, "a dropout step (typed key argument) planned and run intra-operator",
+        code=API.format(body=dropout + (
+            '    w = autoplan.Workload(step, args)\n'
+            '    from autoplan.exec import run\n'
+            '    plan = autoplan.search(w, "cpu:8", pipeline=False).best\n'
+            '    print(w.arg_kinds[3], run(plan, w, steps=3).equivalence.matched)')), expect="ok")
+    add("k-kind-batch", g, "a key argument given the kind `batch`",
+        code=API.format(body=dropout + (
+            '    autoplan.Workload(step, args, arg_kinds=("parameter", "optimizer_state", '
+            '"batch", "batch"))')),
+        words=("holds PRNG keys", "should be 'key'", "Got arg_kinds[3] = 'batch'", "Fix:"))
+    add("k-kind-key", g, "a float argument given the kind `key`",
+        code=API.format(body=dropout + (
+            '    autoplan.Workload(step, args, arg_kinds=("parameter", "optimizer_state", '
+            '"key", "key"))')),
+        words=("should hold PRNG keys", "float32", "Fix:"))
+    add("k-accumulate", g, "gradient accumulation (2 micro-batches) of a dropout step, run in-process",
+        code=API.format(body=dropout + (
+            '    from dataclasses import replace\n'
+            '    from autoplan.exec import run\n'
+            '    w = autoplan.Workload(step, args)\n'
+            '    plan = autoplan.search(w, "cpu:8", pipeline=False).best\n'
+            '    plan = plan.with_(schedule=replace(plan.schedule, kind="1f1b", microbatches=2))\n'
+            '    run(plan, w, steps=1)')),
+        words=("draws no random numbers", "random draws (random_bits)", "Fix: run an intra-operator"))
     return out
 
 

@@ -109,9 +109,38 @@ STEP = -1  # the micro-batch index of per-step values
 
 def place(host: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     """A (global) array with ``sharding`` made from a host value: each process fills its own
-    shards (``jax.make_array_from_callback``), so this works across processes too."""
+    shards (``jax.make_array_from_callback``), so this works across processes too.
+
+    A typed PRNG key (``jax.random.key``) is placed as its key data, with the key's spec and the
+    data's last dimension (the key's words) whole, then wrapped again as a key of the same
+    implementation."""
+    if is_key_array(host):
+        data = np.asarray(jax.random.key_data(host))
+        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
+        words = place(data, NamedSharding(sharding.mesh, PartitionSpec(*spec)))
+        return jax.random.wrap_key_data(words, impl=jax.random.key_impl(host))
     host = np.asarray(host)
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def is_key_array(x: Any) -> bool:
+    """True for a typed PRNG key array (dtype ``key<impl>``)."""
+    dtype = getattr(x, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def host_value(x: Any) -> Any:
+    """A value held on the host between steps: a NumPy array, or a typed PRNG key kept as the
+    JAX key array it is (NumPy has no key dtype)."""
+    return x if is_key_array(x) else np.asarray(x)
+
+
+def comparable(x: Any) -> np.ndarray:
+    """A NumPy array to compare: the value itself, or a typed key's key data (``uint32``)."""
+    return np.asarray(jax.random.key_data(x)) if is_key_array(x) else np.asarray(x)
 
 
 def executions_per_run(hlo_text: str, default_trip_count: int = 1) -> dict[str, int]:
@@ -1065,15 +1094,45 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
 
     Raises:
         ExecutionError: the batch does not split into the micro-batches, the step's structure
-            cannot be split so, the schedule's order breaks a data dependency, or a program failed
-            while running.
+            cannot be split so, the step draws random numbers (PRNG keys), the schedule's order
+            breaks a data dependency, or a program failed while running.
     """
+    refuse_random_draws(plan, full_graph)
     sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture)
     host_leaves = {t: np.asarray(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
     if sp.S == 1:
         return _run_accumulation(sp, host_leaves, steps, on_step, time_tasks, capture,
                                  compiler_options)
     return _run_schedule(sp, host_leaves, steps, on_step, time_tasks, capture, compiler_options)
+
+
+def refuse_random_draws(plan: Any, graph: Any) -> None:
+    """Refuse to run a pipeline or gradient-accumulation plan of a step that draws random numbers.
+
+    Run once per micro-batch, such a step draws new numbers for every micro-batch (its key is
+    the same, the shapes are not), so it would not compute what it computes on one device; such
+    plans run when the executor gives each micro-batch its own part of the full-batch draws.
+
+    Raises:
+        ExecutionError: the graph holds PRNG keys (:attr:`autoplan.OpGraph.key_tensors`) or draws
+            random numbers (:attr:`autoplan.OpGraph.random_draws`), naming what it found and the
+            fix.
+    """
+    draws = sorted({graph.ops[i].primitive for i in graph.random_draws})
+    keys = [gi.name for gi in graph.inputs if gi.tensor in graph.key_tensors]
+    if not draws and not keys:
+        return
+    found = ", ".join(([f"key argument(s) {', '.join(keys[:3])}"] if keys else [])
+                      + ([f"random draws ({', '.join(draws)})"] if draws else []))
+    what = (f"{len(plan.stages)} stages over {plan.schedule.microbatches} micro-batch(es)"
+            if len(plan.stages) > 1 else f"{plan.schedule.microbatches} micro-batches")
+    raise ExecutionError(
+        f"a pipeline or gradient-accumulation plan should be of a step that draws no random "
+        f"numbers: run per micro-batch, each micro-batch would draw numbers of its own, and the "
+        f"step would not compute what it computes on one device. Got a plan of {what} for a "
+        f"step with {found}. Fix: run an intra-operator plan (autoplan.search(workload, "
+        f"cluster, pipeline=False), or a plan of result.plans with one stage and one "
+        f"micro-batch), which draws exactly the numbers one device draws.")
 
 
 def _state0(sp: _Split, host_leaves: Mapping[int, Any]) -> dict[int, Any]:

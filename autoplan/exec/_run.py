@@ -53,8 +53,11 @@ from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
+    comparable,
     error_summary,
     first_scalar,
+    host_value,
+    is_key_array,
     place,
     run_pipeline,
     run_program,
@@ -253,7 +256,7 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
             raise ExecutionError("workload has abstract (ShapeDtypeStruct) arguments and no "
                                  ".concrete(seed) method. Fix: pass concrete arrays.")
         workload = workload.concrete(seed)
-    host = jax.tree_util.tree_map(np.asarray, tuple(workload.args))
+    host = jax.tree_util.tree_map(host_value, tuple(workload.args))
     kinds = tuple(getattr(workload, "arg_kinds", None) or
                   (("parameter", "optimizer_state", "batch") if len(host) == 3 else ("input",) * len(host)))
     name = getattr(workload, "name", getattr(workload.fn, "__name__", "workload"))
@@ -278,13 +281,13 @@ def _program(r: _Resolved) -> Any:
 
 
 def _abstract(host_args: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
-                                  host_args)
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype if is_key_array(
+        x) else np.asarray(x).dtype), host_args)
 
 
 def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
     tree = jax.tree_util.tree_structure
-    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) == 3
+    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) >= 3
             and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
 
 
@@ -375,7 +378,7 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
         if out_sh is None:
             raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
                                  "new_opt_state). Fix: run steps=1.")
-        return (result[0][1], result[0][2], a[2])
+        return (result[0][1], result[0][2], *a[2:])  # the batch and extra inputs (keys) stay
 
     def loss_of(result: Any) -> float:
         out = result[0]
@@ -430,8 +433,12 @@ def _map_grad_tensors(src: Any, grad_tensors: Sequence[int], dst: Any) -> list[i
     return [sig_dst[by_tensor[t]] for t in grad_tensors]
 
 
-def _to_host(x: Any) -> np.ndarray:
-    """The full value of an array on this host (gathered from other processes if needed)."""
+def _to_host(x: Any) -> Any:
+    """The full value of an array on this host (gathered from other processes if needed); a
+    typed PRNG key stays a key array (see :func:`host_value`)."""
+    if is_key_array(x):
+        data = _to_host(jax.random.key_data(x))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils  # noqa: PLC0415
 
@@ -511,7 +518,7 @@ def nonfinite_leaves(args: Any) -> list[str]:
     what they hold (``"batch['x'] (3 NaN)"``)."""
     out = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
-        x = np.asarray(leaf)
+        x = comparable(leaf)
         if not np.issubdtype(x.dtype, np.floating) and not np.issubdtype(x.dtype, np.complexfloating):
             continue
         nan, inf = int(np.count_nonzero(np.isnan(x))), int(np.count_nonzero(np.isinf(x)))
@@ -534,7 +541,7 @@ def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, 
     ref_flat = jax.tree_util.tree_leaves(ref)
     items = []
     for (path, a), b in zip(flat, ref_flat):
-        items.extend(_shards(_leaf_name(path, triple), a, np.asarray(b)))
+        items.extend(_shards(_leaf_name(path, triple), a, comparable(b)))
     return items
 
 
@@ -545,9 +552,9 @@ def _shards(name: str, a: Any, b: np.ndarray) -> list[tuple[str, np.ndarray, np.
             key = repr(sh.index)
             if key not in seen:
                 seen.add(key)
-                out.append((name, np.asarray(sh.data), b[sh.index]))
+                out.append((name, comparable(sh.data), b[sh.index]))
         return out
-    return [(name, np.asarray(a), b)]
+    return [(name, comparable(a), b)]
 
 
 def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], records: Sequence[Any],
@@ -617,14 +624,14 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
                 if not isinstance(ref, Lit):
                     out_names.setdefault(ref, _leaf_name(path, triple))
             gnames = _grad_names(graph, cross, out_names)
-        reference_out = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
+        reference_out = jax.tree_util.tree_map(comparable, ref_fn(dargs, dgrads))
         for name, a, b, scale in _step_items(s, rec, reference_out, gnames, triple):
             tally.add(name, a, b, scale)
         if s + 1 < len(records):
             if not triple:
                 break
             args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
-                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
+                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), *r.host_args[2:])
     n = len(tally.names)
     if tally.failed is not None:
         msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)

@@ -24,6 +24,8 @@ from autoplan.models._layers import KeyGen
 
 __all__ = ["Workload", "ModelDef", "ARG_KINDS", "DTYPES", "resolve_config", "build"]
 
+#: the kinds of a zoo step's ``(params, opt_state, batch)``: three of the kinds any step's
+#: arguments may have (:data:`autoplan._workload.ARG_KINDS`, which also has ``key`` and ``input``)
 ARG_KINDS: tuple[str, str, str] = ("parameter", "optimizer_state", "batch")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 

@@ -423,6 +423,8 @@ def _add_input_nodes(prob: ILPProblem, needed: Sequence[int], fixed_specs: Mappi
             specs = [chosen_specs[t]]
         elif t in pinned:
             specs = [pinned[t]]
+        elif t in graph.key_tensors:  # PRNG keys are replicated, never sharded
+            specs = [replicated(len(ten.shape))]
         else:
             specs = enumerate_specs(ten.shape, mesh)
         strats = [_spec_strategy(s, ten.shape, ten.dtype, mesh) for s in specs]

@@ -53,9 +53,12 @@ __all__ = ["IntraOpResult", "intra_op_search", "intra_op_result", "default_mesh_
            "make_logical_mesh", "mesh_shapes_for", "plan_from_solution"]
 
 #: the operators a plan records (and the executor pins): those with strategies of their own
+#: (``random_bits`` among them: each device draws the tile of the random numbers the plan gives it,
+#: from the replicated key)
 _PLAN_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter",
                               "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
-                              "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
+                              "scatter-min", "scatter_min", "scatter-max", "scatter_max",
+                              "random_bits"})
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[
                     f"pin: an integer key should be the tensor id of a graph input. Got "
                     f"{pattern}, which is not one. Fix: use gi.tensor of one of graph.inputs, or "
                     "a regular expression over input names.")
+            _refuse_sharded_key(graph, [input_of[pattern]], pattern, pspec)
             out[pattern] = (pattern, pspec)
             continue
         if not isinstance(pattern, str):
@@ -104,19 +105,40 @@ def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[
             raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
                               f"{names}. Fix: use a regular expression that re.search finds in "
                               "one of them.")
+        keys = graph.key_tensors
+        if _sharded(pspec) and any(gi.tensor in keys for gi in hits):
+            # PRNG keys stay replicated: a pattern over keys alone is refused, and the keys a
+            # wider pattern also matches are left out of it
+            _refuse_sharded_key(graph, [gi for gi in hits if gi.tensor not in keys] or hits,
+                                pattern, pspec)
+            hits = [gi for gi in hits if gi.tensor not in keys]
         for gi in hits:
             out[gi.tensor] = (pattern, pspec)
     return out
 
 
+def _sharded(pspec: Any) -> bool:
+    return pspec is not None and any(e is not None for e in tuple(pspec))
+
+
+def _refuse_sharded_key(graph: OpGraph, hits: list[Any], pattern: Any, pspec: Any) -> None:
+    """Raise :class:`SearchError` when ``hits`` are PRNG keys pinned to a sharded spec."""
+    if not _sharded(pspec) or not all(gi.tensor in graph.key_tensors for gi in hits):
+        return
+    raise SearchError(
+        f"pin: {pattern!r} should not shard PRNG keys: a key is replicated on every device. Got "
+        f"{pspec} for {hits[0].name} (kind {hits[0].kind!r}). Fix: pin it to PartitionSpec() or "
+        "leave it unpinned.")
+
+
 def data_parallel_pins(graph: OpGraph) -> dict[int, Any]:
-    """Data parallelism as pins by input tensor id: every batch leaf split on its leading
+    """Data parallelism as pins by input tensor id: every batch leaf (PRNG keys aside) split on its leading
     dimension over axis ``x``, every parameter and optimizer-state leaf replicated."""
     pins: dict[int, Any] = {}
     for gi in graph.inputs:
         shape = graph.tensors[gi.tensor].shape
         if gi.kind == "batch":
-            pins[gi.tensor] = P("x") if shape else P()
+            pins[gi.tensor] = P("x") if shape and gi.tensor not in graph.key_tensors else P()
         elif gi.kind in ("parameter", "optimizer_state"):
             pins[gi.tensor] = P()
     return pins
@@ -137,7 +159,7 @@ def _megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
     for gi in graph.inputs:
         shape = graph.tensors[gi.tensor].shape
         if gi.kind == "batch":
-            pins[gi.tensor] = P("x") if shape else P()
+            pins[gi.tensor] = P("x") if shape and gi.tensor not in graph.key_tensors else P()
             continue
         if gi.kind not in ("parameter", "optimizer_state"):
             continue

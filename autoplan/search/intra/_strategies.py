@@ -57,6 +57,16 @@ charged its transfer time and ``1/k`` of the latency, so that a plan in which th
 communicate pays about one latency, as the combined collective does; the plan then adds what is
 missing for one latency per combined group (:func:`combined_latency`).
 
+PRNG keys are replicated, never sharded: the key primitives (:data:`KEY_OPS`: ``random_seed``,
+``random_wrap``, ``random_unwrap``, ``random_split``, ``random_fold_in``) run replicated on
+their few bytes, and graph inputs that hold keys take only the replicated spec
+(:attr:`autoplan.OpGraph.key_tensors`). ``random_bits``, which draws the random numbers, reads
+its key replicated and may produce its bits in any spec: a threefry key's bits depend on the key
+and each element's index only (``jax_threefry_partitionable``, JAX's default), so every device
+draws its own tile of the very bits a single device draws, and a dropout mask is sharded like the
+activation it masks. Bits drawn from RBG keys (``key<rbg>``), which make no such promise, stay
+replicated.
+
 Any primitive without a rule gets the replicated strategy only; the caller collects their names
 (``unknown``) to warn once per search.
 """
@@ -74,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
-from autoplan._dtype import dtype_bytes
+from autoplan._dtype import dtype_bytes, is_partitionable_key
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays
@@ -100,6 +110,8 @@ __all__ = [
     "ELEMENTWISE",
     "FOLLOWERS",
     "HEAVY",
+    "KEY_OPS",
+    "RANDOM_BITS",
 ]
 
 
@@ -183,6 +195,11 @@ _SCATTER = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "s
 #: primitives with their own strategy variable
 HEAVY = frozenset({"dot_general", "conv_general_dilated", "gather"}) | _SCATTER
 _GENERATORS = frozenset({"iota", "broadcast_in_dim", "full", "zeros_like"})
+#: primitives that make, convert, split or fold PRNG keys: replicated (keys are never sharded)
+KEY_OPS = frozenset({"random_seed", "random_wrap", "random_unwrap", "random_split",
+                     "random_fold_in", "random_clone"})
+#: primitives that draw random bits from a key: the key replicated, the bits any spec
+RANDOM_BITS = frozenset({"random_bits"})
 #: primitives XLA fuses into the kernel of the operator reading them (loop fusion)
 LOOP_FUSIBLE = ELEMENTWISE | frozenset({
     "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "iota", "slice", "rev", "pad",
@@ -1021,6 +1038,10 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
     prim = op.primitive
     if not op.out_shapes:
         return []
+    if prim in KEY_OPS:
+        return [_replicated_strategy(op, mesh, ctx)]
+    if prim in RANDOM_BITS:
+        return _random_bits_strategies(op, mesh, ctx)
     if prim == "dot_general":
         return _enumerate_slots(op, mesh, _dot_slots(op), allow_rs=True, ctx=ctx)
     if prim == "conv_general_dilated":
@@ -1059,6 +1080,17 @@ def _strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
                     out.append(st)
         return out
     return []
+
+
+def _random_bits_strategies(op: OpNode, mesh: LogicalMesh, ctx: Context) -> list[Strategy]:
+    """``random_bits``: the key operand replicated; the bits in every spec of the result when
+    the key is a threefry key (each device draws its own tile of the same bits, with no
+    communication), else replicated only."""
+    keys = tuple(None if s is None else replicated(len(s)) for s in op.in_shapes)
+    if not (op.in_dtypes and is_partitionable_key(op.in_dtypes[0])):
+        return [_replicated_strategy(op, mesh, ctx)]
+    return [_finish(op, mesh, keys, (spec,), (), ctx=ctx)
+            for spec in enumerate_specs(op.out_shapes[0], mesh)]
 
 
 def _scatter_dims(spec: Sequence[Any], out_shape: Sequence[int], a: str,
