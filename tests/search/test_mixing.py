@@ -1,0 +1,198 @@
+"""Losses that mix examples across the batch: found from the graph, and what the search does."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import autoplan
+from autoplan._batchflow import MIXING_NOTE, mixing
+
+B, F, H = 8, 6, 4
+
+
+def _params(seed=0):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {"w1": jax.random.normal(k1, (F, H)) * 0.3, "w2": jax.random.normal(k2, (H, 3)) * 0.3}
+
+
+def _batch(seed=1):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    return {"x": jax.random.normal(k1, (B, F)), "y": jax.random.normal(k2, (B, 3)),
+            "w": jax.random.uniform(k3, (B,)) + 0.5}
+
+
+def _sgd(loss_fn):
+    def train_step(params, batch):
+        loss, g = jax.value_and_grad(loss_fn)(params, batch)
+        return loss, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+    return train_step
+
+
+def _per_example(params, batch):
+    h = jnp.tanh(batch["x"] @ params["w1"])
+    return jnp.sum((h @ params["w2"] - batch["y"]) ** 2, axis=-1)
+
+
+def _mean(params, batch):
+    return jnp.mean(_per_example(params, batch))
+
+
+def _sum(params, batch):
+    return jnp.sum(_per_example(params, batch))
+
+
+def _weighted_mean(params, batch):
+    return jnp.sum(batch["w"] * _per_example(params, batch)) / jnp.sum(batch["w"])
+
+
+def _layer_norm(params, batch):
+    h = batch["x"] @ params["w1"]
+    h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+
+def _token_mean(params, batch):
+    # (B, T, F) tokens flattened to (B T, F) and back: per-example all the same
+    x = jnp.repeat(batch["x"][:, None, :], 2, axis=1).reshape(B * 2, F)
+    h = jnp.tanh(x @ params["w1"]).reshape(B, 2, H).mean(1)
+    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+
+def _label_pick(params, batch):
+    logits = batch["x"] @ params["w1"]
+    labels = jnp.argmax(batch["y"], axis=-1)
+    logp = jax.nn.log_softmax(logits[:, :3], axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _batch_norm(params, batch):
+    h = batch["x"] @ params["w1"]
+    h = (h - h.mean(0)) / jnp.sqrt(h.var(0) + 1e-5)
+    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+
+def _centering(params, batch):
+    x = batch["x"] - batch["x"].mean(0)
+    return jnp.mean((jnp.tanh(x @ params["w1"]) @ params["w2"] - batch["y"]) ** 2)
+
+
+def _contrastive(params, batch):
+    a = batch["x"] @ params["w1"]
+    b = batch["y"] @ params["w2"].T
+    logits = a @ b.T
+    return -jnp.mean(jnp.diagonal(jax.nn.log_softmax(logits, axis=-1)))
+
+
+def _softmax_over_batch(params, batch):
+    s = jnp.sum(jnp.tanh(batch["x"] @ params["w1"]), axis=-1)
+    return -jnp.mean(jax.nn.log_softmax(s) * batch["w"])
+
+
+def _pairwise(params, batch):
+    h = batch["x"] @ params["w1"]
+    d = h[:, None, :] - h[None, :, :]
+    return jnp.mean(d ** 2) + jnp.mean(params["w2"] ** 2)
+
+
+def _rank(params, batch):
+    s = jnp.sum(batch["x"] @ params["w1"], axis=-1)
+    return jnp.mean(jnp.cumsum(jnp.sort(s)))
+
+
+PER_EXAMPLE = [_mean, _sum, _weighted_mean, _layer_norm, _token_mean, _label_pick]
+MIXED = [_batch_norm, _centering, _contrastive, _softmax_over_batch, _pairwise, _rank]
+
+
+def _graph(loss_fn):
+    return autoplan.trace(autoplan.Workload(_sgd(loss_fn), (_params(), _batch())))
+
+
+@pytest.mark.parametrize("loss_fn", PER_EXAMPLE, ids=lambda f: f.__name__)
+def test_per_example_losses_are_not_flagged(loss_fn):
+    assert mixing(_graph(loss_fn)) is None
+
+
+@pytest.mark.parametrize("loss_fn", MIXED, ids=lambda f: f.__name__)
+def test_losses_that_mix_examples_are_flagged(loss_fn):
+    found = mixing(_graph(loss_fn))
+    assert found is not None
+    assert found.reason and str(found).startswith(f"operator {found.op} ")
+
+
+def test_batch_norm_with_running_statistics_is_flagged():
+    def train_step(params, stats, batch):
+        def loss_fn(p):
+            h = batch["x"] @ p["w1"]
+            mu, var = h.mean(0), h.var(0)
+            out = (h - mu) / jnp.sqrt(var + 1e-5)
+            return jnp.mean((out @ p["w2"] - batch["y"]) ** 2), (mu, var)
+
+        (loss, (mu, var)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        new_stats = {"mean": 0.9 * stats["mean"] + 0.1 * mu, "var": 0.9 * stats["var"] + 0.1 * var}
+        return loss, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g), new_stats
+
+    stats = {"mean": jnp.zeros(H), "var": jnp.ones(H)}
+    wl = autoplan.Workload(train_step, (_params(), stats, _batch()),
+                           arg_kinds=("parameter", "input", "batch"))
+    assert mixing(autoplan.trace(wl)) is not None
+
+
+def test_zoo_models():
+    flagged = {name: mixing(autoplan.trace(autoplan.models.get(name, "tiny"))) is not None
+               for name in ("mlp", "gpt", "wide_resnet", "two_tower")}
+    # Wide-ResNet's batch norm uses the batch's statistics; the two-tower's softmax takes the
+    # other examples of the batch as negatives
+    assert flagged == {"mlp": False, "gpt": False, "wide_resnet": True, "two_tower": True}
+
+
+def _adam_workload(loss_fn):
+    tx = optax.adam(1e-2)
+    params = _params()
+
+    def train_step(params, opt_state, batch):
+        loss, g = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    return autoplan.Workload(train_step, (params, tx.init(params), _batch()))
+
+
+def _microbatched(plans):
+    return [p for p in plans if p.schedule.microbatches > 1]
+
+
+def test_search_refuses_microbatching_a_mixed_loss_by_default():
+    wl = _adam_workload(_batch_norm)
+    res = autoplan.search(wl, "cpu:8", time_limit=10)
+    assert _microbatched(res.plans) == []
+    assert not any(p.is_pipeline for p in res.plans)
+    assert any(n.startswith(MIXING_NOTE) for n in res.notes)
+    assert res.mixing is not None
+
+
+def test_search_allows_microbatching_a_mixed_loss_when_asked():
+    wl = _adam_workload(_batch_norm)
+    res = autoplan.search(wl, "cpu:8", time_limit=10, allow_microbatching_mixed=True)
+    assert _microbatched(res.plans)
+    assert any(n.startswith(MIXING_NOTE) for n in res.notes)
+    mb = _microbatched(res.plans)
+    assert all(any(n.startswith(MIXING_NOTE) for n in p.notes) for p in mb)
+
+
+def test_search_of_a_per_example_loss_keeps_microbatched_plans():
+    res = autoplan.search(_adam_workload(_weighted_mean), "cpu:8", time_limit=10)
+    assert _microbatched(res.plans)
+    assert not any(n.startswith(MIXING_NOTE) for n in res.notes)
+
+
+def test_pipeline_true_on_a_mixed_loss_is_refused():
+    with pytest.raises(autoplan.SearchError, match="allow_microbatching_mixed"):
+        autoplan.search(_adam_workload(_contrastive), "cpu:8", pipeline=True)
+
+
+def test_allow_microbatching_mixed_is_checked():
+    with pytest.raises(autoplan.SearchError, match="allow_microbatching_mixed should be"):
+        autoplan.search(_adam_workload(_mean), "cpu:8", allow_microbatching_mixed="yes")
