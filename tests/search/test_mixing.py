@@ -196,3 +196,59 @@ def test_pipeline_true_on_a_mixed_loss_is_refused():
 def test_allow_microbatching_mixed_is_checked():
     with pytest.raises(autoplan.SearchError, match="allow_microbatching_mixed should be"):
         autoplan.search(_adam_workload(_mean), "cpu:8", allow_microbatching_mixed="yes")
+
+
+BN_MODULE = '''
+import jax, jax.numpy as jnp
+import autoplan
+
+
+def workload():
+    k1, k2 = jax.random.split(jax.random.key(0))
+    params = {"w": jax.random.normal(k1, (6, 4)), "v": jax.random.normal(k2, (4, 3))}
+    batch = {"x": jnp.ones((8, 6)), "y": jnp.zeros((8, 3))}
+
+    def train_step(params, batch):
+        def loss_fn(p):
+            h = batch["x"] @ p["w"]
+            h = (h - h.mean(0)) / jnp.sqrt(h.var(0) + 1e-5)
+            return jnp.mean((h @ p["v"] - batch["y"]) ** 2)
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        return loss, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
+    return autoplan.Workload(train_step, (params, batch))
+'''
+
+
+@pytest.fixture
+def bn_module(tmp_path, monkeypatch):
+    (tmp_path / "bn_step.py").write_text(BN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "bn_step:workload"
+    import sys
+
+    sys.modules.pop("bn_step", None)
+
+
+def test_cli_plan_says_why_and_takes_the_flag(bn_module, capsys):
+    from autoplan.cli import main
+
+    assert main(["plan", bn_module, "--cluster", "cpu:8", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {MIXING_NOTE}" in out and "allow_microbatching_mixed=True" in out
+    assert "autoplan-pipeline" not in out
+    assert main(["plan", bn_module, "--cluster", "cpu:8", "--no-cache",
+                 "--allow-microbatching-mixed"]) == 0
+    out = capsys.readouterr().out
+    assert "autoplan-pipeline" in out and f"note: {MIXING_NOTE}" in out
+
+
+def test_explorer_status_shows_the_note(bn_module):
+    pytest.importorskip("ipywidgets")
+    from autoplan.viz._explorer import Explorer
+
+    ex = Explorer(bn_module, cluster="cpu:8")
+    ex.wait_idle(600)
+    assert ex.result is not None
+    assert MIXING_NOTE in ex._status.value
+    assert not any(p.schedule.microbatches > 1 for p in ex.result.plans)
