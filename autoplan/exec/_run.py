@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
+from autoplan._workload import as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
@@ -247,6 +248,7 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
                              f"a zoo workload, an object with fn and args, or a dict spec. Got "
                              f"{type(workload).__name__}. Fix: pass autoplan.Workload(train_step, "
                              "(params, opt_state, batch)) or autoplan.models.get('gpt', 'tiny').")
+    workload = as_workload(workload, "run")
     leaves = jax.tree_util.tree_leaves(workload.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         if not hasattr(workload, "concrete"):
@@ -254,8 +256,7 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
                                  ".concrete(seed) method. Fix: pass concrete arrays.")
         workload = workload.concrete(seed)
     host = jax.tree_util.tree_map(np.asarray, tuple(workload.args))
-    kinds = tuple(getattr(workload, "arg_kinds", None) or
-                  (("parameter", "optimizer_state", "batch") if len(host) == 3 else ("input",) * len(host)))
+    kinds = tuple(workload.arg_kinds)
     name = getattr(workload, "name", getattr(workload.fn, "__name__", "workload"))
     return _Resolved(name, workload.fn, host, kinds, workload)
 

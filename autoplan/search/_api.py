@@ -40,6 +40,7 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
 from autoplan._plan import LEVELS, Plan
+from autoplan._workload import as_workload, is_workload_like
 from autoplan.search._parallel import (
     AUTO_PARALLEL_OPS,
     Task,
@@ -166,11 +167,12 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     t0 = time.perf_counter()
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
-    if hasattr(workload_or_graph, "fn") and hasattr(workload_or_graph, "args"):
+    if is_workload_like(workload_or_graph):
         from autoplan.search.pipeline._pipeline import traced  # noqa: PLC0415
 
-        g = traced(workload_or_graph)
-        return g, workload_or_graph, time.perf_counter() - t0
+        workload = as_workload(workload_or_graph, "search")
+        g = traced(workload)
+        return g, workload, time.perf_counter() - t0
     if callable(workload_or_graph):
         name = getattr(workload_or_graph, "__name__", "")
         name = name if name.isidentifier() else "train_step"
