@@ -22,7 +22,8 @@ them. Two analyses of an :class:`~autoplan.OpGraph` say when it is not:
 
   The loss's final reduction (a mean, a sum, a weighted mean ``sum(w l) / sum(w)``) reduces the
   batch into values that carry no batch, so it is never flagged; nor is anything the backward
-  pass does (gradients reduce the batch into parameters) or the optimizer. Normalising over
+  pass does (gradients reduce the batch into parameters), what autodiff adds to the forward
+  pass for it (the mask of where a maximum over the batch is), or the optimizer. Normalising over
   features (layer norm) reduces dimensions that are not the batch, and is not flagged either.
 * :func:`random_draws` lists the primitives with which a step draws random numbers: a
   micro-batched plan draws them once per micro-batch, so its draws differ from one full-batch
@@ -298,6 +299,24 @@ def batch_axes(graph: Any) -> dict[int, frozenset[int]]:
     return {t: frozenset(_axes(d)) for t, d in _analyse(graph)[0].dims.items()}
 
 
+def _primal_ops(graph: Any) -> set[int]:
+    """The forward operators that compute the step's values: those from which a result of the
+    step is reached through forward operators (the loss, its aux). What autodiff adds to the
+    forward pass only for the backward pass (``reduce_max``'s mask of where the maximum is,
+    residuals) is left out. A step whose results all come from the backward pass or the update
+    (``jax.grad`` alone) has every forward operator counted."""
+    ops, tensors = graph.ops, graph.tensors
+    seen: set[int] = set()
+    stack = [o.tensor for o in graph.outputs]
+    while stack:
+        p = tensors[stack.pop()].producer
+        if p < 0 or p in seen or ops[p].role != "forward":
+            continue
+        seen.add(p)
+        stack.extend(t for t in ops[p].inputs if t is not None)
+    return seen or {op.id for op in ops if op.role == "forward"}
+
+
 def _analyse(graph: Any) -> tuple[_Flow, Mixing | None]:
     batch = _batch_size(graph)
     flow = _Flow({}, set(), batch or 0)
@@ -308,8 +327,9 @@ def _analyse(graph: Any) -> tuple[_Flow, Mixing | None]:
         if gi.kind == "batch" and shape and shape[0] == batch:
             flow.dims[gi.tensor] = frozenset({(0, 1)})
     found: Mixing | None = None
+    primal = _primal_ops(graph)
     for op in graph.ops:
-        if op.role != "forward":
+        if op.id not in primal:
             continue
         ins = [flow.dims.get(t, _NONE) if t is not None else _NONE for t in op.inputs]
         reduced_in = any(t is not None and t in flow.reduced for t in op.inputs)

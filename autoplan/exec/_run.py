@@ -49,7 +49,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
 from autoplan._trace import OpaqueControlFlowWarning, trace
-from autoplan._workload import as_workload
+from autoplan._signature import StepSignature, step_signature
+from autoplan._workload import _param_names, as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
@@ -283,10 +284,30 @@ def _abstract(host_args: Any) -> Any:
                                   host_args)
 
 
-def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
-    tree = jax.tree_util.tree_structure
-    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) == 3
-            and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
+def signature_of(r: _Resolved) -> StepSignature:
+    """How the workload's step returns its loss and next state (:mod:`autoplan._signature`),
+    read once per workload from its abstract result; refuses a step no executor can run.
+
+    Raises:
+        StepSignatureError: a loss that is not a scalar, or results that do not mirror the
+            step's arguments.
+    """
+    def make() -> StepSignature:
+        names = _param_names(r.fn, len(r.host_args))
+        names = [None if k in ("parameter", "optimizer_state") else n
+                 for n, k in zip(names, r.arg_kinds)]
+        out = jax.eval_shape(r.fn, *_abstract(r.host_args))
+        return step_signature(out, _abstract(r.host_args), r.arg_kinds, names,
+                              step_name=f"the training step of {r.name}")
+    return _cached(r, "signature", make)
+
+
+def _advance_args(sig: StepSignature, outputs: Any, args: Sequence[Any]) -> tuple[Any, ...]:
+    """The next step's arguments (a tuple of pytrees like ``args``): the step's returned state
+    in place of the arguments it mirrors, the others unchanged."""
+    flat, treedef = jax.tree_util.tree_flatten(tuple(args))
+    return tuple(jax.tree_util.tree_unflatten(
+        treedef, sig.next_args(jax.tree_util.tree_leaves(outputs), flat)))
 
 
 def _grad_tensors(graph: Any) -> list[int]:
@@ -351,10 +372,14 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
             raise ExecutionError(
                 f"input {i.name} of shape {i.shape} cannot take the plan's spec {i.spec} on mesh "
                 f"{sizes}: a dimension does not divide by its mesh axes. Fix: re-create the plan.")
+    sig = signature_of(r)
     out_shape = jax.eval_shape(r.fn, *abstract)
-    out_sh = None
-    if _is_step_triple(out_shape, abstract):
-        out_sh = (NamedSharding(mesh, PartitionSpec()), shardings[0], shardings[1])
+    # results in the sharding of the argument they replace next step; loss and aux replicated
+    in_flat = jax.tree_util.tree_leaves(tuple(shardings))
+    out_flat = [NamedSharding(mesh, PartitionSpec())] * len(jax.tree_util.tree_leaves(out_shape))
+    for i, j in sig.state:
+        out_flat[i] = in_flat[j]
+    out_sh = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), out_flat)
     hook, counts = sharding_hook(mesh, plan.stages[0].ops, exact_shapes=True)
     grad_tensors = _grad_tensors(graph) if capture else []
 
@@ -373,14 +398,10 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     compile_time = time.perf_counter() - t0
 
     def advance(result: Any, a: Sequence[Any]) -> tuple[Any, ...]:
-        if out_sh is None:
-            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                 "new_opt_state). Fix: run steps=1.")
-        return (result[0][1], result[0][2], a[2])
+        return _advance_args(sig, result[0], a)
 
     def loss_of(result: Any) -> float:
-        out = result[0]
-        return first_scalar(out[0] if isinstance(out, tuple) else out)
+        return first_scalar(jax.tree_util.tree_leaves(result[0])[0])
 
     losses, times, results, _ = run_program(compiled, args, steps, "the sharded step", advance,
                                             loss_of, on_step, keep_all=capture)
@@ -440,11 +461,12 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _leaf_name(path: Sequence[Any], triple: bool) -> str:
-    if triple and path and isinstance(path[0], jax.tree_util.SequenceKey):
-        head = ("loss", "new_params", "new_opt_state")[path[0].idx]
-        return head + jax.tree_util.keystr(tuple(path[1:]))
-    return "out" + jax.tree_util.keystr(tuple(path))
+def _leaf_names(sig: StepSignature, outputs: Any) -> list[str]:
+    """A readable name per result leaf (``loss``, ``new_params['w']``, ``aux['acc']``)."""
+    n = len(jax.tree_util.tree_leaves(outputs))
+    names = list(sig.leaf_names[:n])
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(outputs)[0]]
+    return names + [f"out{p}" for p in paths[len(names):]]
 
 
 def _grad_names(graph: Any, grad_tensors: Sequence[int], out_names: Mapping[int, str]) -> list[str]:
@@ -529,13 +551,13 @@ def _arg_path(path: Sequence[Any]) -> str:
     return jax.tree_util.keystr(tuple(path))
 
 
-def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def _items(outputs: Any, ref: Any, names: Sequence[str]) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(name, this process's shard of the run's value, the same slice of the reference)."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(outputs)
+    flat = jax.tree_util.tree_leaves(outputs)
     ref_flat = jax.tree_util.tree_leaves(ref)
     items = []
-    for (path, a), b in zip(flat, ref_flat):
-        items.extend(_shards(_leaf_name(path, triple), a, np.asarray(b)))
+    for name, a, b in zip(names, flat, ref_flat):
+        items.extend(_shards(name, a, np.asarray(b)))
     return items
 
 
@@ -601,7 +623,8 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
     dev = jax.local_devices()[0]
     ref_fn = None
     out_names: dict[int, str] = {}
-    triple = False
+    sig = signature_of(r)
+    names: list[str] = []
     tally = _Tally(rtol, atol)
     args = r.host_args
     nonfinite_in = nonfinite_leaves(args)
@@ -613,19 +636,16 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
             key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
             ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
                 compiler_options=compiler_options))
-            triple = isinstance(rec.outputs, tuple) and len(rec.outputs) == 3
-            for (path, _), ref in zip(jax.tree_util.tree_flatten_with_path(rec.outputs)[0], prog.outputs):
+            names = _leaf_names(sig, rec.outputs)
+            for name, ref in zip(names, prog.outputs):
                 if not isinstance(ref, Lit):
-                    out_names.setdefault(ref, _leaf_name(path, triple))
+                    out_names.setdefault(ref, name)
             gnames = _grad_names(graph, cross, out_names)
         reference_out = jax.tree_util.tree_map(np.asarray, ref_fn(dargs, dgrads))
-        for name, a, b, scale in _step_items(s, rec, reference_out, gnames, triple):
+        for name, a, b, scale in _step_items(s, rec, reference_out, gnames, names):
             tally.add(name, a, b, scale)
         if s + 1 < len(records):
-            if not triple:
-                break
-            args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
-                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), r.host_args[2])
+            args = _advance_args(sig, jax.tree_util.tree_map(_to_host, rec.outputs), args)
     n = len(tally.names)
     if tally.failed is not None:
         msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)
@@ -639,7 +659,7 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
 
 
 def _step_items(s: int, rec: Any, reference_out: tuple[Any, Any, Any], gnames: Sequence[str],
-                triple: bool) -> list[tuple[str, Any, Any, float | None]]:
+                names: Sequence[str]) -> list[tuple[str, Any, Any, float | None]]:
     """What step ``s`` compares, as ``(name, run's value, reference, norm-wise scale or None)``:
     the loss, each gradient shard (norm-wise, against the reference's largest finite
     magnitude) and the step's results."""
@@ -650,7 +670,7 @@ def _step_items(s: int, rec: Any, reference_out: tuple[Any, Any, Any], gnames: S
         fin = np.abs(og[np.isfinite(og)]) if og.size else og
         scale = float(np.max(fin)) if fin.size else 0.0
         items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
-    items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
+    items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, names)]
     return items
 
 class _Tally:
@@ -698,7 +718,7 @@ def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[An
         env2.update(zip(cross, run_grads))
         prog.evaluate(env2, [op for op in downstream if not set(op.outputs) & cross_set])
         sub = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env2, x) for x in prog.outputs])
-        own_loss = own[0] if isinstance(own, tuple) else own
+        own_loss = jax.tree_util.tree_leaves(own)[0]
         return own_loss, own_grads, sub  # the own update is dead code: XLA drops it
 
     return reference
@@ -792,6 +812,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                              "steps=1 (or 0 to compile only).")
     check = check and steps > 0
     r = resolve_workload(workload, seed)
+    signature_of(r)  # a step no executor can run is refused before any work
     devices = list(devices) if devices is not None else jax.devices()
     graph = _graph(r)
     _check_plan(plan, r, graph, devices, compiler_options)
