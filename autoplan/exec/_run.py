@@ -43,11 +43,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
+from autoplan._batchflow import random_draws
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan._signature import StepSignature, step_signature
 from autoplan._workload import _param_names, as_workload
@@ -55,6 +57,7 @@ from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
+    _microbatch_abstract,
     error_summary,
     first_scalar,
     place,
@@ -619,7 +622,11 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
                                 "autoplan.exec.run(plan, workload, check=True), which calls this.")
     prog = _program(r)
     cross = list(grad_tensors)
-    reference = _reference(prog, cross)
+    draws = random_draws(graph) if microbatches > 1 else ()
+    if draws:  # the same micro-batched step on one device: each micro-batch draws its own
+        reference = _microbatch_reference(r, graph, cross, microbatches)
+    else:
+        reference = _reference(prog, cross)
     dev = jax.local_devices()[0]
     ref_fn = None
     out_names: dict[int, str] = {}
@@ -633,7 +640,8 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
         dargs = jax.device_put(args, dev)
         dgrads = jax.device_put(host_grads, dev)
         if ref_fn is None:
-            key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
+            key = ("reference", tuple(cross), microbatches if draws else 1,
+                   repr(sorted((compiler_options or {}).items())))
             ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
                 compiler_options=compiler_options))
             names = _leaf_names(sig, rec.outputs)
@@ -653,6 +661,9 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
                                  tuple(nonfinite_in))
     note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
             "position by position" if nonfinite_in else "")
+    if draws:
+        note += (f"; against the same {microbatches} micro-batches on one device, since the step "
+                 f"draws random numbers per micro-batch ({', '.join(draws)})")
     return EquivalenceResult(True, tally.max_diff, tally.worst, n, rtol, atol,
                              f"matched: max |diff| {tally.max_diff:.3e} over {n} tensors{note}",
                              tuple(nonfinite_in))
@@ -720,6 +731,67 @@ def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[An
         sub = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env2, x) for x in prog.outputs])
         own_loss = jax.tree_util.tree_leaves(own)[0]
         return own_loss, own_grads, sub  # the own update is dead code: XLA drops it
+
+    return reference
+
+
+def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microbatches: int
+                          ) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
+    """The single-device reference of a micro-batched step that draws random numbers: the step
+    run on each micro-batch in turn, as the plan runs it (each micro-batch draws its own numbers,
+    of the micro-batch's shape, from the same key), the per-micro-batch values averaged as the
+    stage executor averages them, and the update applied to the run's own gradients. Same
+    interface as :func:`_reference`; ``cross`` are the full-batch graph's gradient tensors."""
+    m = microbatches
+    batch_args = [i for i, k in enumerate(r.arg_kinds) if k == "batch"]
+    mb_abstract = _microbatch_abstract(r.host_args, batch_args, m)
+
+    def make_graph() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+            return trace(r.fn, *mb_abstract, arg_kinds=r.arg_kinds, name=r.name)
+
+    mb_prog = _cached(r, ("flat", m), lambda: flatten(r.fn, *mb_abstract))
+    mb_cross = _map_grad_tensors(graph, cross, _cached(r, ("trace", m), make_graph))
+    tainted = set(mb_cross)
+    downstream, upstream = [], []
+    for op in mb_prog.ops:
+        if any(not isinstance(t, Lit) and t in tainted for t in op.inputs):
+            downstream.append(op)
+            tainted.update(op.outputs)
+        else:
+            upstream.append(op)
+    reads = sorted({t for op in downstream for t in op.inputs
+                    if not isinstance(t, Lit) and t not in tainted})
+    is_batch = [a in batch_args for a, arg in enumerate(r.host_args)
+                for _ in jax.tree_util.tree_leaves(arg)]
+
+    def reference(args, run_grads):
+        envs = []
+        for i in range(m):
+            leaves = [x.reshape((m, x.shape[0] // m) + x.shape[1:])[i] if b else x
+                      for x, b in zip(jax.tree_util.tree_leaves(args), is_batch)]
+            env = dict(zip(mb_prog.input_ids, leaves))
+            mb_prog.evaluate(env, upstream)
+            envs.append(env)
+
+        def mean(ref: Any) -> Any:
+            vals = [mb_prog.read(e, ref) for e in envs]
+            v0 = jnp.asarray(vals[0])
+            if not jnp.issubdtype(v0.dtype, jnp.floating):
+                return vals[0]
+            acc = jnp.promote_types(v0.dtype, jnp.float32)
+            return (sum(jnp.asarray(v, acc) for v in vals) / m).astype(v0.dtype)
+
+        own_grads = [mean(t) for t in mb_cross]
+        env2 = dict(envs[0])
+        env2.update({t: mean(t) for t in reads})
+        env2.update(zip(mb_cross, run_grads))
+        mb_prog.evaluate(env2, downstream)
+        outs = [mb_prog.read(env2, x) if isinstance(x, Lit) or x in tainted else mean(x)
+                for x in mb_prog.outputs]
+        sub = jax.tree_util.tree_unflatten(mb_prog.out_tree, outs)
+        return outs[0], own_grads, sub
 
     return reference
 
