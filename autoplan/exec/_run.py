@@ -47,11 +47,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from autoplan._batchflow import random_draws
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
-from autoplan._batchflow import random_draws
-from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan._signature import StepSignature, step_signature
+from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan._workload import _param_names, as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook

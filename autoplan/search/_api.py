@@ -33,12 +33,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan import _cache
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
 from autoplan._plan import LEVELS, Plan
 from autoplan._workload import as_workload, is_workload_like
 from autoplan.search._parallel import (

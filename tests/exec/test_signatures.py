@@ -17,7 +17,7 @@ from exec_cases import FAST
 import autoplan
 from autoplan.exec import run
 
-B, F, H, O = 16, 8, 16, 4
+B, F, H, OUT = 16, 8, 16, 4
 STEPS = 3
 
 
@@ -25,8 +25,8 @@ def _init():
     ks = jax.random.split(jax.random.key(0), 5)
     params = {"l0": {"w": jax.random.normal(ks[0], (F, H)) * 0.3},
               "l1": {"w": jax.random.normal(ks[1], (H, H)) * 0.3},
-              "l2": {"w": jax.random.normal(ks[2], (H, O)) * 0.3}}
-    batch = {"x": jax.random.normal(ks[3], (B, F)), "y": jax.random.normal(ks[4], (B, O))}
+              "l2": {"w": jax.random.normal(ks[2], (H, OUT)) * 0.3}}
+    batch = {"x": jax.random.normal(ks[3], (B, F)), "y": jax.random.normal(ks[4], (B, OUT))}
     return params, batch
 
 
