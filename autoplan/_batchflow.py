@@ -100,7 +100,7 @@ class _Flow:
     """The analysis's state: batch dimensions per tensor, values reduced over the batch."""
 
     dims: dict[int, Dims]
-    reduced: set[int]
+    reduced: dict[int, int]  # tensor -> the operator that reduced the batch it derives from
     batch: int
 
 
@@ -319,7 +319,7 @@ def _primal_ops(graph: Any) -> set[int]:
 
 def _analyse(graph: Any) -> tuple[_Flow, Mixing | None]:
     batch = _batch_size(graph)
-    flow = _Flow({}, set(), batch or 0)
+    flow = _Flow({}, {}, batch or 0)
     if batch is None:
         return flow, None
     for gi in graph.inputs:
@@ -339,16 +339,21 @@ def _analyse(graph: Any) -> tuple[_Flow, Mixing | None]:
         outs, reduces, why = rule(op, ins, flow)
         carries = any(outs)
         if why is None and reduced_in and carries:
-            src = next(t for t in op.inputs if t is not None and t in flow.reduced)
-            why = (f"combines a value reduced over the batch (tensor {src}, e.g. a batch mean "
-                   "or statistic) with per-example values")
+            src = graph.ops[next(flow.reduced[t] for t in op.inputs
+                                 if t is not None and t in flow.reduced)]
+            where = f" in scope {'/'.join(src.scope)!r}" if src.scope else ""
+            why = (f"combines a value reduced over the batch (by operator {src.id}, "
+                   f"{src.primitive}{where}: a batch mean or statistic) with per-example values")
         if why is not None and found is None:
             found = Mixing(op.id, op.primitive, "/".join(op.scope), why)
         for t, d in zip(op.outputs, outs):
             if d:
                 flow.dims[t] = d
-            if reduces or reduced_in:
-                flow.reduced.add(t)
+            if reduces:
+                flow.reduced[t] = op.id
+            elif reduced_in:
+                flow.reduced[t] = next(flow.reduced[u] for u in op.inputs
+                                       if u is not None and u in flow.reduced)
     return flow, found
 
 

@@ -839,8 +839,11 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         workload: an :class:`autoplan.Workload` (a user's step and its arguments), a zoo
             workload (or a dict ``{"model":..., "size":..., **overrides}``), or any object with
             ``fn``, ``args``, ``arg_kinds``.
-        steps: training steps; each starts from the previous step's parameters and optimizer
-            state, on the same batch. ``0`` compiles only (a pipeline runs its warm-up step,
+        steps: training steps; each starts from what the previous step returned for its
+            arguments (new parameters, optimizer state, a key or counter it returns; the others
+            unchanged), on the same batch. Every step form of :mod:`autoplan._signature` runs
+            here: ``(loss, params)``, ``(loss, params, opt_state)``, extra inputs, ``(loss,
+            aux)`` and ``((loss, aux), params, ...)``. ``0`` compiles only (a pipeline runs its warm-up step,
             which compiles its tasks): the report then has the collectives and memory, no
             losses or times.
         check: compare every step with unsharded single-device execution (see
@@ -864,6 +867,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         The :class:`RunReport`.
 
     Raises:
+        StepSignatureError: the step returns what no executor can run (a loss that is not a
+            scalar, results that do not mirror its arguments), before any work.
         PlanMismatchError: the plan was made for another model, argument structure or number of
             devices.
         EquivalenceError: ``check`` and the results differ from single-device execution.

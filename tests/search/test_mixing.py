@@ -251,3 +251,30 @@ def test_explorer_status_shows_the_note(bn_module):
     assert ex.result is not None
     assert MIXING_NOTE in ex._status.value
     assert not any(p.schedule.microbatches > 1 for p in ex.result.plans)
+
+
+def test_what_autodiff_adds_for_a_maximum_over_the_batch_is_not_mixing():
+    """``jnp.max`` over the batch as an aux metric: its derivative's mask (where the maximum is)
+    compares the maximum with every example in the forward pass, for the backward pass only."""
+    def loss_fn(params, batch):
+        per = _per_example(params, batch)
+        return jnp.mean(per), jnp.max(per)
+
+    def train_step(params, batch):
+        (loss, worst), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        return (loss, worst), jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
+    assert mixing(autoplan.trace(autoplan.Workload(train_step, (_params(), _batch())))) is None
+
+
+def test_a_step_returning_gradients_only_is_analysed_too():
+    def train_step(params, batch):
+        return jax.grad(_batch_norm)(params, batch)
+
+    assert mixing(autoplan.trace(autoplan.Workload(train_step, (_params(), _batch())))) is not None
+
+
+def test_the_reason_names_the_operators():
+    found = mixing(_graph(_centering))
+    assert found.primitive == "sub" and "reduced over the batch (by operator" in found.reason
+    assert "reduce_sum" in found.reason
