@@ -30,7 +30,7 @@ from typing import Any
 
 from autoplan._errors import StepSignatureError
 
-__all__ = ["StepSignature", "step_signature", "describe_tree"]
+__all__ = ["StepSignature", "step_signature", "workload_signature", "describe_tree"]
 
 
 @dataclass(frozen=True)
@@ -228,3 +228,26 @@ def step_signature(out_shape: Any, args: Sequence[Any], kinds: Sequence[str],
         leaf += len(sub)
     form = forms[0] if not rest else "(" + ", ".join(forms) + ")"
     return StepSignature(form, aux, tuple(returned), tuple(state), tuple(leaf_names))
+
+
+def workload_signature(workload: Any) -> StepSignature:
+    """:func:`step_signature` of a workload (anything with ``fn`` and ``args``; abstract
+    arguments are enough): how the launcher refuses a step before any worker starts.
+
+    Raises:
+        StepSignatureError: the step returns what no executor can run.
+    """
+    import jax  # noqa: PLC0415
+
+    from autoplan._workload import _param_names, as_workload  # noqa: PLC0415
+
+    wl = as_workload(workload)
+    args = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(tuple(getattr(x, "shape", ())),
+                                       getattr(x, "dtype", None) or jax.numpy.asarray(x).dtype),
+        tuple(wl.args))
+    kinds = tuple(wl.arg_kinds)
+    names = [None if k in ("parameter", "optimizer_state") else n
+             for n, k in zip(_param_names(wl.fn, len(args)), kinds)]
+    return step_signature(jax.eval_shape(wl.fn, *args), args, kinds, names,
+                          step_name=f"the training step of {getattr(wl, 'name', 'the workload')}")

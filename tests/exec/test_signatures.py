@@ -210,3 +210,35 @@ def test_steps_no_executor_can_run_are_refused_before_any_work(fn, words, mode):
     msg = str(err.value)
     assert all(w in msg for w in words), msg
     assert "Fix:" in msg
+
+
+VECTOR_MODULE = '''
+import jax, jax.numpy as jnp
+import autoplan
+
+
+def workload(abstract: bool = True, seed: int = 0):
+    params = {"w": jnp.ones((8, 4))}
+    batch = jnp.ones((16, 8))
+
+    def train_step(params, batch):
+        per_example = jnp.mean((batch @ params["w"]) ** 2, axis=-1)
+        return per_example[:2], params
+
+    return autoplan.Workload(train_step, (params, batch))
+'''
+
+
+def test_launch_refuses_a_vector_loss_before_any_worker(tmp_path, monkeypatch):
+    from autoplan.exec import launch
+
+    (tmp_path / "vector_step.py").write_text(VECTOR_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import vector_step
+
+    wl = vector_step.workload()
+    plan = autoplan.plan(autoplan.Workload(lambda params, batch: (jnp.mean(batch @ params["w"]),
+                                                                  params), wl.args),
+                         "cpu:8", pipeline=False, baselines=False)
+    with pytest.raises(autoplan.StepSignatureError, match=r"shape \(2,\)"):
+        launch(plan, "vector_step:workload", platform="cpu", timeout=120)
