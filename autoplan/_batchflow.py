@@ -18,7 +18,9 @@ them. Two analyses of an :class:`~autoplan.OpGraph` say when it is not:
     different positions (``a @ b.T`` of two batch-derived operands, ``x[:, None] - x[None, :]``),
     as in-batch negatives;
   - scans, sorts or ranks along the batch dimension (``cumsum``, ``sort``, ``top_k``): a prefix
-    over examples, such as tokens of several examples competing for an expert's capacity.
+    over examples, such as tokens of several examples competing for an expert's capacity;
+  - on the way to the loss, applies a non-linear function (``log``, ``exp``, ``sqrt``, a power)
+    to a value reduced over the batch: ``log(mean(exp(l)))``, ``sqrt(mean(l ** 2))``.
 
   The loss's final reduction (a mean, a sum, a weighted mean ``sum(w l) / sum(w)``) reduces the
   batch into values that carry no batch, so it is never flagged; nor is anything the backward
@@ -58,6 +60,11 @@ _SCAN_ALONG = {"cumsum": "axis", "cumprod": "axis", "cummax": "axis", "cummin": 
                "cumlogsumexp": "axis", "sort": "dimension"}
 _SLICE = frozenset({"slice", "dynamic_slice"})
 _OPAQUE = frozenset({"while", "cond", "scan", "scan_slice", "scan_stack"})
+#: functions that are not linear: applied to a batch sum or mean on the way to the loss
+#: (``log(mean(exp(l)))``, ``sqrt(mean(l ** 2))``), the loss is no longer a sum or mean of
+#: per-example terms
+_NONLINEAR = frozenset({"log", "exp", "exp2", "sqrt", "rsqrt", "cbrt", "pow", "integer_pow",
+                        "tanh", "logistic", "log1p", "expm1", "sin", "cos", "erf", "square"})
 
 #: a tensor's batch dimensions: ``(dimension, positions per example along it)`` pairs (a
 #: dimension that merged the batch with an inner one, ``(B T, F)``, has T positions per example)
@@ -354,7 +361,35 @@ def _analyse(graph: Any) -> tuple[_Flow, Mixing | None]:
             elif reduced_in:
                 flow.reduced[t] = next(flow.reduced[u] for u in op.inputs
                                        if u is not None and u in flow.reduced)
+    if found is None:
+        found = _nonlinear_after_reduction(graph, flow, primal)
     return flow, found
+
+
+def _nonlinear_after_reduction(graph: Any, flow: _Flow, primal: set[int]) -> Mixing | None:
+    """The first operator on the way to the loss (the step's first result) that applies a
+    non-linear function to a value reduced over the batch."""
+    if not graph.outputs:
+        return None
+    ops, tensors = graph.ops, graph.tensors
+    to_loss: set[int] = set()
+    stack = [graph.outputs[0].tensor]
+    while stack:
+        p = tensors[stack.pop()].producer
+        if p < 0 or p in to_loss or p not in primal:
+            continue
+        to_loss.add(p)
+        stack.extend(t for t in ops[p].inputs if t is not None)
+    for i in sorted(to_loss):
+        op = ops[i]
+        src = next((flow.reduced[t] for t in op.inputs if t is not None and t in flow.reduced),
+                   None)
+        if op.primitive in _NONLINEAR and src is not None:
+            return Mixing(op.id, op.primitive, "/".join(op.scope),
+                          f"applies {op.primitive} to a value reduced over the batch (by operator "
+                          f"{src}, {ops[src].primitive}) on the way to the loss: the loss is not a "
+                          "sum or mean of per-example terms")
+    return None
 
 
 def mixing(graph: Any) -> Mixing | None:

@@ -278,3 +278,45 @@ def test_the_reason_names_the_operators():
     found = mixing(_graph(_centering))
     assert found.primitive == "sub" and "reduced over the batch (by operator" in found.reason
     assert "reduce_sum" in found.reason
+
+
+def _log_mean_exp(params, batch):
+    return jnp.log(jnp.mean(jnp.exp(_per_example(params, batch) * 0.1)))
+
+
+def _root_mean_square(params, batch):
+    return jnp.sqrt(jnp.mean(_per_example(params, batch)))
+
+
+def _masked_mean(params, batch):
+    mask = (batch["w"] > 0.7).astype(jnp.float32)
+    return jnp.sum(mask * _per_example(params, batch)) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _mean_plus_regulariser(params, batch):
+    return jnp.mean(_per_example(params, batch)) + 1e-3 * sum(
+        jnp.sum(p ** 2) for p in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.parametrize("loss_fn", [_log_mean_exp, _root_mean_square], ids=lambda f: f.__name__)
+def test_non_linear_functions_of_batch_means_are_flagged(loss_fn):
+    found = mixing(_graph(loss_fn))
+    assert found is not None and "on the way to the loss" in found.reason
+
+
+@pytest.mark.parametrize("loss_fn", [_masked_mean, _mean_plus_regulariser],
+                         ids=lambda f: f.__name__)
+def test_masked_means_and_regularisers_are_not_flagged(loss_fn):
+    assert mixing(_graph(loss_fn)) is None
+
+
+def test_a_perplexity_in_aux_is_not_the_loss():
+    def loss_fn(params, batch):
+        loss = _mean(params, batch)
+        return loss, jnp.exp(loss)
+
+    def train_step(params, batch):
+        (loss, ppl), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        return (loss, ppl), jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
+    assert mixing(autoplan.trace(autoplan.Workload(train_step, (_params(), _batch())))) is None
