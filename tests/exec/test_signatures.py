@@ -242,3 +242,40 @@ def test_launch_refuses_a_vector_loss_before_any_worker(tmp_path, monkeypatch):
                          "cpu:8", pipeline=False, baselines=False)
     with pytest.raises(autoplan.StepSignatureError, match=r"shape \(2,\)"):
         launch(plan, "vector_step:workload", platform="cpu", timeout=120)
+
+
+TWO_ARG_MODULE = '''
+import jax, jax.numpy as jnp
+import autoplan
+
+
+def workload(abstract: bool = False, seed: int = 0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    params = {"w": jax.random.normal(k1, (8, 16)) * 0.3, "v": jax.random.normal(k2, (16, 4)) * 0.3}
+    batch = jax.random.normal(k3, (16, 8))
+
+    def train_step(params, batch):
+        def loss_fn(p):
+            return jnp.mean((jnp.tanh(batch @ p["w"]) @ p["v"]) ** 2)
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        return loss, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
+
+    return autoplan.Workload(train_step, (params, batch))
+'''
+
+
+def test_launch_runs_a_two_argument_step_for_several_steps(tmp_path, monkeypatch):
+    from autoplan.exec import launch
+
+    (tmp_path / "two_arg_step.py").write_text(TWO_ARG_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import two_arg_step
+
+    wl = two_arg_step.workload()
+    plan = autoplan.plan(wl, "cpu:8", pipeline=False, mesh_shape=(2, 4), baselines=False)
+    result = launch(plan, "two_arg_step:workload", 2, 4, steps=3, timeout=240,
+                    compiler_options=FAST).wait()
+    assert result.matched
+    local = run(plan, wl, steps=3, compiler_options=FAST)
+    np.testing.assert_allclose(result.loss, local.losses, rtol=1e-5, atol=1e-6)
+    assert result.loss[-1] < result.loss[0]
