@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from autoplan._batchflow import random_draws
+from autoplan._batchflow import MIXING_NOTE, mixing, random_draws
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
 from autoplan._signature import StepSignature, step_signature
@@ -656,7 +656,8 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
             args = _advance_args(sig, jax.tree_util.tree_map(_to_host, rec.outputs), args)
     n = len(tally.names)
     if tally.failed is not None:
-        msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)
+        mixed = mixing(graph) if microbatches > 1 else None
+        msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in, mixed)
         return EquivalenceResult(False, tally.max_diff, tally.failed[0], n, rtol, atol, msg,
                                  tuple(nonfinite_in))
     note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
@@ -797,8 +798,9 @@ def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microb
 
 
 def _mismatch_message(failed: tuple[str, float, bool, int], rtol: float, atol: float,
-                      microbatches: int, nonfinite_in: Sequence[str]) -> str:
-    """The verdict of a mismatch: the first failing tensor, by how much, the likely cause."""
+                      microbatches: int, nonfinite_in: Sequence[str], mixed: Any = None) -> str:
+    """The verdict of a mismatch: the first failing tensor, by how much, the likely cause (the
+    operator where the loss mixes examples, when it does and the plan micro-batches)."""
     name, d, normwise, bad = failed
     kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
     if bad:
@@ -806,7 +808,11 @@ def _mismatch_message(failed: tuple[str, float, bool, int], rtol: float, atol: f
                 "other (non-finite values are compared position by position)")
     else:
         what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
-    if microbatches > 1:
+    if mixed is not None:
+        cause = (f"Cause: {MIXING_NOTE} ({mixed}), and this plan runs {microbatches} "
+                 "micro-batches. Fix: use a plan without micro-batches for this loss (a search "
+                 "without allow_microbatching_mixed=True makes none).")
+    elif microbatches > 1:
         cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
                  "of per-example terms over the batch (batch-normalisation statistics, in-batch "
                  "negatives, a sum) gives other numbers by construction; else a sharding or "

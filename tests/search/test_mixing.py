@@ -320,3 +320,14 @@ def test_a_perplexity_in_aux_is_not_the_loss():
         return (loss, ppl), jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g)
 
     assert mixing(autoplan.trace(autoplan.Workload(train_step, (_params(), _batch())))) is None
+
+
+def test_running_a_micro_batched_plan_of_a_mixed_loss_names_the_cause():
+    import autoplan.exec as ex
+
+    wl = _adam_workload(_batch_norm)
+    res = autoplan.search(wl, "cpu:8", pipeline=True, microbatches=2, baselines=False,
+                          allow_microbatching_mixed=True, time_limit=10)
+    plan = next(p for p in res.plans if not p.is_pipeline)
+    with pytest.raises(autoplan.EquivalenceError, match=f"Cause: {MIXING_NOTE}"):
+        ex.run(plan, wl, steps=1, time_tasks=False)
