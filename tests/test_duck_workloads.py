@@ -123,3 +123,8 @@ def test_graph_only_search_says_why_it_has_no_pipeline_plans(duck):
         res = autoplan.search(g, "cpu:8", pipeline=False, time_limit=10)
     assert GRAPH_ONLY_NOTE not in res.notes
     assert np.isfinite(res.best.predicted.step_time)
+
+
+def test_graph_only_search_with_pipeline_true_is_refused_with_the_fix(duck):
+    with pytest.raises(autoplan.SearchError, match=r"pass autoplan\.Workload\(fn, args\)"):
+        autoplan.search(autoplan.trace(duck), "cpu:8", pipeline=True)

@@ -385,8 +385,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
     if pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
-                          "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
-                          "pipeline=False.")
+                          "from it), not an OpGraph. Got an OpGraph. Fix: "
+                          f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
+                          " (or a zoo workload), or use pipeline=False.")
     found_mixing = memo(graph, "mixing", lambda: mixing(graph))
     notes, microbatching = _search_notes(graph, workload, options, found_mixing,
                                          allow_microbatching_mixed)
