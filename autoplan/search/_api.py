@@ -450,12 +450,14 @@ def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], fou
                 raise SearchError(
                     f"search: pipeline=True makes micro-batched plans, but {MIXING_NOTE}: "
                     f"{found}. Got pipeline=True, microbatches={microbatches!r}. Fix: pass "
-                    "allow_microbatching_mixed=True to accept the change, microbatches=1 for "
+                    "allow_microbatching_mixed=True (--allow-microbatching-mixed on the command "
+                    "line) to accept the change, microbatches=1 for "
                     "pipelines without micro-batches, or pipeline='auto' for intra-operator "
                     "plans.")
             notes.append(f"{MIXING_NOTE} ({found}); micro-batched plans (gradient "
                          "accumulation, pipelines) were left out. Fix: pass "
-                         "allow_microbatching_mixed=True to search them anyway")
+                         "allow_microbatching_mixed=True (--allow-microbatching-mixed on the "
+                         "command line) to search them anyway")
     if workload is None and pipeline == "auto":
         notes.append(GRAPH_ONLY_NOTE)
         warnings.warn(NoPipelineWarning(

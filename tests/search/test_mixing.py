@@ -3,6 +3,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -331,3 +332,33 @@ def test_running_a_micro_batched_plan_of_a_mixed_loss_names_the_cause():
     plan = next(p for p in res.plans if not p.is_pipeline)
     with pytest.raises(autoplan.EquivalenceError, match=f"Cause: {MIXING_NOTE}"):
         ex.run(plan, wl, steps=1, time_tasks=False)
+
+
+def test_batch_norm_with_running_statistics_gets_no_micro_batched_plans():
+    tx = optax.adam(1e-2)
+
+    def train_step(params, opt_state, stats, batch):
+        def loss_fn(p):
+            h = batch["x"] @ p["w1"]
+            mu, var = h.mean(0), h.var(0)
+            out = (h - mu) / jnp.sqrt(var + 1e-5)
+            return jnp.mean((out @ p["w2"] - batch["y"]) ** 2), (mu, var)
+
+        (loss, (mu, var)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(g, opt_state, params)
+        stats = {"mean": 0.9 * stats["mean"] + 0.1 * mu, "var": 0.9 * stats["var"] + 0.1 * var}
+        return loss, optax.apply_updates(params, updates), opt_state, stats
+
+    params = _params()
+    wl = autoplan.Workload(train_step, (params, tx.init(params),
+                                        {"mean": jnp.zeros(H), "var": jnp.ones(H)}, _batch()),
+                           arg_kinds=("parameter", "optimizer_state", "input", "batch"))
+    res = autoplan.search(wl, "cpu:8", time_limit=10)
+    assert _microbatched(res.plans) == [] and res.mixing is not None
+    assert any(n.startswith(MIXING_NOTE) for n in res.notes)
+    # the intra-operator plan runs it, its running statistics advanced step by step
+    import autoplan.exec as ex
+
+    rep = ex.run(res.best, wl, steps=3)
+    assert rep.equivalence.matched
+    assert not np.allclose(np.asarray(rep.outputs[3]["mean"]), 0.0)
