@@ -1,6 +1,5 @@
 """Losses that mix examples across the batch: found from the graph, and what the search does."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
