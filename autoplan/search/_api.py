@@ -455,7 +455,7 @@ def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], fou
                     "pipelines without micro-batches, or pipeline='auto' for intra-operator "
                     "plans.")
             notes.append(f"{MIXING_NOTE} ({found}); micro-batched plans (gradient "
-                         "accumulation, pipelines) were left out. Fix: pass "
+                         "accumulation, pipelines over several micro-batches) were left out. Fix: pass "
                          "allow_microbatching_mixed=True (--allow-microbatching-mixed on the "
                          "command line) to search them anyway")
     if workload is None and pipeline == "auto":

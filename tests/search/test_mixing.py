@@ -361,3 +361,15 @@ def test_batch_norm_with_running_statistics_gets_no_micro_batched_plans():
     rep = ex.run(res.best, wl, steps=3)
     assert rep.equivalence.matched
     assert not np.allclose(np.asarray(rep.outputs[3]["mean"]), 0.0)
+
+
+def test_a_pipeline_of_one_micro_batch_is_searched_and_runs_a_mixed_loss_exactly():
+    import autoplan.exec as ex
+
+    wl = _adam_workload(_batch_norm)
+    res = autoplan.search(wl, "cpu:8", pipeline=True, microbatches=1, baselines=False,
+                          time_limit=10)
+    piped = [p for p in res.plans if p.is_pipeline]
+    assert piped and all(p.schedule.microbatches == 1 for p in res.plans)
+    rep = ex.run(piped[0], wl, steps=2, time_tasks=False)
+    assert rep.mode == "pipeline" and rep.equivalence.matched
