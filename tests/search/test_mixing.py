@@ -373,3 +373,41 @@ def test_a_pipeline_of_one_micro_batch_is_searched_and_runs_a_mixed_loss_exactly
     assert piped and all(p.schedule.microbatches == 1 for p in res.plans)
     rep = ex.run(piped[0], wl, steps=2, time_tasks=False)
     assert rep.mode == "pipeline" and rep.equivalence.matched
+
+
+def _linen_workload(train: bool):
+    nn = pytest.importorskip("flax.linen")
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(8, (3, 3))(x)
+            x = nn.BatchNorm(use_running_average=not train)(x)
+            return nn.Dense(10)(nn.relu(x).mean((1, 2)))
+
+    model = CNN()
+    x, y = jnp.ones((8, 16, 16, 3)), jnp.zeros((8,), jnp.int32)
+    variables = model.init(jax.random.key(0), x)
+    tx = optax.adam(1e-3)
+
+    def train_step(params, opt_state, batch_stats, batch):
+        def loss_fn(p):
+            logits, upd = model.apply({"params": p, "batch_stats": batch_stats}, batch["x"],
+                                      mutable=["batch_stats"])
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+            return ce, upd["batch_stats"]
+
+        (loss, stats), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state, stats
+
+    params = variables["params"]
+    return autoplan.Workload(train_step, (params, tx.init(params), variables["batch_stats"],
+                                          {"x": x, "y": y}),
+                             arg_kinds=("parameter", "optimizer_state", "input", "batch"))
+
+
+def test_flax_batch_norm_in_training_is_flagged_and_with_running_averages_is_not():
+    found = mixing(autoplan.trace(_linen_workload(train=True)))
+    assert found is not None and "BatchNorm" in found.scope
+    assert mixing(autoplan.trace(_linen_workload(train=False))) is None
