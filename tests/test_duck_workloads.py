@@ -13,7 +13,8 @@ import pytest
 
 import autoplan
 import autoplan.exec as ex
-from autoplan.search._api import GRAPH_ONLY_NOTE, NoPipelineWarning
+from autoplan.search import NoPipelineWarning
+from autoplan.search._api import GRAPH_ONLY_NOTE
 
 
 def _step_and_args():

@@ -332,8 +332,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             over the batch before the loss's final one: :func:`autoplan._batchflow.mixing`).
             Micro-batching changes what such a loss computes, so by default they are left out
             and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
-            note). A pipeline with ``microbatches=1`` does not micro-batch and is always
-            searched.
+            note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
+            microbatches=1`` searches such pipelines without it.
 
     Returns:
         A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
