@@ -39,6 +39,7 @@ from ._errors import PlanMismatchError as PlanMismatchError
 from ._errors import SearchError as SearchError
 from ._errors import SolverError as SolverError
 from ._errors import StateError as StateError
+from ._errors import StepSignatureError as StepSignatureError
 from ._errors import TraceError as TraceError
 from ._errors import WaitTimeoutError as WaitTimeoutError
 from ._plan import Plan as Plan
@@ -86,7 +87,7 @@ __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
-    "ArgumentTypeError", "ArgumentIndexError", "StateError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
+    "ArgumentTypeError", "ArgumentIndexError", "StateError", "StepSignatureError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
     "Workload", "load_workload", "profile",
 ]

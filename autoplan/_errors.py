@@ -18,6 +18,7 @@ __all__ = [
     "OutputError",
     "ExecutionError",
     "EquivalenceError",
+    "StepSignatureError",
     "LaunchError",
     "ArgumentError",
     "ArgumentTypeError",
@@ -113,6 +114,11 @@ class OutputError(AutoplanError):
 
 class ExecutionError(AutoplanError):
     """Running a plan failed."""
+
+
+class StepSignatureError(ExecutionError):
+    """A training step returns what no executor can run: a loss that is not a scalar, or new
+    state whose structure does not mirror the step's arguments (see :mod:`autoplan._signature`)."""
 
 
 class EquivalenceError(ExecutionError):

@@ -10,10 +10,14 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE
+
 __all__ = ["describe", "summary", "plan_html"]
 
 #: inputs listed in a plan's HTML table; the rest are counted
 HTML_INPUTS = 200
+#: notes the summary shows: what running the plan changes about the step
+_CAVEATS = (RANDOM_NOTE, MIXING_NOTE)
 
 
 def describe(plan: Any) -> str:
@@ -54,6 +58,7 @@ def summary(plan: Any) -> str:
     params = [i for i in plan.inputs if i.kind == "parameter"]
     sharded = sum(1 for i in params if any(i.spec))
     lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")
+    lines += [f"  note            : {n}" for n in plan.notes if n.startswith(_CAVEATS)]
     return "\n".join(lines)
 
 

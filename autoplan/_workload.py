@@ -28,7 +28,7 @@ import jax
 from autoplan._errors import ModelError
 
 __all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
-           "check_key_kinds", "is_key_leaf", "ARG_KINDS"]
+           "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like"]
 
 #: The kinds a positional argument of a training step can have.
 ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")
@@ -411,3 +411,63 @@ class Workload:
             size = sum(math.prod(getattr(x, "shape", ())) for x in leaves)
             parts.append(f"{nm or '?'}: {k} ({len(leaves)} leaves, {size:,} elements)")
         return f"Workload({self.name!r}, " + ", ".join(parts) + ")"
+
+
+def is_workload_like(obj: Any) -> bool:
+    """Whether ``obj`` is a workload by duck typing: it has ``fn`` and ``args`` (an
+    :class:`OpGraph` or a bare function is not)."""
+    return hasattr(obj, "fn") and hasattr(obj, "args")
+
+
+def as_workload(obj: Any, where: str = "workload") -> Any:
+    """``obj`` as a workload every part of autoplan reads alike.
+
+    An :class:`autoplan.Workload`, a zoo :class:`autoplan.models.Workload` and any object that
+    already has ``fn``, ``args``, ``arg_kinds`` (not None) and ``name`` are returned as they are.
+    Any other object with ``fn`` and ``args`` (a ``types.SimpleNamespace``, a dataclass of the
+    user's) becomes an :class:`autoplan.Workload` of the same step and arguments, with its own
+    ``arg_kinds``, ``name``, ``config`` and ``init`` where it has them and the kinds inferred as
+    ``Workload`` infers them (:func:`infer_arg_kinds`) where it has none; its ``concrete(seed)``,
+    if any, makes concrete arguments.
+
+    Args:
+        obj: the object.
+        where: the entry point, for error messages (``"search"``).
+
+    Raises:
+        ModelError: ``obj`` has no ``fn`` and ``args``, or what it holds is not a step and its
+            arguments (the message ends with the fix ``wrap it as autoplan.Workload(fn, args)``).
+
+    Examples:
+        >>> import types, jax.numpy as jnp
+        >>> def step(params, batch):
+        ...     return (batch @ params).sum()
+        >>> wl = as_workload(types.SimpleNamespace(fn=step, args=(jnp.ones((4, 2)), jnp.ones((8, 4)))))
+        >>> type(wl).__name__, wl.arg_kinds
+        ('Workload', ('parameter', 'batch'))
+    """
+    if isinstance(obj, Workload):
+        return obj
+    if not is_workload_like(obj):
+        raise ModelError(f"{where}: the workload should be an object with fn (the training step) "
+                         f"and args (its arguments). Got {type(obj).__name__}. Fix: wrap it as "
+                         "autoplan.Workload(fn, args).")
+    if getattr(obj, "arg_kinds", None) is not None and isinstance(getattr(obj, "name", None), str):
+        return obj
+    args, kinds = obj.args, getattr(obj, "arg_kinds", None)
+    if not isinstance(args, tuple | list):
+        raise ModelError(f"{where}: the workload's args should be a tuple of the step's positional "
+                         f"arguments. Got {type(args).__name__}. Fix: wrap it as "
+                         "autoplan.Workload(fn, args) with args=(params, opt_state, batch).")
+    cfg = getattr(obj, "config", None)
+    init = getattr(obj, "init", None)
+    make = getattr(obj, "concrete", None)
+    if not callable(init) and callable(make):
+        def init(seed: int) -> tuple[Any, ...]:
+            return tuple(make(seed).args)
+    try:
+        return Workload(obj.fn, tuple(args), kinds, getattr(obj, "name", None) or None,
+                        config=cfg if isinstance(cfg, Mapping) else None,
+                        init=init if callable(init) else None)
+    except ModelError as err:
+        raise ModelError(f"{where}: {err} Or wrap it as autoplan.Workload(fn, args).") from err

@@ -252,7 +252,8 @@ def _search(args):
           "schedule": args.schedule or "1f1b", "microbatches": args.microbatches,
           "submesh_hosts": args.submesh_hosts or "auto", "num_layers": args.num_layers,
           "stage_algorithm": args.stage_algorithm or "auto", "progress": _RUN.check,
-          "workers": args.workers, "cache": not args.no_cache}
+          "workers": args.workers, "cache": not args.no_cache,
+          "allow_microbatching_mixed": getattr(args, "allow_microbatching_mixed", False)}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
@@ -281,6 +282,8 @@ def cmd_plan(args) -> int:
 
     result, dt = _search(args)
     print(result.table())
+    for note in result.notes:
+        print(f"note: {note}")
     print()
     print(result.best.summary())
     print(f"\nsearch took {dt:.2f} s"
@@ -475,6 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "for large graphs; 1: this process alone)")
         sp.add_argument("--no-cache", action="store_true",
                         help="search even when the plan cache holds this search, and store nothing")
+        sp.add_argument("--allow-microbatching-mixed", action="store_true",
+                        help="search micro-batched plans (gradient accumulation, pipelines) even "
+                             "for a loss that mixes examples across the batch (batch norm, "
+                             "in-batch negatives), whose value micro-batching changes")
 
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)

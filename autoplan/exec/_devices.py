@@ -289,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 graph = trace(wl)
+            from autoplan._signature import workload_signature  # noqa: PLC0415
+
+            workload_signature(wl)  # a step no executor can run: refused before any worker
             rec["workload"] = {"fingerprint": graph.fingerprint, "model": graph.name}
     except AutoplanError as err:
         rec = {"error": {"type": type(err).__name__, "message": str(err)}}

@@ -817,6 +817,10 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
                       devices_per_process)
     spec = describe_workload(workload)
     fingerprint = None if isinstance(workload, (str, Mapping)) else _fingerprint_here(workload)
+    if fingerprint is not None:  # (a spec's step is checked by the probe)
+        from autoplan._signature import workload_signature  # noqa: PLC0415
+
+        workload_signature(workload)  # a step no executor can run: refused before any worker
     wenv = dict(os.environ)
     wenv.update(env or {})
     path = worker_pythonpath()

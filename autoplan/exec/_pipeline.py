@@ -89,6 +89,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
 from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order
+from autoplan._signature import step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
@@ -448,6 +449,9 @@ class _Split:
                                        name=full_graph.name)
         self.prog = prog = flatten(fn, *mb_abstract)
         prog.check_matches(graph)
+        # which results are the next step's arguments: one definition for every executor
+        self.signature = step_signature(jax.eval_shape(fn, *mb_abstract), mb_abstract, arg_kinds,
+                                        step_name=f"the training step of {full_graph.name}")
 
         self.meshes = meshes = [plan.mesh(devices, s) for s in range(S)]
         self.replicated = [NamedSharding(m, PartitionSpec()) for m in meshes]
@@ -515,15 +519,12 @@ class _Split:
 
     # ---- layout of accumulators and new state ------------------------------------------
     def _state_inputs(self) -> dict[int, int]:
-        """Result tensor -> the non-batch input it replaces next step (``new_params`` and
-        ``new_opt_state`` mirror the step's first arguments)."""
+        """Result tensor -> the non-batch input it replaces next step (as the step's
+        :class:`~autoplan._signature.StepSignature` maps its results onto its arguments)."""
         prog = self.prog
-        fixed = [t for t in prog.input_ids if not self.in_info[t][2]]
-        flat_out = list(prog.outputs)
-        if len(flat_out) != len(fixed) + 1:
-            return {}
         out: dict[int, int] = {}
-        for r, t in zip(flat_out[1:], fixed):
+        for i, j in self.signature.state:
+            r, t = prog.outputs[i], prog.input_ids[j]
             if not isinstance(r, Lit) and r not in self.in_info:
                 out.setdefault(r, t)
         return out
@@ -1094,45 +1095,15 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
 
     Raises:
         ExecutionError: the batch does not split into the micro-batches, the step's structure
-            cannot be split so, the step draws random numbers (PRNG keys), the schedule's order
-            breaks a data dependency, or a program failed while running.
+            cannot be split so, the schedule's order breaks a data dependency, or a program failed
+            while running.
     """
-    refuse_random_draws(plan, full_graph)
     sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture)
     host_leaves = {t: np.asarray(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
     if sp.S == 1:
         return _run_accumulation(sp, host_leaves, steps, on_step, time_tasks, capture,
                                  compiler_options)
     return _run_schedule(sp, host_leaves, steps, on_step, time_tasks, capture, compiler_options)
-
-
-def refuse_random_draws(plan: Any, graph: Any) -> None:
-    """Refuse to run a pipeline or gradient-accumulation plan of a step that draws random numbers.
-
-    Run once per micro-batch, such a step draws new numbers for every micro-batch (its key is
-    the same, the shapes are not), so it would not compute what it computes on one device; such
-    plans run when the executor gives each micro-batch its own part of the full-batch draws.
-
-    Raises:
-        ExecutionError: the graph holds PRNG keys (:attr:`autoplan.OpGraph.key_tensors`) or draws
-            random numbers (:attr:`autoplan.OpGraph.random_draws`), naming what it found and the
-            fix.
-    """
-    draws = sorted({graph.ops[i].primitive for i in graph.random_draws})
-    keys = [gi.name for gi in graph.inputs if gi.tensor in graph.key_tensors]
-    if not draws and not keys:
-        return
-    found = ", ".join(([f"key argument(s) {', '.join(keys[:3])}"] if keys else [])
-                      + ([f"random draws ({', '.join(draws)})"] if draws else []))
-    what = (f"{len(plan.stages)} stages over {plan.schedule.microbatches} micro-batch(es)"
-            if len(plan.stages) > 1 else f"{plan.schedule.microbatches} micro-batches")
-    raise ExecutionError(
-        f"a pipeline or gradient-accumulation plan should be of a step that draws no random "
-        f"numbers: run per micro-batch, each micro-batch would draw numbers of its own, and the "
-        f"step would not compute what it computes on one device. Got a plan of {what} for a "
-        f"step with {found}. Fix: run an intra-operator plan (autoplan.search(workload, "
-        f"cluster, pipeline=False), or a plan of result.plans with one stage and one "
-        f"micro-batch), which draws exactly the numbers one device draws.")
 
 
 def _state0(sp: _Split, host_leaves: Mapping[int, Any]) -> dict[int, Any]:
@@ -1143,15 +1114,12 @@ def _state0(sp: _Split, host_leaves: Mapping[int, Any]) -> dict[int, Any]:
 
 def _next_state(sp: _Split, state: dict[int, Any], flat_out: Sequence[Any],
                 where: Sequence[int | None]) -> dict[int, Any]:
-    """Next step's non-batch inputs: the step's ``new_params``/``new_opt_state`` results (moved
-    to the input's stage and sharding when they were made elsewhere)."""
-    fixed = [t for t in sp.prog.input_ids if not sp.in_info[t][2]]
-    if len(flat_out) != len(fixed) + 1:
-        raise ExecutionError("steps > 1 needs a step returning (loss, new_params, new_opt_state) "
-                             "whose new parameters and optimizer state mirror its inputs. Fix: "
-                             "run steps=1.")
+    """Next step's non-batch inputs: the results the step's signature maps onto its arguments
+    (moved to the input's stage and sharding when they were made elsewhere); arguments it does
+    not return are kept."""
     new = {}
-    for t, v, s in zip(fixed, flat_out[1:], where[1:]):
+    for i, j in sp.signature.state:
+        t, v, s = sp.prog.input_ids[j], flat_out[i], where[i]
         home, sh, _ = sp.in_info[t]
         if s is None or s == home:
             if sp.local[home]:
@@ -1335,14 +1303,7 @@ def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,
     compile_time = time.perf_counter() - t0
 
     def advance(result: Any, a: Sequence[Any]) -> list[Any]:
-        flat = result[0]
-        if len(flat) != len(fixed) + 1:
-            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                 "new_opt_state). Fix: run steps=1.")
-        a = list(a)
-        for i, v in zip(fixed, flat[1:]):
-            a[i] = v
-        return a
+        return sp.signature.next_args(result[0], a)
 
     losses, step_times, results, args = run_program(
         compiled, args, steps, "the accumulated step", advance, lambda res: first_scalar(res[0][0]),

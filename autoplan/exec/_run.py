@@ -43,16 +43,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from autoplan._batchflow import MIXING_NOTE, mixing, random_draws
 from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
 from autoplan._memo import memo
+from autoplan._signature import StepSignature, step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
+from autoplan._workload import _param_names, as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
+    _microbatch_abstract,
     comparable,
     error_summary,
     first_scalar,
@@ -250,6 +255,7 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
                              f"a zoo workload, an object with fn and args, or a dict spec. Got "
                              f"{type(workload).__name__}. Fix: pass autoplan.Workload(train_step, "
                              "(params, opt_state, batch)) or autoplan.models.get('gpt', 'tiny').")
+    workload = as_workload(workload, "run")
     leaves = jax.tree_util.tree_leaves(workload.args)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
         if not hasattr(workload, "concrete"):
@@ -257,8 +263,7 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
                                  ".concrete(seed) method. Fix: pass concrete arrays.")
         workload = workload.concrete(seed)
     host = jax.tree_util.tree_map(host_value, tuple(workload.args))
-    kinds = tuple(getattr(workload, "arg_kinds", None) or
-                  (("parameter", "optimizer_state", "batch") if len(host) == 3 else ("input",) * len(host)))
+    kinds = tuple(workload.arg_kinds)
     name = getattr(workload, "name", getattr(workload.fn, "__name__", "workload"))
     return _Resolved(name, workload.fn, host, kinds, workload)
 
@@ -285,10 +290,30 @@ def _abstract(host_args: Any) -> Any:
         x) else np.asarray(x).dtype), host_args)
 
 
-def _is_step_triple(out_shape: Any, args: Sequence[Any]) -> bool:
-    tree = jax.tree_util.tree_structure
-    return (isinstance(out_shape, tuple) and len(out_shape) == 3 and len(args) >= 3
-            and tree(out_shape[1]) == tree(args[0]) and tree(out_shape[2]) == tree(args[1]))
+def signature_of(r: _Resolved) -> StepSignature:
+    """How the workload's step returns its loss and next state (:mod:`autoplan._signature`),
+    read once per workload from its abstract result; refuses a step no executor can run.
+
+    Raises:
+        StepSignatureError: a loss that is not a scalar, or results that do not mirror the
+            step's arguments.
+    """
+    def make() -> StepSignature:
+        names = _param_names(r.fn, len(r.host_args))
+        names = [None if k in ("parameter", "optimizer_state") else n
+                 for n, k in zip(names, r.arg_kinds)]
+        out = jax.eval_shape(r.fn, *_abstract(r.host_args))
+        return step_signature(out, _abstract(r.host_args), r.arg_kinds, names,
+                              step_name=f"the training step of {r.name}")
+    return _cached(r, "signature", make)
+
+
+def _advance_args(sig: StepSignature, outputs: Any, args: Sequence[Any]) -> tuple[Any, ...]:
+    """The next step's arguments (a tuple of pytrees like ``args``): the step's returned state
+    in place of the arguments it mirrors, the others unchanged."""
+    flat, treedef = jax.tree_util.tree_flatten(tuple(args))
+    return tuple(jax.tree_util.tree_unflatten(
+        treedef, sig.next_args(jax.tree_util.tree_leaves(outputs), flat)))
 
 
 def _grad_tensors(graph: Any) -> list[int]:
@@ -353,10 +378,14 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
             raise ExecutionError(
                 f"input {i.name} of shape {i.shape} cannot take the plan's spec {i.spec} on mesh "
                 f"{sizes}: a dimension does not divide by its mesh axes. Fix: re-create the plan.")
+    sig = signature_of(r)
     out_shape = jax.eval_shape(r.fn, *abstract)
-    out_sh = None
-    if _is_step_triple(out_shape, abstract):
-        out_sh = (NamedSharding(mesh, PartitionSpec()), shardings[0], shardings[1])
+    # results in the sharding of the argument they replace next step; loss and aux replicated
+    in_flat = jax.tree_util.tree_leaves(tuple(shardings))
+    out_flat = [NamedSharding(mesh, PartitionSpec())] * len(jax.tree_util.tree_leaves(out_shape))
+    for i, j in sig.state:
+        out_flat[i] = in_flat[j]
+    out_sh = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out_shape), out_flat)
     hook, counts = sharding_hook(mesh, plan.stages[0].ops, exact_shapes=True)
     grad_tensors = _grad_tensors(graph) if capture else []
 
@@ -375,14 +404,10 @@ def _run_intra(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], step
     compile_time = time.perf_counter() - t0
 
     def advance(result: Any, a: Sequence[Any]) -> tuple[Any, ...]:
-        if out_sh is None:
-            raise ExecutionError("steps > 1 needs a step returning (loss, new_params, "
-                                 "new_opt_state). Fix: run steps=1.")
-        return (result[0][1], result[0][2], *a[2:])  # the batch and extra inputs (keys) stay
+        return _advance_args(sig, result[0], a)
 
     def loss_of(result: Any) -> float:
-        out = result[0]
-        return first_scalar(out[0] if isinstance(out, tuple) else out)
+        return first_scalar(jax.tree_util.tree_leaves(result[0])[0])
 
     losses, times, results, _ = run_program(compiled, args, steps, "the sharded step", advance,
                                             loss_of, on_step, keep_all=capture)
@@ -446,11 +471,12 @@ def _to_host(x: Any) -> Any:
     return np.asarray(x)
 
 
-def _leaf_name(path: Sequence[Any], triple: bool) -> str:
-    if triple and path and isinstance(path[0], jax.tree_util.SequenceKey):
-        head = ("loss", "new_params", "new_opt_state")[path[0].idx]
-        return head + jax.tree_util.keystr(tuple(path[1:]))
-    return "out" + jax.tree_util.keystr(tuple(path))
+def _leaf_names(sig: StepSignature, outputs: Any) -> list[str]:
+    """A readable name per result leaf (``loss``, ``new_params['w']``, ``aux['acc']``)."""
+    n = len(jax.tree_util.tree_leaves(outputs))
+    names = list(sig.leaf_names[:n])
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(outputs)[0]]
+    return names + [f"out{p}" for p in paths[len(names):]]
 
 
 def _grad_names(graph: Any, grad_tensors: Sequence[int], out_names: Mapping[int, str]) -> list[str]:
@@ -535,13 +561,13 @@ def _arg_path(path: Sequence[Any]) -> str:
     return jax.tree_util.keystr(tuple(path))
 
 
-def _items(outputs: Any, ref: Any, triple: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def _items(outputs: Any, ref: Any, names: Sequence[str]) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(name, this process's shard of the run's value, the same slice of the reference)."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(outputs)
+    flat = jax.tree_util.tree_leaves(outputs)
     ref_flat = jax.tree_util.tree_leaves(ref)
     items = []
-    for (path, a), b in zip(flat, ref_flat):
-        items.extend(_shards(_leaf_name(path, triple), a, comparable(b)))
+    for name, a, b in zip(names, flat, ref_flat):
+        items.extend(_shards(name, a, comparable(b)))
     return items
 
 
@@ -603,11 +629,16 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
                                 "autoplan.exec.run(plan, workload, check=True), which calls this.")
     prog = _program(r)
     cross = list(grad_tensors)
-    reference = _reference(prog, cross)
+    draws = random_draws(graph) if microbatches > 1 else ()
+    if draws:  # the same micro-batched step on one device: each micro-batch draws its own
+        reference = _microbatch_reference(r, graph, cross, microbatches)
+    else:
+        reference = _reference(prog, cross)
     dev = jax.local_devices()[0]
     ref_fn = None
     out_names: dict[int, str] = {}
-    triple = False
+    sig = signature_of(r)
+    names: list[str] = []
     tally = _Tally(rtol, atol)
     args = r.host_args
     nonfinite_in = nonfinite_leaves(args)
@@ -616,36 +647,38 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
         dargs = jax.device_put(args, dev)
         dgrads = jax.device_put(host_grads, dev)
         if ref_fn is None:
-            key = ("reference", tuple(cross), repr(sorted((compiler_options or {}).items())))
+            key = ("reference", tuple(cross), microbatches if draws else 1,
+                   repr(sorted((compiler_options or {}).items())))
             ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
                 compiler_options=compiler_options))
-            triple = isinstance(rec.outputs, tuple) and len(rec.outputs) == 3
-            for (path, _), ref in zip(jax.tree_util.tree_flatten_with_path(rec.outputs)[0], prog.outputs):
+            names = _leaf_names(sig, rec.outputs)
+            for name, ref in zip(names, prog.outputs):
                 if not isinstance(ref, Lit):
-                    out_names.setdefault(ref, _leaf_name(path, triple))
+                    out_names.setdefault(ref, name)
             gnames = _grad_names(graph, cross, out_names)
         reference_out = jax.tree_util.tree_map(comparable, ref_fn(dargs, dgrads))
-        for name, a, b, scale in _step_items(s, rec, reference_out, gnames, triple):
+        for name, a, b, scale in _step_items(s, rec, reference_out, gnames, names):
             tally.add(name, a, b, scale)
         if s + 1 < len(records):
-            if not triple:
-                break
-            args = (jax.tree_util.tree_map(_to_host, rec.outputs[1]),
-                    jax.tree_util.tree_map(_to_host, rec.outputs[2]), *r.host_args[2:])
+            args = _advance_args(sig, jax.tree_util.tree_map(_to_host, rec.outputs), args)
     n = len(tally.names)
     if tally.failed is not None:
-        msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in)
+        mixed = mixing(graph) if microbatches > 1 else None
+        msg = _mismatch_message(tally.failed, rtol, atol, microbatches, nonfinite_in, mixed)
         return EquivalenceResult(False, tally.max_diff, tally.failed[0], n, rtol, atol, msg,
                                  tuple(nonfinite_in))
     note = (f"; the inputs are not finite ({_listed(nonfinite_in)}): non-finite values matched "
             "position by position" if nonfinite_in else "")
+    if draws:
+        note += (f"; against the same {microbatches} micro-batches on one device, since the step "
+                 f"draws random numbers per micro-batch ({', '.join(draws)})")
     return EquivalenceResult(True, tally.max_diff, tally.worst, n, rtol, atol,
                              f"matched: max |diff| {tally.max_diff:.3e} over {n} tensors{note}",
                              tuple(nonfinite_in))
 
 
 def _step_items(s: int, rec: Any, reference_out: tuple[Any, Any, Any], gnames: Sequence[str],
-                triple: bool) -> list[tuple[str, Any, Any, float | None]]:
+                names: Sequence[str]) -> list[tuple[str, Any, Any, float | None]]:
     """What step ``s`` compares, as ``(name, run's value, reference, norm-wise scale or None)``:
     the loss, each gradient shard (norm-wise, against the reference's largest finite
     magnitude) and the step's results."""
@@ -656,7 +689,7 @@ def _step_items(s: int, rec: Any, reference_out: tuple[Any, Any, Any], gnames: S
         fin = np.abs(og[np.isfinite(og)]) if og.size else og
         scale = float(np.max(fin)) if fin.size else 0.0
         items += [(f"{n} (step {s})", a, b, scale) for n, a, b in _shards(gname, g, og)]
-    items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, triple)]
+    items += [(f"{n} (step {s})", a, b, None) for n, a, b in _items(rec.outputs, sub, names)]
     return items
 
 class _Tally:
@@ -704,15 +737,77 @@ def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[An
         env2.update(zip(cross, run_grads))
         prog.evaluate(env2, [op for op in downstream if not set(op.outputs) & cross_set])
         sub = jax.tree_util.tree_unflatten(prog.out_tree, [prog.read(env2, x) for x in prog.outputs])
-        own_loss = own[0] if isinstance(own, tuple) else own
+        own_loss = jax.tree_util.tree_leaves(own)[0]
         return own_loss, own_grads, sub  # the own update is dead code: XLA drops it
 
     return reference
 
 
+def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microbatches: int
+                          ) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
+    """The single-device reference of a micro-batched step that draws random numbers: the step
+    run on each micro-batch in turn, as the plan runs it (each micro-batch draws its own numbers,
+    of the micro-batch's shape, from the same key), the per-micro-batch values averaged as the
+    stage executor averages them, and the update applied to the run's own gradients. Same
+    interface as :func:`_reference`; ``cross`` are the full-batch graph's gradient tensors."""
+    m = microbatches
+    batch_args = [i for i, k in enumerate(r.arg_kinds) if k == "batch"]
+    mb_abstract = _microbatch_abstract(r.host_args, batch_args, m)
+
+    def make_graph() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+            return trace(r.fn, *mb_abstract, arg_kinds=r.arg_kinds, name=r.name)
+
+    mb_prog = _cached(r, ("flat", m), lambda: flatten(r.fn, *mb_abstract))
+    mb_cross = _map_grad_tensors(graph, cross, _cached(r, ("trace", m), make_graph))
+    tainted = set(mb_cross)
+    downstream, upstream = [], []
+    for op in mb_prog.ops:
+        if any(not isinstance(t, Lit) and t in tainted for t in op.inputs):
+            downstream.append(op)
+            tainted.update(op.outputs)
+        else:
+            upstream.append(op)
+    reads = sorted({t for op in downstream for t in op.inputs
+                    if not isinstance(t, Lit) and t not in tainted})
+    is_batch = [a in batch_args for a, arg in enumerate(r.host_args)
+                for _ in jax.tree_util.tree_leaves(arg)]
+
+    def reference(args, run_grads):
+        envs = []
+        for i in range(m):
+            leaves = [x.reshape((m, x.shape[0] // m) + x.shape[1:])[i] if b else x
+                      for x, b in zip(jax.tree_util.tree_leaves(args), is_batch)]
+            env = dict(zip(mb_prog.input_ids, leaves))
+            mb_prog.evaluate(env, upstream)
+            envs.append(env)
+
+        def mean(ref: Any) -> Any:
+            vals = [mb_prog.read(e, ref) for e in envs]
+            v0 = jnp.asarray(vals[0])
+            if not jnp.issubdtype(v0.dtype, jnp.floating):
+                return vals[0]
+            acc = jnp.promote_types(v0.dtype, jnp.float32)
+            return (sum(jnp.asarray(v, acc) for v in vals) / m).astype(v0.dtype)
+
+        own_grads = [mean(t) for t in mb_cross]
+        env2 = dict(envs[0])
+        env2.update({t: mean(t) for t in reads})
+        env2.update(zip(mb_cross, run_grads))
+        mb_prog.evaluate(env2, downstream)
+        outs = [mb_prog.read(env2, x) if isinstance(x, Lit) or x in tainted else mean(x)
+                for x in mb_prog.outputs]
+        sub = jax.tree_util.tree_unflatten(mb_prog.out_tree, outs)
+        return outs[0], own_grads, sub
+
+    return reference
+
+
 def _mismatch_message(failed: tuple[str, float, bool, int], rtol: float, atol: float,
-                      microbatches: int, nonfinite_in: Sequence[str]) -> str:
-    """The verdict of a mismatch: the first failing tensor, by how much, the likely cause."""
+                      microbatches: int, nonfinite_in: Sequence[str], mixed: Any = None) -> str:
+    """The verdict of a mismatch: the first failing tensor, by how much, the likely cause (the
+    operator where the loss mixes examples, when it does and the plan micro-batches)."""
     name, d, normwise, bad = failed
     kind = "norm-wise (max |diff| <= atol + rtol max |b|)" if normwise else "element-wise"
     if bad:
@@ -720,7 +815,11 @@ def _mismatch_message(failed: tuple[str, float, bool, int], rtol: float, atol: f
                 "other (non-finite values are compared position by position)")
     else:
         what = f"max |diff| {d:.3e} exceeds the tolerance (rtol {rtol:g}, atol {atol:g}, {kind})"
-    if microbatches > 1:
+    if mixed is not None:
+        cause = (f"Cause: {MIXING_NOTE} ({mixed}), and this plan runs {microbatches} "
+                 "micro-batches. Fix: use a plan without micro-batches for this loss (a search "
+                 "without allow_microbatching_mixed=True makes none).")
+    elif microbatches > 1:
         cause = (f"Likely cause: over {microbatches} micro-batches, a loss that is not a mean "
                  "of per-example terms over the batch (batch-normalisation statistics, in-batch "
                  "negatives, a sum) gives other numbers by construction; else a sharding or "
@@ -753,8 +852,11 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         workload: an :class:`autoplan.Workload` (a user's step and its arguments), a zoo
             workload (or a dict ``{"model":..., "size":..., **overrides}``), or any object with
             ``fn``, ``args``, ``arg_kinds``.
-        steps: training steps; each starts from the previous step's parameters and optimizer
-            state, on the same batch. ``0`` compiles only (a pipeline runs its warm-up step,
+        steps: training steps; each starts from what the previous step returned for its
+            arguments (new parameters, optimizer state, a key or counter it returns; the others
+            unchanged), on the same batch. Every step form of :mod:`autoplan._signature` runs
+            here: ``(loss, params)``, ``(loss, params, opt_state)``, extra inputs, ``(loss,
+            aux)`` and ``((loss, aux), params, ...)``. ``0`` compiles only (a pipeline runs its warm-up step,
             which compiles its tasks): the report then has the collectives and memory, no
             losses or times.
         check: compare every step with unsharded single-device execution (see
@@ -778,6 +880,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         The :class:`RunReport`.
 
     Raises:
+        StepSignatureError: the step returns what no executor can run (a loss that is not a
+            scalar, results that do not mirror its arguments), before any work.
         PlanMismatchError: the plan was made for another model, argument structure or number of
             devices.
         EquivalenceError: ``check`` and the results differ from single-device execution.
@@ -798,6 +902,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                              "steps=1 (or 0 to compile only).")
     check = check and steps > 0
     r = resolve_workload(workload, seed)
+    signature_of(r)  # a step no executor can run is refused before any work
     devices = list(devices) if devices is not None else jax.devices()
     graph = _graph(r)
     _check_plan(plan, r, graph, devices, compiler_options)

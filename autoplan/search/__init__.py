@@ -18,6 +18,7 @@ from autoplan._schedule import schedule_stats as schedule_stats
 from autoplan._schedule import schedule_table as schedule_table
 from autoplan.search._api import LEVELS as LEVELS
 from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
+from autoplan.search._api import NoPipelineWarning as NoPipelineWarning
 from autoplan.search._api import PlanDoesNotFitWarning as PlanDoesNotFitWarning
 from autoplan.search._api import SearchResult as SearchResult
 from autoplan.search._api import plan as plan
@@ -52,7 +53,7 @@ from autoplan.search.pipeline._stage_dp import submesh_shapes as submesh_shapes
 from autoplan.search.pipeline._stage_ilp import stage_ilp as stage_ilp
 
 __all__ = [
-    "LEVELS", "SearchResult", "plan", "search", "PlanDoesNotFitWarning", "BatchSplitWarning", "baseline_plans", "LayerGroup", "group_layers",
+    "LEVELS", "SearchResult", "plan", "search", "PlanDoesNotFitWarning", "BatchSplitWarning", "NoPipelineWarning", "baseline_plans", "LayerGroup", "group_layers",
     "Cone", "Segment", "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
     "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
     "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",

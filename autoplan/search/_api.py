@@ -33,12 +33,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplan import _cache
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._plan import LEVELS, Plan
+from autoplan._workload import as_workload, is_workload_like
 from autoplan.search._parallel import (
     AUTO_PARALLEL_OPS,
     Task,
@@ -54,7 +56,11 @@ from autoplan.search.intra._ilp import _resolve_pins
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
 
-__all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning"]
+__all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning",
+           "NoPipelineWarning", "GRAPH_ONLY_NOTE"]
+
+#: the note (and warning) of a search given a graph alone, which has no pipeline candidates
+GRAPH_ONLY_NOTE = "pipeline plans need the workload: pass autoplan.Workload(fn, args)"
 
 
 class PlanDoesNotFitWarning(UserWarning):
@@ -66,6 +72,11 @@ class PlanDoesNotFitWarning(UserWarning):
 class BatchSplitWarning(UserWarning):
     """The global batch does not divide over the devices, and the best plan keeps it whole on
     every device (no data parallelism)."""
+
+
+class NoPipelineWarning(UserWarning):
+    """A search that could have made pipeline plans made none: it was given a traced graph, not
+    the workload the pipeline search traces again at the micro-batch size."""
 
 
 @dataclass
@@ -82,6 +93,14 @@ class SearchResult:
             ``best_label`` where the best plan came from.
         graph: the traced graph the plans are for.
         analysis: the folding analysis (mining classes, segments), when computed.
+        notes: what the user should know about the whole search: a loss that mixes examples
+            across the batch (``"this loss mixes examples across the batch; micro-batching would
+            change it"``, with where, and whether micro-batched plans were left out), a search
+            given a graph alone (``"pipeline plans need the workload: pass
+            autoplan.Workload(fn, args)"``).
+        mixing: where the step's forward pass mixes examples of its batch
+            (:class:`autoplan._batchflow.Mixing`), or None when its loss is a sum or mean of
+            per-example terms.
     """
 
     best: Plan
@@ -89,6 +108,8 @@ class SearchResult:
     stats: dict[str, Any]
     graph: OpGraph | None = field(default=None, repr=False)
     analysis: Any = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)
+    mixing: Any = field(default=None, repr=False)
 
     @property
     def candidates(self) -> list[Plan]:
@@ -146,11 +167,12 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     t0 = time.perf_counter()
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
-    if hasattr(workload_or_graph, "fn") and hasattr(workload_or_graph, "args"):
+    if is_workload_like(workload_or_graph):
         from autoplan.search.pipeline._pipeline import traced  # noqa: PLC0415
 
-        g = traced(workload_or_graph)
-        return g, workload_or_graph, time.perf_counter() - t0
+        workload = as_workload(workload_or_graph, "search")
+        g = traced(workload)
+        return g, workload, time.perf_counter() - t0
     if callable(workload_or_graph):
         name = getattr(workload_or_graph, "__name__", "")
         name = name if name.isidentifier() else "train_step"
@@ -256,7 +278,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            num_layers: int | None = None, stage_algorithm: str = "auto",
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
-           partial: Callable[[SearchResult], None] | None = None) -> SearchResult:
+           partial: Callable[[SearchResult], None] | None = None,
+           allow_microbatching_mixed: bool = False) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -303,6 +326,14 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         partial: called once with a :class:`SearchResult` of the intra-operator candidates,
             ranked, when the pipeline search is still to run (``stats["partial"]`` is True): a
             caller can show them while the rest of the search runs.
+        allow_microbatching_mixed: search micro-batched plans (gradient accumulation,
+            pipelines over several micro-batches) for a step whose loss mixes examples across
+            the batch (batch statistics such as batch norm, in-batch negatives, any reduction
+            over the batch before the loss's final one: :func:`autoplan._batchflow.mixing`).
+            Micro-batching changes what such a loss computes, so by default they are left out
+            and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
+            note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
+            microbatches=1`` searches such pipelines without it.
 
     Returns:
         A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
@@ -315,7 +346,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     Raises:
         SearchError: bad options, or options the chosen ``pipeline`` mode would ignore
             (``mesh_shape`` with ``pipeline=True``; ``microbatches``, ``schedule``,
-            ``num_layers``, ``stage_algorithm`` or ``submesh_hosts`` with ``pipeline=False``).
+            ``num_layers``, ``stage_algorithm`` or ``submesh_hosts`` with ``pipeline=False``);
+            ``pipeline=True`` for a loss that mixes examples without
+            ``allow_microbatching_mixed=True`` (or ``microbatches=1``).
         InfeasiblePlanError: no plan fits ``memory_budget`` (``least_memory`` says what would).
 
     Warns:
@@ -323,12 +356,18 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             memory (the best is returned; the message gives the least memory any candidate needs).
         BatchSplitWarning: the batch does not divide over the devices and the best plan keeps it
             whole on every device.
+        NoPipelineWarning: ``pipeline="auto"`` with a graph (from :func:`autoplan.trace`) instead
+            of the workload: no pipeline candidates (``result.notes`` says so too).
     """
     options = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
                    mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
                    time_limit=time_limit, baselines=baselines, num_layers=num_layers,
                    stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
     cluster = _check_options(cluster, options)
+    if not isinstance(allow_microbatching_mixed, bool):
+        raise SearchError(f"search: allow_microbatching_mixed should be True or False. Got "
+                          f"{allow_microbatching_mixed!r}. Fix: allow_microbatching_mixed=True "
+                          "to search micro-batched plans for a loss that mixes examples.")
     check_workers(workers)
     if not isinstance(cache, bool):
         raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
@@ -346,8 +385,13 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
     if pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
-                          "from it), not an OpGraph. Fix: pass autoplan.models.get(...) or use "
-                          "pipeline=False.")
+                          "from it), not an OpGraph. Got an OpGraph. Fix: "
+                          f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
+                          " (or a zoo workload), or use pipeline=False.")
+    found_mixing = memo(graph, "mixing", lambda: mixing(graph))
+    notes, microbatching = _search_notes(graph, workload, options, found_mixing,
+                                         allow_microbatching_mixed)
+    options["microbatching"] = microbatching
     n_workers = resolve_workers(workers, len(graph))
     if workers is None and single and (pipeline is False or workload is None):
         # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
@@ -369,12 +413,12 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             report("done (from the plan cache)", 1.0)
             return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
                            Analysis.from_dict(hit["analysis"]) if hit["analysis"] else None,
-                           hit["warnings"], memory_budget)
+                           hit["warnings"], memory_budget, notes, found_mixing)
     found = _search_plans(graph, workload, cluster, options, config, n_workers, report, partial)
     plans, stats, analysis, recorded = found
     stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": level,
                   "workers": n_workers})
-    plans = _finish_plans(plans, graph, analysis, stats)
+    plans = _finish_plans(plans, graph, analysis, stats, found_mixing)
     stats["search_seconds"] = time.perf_counter() - t_start - t_trace
     ranked, i = _rank_and_pick(plans, memory_budget)
     ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
@@ -386,7 +430,41 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                             analysis.to_dict() if analysis is not None else None, recorded):
             stats["cache"] = "not stored"
     report("done", 1.0)
-    return _result(graph, ranked, i, stats, analysis, recorded, memory_budget)
+    return _result(graph, ranked, i, stats, analysis, recorded, memory_budget, notes,
+                   found_mixing)
+
+
+def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], found: Any,
+                  allow_mixed: bool) -> tuple[list[str], bool]:
+    """The notes of a search, and whether it may make micro-batched plans; warns (and refuses
+    ``pipeline=True``) where the user must know before any work."""
+    notes: list[str] = []
+    pipeline, microbatches = options["pipeline"], options["microbatches"]
+    microbatching = found is None or allow_mixed
+    if found is not None:
+        if allow_mixed:
+            notes.append(f"{MIXING_NOTE} ({found}); micro-batched plans were searched "
+                         "(allow_microbatching_mixed=True) and carry this note")
+        else:
+            if pipeline is True and microbatches != 1:
+                raise SearchError(
+                    f"search: pipeline=True makes micro-batched plans, but {MIXING_NOTE}: "
+                    f"{found}. Got pipeline=True, microbatches={microbatches!r}. Fix: pass "
+                    "allow_microbatching_mixed=True (--allow-microbatching-mixed on the command "
+                    "line) to accept the change, microbatches=1 for "
+                    "pipelines without micro-batches, or pipeline='auto' for intra-operator "
+                    "plans.")
+            notes.append(f"{MIXING_NOTE} ({found}); micro-batched plans (gradient "
+                         "accumulation, pipelines over several micro-batches) were left out. Fix: pass "
+                         "allow_microbatching_mixed=True (--allow-microbatching-mixed on the "
+                         "command line) to search them anyway")
+    if workload is None and pipeline == "auto":
+        notes.append(GRAPH_ONLY_NOTE)
+        warnings.warn(NoPipelineWarning(
+            f"search: given a traced graph, so no pipeline candidates: {GRAPH_ONLY_NOTE} "
+            "(the pipeline search traces the step again at the micro-batch size)."),
+            stacklevel=user_stacklevel())
+    return notes, microbatching
 
 
 def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluster:
@@ -468,7 +546,8 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     time_limit = options["time_limit"]
     do_intra = pipeline in (False, "auto")
     # on one device the pipeline search gives the one-stage, gradient-accumulation plan
-    do_pipe = pipeline in (True, "auto") and workload is not None
+    do_pipe = pipeline in (True, "auto") and workload is not None and (
+        options.get("microbatching", True) or options["microbatches"] == 1)
     if options["mesh_shape"] is not None:
         shapes = [tuple(int(x) for x in options["mesh_shape"])] if do_intra else []
     else:
@@ -494,7 +573,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
               for shape in shapes]
     if options["baselines"]:
         tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
-        if do_pipe and cluster.nodes > 1:
+        if do_pipe and cluster.nodes > 1 and options.get("microbatching", True):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
                               dict(schedule=options["schedule"], time_limit=time_limit,
                                    workers=n_workers),
@@ -595,7 +674,8 @@ def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[
 
 def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
             analysis: Analysis | None, recorded: list[tuple[type[Warning], str]],
-            memory_budget: float | None) -> SearchResult:
+            memory_budget: float | None, notes: list[str] | None = None,
+            found_mixing: Any = None) -> SearchResult:
     """The :class:`SearchResult` of ranked plans (searched now or from the cache), with the
     search's warnings raised at the user's line."""
     if graph.arg_trees is not None:  # kept in memory only: the caller's own pytrees
@@ -609,15 +689,19 @@ def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
                                                 "for another device memory."),
                           stacklevel=user_stacklevel())
     _check_batch_split(best, best.cluster.num_devices)
-    return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis)
+    return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis,
+                        notes=list(notes or []), mixing=found_mixing)
 
 
 def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
-                  stats: Mapping[str, Any]) -> list[Plan]:
+                  stats: Mapping[str, Any], found_mixing: Any = None) -> list[Plan]:
     """Each plan with the argument pytrees' structure (the JAX views then mirror the user's own
     types), the graph's folding analysis (:func:`~autoplan.search.fold._summary.
     analysis_summary`) and the ILPs and level of the search that made it: an intra-operator
-    candidate's mesh, the pipeline search's layer solves; None for a baseline."""
+    candidate's mesh, the pipeline search's layer solves; None for a baseline. A micro-batched
+    plan gets the notes of what micro-batching changes: its random draws
+    (:data:`~autoplan._batchflow.RANDOM_NOTE`), a loss that mixes examples
+    (:data:`~autoplan._batchflow.MIXING_NOTE`)."""
     from autoplan.search.fold._summary import analysis_summary  # noqa: PLC0415
 
     if graph.arg_trees is not None:
@@ -633,8 +717,23 @@ def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
             level = (stats.get("level_used") or {}).get(mesh)
         elif p.label == "autoplan-pipeline":
             ilps, level = stats.get("pipeline_layer_solves"), p.level
-        out.append(p.with_(analysis={**base, "ilps": ilps, "level": level}))
+        p = p.with_(analysis={**base, "ilps": ilps, "level": level})
+        if p.schedule.microbatches > 1:
+            p = p.with_(notes=tuple(p.notes) + _microbatch_notes(p, graph, found_mixing))
+        out.append(p)
     return out
+
+
+def _microbatch_notes(p: Plan, graph: OpGraph, found_mixing: Any) -> tuple[str, ...]:
+    """What running ``p`` over its micro-batches changes, as notes it does not hold yet."""
+    extra = []
+    draws = memo(graph, "random_draws", lambda: random_draws(graph))
+    if draws:
+        extra.append(f"{RANDOM_NOTE} ({p.schedule.microbatches} micro-batches; "
+                     f"{', '.join(draws)}): the draws differ from one full-batch step's")
+    if found_mixing is not None:
+        extra.append(f"{MIXING_NOTE} ({found_mixing})")
+    return tuple(n for n in extra if not any(m.startswith(n.split(" (")[0]) for m in p.notes))
 
 
 def plan(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", **kwargs: Any) -> Plan:

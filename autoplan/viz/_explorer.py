@@ -726,7 +726,8 @@ class Explorer:
         self._status.value = (f"{len(res.plans)} plans for {name}"
                               f"{f' ({size})' if size else ''} on {cl.spec} {how}; best: "
                               f"{res.best.label}, {res.best.describe()}, "
-                              f"{_ms(res.best.predicted.step_time)}")
+                              f"{_ms(res.best.predicted.step_time)}"
+                              + "".join(f"; note: {n}" for n in getattr(res, "notes", ())))
 
     def _apply_result(self, res: Any, key: tuple, context: tuple[str, str, str], *,
                       partial: bool = False) -> None:
