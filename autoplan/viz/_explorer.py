@@ -353,6 +353,7 @@ class Explorer:
         self._op_layer: dict[int, str] = {}
         self._stage_of_op: dict[int, int] = {}
         self._generation = 0
+        self._picked: Plan | None = None  # the plan the user selected since the search began
 
     def _build_controls(self, model: str, size: str, cl: Cluster, level: str, schedule: str,
                         microbatches: int | None, memory_budget: float | None) -> None:
@@ -689,6 +690,7 @@ class Explorer:
         return ("spec", json.dumps(spec, sort_keys=True, default=str))
 
     def _search_job(self) -> None:
+        self._picked = None
         self._search_button.disabled = True
         self._progress.bar_style = ""
         self._progress.value = 0.0
@@ -723,10 +725,14 @@ class Explorer:
         size = getattr(wl, "size", None)
         name = getattr(wl, "name", None) or str(self._model.value)
         how = "repeated search: this explorer's earlier result" if repeated else f"in {secs:.1f} s"
-        self._status.value = (f"{len(res.plans)} plans for {name}"
-                              f"{f' ({size})' if size else ''} on {cl.spec} {how}; best: "
-                              f"{res.best.label}, {res.best.describe()}, "
-                              f"{_ms(res.best.predicted.step_time)}")
+        status = (f"{len(res.plans)} plans for {name}{f' ({size})' if size else ''} on {cl.spec} "
+                  f"{how}; best: {res.best.label}, {res.best.describe()}, "
+                  f"{_ms(res.best.predicted.step_time)}")
+        shown = self.plan
+        if shown is not None and not _same_plan(shown, res.best):
+            status += (f"; showing #{self._candidate.value} {shown.label}, "
+                       f"{_ms(shown.predicted.step_time)}, picked during the search: not the best")
+        self._status.value = status
 
     def _apply_result(self, res: Any, key: tuple, context: tuple[str, str, str], *,
                       partial: bool = False) -> None:
@@ -749,13 +755,19 @@ class Explorer:
             self.result = res
             self._generation += 1
             self._refresh_candidates()
-            index = 0
-            if keep is not None:
-                index = next((k for k, p in enumerate(self.plans) if _same_plan(p, keep)), 0)
+            plans = self.plans
+            best = next((k for k, p in enumerate(plans) if p is res.best),
+                        next((k for k, p in enumerate(plans) if _same_plan(p, res.best)), 0))
+            index = best
+            # a candidate the user picked while this search ran stays selected; anything else
+            # (the partial result's best, the plan of an earlier search) gives way to the best
+            if keep is not None and same_search and self._picked is not None:
+                index = next((k for k, p in enumerate(plans) if _same_plan(p, self._picked)),
+                             best)
             if partial:
                 self._status.value = (f"{len(res.plans)} intra-operator plans so far; searching "
                                       "pipeline plans and baselines")
-        self.select(index)
+        self._select(index, picked=False)
 
     def _refresh_candidates(self) -> None:
         plans = self.plans
@@ -789,11 +801,16 @@ class Explorer:
 
     def select(self, index: int) -> Plan:
         """Select plan ``index`` of :attr:`plans` (a plan of a group of equivalent plans selects
-        the group) and update every view (in the calling thread).
+        the group) and update every view (in the calling thread). A plan selected while a
+        search runs stays selected when the search ends (the status line then says that it is
+        not the best); otherwise every search ends on its best plan.
 
         Raises:
             StateError: no search result yet. ArgumentIndexError: no such plan.
         """
+        return self._select(index, picked=True)
+
+    def _select(self, index: int, *, picked: bool) -> Plan:
         if self.result is None:
             raise StateError("Explorer.select: no search result yet. Fix: run ex.search() and "
                              "ex.wait_idle() first.")
@@ -812,6 +829,8 @@ class Explorer:
                 self._candidate.value = index
             finally:
                 self._quiet -= 1
+            if picked:
+                self._picked = plans[index]
             self._show(index)
             return self.plan  # type: ignore[return-value]
 

@@ -455,6 +455,74 @@ def test_the_first_candidates_show_before_the_pipeline_search_ends(monkeypatch, 
     assert ex.result is res
 
 
+def staged_search(res, during=None):
+    """A search that hands the explorer the real result's intra-operator plans as its partial
+    result (their best first), runs ``during(explorer)`` and returns the real result."""
+    intra = [p for p in res.plans if not p.is_pipeline and not p.label.startswith("baseline")]
+    part = type(res)(best=intra[0], plans=intra, stats={"partial": True}, graph=res.graph)
+    box = {}
+
+    def staged(workload, cluster, **kwargs):
+        kwargs["partial"](part)
+        box["partial plan"] = box["explorer"].plan
+        if during is not None:
+            during(box["explorer"])
+        return res
+
+    return staged, part, box
+
+
+def assert_page_shows(ex, plan):
+    """Every part of the page shows ``plan``: the candidate box, summary, figures, the
+    comparison's star, the code pane and what Launch would run."""
+    index = ex.plans.index(plan)
+    assert ex.plan is plan and ex._candidate.value == index
+    assert plan.label in ex._summary.value and plan.describe() in ex._summary.value
+    want = {"sharding": sharding_figure(plan), "stage": stage_figure(plan),
+            "memory": memory_figure(plan), "timeline": timeline_figure(plan),
+            "graph": graph_figure(plan), "compare": compare_figure(ex.plans, highlight=index)}
+    for name, fig in want.items():
+        assert shown(ex.figures[name]) == figure_json(fig), name
+    fig = shown(ex.figures["compare"])
+    pts = next(t for t in fig["data"] if t["meta"]["kind"] == "plans")
+    stars = [cd for cd, sym in zip(pts["customdata"], pts["marker"]["symbol"]) if sym == "star"]
+    assert len(stars) == 1 and index in stars[0] and fig["layout"]["meta"]["highlight"] == index
+    assert ex.code.code == plan.to_code() and not ex._launch_button.disabled
+
+
+def test_the_final_result_shows_its_best_after_the_partial_one(monkeypatch, explorer):
+    res = explorer.result
+    staged, part, box = staged_search(res)
+    assert not (part.best.label == res.best.label and part.best.describe() == res.best.describe())
+    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    ex.search()
+    ex.wait_idle(120)
+    assert box["partial plan"] is part.best  # the partial result's best while the search ran
+    assert_page_shows(ex, res.best)  # then the final result's best, everywhere
+    assert f"best: {res.best.label}" in ex._status.value and "not the best" not in ex._status.value
+
+
+def test_a_candidate_picked_during_the_search_stays_selected(monkeypatch, explorer):
+    res = explorer.result
+    staged, part, box = staged_search(res, during=lambda ex: ex.select(2))
+    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    ex.search()
+    ex.wait_idle(120)
+    picked = part.plans[2]
+    kept = next(p for p in res.plans if p.label == picked.label and p.describe() == picked.describe())
+    assert_page_shows(ex, kept)
+    assert f"best: {res.best.label}" in ex._status.value
+    assert f"showing #{ex.plans.index(kept)} {kept.label}" in ex._status.value
+    assert "not the best" in ex._status.value
+    # the next search (the same settings: this explorer's memo) ends on the best again
+    monkeypatch.setattr(_explorer, "_search_function", lambda: pytest.fail("memo expected"))
+    ex.search()
+    ex.wait_idle(60)
+    assert_page_shows(ex, res.best)
+
+
 def test_the_launch_panel_is_cleared_when_the_model_changes(explorer, monkeypatch):
     res = explorer.result
     plan = explorer.select(0)
