@@ -890,7 +890,9 @@ class Explorer:
 
     def _summary_html(self, plan: Plan, reference_note: str) -> str:
         text = plan.summary()
-        generic = {o.layer for o in plan.ops} <= {"", "(root)"} and plan.ops
+        # layers that no scope names: the search named them from the parameters they read
+        generic = plan.ops and not any(
+            o.layer and o.layer.split("/")[-1] in o.scope.split("/") for o in plan.ops)
         layers = ""
         if generic:
             names = list(dict.fromkeys(self._op_layer.values()))

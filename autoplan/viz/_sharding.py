@@ -44,6 +44,7 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._errors import ArgumentError
+from .._names import split_input_name, unit_name
 from .._plan import OpSharding, Plan, Stage, TensorSharding, require_plan
 from .._planfile import parse_keystr
 from .._spec import Spec
@@ -202,22 +203,12 @@ def tile_color(devices: Sequence[int], mesh_shape: Sequence[int]) -> str:
 
 
 # ---- which layer an operator is shown in ----------------------------------------------------
-def _param_container(name: str) -> str | None:
-    """``params[0]['w']`` -> ``params[0]``: the parameter's parent in its pytree."""
-    cut = name.find("[")
-    if cut < 0:
-        return None
-    arg, path = name[:cut], name[cut:]
-    keys = parse_keystr(path) or []
-    if len(keys) < 2:
-        return name
-    return arg + "".join(f"[{k}]" if isinstance(k, int) else f"[{k!r}]" for k in keys[:-1])
-
-
 def op_layers(plan: Plan) -> dict[int, str]:
-    """The layer each planned operator is shown in: its recorded layer, or for an operator the
-    trace placed in no named scope, the parameter it reads (``params[0]`` for ``params[0]['w']``),
-    else the layer of the operator before it."""
+    """The layer each planned operator is shown in: its recorded layer (the search's layers, named
+    alike in every view), or, in a plan of an older version that records none (``"(root)"``),
+    the layer named from the parameter it reads as the search names one
+    (:func:`autoplan._names.unit_name`: ``params[0]`` for ``params[0]['w']``), else the layer of
+    the operator before it (``input`` before the first)."""
     plan = require_plan(plan, "op_layers")
     out: dict[int, str] = {}
     prev = None
@@ -225,9 +216,9 @@ def op_layers(plan: Plan) -> dict[int, str]:
         name = op.layer if op.layer not in _GENERIC_LAYERS else None
         if name is None:
             w = next((t for t in op.tensors if t.role == "weight"), None)
-            name = _param_container(w.name) if w is not None else None
+            name = unit_name([split_input_name(w.name)]) if w is not None else None
         if name is None:
-            name = prev or f"op {op.op}"
+            name = prev or "input"
         out[op.op] = name
         prev = name
     return out
@@ -235,8 +226,10 @@ def op_layers(plan: Plan) -> dict[int, str]:
 
 def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     """The operator's kind within its layer (``attn.qkv``, ``conv2``, ``attn dot #1``)."""
-    parts = (op.scope or "").split("/")
-    rel = "/".join(parts[parts.index(layer) + 1:]) if layer in parts else "/".join(p for p in parts if p)
+    parts = [p for p in (op.scope or "").split("/") if p]
+    own = layer.split("/")  # a layer's scope path ("Mixer/MixerBlock_0"); the rest is its kind
+    at = next((i for i in range(len(parts) - len(own) + 1) if parts[i:i + len(own)] == own), None)
+    rel = "/".join(parts[at + len(own):] if at is not None else parts)
     w = next((t for t in op.tensors if t.role == "weight"), None)
     if w is not None:
         keys = [k for k in parse_keystr(w.name[w.name.find("["):]) or () if isinstance(k, str)]
@@ -251,8 +244,10 @@ def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     short = {"dot_general": "dot", "conv_general_dilated": "conv"}.get(op.primitive, op.primitive)
     if rel:
         key = f"{rel} {short}"
-    else:  # the layer's own name, without its number: the same kind in every repeated layer
-        key = re.sub(r"\[\d+\]|[_.]?\d+", "", layer) or short
+    else:  # a layer named by one word names its operators' kind ("embed", "head"); in a
+        # numbered layer ("layers_3", "dense0", "params[2]") the kind is the primitive's, so the
+        # same kind lines up in every repeated layer and no row names a path the model lacks
+        key = layer if layer and not re.search(r"[\d\[\]./+]", layer) else short
     k = seen.get(key, 0)
     seen[key] = k + 1
     return f"{key} #{k}" if k or op.role != "forward" else key
