@@ -77,7 +77,7 @@ from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
-from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, id_span, time_unit
+from ._style import TEMPLATE, axis_ticks, fmt_bytes, fmt_in_unit, id_span, time_unit
 from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
@@ -1420,15 +1420,41 @@ class Explorer:
         ]
         title = ("launch: loss and step time per step" if rec is None else
                  f"launch of [{html.escape(rec.plan.label)}]: {len(losses)}/{rec.steps} steps")
+        # every axis with its own ticks (one unit, at most 3 significant digits): the step-time
+        # axis is log (emulated CPU devices run far slower than the cluster the plan was costed
+        # on) and must not borrow the loss axis's ticks
+        last = max(steps - 1, 1)
+        xt = axis_ticks(0, last)
+        keep = [k for k, v in enumerate(xt.get("tickvals", [])) if float(v).is_integer()]
+        xt = {"tickmode": "array", "tickvals": [xt["tickvals"][k] for k in keep],
+              "ticktext": [xt["ticktext"][k] for k in keep]} if len(keep) >= 2 else {
+            "tickmode": "array", "tickvals": list(range(last + 1)),
+            "ticktext": [str(k) for k in range(last + 1)]}
+        xaxis = {"title": {"text": "step"}, "range": [-0.3, last + 0.3], **xt}
+        yaxis: dict[str, Any] = {"title": {"text": "loss"}, "tickmode": "auto"}
+        if losses:
+            lo, hi = min(losses), max(losses)
+            pad = 0.1 * ((hi - lo) or abs(hi) or 1.0)
+            yaxis.update(range=[lo - pad, hi + pad], **axis_ticks(lo - pad, hi + pad, count=4))
+        yaxis2: dict[str, Any] = {"title": {"text": f"step time ({unit[1]}, log)", "standoff": 8},
+                                  "overlaying": "y", "side": "right", "type": "log",
+                                  "showgrid": False, "tickmode": "auto", "automargin": True}
+        annotations = []
+        shown = [t / unit[0] for t in [*times, *([pred] if pred else [])] if t and t > 0]
+        if shown:
+            lo, hi = min(shown) / 1.6, max(shown) * 1.6
+            yaxis2.update(range=[math.log10(lo), math.log10(hi)], **axis_ticks(lo, hi, log=True))
+        if rec is not None and pred:
+            # the prediction's label by its line (a log axis places annotations at log10(y))
+            annotations.append({"x": last, "y": math.log10(pred / unit[0]), "xref": "x",
+                                "yref": "y2", "xanchor": "right", "yanchor": "bottom",
+                                "showarrow": False, "font": {"size": 10, "color": "#e45756"},
+                                "text": f"predicted {fmt_in_unit(pred, unit)}"})
         layout = {
             "template": TEMPLATE, "height": 300, "title": {"text": title},
-            "xaxis": {"title": {"text": "step"}, "dtick": 1},
-            "yaxis": {"title": {"text": "loss"}},
-            # log: emulated CPU devices run far slower than the cluster the plan was costed on
-            "yaxis2": {"title": {"text": f"step time ({unit[1]}, log)"}, "overlaying": "y",
-                       "side": "right", "type": "log", "showgrid": False},
+            "xaxis": xaxis, "yaxis": yaxis, "yaxis2": yaxis2, "annotations": annotations,
             "legend": {"orientation": "h", "y": -0.25},
-            "margin": {"t": 60, "l": 60, "r": 70, "b": 40},
+            "margin": {"t": 60, "l": 60, "r": 80, "b": 40},
             "meta": {"kind": "launch", "unit": unit[1]},
         }
         return {"data": data, "layout": layout}
