@@ -77,7 +77,7 @@ from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
-from ._style import TEMPLATE, axis_ticks, fmt_bytes, fmt_in_unit, id_span, time_unit
+from ._style import TEMPLATE, axis_ticks, fmt_bytes, fmt_in_unit, fmt_sig, id_span, time_unit
 from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
@@ -194,6 +194,62 @@ class LaunchRecord:
         state = "error" if self.error else ("done" if self.done else "running")
         return (f"LaunchRecord({self.plan.label!r}, {self.num_processes}x{self.devices_per_process} "
                 f"devices, {state}, {len(self.step_events)} step events)")
+
+
+_BYTE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+               "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+
+
+def parse_budget(text: Any) -> float | None:
+    """The memory budget box's text in bytes: ``"8 GiB"``, ``"512 MiB"``, ``"1.5e9 B"``, a bare
+    number of GiB; None (the device's memory) for ``""`` or 0.
+
+    Raises:
+        SearchError: anything else, or a negative amount.
+    """
+    raw = str(text if text is not None else "").strip()
+    m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)", raw)
+    unit = (m.group(2).lower() or "gib") if m else None
+    if raw and (m is None or unit not in _BYTE_UNITS or float(m.group(1)) < 0
+                or not math.isfinite(float(m.group(1)))):
+        raise SearchError(f"Explorer: the memory budget should be an amount of memory such as "
+                          f"'8 GiB' or '512 MiB' (a bare number is GiB), or empty for the "
+                          f"device's memory. Got {raw!r}. Fix: e.g. 8 GiB.")
+    v = float(m.group(1)) * _BYTE_UNITS[unit] if raw else 0.0
+    return v if v > 0 else None
+
+
+def fmt_budget(nbytes: float | None) -> str:
+    """A memory budget in the unit its size calls for, at most 3 significant digits
+    (``"20 KiB"``, ``"8 GiB"``); ``""`` for None (the device's memory)."""
+    if not nbytes:
+        return ""
+    unit, name = next(((2.0 ** p, n) for p, n in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB"))
+                       if nbytes >= 2.0 ** p), (1.0, "B"))
+    return f"{fmt_sig(nbytes / unit)} {name}"
+
+
+def cluster_text(cl: Cluster) -> str:
+    """A cluster as the page names it, with its device count: ``cpu:8 (8 devices)``, ``local
+    (8 devices, measured)``, ``p3.16xlarge:2 (16 devices)``."""
+    n = cl.num_devices
+    if cl.name == "local":
+        return f"this machine ({n} device{'s' if n != 1 else ''}, measured)"
+    return f"{cl.spec} ({n} device{'s' if n != 1 else ''})"
+
+
+def short_error(text: str, limit: int = 240) -> str:
+    """An error message cut to about ``limit`` characters for a status line, keeping its
+    ``Fix:`` (and what follows it) whole."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text.find("Fix:")
+    if cut < 0:
+        return text[:limit - 1] + "\u2026"
+    fix = text[cut:]
+    head = max(60, limit - len(fix) - 3)
+    return (text[:head].rstrip() + " \u2026 " + fix) if head < cut else text
 
 
 def _ms(t: float | None) -> str:
@@ -354,6 +410,7 @@ class Explorer:
         self._stage_of_op: dict[int, int] = {}
         self._generation = 0
         self._picked: Plan | None = None  # the plan the user selected since the search began
+        self._cluster_names: dict[str, str] = {}  # cluster spec -> its name with its devices
 
     def _build_controls(self, model: str, size: str, cl: Cluster, level: str, schedule: str,
                         microbatches: int | None, memory_budget: float | None) -> None:
@@ -393,11 +450,12 @@ class Explorer:
         self._microbatches = widgets.Dropdown(options=mb_opts, value=microbatches or AUTO,
                                               description="micro-batches", style=wide,
                                               layout=widgets.Layout(width="180px"))
-        self._budget = widgets.BoundedFloatText(
-            value=memory_budget / 2**30 if memory_budget else 0.0, min=0.0, max=1e6,
-            step=0.5, description="memory budget GiB", style=wide,
-            tooltip="per-device memory the plans must fit; 0: the device's memory",
-            layout=widgets.Layout(width="210px"))
+        self._budget = widgets.Text(
+            value=fmt_budget(memory_budget), description="memory budget", style=wide,
+            placeholder="device memory",
+            tooltip="per-device memory the plans must fit, e.g. 8 GiB or 512 MiB (a bare number "
+                    "is GiB); empty or 0: the device's memory",
+            continuous_update=False, layout=widgets.Layout(width="220px"))
         self._search_button = widgets.Button(description="Search", button_style="primary",
                                              icon="search", tooltip="search plans with these settings")
         self._progress = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
@@ -512,13 +570,28 @@ class Explorer:
         return (f"Explorer(model={self._model.value!r}, size={self._size.value!r}, "
                 f"cluster={self._cluster_spec()!r}, plans={n}, selected={sel})")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display  # noqa: PLC0415
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The widget's view, and a static snapshot of what it shows (``text/html``: the status,
+        the candidates, the selected plan's summary and its figures' numbers as tables) for a
+        front end that holds no widget model: a notebook reopened without the kernel that made
+        it, nbconvert, a notebook viewer.
 
-        # plotly.js is not sent with the widgets: the first view drawn on a page without it asks
-        # the kernel once (sending 5 MB here would hold the cell's completion on the page for
-        # seconds while the message crosses the websocket)
-        display(self.widget)
+        plotly.js is not sent with the widgets: the first view drawn on a page without it asks
+        the kernel once (sending 5 MB here would hold the cell's completion on the page for
+        seconds while the message crosses the websocket)."""
+        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/html"] = self.static_html()
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def static_html(self) -> str:
+        """A self-contained HTML snapshot of the explorer (no script, no kernel): the status
+        line, every candidate with its prediction, the selected plan's summary and
+        PartitionSpecs, and its figures' numbers (where the step time goes, memory per stage,
+        the stages on the devices)."""
+        from ._static import explorer_snapshot  # noqa: PLC0415
+
+        return explorer_snapshot(self)
 
     # ---- errors and threads ------------------------------------------------------------------
     def _report(self, where: str, err: BaseException) -> None:
@@ -649,11 +722,7 @@ class Explorer:
         return describe_workload(wl)
 
     def _memory_budget(self) -> float | None:
-        v = float(self._budget.value or 0.0)
-        if v < 0 or not math.isfinite(v):
-            raise SearchError(f"Explorer: the memory budget should be a positive number of GiB, or "
-                              f"0 for the device's memory. Got {v!r}.")
-        return v * 2**30 if v > 0 else None
+        return parse_budget(self._budget.value)
 
     def _options(self) -> dict[str, Any]:
         return {"schedule": self._schedule.value, "microbatches": self._microbatches.value or None,
@@ -704,6 +773,7 @@ class Explorer:
             key = (self._workload_key(wl), json.dumps(cl.to_dict(), sort_keys=True, default=str),
                    json.dumps(opts, sort_keys=True))
             context = (str(self._model.value), str(self._size.value), cl.spec)
+            self._cluster_names[cl.spec] = cluster_text(cl)
             res = self._memo.get(key)
             repeated = res is not None
             if res is None:
@@ -714,7 +784,7 @@ class Explorer:
                 self._memo[key] = res
         except Exception as err:
             self._progress.bar_style = "danger"
-            self._status.value = f"search failed: {type(err).__name__}: {str(err)[:200]}"
+            self._status.value = f"search failed: {type(err).__name__}: {short_error(str(err))}"
             raise
         finally:
             self._search_button.disabled = False
@@ -725,7 +795,7 @@ class Explorer:
         size = getattr(wl, "size", None)
         name = getattr(wl, "name", None) or str(self._model.value)
         how = "repeated search: this explorer's earlier result" if repeated else f"in {secs:.1f} s"
-        status = (f"{len(res.plans)} plans for {name}{f' ({size})' if size else ''} on {cl.spec} "
+        status = (f"{len(res.plans)} plans for {name}{f' ({size})' if size else ''} on {cluster_text(cl)} "
                   f"{how}; best: {res.best.label}, {res.best.describe()}, "
                   f"{_ms(res.best.predicted.step_time)}")
         shown = self.plan
@@ -746,10 +816,11 @@ class Explorer:
                     self._reference = before
                     self._reference_note = "the previous answer (before the settings changed)"
                 self._whatif, self._pins, self._pin_target = [], [], None
+            where = self._cluster_names.get(context[2], context[2])
             if (self.last_launch is not None and self.last_launch.context != context):
-                self._clear_launch(f"no launch yet for {context[0]} on {context[2]}")
+                self._clear_launch(f"no launch yet for {context[0]} on {where}")
             elif self.last_launch is None and context != self._context:
-                self._launch_status.value = f"no launch yet for {context[0]} on {context[2]}"
+                self._launch_status.value = f"no launch yet for {context[0]} on {where}"
             self._search_key_now = key
             self._context = context
             self.result = res
@@ -1538,7 +1609,7 @@ class Explorer:
         except Exception as err:
             rec.error = f"{type(err).__name__}: {err}"
             if self._current(rec):
-                self._launch_status.value = f"launch failed: {rec.error[:200]}"
+                self._launch_status.value = f"launch failed: {short_error(rec.error)}"
                 # the whole message: the workers' last lines, or the cluster commands for a plan
                 # that needs more devices than attached
                 self._launch_result.value = (f"<pre class='autoplan-launch-error'>"
@@ -1559,7 +1630,7 @@ class Explorer:
     def _running_text(rec: LaunchRecord) -> str:
         errs = [e for e in rec.events if e.get("event") == "error"]
         if errs:
-            return f"error in process {errs[0].get('process')}: {str(errs[0].get('message'))[:200]}"
+            return f"error in process {errs[0].get('process')}: {short_error(str(errs[0].get('message')))}"
         steps = {int(e["step"]) for e in rec.step_events}
         if not steps:
             started = {e.get("process") for e in rec.events if e.get("event") == "start"}
@@ -1608,7 +1679,7 @@ class Explorer:
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
                 f"{html.escape(rec.plan.describe())}, {html.escape(rec.layout)}, "
                 f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}; "
-                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}, "
+                f"predicted {_ms(pred)} (for {html.escape(cluster_text(rec.plan.cluster))}, "
                 f"{html.escape(rec.plan.cluster.describe_profile())}){ratio}<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
 

@@ -25,7 +25,7 @@ from autoplan.viz import (
     stage_figure,
     timeline_figure,
 )
-from autoplan.viz._compare import equivalent_groups
+from autoplan.viz._compare import cost_parts, equivalent_groups
 from autoplan.viz._explorer import FIGURES, NO_SIZE, Explorer
 from autoplan.viz._widget import PlotView, figure_json, plotly_js_bytes
 
@@ -137,7 +137,7 @@ def test_controls_build_the_search_arguments(monkeypatch):
     ex._preset.value = "cpu"
     ex._nodes.value = 4
     ex._microbatches.value = 0  # "auto"
-    ex._budget.value = 0.0  # the device's memory
+    ex._budget.value = ""  # the device's memory
     ex.search()
     ex.wait_idle(120)
     assert seen["cluster"].spec == "cpu:4" and seen["cluster"].num_devices == 4
@@ -188,6 +188,32 @@ def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
     ex._model.value = "mlp"
     ex._model.value = "gpt"
     assert ex.launch_spec() == {"model": "gpt", "size": "tiny"}
+
+
+def test_the_memory_budget_box_reads_and_writes_units_for_their_size():
+    ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", memory_budget=2e-5 * 2**30,
+                  autostart=False)
+    assert ex._budget.value == "21 KiB"  # not "0.0000" GiB
+    assert _explorer.parse_budget(ex._budget.value) == 21 * 2**10
+    assert [_explorer.parse_budget(t) for t in ("8 GiB", "512MiB", "1.5", "", "0", "2e9 B")] == [
+        8 * 2**30, 512 * 2**20, 1.5 * 2**30, None, None, 2e9]
+    assert [_explorer.fmt_budget(b) for b in (None, 8 * 2**30, 1536 * 2**20, 700)] == [
+        "", "8 GiB", "1.5 GiB", "700 B"]
+    for bad in ("lots", "-1 GiB", "8 parsecs"):
+        with pytest.raises(autoplan.SearchError, match="memory budget.*Fix: e.g. 8 GiB"):
+            _explorer.parse_budget(bad)
+
+
+def test_cluster_names_say_their_devices_and_errors_keep_their_fix():
+    local = dataclasses.replace(autoplan.Cluster.preset("cpu", 1, devices_per_node=8), name="local")
+    assert _explorer.cluster_text(autoplan.Cluster.parse("cpu:8")) == "cpu:8 (8 devices)"
+    assert _explorer.cluster_text(autoplan.Cluster.parse("p3.16xlarge:2")) == \
+        "p3.16xlarge:2 (16 devices)"
+    assert _explorer.cluster_text(local) == "this machine (8 devices, measured)"
+    long = "the search could not place " + "a very long reason " * 30 + "Fix: use fewer devices."
+    short = _explorer.short_error(long)
+    assert short.endswith("Fix: use fewer devices.") and len(short) <= 260
+    assert _explorer.short_error("short. Fix: x") == "short. Fix: x"
 
 
 def test_the_plot_view_holds_its_whole_figure_and_serves_plotly_js(intra_plan):
@@ -251,6 +277,32 @@ def test_every_view_holds_the_figure_of_the_selected_plan(explorer):
     g = next(g for g in equivalent_groups(res.plans) if len(g) > 1)
     explorer.select(g[1])
     assert explorer._candidate.value == g[0]
+    explorer.select(0)
+
+
+def test_the_display_carries_a_static_snapshot_of_the_plan(explorer):
+    """A front end that holds no widget model (a notebook reopened without its kernel, a
+    viewer) shows the text/html beside the widget view: the selected plan, the candidates and
+    the figures' numbers, with no script."""
+    res = explorer.result
+    plan = explorer.select(0)
+    bundle = explorer._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == explorer.widget.model_id
+    page = bundle["text/html"]
+    assert "<script" not in page and plan.label in page and plan.describe() in page
+    assert explorer._status.value.split(";")[0] in page
+    assert all(f"#{k}" in page for _, k in explorer._candidate.options)
+    assert "\u2605 best" in page  # the shown plan is the best
+    # where the step time goes: the parts as the comparison draws them, and the step time
+    unit = _explorer.time_unit(max(p.predicted.step_time for p in explorer.plans))
+    for name, v in cost_parts(plan).items():
+        if v:
+            assert f"<td>{name}</td><td>{_explorer.fmt_in_unit(v, unit)}</td>" in page
+    for s in plan.stages:
+        assert f"<td>stage {s.index}</td><td>{', '.join(s.layers)}</td>" in page
+    other = explorer.select(next(k for k, p in enumerate(res.plans) if p.is_pipeline != plan.is_pipeline))
+    assert other.describe() in explorer._repr_mimebundle_()["text/html"]
     explorer.select(0)
 
 
@@ -421,14 +473,14 @@ def test_a_repeated_search_is_instant_and_settings_changes_compare(explorer):
     assert explorer.result is res  # the same result, from this explorer's memo
     assert "repeated search" in explorer._status.value
     # a changed setting searches again and compares with the previous answer
-    explorer._budget.value = 1.0  # GiB: every tiny plan fits
+    explorer._budget.value = "1 GiB"  # every tiny plan fits
     assert explorer.search()
     explorer.wait_idle(SEARCH_TIMEOUT)
     assert explorer.result is not res
     ref = next(t for t in explorer.figures["compare"].data if t["meta"]["kind"] in ("reference",
                                                                                       "plans"))
     assert ref is not None and "previous answer" in explorer._summary.value
-    explorer._budget.value = 0.0
+    explorer._budget.value = "0"
     explorer.search()
     explorer.wait_idle(60)
     assert explorer.result is res and explorer.plan == best
