@@ -418,6 +418,19 @@ class Tile:
     striped: bool
 
 
+#: the width the sharding figure is laid out for (the explorer's and the report's pages)
+FIGURE_WIDTH_PX = 900
+#: the width of one character of a tile's split label (9 px font) and the label's height
+LABEL_CHAR_PX, LABEL_HEIGHT_PX = 5.0, 11.0
+
+
+def label_fits(text: str, width_px: float, height_px: float) -> bool:
+    """Whether a split label fits in a block's slot of ``width_px`` x ``height_px`` pixels
+    without reaching its neighbours' (a label that does not is left off: dense views stay
+    readable, the hover still names the split)."""
+    return width_px >= LABEL_CHAR_PX * len(text) + 2 and height_px >= LABEL_HEIGHT_PX
+
+
 def block_tiles(t: TensorSharding, stage: Stage) -> list[Tile]:
     """The tiles a tensor block is drawn with, in row-major order (see the module docstring)."""
     grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
@@ -537,7 +550,11 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     lo, hi = min(sizes, default=1.0), max(sizes, default=1.0)
     slots = max((len(o.tensors) for c in shown for _, o in c.cells), default=3)
     cv = _Canvas()
-    write_spec = len(shown) <= 24
+    height = max(320, 150 + 62 * len(rows)) if layer is None else 420
+    # pixels per x unit (a column) and per y unit (a row) of the figure as the explorer and the
+    # report draw it: a split is written on a block only where it fits (hover shows it always)
+    px = (FIGURE_WIDTH_PX * (_KEY_DOMAIN[0] - 0.03) / max(len(shown), 1),
+          (height - 165) / max(len(rows), 1))
     stored = {i.name: i.spec for i in plan.inputs}
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -552,8 +569,10 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
             for k, t in enumerate(tensors):
                 side = _size_band(math.prod(t.shape) * dtype_bytes(t.dtype), lo, hi)
                 cx = ci + 0.04 + slot_w * (k + 0.5)
+                # a label no wider than its slot (the space between its neighbours' centres)
+                write = label_fits(str(t.spec), slot_w * px[0], 0.84 * px[1])
                 _draw_tensor(cv, t, op, col.stage, cx, r + 0.5, slot_w * 0.9 * side, 0.84 * side,
-                             ci, r, col.layers, write_spec, stored.get(t.name))
+                             ci, r, col.layers, write, stored.get(t.name))
     key_stage = plan.stages[0]
     traces = cv.traces() + _mesh_key(key_stage)
     ticktext = []
@@ -593,7 +612,6 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     if not columns:
         head = f"Operator sharding of {escape(plan.model)}: the plan records no operator shardings"
         notes = []
-    height = max(320, 150 + 62 * len(rows)) if layer is None else 420
     layout = {
         "template": TEMPLATE,
         "title": {"text": head + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else ""),
