@@ -352,6 +352,7 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
         })
     busy = sum(e[1] - e[0] for e in events)
     bubble = 1 - busy / (meshes * end) if end > 0 else 0.0
+    per_mesh = [sum(e[1] - e[0] for e in events if e[2] == m) for m in range(meshes)]
     row_names = []
     for m in range(meshes):
         s = next((x for x in plan.stages if x.index == m), None)
@@ -361,10 +362,13 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     span = fmt_in_unit(end, u) if unit == "s" else f"{end:g} clock ticks"
     title = (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
              f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, {mb} micro-batch"
-             f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}%"
-             "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
+             f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}% of the meshes' time"
+             + (f" (the busiest mesh waits {fmt_in_unit(end - max(per_mesh), u)})"
+                if unit == "s" and per_mesh and meshes > 1 else "")
+             + "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
              "its number; grey = idle" + ("; the steady state of each mesh is one bar "
                                           "(hover for its counts)" if steady else "") + "</sup>")
+
     def view(lo: float, hi: float) -> dict[str, Any]:  # a range of the time axis and its ticks
         return {"range": [lo, hi], **axis_ticks(lo, hi)}
 

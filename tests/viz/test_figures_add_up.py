@@ -19,7 +19,7 @@ from autoplan.viz import compare_figure, memory_figure, timeline_figure
 from autoplan.viz._compare import cost_parts
 from autoplan.viz._explorer import Explorer, LaunchRecord
 from autoplan.viz._pipeline import memory_breakdown
-from autoplan.viz._style import fmt_sig
+from autoplan.viz._style import fmt_in_unit, fmt_sig
 from autoplan.viz._widget import figure_json
 
 UNITS = ("s", "ms", "\u00b5s", "B", "KiB", "MiB", "GiB")
@@ -129,6 +129,9 @@ def test_the_timeline_and_memory_add_up_and_read(result, kind):
         for y, total in rows.items():
             assert total * scale == pytest.approx(end, rel=1e-6), y
     check_numeric_axis(tl["layout"]["xaxis"], "timeline")
+    if plan.is_pipeline:  # the title's wait is the comparison's bubble
+        wait = fmt_in_unit(cost_parts(plan)["bubble"], (scale, tl["layout"]["meta"]["unit"]))
+        assert f"the busiest mesh waits {wait}" in tl["layout"]["title"]["text"]
     for button in (tl["layout"].get("updatemenus") or [{}])[0].get("buttons", []):
         view = {k.split(".", 1)[1]: v for k, v in button["args"][0].items()}
         check_numeric_axis({**tl["layout"]["xaxis"], **view}, f"timeline {button['label']}")
