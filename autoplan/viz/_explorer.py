@@ -99,6 +99,8 @@ _CSS = ("<style>.autoplan-explorer pre {white-space: pre-wrap; font-size: 11px; 
         "{padding: 1px 8px; text-align: left;}"
         ".autoplan-explorer .autoplan-section {font-weight: 600; margin-top: 8px;}"
         ".autoplan-explorer table.autoplan-diff td {padding: 1px 10px; text-align: right;}"
+        # the live widget hides the static snapshots shown for front ends without it
+        ".autoplan-static {display: none;}"
         "</style>")
 
 
@@ -411,6 +413,7 @@ class Explorer:
         self._generation = 0
         self._picked: Plan | None = None  # the plan the user selected since the search began
         self._cluster_names: dict[str, str] = {}  # cluster spec -> its name with its devices
+        self._snapshots: list[Any] = []  # display handles of the static snapshots shown
 
     def _build_controls(self, model: str, size: str, cl: Cluster, level: str, schedule: str,
                         microbatches: int | None, memory_budget: float | None) -> None:
@@ -570,19 +573,32 @@ class Explorer:
         return (f"Explorer(model={self._model.value!r}, size={self._size.value!r}, "
                 f"cluster={self._cluster_spec()!r}, plans={n}, selected={sel})")
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The widget's view, and a static snapshot of what it shows (``text/html``: the status,
-        the candidates, the selected plan's summary and its figures' numbers as tables) for a
-        front end that holds no widget model: a notebook reopened without the kernel that made
-        it, nbconvert, a notebook viewer.
+    def _ipython_display_(self) -> None:
+        """Show the widget, and after it a static snapshot of what it shows
+        (:meth:`static_html`), kept up to date as the explorer changes. The live widget hides
+        the snapshot; a front end without the widget's kernel (a notebook reopened after its
+        kernel is gone, nbconvert, a notebook viewer) shows it: the plan, not only a widget that
+        cannot be drawn.
 
         plotly.js is not sent with the widgets: the first view drawn on a page without it asks
         the kernel once (sending 5 MB here would hold the cell's completion on the page for
         seconds while the message crosses the websocket)."""
-        bundle = dict(self.widget._repr_mimebundle_(include=include, exclude=exclude) or {})
-        bundle["text/html"] = self.static_html()
-        bundle["text/plain"] = repr(self)
-        return bundle
+        from IPython.display import HTML, display  # noqa: PLC0415
+
+        display(self.widget)
+        handle = display(HTML(self.static_html()), display_id=True)
+        if handle is not None:
+            self._snapshots.append(handle)
+
+    def _refresh_snapshot(self) -> None:
+        """Write the current state into every static snapshot displayed."""
+        if not self._snapshots:
+            return
+        from IPython.display import HTML  # noqa: PLC0415
+
+        page = HTML(self.static_html())
+        for handle in self._snapshots:
+            handle.update(page)
 
     def static_html(self) -> str:
         """A self-contained HTML snapshot of the explorer (no script, no kernel): the status
@@ -803,6 +819,7 @@ class Explorer:
             status += (f"; showing #{self._candidate.value} {shown.label}, "
                        f"{_ms(shown.predicted.step_time)}, picked during the search: not the best")
         self._status.value = status
+        self._refresh_snapshot()
 
     def _apply_result(self, res: Any, key: tuple, context: tuple[str, str, str], *,
                       partial: bool = False) -> None:
@@ -944,6 +961,7 @@ class Explorer:
             if self._pin_target is not None and not any(i.name == self._pin_target for i in plan.inputs):
                 self._pin_target = None
             self._refresh_pin_panel()
+            self._refresh_snapshot()
 
     def _graph_figure(self, plan: Plan) -> Any:
         import plotly.graph_objects as go  # noqa: PLC0415

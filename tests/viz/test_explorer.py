@@ -280,16 +280,32 @@ def test_every_view_holds_the_figure_of_the_selected_plan(explorer):
     explorer.select(0)
 
 
-def test_the_display_carries_a_static_snapshot_of_the_plan(explorer):
-    """A front end that holds no widget model (a notebook reopened without its kernel, a
-    viewer) shows the text/html beside the widget view: the selected plan, the candidates and
-    the figures' numbers, with no script."""
+def test_the_display_carries_a_static_snapshot_of_the_plan(explorer, monkeypatch):
+    """After the widget, the display shows a static snapshot (no script) that a front end
+    without the widget's kernel shows: the selected plan, the candidates and the figures'
+    numbers; it follows the selection; the live widget hides it."""
+    import IPython.display  # noqa: PLC0415
+
+    shown = []
+
+    class Handle:
+        def __init__(self):
+            self.pages = []
+
+        def update(self, obj):
+            self.pages.append(obj.data)
+
+    def display(obj, display_id=None):
+        shown.append(obj)
+        return Handle() if display_id else None
+
+    monkeypatch.setattr(IPython.display, "display", display)
     res = explorer.result
     plan = explorer.select(0)
-    bundle = explorer._repr_mimebundle_()
-    view = bundle["application/vnd.jupyter.widget-view+json"]
-    assert view["model_id"] == explorer.widget.model_id
-    page = bundle["text/html"]
+    explorer._ipython_display_()
+    assert shown[0] is explorer.widget
+    page = shown[1].data
+    assert "class='autoplan-static'" in page and ".autoplan-static {display: none;}" in _explorer._CSS
     assert "<script" not in page and plan.label in page and plan.describe() in page
     assert explorer._status.value.split(";")[0] in page
     assert all(f"#{k}" in page for _, k in explorer._candidate.options)
@@ -301,9 +317,12 @@ def test_the_display_carries_a_static_snapshot_of_the_plan(explorer):
             assert f"<td>{name}</td><td>{_explorer.fmt_in_unit(v, unit)}</td>" in page
     for s in plan.stages:
         assert f"<td>stage {s.index}</td><td>{', '.join(s.layers)}</td>" in page
+    # the snapshot follows the selection
+    handle = explorer._snapshots[-1]
     other = explorer.select(next(k for k, p in enumerate(res.plans) if p.is_pipeline != plan.is_pipeline))
-    assert other.describe() in explorer._repr_mimebundle_()["text/html"]
+    assert other.describe() in handle.pages[-1]
     explorer.select(0)
+    explorer._snapshots.clear()
 
 
 def test_a_candidate_change_from_the_page_runs_off_the_main_thread(explorer):
