@@ -645,6 +645,9 @@ class Explorer:
             with self._lock:
                 busy = [t for t in self._threads.values() if t.is_alive()]
             if not busy:
+                # from the cell that waits: front ends drop display updates a background thread
+                # sends after the cell that displayed the explorer has finished
+                self._refresh_snapshot()
                 return self
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
