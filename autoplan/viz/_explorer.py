@@ -99,6 +99,8 @@ _CSS = ("<style>.autoplan-explorer pre {white-space: pre-wrap; font-size: 11px; 
         "{padding: 1px 8px; text-align: left;}"
         ".autoplan-explorer .autoplan-section {font-weight: 600; margin-top: 8px;}"
         ".autoplan-explorer table.autoplan-diff td {padding: 1px 10px; text-align: right;}"
+        ".autoplan-explorer .autoplan-status {white-space: normal !important; overflow: visible"
+        " !important; height: auto !important; line-height: 1.3;}"
         # the live widget hides the static snapshots shown for front ends without it
         ".autoplan-static {display: none;}"
         "</style>")
@@ -463,7 +465,10 @@ class Explorer:
                                              icon="search", tooltip="search plans with these settings")
         self._progress = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
                                                layout=widgets.Layout(width="240px"))
-        self._status = widgets.Label(value="no search yet")
+        # status lines wrap (a Label cuts a long line with an ellipsis: an error's Fix would go)
+        self._status = widgets.Label(value="no search yet",
+                                     layout=widgets.Layout(flex="1 1 320px", min_width="0"))
+        self._status.add_class("autoplan-status")
         self._candidate = widgets.Dropdown(options=[], description="candidate", style=wide,
                                            layout=widgets.Layout(width="760px"))
         self._focus = widgets.Dropdown(options=[("(no selection)", "")], value="",
@@ -507,7 +512,9 @@ class Explorer:
         self._launch_button = widgets.Button(description="Launch", button_style="success",
                                              icon="play", disabled=True,
                                              tooltip="run the selected plan on the devices attached")
-        self._launch_status = widgets.Label(value="no launch yet")
+        self._launch_status = widgets.Label(value="no launch yet",
+                                            layout=widgets.Layout(flex="1 1 320px", min_width="0"))
+        self._launch_status.add_class("autoplan-status")
         self._launch_table = widgets.HTML(value="")
         self._launch_result = widgets.HTML(value="")
         self._init_launch_figure()

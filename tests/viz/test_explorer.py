@@ -214,6 +214,11 @@ def test_cluster_names_say_their_devices_and_errors_keep_their_fix():
     short = _explorer.short_error(long)
     assert short.endswith("Fix: use fewer devices.") and len(short) <= 260
     assert _explorer.short_error("short. Fix: x") == "short. Fix: x"
+    # the status lines wrap instead of cutting the line (a Label's ellipsis would hide the Fix)
+    ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    assert "autoplan-status" in ex._status._dom_classes
+    assert "autoplan-status" in ex._launch_status._dom_classes
+    assert ".autoplan-explorer .autoplan-status {white-space: normal !important" in _explorer._CSS
 
 
 def test_the_plot_view_holds_its_whole_figure_and_serves_plotly_js(intra_plan):
