@@ -1543,6 +1543,9 @@ class Explorer:
         if shown:
             lo, hi = min(shown) / 1.6, max(shown) * 1.6
             yaxis2.update(range=[math.log10(lo), math.log10(hi)], **axis_ticks(lo, hi, log=True))
+        else:  # nothing measured yet: no made-up ticks
+            yaxis2["showticklabels"] = False
+            yaxis["showticklabels"] = False
         if rec is not None and pred:
             # the prediction's label by its line (a log axis places annotations at log10(y))
             annotations.append({"x": last, "y": math.log10(pred / unit[0]), "xref": "x",
