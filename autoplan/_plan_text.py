@@ -31,6 +31,20 @@ def describe(plan: Any) -> str:
     return f"{len(plan.stages)} stages ({plan.schedule.kind}, {plan.schedule.microbatches} mb): {meshes}"
 
 
+_BYTE_UNITS = ((2.0 ** 40, "TiB"), (2.0 ** 30, "GiB"), (2.0 ** 20, "MiB"), (2.0 ** 10, "KiB"))
+
+
+def _byte_unit(n: float) -> tuple[float, str]:
+    """The unit to write ``n`` bytes in: the largest binary unit it reaches."""
+    return next(((u, name) for u, name in _BYTE_UNITS if abs(n) >= u), (1.0, "B"))
+
+
+def _bytes(n: float) -> str:
+    """``n`` bytes in the unit its size calls for, 3 significant digits: ``21.0 KiB``."""
+    u, name = _byte_unit(n)
+    return f"{n / u:.3g} {name}" if name != "B" else f"{n:.0f} B"
+
+
 def summary(plan: Any) -> str:
     """A summary table of the plan: its predictions, then one row per stage."""
     p = plan.predicted
@@ -41,20 +55,23 @@ def summary(plan: Any) -> str:
         f"  layout          : {describe(plan)}",
         f"  step time       : {p.step_time * 1e3:.3f} ms   throughput {p.throughput:.1f} samples/s"
         f"   MFU {p.mfu * 100:.1f}%",
-        f"  memory / device : {p.memory_per_device / 2**30:.3f} GiB "
-        f"(device has {plan.cluster.device_memory / 2**30:.1f} GiB)",
+        f"  memory / device : {_bytes(p.memory_per_device)} "
+        f"(device has {_bytes(plan.cluster.device_memory)})",
         f"  compute / comm  : {p.compute_time * 1e3:.3f} ms / {p.comm_time * 1e3:.3f} ms"
         f"   bubble {p.bubble_fraction * 100:.1f}%",
-        "  communication   : " + (", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in
+        "  communication   : " + (", ".join(f"{k} {_bytes(v)}" for k, v in
                                          sorted(p.comm_bytes.items()) if v) or "none"),
-        "  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB",
     ]
+    # the stages' memory in one unit, the one their largest calls for
+    mem_u, mem_name = _byte_unit(max((s.memory for s in plan.stages), default=0.0))
+    lines.append("  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   "
+                 f"mem {mem_name}")
     for s in plan.stages:
         rng = _layer_span(s.layers)
         lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh_shape[0]}x{s.submesh_shape[1]:<5}  "
                      f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
                      f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
-                     f"{s.memory / 2**30:>7.3f}")
+                     f"{s.memory / mem_u:>7.3g}")
     params = [i for i in plan.inputs if i.kind == "parameter"]
     sharded = sum(1 for i in params if any(i.spec))
     lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")

@@ -15,7 +15,9 @@ page:
 * after saving and reloading the page, every figure has its traces again and the console shows
   no error;
 * a search on 16 devices from the controls clears the launch panel and its sharding view folds
-  the repeated layers into one column; a search on 64 devices draws too.
+  the repeated layers into one column; a search on 64 devices draws too;
+* saved, its kernel shut down and reopened with a fresh one, the notebook shows the explorer's
+  static snapshot of the plan.
 
 Screenshots go to ``artifacts/browser/``; with ``AUTOPLAN_UPDATE_DOCS=1`` (or when missing) they
 are copied to ``docs/img/`` for the docs (8 and 64 devices, a pipeline plan, a what-if).
@@ -465,6 +467,25 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         shoot(page, "explore_64.png", DOCS_IMG / "explorer-64.png")
         timings["64 devices"] = time.monotonic() - t0
         assert not errors(page), errors(page)
+
+        # save, shut the kernel down, reopen: a fresh kernel holds no widget models; the
+        # explorer's static snapshot shows the plan
+        page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_timeout(3000)
+        for k in http(f"{jupyterlab}/api/kernels"):
+            http(f"{jupyterlab}/api/kernels/{k['id']}", method="DELETE", timeout=30)
+        page.reload()
+        page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')",
+                               timeout=180_000)
+        page.wait_for_function(KERNEL_IDLE_JS, timeout=180_000)
+        page.wait_for_timeout(5000)
+        snap = page.locator(".autoplan-static")
+        assert snap.count() >= 1 and snap.first.is_visible()
+        text = snap.first.inner_text()
+        assert "\u2605 best" in text and "where the step time goes" in text, text[:2000]
+        shoot_static = ARTIFACTS / "reopened.png"
+        page.screenshot(path=str(shoot_static))
+        timings["reopened"] = time.monotonic() - t0
     finally:
         try:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))

@@ -88,6 +88,10 @@ def test_notebook_runs(name, kernel):
         widget_views = [o for c in code for o in c.outputs
                         if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
         assert widget_views, "the explorer was not displayed"
+        # after the widget, its static snapshot for front ends without the kernel: the search's
+        # last state (the explorer writes it into the output as it changes)
+        snapshot = next(text_of(c) for c in code if "class='autoplan-static'" in text_of(c))
+        assert "\u2605 best" in snapshot and "where the step time goes" in snapshot
     elif name == "02_wide_resnet.ipynb":
         assert "Operator sharding of wide_resnet" in everything
     elif name == "03_launch.ipynb":

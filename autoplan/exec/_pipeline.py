@@ -14,8 +14,10 @@ How a step is split (all read off the traced graph; nothing is re-derived by han
    parameters only: position ids, masks, the step count). Forward and backward operators run once
    per micro-batch; prologue and update operators once per step.
 3. Every operator gets a *stage*: the stage whose ``layers`` hold its named-scope layer
-   (``graph.layer_names``), or, for a forward operator in none, the ``op<id>`` unit whose range
-   holds it (the search's layers without named scopes); any other (the optimizer, glue) goes with
+   (``graph.layer_names``), or, for a forward operator in none, the stage of the planned forward
+   operator at or before it whose recorded layer a stage holds (the search's layers without
+   named scopes are ranges of the forward pass, named from what they hold; a plan file of an
+   older version names them ``op<id>``, the range from that id); any other (the optimizer, glue) goes with
    its latest producer, or with the stage holding the parameter it reads. An operator is moved
    later when one of its operands would otherwise come from a task that runs after it.
 4. The backward of a stage is the train step's own backward operators of that stage's layers
@@ -288,9 +290,9 @@ def _table_order(plan: Any) -> list[tuple[int, int, str]]:
 def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
                  op_units: Sequence[tuple[int, int]]) -> int | None:
     """The stage whose layers hold an operator: by its named-scope layer (``layer_name``, from
-    ``graph.layer_names``; ``"(root)"`` for none), or, for a forward operator in no named layer
-    when the layers include units named ``op<id>`` (the forward operators from that id to the
-    next such unit's start), the unit holding it."""
+    ``graph.layer_names``; ``"(root)"`` for none), or, for a forward operator in no named layer,
+    the stage of the last range start at or before it (``op_units``: ``(first operator id,
+    stage)`` of the ranges of forward operators the plan's layers without named scopes hold)."""
     name = layer_name or "(root)"
     if name in layer_stage:
         return layer_stage[name]
@@ -300,12 +302,34 @@ def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, in
     return None
 
 
+def _unit_starts(plan: Any, graph: Any, layer_stage: Mapping[str, int]) -> list[tuple[int, int]]:
+    """``(first forward operator id, stage)`` of each range of forward operators that the plan's
+    layers without a named scope hold: where the planned forward operators outside every named
+    layer change layer (their recorded layer is one a stage holds), or, in a plan file of an
+    older version, the ids of its layers named ``op<id>``."""
+    old = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
+    if old:
+        return old
+    names = graph.layer_names
+    ops = graph.ops
+    planned = sorted((o.op, o.layer) for st in plan.stages for o in st.ops
+                     if o.op < len(ops) and ops[o.op].role == "forward" and names[o.op] is None
+                     and o.layer in layer_stage)
+    out: list[tuple[int, int]] = []
+    last = None
+    for op, layer in planned:
+        if layer != last:
+            out.append((op, layer_stage[layer]))
+            last = layer
+    return out
+
+
 def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     """(phase, stage) of every operator; see the module docstring."""
     S = len(plan.stages)
     layer_stage = {name: s for s, st in enumerate(plan.stages) for name in st.layers}
-    op_units = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
     layer_names = graph.layer_names
+    op_units = _unit_starts(plan, graph, layer_stage)
     spec_of = {(i.arg, i.path): i for i in plan.inputs}
     input_stage: dict[int, int] = {}
     batch: set[int] = set()

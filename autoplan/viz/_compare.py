@@ -23,15 +23,15 @@ from plotly.subplots import make_subplots
 from .._cluster import COLLECTIVES
 from .._errors import ArgumentError, ArgumentTypeError
 from .._plan import Plan, Stage
-from ._style import TEMPLATE, escape, fmt_bytes, fmt_in_unit, time_unit
+from ._style import TEMPLATE, axis_ticks, escape, fmt_bytes, fmt_in_unit, time_unit
 
 __all__ = ["compare_figure", "as_plans", "pareto_front", "equivalent_groups", "short_label",
-           "cost_parts", "COMPONENT_COLORS"]
+           "cost_parts", "busiest_time", "COMPONENT_COLORS"]
 
 COMPONENT_COLORS = {
     "compute": "#4c78a8", "all-reduce": "#e45756", "all-gather": "#f58518",
     "reduce-scatter": "#eeca3b", "all-to-all": "#b279a2", "send-recv": "#72b7b2",
-    "bubble": "#bab0ac",
+    "bubble": "#bab0ac", "other": "#9d755d", "overlap": "#222222",
 }
 _EXTRA = ("#9d755d", "#ff9da6", "#54a24b", "#79706e")
 _SHORT = (("baseline: Megatron TP x PP", "TPxPP"), ("baseline: Megatron TP", "TP"),
@@ -148,21 +148,19 @@ def equivalent_groups(plans: Sequence[Plan]) -> list[list[int]]:
     return groups
 
 
-def _gib_ticks(values: Sequence[float], top: float | None = None) -> tuple[list[float], list[str]]:
-    """Tick positions in bytes at round multiples of a GiB (or MiB, KiB) step, and their labels."""
+def _byte_ticks(values: Sequence[float], top: float | None = None
+                ) -> tuple[list[float], list[str], str]:
+    """Tick positions in bytes at round steps of one unit (GiB, MiB, KiB or B, chosen by the
+    largest value), their labels (numbers of that unit, at most 3 significant digits) and the
+    unit's name."""
     vals = [v for v in values if _finite(v)]
     if not vals:
-        return [], []
+        return [], [], "B"
     hi = top if top is not None else max(vals)
     unit, name = next(((2.0 ** p, n) for p, n in ((30, "GiB"), (20, "MiB"), (10, "KiB"))
                        if hi >= 2.0 ** p), (1.0, "B"))
-    lo_u, hi_u = 0.0, hi / unit
-    span = max(hi_u - lo_u, 1e-9)
-    raw = span / 5
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    ticks = [k * step for k in range(int(math.ceil(hi_u / step)) + 1)]
-    return [t * unit for t in ticks], [f"{t:g} {name}" for t in ticks]
+    ticks = axis_ticks(0.0, hi / unit * 1.0001)
+    return ([t * unit for t in ticks["tickvals"]], ticks["ticktext"], name)
 
 
 def _finite(*xs: float) -> bool:
@@ -181,13 +179,44 @@ def _match(target: Any, plans: Sequence[Plan]) -> int | None:
     return next((i for i, p in enumerate(plans) if p.label == target), None)
 
 
+def busiest_time(plan: Plan) -> float:
+    """Seconds the busiest mesh of a plan works per step: the longest sum of its schedule
+    events' durations over the meshes, or, for a plan without events, the step time less the
+    bubble (``(1 - bubble_fraction) * step_time``)."""
+    q = plan.predicted
+    events = plan.schedule.events or ()
+    if not events:
+        return (1.0 - q.bubble_fraction) * q.step_time
+    busy: dict[int, float] = {}
+    for e in events:
+        busy[e[2]] = busy.get(e[2], 0.0) + (e[1] - e[0])
+    return min(max(busy.values()), q.step_time)
+
+
 def cost_parts(plan: Plan) -> dict[str, float]:
-    """Where a plan's predicted step time goes: compute, each collective kind, the bubble."""
+    """Where a plan's predicted step time goes, in parts that add up to it.
+
+    The predictions' compute and collective times are those of the busiest stage (one stage
+    for an intra-operator plan); that stage works :func:`busiest_time` per step:
+
+    * ``compute`` and each collective kind: as predicted;
+    * ``overlap`` (zero or negative): the collectives' time that runs while the stage computes
+      (its work is shorter than compute plus collectives);
+    * ``other`` (zero or positive): time on the stage's timeline that neither compute nor a
+      collective itemises;
+    * ``bubble``: the time the busiest stage waits (the step less its work).
+
+    The parts sum to ``plan.predicted.step_time``.
+    """
     q = plan.predicted
     out = {"compute": q.compute_time}
     for k, v in q.comm_time_by_kind.items():
         out[k] = v
-    out["bubble"] = q.bubble_fraction * q.step_time
+    busy = busiest_time(plan)
+    rest = busy - sum(out.values())
+    out["overlap"] = min(rest, 0.0)
+    out["other"] = max(rest, 0.0)
+    out["bubble"] = q.step_time - busy
     return out
 
 
@@ -224,9 +253,11 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
     non-dominated plans in step-time order (``meta.kind == "pareto"``). Plans that do not fit
     in the device's memory are drawn in a shaded band above it (their ``y`` is their place in
     the band; the hover gives their memory), so one 1,000 GiB plan does not squash the rest.
-    Panel (b) stacks, per group, compute time, the time of each collective kind in
-    ``predicted.comm_time_by_kind`` and the bubble (``bubble_fraction * step_time``), with the
-    predicted step time as a diamond (the parts overlap, so their sum can exceed it). Panel (c),
+    Panel (b) stacks, per group, the parts of :func:`cost_parts`, which add up to the predicted
+    step time (a diamond at the top of each bar): the busiest stage's compute, its collectives
+    by kind (``predicted.comm_time_by_kind``), starting where compute ends less the part that
+    runs during compute (drawn hatched over compute: ``overlap``), time on that stage not
+    itemised (``other``) and its idle time (``bubble``). Panel (c),
     with ``reference``: per component and in total, the selected plan's time minus the
     reference's.
 
@@ -358,18 +389,43 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
             if k not in kinds:
                 kinds.append(k)
     kinds.sort(key=lambda k: (COLLECTIVES.index(k) if k in COLLECTIVES else len(COLLECTIVES), k))
-    names = ["compute", *kinds, "bubble"]
     order = sorted(reps)
+    parts = {i: cost_parts(plans[i]) for i in order}
+    names = ["compute", *kinds] + [n for n in ("overlap", "other") if any(
+        abs(parts[i][n]) > 1e-9 * max(plans[i].predicted.step_time, 1e-30) for i in order)
+    ] + ["bubble"]
     ticks = [f"{number(i)} {short_label(plans[i].label)}" for i in order]
     extra = iter(_EXTRA * 4)
     colors = {n: COMPONENT_COLORS.get(n) or next(extra) for n in names}
+    # each bar adds up to its plan's step time: compute from 0, the collectives from where
+    # compute ends less what overlaps it (the overlap drawn hatched over compute's top), then
+    # the rest of the busiest stage's work and its wait (bubble)
+    top = {i: 0.0 for i in order}
     for name in names:
-        vals = [cost_parts(plans[i]).get(name, 0.0) for i in order]
+        vals = [parts[i].get(name, 0.0) for i in order]
+        if name == "overlap":
+            base = [top[i] + v for i, v in zip(order, vals)]
+            height = [-v for v in vals]
+            for i, v in zip(order, vals):
+                top[i] += v
+            marker = {"color": "rgba(255,255,255,0.35)", "line": {"color": colors[name], "width": 1},
+                      "pattern": {"shape": "x", "fgcolor": colors[name], "size": 6}}
+            label = "overlap (collectives during compute)"
+        else:
+            base = [top[i] for i in order]
+            height = list(vals)
+            for i, v in zip(order, vals):
+                top[i] += v
+            marker = {"color": colors[name]}
+            label = {"bubble": "bubble (busiest stage idle)",
+                     "other": "other (busiest stage, not itemised)"}.get(name, name)
         fig.add_trace(go.Bar(
-            x=ticks, y=[v / unit[0] for v in vals], name=name, marker={"color": colors[name]},
-            customdata=[[fmt_in_unit(v, unit), plans[i].label] for v, i in zip(vals, order)],
-            hovertemplate=f"%{{x}} %{{customdata[1]}}: {name} %{{customdata[0]}}<extra></extra>",
-            meta={"kind": "breakdown", "component": name, "plans": order}), 1, 2)
+            x=ticks, y=[h / unit[0] for h in height], base=[b / unit[0] for b in base],
+            name=label, marker=marker,
+            customdata=[[("\u2212" if v < 0 else "") + fmt_in_unit(abs(v), unit), plans[i].label]
+                        for v, i in zip(vals, order)],
+            hovertemplate=f"%{{x}} %{{customdata[1]}}: {label} %{{customdata[0]}}<extra></extra>",
+            meta={"kind": "breakdown", "component": name, "plans": order, "seconds": vals}), 1, 2)
     fig.add_trace(go.Scatter(
         x=ticks, y=[plans[i].predicted.step_time / unit[0] for i in order], mode="markers",
         name="step time", marker={"symbol": "diamond", "size": 10, "color": "#222222"},
@@ -400,8 +456,11 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
                   "seconds": vals, "memory": mem}), 1, 3)
         fig.update_yaxes(autorange="reversed", row=1, col=3)
         sign = "+" if mem >= 0 else "\u2212"
+        d_lo, d_hi = min(0.0, *vals) / unit[0], max(0.0, *vals) / unit[0]
+        pad = 0.15 * ((d_hi - d_lo) or 1.0)
+        dr = [d_lo - pad if d_lo < 0 else 0.0, d_hi + pad if d_hi > 0 else 0.0]
         fig.update_xaxes(title_text=f"time ({unit[1]}); memory {sign}{fmt_bytes(abs(mem))}",
-                         zeroline=True, row=1, col=3)
+                         zeroline=True, range=dr, **axis_ticks(*dr, count=4), row=1, col=3)
     merged = sum(len(g) - 1 for g in groups)
     sub = (f"{len(front)} of {len(fits)} fitting plans on the Pareto front (dashed)"
            + (f"; {len(over)} do not fit in device memory (shaded band)" if over else "")
@@ -418,14 +477,23 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
         annotations=list(fig.layout.annotations) + annotations,
         meta={"kind": "compare", "unit": unit[1], "groups": groups, "highlight": hi,
               "reference": ref})
+    xs = [plans[i].predicted.step_time / unit[0] for i in ok]
+    if xs:
+        pad = max(0.08 * (max(xs) - min(xs)), 0.04 * max(xs), 1e-12)
+        xr = [max(0.0, min(xs) - pad), max(xs) + pad]
+        fig.update_xaxes(range=xr, **axis_ticks(*xr), row=1, col=1)
     fig.update_xaxes(title_text=f"predicted step time ({unit[1]})", row=1, col=1)
     ymax = band[1] * 1.05 if band is not None else max(top_fit, 1e-30) * 1.2
     if cap is not None and band is None and top_fit >= 0.5 * cap:
         ymax = max(ymax, cap * 1.08)
-    tickvals, ticktext = _gib_ticks([ypos[i] for i in fits] + ([cap] if band else []),
-                                    top=(cap if band is not None and cap else None))
-    fig.update_yaxes(title_text="memory per device", tickvals=tickvals, ticktext=ticktext,
-                     range=[0, ymax], row=1, col=1)
-    fig.update_yaxes(title_text=f"time per step ({unit[1]})", row=1, col=2)
+    tickvals, ticktext, bunit = _byte_ticks(
+        [ypos[i] for i in fits] + ([cap] if band else []),
+        top=(cap if band is not None and cap else min(ymax, cap) if cap else ymax))
+    fig.update_yaxes(title_text=f"memory per device ({bunit})", tickmode="array",
+                     tickvals=tickvals, ticktext=ticktext, range=[0, ymax], row=1, col=1)
+    tops = [plans[i].predicted.step_time / unit[0] for i in order if _finite(plans[i].predicted.step_time)]
+    yr = [0.0, max(tops, default=1.0) * 1.08]
+    fig.update_yaxes(title_text=f"time per step ({unit[1]})", range=yr, **axis_ticks(*yr),
+                     row=1, col=2)
     fig.update_xaxes(tickangle=-30 if len(order) > 4 else 0, tickfont={"size": 10}, row=1, col=2)
     return fig

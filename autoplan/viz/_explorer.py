@@ -77,7 +77,7 @@ from ._compare import compare_figure, cost_parts, equivalent_groups
 from ._graph import graph_figure
 from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
-from ._style import TEMPLATE, fmt_bytes, fmt_in_unit, id_span, time_unit
+from ._style import TEMPLATE, axis_ticks, fmt_bytes, fmt_in_unit, fmt_sig, id_span, time_unit
 from ._widget import CodeView, PlotView
 
 __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
@@ -99,6 +99,10 @@ _CSS = ("<style>.autoplan-explorer pre {white-space: pre-wrap; font-size: 11px; 
         "{padding: 1px 8px; text-align: left;}"
         ".autoplan-explorer .autoplan-section {font-weight: 600; margin-top: 8px;}"
         ".autoplan-explorer table.autoplan-diff td {padding: 1px 10px; text-align: right;}"
+        ".autoplan-explorer .autoplan-status {white-space: normal !important; overflow: visible"
+        " !important; height: auto !important; line-height: 1.3;}"
+        # the live widget hides the static snapshots shown for front ends without it
+        ".autoplan-static {display: none;}"
         "</style>")
 
 
@@ -194,6 +198,62 @@ class LaunchRecord:
         state = "error" if self.error else ("done" if self.done else "running")
         return (f"LaunchRecord({self.plan.label!r}, {self.num_processes}x{self.devices_per_process} "
                 f"devices, {state}, {len(self.step_events)} step events)")
+
+
+_BYTE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+               "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+
+
+def parse_budget(text: Any) -> float | None:
+    """The memory budget box's text in bytes: ``"8 GiB"``, ``"512 MiB"``, ``"1.5e9 B"``, a bare
+    number of GiB; None (the device's memory) for ``""`` or 0.
+
+    Raises:
+        SearchError: anything else, or a negative amount.
+    """
+    raw = str(text if text is not None else "").strip()
+    m = re.fullmatch(r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)", raw)
+    unit = (m.group(2).lower() or "gib") if m else None
+    if raw and (m is None or unit not in _BYTE_UNITS or float(m.group(1)) < 0
+                or not math.isfinite(float(m.group(1)))):
+        raise SearchError(f"Explorer: the memory budget should be an amount of memory such as "
+                          f"'8 GiB' or '512 MiB' (a bare number is GiB), or empty for the "
+                          f"device's memory. Got {raw!r}. Fix: e.g. 8 GiB.")
+    v = float(m.group(1)) * _BYTE_UNITS[unit] if raw else 0.0
+    return v if v > 0 else None
+
+
+def fmt_budget(nbytes: float | None) -> str:
+    """A memory budget in the unit its size calls for, at most 3 significant digits
+    (``"20 KiB"``, ``"8 GiB"``); ``""`` for None (the device's memory)."""
+    if not nbytes:
+        return ""
+    unit, name = next(((2.0 ** p, n) for p, n in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB"))
+                       if nbytes >= 2.0 ** p), (1.0, "B"))
+    return f"{fmt_sig(nbytes / unit)} {name}"
+
+
+def cluster_text(cl: Cluster) -> str:
+    """A cluster as the page names it, with its device count: ``cpu:8 (8 devices)``, ``local
+    (8 devices, measured)``, ``p3.16xlarge:2 (16 devices)``."""
+    n = cl.num_devices
+    if cl.name == "local":
+        return f"this machine ({n} device{'s' if n != 1 else ''}, measured)"
+    return f"{cl.spec} ({n} device{'s' if n != 1 else ''})"
+
+
+def short_error(text: str, limit: int = 240) -> str:
+    """An error message cut to about ``limit`` characters for a status line, keeping its
+    ``Fix:`` (and what follows it) whole."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text.find("Fix:")
+    if cut < 0:
+        return text[:limit - 1] + "\u2026"
+    fix = text[cut:]
+    head = max(60, limit - len(fix) - 3)
+    return (text[:head].rstrip() + " \u2026 " + fix) if head < cut else text
 
 
 def _ms(t: float | None) -> str:
@@ -353,6 +413,9 @@ class Explorer:
         self._op_layer: dict[int, str] = {}
         self._stage_of_op: dict[int, int] = {}
         self._generation = 0
+        self._picked: Plan | None = None  # the plan the user selected since the search began
+        self._cluster_names: dict[str, str] = {}  # cluster spec -> its name with its devices
+        self._snapshots: list[Any] = []  # display handles of the static snapshots shown
 
     def _build_controls(self, model: str, size: str, cl: Cluster, level: str, schedule: str,
                         microbatches: int | None, memory_budget: float | None) -> None:
@@ -392,16 +455,20 @@ class Explorer:
         self._microbatches = widgets.Dropdown(options=mb_opts, value=microbatches or AUTO,
                                               description="micro-batches", style=wide,
                                               layout=widgets.Layout(width="180px"))
-        self._budget = widgets.BoundedFloatText(
-            value=memory_budget / 2**30 if memory_budget else 0.0, min=0.0, max=1e6,
-            step=0.5, description="memory budget GiB", style=wide,
-            tooltip="per-device memory the plans must fit; 0: the device's memory",
-            layout=widgets.Layout(width="210px"))
+        self._budget = widgets.Text(
+            value=fmt_budget(memory_budget), description="memory budget", style=wide,
+            placeholder="device memory",
+            tooltip="per-device memory the plans must fit, e.g. 8 GiB or 512 MiB (a bare number "
+                    "is GiB); empty or 0: the device's memory",
+            continuous_update=False, layout=widgets.Layout(width="220px"))
         self._search_button = widgets.Button(description="Search", button_style="primary",
                                              icon="search", tooltip="search plans with these settings")
         self._progress = widgets.FloatProgress(value=0.0, min=0.0, max=1.0,
                                                layout=widgets.Layout(width="240px"))
-        self._status = widgets.Label(value="no search yet")
+        # status lines wrap (a Label cuts a long line with an ellipsis: an error's Fix would go)
+        self._status = widgets.Label(value="no search yet",
+                                     layout=widgets.Layout(flex="1 1 320px", min_width="0"))
+        self._status.add_class("autoplan-status")
         self._candidate = widgets.Dropdown(options=[], description="candidate", style=wide,
                                            layout=widgets.Layout(width="760px"))
         self._focus = widgets.Dropdown(options=[("(no selection)", "")], value="",
@@ -445,7 +512,9 @@ class Explorer:
         self._launch_button = widgets.Button(description="Launch", button_style="success",
                                              icon="play", disabled=True,
                                              tooltip="run the selected plan on the devices attached")
-        self._launch_status = widgets.Label(value="no launch yet")
+        self._launch_status = widgets.Label(value="no launch yet",
+                                            layout=widgets.Layout(flex="1 1 320px", min_width="0"))
+        self._launch_status.add_class("autoplan-status")
         self._launch_table = widgets.HTML(value="")
         self._launch_result = widgets.HTML(value="")
         self._init_launch_figure()
@@ -512,12 +581,40 @@ class Explorer:
                 f"cluster={self._cluster_spec()!r}, plans={n}, selected={sel})")
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display  # noqa: PLC0415
+        """Show the widget, and after it a static snapshot of what it shows
+        (:meth:`static_html`), kept up to date as the explorer changes. The live widget hides
+        the snapshot; a front end without the widget's kernel (a notebook reopened after its
+        kernel is gone, nbconvert, a notebook viewer) shows it: the plan, not only a widget that
+        cannot be drawn.
 
-        # plotly.js is not sent with the widgets: the first view drawn on a page without it asks
-        # the kernel once (sending 5 MB here would hold the cell's completion on the page for
-        # seconds while the message crosses the websocket)
+        plotly.js is not sent with the widgets: the first view drawn on a page without it asks
+        the kernel once (sending 5 MB here would hold the cell's completion on the page for
+        seconds while the message crosses the websocket)."""
+        from IPython.display import HTML, display  # noqa: PLC0415
+
         display(self.widget)
+        handle = display(HTML(self.static_html()), display_id=True)
+        if handle is not None:
+            self._snapshots.append(handle)
+
+    def _refresh_snapshot(self) -> None:
+        """Write the current state into every static snapshot displayed."""
+        if not self._snapshots:
+            return
+        from IPython.display import HTML  # noqa: PLC0415
+
+        page = HTML(self.static_html())
+        for handle in self._snapshots:
+            handle.update(page)
+
+    def static_html(self) -> str:
+        """A self-contained HTML snapshot of the explorer (no script, no kernel): the status
+        line, every candidate with its prediction, the selected plan's summary and
+        PartitionSpecs, and its figures' numbers (where the step time goes, memory per stage,
+        the stages on the devices)."""
+        from ._static import explorer_snapshot  # noqa: PLC0415
+
+        return explorer_snapshot(self)
 
     # ---- errors and threads ------------------------------------------------------------------
     def _report(self, where: str, err: BaseException) -> None:
@@ -555,6 +652,9 @@ class Explorer:
             with self._lock:
                 busy = [t for t in self._threads.values() if t.is_alive()]
             if not busy:
+                # from the cell that waits: front ends drop display updates a background thread
+                # sends after the cell that displayed the explorer has finished
+                self._refresh_snapshot()
                 return self
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
@@ -648,11 +748,7 @@ class Explorer:
         return describe_workload(wl)
 
     def _memory_budget(self) -> float | None:
-        v = float(self._budget.value or 0.0)
-        if v < 0 or not math.isfinite(v):
-            raise SearchError(f"Explorer: the memory budget should be a positive number of GiB, or "
-                              f"0 for the device's memory. Got {v!r}.")
-        return v * 2**30 if v > 0 else None
+        return parse_budget(self._budget.value)
 
     def _options(self) -> dict[str, Any]:
         return {"schedule": self._schedule.value, "microbatches": self._microbatches.value or None,
@@ -689,6 +785,7 @@ class Explorer:
         return ("spec", json.dumps(spec, sort_keys=True, default=str))
 
     def _search_job(self) -> None:
+        self._picked = None
         self._search_button.disabled = True
         self._progress.bar_style = ""
         self._progress.value = 0.0
@@ -702,6 +799,7 @@ class Explorer:
             key = (self._workload_key(wl), json.dumps(cl.to_dict(), sort_keys=True, default=str),
                    json.dumps(opts, sort_keys=True))
             context = (str(self._model.value), str(self._size.value), cl.spec)
+            self._cluster_names[cl.spec] = cluster_text(cl)
             res = self._memo.get(key)
             repeated = res is not None
             if res is None:
@@ -712,7 +810,7 @@ class Explorer:
                 self._memo[key] = res
         except Exception as err:
             self._progress.bar_style = "danger"
-            self._status.value = f"search failed: {type(err).__name__}: {str(err)[:200]}"
+            self._status.value = f"search failed: {type(err).__name__}: {short_error(str(err))}"
             raise
         finally:
             self._search_button.disabled = False
@@ -723,11 +821,16 @@ class Explorer:
         size = getattr(wl, "size", None)
         name = getattr(wl, "name", None) or str(self._model.value)
         how = "repeated search: this explorer's earlier result" if repeated else f"in {secs:.1f} s"
-        self._status.value = (f"{len(res.plans)} plans for {name}"
-                              f"{f' ({size})' if size else ''} on {cl.spec} {how}; best: "
-                              f"{res.best.label}, {res.best.describe()}, "
-                              f"{_ms(res.best.predicted.step_time)}"
-                              + "".join(f"; note: {n}" for n in getattr(res, "notes", ())))
+        status = (f"{len(res.plans)} plans for {name}{f' ({size})' if size else ''} on {cluster_text(cl)} "
+                  f"{how}; best: {res.best.label}, {res.best.describe()}, "
+                  f"{_ms(res.best.predicted.step_time)}"
+                  + "".join(f"; note: {n}" for n in getattr(res, "notes", ())))
+        shown = self.plan
+        if shown is not None and not _same_plan(shown, res.best):
+            status += (f"; showing #{self._candidate.value} {shown.label}, "
+                       f"{_ms(shown.predicted.step_time)}, picked during the search: not the best")
+        self._status.value = status
+        self._refresh_snapshot()
 
     def _apply_result(self, res: Any, key: tuple, context: tuple[str, str, str], *,
                       partial: bool = False) -> None:
@@ -741,22 +844,29 @@ class Explorer:
                     self._reference = before
                     self._reference_note = "the previous answer (before the settings changed)"
                 self._whatif, self._pins, self._pin_target = [], [], None
+            where = self._cluster_names.get(context[2], context[2])
             if (self.last_launch is not None and self.last_launch.context != context):
-                self._clear_launch(f"no launch yet for {context[0]} on {context[2]}")
+                self._clear_launch(f"no launch yet for {context[0]} on {where}")
             elif self.last_launch is None and context != self._context:
-                self._launch_status.value = f"no launch yet for {context[0]} on {context[2]}"
+                self._launch_status.value = f"no launch yet for {context[0]} on {where}"
             self._search_key_now = key
             self._context = context
             self.result = res
             self._generation += 1
             self._refresh_candidates()
-            index = 0
-            if keep is not None:
-                index = next((k for k, p in enumerate(self.plans) if _same_plan(p, keep)), 0)
+            plans = self.plans
+            best = next((k for k, p in enumerate(plans) if p is res.best),
+                        next((k for k, p in enumerate(plans) if _same_plan(p, res.best)), 0))
+            index = best
+            # a candidate the user picked while this search ran stays selected; anything else
+            # (the partial result's best, the plan of an earlier search) gives way to the best
+            if keep is not None and same_search and self._picked is not None:
+                index = next((k for k, p in enumerate(plans) if _same_plan(p, self._picked)),
+                             best)
             if partial:
                 self._status.value = (f"{len(res.plans)} intra-operator plans so far; searching "
                                       "pipeline plans and baselines")
-        self.select(index)
+        self._select(index, picked=False)
 
     def _refresh_candidates(self) -> None:
         plans = self.plans
@@ -790,11 +900,16 @@ class Explorer:
 
     def select(self, index: int) -> Plan:
         """Select plan ``index`` of :attr:`plans` (a plan of a group of equivalent plans selects
-        the group) and update every view (in the calling thread).
+        the group) and update every view (in the calling thread). A plan selected while a
+        search runs stays selected when the search ends (the status line then says that it is
+        not the best); otherwise every search ends on its best plan.
 
         Raises:
             StateError: no search result yet. ArgumentIndexError: no such plan.
         """
+        return self._select(index, picked=True)
+
+    def _select(self, index: int, *, picked: bool) -> Plan:
         if self.result is None:
             raise StateError("Explorer.select: no search result yet. Fix: run ex.search() and "
                              "ex.wait_idle() first.")
@@ -813,6 +928,8 @@ class Explorer:
                 self._candidate.value = index
             finally:
                 self._quiet -= 1
+            if picked:
+                self._picked = plans[index]
             self._show(index)
             return self.plan  # type: ignore[return-value]
 
@@ -855,6 +972,7 @@ class Explorer:
             if self._pin_target is not None and not any(i.name == self._pin_target for i in plan.inputs):
                 self._pin_target = None
             self._refresh_pin_panel()
+            self._refresh_snapshot()
 
     def _graph_figure(self, plan: Plan) -> Any:
         import plotly.graph_objects as go  # noqa: PLC0415
@@ -872,7 +990,9 @@ class Explorer:
 
     def _summary_html(self, plan: Plan, reference_note: str) -> str:
         text = plan.summary()
-        generic = {o.layer for o in plan.ops} <= {"", "(root)"} and plan.ops
+        # layers that no scope names: the search named them from the parameters they read
+        generic = plan.ops and not any(
+            o.layer and o.layer.split("/")[-1] in o.scope.split("/") for o in plan.ops)
         layers = ""
         if generic:
             names = list(dict.fromkeys(self._op_layer.values()))
@@ -1400,15 +1520,44 @@ class Explorer:
         ]
         title = ("launch: loss and step time per step" if rec is None else
                  f"launch of [{html.escape(rec.plan.label)}]: {len(losses)}/{rec.steps} steps")
+        # every axis with its own ticks (one unit, at most 3 significant digits): the step-time
+        # axis is log (emulated CPU devices run far slower than the cluster the plan was costed
+        # on) and must not borrow the loss axis's ticks
+        last = max(steps - 1, 1)
+        xt = axis_ticks(0, last)
+        keep = [k for k, v in enumerate(xt.get("tickvals", [])) if float(v).is_integer()]
+        xt = {"tickmode": "array", "tickvals": [xt["tickvals"][k] for k in keep],
+              "ticktext": [xt["ticktext"][k] for k in keep]} if len(keep) >= 2 else {
+            "tickmode": "array", "tickvals": list(range(last + 1)),
+            "ticktext": [str(k) for k in range(last + 1)]}
+        xaxis = {"title": {"text": "step"}, "range": [-0.3, last + 0.3], **xt}
+        yaxis: dict[str, Any] = {"title": {"text": "loss"}, "tickmode": "auto"}
+        if losses:
+            lo, hi = min(losses), max(losses)
+            pad = 0.1 * ((hi - lo) or abs(hi) or 1.0)
+            yaxis.update(range=[lo - pad, hi + pad], **axis_ticks(lo - pad, hi + pad, count=4))
+        yaxis2: dict[str, Any] = {"title": {"text": f"step time ({unit[1]}, log)", "standoff": 8},
+                                  "overlaying": "y", "side": "right", "type": "log",
+                                  "showgrid": False, "tickmode": "auto", "automargin": True}
+        annotations = []
+        shown = [t / unit[0] for t in [*times, *([pred] if pred else [])] if t and t > 0]
+        if shown:
+            lo, hi = min(shown) / 1.6, max(shown) * 1.6
+            yaxis2.update(range=[math.log10(lo), math.log10(hi)], **axis_ticks(lo, hi, log=True))
+        else:  # nothing measured yet: no made-up ticks
+            yaxis2["showticklabels"] = False
+            yaxis["showticklabels"] = False
+        if rec is not None and pred:
+            # the prediction's label by its line (a log axis places annotations at log10(y))
+            annotations.append({"x": last, "y": math.log10(pred / unit[0]), "xref": "x",
+                                "yref": "y2", "xanchor": "right", "yanchor": "bottom",
+                                "showarrow": False, "font": {"size": 10, "color": "#e45756"},
+                                "text": f"predicted {fmt_in_unit(pred, unit)}"})
         layout = {
             "template": TEMPLATE, "height": 300, "title": {"text": title},
-            "xaxis": {"title": {"text": "step"}, "dtick": 1},
-            "yaxis": {"title": {"text": "loss"}},
-            # log: emulated CPU devices run far slower than the cluster the plan was costed on
-            "yaxis2": {"title": {"text": f"step time ({unit[1]}, log)"}, "overlaying": "y",
-                       "side": "right", "type": "log", "showgrid": False},
+            "xaxis": xaxis, "yaxis": yaxis, "yaxis2": yaxis2, "annotations": annotations,
             "legend": {"orientation": "h", "y": -0.25},
-            "margin": {"t": 60, "l": 60, "r": 70, "b": 40},
+            "margin": {"t": 60, "l": 60, "r": 80, "b": 40},
             "meta": {"kind": "launch", "unit": unit[1]},
         }
         return {"data": data, "layout": layout}
@@ -1492,7 +1641,7 @@ class Explorer:
         except Exception as err:
             rec.error = f"{type(err).__name__}: {err}"
             if self._current(rec):
-                self._launch_status.value = f"launch failed: {rec.error[:200]}"
+                self._launch_status.value = f"launch failed: {short_error(rec.error)}"
                 # the whole message: the workers' last lines, or the cluster commands for a plan
                 # that needs more devices than attached
                 self._launch_result.value = (f"<pre class='autoplan-launch-error'>"
@@ -1513,7 +1662,7 @@ class Explorer:
     def _running_text(rec: LaunchRecord) -> str:
         errs = [e for e in rec.events if e.get("event") == "error"]
         if errs:
-            return f"error in process {errs[0].get('process')}: {str(errs[0].get('message'))[:200]}"
+            return f"error in process {errs[0].get('process')}: {short_error(str(errs[0].get('message')))}"
         steps = {int(e["step"]) for e in rec.step_events}
         if not steps:
             started = {e.get("process") for e in rec.events if e.get("event") == "start"}
@@ -1562,7 +1711,7 @@ class Explorer:
         return (f"<div class='autoplan-launch-result'><b>launch finished</b>: [{html.escape(rec.plan.label)}] "
                 f"{html.escape(rec.plan.describe())}, {html.escape(rec.layout)}, "
                 f"{len(rec.losses)} steps<br>measured step time {_ms(meas)}; "
-                f"predicted {_ms(pred)} (for {html.escape(rec.plan.cluster.spec)}, "
+                f"predicted {_ms(pred)} (for {html.escape(cluster_text(rec.plan.cluster))}, "
                 f"{html.escape(rec.plan.cluster.describe_profile())}){ratio}<br>final loss "
                 f"{_loss(loss)}; {check}{err}</div>")
 

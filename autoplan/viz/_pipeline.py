@@ -24,6 +24,7 @@ from ._style import (
     IDLE_COLOR,
     TEMPLATE,
     UNUSED_COLOR,
+    axis_ticks,
     escape,
     fmt_bytes,
     fmt_in_unit,
@@ -351,6 +352,7 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
         })
     busy = sum(e[1] - e[0] for e in events)
     bubble = 1 - busy / (meshes * end) if end > 0 else 0.0
+    per_mesh = [sum(e[1] - e[0] for e in events if e[2] == m) for m in range(meshes)]
     row_names = []
     for m in range(meshes):
         s = next((x for x in plan.stages if x.index == m), None)
@@ -360,12 +362,18 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     span = fmt_in_unit(end, u) if unit == "s" else f"{end:g} clock ticks"
     title = (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
              f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, {mb} micro-batch"
-             f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}%"
-             "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
+             f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}% of the meshes' time"
+             + (f" (the busiest mesh waits {fmt_in_unit(end - max(per_mesh), u)})"
+                if unit == "s" and per_mesh and meshes > 1 else "")
+             + "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
              "its number; grey = idle" + ("; the steady state of each mesh is one bar "
                                           "(hover for its counts)" if steady else "") + "</sup>")
+
+    def view(lo: float, hi: float) -> dict[str, Any]:  # a range of the time axis and its ticks
+        return {"range": [lo, hi], **axis_ticks(lo, hi)}
+
     xaxis: dict[str, Any] = {"title": {"text": f"time ({uname})" if unit == "s" else "clock tick"},
-                             "zeroline": False, "range": [0, end / scale * 1.01 if end > 0 else 1]}
+                             "zeroline": False, **view(0, end / scale * 1.01 if end > 0 else 1)}
     updatemenus = []
     if steady:
         up_to = max(min(e[0] for e in evs) for _, evs in steady)
@@ -376,12 +384,11 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
             "yanchor": "bottom", "showactive": True, "pad": {"r": 2, "t": 2},
             "font": {"size": 10},
             "buttons": [
-                {"label": "whole step", "method": "relayout",
-                 "args": [{"xaxis.range": [0, end / scale * 1.01]}]},
-                {"label": "ramp-up", "method": "relayout",
-                 "args": [{"xaxis.range": [0, (up_to + pad) / scale]}]},
-                {"label": "ramp-down", "method": "relayout",
-                 "args": [{"xaxis.range": [(down_from - pad) / scale, end / scale * 1.01]}]},
+                {"label": label, "method": "relayout",
+                 "args": [{f"xaxis.{k}": v for k, v in view(lo, hi).items()}]}
+                for label, lo, hi in (("whole step", 0, end / scale * 1.01),
+                                      ("ramp-up", 0, (up_to + pad) / scale),
+                                      ("ramp-down", (down_from - pad) / scale, end / scale * 1.01))
             ]}]
     layout = {
         "template": TEMPLATE, "barmode": "overlay", "bargap": 0.2,
@@ -487,7 +494,8 @@ def memory_figure(plan: Plan) -> go.Figure:
         "title": {"text": f"Memory per device of {escape(plan.model)} [{escape(plan.label)}]"
                           f"<br><sup>{sub}</sup>", "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         "yaxis": {"title": {"text": f"memory per device ({uname})"},
-                  "range": [0, max(ref, 1e-30) / scale * 1.15]},
+                  "range": [0, max(ref, 1e-30) / scale * 1.15],
+                  **axis_ticks(0, max(ref, 1e-30) / scale * 1.15)},
         "xaxis": {"tickfont": {"size": 10}},
         "shapes": shapes, "annotations": annotations,
         "height": 360, "margin": {"t": 80, "l": 70, "r": 20, "b": 60},

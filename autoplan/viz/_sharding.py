@@ -44,6 +44,7 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._errors import ArgumentError
+from .._names import split_input_name, unit_name
 from .._plan import OpSharding, Plan, Stage, TensorSharding, require_plan
 from .._planfile import parse_keystr
 from .._spec import Spec
@@ -202,22 +203,12 @@ def tile_color(devices: Sequence[int], mesh_shape: Sequence[int]) -> str:
 
 
 # ---- which layer an operator is shown in ----------------------------------------------------
-def _param_container(name: str) -> str | None:
-    """``params[0]['w']`` -> ``params[0]``: the parameter's parent in its pytree."""
-    cut = name.find("[")
-    if cut < 0:
-        return None
-    arg, path = name[:cut], name[cut:]
-    keys = parse_keystr(path) or []
-    if len(keys) < 2:
-        return name
-    return arg + "".join(f"[{k}]" if isinstance(k, int) else f"[{k!r}]" for k in keys[:-1])
-
-
 def op_layers(plan: Plan) -> dict[int, str]:
-    """The layer each planned operator is shown in: its recorded layer, or for an operator the
-    trace placed in no named scope, the parameter it reads (``params[0]`` for ``params[0]['w']``),
-    else the layer of the operator before it."""
+    """The layer each planned operator is shown in: its recorded layer (the search's layers, named
+    alike in every view), or, in a plan of an older version that records none (``"(root)"``),
+    the layer named from the parameter it reads as the search names one
+    (:func:`autoplan._names.unit_name`: ``params[0]`` for ``params[0]['w']``), else the layer of
+    the operator before it (``input`` before the first)."""
     plan = require_plan(plan, "op_layers")
     out: dict[int, str] = {}
     prev = None
@@ -225,9 +216,9 @@ def op_layers(plan: Plan) -> dict[int, str]:
         name = op.layer if op.layer not in _GENERIC_LAYERS else None
         if name is None:
             w = next((t for t in op.tensors if t.role == "weight"), None)
-            name = _param_container(w.name) if w is not None else None
+            name = unit_name([split_input_name(w.name)]) if w is not None else None
         if name is None:
-            name = prev or f"op {op.op}"
+            name = prev or "input"
         out[op.op] = name
         prev = name
     return out
@@ -235,8 +226,10 @@ def op_layers(plan: Plan) -> dict[int, str]:
 
 def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     """The operator's kind within its layer (``attn.qkv``, ``conv2``, ``attn dot #1``)."""
-    parts = (op.scope or "").split("/")
-    rel = "/".join(parts[parts.index(layer) + 1:]) if layer in parts else "/".join(p for p in parts if p)
+    parts = [p for p in (op.scope or "").split("/") if p]
+    own = layer.split("/")  # a layer's scope path ("Mixer/MixerBlock_0"); the rest is its kind
+    at = next((i for i in range(len(parts) - len(own) + 1) if parts[i:i + len(own)] == own), None)
+    rel = "/".join(parts[at + len(own):] if at is not None else parts)
     w = next((t for t in op.tensors if t.role == "weight"), None)
     if w is not None:
         keys = [k for k in parse_keystr(w.name[w.name.find("["):]) or () if isinstance(k, str)]
@@ -251,8 +244,10 @@ def _kind(op: OpSharding, layer: str, seen: dict[str, int]) -> str:
     short = {"dot_general": "dot", "conv_general_dilated": "conv"}.get(op.primitive, op.primitive)
     if rel:
         key = f"{rel} {short}"
-    else:  # the layer's own name, without its number: the same kind in every repeated layer
-        key = re.sub(r"\[\d+\]|[_.]?\d+", "", layer) or short
+    else:  # a layer named by one word names its operators' kind ("embed", "head"); in a
+        # numbered layer ("layers_3", "dense0", "params[2]") the kind is the primitive's, so the
+        # same kind lines up in every repeated layer and no row names a path the model lacks
+        key = layer if layer and not re.search(r"[\d\[\]./+]", layer) else short
     k = seen.get(key, 0)
     seen[key] = k + 1
     return f"{key} #{k}" if k or op.role != "forward" else key
@@ -423,6 +418,19 @@ class Tile:
     striped: bool
 
 
+#: the width the sharding figure is laid out for (the explorer's and the report's pages)
+FIGURE_WIDTH_PX = 900
+#: the width of one character of a tile's split label (9 px font) and the label's height
+LABEL_CHAR_PX, LABEL_HEIGHT_PX = 5.0, 11.0
+
+
+def label_fits(text: str, width_px: float, height_px: float) -> bool:
+    """Whether a split label fits in a block's slot of ``width_px`` x ``height_px`` pixels
+    without reaching its neighbours' (a label that does not is left off: dense views stay
+    readable, the hover still names the split)."""
+    return width_px >= LABEL_CHAR_PX * len(text) + 2 and height_px >= LABEL_HEIGHT_PX
+
+
 def block_tiles(t: TensorSharding, stage: Stage) -> list[Tile]:
     """The tiles a tensor block is drawn with, in row-major order (see the module docstring)."""
     grid = tile_devices(t.shape, t.spec, stage.mesh_shape, stage.axis_names)
@@ -542,7 +550,11 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     lo, hi = min(sizes, default=1.0), max(sizes, default=1.0)
     slots = max((len(o.tensors) for c in shown for _, o in c.cells), default=3)
     cv = _Canvas()
-    write_spec = len(shown) <= 24
+    height = max(320, 150 + 62 * len(rows)) if layer is None else 420
+    # pixels per x unit (a column) and per y unit (a row) of the figure as the explorer and the
+    # report draw it: a split is written on a block only where it fits (hover shows it always)
+    px = (FIGURE_WIDTH_PX * (_KEY_DOMAIN[0] - 0.03) / max(len(shown), 1),
+          (height - 165) / max(len(rows), 1))
     stored = {i.name: i.spec for i in plan.inputs}
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -557,8 +569,10 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
             for k, t in enumerate(tensors):
                 side = _size_band(math.prod(t.shape) * dtype_bytes(t.dtype), lo, hi)
                 cx = ci + 0.04 + slot_w * (k + 0.5)
+                # a label no wider than its slot (the space between its neighbours' centres)
+                write = label_fits(str(t.spec), slot_w * px[0], 0.84 * px[1])
                 _draw_tensor(cv, t, op, col.stage, cx, r + 0.5, slot_w * 0.9 * side, 0.84 * side,
-                             ci, r, col.layers, write_spec, stored.get(t.name))
+                             ci, r, col.layers, write, stored.get(t.name))
     key_stage = plan.stages[0]
     traces = cv.traces() + _mesh_key(key_stage)
     ticktext = []
@@ -598,7 +612,6 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
     if not columns:
         head = f"Operator sharding of {escape(plan.model)}: the plan records no operator shardings"
         notes = []
-    height = max(320, 150 + 62 * len(rows)) if layer is None else 420
     layout = {
         "template": TEMPLATE,
         "title": {"text": head + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else ""),

@@ -34,6 +34,8 @@ __all__ = [
     "mesh_rgb",
     "time_unit",
     "fmt_in_unit",
+    "fmt_sig",
+    "axis_ticks",
     "short_list",
 ]
 
@@ -225,6 +227,57 @@ def fmt_in_unit(t: float, unit: tuple[float, str]) -> str:
     if t is None or not math.isfinite(t):
         return "n/a"
     return f"{t / unit[0]:.4g} {unit[1]}"
+
+
+def fmt_sig(v: float, digits: int = 3) -> str:
+    """``v`` with at most ``digits`` significant digits, never in exponent form or with SI
+    suffixes: ``0.25``, ``12.5``, ``1000``, ``0.0417``."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    if v == 0:
+        return "0"
+    d = digits - 1 - math.floor(math.log10(abs(v)))
+    r = round(v, d)
+    if r and math.floor(math.log10(abs(r))) != math.floor(math.log10(abs(v))):
+        d -= 1  # rounding carried into the next decade (9.996 -> 10.0)
+        r = round(v, d)
+    text = f"{r:.{max(d, 0)}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def axis_ticks(lo: float, hi: float, *, log: bool = False, count: int = 5) -> dict[str, Any]:
+    """An axis's ticks between ``lo`` and ``hi`` (in the axis's one unit): round steps (1, 2,
+    2.5 or 5 times a power of ten; on a log axis 1, 2 and 5 per decade, or decades only when
+    that is too many), labelled with at most 3 significant digits. Returns the layout keys
+    (``tickmode="array"``, ``tickvals``, ``ticktext``) to merge into the axis."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return {}
+    lo, hi = min(lo, hi), max(lo, hi)
+    vals: list[float] = []
+    if log:
+        lo = max(lo, 1e-12)
+        hi = max(hi, lo)
+        k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+        for mults in ((1, 2, 5), (1,)):
+            vals = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in mults
+                    if lo * (1 - 1e-9) <= m * 10.0 ** k <= hi * (1 + 1e-9)]
+            if len(vals) <= 2 * count:
+                break
+        if len(vals) < 2:  # a narrow range: its ends
+            vals = sorted({float(fmt_sig(lo)), float(fmt_sig(hi))})
+    else:
+        span = hi - lo or abs(hi) or 1.0
+        raw = span / count
+        mag = 10.0 ** math.floor(math.log10(raw))
+        step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-9))
+        k = math.ceil(lo / step - 1e-9)
+        while k * step <= hi + step * 1e-9:
+            vals.append(k * step)
+            k += 1
+    vals = [float(fmt_sig(v)) for v in vals]
+    return {"tickmode": "array", "tickvals": vals, "ticktext": [fmt_sig(v) for v in vals]}
 
 
 def id_span(ids: Sequence[int]) -> str:

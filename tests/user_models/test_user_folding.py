@@ -67,12 +67,15 @@ def test_layers_stacked_with_the_libraries_scans_are_layers(make, prefix):
 def test_layers_without_scopes_are_the_mined_blocks(graphs, name, blocks):
     """Without usable scopes the pipeline layers are the mined repeated blocks (the NNX
     transformer's blocks, the Equinox residual blocks, the MLP's hidden layers after the first),
-    plus what comes before and after them, each named op<id> after its first forward operator."""
+    plus what comes before and after them, each named from the parameters it reads first."""
     g = graphs(name)
     layers = group_layers(g)
     assert len(layers) == blocks + 2
-    assert all(ly.name.startswith("op") for ly in layers)
-    starts = [int(ly.names[0][2:]) for ly in layers]
+    want = {"nnx_transformer": ["embed", "blocks[0]", "blocks[1]", "ln+head"],
+            "equinox_cnn": ["conv1+conv2", "blocks[0]", "blocks[1]", "head"],
+            "control_flow_mlp": ["input", "params[0]", "params[1]", "params[2]"]}[name]
+    assert [ly.name for ly in layers] == want
+    starts = [ly.forward[0] for ly in layers]
     assert starts == sorted(starts) and starts[0] == 0  # ranges of the forward pass, in order
     # the blocks' forward operators are alike (their backward may differ: the first block's
     # input needs no gradient)

@@ -128,15 +128,35 @@ def test_equinox_none_leaves_stay_empty_subtrees(searched):
 
 def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     """A plain-JAX 6-layer MLP (a Python loop, no named scopes): its layers come from mining,
-    and the pipeline search offers 2-stage plans the executor runs."""
+    named from the parameters they read, and the pipeline search offers 2-stage plans the
+    executor runs, each stage running the forward operators of its own layers."""
+    from autoplan.exec._pipeline import (  # noqa: PLC0415
+        _layer_stage,
+        _microbatch_abstract,
+        _unit_starts,
+    )
+    from autoplan.search.fold._layers import op_layer_names  # noqa: PLC0415
+
     wl = user_steps.make_unscoped_mlp()
     g = autoplan.trace(wl)
     assert not any(g.layer_names)
     layers = autoplan.search.group_layers(g)
-    assert len(layers) >= 6 and all(ly.name.startswith("op") for ly in layers)
+    assert [ly.name for ly in layers] == [f"params[{k}]" for k in range(6)]
     res = _search(wl, pipeline=True, baselines=False)
     two = [p for p in res.plans if len(p.stages) == 2]
     assert two
+    # the executor finds each forward operator's layer from the plan's operators: the stage
+    # holding the layer the search put it in (in the micro-batch trace the plan's ids are of)
+    plan = two[0]
+    batch = [i for i, k in enumerate(wl.arg_kinds) if k == "batch"]
+    mb = autoplan.trace(wl.fn, *_microbatch_abstract(wl.args, batch, plan.schedule.microbatches),
+                        arg_kinds=wl.arg_kinds)
+    layer_stage = {n: s for s, st in enumerate(plan.stages) for n in st.layers}
+    starts = _unit_starts(plan, mb, layer_stage)
+    names = op_layer_names(mb)
+    fwd = [op for op in mb.ops if op.role == "forward"]
+    assert [_layer_stage(op, None, layer_stage, starts) for op in fwd] == [
+        layer_stage[names[op.id]] for op in fwd]
     report = run(two[0], wl, steps=1, compiler_options=FAST)
     assert report.mode == "pipeline" and report.equivalence.matched
 

@@ -43,12 +43,17 @@ def test_pareto_line_is_exactly_the_non_dominated(compare_plans):
 def test_breakdown_stacks_compute_collectives_and_bubble(compare_plans):
     fig = compare_figure(compare_plans)
     parts = {t.meta["component"]: t for t in fig.data if t.meta and t.meta.get("kind") == "breakdown"}
-    assert list(parts) == ["compute", "all-reduce", "all-gather", "bubble"]
+    assert list(parts)[:3] == ["compute", "all-reduce", "all-gather"] and list(parts)[-1] == "bubble"
     for i, p in enumerate(compare_plans):
-        assert parts["compute"].y[i] == pytest.approx(p.predicted.compute_time * 1e3)
-        assert parts["all-reduce"].y[i] == pytest.approx(p.predicted.comm_time_by_kind["all-reduce"] * 1e3)
-        assert parts["bubble"].y[i] == pytest.approx(p.predicted.bubble_fraction * p.predicted.step_time * 1e3)
-    assert fig.layout.barmode == "stack"
+        q = p.predicted
+        assert parts["compute"].y[i] == pytest.approx(q.compute_time * 1e3)
+        assert parts["all-reduce"].y[i] == pytest.approx(q.comm_time_by_kind["all-reduce"] * 1e3)
+        # a plan without schedule events waits its bubble fraction of the step
+        assert parts["bubble"].y[i] == pytest.approx(q.bubble_fraction * q.step_time * 1e3)
+        # the parts add up to the step time, and the bars reach it
+        assert sum(t.meta["seconds"][i] for t in parts.values()) == pytest.approx(q.step_time)
+        assert max(t.base[i] + t.y[i] for t in parts.values()) == pytest.approx(q.step_time * 1e3)
+        assert parts["compute"].base[i] == 0
     # short tick labels: the number and a few letters; the full label is in the hover text
     assert list(parts["compute"].x) == ["#0 auto", "#1 data-parall\u2026", "#2 megatron", "#3 zero-3",
                                         "#4 pipeline"]
@@ -149,7 +154,14 @@ def test_close_points_take_different_label_sides():
 def test_pipeline_plan_breakdown_has_send_recv(pipeline_plan, intra_plan):
     fig = compare_figure([pipeline_plan, intra_plan])
     comps = [t.meta["component"] for t in fig.data if t.meta and t.meta.get("kind") == "breakdown"]
-    assert comps == ["compute", "all-reduce", "all-gather", "send-recv", "bubble"]
+    assert comps[:4] == ["compute", "all-reduce", "all-gather", "send-recv"] and comps[-1] == "bubble"
+    assert set(comps[4:-1]) <= {"overlap", "other"}
+    # the pipeline's bubble is the time its busiest mesh waits: the step less its events' time
+    busy = {}
+    for start, end, mesh, *_ in pipeline_plan.schedule.events:
+        busy[mesh] = busy.get(mesh, 0.0) + end - start
+    assert cost_parts(pipeline_plan)["bubble"] == pytest.approx(
+        pipeline_plan.predicted.step_time - max(busy.values()))
 
 
 def test_plans_on_other_devices_are_not_equivalent(intra_plan):

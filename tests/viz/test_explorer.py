@@ -25,7 +25,7 @@ from autoplan.viz import (
     stage_figure,
     timeline_figure,
 )
-from autoplan.viz._compare import equivalent_groups
+from autoplan.viz._compare import cost_parts, equivalent_groups
 from autoplan.viz._explorer import FIGURES, NO_SIZE, Explorer
 from autoplan.viz._widget import PlotView, figure_json, plotly_js_bytes
 
@@ -137,7 +137,7 @@ def test_controls_build_the_search_arguments(monkeypatch):
     ex._preset.value = "cpu"
     ex._nodes.value = 4
     ex._microbatches.value = 0  # "auto"
-    ex._budget.value = 0.0  # the device's memory
+    ex._budget.value = ""  # the device's memory
     ex.search()
     ex.wait_idle(120)
     assert seen["cluster"].spec == "cpu:4" and seen["cluster"].num_devices == 4
@@ -188,6 +188,37 @@ def test_a_given_workload_keeps_its_overrides_until_the_model_changes():
     ex._model.value = "mlp"
     ex._model.value = "gpt"
     assert ex.launch_spec() == {"model": "gpt", "size": "tiny"}
+
+
+def test_the_memory_budget_box_reads_and_writes_units_for_their_size():
+    ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", memory_budget=2e-5 * 2**30,
+                  autostart=False)
+    assert ex._budget.value == "21 KiB"  # not "0.0000" GiB
+    assert _explorer.parse_budget(ex._budget.value) == 21 * 2**10
+    assert [_explorer.parse_budget(t) for t in ("8 GiB", "512MiB", "1.5", "", "0", "2e9 B")] == [
+        8 * 2**30, 512 * 2**20, 1.5 * 2**30, None, None, 2e9]
+    assert [_explorer.fmt_budget(b) for b in (None, 8 * 2**30, 1536 * 2**20, 700)] == [
+        "", "8 GiB", "1.5 GiB", "700 B"]
+    for bad in ("lots", "-1 GiB", "8 parsecs"):
+        with pytest.raises(autoplan.SearchError, match="memory budget.*Fix: e.g. 8 GiB"):
+            _explorer.parse_budget(bad)
+
+
+def test_cluster_names_say_their_devices_and_errors_keep_their_fix():
+    local = dataclasses.replace(autoplan.Cluster.preset("cpu", 1, devices_per_node=8), name="local")
+    assert _explorer.cluster_text(autoplan.Cluster.parse("cpu:8")) == "cpu:8 (8 devices)"
+    assert _explorer.cluster_text(autoplan.Cluster.parse("p3.16xlarge:2")) == \
+        "p3.16xlarge:2 (16 devices)"
+    assert _explorer.cluster_text(local) == "this machine (8 devices, measured)"
+    long = "the search could not place " + "a very long reason " * 30 + "Fix: use fewer devices."
+    short = _explorer.short_error(long)
+    assert short.endswith("Fix: use fewer devices.") and len(short) <= 260
+    assert _explorer.short_error("short. Fix: x") == "short. Fix: x"
+    # the status lines wrap instead of cutting the line (a Label's ellipsis would hide the Fix)
+    ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    assert "autoplan-status" in ex._status._dom_classes
+    assert "autoplan-status" in ex._launch_status._dom_classes
+    assert ".autoplan-explorer .autoplan-status {white-space: normal !important" in _explorer._CSS
 
 
 def test_the_plot_view_holds_its_whole_figure_and_serves_plotly_js(intra_plan):
@@ -252,6 +283,51 @@ def test_every_view_holds_the_figure_of_the_selected_plan(explorer):
     explorer.select(g[1])
     assert explorer._candidate.value == g[0]
     explorer.select(0)
+
+
+def test_the_display_carries_a_static_snapshot_of_the_plan(explorer, monkeypatch):
+    """After the widget, the display shows a static snapshot (no script) that a front end
+    without the widget's kernel shows: the selected plan, the candidates and the figures'
+    numbers; it follows the selection; the live widget hides it."""
+    import IPython.display  # noqa: PLC0415
+
+    shown = []
+
+    class Handle:
+        def __init__(self):
+            self.pages = []
+
+        def update(self, obj):
+            self.pages.append(obj.data)
+
+    def display(obj, display_id=None):
+        shown.append(obj)
+        return Handle() if display_id else None
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    res = explorer.result
+    plan = explorer.select(0)
+    explorer._ipython_display_()
+    assert shown[0] is explorer.widget
+    page = shown[1].data
+    assert "class='autoplan-static'" in page and ".autoplan-static {display: none;}" in _explorer._CSS
+    assert "<script" not in page and plan.label in page and plan.describe() in page
+    assert explorer._status.value.split(";")[0] in page
+    assert all(f"#{k}" in page for _, k in explorer._candidate.options)
+    assert "\u2605 best" in page  # the shown plan is the best
+    # where the step time goes: the parts as the comparison draws them, and the step time
+    unit = _explorer.time_unit(max(p.predicted.step_time for p in explorer.plans))
+    for name, v in cost_parts(plan).items():
+        if v:
+            assert f"<td>{name}</td><td>{_explorer.fmt_in_unit(v, unit)}</td>" in page
+    for s in plan.stages:
+        assert f"<td>stage {s.index}</td><td>{', '.join(s.layers)}</td>" in page
+    # the snapshot follows the selection
+    handle = explorer._snapshots[-1]
+    other = explorer.select(next(k for k, p in enumerate(res.plans) if p.is_pipeline != plan.is_pipeline))
+    assert other.describe() in handle.pages[-1]
+    explorer.select(0)
+    explorer._snapshots.clear()
 
 
 def test_a_candidate_change_from_the_page_runs_off_the_main_thread(explorer):
@@ -421,14 +497,14 @@ def test_a_repeated_search_is_instant_and_settings_changes_compare(explorer):
     assert explorer.result is res  # the same result, from this explorer's memo
     assert "repeated search" in explorer._status.value
     # a changed setting searches again and compares with the previous answer
-    explorer._budget.value = 1.0  # GiB: every tiny plan fits
+    explorer._budget.value = "1 GiB"  # every tiny plan fits
     assert explorer.search()
     explorer.wait_idle(SEARCH_TIMEOUT)
     assert explorer.result is not res
     ref = next(t for t in explorer.figures["compare"].data if t["meta"]["kind"] in ("reference",
                                                                                       "plans"))
     assert ref is not None and "previous answer" in explorer._summary.value
-    explorer._budget.value = 0.0
+    explorer._budget.value = "0"
     explorer.search()
     explorer.wait_idle(60)
     assert explorer.result is res and explorer.plan == best
@@ -453,6 +529,74 @@ def test_the_first_candidates_show_before_the_pipeline_search_ends(monkeypatch, 
     assert len(seen[0]) == len(equivalent_groups(intra)) < len(ex._candidate.options)
     assert "intra-operator plans so far" in seen[1]
     assert ex.result is res
+
+
+def staged_search(res, during=None):
+    """A search that hands the explorer the real result's intra-operator plans as its partial
+    result (their best first), runs ``during(explorer)`` and returns the real result."""
+    intra = [p for p in res.plans if not p.is_pipeline and not p.label.startswith("baseline")]
+    part = type(res)(best=intra[0], plans=intra, stats={"partial": True}, graph=res.graph)
+    box = {}
+
+    def staged(workload, cluster, **kwargs):
+        kwargs["partial"](part)
+        box["partial plan"] = box["explorer"].plan
+        if during is not None:
+            during(box["explorer"])
+        return res
+
+    return staged, part, box
+
+
+def assert_page_shows(ex, plan):
+    """Every part of the page shows ``plan``: the candidate box, summary, figures, the
+    comparison's star, the code pane and what Launch would run."""
+    index = ex.plans.index(plan)
+    assert ex.plan is plan and ex._candidate.value == index
+    assert plan.label in ex._summary.value and plan.describe() in ex._summary.value
+    want = {"sharding": sharding_figure(plan), "stage": stage_figure(plan),
+            "memory": memory_figure(plan), "timeline": timeline_figure(plan),
+            "graph": graph_figure(plan), "compare": compare_figure(ex.plans, highlight=index)}
+    for name, fig in want.items():
+        assert shown(ex.figures[name]) == figure_json(fig), name
+    fig = shown(ex.figures["compare"])
+    pts = next(t for t in fig["data"] if t["meta"]["kind"] == "plans")
+    stars = [cd for cd, sym in zip(pts["customdata"], pts["marker"]["symbol"]) if sym == "star"]
+    assert len(stars) == 1 and index in stars[0] and fig["layout"]["meta"]["highlight"] == index
+    assert ex.code.code == plan.to_code() and not ex._launch_button.disabled
+
+
+def test_the_final_result_shows_its_best_after_the_partial_one(monkeypatch, explorer):
+    res = explorer.result
+    staged, part, box = staged_search(res)
+    assert not (part.best.label == res.best.label and part.best.describe() == res.best.describe())
+    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    ex.search()
+    ex.wait_idle(120)
+    assert box["partial plan"] is part.best  # the partial result's best while the search ran
+    assert_page_shows(ex, res.best)  # then the final result's best, everywhere
+    assert f"best: {res.best.label}" in ex._status.value and "not the best" not in ex._status.value
+
+
+def test_a_candidate_picked_during_the_search_stays_selected(monkeypatch, explorer):
+    res = explorer.result
+    staged, part, box = staged_search(res, during=lambda ex: ex.select(2))
+    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
+    ex.search()
+    ex.wait_idle(120)
+    picked = part.plans[2]
+    kept = next(p for p in res.plans if p.label == picked.label and p.describe() == picked.describe())
+    assert_page_shows(ex, kept)
+    assert f"best: {res.best.label}" in ex._status.value
+    assert f"showing #{ex.plans.index(kept)} {kept.label}" in ex._status.value
+    assert "not the best" in ex._status.value
+    # the next search (the same settings: this explorer's memo) ends on the best again
+    monkeypatch.setattr(_explorer, "_search_function", lambda: pytest.fail("memo expected"))
+    ex.search()
+    ex.wait_idle(60)
+    assert_page_shows(ex, res.best)
 
 
 def test_the_launch_panel_is_cleared_when_the_model_changes(explorer, monkeypatch):

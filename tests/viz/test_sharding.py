@@ -320,3 +320,39 @@ def test_colours_are_deterministic(intra_plan):
     a = sharding_figure(intra_plan).to_plotly_json()
     b = sharding_figure(intra_plan).to_plotly_json()
     assert a == b
+
+
+def test_dense_views_write_only_the_split_labels_that_fit():
+    """Many columns (a deep model whose layers shard differently): a block too narrow for its
+    split's label carries none (its hover still names the split); a wide view writes them all."""
+    from autoplan.viz._sharding import FIGURE_WIDTH_PX, LABEL_CHAR_PX, label_fits  # noqa: PLC0415
+
+    specs = [(X, None), (Y, None), (None, X), (None, None), (XY, None), (None, XY), (X, Y), (Y, X)]
+
+    def plan_of(n):
+        ops = tuple(dot(k, f"block{k}", [ts(f"%{k}", "input", (64, 64), specs[k % 8]),
+                                         ts(f"params['block{k}']['w']", "weight", (64, 64),
+                                            specs[(k // 8 + k) % 8]),
+                                         ts(f"%{k + 100}", "output", (64, 64), specs[k % 8])])
+                    for k in range(n))
+        stage = Stage(0, tuple(f"block{k}" for k in range(n)), (0, n), (1, 8), tuple(range(8)),
+                      MESH, AXES, ops=ops)
+        return Plan("deep", "0" * 16, Cluster.preset("p3.16xlarge", 1), (stage,), (),
+                    Schedule("none", 1, 1), Predicted(1.0, 1.0, 1.0))
+
+    def labels(fig):
+        t = next((t for t in fig.data if (t.meta or {}).get("kind") == "spec_text"), None)
+        return list(t.text) if t is not None else []
+
+    few, many = sharding_figure(plan_of(4)), sharding_figure(plan_of(12))
+    assert len(labels(few)) == 4 * 3  # every block of a wide view is labelled
+    cols = len(many.layout.meta["columns"])
+    assert cols == 12
+    written = labels(many)
+    assert 0 < len(written) < 12 * 3  # the short splits ("RR") fit, the long ones do not
+    # what is written fits its slot at the width the figure is laid out for
+    col_px = FIGURE_WIDTH_PX * (many.layout.xaxis.domain[1]) / cols
+    slot_px = col_px * 0.92 / 3
+    assert all(LABEL_CHAR_PX * len(s) + 2 <= slot_px for s in written)
+    assert all(not label_fits(s, slot_px, 40) for s in ("S(x)S(y)", "S(x)R"))
+    assert labels(sharding_figure(plan_of(40))) == []  # 40 columns: no room for any

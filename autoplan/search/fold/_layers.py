@@ -14,12 +14,18 @@ with named layers, the folded search's segments):
    * a model without them (Flax NNX, Equinox, plain JAX) gets one unit per repeated block
      found by mining (TAPAS's classes, whatever library built the block: an ``nnx.List`` of
      modules, ``eqx.nn`` layers, a Python loop) and one per run of forward operators before,
-     between and after them, each named ``op<id>`` after its first forward operator;
+     between and after them;
    * without repeated blocks either, one unit per heavy operator (dot/conv) with the light
-     operators that follow it, named the same way.
+     operators that follow it.
 
-   A unit named ``op<id>`` holds the forward operators from ``id`` to the next ``op<id>`` unit's
-   start: the pipeline executor assigns the operators no named layer holds by that rule.
+   Such a unit is named from what it holds (:func:`unit_name`): the parameters its forward
+   operators read first, by their common pytree path (``blocks[0]`` for the leaves of
+   ``params['blocks'][0]``, ``dense0`` for ``params['dense0']['kernel']``, ``params[2]`` for a
+   list's third array, ``conv1+conv2`` for two siblings); a unit reading no parameter is
+   ``input`` before the first that does, else ``after <the unit before>``. Names are unique
+   (a repeat gets `` #2``). Every view of a plan names layers this way
+   (:func:`op_layer_names`), and a plan's operators record the names, so the pipeline executor
+   finds a forward operator's unit from the plan's operators.
 2. **Layers.** Consecutive units are merged into ``L`` layers (when ``L`` is less than the number
    of units) by Alpa's operator-clustering DP, then balanced. With ``C(i, j)`` the bytes of
    forward tensors crossing a cut before unit ``j`` and ``F`` the FLOPs of a group of units:
@@ -47,19 +53,22 @@ import bisect
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._names import unit_name
 from autoplan._operands import operand_arrays, runs
 from autoplan.search.fold._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
 _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
 
-__all__ = ["LayerGroup", "group_layers", "HEAVY"]
+__all__ = ["LayerGroup", "group_layers", "op_layer_names", "layer_order", "segment_names", "unit_name",
+           "HEAVY"]
 
 HEAVY = frozenset({"dot_general", "conv_general_dilated"})
 
@@ -135,12 +144,67 @@ def _make_units(graph: OpGraph) -> list[tuple[str, list[int]]]:
     else:  # one unit per heavy operator and the light operators after it
         cuts = sorted({fwd[0].id} | {op.id for op in fwd if op.primitive in HEAVY})
     k = -1
+    spans: list[list[int]] = []
     for op in fwd:
         while k + 1 < len(cuts) and op.id >= cuts[k + 1]:
             k += 1
-            units.append((f"op{cuts[k]}", []))
-        units[-1][1].append(op.id)
-    return units
+            spans.append([])
+        spans[-1].append(op.id)
+    return list(zip(_unit_names(graph, spans), spans))
+
+
+def _unit_names(graph: OpGraph, spans: Sequence[Sequence[int]]) -> list[str]:
+    """Names for the units of a model without named-scope layers (see the module docstring)."""
+    ops = graph.ops
+    seen: set[int] = set()
+    names: list[str | None] = []
+    for span in spans:
+        first, every = [], []
+        for o in span:
+            for t in ops[o].inputs:
+                gi = graph.input_of_tensor.get(t) if t is not None else None
+                if gi is None or gi.kind != "parameter":
+                    continue
+                pair = (gi.arg_name, gi.path)
+                if pair not in every:
+                    every.append(pair)
+                if gi.tensor not in seen:
+                    seen.add(gi.tensor)
+                    first.append(pair)
+        names.append(unit_name(first or every))
+    out: list[str] = []
+    count: dict[str, int] = {}
+    for k, name in enumerate(names):
+        if name is None:
+            name = f"after {out[-1]}" if any(n is not None for n in names[:k]) else "input"
+        count[name] = count.get(name, 0) + 1
+        out.append(name if count[name] == 1 else f"{name} #{count[name]}")
+    return out
+
+
+def op_layer_names(graph: OpGraph) -> list[str]:
+    """Every operator's layer name, the one every view of a plan shows: the layer of
+    :func:`group_layers` with one layer per unit (a named-scope layer, or a unit named from what
+    it holds), for forward, backward and update operators alike (made once per graph)."""
+    return _named_layers(graph)[0]
+
+
+def layer_order(graph: OpGraph) -> tuple[str, ...]:
+    """The names :func:`op_layer_names` gives, in the model's order (made once per graph)."""
+    return _named_layers(graph)[1]
+
+
+def _named_layers(graph: OpGraph) -> tuple[list[str], tuple[str, ...]]:
+    def make() -> tuple[list[str], tuple[str, ...]]:
+        out = ["step"] * len(graph.ops)
+        if not _units(graph):
+            return out, ("step",)
+        layers = group_layers(graph, max_layers=None)
+        for ly in layers:
+            for o in ly.ops:
+                out[o] = ly.name
+        return out, tuple(ly.name for ly in layers)
+    return memo(graph, "named_layers", make)
 
 
 def _block_starts(graph: OpGraph, fwd: Sequence) -> list[int]:
@@ -399,3 +463,24 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
     out[at + 1] = cnt
     out[runs(at + 2, cnt)] = code
     return hashlib.sha256(out.tobytes()).hexdigest()[:16]
+
+
+def segment_names(graph: OpGraph, segs: Any) -> list[str]:
+    """Each segment's name: the layer (:func:`~autoplan.search.fold._layers.op_layer_names`, the
+    name every view gives it) of its main operators, ``first..last`` when they span several; a
+    layer cut into several segments names them ``layer (1/2)``, ``layer (2/2)``, so no name is
+    listed twice."""
+    names = op_layer_names(graph)
+    base = []
+    for seg in segs:
+        main = list(seg.main) or list(seg.ops)
+        own = list(dict.fromkeys(names[o] for o in main if graph.ops[o].role == "forward")
+                   ) or list(dict.fromkeys(names[o] for o in main))
+        base.append(own[0] if len(own) == 1 else f"{own[0]}..{own[-1]}")
+    total = {n: base.count(n) for n in base}
+    seen: dict[str, int] = {}
+    out = []
+    for n in base:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if total[n] == 1 else f"{n} ({seen[n]}/{total[n]})")
+    return out

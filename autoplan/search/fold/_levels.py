@@ -88,7 +88,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
 from typing import Any
 
@@ -100,7 +100,14 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays
 from autoplan._plan import Plan
-from autoplan.search.fold._layers import _forward, _signature, group_layers
+from autoplan.search.fold._layers import (
+    _forward,
+    _signature,
+    group_layers,
+    layer_order,
+    op_layer_names,
+    segment_names,
+)
 from autoplan.search.intra._ilp import (
     ILPSolution,
     _free_tensors,
@@ -156,13 +163,9 @@ class Analysis:
 
     def layers_for_figure(self, graph: OpGraph) -> list[dict]:
         """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
-        out = []
-        for seg, cls in zip(self.segments, self.segment_class):
-            main = [graph.ops[o] for o in seg.main] or [graph.ops[seg.ops[0]]]
-            scope = next((op.scope[0] for op in main if op.scope), None)
-            out.append({"name": scope or f"segment {seg.id}", "flops": seg.flops,
-                        "ops": len(seg.ops), "class": cls})
-        return out
+        return [{"name": name, "flops": seg.flops, "ops": len(seg.ops), "class": cls}
+                for seg, cls, name in zip(self.segments, self.segment_class,
+                                          segment_names(graph, self.segments))]
 
 
 @dataclass
@@ -252,7 +255,27 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     A memory budget is enforced exactly by the whole-graph ILP: when a hierarchical or folded plan
     does not fit it, the exhaustive search with the budget is used instead (said in the plan's
     notes).
+
+    The plan's operators name their layers as every view does
+    (:func:`~autoplan.search.fold._layers.op_layer_names`): the pipeline search's layers.
     """
+    res = _level_search(graph, cluster, mesh_shape, level=level, memory_budget=memory_budget,
+                        pin=pin, time_limit=time_limit, config=config, label=label,
+                        max_ilps=max_ilps)
+    names = op_layer_names(graph)
+    stages = tuple(replace(st, ops=tuple(o if o.layer == names[o.op] else replace(o, layer=names[o.op])
+                                         for o in st.ops))
+                   for st in res.plan.stages)
+    order = layer_order(graph)
+    stages = tuple(replace(st, layers=order, layer_range=(0, len(order))) for st in stages)
+    res.plan = res.plan.with_(stages=stages)
+    return res
+
+
+def _level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None, *,
+                  level: str, memory_budget: float | None, pin: Mapping[str, Any] | None,
+                  time_limit: float, config: Mapping[str, Any] | None, label: str,
+                  max_ilps: int | None) -> LevelResult:
     reason = None
     bound_auto = False
     if level == "auto":

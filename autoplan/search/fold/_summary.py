@@ -5,7 +5,8 @@ JSON-ready dict that :class:`autoplan.Plan` keeps (``plan.analysis``) and writes
 :func:`autoplan.viz.graph_figure` can draw it from a search result, a plan, or a plan file:
 
 * ``layers``: the chain of segments the hierarchical levels solve (one per layer of the model:
-  the embedding, each repeated block, the head), in model order, each with its name, FLOPs,
+  the embedding, each repeated block, the head), in model order, each with its name (its
+  layer's, as every view names it: :func:`segment_names`), FLOPs,
   operator count, structural class and the ids of its planned (dot/conv) operators;
 * ``classes``: how many structurally distinct segments there are (segments of one class are
   solved once when folding: TAPAS);
@@ -34,25 +35,6 @@ SUMMARY_VERSION = 1
 _PLANNED = ("dot_general", "conv_general_dilated")
 
 
-def _segment_name(graph: OpGraph, seg: Any, k: int) -> str:
-    """The scope of the segment's main operators, else the parameter it reads first (a user's
-    unscoped model: ``params[0]`` for the leaves ``params[0]['w']`` and ``params[0]['b']``)."""
-    main = [graph.ops[o] for o in seg.main] or [graph.ops[seg.ops[0]]]
-    scope = next((op.scope[0] for op in main if op.scope), None)
-    if scope:
-        return scope
-    input_of = graph.input_of_tensor
-    for o in seg.ops:
-        for t in graph.ops[o].inputs:
-            gi = input_of.get(t) if t is not None else None
-            if gi is not None and gi.kind == "parameter":
-                path = gi.path
-                cut = path.rfind("[")
-                container = path[:cut] if cut > 0 else path
-                return f"{gi.arg_name}{container}"
-    return f"segment {k}"
-
-
 def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
     """The folding analysis of ``graph`` as plain data (see the module docstring).
 
@@ -69,7 +51,7 @@ def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
     """
     from autoplan.search.fold._cones import critical_nodes  # noqa: PLC0415
     from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
-    from autoplan.search.fold._layers import _signature  # noqa: PLC0415
+    from autoplan.search.fold._layers import _signature, segment_names  # noqa: PLC0415
     from autoplan.search.fold._levels import _choose_segments  # noqa: PLC0415
     from autoplan.search.fold._mine import mine  # noqa: PLC0415
 
@@ -83,10 +65,11 @@ def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
         classes: dict[str, int] = {}
         crit = set(critical_nodes(graph, part="forward")) if segs else set()
         layers, critical, critical_ops = [], [], []
+        names = segment_names(graph, segs)
         for k, seg in enumerate(segs):
             cls = classes.setdefault(_signature(graph, seg.ops), len(classes))
             planned = [o for o in seg.ops if graph.ops[o].primitive in _PLANNED]
-            layers.append({"name": _segment_name(graph, seg, k), "flops": float(seg.flops),
+            layers.append({"name": names[k], "flops": float(seg.flops),
                            "ops": len(seg.ops), "class": cls, "planned": planned})
             cut = max((o for o in seg.main if o in crit), default=None)
             if cut is not None and k < len(segs) - 1:

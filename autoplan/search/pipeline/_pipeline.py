@@ -82,7 +82,7 @@ from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary,
 from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
-from autoplan.search.fold._layers import LayerGroup, group_layers
+from autoplan.search.fold._layers import LayerGroup, group_layers, op_layer_names
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
 from autoplan.search.intra._intra import (
     IntraOpResult,
@@ -1450,6 +1450,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
     """The :class:`Plan` of a simulated layout: each stage composed from its layers' solutions,
     every operator under its own layer's name and scope."""
     ctx, graph, full, B = table.ctx, table.graph, table.ctx.full, ev.B
+    layer_names = op_layer_names(graph)  # the layers' names as every view shows them
     full_shapes = {gi.name: full.tensors[gi.tensor].shape for gi in full.inputs}
     S = len(ev.layout)
     stages: list[Stage] = []
@@ -1481,7 +1482,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                 gop = graph.ops[mine.origin[o.op]]
                 op_shardings.append(replace(
                     o, op=gop.id, scope=gop.scope_name,
-                    layer=gop.scope[0] if gop.scope else "(root)",
+                    layer=layer_names[gop.id],
                     tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
             for spec, gi in zip(res.plan.inputs, mine.inputs):
                 if gi.kind == "activation":
