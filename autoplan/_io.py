@@ -166,7 +166,7 @@ def check_output_path(path: PathLike, *, what: str = "output file",
         if real == os.devnull:
             return p
         raise OutputError(f"{what} {p!r} is {_kind(os.stat(real).st_mode)}, not a regular file: "
-                          "writing it could wait forever for a reader. Fix: choose a file path "
+                          "writing it could block or never end. Fix: choose a file path "
                           f"(e.g. {example!r}), or {os.devnull} to discard the output.")
     folder = os.path.dirname(real) or "."
     name = os.path.basename(real)
@@ -217,8 +217,8 @@ def check_outputs(outputs: Iterable[tuple[str, PathLike | None, str]],
         for in_what, inp in inputs:
             if os.path.exists(inp) and same_file(p, inp):
                 raise OutputError(
-                    f"{what} {p!r} is {in_what} {inp!r}, which the command reads: writing it "
-                    "would destroy it. Fix: choose another output path.")
+                    f"{what} {p!r} is the input file {inp!r} ({in_what}, which the command "
+                    "reads): writing it would destroy the input. Fix: choose another output path.")
         for other_what, other in seen:
             if os.path.realpath(p) == os.path.realpath(other) or (
                     os.path.exists(p) and same_file(p, other)):

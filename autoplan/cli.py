@@ -138,6 +138,46 @@ def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
     return check_output_path(path, what="-o path", inputs=inputs, example=example)
 
 
+def _cluster_file(spec: str | None) -> str | None:
+    """The profile file ``--cluster`` reads, if it names one (as :meth:`Cluster.parse` reads
+    it: ``x.json``, ``x.json:N``, or an existing file that is not a preset's name)."""
+    if not spec or spec == "local":
+        return None
+    import re  # noqa: PLC0415
+
+    from ._cluster import PRESETS  # noqa: PLC0415
+
+    m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
+    if m:
+        return m.group(1)
+    if spec.partition(":")[0] not in PRESETS and os.path.exists(spec):
+        return spec
+    return None
+
+
+def _inputs(args: argparse.Namespace, plans: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``(what, path)`` of every file the command reads: plan files, the cluster's profile file,
+    the workload's source files."""
+    from ._loader import source_files  # noqa: PLC0415
+
+    found = [("the plan file", p) for p in plans]
+    cluster = _cluster_file(getattr(args, "cluster", None))
+    if cluster is not None:
+        found.append(("the cluster file", cluster))
+    found += [("a source file of the workload", f)
+              for f in source_files(getattr(args, "model", None))]
+    return found
+
+
+def _check_outputs(args: argparse.Namespace, outputs: Sequence[tuple[str, str | None, str]],
+                   plans: Sequence[str] = ()) -> None:
+    """Every output path checked before any work: writable, a regular file or a new one, no
+    input of the command (a plan, the cluster file, the workload's source), and no two the same."""
+    from ._io import check_outputs  # noqa: PLC0415
+
+    check_outputs(outputs, _inputs(args, plans))
+
+
 def _mesh_shape(text: str) -> tuple[int, ...]:
     parts = text.lower().split("x")
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
@@ -197,7 +237,7 @@ def cmd_models(args) -> int:
 
 def cmd_profile(args) -> int:
     # paths and options first, before JAX starts: a typo costs no profile
-    if args.output:
+    if args.output is not None:
         _output_path(args.output, example="cluster.json")
     if args.refresh and not args.cache:
         raise AutoplanError("--refresh profiles again instead of reading the cache, so it needs "
@@ -226,7 +266,7 @@ def cmd_profile(args) -> int:
     dt = time.perf_counter() - t0
     print(cluster.summary())
     print(f"\nprofiled in {dt:.1f} s")
-    if args.output:
+    if args.output is not None:
         _write_when_complete(args.output, lambda: cluster.to_json(args.output))
         print(f"cluster written to {args.output} (use it with --cluster {args.output})")
     return 0
@@ -273,10 +313,8 @@ def _search(args):
 
 def cmd_plan(args) -> int:
     # options and paths first, before JAX is imported or anything traced: a typo costs no search
-    if args.output:
-        _output_path(args.output)
-    if args.report:
-        _output_path(args.report, example="report.html")
+    _check_outputs(args, [("-o path", args.output, "plan.json"),
+                          ("--report path", args.report, "report.html")])
     from .search._api import no_fit_message  # noqa: PLC0415
 
     result, dt = _search(args)
@@ -294,10 +332,10 @@ def cmd_plan(args) -> int:
                                   + ".", least)
     if why is not None:
         print(f"autoplan: warning: {why}; kept as asked (--allow-no-fit).", file=sys.stderr)
-    if args.output:
+    if args.output is not None:
         _write_when_complete(args.output, lambda: result.best.to_json(args.output))
         print(f"plan written to {args.output}")
-    if args.report:
+    if args.report is not None:
         _write_report(args.report, result)
         print(f"report of {len(result.plans)} plans written to {args.report}")
     return 0
@@ -325,15 +363,15 @@ def cmd_show(args) -> int:
 def cmd_report(args) -> int:
     files = [s for s in args.source if os.path.isfile(s)]
     if files and len(files) == len(args.source):
-        _output_path(args.output, *files, example="report.html")
+        _check_outputs(args, [("-o path", args.output, "report.html")], plans=files)
         from ._plan import Plan  # noqa: PLC0415
 
         plans = [Plan.from_json(f) for f in files]
         _write_report(args.output, plans)
         what = f"{len(plans)} plan file{'s' if len(plans) != 1 else ''}"
     elif len(args.source) == 1 and not args.source[0].endswith(".json"):
-        _output_path(args.output, example="report.html")
         args.model = args.source[0]
+        _check_outputs(args, [("-o path", args.output, "report.html")])
         result, dt = _search(args)
         print(result.table())
         _write_report(args.output, result)
