@@ -52,6 +52,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _signals
 from ._errors import AutoplanError, InfeasiblePlanError, SearchError
 from ._plan import LEVELS
 
@@ -81,6 +82,9 @@ class _Run:
     def handler(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
+        if _signals.unsafe(frame):  # inside an import (JAX's, say): raised once it is over
+            _signals.redeliver(signum)
+            return
         raise _Interrupted(signum)
 
     def check(self, *_: Any) -> None:
@@ -586,12 +590,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     unexpected exception one line naming it with a hint to rerun with ``--debug`` (status 1),
     SIGINT, SIGTERM and SIGHUP one line (status 128 + the signal). Warnings are one line each.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    debug = bool(getattr(args, "debug", False))
+    # the handlers first: a signal while the arguments are read is one line too
+    debug = "--debug" in (sys.argv[1:] if argv is None else list(argv))
     _RUN.signum, _RUN.written = None, []
     restore = _install_handlers(debug)
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
         status = int(args.func(args) or 0)
         if status < 128:  # 128 + signal: the command reported its own interruption
             _RUN.check()
@@ -615,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
-def _interrupted(signum: int, args: argparse.Namespace) -> int:
+def _interrupted(signum: int, args: argparse.Namespace | None) -> int:
     try:
         name = signal.Signals(signum).name
     except ValueError:
@@ -691,6 +696,7 @@ def _install_handlers(debug: bool) -> Callable[[], None]:
     threading.excepthook = in_thread
 
     def restore() -> None:
+        _signals.disarm()
         for sig, old in saved:
             signal.signal(sig, old)
         warnings.showwarning, sys.unraisablehook = old_show, old_hook
