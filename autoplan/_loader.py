@@ -50,7 +50,7 @@ from typing import Any
 from autoplan._errors import ModelError
 
 __all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec", "LoadedWorkload",
-           "source_files"]
+           "source_files", "shadowed_stdlib"]
 
 _FUNCTION_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -303,6 +303,32 @@ def source_files(name: Any) -> list[str]:
             except OSError:
                 pass
     return sorted(set(files))
+
+
+def shadowed_stdlib() -> list[tuple[str, str]]:
+    """``(module, path)`` of the files on ``sys.path``, ahead of the standard library, that an
+    import of one of its modules would find first (a ``queue.py`` in the current folder): they
+    break the command itself when its folder is ``sys.path[0]``, and every spawned worker."""
+    stdlib = os.path.dirname(os.__file__)
+    names = getattr(sys, "stdlib_module_names", frozenset())
+    found: list[tuple[str, str]] = []
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.getcwd())
+        if folder == stdlib:
+            break
+        if folder.startswith(sys.base_prefix) or folder.startswith(sys.prefix):
+            continue  # (the interpreter's own folders and site-packages)
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    name = e.name[:-3] if e.name.endswith(".py") else e.name
+                    if name in names and not name.startswith("_") and (
+                            e.name.endswith(".py") or os.path.isfile(os.path.join(e.path, "__init__.py"))):
+                        found.append((name, e.path))
+        except OSError:
+            continue
+    return found
+
 
 
 # ---- loading -------------------------------------------------------------------------------

@@ -196,6 +196,16 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if args.workers is not None and args.workers < 1:
         raise SearchError(f"--workers should be a positive integer. Got {args.workers}. Fix: "
                           "--workers 1 to search in one process, or leave it out to use every CPU.")
+    if args.workers is not None:
+        from .search._parallel import cpu_count  # noqa: PLC0415
+
+        cpus = cpu_count()
+        if args.workers > cpus:
+            print(f"autoplan: warning: --workers {args.workers} is more than the {cpus} CPU"
+                  f"{'s' if cpus != 1 else ''} this process may use; {cpus} process"
+                  f"{'es' if cpus != 1 else ''} will search (more would only take turns on them). "
+                  f"Fix: --workers {cpus} or fewer, or leave it out.", file=sys.stderr)
+            args.workers = cpus
     if args.mesh and args.pipeline == "yes":
         raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
                           "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
@@ -638,6 +648,17 @@ def _interrupted(signum: int, args: argparse.Namespace | None) -> int:
 def _internal_error(err: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
+    if isinstance(err, ImportError):  # a 'queue.py' of the user's in the current folder?
+        from ._loader import shadowed_stdlib  # noqa: PLC0415
+
+        shadows = shadowed_stdlib()
+        if shadows:
+            listed = ", ".join(f"{path} (the module {name!r})" for name, path in shadows[:3])
+            print(f"autoplan: error: a file on sys.path shadows a module of Python's standard "
+                  f"library, so Python imported it in place of the real one: {listed}. Got "
+                  f"{type(err).__name__}: {str(err)[:200]}. Fix: rename it (and remove its "
+                  "__pycache__ copy), or run from another folder.", file=sys.stderr)
+            return 2
     first = (str(err).strip().splitlines() or [""])[0][:300].rstrip(".")
     print(f"autoplan: internal error: {type(err).__name__}: {first}. This is a bug or an input "
           "autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
