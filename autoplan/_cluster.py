@@ -404,8 +404,13 @@ class Cluster:
                     except ClusterError:
                         pass  # an unreadable cache entry: profile again
         cluster = profile(devices, quick=quick, progress=progress)
-        os.makedirs(base, exist_ok=True)
-        cluster.to_json(fast if quick else full)
+        from pathlib import Path  # noqa: PLC0415
+
+        from ._cache import private_folder  # noqa: PLC0415
+        from ._io import atomic_write_bytes  # noqa: PLC0415
+
+        if private_folder(Path(base), create=True):  # (0700, the entry 0600: see _cache.py)
+            atomic_write_bytes(fast if quick else full, cluster.to_json().encode(), mode=0o600)
         return cluster
 
     def with_nodes(self, nodes: int) -> Cluster:
