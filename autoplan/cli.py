@@ -375,7 +375,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    files = [s for s in args.source if os.path.isfile(s)]
+    # (a pipe or a device is a file here, so that reading it refuses it by name)
+    files = [s for s in args.source if os.path.exists(s) and not os.path.isdir(s)]
     if files and len(files) == len(args.source):
         _check_outputs(args, [("-o path", args.output, "report.html")], plans=files)
         from ._plan import Plan  # noqa: PLC0415
