@@ -7,11 +7,14 @@ into Python, and an exception thrown through their C++ start-up code ended the p
 ``terminate called after throwing an instance of 'nanobind::python_error'`` (SIGABRT, exit 134)
 or a segmentation fault (139); NumPy turned one into an ``ImportError`` with its own traceback.
 
-So a handler asks :func:`unsafe` first: when the interrupted frame is inside an import (a frame
-of ``importlib._bootstrap`` on its stack), the handler notes the signal and returns, and
-:func:`redeliver` sends the same signal to the process again a moment later, until it lands
-outside every import, where the handler raises. The signal is never lost: a command that ends
-first checks the noted signal before writing anything.
+So a handler asks :func:`unsafe` first: when the interrupted frame runs under an extension
+module's start-up (a frame of ``ExtensionFileLoader.create_module`` or ``exec_module`` on its
+stack: the Python code that a C or C++ module's initialisation imports or calls), the handler
+notes the signal and returns, and :func:`redeliver` sends the same signal to the process again a
+moment later, until it lands outside, where the handler raises. An exception in a pure-Python
+import unwinds as any other (the import machinery removes the half-made module), so the wait is
+only as long as the extension's start-up, not the whole import of JAX. The signal is never
+lost: a command that ends first checks the noted signal before writing anything.
 """
 
 from __future__ import annotations
@@ -24,17 +27,21 @@ __all__ = ["unsafe", "redeliver", "disarm", "RETRY_SECONDS"]
 
 #: the delay before a deferred signal is sent again
 RETRY_SECONDS = 0.05
-_IMPORT_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+_LOADER_FILE = "<frozen importlib._bootstrap_external>"
+_EXTENSION_START = ("ExtensionFileLoader.create_module", "ExtensionFileLoader.exec_module")
 _lock = threading.Lock()
 _generation = 0
 
 
 def unsafe(frame: FrameType | None) -> bool:
-    """True when ``frame`` (where a signal interrupted the main thread) runs inside an import,
-    where an exception could unwind through an extension module's start-up code."""
+    """True when ``frame`` (where a signal interrupted the main thread) runs under an extension
+    module's initialisation, where an exception would unwind through its C or C++ start-up
+    code."""
     depth = 0
     while frame is not None and depth < 10_000:
-        if frame.f_code.co_filename in _IMPORT_FILES:
+        code = frame.f_code
+        if code.co_filename == _LOADER_FILE and (
+                getattr(code, "co_qualname", code.co_name) in _EXTENSION_START):
             return True
         frame = frame.f_back
         depth += 1

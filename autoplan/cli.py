@@ -31,8 +31,10 @@ launch adds its workers' last stderr lines below it):
   completed, and atomically (a temporary file renamed over it), so the file that was there before
   stays whole.
 
-Output paths are checked before any work starts (an existing, writable folder; not a folder; not
-one of the command's input files), so a long search is never lost to a typo in ``-o``.
+Output paths are checked before any work starts (an existing, writable folder; not a folder; a
+name the file system allows; a regular file or a new one; not one of the files the command
+reads: plan files, the cluster's profile file, the workload's source files; not the other
+output), so a long search is never lost to a typo in ``-o`` and no output replaces an input.
 """
 
 from __future__ import annotations
@@ -699,7 +701,12 @@ def _install_handlers(debug: bool) -> Callable[[], None]:
 
     def unraisable(u: Any) -> None:
         if isinstance(u.exc_value, KeyboardInterrupt):
-            return  # a signal that landed in a finaliser: _RUN.signum records it
+            # a signal that landed in a finaliser or a garbage-collection callback (JAX has
+            # one), where its exception is swallowed: _RUN.signum records it, and it is sent
+            # again to land where it ends the command
+            if _RUN.signum is not None:
+                _signals.redeliver(_RUN.signum)
+            return
         if debug:
             old_hook(u)
             return
