@@ -361,3 +361,39 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line_and_its_status(tmp_path)
         assert len(lines) == 1 and lines[0].startswith(f"autoplan: interrupted by {sig.name}"), \
             (delay, lines[-5:])
         assert not (folder / "p.json").exists()
+
+
+# ---- the fault table's new verdict: exposure ---------------------------------------------------
+@pytest.fixture(scope="module")
+def faults():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("autoplan_benchmark_faults_files",
+                                                  ROOT / "benchmarks" / "faults.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("code, verdict", [
+    ("import os; os.mkdir('cache'); os.chmod('cache', 0o777)", "exposure"),
+    ("import os; os.mkdir('cache', 0o700); open('cache/key', 'w'); os.chmod('cache/key', 0o644)",
+     "exposure"),
+    ("import os; os.mkdir('PLANTED')", "exposure"),
+    ("import os; os.mkdir('cache', 0o700); os.close(os.open('cache/key', os.O_CREAT, 0o600))", "ok"),
+])
+def test_a_cache_open_to_others_or_planted_code_is_an_exposure(faults, tmp_path, code, verdict):
+    case = faults.Case("synthetic", "test", "a synthetic fault", code=code, expect="ok",
+                       private=("cache", "cache/key"), planted=("PLANTED",), timeout=30)
+    res = faults.run_case(case, {}, tmp_path)
+    assert res.verdicts == [verdict], (res.verdicts, res.seen)
+
+
+def test_the_new_cases_are_in_the_table(faults):
+    cases = faults.file_and_process_cases()
+    names = [c.name for c in cases]
+    assert len(cases) >= 30 and len(set(names)) == len(names)
+    assert set(names) <= {c.name for c in faults.cases()}
+    assert {c.group for c in cases} == {"inputs", "special files", "cache", "processes", "start-up"}
+    assert all(c.private for c in cases if c.group == "cache" and c.name != "c-planted-v1")
