@@ -84,7 +84,7 @@ class _Run:
     def handler(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
-        if _signals.unsafe(frame):  # inside an import (JAX's, say): raised once it is over
+        if _signals.unsafe(frame):  # under an extension module's start-up: raised after it
             _signals.redeliver(signum)
             return
         raise _Interrupted(signum)

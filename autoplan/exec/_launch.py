@@ -698,7 +698,7 @@ def raise_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP))
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if _signals.unsafe(frame):  # never inside an import: raised once it is over
+        if _signals.unsafe(frame):  # never through an extension module's start-up: raised after
             _signals.redeliver(signum)
             return
         raise LaunchInterrupted(signum)
