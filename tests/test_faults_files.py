@@ -397,3 +397,38 @@ def test_the_new_cases_are_in_the_table(faults):
     assert set(names) <= {c.name for c in faults.cases()}
     assert {c.group for c in cases} == {"inputs", "special files", "cache", "processes", "start-up"}
     assert all(c.private for c in cases if c.group == "cache" and c.name != "c-planted-v1")
+
+
+# ---- where a signal may raise -----------------------------------------------------------------
+def test_a_signal_is_held_only_under_an_extension_modules_start_up():
+    from autoplan import _signals
+
+    assert not _signals.unsafe(sys._getframe())
+    # a stack shaped like an extension module's initialisation calling back into Python
+    src = "class ExtensionFileLoader:\n    def create_module(self, f):\n        return f()\n"
+    ns: dict = {}
+    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
+    assert ns["ExtensionFileLoader"]().create_module(lambda: _signals.unsafe(sys._getframe()))
+    # the same names in another file are not the import machinery
+    ns = {}
+    exec(compile(src, "mine.py", "exec"), ns)
+    assert not ns["ExtensionFileLoader"]().create_module(lambda: _signals.unsafe(sys._getframe()))
+
+
+def test_a_held_signal_is_sent_again_unless_disarmed():
+    from autoplan import _signals
+
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    try:
+        _signals.redeliver(signal.SIGUSR1)
+        end = time.monotonic() + 5
+        while not got and time.monotonic() < end:
+            time.sleep(0.01)
+        assert got == [signal.SIGUSR1]
+        _signals.redeliver(signal.SIGUSR1)
+        _signals.disarm()
+        time.sleep(4 * _signals.RETRY_SECONDS)
+        assert got == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, old)
