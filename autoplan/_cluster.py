@@ -59,6 +59,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -67,6 +68,7 @@ from ._errors import ClusterError
 from ._fit import fit_line as fit_line
 from ._fit import interpolate as _interpolate
 from ._fit import running_max as _running_max
+from ._io import read_input_bytes
 from ._memo import memo
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
@@ -348,7 +350,13 @@ class Cluster:
         if spec == "local":
             return cls.detect()
         m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
-        if m or os.path.isfile(spec):
+        # a preset's form wins over a file of the same name ('./cpu:8' reads the file)
+        preset_form = not m and spec.partition(":")[0] in PRESETS
+        if preset_form and os.path.lexists(spec):
+            warnings.warn(f"cluster: {spec!r} names a preset, and a file of that name is in the "
+                          f"current folder; the preset is used. Fix: write './{spec}' to read the "
+                          "file as a cluster profile, or rename it.", stacklevel=2)
+        if m or (not preset_form and os.path.exists(spec) and not os.path.isdir(spec)):
             cluster = cls.from_json(m.group(1) if m else spec)
             if m and m.group(2) is not None:
                 cluster = cluster.with_nodes(_node_count(m.group(2), spec))
@@ -396,8 +404,13 @@ class Cluster:
                     except ClusterError:
                         pass  # an unreadable cache entry: profile again
         cluster = profile(devices, quick=quick, progress=progress)
-        os.makedirs(base, exist_ok=True)
-        cluster.to_json(fast if quick else full)
+        from pathlib import Path  # noqa: PLC0415
+
+        from ._cache import private_folder  # noqa: PLC0415
+        from ._io import atomic_write_bytes  # noqa: PLC0415
+
+        if private_folder(Path(base), create=True):  # (0700, the entry 0600: see _cache.py)
+            atomic_write_bytes(fast if quick else full, cluster.to_json().encode(), mode=0o600)
         return cluster
 
     def with_nodes(self, nodes: int) -> Cluster:
@@ -464,12 +477,11 @@ class Cluster:
         """
         text = os.fspath(text_or_path)
         if not text.lstrip().startswith("{"):
-            try:
-                with open(text) as f:
-                    text = f.read()
-            except OSError as err:
+            try:  # (a pipe or device is refused, as is a file too large to be a cluster)
+                text = read_input_bytes(text, what="cluster file").decode("utf-8-sig")
+            except (OSError, ValueError) as err:
                 raise ClusterError(f"Cluster.from_json: cannot read cluster file {text!r}: "
-                                   f"{err.strerror}. Fix: check the path, or write one with "
+                                   f"{getattr(err, 'strerror', None) or err}. Fix: check the path, or write one with "
                                    "'autoplan profile -o cluster.json'.") from err
         try:
             d = json.loads(text)

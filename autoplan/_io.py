@@ -7,14 +7,19 @@ through this module, for two guarantees:
   whose folder is missing or not writable, a path that is a folder, a read-only file, and a path
   that is one of the command's input files (``autoplan report plan.json -o plan.json``), resolving
   symbolic links and hard links (the same file under another name).
+* **Inputs are regular files.** :func:`read_input_bytes` reads an input (a plan, a cluster file)
+  without ever waiting: a named pipe, a device (``/dev/zero``), a socket or a folder is refused
+  before a byte is read, and so is a file larger than :data:`MAX_INPUT_BYTES`. Outputs are held
+  to the same rule: writing into a named pipe would wait for a reader forever.
 * **Atomic.** :func:`atomic_write_bytes` / :func:`atomic_write_text` write a temporary file in the
   target's folder, flush it to disk (``fsync``), then rename it over the target (``os.replace``,
   atomic on POSIX and Windows) and flush the folder entry. An interrupted write (Ctrl-C,
   SIGTERM, a full disk, a file-size limit) leaves the old file as it was, never a partial or empty
   one, and removes the temporary file. A target reached through a symbolic link is written
   through it (the link stays a link); a new file gets the usual permissions (``0o666`` less the
-  umask) and a replaced file keeps its own. Special files (``/dev/null``, a named pipe) are
-  written in place, since they cannot be renamed over.
+  umask) and a replaced file keeps its own. The temporary name is cut to fit the folder's
+  name limit, so any legal file name can be written. ``/dev/null`` is written in place (the
+  one special file an output may be: nothing waits on it).
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ from collections.abc import Iterable
 
 from ._errors import OutputError
 
-__all__ = ["check_output_path", "atomic_write_bytes", "atomic_write_text", "same_file"]
+__all__ = ["check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
+           "atomic_write_text", "same_file", "MAX_INPUT_BYTES"]
 
 PathLike = str | os.PathLike
+
+#: the largest input file read (a plan of a 175B model with a 128-micro-batch schedule is
+#: about 2 MB); a larger one is refused before it is read
+MAX_INPUT_BYTES = 256 * 2**20
 
 
 def _fspath(path: PathLike, what: str) -> str:
@@ -53,6 +63,64 @@ def _is_special(path: str) -> bool:
     except OSError:
         return False
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return 255
+
+
+def read_input_bytes(path: PathLike, *, what: str = "input file",
+                     limit: int | None = None) -> bytes:
+    """The bytes of the input file ``path``, read without waiting on anything.
+
+    The file is opened without blocking (a named pipe with no writer would block the open) and
+    checked before any read: it must be a regular file of at most ``limit`` bytes
+    (:data:`MAX_INPUT_BYTES` by default).
+
+    Raises:
+        OSError: the file cannot be opened (its ``strerror`` says why), or it is not a regular
+            file (``strerror`` names what it is), or it is larger than ``limit``.
+    """
+    limit = MAX_INPUT_BYTES if limit is None else limit
+    p = os.fspath(path)
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, f"it is {_kind(st.st_mode)}, not a regular file (autoplan reads only "
+                             "regular files: a pipe or a device could block or never end)", p)
+        if st.st_size > limit:
+            raise OSError(0, f"it holds {st.st_size:,} bytes, more than the {limit:,} an autoplan "
+                             f"{what} may hold", p)
+        chunks = []
+        left = limit + 1
+        while left > 0:  # (a file growing while read is cut at the limit)
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise OSError(0, f"it grew past the {limit:,} bytes an autoplan {what} may hold while "
+                             "it was read", p)
+        return data
+    finally:
+        os.close(fd)
 
 
 def same_file(a: PathLike, b: PathLike) -> bool:
@@ -95,8 +163,18 @@ def check_output_path(path: PathLike, *, what: str = "output file",
         raise OutputError(f"{what} {p!r} is a folder. Fix: give a file name inside it, e.g. "
                           f"{os.path.join(p, example)!r}.")
     if _is_special(real):
-        return p
+        if real == os.devnull:
+            return p
+        raise OutputError(f"{what} {p!r} is {_kind(os.stat(real).st_mode)}, not a regular file: "
+                          "writing it could block or never end. Fix: choose a file path "
+                          f"(e.g. {example!r}), or {os.devnull} to discard the output.")
     folder = os.path.dirname(real) or "."
+    name = os.path.basename(real)
+    name_max = _name_max(folder) if os.path.isdir(folder) else 255
+    if len(os.fsencode(name)) > name_max:
+        raise OutputError(f"{what} {p!r}: the file name is {len(os.fsencode(name))} bytes long, "
+                          f"more than the {name_max} the file system allows. Fix: choose a shorter "
+                          "name.")
     if not os.path.isdir(folder):
         missing = not os.path.exists(folder)
         raise OutputError(
@@ -115,17 +193,64 @@ def check_output_path(path: PathLike, *, what: str = "output file",
     return p
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+def check_outputs(outputs: Iterable[tuple[str, PathLike | None, str]],
+                  inputs: Iterable[tuple[str, PathLike]] = ()) -> None:
+    """Check a command's outputs before any work: each one as :func:`check_output_path` does,
+    none of them one of ``inputs``, and no two of them the same file.
+
+    Args:
+        outputs: ``(how the message names it, path or None, example name)``; None is skipped
+            (an option not given).
+        inputs: ``(what it is, path)`` of every file the command reads: plan, cluster or profile
+            files, the workload's source files.
+
+    Raises:
+        OutputError: an output fails :func:`check_output_path`, is one of the inputs (also
+            through a symbolic or hard link), or is the same file as another output.
+    """
+    inputs = [(what, os.fspath(p)) for what, p in inputs]
+    seen: list[tuple[str, str]] = []
+    for what, path, example in outputs:
+        if path is None:
+            continue
+        p = _fspath(path, what)
+        for in_what, inp in inputs:
+            if os.path.exists(inp) and same_file(p, inp):
+                raise OutputError(
+                    f"{what} {p!r} is the input file {inp!r} ({in_what}, which the command "
+                    "reads): writing it would destroy the input. Fix: choose another output path.")
+        for other_what, other in seen:
+            if os.path.realpath(p) == os.path.realpath(other) or (
+                    os.path.exists(p) and same_file(p, other)):
+                raise OutputError(
+                    f"{what} {p!r} is the same file as {other_what} {other!r}: the second write "
+                    "would replace the first. Fix: give each output its own path.")
+        check_output_path(p, what=what, example=example)
+        seen.append((what, p))
+
+
+def atomic_write_bytes(path: PathLike, data: bytes, *, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` atomically: the old file (if any) or the complete new one,
     never a part of it.
 
+    Args:
+        path: the file to write.
+        data: its new contents.
+        mode: the new file's permission bits whatever the umask (``0o600``: private); by
+            default a new file gets ``0o666`` less the umask and a replaced one keeps its own.
+
     Raises:
         OutputError: the write failed (the folder is not writable, the disk is full, the file
-            size limit is reached); the file at ``path`` is left as it was.
+            size limit is reached), or ``path`` is a named pipe, a socket or a device other than
+            ``/dev/null``; the file at ``path`` is left as it was.
     """
     p = _fspath(path, "output file")
     target = os.path.realpath(p)
     if _is_special(target):
+        if target != os.devnull:
+            raise OutputError(f"could not write {p!r}: it is {_kind(os.stat(target).st_mode)}, not "
+                              "a regular file, and writing it could wait forever. Fix: choose a "
+                              "file path.")
         try:
             with open(target, "wb") as f:
                 f.write(data)
@@ -134,21 +259,25 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
                               "path.") from err
         return
     folder, name = os.path.split(target)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(folder, _temporary_name(folder, name))
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                     0o666 if mode is None else mode)
     except OSError as err:
         raise OutputError(f"could not write {p!r}: cannot create a file in {folder!r} "
                           f"({err.strerror}). Fix: choose an existing, writable folder.") from err
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # (the umask cannot widen or narrow it)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))  # a replaced file keeps its mode
-        except FileNotFoundError:
-            pass
+        if mode is None:
+            try:
+                os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))  # a replaced file keeps its mode
+            except FileNotFoundError:
+                pass
         os.replace(tmp, target)
     except BaseException as err:  # KeyboardInterrupt and SIGTERM too: never leave the temporary
         try:
@@ -161,6 +290,18 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
                               "space, raise the file-size limit, or choose another path.") from err
         raise
     _fsync_folder(folder)
+
+
+def _temporary_name(folder: str, name: str) -> str:
+    """``.NAME.PID.RANDOM.tmp``, NAME cut so that the whole fits the folder's name limit."""
+    tail = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    room = _name_max(folder or ".") - len(tail) - 1
+    raw = os.fsencode(name)
+    if len(raw) > room:
+        raw = raw[:max(room, 1)]
+        name = raw.decode(errors="ignore") or "x"  # (not cut inside a UTF-8 sequence)
+        name = os.fsdecode(os.fsencode(name))
+    return f".{name}{tail}"
 
 
 def atomic_write_text(path: PathLike, text: str, encoding: str = "utf-8") -> None:

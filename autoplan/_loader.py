@@ -49,7 +49,8 @@ from typing import Any
 
 from autoplan._errors import ModelError
 
-__all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec", "LoadedWorkload"]
+__all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec", "LoadedWorkload",
+           "source_files", "shadowed_stdlib"]
 
 _FUNCTION_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -263,6 +264,71 @@ def workload_spec(workload: Any) -> dict[str, Any] | None:
     default = models.get(name, size).config
     overrides = {k: v for k, v in config.items() if k in default and default[k] != v}
     return parse_spec({"model": name, "size": size, **overrides})
+
+
+def source_files(name: Any) -> list[str]:
+    """The files a ``"module:function"`` workload is read from, found without importing it: the
+    module's file, and every file directly in the folder of each package on its dotted path
+    (their ``__init__.py`` and the module's siblings). Empty
+    for a zoo name, or a module that cannot be found (loading it says why).
+
+    The command line compares its output paths with these, so that ``-o`` never replaces the
+    user's own source.
+    """
+    if not is_function_spec(name):
+        return []
+    from importlib.machinery import PathFinder  # noqa: PLC0415
+
+    parts = name.partition(":")[0].split(".")
+    search = [os.getcwd(), *[p or os.getcwd() for p in sys.path]]
+    files: list[str] = []
+    for part in parts:
+        try:
+            spec = PathFinder.find_spec(part, search)
+        except (ImportError, OSError, ValueError):
+            return files
+        if spec is None:
+            return files
+        origin = spec.origin if spec.has_location else None
+        if origin:
+            files.append(origin)
+        locations = list(spec.submodule_search_locations or ())
+        if not locations:
+            break
+        search = locations
+        for folder in locations:  # a package: the files in its folder
+            try:
+                with os.scandir(folder) as it:
+                    files += [e.path for e in it if e.is_file()]
+            except OSError:
+                pass
+    return sorted(set(files))
+
+
+def shadowed_stdlib() -> list[tuple[str, str]]:
+    """``(module, path)`` of the files on ``sys.path``, ahead of the standard library, that an
+    import of one of its modules would find first (a ``queue.py`` in the current folder): they
+    break the command itself when its folder is ``sys.path[0]``, and every spawned worker."""
+    stdlib = os.path.dirname(os.__file__)
+    names = getattr(sys, "stdlib_module_names", frozenset())
+    found: list[tuple[str, str]] = []
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.getcwd())
+        if folder == stdlib:
+            break
+        if folder.startswith(sys.base_prefix) or folder.startswith(sys.prefix):
+            continue  # (the interpreter's own folders and site-packages)
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    name = e.name[:-3] if e.name.endswith(".py") else e.name
+                    if name in names and not name.startswith("_") and (
+                            e.name.endswith(".py") or os.path.isfile(os.path.join(e.path, "__init__.py"))):
+                        found.append((name, e.path))
+        except OSError:
+            continue
+    return found
+
 
 
 # ---- loading -------------------------------------------------------------------------------

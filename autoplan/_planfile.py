@@ -53,7 +53,7 @@ from typing import Any, NoReturn
 
 from ._cluster import Cluster
 from ._errors import ClusterError, PlanFileError
-from ._io import atomic_write_text
+from ._io import atomic_write_text, read_input_bytes
 from ._schedule import task_deps
 
 __all__ = ["read_plan_json", "validate_plan_dict", "FieldSets", "field_sets", "plan_to_dict",
@@ -393,8 +393,7 @@ def read_plan_json(text_or_path: Any, caller: str = "Plan.from_json") -> tuple[A
             path = text_or_path
             source = f"plan file {path!r}"
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = read_input_bytes(path, what="plan file")  # (a pipe or device: refused)
             except (OSError, ValueError) as err:  # ValueError: an embedded NUL byte
                 why = getattr(err, "strerror", None) or err
                 raise PlanFileError(f"{caller}: cannot read plan file {path!r}: it should be a "

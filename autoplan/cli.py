@@ -31,8 +31,10 @@ launch adds its workers' last stderr lines below it):
   completed, and atomically (a temporary file renamed over it), so the file that was there before
   stays whole.
 
-Output paths are checked before any work starts (an existing, writable folder; not a folder; not
-one of the command's input files), so a long search is never lost to a typo in ``-o``.
+Output paths are checked before any work starts (an existing, writable folder; not a folder; a
+name the file system allows; a regular file or a new one; not one of the files the command
+reads: plan files, the cluster's profile file, the workload's source files; not the other
+output), so a long search is never lost to a typo in ``-o`` and no output replaces an input.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import _signals
 from ._errors import AutoplanError, InfeasiblePlanError, SearchError
 from ._plan import LEVELS
 
@@ -81,6 +84,9 @@ class _Run:
     def handler(self, signum: int, frame: Any) -> None:
         if self.signum is None:
             self.signum = signum
+        if _signals.unsafe(frame):  # under an extension module's start-up: raised after it
+            _signals.redeliver(signum)
+            return
         raise _Interrupted(signum)
 
     def check(self, *_: Any) -> None:
@@ -138,6 +144,46 @@ def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
     return check_output_path(path, what="-o path", inputs=inputs, example=example)
 
 
+def _cluster_file(spec: str | None) -> str | None:
+    """The profile file ``--cluster`` reads, if it names one (as :meth:`Cluster.parse` reads
+    it: ``x.json``, ``x.json:N``, or an existing file that is not a preset's name)."""
+    if not spec or spec == "local":
+        return None
+    import re  # noqa: PLC0415
+
+    from ._cluster import PRESETS  # noqa: PLC0415
+
+    m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
+    if m:
+        return m.group(1)
+    if spec.partition(":")[0] not in PRESETS and os.path.exists(spec):
+        return spec
+    return None
+
+
+def _inputs(args: argparse.Namespace, plans: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``(what, path)`` of every file the command reads: plan files, the cluster's profile file,
+    the workload's source files."""
+    from ._loader import source_files  # noqa: PLC0415
+
+    found = [("the plan file", p) for p in plans]
+    cluster = _cluster_file(getattr(args, "cluster", None))
+    if cluster is not None:
+        found.append(("the cluster file", cluster))
+    found += [("a source file of the workload", f)
+              for f in source_files(getattr(args, "model", None))]
+    return found
+
+
+def _check_outputs(args: argparse.Namespace, outputs: Sequence[tuple[str, str | None, str]],
+                   plans: Sequence[str] = ()) -> None:
+    """Every output path checked before any work: writable, a regular file or a new one, no
+    input of the command (a plan, the cluster file, the workload's source), and no two the same."""
+    from ._io import check_outputs  # noqa: PLC0415
+
+    check_outputs(outputs, _inputs(args, plans))
+
+
 def _mesh_shape(text: str) -> tuple[int, ...]:
     parts = text.lower().split("x")
     if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
@@ -152,6 +198,16 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if args.workers is not None and args.workers < 1:
         raise SearchError(f"--workers should be a positive integer. Got {args.workers}. Fix: "
                           "--workers 1 to search in one process, or leave it out to use every CPU.")
+    if args.workers is not None:
+        from .search._parallel import cpu_count  # noqa: PLC0415
+
+        cpus = cpu_count()
+        if args.workers > cpus:
+            print(f"autoplan: warning: --workers {args.workers} is more than the {cpus} CPU"
+                  f"{'s' if cpus != 1 else ''} this process may use; {cpus} process"
+                  f"{'es' if cpus != 1 else ''} will search (more would only take turns on them). "
+                  f"Fix: --workers {cpus} or fewer, or leave it out.", file=sys.stderr)
+            args.workers = cpus
     if args.mesh and args.pipeline == "yes":
         raise SearchError(f"--mesh {args.mesh} sets the logical mesh of intra-operator plans, but "
                           "--pipeline yes makes pipeline plans only (each stage's mesh is searched), "
@@ -197,7 +253,7 @@ def cmd_models(args) -> int:
 
 def cmd_profile(args) -> int:
     # paths and options first, before JAX starts: a typo costs no profile
-    if args.output:
+    if args.output is not None:
         _output_path(args.output, example="cluster.json")
     if args.refresh and not args.cache:
         raise AutoplanError("--refresh profiles again instead of reading the cache, so it needs "
@@ -226,7 +282,7 @@ def cmd_profile(args) -> int:
     dt = time.perf_counter() - t0
     print(cluster.summary())
     print(f"\nprofiled in {dt:.1f} s")
-    if args.output:
+    if args.output is not None:
         _write_when_complete(args.output, lambda: cluster.to_json(args.output))
         print(f"cluster written to {args.output} (use it with --cluster {args.output})")
     return 0
@@ -274,10 +330,8 @@ def _search(args):
 
 def cmd_plan(args) -> int:
     # options and paths first, before JAX is imported or anything traced: a typo costs no search
-    if args.output:
-        _output_path(args.output)
-    if args.report:
-        _output_path(args.report, example="report.html")
+    _check_outputs(args, [("-o path", args.output, "plan.json"),
+                          ("--report path", args.report, "report.html")])
     from .search._api import no_fit_message  # noqa: PLC0415
 
     result, dt = _search(args)
@@ -297,10 +351,10 @@ def cmd_plan(args) -> int:
                                   + ".", least)
     if why is not None:
         print(f"autoplan: warning: {why}; kept as asked (--allow-no-fit).", file=sys.stderr)
-    if args.output:
+    if args.output is not None:
         _write_when_complete(args.output, lambda: result.best.to_json(args.output))
         print(f"plan written to {args.output}")
-    if args.report:
+    if args.report is not None:
         _write_report(args.report, result)
         print(f"report of {len(result.plans)} plans written to {args.report}")
     return 0
@@ -326,17 +380,18 @@ def cmd_show(args) -> int:
 
 
 def cmd_report(args) -> int:
-    files = [s for s in args.source if os.path.isfile(s)]
+    # (a pipe or a device is a file here, so that reading it refuses it by name)
+    files = [s for s in args.source if os.path.exists(s) and not os.path.isdir(s)]
     if files and len(files) == len(args.source):
-        _output_path(args.output, *files, example="report.html")
+        _check_outputs(args, [("-o path", args.output, "report.html")], plans=files)
         from ._plan import Plan  # noqa: PLC0415
 
         plans = [Plan.from_json(f) for f in files]
         _write_report(args.output, plans)
         what = f"{len(plans)} plan file{'s' if len(plans) != 1 else ''}"
     elif len(args.source) == 1 and not args.source[0].endswith(".json"):
-        _output_path(args.output, example="report.html")
         args.model = args.source[0]
+        _check_outputs(args, [("-o path", args.output, "report.html")])
         result, dt = _search(args)
         print(result.table())
         _write_report(args.output, result)
@@ -555,12 +610,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     unexpected exception one line naming it with a hint to rerun with ``--debug`` (status 1),
     SIGINT, SIGTERM and SIGHUP one line (status 128 + the signal). Warnings are one line each.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    debug = bool(getattr(args, "debug", False))
+    # the handlers first: a signal while the arguments are read is one line too
+    debug = "--debug" in (sys.argv[1:] if argv is None else list(argv))
     _RUN.signum, _RUN.written = None, []
     restore = _install_handlers(debug)
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
         status = int(args.func(args) or 0)
         if status < 128:  # 128 + signal: the command reported its own interruption
             _RUN.check()
@@ -584,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore()
 
 
-def _interrupted(signum: int, args: argparse.Namespace) -> int:
+def _interrupted(signum: int, args: argparse.Namespace | None) -> int:
     try:
         name = signal.Signals(signum).name
     except ValueError:
@@ -602,6 +658,17 @@ def _interrupted(signum: int, args: argparse.Namespace) -> int:
 def _internal_error(err: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
+    if isinstance(err, ImportError):  # a 'queue.py' of the user's in the current folder?
+        from ._loader import shadowed_stdlib  # noqa: PLC0415
+
+        shadows = shadowed_stdlib()
+        if shadows:
+            listed = ", ".join(f"{path} (the module {name!r})" for name, path in shadows[:3])
+            print(f"autoplan: error: a file on sys.path shadows a module of Python's standard "
+                  f"library, so Python imported it in place of the real one: {listed}. Got "
+                  f"{type(err).__name__}: {str(err)[:200]}. Fix: rename it (and remove its "
+                  "__pycache__ copy), or run from another folder.", file=sys.stderr)
+            return 2
     first = (str(err).strip().splitlines() or [""])[0][:300].rstrip(".")
     print(f"autoplan: internal error: {type(err).__name__}: {first}. This is a bug or an input "
           "autoplan does not handle; rerun with --debug for the traceback.", file=sys.stderr)
@@ -641,7 +708,12 @@ def _install_handlers(debug: bool) -> Callable[[], None]:
 
     def unraisable(u: Any) -> None:
         if isinstance(u.exc_value, KeyboardInterrupt):
-            return  # a signal that landed in a finaliser: _RUN.signum records it
+            # a signal that landed in a finaliser or a garbage-collection callback (JAX has
+            # one), where its exception is swallowed: _RUN.signum records it, and it is sent
+            # again to land where it ends the command
+            if _RUN.signum is not None:
+                _signals.redeliver(_RUN.signum)
+            return
         if debug:
             old_hook(u)
             return
@@ -660,6 +732,7 @@ def _install_handlers(debug: bool) -> Callable[[], None]:
     threading.excepthook = in_thread
 
     def restore() -> None:
+        _signals.disarm()
         for sig, old in saved:
             signal.signal(sig, old)
         warnings.showwarning, sys.unraisablehook = old_show, old_hook

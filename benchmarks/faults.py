@@ -41,6 +41,7 @@ import platform
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -73,7 +74,7 @@ except autoplan.AutoplanError as err:
     sys.exit(2)
 """
 VERDICTS = ("clear error", "warned fallback", "ok", "traceback", "hang", "process abort",
-            "data lost", "left behind", "silently accepted", "unclear error")
+            "data lost", "left behind", "exposure", "silently accepted", "unclear error")
 BAD = VERDICTS[3:]
 
 
@@ -94,6 +95,12 @@ class Case:
         limit: ``ulimit -f`` in KiB for the command (a full disk), when set.
         close_stdout: close the command's stdout at once (a reader that went away).
         ok_status: exit statuses that count as success for ``expect="ok"``.
+        grace: seconds the case's processes get to end after the command ended (default 10 for
+            launches, else 0.5).
+        stdin: run ``code`` as a script read from standard input (``python - <<EOF``).
+        private: globs (in the case's folder) of files and folders that must be open to nobody
+            but the user afterwards; ``planted``: files whose existence means planted code ran.
+            Either failing is an **exposure**.
     """
 
     name: str
@@ -113,6 +120,10 @@ class Case:
     close_stdout: bool = False
     ok_status: tuple[int, ...] = (0,)
     timeout: float = 300.0
+    grace: float | None = None
+    stdin: bool = False
+    private: tuple[str, ...] = ()
+    planted: tuple[str, ...] = ()
 
 
 @dataclass
@@ -126,6 +137,7 @@ class Outcome:
     changed: list[str] = field(default_factory=list)
     orphans: int = 0
     folders: int = 0
+    exposed: list[str] = field(default_factory=list)
     signalled: bool = False
     marker: str = ""
     verdicts: list[str] = field(default_factory=list)
@@ -458,6 +470,239 @@ def cases() -> list[Case]:
             '    rep = run(plan, w, steps=1)\n'
             '    print("draws random numbers per micro-batch" in plan.summary(), rep.equivalence.matched)')),
         expect="ok")
+    out += file_and_process_cases()
+    return out
+
+
+# ---- files, the cache, processes and start-up signals (the third round) -----------------------
+WORKLOAD_PY = """from autoplan.models import get
+
+
+def workload(**kw):
+    return get("mlp", "tiny", **kw)
+"""
+
+
+def text_file(name: str, text: str):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text)
+    return setup
+
+
+def cluster_file(name: str):
+    """Setup: the cluster record of the MLP fixture, as a profile file (``--cluster name``)."""
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        d = json.loads(fx["mlp"].read_text())["cluster"]
+        (work / name).write_text(json.dumps({"schema": "autoplan.cluster", **d}))
+    return setup
+
+
+def fifo(name: str):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        os.mkfifo(work / name)
+    return setup
+
+
+def hardlink(name: str, target: str):
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        os.link(work / target, work / name)
+    return setup
+
+
+def sparse_file(name: str, size: int):
+    """Setup: a file of ``size`` bytes that takes no disk space (a hole)."""
+    def setup(fx: dict[str, Path], work: Path) -> None:
+        with open(work / name, "wb") as f:
+            f.truncate(size)
+    return setup
+
+
+# two plan searches of the MLP with the plan cache in the case's folder; ``between`` changes the
+# cache in between (``entries``: the stored entries)
+CACHE_TWICE = """
+import glob, hashlib, os, pickle, sys
+os.environ["AUTOPLAN_CACHE_DIR"] = "cache"
+{before}
+import autoplan.cli
+argv = ["plan", "mlp", "--pipeline", "no", "--level", "exhaustive", "--mesh", "2x4"]
+status = autoplan.cli.main(argv)
+if status:
+    sys.exit(status)
+entries = glob.glob("cache/search/*.entry")
+{between}
+sys.exit(autoplan.cli.main(argv))
+"""
+PLANT = """
+class Planted:
+    def __reduce__(self):
+        return (os.mkdir, ("PLANTED",))
+payload = pickle.dumps(Planted())
+for e in entries:
+    with open(e, "wb") as f:
+        f.write(f"autoplan-search-cache {fmt} {digest(payload)}\\n".encode() + payload)
+"""
+SEARCH_ON_STDIN = """
+import warnings
+warnings.simplefilter("always")
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import autoplan
+from autoplan.models import get
+result = autoplan.search(get("gpt", "tiny"), "cpu:8", workers=2, cache=False)
+print(result.best.label)
+"""
+
+
+def file_and_process_cases() -> list[Case]:
+    """Outputs against every input, pipes and devices, the plan cache's privacy, the search's
+    worker processes, and signals while the command starts."""
+    SIGINT, SIGTERM, SIGKILL = signal.SIGINT, signal.SIGTERM, signal.SIGKILL
+    plan_fix = ["plan", "mlp", "--pipeline", "no", "--level", "exhaustive"]
+    big_search = ["plan", "gpt", "--size", "1.3B", "-o", "keep.json"]
+    keep = raw_file("keep.json", b'{"the": "good plan"}\n')
+    out: list[Case] = []
+
+    def add(*args, **kw):
+        out.append(Case(*args, **kw))
+
+    # no output replaces an input: -o and --report against every file the command reads
+    g = "inputs"
+    add("in-cluster-o", g, "`plan mlp --cluster c.json -o c.json` (the profile replaced by a plan)",
+        plan_fix + ["--cluster", "c.json", "-o", "c.json"], words=("the cluster file", "Fix:"),
+        setup=cluster_file("c.json"), keep=("c.json",))
+    add("in-cluster-report", g, "`--cluster c.json:2 --report c.json`",
+        plan_fix + ["--cluster", "c.json:2", "--report", "c.json"], words=("the cluster file",),
+        setup=cluster_file("c.json"), keep=("c.json",))
+    add("in-cluster-link", g, "`-o link.json`, a symbolic link to the cluster file",
+        plan_fix + ["--cluster", "c.json", "-o", "link.json"], words=("the cluster file",),
+        setup=both(cluster_file("c.json"), symlink("link.json", "c.json")), keep=("c.json",))
+    add("in-o-report", g, "`-o x.json --report x.json` (the report written over the plan)",
+        plan_fix + ["-o", "x.json", "--report", "x.json"], words=("same file as -o",),
+        setup=raw_file("x.json", b'{"the": "good plan"}\n'), keep=("x.json",))
+    add("in-o-report-hard", g, "`-o x.json --report h.json`, a hard link to x.json",
+        plan_fix + ["-o", "x.json", "--report", "h.json"], words=("same file as -o",),
+        setup=both(raw_file("x.json", b'{"the": "good plan"}\n'), hardlink("h.json", "x.json")),
+        keep=("x.json",))
+    add("in-o-report-dots", g, "`-o x.json --report sub/../x.json`",
+        plan_fix + ["-o", "x.json", "--report", "sub/../x.json"], words=("same file as -o",),
+        setup=both(raw_file("x.json", b'{"the": "good plan"}\n'), text_file("sub/.keep", "")),
+        keep=("x.json",))
+    add("in-wl-module", g, "`plan wls:workload -o wls.py` (the user's own source)",
+        ["plan", "wls:workload", "-o", "wls.py"], words=("a source file of the workload",),
+        setup=text_file("wls.py", WORKLOAD_PY), keep=("wls.py",))
+    add("in-wl-package", g, "`plan pkg.train:workload -o pkg/__init__.py`",
+        ["plan", "pkg.train:workload", "-o", "pkg/__init__.py"], words=("a source file of the workload",),
+        setup=both(text_file("pkg/__init__.py", "# the package\n"), text_file("pkg/train.py", WORKLOAD_PY)),
+        keep=("pkg/__init__.py", "pkg/train.py"))
+    add("in-wl-sibling", g, "`plan pkg.train:workload --report pkg/util.py` (a module beside it)",
+        ["plan", "pkg.train:workload", "--report", "pkg/util.py"], words=("a source file of the workload",),
+        setup=both(text_file("pkg/__init__.py", ""), text_file("pkg/util.py", "X = 1\n"),
+                   text_file("pkg/train.py", WORKLOAD_PY)), keep=("pkg/util.py",))
+    add("in-report-wl", g, "`report wls:workload -o wls.py`", ["report", "wls:workload", "-o", "wls.py"],
+        words=("a source file of the workload",), setup=text_file("wls.py", WORKLOAD_PY), keep=("wls.py",))
+    add("in-report-hard", g, "`report p.json -o h.json`, a hard link to the plan",
+        ["report", "p.json", "-o", "h.json"], words=("is the input file",),
+        setup=both(plan_file("p.json"), hardlink("h.json", "p.json")), keep=("p.json",))
+    add("in-o-empty", g, "`plan mlp -o ''`", plan_fix + ["-o", ""], words=("non-empty file path",))
+    add("in-report-empty", g, "`plan mlp --report ''`", plan_fix + ["--report", ""],
+        words=("non-empty file path",))
+    add("in-profile-empty", g, "`profile -o ''`", ["profile", "-o", ""], words=("non-empty file path",))
+    add("in-name-245", g, "a legal 245-character `-o` name (its temporary name is longer)",
+        plan_fix + ["-o", "p" * 240 + ".json"], expect="ok")
+    add("in-name-256", g, "a 256-character `-o` name (refused before the search)",
+        ["plan", "gpt", "--size", "1.3B", "-o", "p" * 251 + ".json"], words=("256 bytes long", "shorter"),
+        timeout=60)
+
+    # nothing waits on what is not a regular file
+    g = "special files"
+    add("sp-show-fifo", g, "`show fifo` (a named pipe nobody writes)", ["show", "fifo"],
+        words=("named pipe",), setup=fifo("fifo"), timeout=60)
+    add("sp-show-zero", g, "`show /dev/zero`", ["show", "/dev/zero"], words=("character device",), timeout=60)
+    add("sp-show-tty", g, "`show /dev/tty`", ["show", "/dev/tty"], words=("/dev/tty",), timeout=60)
+    add("sp-out-fifo", g, "`plan -o fifo`", plan_fix + ["-o", "fifo"], words=("named pipe",),
+        setup=fifo("fifo"), timeout=60)
+    add("sp-report-zero", g, "`plan --report /dev/zero`", plan_fix + ["--report", "/dev/zero"],
+        words=("character device",), timeout=60)
+    add("sp-cluster-fifo", g, "`--cluster fifo`", plan_fix + ["--cluster", "fifo"], words=("named pipe",),
+        setup=fifo("fifo"), timeout=60)
+    add("sp-cluster-zero", g, "`--cluster /dev/zero`", plan_fix + ["--cluster", "/dev/zero"],
+        words=("character device",), timeout=60)
+    add("sp-report-src-fifo", g, "`report fifo -o r.html`", ["report", "fifo", "-o", "r.html"],
+        words=("named pipe",), setup=fifo("fifo"), absent=("r.html",), timeout=60)
+    add("sp-launch-fifo", g, "`launch fifo --model mlp`", ["launch", "fifo", "--model", "mlp"],
+        words=("named pipe",), setup=fifo("fifo"), timeout=60)
+    add("sp-huge-plan", g, "a 300 MB plan file (read only after a size check)", ["show", "big.json"],
+        words=("more than the",), setup=sparse_file("big.json", 300 * 2**20), timeout=60)
+    add("sp-dev-null", g, "`plan -o /dev/null` (discard the plan)", plan_fix + ["-o", "/dev/null"],
+        expect="ok")
+    add("sp-preset-file", g, "a file named `cpu:8` beside `--cluster cpu:8`",
+        plan_fix + ["--cluster", "cpu:8"], expect="warning", words=("the preset is used",),
+        setup=raw_file("cpu:8", b"not a cluster"))
+
+    # the plan cache: private, and it runs no planted code
+    g = "cache"
+    private = ("cache", "cache/search", "cache/key", "cache/search/*")
+    add("c-umask", g, "`plan` under `umask 000` (cache folders and entries)",
+        code=CACHE_TWICE.format(before="os.umask(0)", between=""), expect="ok", private=private)
+    add("c-planted", g, "an entry replaced by a pickle with a valid checksum header",
+        code=CACHE_TWICE.format(before="", between=(
+            "from autoplan._cache import FORMAT as fmt\n"
+            "digest = lambda b: hashlib.sha256(b).hexdigest()\n" + PLANT)),
+        expect="ok", planted=("PLANTED",), private=private)
+    add("c-planted-v1", g, "the same in the old format (a checksum header, format 1)",
+        code=CACHE_TWICE.format(before="", between=(
+            "fmt = 1\ndigest = lambda b: hashlib.sha256(b).hexdigest()\n" + PLANT)),
+        expect="ok", planted=("PLANTED",))
+    add("c-fifo", g, "a named pipe in place of a cache entry",
+        code=CACHE_TWICE.format(before="", between="for e in entries:\n    os.unlink(e)\n    os.mkfifo(e)"),
+        expect="ok", private=private, timeout=120)
+    add("c-zero", g, "a symbolic link to `/dev/zero` in place of a cache entry",
+        code=CACHE_TWICE.format(before="", between="for e in entries:\n    os.unlink(e)\n    os.symlink('/dev/zero', e)"),
+        expect="ok", private=private, timeout=120)
+    add("c-world-writable", g, "a cache entry made writable by everyone",
+        code=CACHE_TWICE.format(before="", between="for e in entries:\n    os.chmod(e, 0o666)"),
+        expect="ok", private=private)
+    add("c-open-folder", g, "the cache folder opened to everyone (`chmod 777`)",
+        code=CACHE_TWICE.format(before="", between="os.chmod('cache/search', 0o777); os.chmod('cache', 0o777)"),
+        expect="ok", private=private)
+    add("c-key-readable", g, "the cache's key made readable by everyone",
+        code=CACHE_TWICE.format(before="", between="os.chmod('cache/key', 0o644)"),
+        expect="ok", private=private)
+
+    # processes: the search's workers end with the command, and start only where they can work
+    g = "processes"
+    add("p-kill9", g, "`kill -9` of `plan gpt --size 1.3B --workers 2` while its workers run",
+        ["plan", "gpt", "--size", "1.3B", "--workers", "2", "--no-cache"], expect="killed",
+        signal_at=("children", 1.0, SIGKILL), grace=10.0)
+    add("p-sigterm", g, "SIGTERM to `plan gpt --size 1.3B --workers 2` while its workers run",
+        ["plan", "gpt", "--size", "1.3B", "--workers", "2", "--no-cache"], expect="interrupted",
+        words=("interrupted by SIGTERM",), signal_at=("children", 1.0, SIGTERM), grace=5.0)
+    add("p-stdin", g, "a search with workers from a script on standard input (`python - <<EOF`)",
+        code=SEARCH_ON_STDIN, stdin=True, expect="warning", words=("standard input", "save the script"))
+    add("p-shadow-cli", g, "a `queue.py` in the working folder (`python -m autoplan.cli plan mlp`)",
+        plan_fix, words=("queue.py", "shadows a module of Python's standard library"),
+        setup=text_file("queue.py", "# the user's own queue\n"))
+    add("p-shadow-workers", g, "a `queue.py` beside the user's workload, searched with `--workers 2`",
+        ["plan", "wls:workload", "--pipeline", "no", "--workers", "2"], expect="warning",
+        words=("queue.py", "standard library"), env={"PYTHONSAFEPATH": "1"},
+        setup=both(text_file("queue.py", "# the user's own queue\n"), text_file("wls.py", WORKLOAD_PY)))
+    add("p-workers-64", g, "`--workers 64` on a machine with fewer cores", plan_fix + ["--workers", "64"],
+        expect="warning", words=("--workers 64 is more than the",))
+
+    # signals while the command starts (JAX importing): one line and 128 + the signal
+    g = "start-up"
+    for delay, sig in ((0.6, SIGTERM), (1.0, SIGINT), (1.4, SIGTERM), (1.8, SIGINT), (2.2, SIGTERM),
+                       (2.6, SIGINT)):
+        name = signal.Signals(sig).name
+        add(f"su-{name.lower()}-{delay}", g, f"{name} {delay} s after `plan gpt --size 1.3B` starts",
+            big_search, expect="interrupted", words=(f"interrupted by {name}", "keep.json was not written"),
+            setup=keep, keep=("keep.json",), signal_at=("ready", delay, sig))
+    for delay in (0.3, 1.0, 1.8):
+        add(f"su-launch-{delay}", g, f"SIGTERM {delay} s after `autoplan launch` starts",
+            ["launch", "plan.json", "--model", "mlp", "--steps", "3"], expect="interrupted",
+            words=("interrupted by SIGTERM",), setup=plan_file("plan.json"),
+            signal_at=("ready", delay, SIGTERM), grace=10.0)
     return out
 
 
@@ -512,7 +757,9 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
     before = {k: _digest(work / k) for k in case.keep}
     marker = uuid.uuid4().hex
     env = _env({"TMPDIR": str(tmp), "AUTOPLAN_FAULT_CASE": marker, **case.env})
-    if case.code is not None:
+    if case.code is not None and case.stdin:
+        cmd = [PY, "-"]
+    elif case.code is not None:
         cmd = [PY, "-c", case.code]
     elif case.signal_at and case.signal_at[0] == "ready":
         cmd = [PY, "-c", CLI_READY, *case.argv]
@@ -521,8 +768,12 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
     if case.limit is not None:
         cmd = ["bash", "-c", f"ulimit -f {case.limit}; exec \"$@\"", "bash", *cmd]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=work, env=env,
+                            stdin=subprocess.PIPE if case.stdin else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    if case.stdin:
+        proc.stdin.write(case.code.encode())
+        proc.stdin.close()
     out_lines: list[bytes] = []
     err_lines: list[bytes] = []
     ready = threading.Event()
@@ -549,6 +800,9 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
         elif trigger == "workers":
             while time.monotonic() < deadline and proc.poll() is None and len(_workers(marker)) < 2:
                 time.sleep(0.2)
+        elif trigger == "children":  # the command, a search worker and multiprocessing's tracker
+            while time.monotonic() < deadline and proc.poll() is None and len(_marked(marker)) < 3:
+                time.sleep(0.1)
         time.sleep(delay)
         if proc.poll() is None:
             if case.to_worker:
@@ -568,7 +822,7 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
         proc.wait()
     seconds = time.monotonic() - t0
     # processes left behind (they may hold the command's pipes: the readers are joined after): launch workers get a grace period to notice their launcher's end
-    grace = 10.0 if case.group == "launch" else 0.5
+    grace = case.grace if case.grace is not None else 10.0 if case.group == "launch" else 0.5
     end = time.monotonic() + grace
     while _marked(marker) and time.monotonic() < end:
         time.sleep(0.25)
@@ -586,10 +840,15 @@ def run_case(case: Case, fx: dict[str, Path], root: Path) -> Outcome:
     folders = [p for p in tmp.iterdir() if p.name.startswith("autoplan-launch-")]
     changed = [k for k, v in before.items() if _digest(work / k) != v]
     changed += [f"{k} (written)" for k in case.absent if (work / k).exists()]
+    exposed = [f"{p.relative_to(work)} is {oct(stat.S_IMODE(p.lstat().st_mode))}"
+               for pattern in case.private for p in sorted(work.glob(pattern))
+               if stat.S_IMODE(p.lstat().st_mode) & 0o077]
+    exposed += [f"planted code ran ({k} made)" for k in case.planted if (work / k).exists()]
     status = proc.returncode
     res = Outcome(case, status, seconds, b"".join(out_lines).decode(errors="replace"),
                   b"".join(err_lines).decode(errors="replace"), hang=hang, changed=changed,
-                  orphans=len(left), folders=len(folders), signalled=signalled, marker=marker)
+                  orphans=len(left), folders=len(folders), signalled=signalled, marker=marker,
+                  exposed=exposed)
     classify(res)
     return res
 
@@ -615,6 +874,8 @@ def classify(res: Outcome) -> None:
         v.append("data lost")
     if res.orphans or res.folders:
         v.append("left behind")
+    if res.exposed:
+        v.append("exposure")
     error = _ERROR_LINE.search(err)
     warning = _WARNING_LINE.search(err)
     has_words = all(w in err for w in case.words)
@@ -654,6 +915,8 @@ def classify(res: Outcome) -> None:
         res.seen += f" [left behind: {res.orphans} process(es), {res.folders} launch folder(s)]"
     if res.changed:
         res.seen += f" [changed: {', '.join(res.changed)}]"
+    if res.exposed:
+        res.seen += f" [exposed: {', '.join(res.exposed)}]"
 
 
 def counts(results: list[Outcome]) -> dict[str, int]:

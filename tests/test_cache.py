@@ -105,13 +105,12 @@ def test_corrupt_entry_is_recomputed(graph, damage):
         path.write_bytes(b"\x00\xffnot a cache entry\n" * 10)
     elif damage == "empty":
         path.write_bytes(b"")
-    else:  # a well-formed entry of something else under this key
-        import hashlib
+    else:  # a well-formed entry of something else under this key, signed with the folder's key
         import pickle
 
         payload = pickle.dumps({"key": path.stem, "plans": [], "best": 0, "stats": {}})
         path.write_bytes(f"autoplan-search-cache {_cache.FORMAT} "
-                         f"{hashlib.sha256(payload).hexdigest()}\n".encode() + payload)
+                         f"{_cache._sign(_cache._key(create=False), payload)}\n".encode() + payload)
     again = _search(graph)
     assert again.stats["cache"] == "stored"  # recomputed and stored again
     assert [_comparable(p) for p in again.plans] == [_comparable(p) for p in first.plans]

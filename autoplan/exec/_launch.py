@@ -62,6 +62,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplan import _signals
 from autoplan._errors import LaunchError, PlanMismatchError
 from autoplan._loader import workload_spec
 from autoplan.exec._devices import DeviceInfo, preflight
@@ -696,7 +697,10 @@ def raise_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP))
         yield
         return
 
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        if _signals.unsafe(frame):  # never through an extension module's start-up: raised after
+            _signals.redeliver(signum)
+            return
         raise LaunchInterrupted(signum)
 
     old = {s: signal.signal(s, handler) for s in signums}

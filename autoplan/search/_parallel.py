@@ -27,7 +27,13 @@ interpreter exits. A search of a large workload starts it before tracing the ste
 (:func:`prestart`), so that the workers import what they run while the caller traces. A worker that dies, or a pool that cannot start (a script calling the search at
 its top level, without an ``if __name__ == "__main__":`` guard, re-runs in every spawned worker),
 loses nothing: the tasks run in the caller's process, with a :class:`ParallelWarning` that says
-why and how to fix it.
+why and how to fix it. The same holds, before any worker starts, where workers cannot work: a
+main script read from standard input (a worker re-reads the main script), or a file on
+``sys.path`` that shadows a standard-library module (``queue.py`` in the current folder).
+
+Lifetime. Every worker watches its parent and ends within :data:`WATCH_SECONDS` of the parent's
+death, however it died (``kill -9`` included); with the workers gone, multiprocessing's resource
+tracker, which they share, ends too.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -50,11 +57,12 @@ from typing import Any
 
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
+from autoplan._loader import shadowed_stdlib
 from autoplan._memo import memo
 from autoplan.search._warn import user_stacklevel
 
 __all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "check_workers",
-           "cpu_count", "shutdown"]
+           "cpu_count", "shutdown", "cannot_spawn"]
 
 #: ``workers=None`` uses every core for graphs of at least this many operators and one process
 #: below: a smaller graph's whole search takes about as long as starting a worker.
@@ -118,7 +126,9 @@ def resolve_workers(workers: int | None, num_ops: int) -> int:
     """The number of processes a search of a graph of ``num_ops`` operators uses.
 
     ``None``: every CPU (:func:`cpu_count`) for graphs of at least :data:`AUTO_PARALLEL_OPS`
-    operators, else 1. An integer is taken as given. Inside a worker, always 1.
+    operators, else 1. An integer is capped at :func:`cpu_count` (more processes than CPUs only
+    take turns on them, each holding its own copy of the graph; the results are the same).
+    Inside a worker, always 1.
 
     Raises:
         SearchError: ``workers`` is not a positive integer or None.
@@ -128,7 +138,7 @@ def resolve_workers(workers: int | None, num_ops: int) -> int:
         return 1
     if workers is None:
         return cpu_count() if num_ops >= AUTO_PARALLEL_OPS else 1
-    return workers
+    return min(workers, cpu_count())
 
 
 def check_workers(workers: Any) -> None:
@@ -166,11 +176,50 @@ _NEED_GRAPH = "need graph"
 _STORE: OrderedDict[str, OpGraph] = OrderedDict()
 
 
-def _worker_init() -> None:
-    """Each worker: Ctrl-C is the caller's to handle (it ends the workers it started)."""
+def _worker_init(parent: int | None = None) -> None:
+    """Each worker: Ctrl-C is the caller's to handle (it ends the workers it started), and the
+    worker ends when its parent does, however the parent ended (SIGKILL included)."""
     global _IN_WORKER
     _IN_WORKER = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        threading.Thread(target=_watch_parent, args=(parent,), name="autoplan-watch-parent",
+                         daemon=True).start()
+
+
+#: seconds between a worker's looks at its parent
+WATCH_SECONDS = 0.25
+
+
+def _watch_parent(parent: int) -> None:
+    """End this worker as soon as ``parent`` is no longer its parent (it died, and the worker was
+    handed to init or a subreaper). A pipe or ``PR_SET_PDEATHSIG`` would not do: the pool's
+    workers are started by whichever of the parent's threads submits first, and Linux sends the
+    death signal when that thread ends, not the process."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(1)
+        time.sleep(WATCH_SECONDS)
+
+
+def cannot_spawn() -> str | None:
+    """Why worker processes cannot start from this process (a spawned worker re-imports the main
+    script and runs with this ``sys.path``), or None when they can."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path and not os.path.isfile(path):
+        return (f"the main script {path!r} is not a file (a script read from standard input, "
+                "'python - <<EOF', cannot be read again by a worker process). Fix: save the "
+                "script to a file and run that, or pass workers=1")
+    shadows = shadowed_stdlib()
+    if shadows:
+        listed = ", ".join(f"{path} (the standard library's module {name!r})"
+                           for name, path in shadows[:3])
+        return (f"a file on sys.path shadows a module of Python's standard library, which worker "
+                f"processes would import in its place: {listed}. Fix: rename "
+                f"{'it' if len(shadows) == 1 else 'them'} (and remove any __pycache__ copy), or "
+                "pass workers=1")
+    return None
 
 
 def _recorded(caught: list[warnings.WarningMessage]) -> list[tuple[type[Warning], str]]:
@@ -230,7 +279,7 @@ class _Pool:
         self.size = size
         self.executor = cf.ProcessPoolExecutor(
             max_workers=size, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_worker_init)
+            initializer=_worker_init, initargs=(os.getpid(),))
         self.holders: dict[str, set[int]] = {}
         self.last_used = time.monotonic()
         self.busy = 0
@@ -255,6 +304,7 @@ class _Pool:
 
 _LOCK = threading.Lock()
 _POOL: _Pool | None = None
+_SAID: set[str] = set()  # why workers could not start, once said
 
 
 def _acquire(size: int) -> _Pool:
@@ -315,8 +365,8 @@ def prestart(workers: int, modules: Sequence[str] = ()) -> None:
     terminal. Closing the pool waits for that thread (a few milliseconds per worker), so every
     worker it started is ended with the rest; a worker it is too late to start at the
     interpreter's exit is not started."""
-    if _IN_WORKER or workers <= 1:
-        return
+    if _IN_WORKER or workers <= 1 or cannot_spawn() is not None:
+        return  # (the batch that would use them says why not)
     pool = _acquire(workers - 1)
 
     def start() -> None:
@@ -478,6 +528,14 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             tick(t.label, k / n)
             out.append(_call(t.fn, t.graph, t.args, t.kwargs))
         return out
+    why = cannot_spawn()
+    if why is not None:
+        if why not in _SAID:  # (once per process: a search runs several batches)
+            _SAID.add(why)
+            warnings.warn(ParallelWarning(f"search: no worker processes were started: {why}. The "
+                                          "tasks ran in this process, with the same results."),
+                          stacklevel=user_stacklevel())
+        return run_tasks(tasks, workers=1, report=report)
     size = min(workers - 1, sum(not t.local for t in tasks))
     pool = _acquire(size)
     broken = False

@@ -223,9 +223,12 @@ def test_errors_and_warnings_reach_the_caller():
     assert [o.warnings for o in outs] == [[(RuntimeWarning, f"task {k} says so")] for k in range(4)]
 
 
-def test_workers_option():
+def test_workers_option(monkeypatch):
     graph = autoplan.trace(models.get("mlp", size="tiny"))
+    monkeypatch.setattr(_parallel, "cpu_count", lambda: 4)
     assert resolve_workers(3, 10) == 3
+    assert resolve_workers(64, 10) == 4  # capped at the CPUs
+    monkeypatch.undo()
     assert resolve_workers(None, 10) == 1  # a small graph: one process
     assert resolve_workers(None, _parallel.AUTO_PARALLEL_OPS) == _parallel.cpu_count()
     for bad in (0, -1, 1.5, True, "2"):
