@@ -33,6 +33,7 @@ from ._errors import ExecutionError as ExecutionError
 from ._errors import InfeasiblePlanError as InfeasiblePlanError
 from ._errors import LaunchError as LaunchError
 from ._errors import ModelError as ModelError
+from ._errors import NonFiniteError as NonFiniteError
 from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
@@ -84,7 +85,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
-    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
+    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "NonFiniteError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
     "ArgumentTypeError", "ArgumentIndexError", "StateError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",

@@ -18,6 +18,7 @@ __all__ = [
     "OutputError",
     "ExecutionError",
     "EquivalenceError",
+    "NonFiniteError",
     "LaunchError",
     "ArgumentError",
     "ArgumentTypeError",
@@ -117,6 +118,12 @@ class ExecutionError(AutoplanError):
 
 class EquivalenceError(ExecutionError):
     """A plan's results differ from single-device execution beyond the tolerance."""
+
+
+class NonFiniteError(ExecutionError):
+    """A run's loss or gradients hold NaN or infinity. The message says whether one device
+    computes the same (the model's numbers, not the plan's) or not (the plan's); pass
+    ``allow_nonfinite=True`` (``--allow-nonfinite``) to keep such a run."""
 
 
 class ScheduleError(SearchError, ExecutionError):

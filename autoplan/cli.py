@@ -383,7 +383,8 @@ def cmd_launch(args) -> int:
                 args.plan, spec, num_processes=args.num_processes,
                 devices_per_process=args.devices_per_process, steps=args.steps,
                 timeout=args.timeout, platform=args.platform, per_host=args.per_host,
-                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port)
+                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port,
+                allow_nonfinite=args.allow_nonfinite)
             print(f"launching [{plan.label}] {plan.describe()} on {handle.layout.describe()}; "
                   f"worker pids {' '.join(map(str, handle.pids))}", flush=True)
             while not handle.done:
@@ -396,6 +397,9 @@ def cmd_launch(args) -> int:
                 time.sleep(0.1)
             result = handle.wait()
             _print_launch_result(plan, result, args.steps)
+            if result.nonfinite:
+                print(f"autoplan: warning: the numbers are not finite at {result.nonfinite} "
+                      "Kept as asked (--allow-nonfinite).", file=sys.stderr)
     except (KeyboardInterrupt, _launch.LaunchInterrupted) as err:
         if handle is not None:
             handle.cancel()
@@ -534,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "--per-host), and exit")
     sp.add_argument("--nodes", type=int, default=None,
                     help="--print-command: nodes to use (default: as the plan's cluster)")
+    sp.add_argument("--allow-nonfinite", action="store_true",
+                    help="accept a run whose loss or gradients are NaN or infinite (otherwise an "
+                         "error, exit status 2, saying whether one device computes the same)")
     sp.set_defaults(func=cmd_launch)
     for command in sub.choices.values():  # --debug after the command name too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

@@ -62,7 +62,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoplan._errors import LaunchError, PlanMismatchError
+from autoplan._errors import LaunchError, NonFiniteError, PlanMismatchError
 from autoplan._loader import workload_spec
 from autoplan.exec._devices import DeviceInfo, preflight
 from autoplan.exec._layout import (
@@ -144,6 +144,8 @@ class LaunchResult:
         wall_time: seconds from launch to the last worker's exit.
         layout: how the workers ran, e.g. ``"2 processes x 4 emulated CPU devices"``.
         ports: the coordinator ports tried, the last one used.
+        nonfinite: empty, or (a launch with ``allow_nonfinite=True``) what was NaN or infinite,
+            as the first process that saw it says, with whether one device computes the same.
     """
 
     losses: dict[int, list[float]]
@@ -154,6 +156,7 @@ class LaunchResult:
     wall_time: float = 0.0
     layout: str = ""
     ports: list[int] = field(default_factory=list)
+    nonfinite: str = ""
 
     @property
     def loss(self) -> list[float]:
@@ -335,7 +338,7 @@ class LaunchHandle:
                  env: Mapping[str, str], *, steps: int, seed: int, check: bool, python: str | None,
                  compiler_options: Mapping[str, Any] | None, timeout: float,
                  hang_timeout: float | None, heartbeat: float, port: int | None,
-                 port_retries: int) -> None:
+                 port_retries: int, allow_nonfinite: bool = False) -> None:
         self.layout = layout
         self.num_processes = layout.num_processes
         self.spec = dict(spec)
@@ -347,6 +350,7 @@ class LaunchHandle:
         self._args = dict(steps=steps, seed=seed, check=check, python=python or sys.executable,
                           compiler_options=compiler_options, heartbeat=heartbeat)
         self._hang_timeout = hang_timeout
+        self._allow_nonfinite = allow_nonfinite
         self._retries_left = port_retries
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.RLock()
@@ -562,9 +566,19 @@ class LaunchHandle:
         times = {p: list(ev.get("step_times", [])) for p, ev in done.items()}
         flags = [ev.get("matched") for ev in done.values()]
         matched = None if all(f is None for f in flags) else all(bool(f) for f in flags)
+        nonfinite = next((f"process {p}: {ev['nonfinite']}" for p, ev in sorted(done.items())
+                          if ev.get("nonfinite")), "")
+        if nonfinite and not self._allow_nonfinite:
+            self._error = NonFiniteError(
+                f"launch of {self.num_processes} workers ({self.layout.describe()}): the numbers "
+                f"are not finite at {nonfinite} Fix: find where the model overflows (a learning "
+                "rate too high, the log of 0, an input holding inf), or pass "
+                "allow_nonfinite=True (--allow-nonfinite) to accept the run.")
+            self._close()
+            return
         self._result = LaunchResult(losses, times, matched, done, list(self.events),
                                     time.monotonic() - self._t0, self.layout.describe(),
-                                    list(self.ports))
+                                    list(self.ports), nonfinite)
         self._close()
 
     # ---- waiting -----------------------------------------------------------------------
@@ -581,6 +595,8 @@ class LaunchHandle:
         Raises:
             LaunchError: a worker failed, reported an error, hung, or the time ran out; every
                 worker has been killed and the message holds their last stderr lines.
+            NonFiniteError: the workers finished, but a loss or gradient is NaN or infinite
+                (and the launch was not made with ``allow_nonfinite=True``).
             KeyboardInterrupt: interrupted while waiting; the workers are stopped first.
         """
         try:
@@ -753,7 +769,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
            platform: str | None = None, per_host: bool = False, python: str | None = None,
            seed: int = 0, compiler_options: Mapping[str, Any] | None = None,
            hang_timeout: float | None = None, heartbeat: float = 2.0, port: int | None = None,
-           port_retries: int = 3) -> LaunchHandle:
+           port_retries: int = 3, allow_nonfinite: bool = False) -> LaunchHandle:
     """Start workers that run ``plan`` together through ``jax.distributed`` on this machine.
 
     Args:
@@ -781,6 +797,9 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         heartbeat: seconds between the workers' heartbeats.
         port: the coordinator port to try first (None: a free one).
         port_retries: how many other ports to try when the coordinator port is taken.
+        allow_nonfinite: accept a run whose loss or gradients hold NaN or infinity (said in
+            ``result.nonfinite``); otherwise :meth:`LaunchHandle.wait` raises
+            :class:`~autoplan.NonFiniteError`, which says whether one device computes the same.
 
     Returns:
         A :class:`LaunchHandle`; call ``.wait()`` for the :class:`LaunchResult`.
@@ -850,4 +869,4 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
     return LaunchHandle(plan.to_json(indent=None), spec, layout, wenv, steps=steps, seed=seed,
                         check=check, python=python, compiler_options=compiler_options,
                         timeout=left, hang_timeout=hang_timeout, heartbeat=heartbeat, port=port,
-                        port_retries=port_retries)
+                        port_retries=port_retries, allow_nonfinite=bool(allow_nonfinite))
