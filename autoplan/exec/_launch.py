@@ -730,19 +730,26 @@ def _plan_of(plan: Any) -> tuple[Any, str | None]:
     if isinstance(plan, Plan):
         return plan, None
     if isinstance(plan, (str, os.PathLike)):
-        return Plan.from_json(os.fspath(plan)), os.fspath(plan)
+        from autoplan._plan_check import PlanContradictionWarning  # noqa: PLC0415
+
+        with warnings.catch_warnings():  # a contradiction is refused below: said once, as an error
+            warnings.simplefilter("ignore", PlanContradictionWarning)
+            return Plan.from_json(os.fspath(plan)), os.fspath(plan)
     raise LaunchError(f"launch: plan should be an autoplan Plan or the path of a plan file. Got "
                       f"{type(plan).__name__}. Fix: pass result.best or 'plan.json'.")
 
 
-def _fingerprint_here(workload: Any) -> str:
+def _fingerprint_here(workload: Any) -> tuple[str, Any]:
+    """The fingerprint and :class:`~autoplan._plan_check.WorkloadView` of a workload object."""
     from autoplan._memo import memo  # noqa: PLC0415
+    from autoplan._plan_check import WorkloadView  # noqa: PLC0415
     from autoplan._trace import trace  # noqa: PLC0415
 
-    def make() -> str:
+    def make() -> tuple[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return trace(workload).fingerprint
+            graph = trace(workload)
+        return graph.fingerprint, WorkloadView.of(graph, getattr(workload, "config", None))
     return memo(workload, ("launch", "fingerprint"), make)
 
 
@@ -829,13 +836,22 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
                              or not 0 < port < 65536):
         raise LaunchError(f"launch: port should be a TCP port number (1-65535) or None. Got "
                           f"{port!r}.")
+    from autoplan._plan_check import (  # noqa: PLC0415
+        PlatformWarning,
+        WorkloadView,
+        platform_note,
+        refuse_contradictions,
+    )
+
     t0 = time.monotonic()
     plan, plan_path = _plan_of(plan)
+    refuse_contradictions(plan, "launch")  # before the probe: the plan alone
     if num_processes is not None and devices_per_process is not None:  # before any probe
         choose_layout(plan.num_devices, DeviceInfo("cpu", "cpu", 1, "cpu"), num_processes,
                       devices_per_process)
     spec = describe_workload(workload)
-    fingerprint = None if isinstance(workload, (str, Mapping)) else _fingerprint_here(workload)
+    fingerprint, view = (None, None) if isinstance(workload, (str, Mapping)) else \
+        _fingerprint_here(workload)
     wenv = dict(os.environ)
     wenv.update(env or {})
     path = worker_pythonpath()
@@ -851,6 +867,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         info = info or found
         if traced is not None:
             fingerprint = traced["fingerprint"]
+            view = WorkloadView.from_dict(traced["view"]) if traced.get("view") else None
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"launch: the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}) "
@@ -858,10 +875,15 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
             "parameters, optimizer state or batch differ in paths, shapes or dtypes. No worker was "
             "started. Fix: launch the workload (with the --size/--batch/--set) the plan was made "
             f"for, or make a plan for this one: autoplan plan {spec_arguments(spec)} -o plan.json.")
+    if view is not None:
+        refuse_contradictions(plan, "launch", view)
     layout = choose_layout(plan.num_devices, info, num_processes, devices_per_process,
                            per_host=per_host, env=wenv,
                            cluster_hint=_cluster_hint(plan, plan_path, spec),
                            requested=platform is not None)
+    note = platform_note(plan.cluster, layout.platform, plan.num_devices)
+    if note is not None:
+        warnings.warn(f"launch: {note}.", PlatformWarning, stacklevel=2)
     left = timeout - (time.monotonic() - t0)
     if left <= 0:
         raise LaunchError(f"launch: the preflight took the whole timeout ({timeout:g} s). Fix: "

@@ -55,6 +55,7 @@ from autoplan._errors import (
 )
 from autoplan._memo import memo
 from autoplan._options import check_callback, check_tolerance
+from autoplan._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
@@ -785,7 +786,10 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
 
     Raises:
         PlanMismatchError: the plan was made for another model, argument structure or number of
-            devices.
+            devices, or contradicts the workload (its model, config, inputs' kinds, shapes and
+            dtypes, its stages' layers: see :mod:`autoplan._plan_check`).
+        PlanFileError: the plan contradicts itself (inputs changed after it was made, a
+            schedule kind over another kind's table, a cluster of another device count...).
         EquivalenceError: ``check`` and the results differ from single-device execution.
         NonFiniteError: a loss (or, with ``check``, a gradient) is NaN or infinite; the message
             says whether one device computes the same (the model's numbers) or not (the plan's).
@@ -918,9 +922,14 @@ def _single_device_losses(r: _Resolved, steps: int) -> list[float] | None:
 
 def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
                 compiler_options: Mapping[str, Any] | None) -> None:
-    """Refuse a plan made for another model, argument structure or number of devices; with
-    several devices, check that the step runs at all (:func:`_preflight`)."""
+    """Refuse a plan that contradicts itself or the workload, or is made for another model,
+    argument structure or number of devices (a note when it runs on another platform than its
+    cluster's); with several devices, check that the step runs at all (:func:`_preflight`)."""
+    refuse_contradictions(plan, "run", WorkloadView.of(graph, getattr(r.source, "config", None)))
     plan.check_matches(graph, num_devices=len(devices))
+    note = platform_note(plan.cluster, devices[0].platform, len(devices)) if devices else None
+    if note is not None:
+        warnings.warn(f"run: {note}.", PlatformWarning, stacklevel=3)
     if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
         raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
     plan.partition_specs(like=_abstract(r.host_args))  # raises PlanMismatchError on another argument structure
