@@ -222,14 +222,9 @@ class Watchdog:
             return self.limit * self.check_scale
         return self.limit
 
-    def stalled(self, now: float, running: list[int]) -> str | None:
-        """Why the launch is hung, or None."""
-        limit = self.limit
-        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
-            return None
-        how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
-               f"max({self.floor:g} s, {self.factor:g} x the slowest step "
-               f"{self.slowest * 1e3:.1f} ms)")
+    def where(self, now: float, running: list[int]) -> str:
+        """What each running worker did last: its phase, its last step, how long without
+        progress and where its main thread is (from its last heartbeat)."""
         parts = []
         for w in running:
             b = self.beat[w]
@@ -239,8 +234,18 @@ class Watchdog:
             parts.append(f"worker {w} in phase {b.get('phase', 'starting')!r}{at}, no progress for "
                          f"{now - self.last[w]:.0f} s"
                          + (", at " + " <- ".join(where) if where else ""))
+        return "; ".join(parts)
+
+    def stalled(self, now: float, running: list[int]) -> str | None:
+        """Why the launch is hung, or None."""
+        limit = self.limit
+        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
+            return None
+        how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
+               f"max({self.floor:g} s, {self.factor:g} x the slowest step "
+               f"{self.slowest * 1e3:.1f} ms)")
         return (f"no worker made progress for {limit:.0f} s (the limit: {how}): "
-                + "; ".join(parts) + ". A hang (a collective waiting for a peer, a deadlock), or "
+                + self.where(now, running) + ". A hang (a collective waiting for a peer, a deadlock), or "
                 "a step or compilation longer than the limit: then raise hang_timeout= "
                 "(--hang-timeout)")
 
@@ -486,8 +491,8 @@ class LaunchHandle:
                     return
                 if now >= self._deadline:
                     self._fail(f"timed out after {now - self._t0:.1f} s with worker(s) {running} "
-                               "still running (a hang, or a timeout too short for the model: "
-                               "raise timeout=)")
+                               f"still running ({self._watchdog.where(now, running)}): a hang, "
+                               "or a timeout too short for the model: raise timeout=")
                     return
                 self._stop.wait(0.05)
         except BaseException as err:  # pragma: no cover - a bug in supervision: never hang
