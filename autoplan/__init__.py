@@ -43,6 +43,8 @@ from ._errors import StateError as StateError
 from ._errors import TraceError as TraceError
 from ._errors import WaitTimeoutError as WaitTimeoutError
 from ._plan import Plan as Plan
+from ._plan_check import PlanContradictionWarning as PlanContradictionWarning
+from ._plan_check import PlatformWarning as PlatformWarning
 
 if TYPE_CHECKING:  # loaded on first use, see _LAZY
     from ._graph import GraphInput as GraphInput
@@ -89,5 +91,5 @@ __all__ = [
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
     "ArgumentTypeError", "ArgumentIndexError", "StateError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "Workload", "load_workload", "profile",
+    "Workload", "load_workload", "profile", "PlanContradictionWarning", "PlatformWarning",
 ]

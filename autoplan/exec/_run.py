@@ -797,6 +797,10 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             (XLA's error, summarised), or a step that calls back into Python failed on one device
             (it is then not run under the plan); see the message.
 
+    Warns:
+        PlatformWarning: the plan's cluster is of another platform than the devices (a GPU
+            plan on emulated CPU devices): the numbers are checked all the same.
+
     Examples:
         >>> import autoplan, autoplan.exec as ex
         >>> wl = autoplan.models.get("mlp", batch=512)
