@@ -929,8 +929,8 @@ def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
     """Refuse a plan that contradicts itself or the workload, or is made for another model,
     argument structure or number of devices (a note when it runs on another platform than its
     cluster's); with several devices, check that the step runs at all (:func:`_preflight`)."""
-    refuse_contradictions(plan, "run", WorkloadView.of(graph, getattr(r.source, "config", None)))
     plan.check_matches(graph, num_devices=len(devices))
+    refuse_contradictions(plan, "run", WorkloadView.of(graph, getattr(r.source, "config", None)))
     note = platform_note(plan.cluster, devices[0].platform, len(devices)) if devices else None
     if note is not None:
         warnings.warn(f"run: {note}.", PlatformWarning, stacklevel=3)
