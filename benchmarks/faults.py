@@ -501,17 +501,18 @@ def cluster_option_plan_cases() -> list[Case]:
         setup=plan_file("p.json", lambda d: d["cluster"].update(nodes=2**20)))
 
     g = "options"
-    for kw, words in (("rtol=-1", "rtol should be a finite number >= 0"),
-                      ("rtol=float('nan')", "Got nan"), ("atol='1e-6'", "atol should be"),
-                      ("check='yes'", "check should be True or False")):
-        add(f"o-run-{kw.split('=')[0]}-{len(out)}", g, f"`exec.run(..., {kw})`",
+    for name, kw, words in (("neg", "rtol=-1", "rtol should be a finite number >= 0"),
+                            ("nan", "rtol=float('nan')", "Got nan"),
+                            ("str", "atol='1e-6'", "atol should be"),
+                            ("flag", "check='yes'", "check should be True or False")):
+        add(f"o-run-{name}", g, f"`exec.run(..., {kw})`",
             code=api(f"{mlp_plan}\nautoplan.exec.run(plan, get('mlp', 'tiny', abstract=False), "
                      f"{kw})"), words=(words,))
-    for kw, words in (("memory_budget=True", "True is not a byte count"),
-                      ("memory_budget='1GB'", "memory_budget=2**30"),
-                      ("mesh_shape='2x4'", "mesh_shape=(2, 4)"),
-                      ("progress=5", "progress should be None or a function")):
-        add(f"o-search-{kw.split('=')[0]}-{len(out)}", g, f"`autoplan.search(w, {kw})`",
+    for name, kw, words in (("budget-bool", "memory_budget=True", "True is not a byte count"),
+                            ("budget-str", "memory_budget='1GB'", "memory_budget=2**30"),
+                            ("mesh-str", "mesh_shape='2x4'", "mesh_shape=(2, 4)"),
+                            ("progress", "progress=5", "progress should be None or a function")):
+        add(f"o-search-{name}", g, f"`autoplan.search(w, {kw})`",
             code=api(f"autoplan.search(get('mlp', 'tiny'), 'cpu:8', {kw})"), words=(words,))
     add("o-cache-abc", g, "`AUTOPLAN_CACHE_MAX_BYTES=abc autoplan plan mlp`", ["plan", "mlp"],
         env={"AUTOPLAN_CACHE_MAX_BYTES": "abc"}, words=("AUTOPLAN_CACHE_MAX_BYTES should be", "'abc'"))

@@ -177,7 +177,8 @@ def _probe_timeout(err: str, timeout: float, workload: Mapping[str, Any] | None)
     a hang told apart from a timeout too short for the preflight."""
     marks = [ln[len(_PHASE):].strip().split(" ", 1) for ln in err.splitlines()
              if ln.startswith(_PHASE)]
-    since, phase = (float(marks[-1][0]), marks[-1][1]) if marks else (None, "starting Python")
+    since, phase = ((float(marks[-1][0]), marks[-1][1]) if marks
+                    else (None, "starting Python and importing autoplan and JAX"))
     spent = phase + ("" if since is None else f" for the last {max(0.0, time.time() - since):.1f} s")
     in_workload = phase.startswith(("loading the workload", "tracing the workload"))
     if timeout < 60:
