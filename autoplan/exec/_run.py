@@ -809,17 +809,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         >>> report.equivalence.matched
         True
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ExecutionError(f"run: steps should be a non-negative integer. Got {steps!r}. Fix: "
-                             "steps=1 (or 0 to compile only).")
-    rtol = check_tolerance("run", "rtol", rtol, ExecutionError, "1e-5")
-    atol = check_tolerance("run", "atol", atol, ExecutionError, "1e-6")
-    check_callback("run", "on_step", on_step, ExecutionError, "(step, loss, seconds)")
-    for name, flag in (("check", check), ("time_tasks", time_tasks),
-                       ("raise_on_mismatch", raise_on_mismatch), ("allow_nonfinite", allow_nonfinite)):
-        if not isinstance(flag, bool | np.bool_):
-            raise ExecutionError(f"run: {name} should be True or False. Got {flag!r}. Fix: "
-                                 f"{name}=True.")
+    rtol, atol = _check_run_options(steps, rtol, atol, on_step, check=check, time_tasks=time_tasks,
+                                    raise_on_mismatch=raise_on_mismatch,
+                                    allow_nonfinite=allow_nonfinite)
     check = check and steps > 0
     r = resolve_workload(workload, seed)
     devices = list(devices) if devices is not None else jax.devices()
@@ -922,6 +914,22 @@ def _single_device_losses(r: _Resolved, steps: int) -> list[float] | None:
                 return None
             args = (out[1], out[2], args[2])
     return losses
+
+
+def _check_run_options(steps: Any, rtol: Any, atol: Any, on_step: Any, **flags: Any
+                       ) -> tuple[float, float]:
+    """Refuse bad options of :func:`run` before any work; the tolerance as floats."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ExecutionError(f"run: steps should be a non-negative integer. Got {steps!r}. Fix: "
+                             "steps=1 (or 0 to compile only).")
+    rtol = check_tolerance("run", "rtol", rtol, ExecutionError, "1e-5")
+    atol = check_tolerance("run", "atol", atol, ExecutionError, "1e-6")
+    check_callback("run", "on_step", on_step, ExecutionError, "(step, loss, seconds)")
+    for name, flag in flags.items():
+        if not isinstance(flag, bool | np.bool_):
+            raise ExecutionError(f"run: {name} should be True or False. Got {flag!r}. Fix: "
+                                 f"{name}=True.")
+    return rtol, atol
 
 
 def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
