@@ -33,6 +33,7 @@ from ._errors import ExecutionError as ExecutionError
 from ._errors import InfeasiblePlanError as InfeasiblePlanError
 from ._errors import LaunchError as LaunchError
 from ._errors import ModelError as ModelError
+from ._errors import NonFiniteError as NonFiniteError
 from ._errors import OutputError as OutputError
 from ._errors import PlanFileError as PlanFileError
 from ._errors import PlanMismatchError as PlanMismatchError
@@ -43,6 +44,8 @@ from ._errors import StepSignatureError as StepSignatureError
 from ._errors import TraceError as TraceError
 from ._errors import WaitTimeoutError as WaitTimeoutError
 from ._plan import Plan as Plan
+from ._plan_check import PlanContradictionWarning as PlanContradictionWarning
+from ._plan_check import PlatformWarning as PlatformWarning
 
 if TYPE_CHECKING:  # loaded on first use, see _LAZY
     from ._graph import GraphInput as GraphInput
@@ -85,9 +88,9 @@ def __getattr__(name: str):
 
 __all__ = [
     "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
-    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "OutputError",
+    "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "NonFiniteError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
     "ArgumentTypeError", "ArgumentIndexError", "StateError", "StepSignatureError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",
     "OpNode", "Tensor", "Plan", "OpaqueControlFlowWarning", "trace", "SearchResult", "plan",
-    "Workload", "load_workload", "profile",
+    "Workload", "load_workload", "profile", "PlanContradictionWarning", "PlatformWarning",
 ]

@@ -57,8 +57,10 @@ Safety. Entries are written to a temporary file and renamed over the entry (``os
 concurrent writers and readers never see a partial file. An entry that cannot be read, whose
 HMAC differs, or that does not unpickle into a search result is a miss (it is removed and
 recomputed), never an error. A cache folder that cannot be written costs the store, not the
-search. The folder is kept under :data:`MAX_BYTES` (``$AUTOPLAN_CACHE_MAX_BYTES`` overrides it):
-after a store, the least recently used entries are removed until it holds at most 80% of that.
+search. The folder is kept under :data:`MAX_BYTES` (``$AUTOPLAN_CACHE_MAX_BYTES`` overrides it, a
+whole number of bytes; ``0`` stores nothing, and a value that is not a byte count is an error
+before the search): after a store, the least recently used entries are removed until it holds at
+most 80% of that.
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ def _entries() -> Path:
 
 
 def _max_bytes() -> int:
-    try:
-        return int(os.environ.get("AUTOPLAN_CACHE_MAX_BYTES", MAX_BYTES))
-    except ValueError:
-        return MAX_BYTES
+    """``$AUTOPLAN_CACHE_MAX_BYTES`` (0: store nothing); a bad value is an ArgumentError, which
+    ``autoplan.search`` raises before any work."""
+    from ._options import cache_max_bytes  # noqa: PLC0415
+
+    return cache_max_bytes(MAX_BYTES)
 
 
 @cache
@@ -317,6 +320,8 @@ def store(key: str, plans: list[Any], best: int, stats: Mapping[str, Any],
     folder cannot be written (the search's result is unaffected)."""
     from autoplan._io import atomic_write_bytes  # noqa: PLC0415
 
+    if _max_bytes() == 0:  # $AUTOPLAN_CACHE_MAX_BYTES=0: keep nothing
+        return False
     try:
         payload = pickle.dumps({
             "key": key, "created": time.time(), "best": best, "stats": dict(stats),

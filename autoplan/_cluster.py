@@ -72,7 +72,8 @@ from ._io import read_input_bytes
 from ._memo import memo
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
-           "PRESETS", "COMBINE_THRESHOLD", "cache_dir", "profile"]
+           "PRESETS", "COMBINE_THRESHOLD", "MAX_DEVICES", "MAX_SEARCH_DEVICES", "cache_dir",
+           "profile"]
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 _FACTOR = {"all-gather": lambda n: (n - 1) / n, "all-reduce": lambda n: 2 * (n - 1) / n,
@@ -85,6 +86,15 @@ CURVE_OPS = ("matmul", "conv", "memory")
 COMBINE_THRESHOLD = 30 * 2**20
 
 GiB = 1024**3
+#: the most devices a cluster may have (``Cluster``, ``Cluster.parse``, the presets and the plan
+#: file's checker all refuse more): 2^20, far beyond any machine built, so that a typo such as
+#: ``cpu:99999999999999999999`` is an error at once instead of a search that never ends
+MAX_DEVICES = 2**20
+#: the most devices a search plans for: the pipeline search's stage DP keeps tables with one
+#: column per device count (Alpa's ``F(s, k, d)``), so its time and memory grow with the devices:
+#: 65,536 devices (p3.16xlarge:8192) take seconds for the tiny MLP and about 0.6 GB; ten times
+#: more would take minutes and more memory than most machines hold
+MAX_SEARCH_DEVICES = 2**16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,6 +287,12 @@ class Cluster:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ClusterError(f"Cluster: {attr} should be a positive integer. Got {v!r}. "
                                    f"Fix: pass {attr}=1 or more.")
+        if self.nodes * self.devices_per_node > MAX_DEVICES:
+            raise ClusterError(
+                f"Cluster: nodes x devices_per_node should be at most {MAX_DEVICES:,} devices "
+                f"(autoplan's cap, far beyond any machine built). Got {self.nodes:,} x "
+                f"{self.devices_per_node:,} = {self.nodes * self.devices_per_node:,}. Fix: check "
+                "the node or device count (a digit too many?), e.g. 'p3.16xlarge:8' or 'cpu:8'.")
         for attr in ("device_memory", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
             v = getattr(self, attr)
             if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):

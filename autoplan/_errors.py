@@ -19,6 +19,7 @@ __all__ = [
     "ExecutionError",
     "EquivalenceError",
     "StepSignatureError",
+    "NonFiniteError",
     "LaunchError",
     "ArgumentError",
     "ArgumentTypeError",
@@ -123,6 +124,12 @@ class StepSignatureError(ExecutionError):
 
 class EquivalenceError(ExecutionError):
     """A plan's results differ from single-device execution beyond the tolerance."""
+
+
+class NonFiniteError(ExecutionError):
+    """A run's loss or gradients hold NaN or infinity. The message says whether one device
+    computes the same (the model's numbers, not the plan's) or not (the plan's); pass
+    ``allow_nonfinite=True`` (``--allow-nonfinite``) to keep such a run."""
 
 
 class ScheduleError(SearchError, ExecutionError):

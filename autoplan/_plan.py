@@ -28,6 +28,7 @@ from typing import Any
 from ._cluster import Cluster
 from ._errors import ArgumentError, ArgumentTypeError
 from ._frozen import FrozenDict, freeze_fields, immutable_type
+from ._plan_check import warn_contradictions
 from ._plan_jax import check_matches, input_trees, logical_axis_rules, named_shardings, stage_mesh
 from ._plan_text import describe, plan_html, summary
 from ._planfile import field_sets, plan_to_dict, read_plan_json, validate_plan_dict, write_plan_json
@@ -539,8 +540,16 @@ class Plan:
             PlanFileError: not a plan, another schema version, or a field that is missing, of the
                 wrong type, or inconsistent with the rest (its JSON path is in the message and in
                 ``err.field``).
+
+        Warns:
+            PlanContradictionWarning: a well-formed plan that contradicts itself (inputs changed
+                after it was made, a stage holding other layers than its range, a schedule kind
+                over another kind's table...; see :mod:`autoplan._plan_check`): it can be looked
+                at, but ``exec.run`` and ``launch`` refuse it.
         """
-        return cls._from_checked(d, "Plan.from_dict")
+        plan = cls._from_checked(d, "Plan.from_dict")
+        warn_contradictions(plan, "Plan.from_dict")
+        return plan
 
     @classmethod
     def from_json(cls, text_or_path: str | bytes | os.PathLike) -> Plan:
@@ -549,9 +558,14 @@ class Plan:
         Raises:
             PlanFileError: unreadable, not UTF-8, not JSON, not a plan, another schema version,
                 or a malformed or inconsistent field (named by its JSON path).
+
+        Warns:
+            PlanContradictionWarning: as :meth:`from_dict`.
         """
         d, source = read_plan_json(text_or_path)
-        return cls._from_checked(d, source)
+        plan = cls._from_checked(d, source)
+        warn_contradictions(plan, source)
+        return plan
 
     @classmethod
     def _from_checked(cls, d: Any, source: str) -> Plan:

@@ -15,7 +15,8 @@ the value found, and the fix. What is checked:
   (plan, cluster, stage, operator, tensor, input, schedule, predictions) has its required fields,
   no unknown ones, and values of the right type: integers where counts and ids go, finite
   non-negative numbers for times, bytes and FLOPs, strings for names.
-* **Cluster.** A valid :class:`~autoplan.Cluster` (positive sizes, bandwidths, fractions in (0, 1]).
+* **Cluster.** A valid :class:`~autoplan.Cluster` (positive sizes, bandwidths, fractions in (0, 1]),
+  of at most :data:`~autoplan._cluster.MAX_DEVICES` devices.
 * **Stages and meshes.** ``index`` is the stage's position; ``submesh_shape`` ``(hosts, devices
   per host)`` fits the cluster (files written before the field had that name say ``submesh``);
   ``device_ids`` are ``hosts x devices per host`` distinct cluster device ids, on ``hosts`` hosts
@@ -51,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, NoReturn
 
-from ._cluster import Cluster
+from ._cluster import MAX_DEVICES, Cluster
 from ._errors import ClusterError, PlanFileError
 from ._io import atomic_write_text, read_input_bytes
 from ._schedule import task_deps
@@ -70,7 +71,7 @@ _AXIS_TYPES = ("Auto",)
 _MAPS = frozenset({"comm_bytes", "comm_by_axis", "comm_time_by_kind"})  # of the predictions
 _NUMBERS = frozenset({"step_time", "throughput", "memory_per_device", "compute_time", "comm_time",
                       "bubble_fraction", "mfu"})
-_MAX_INDEX = 2**20  # bounds devices, argument positions and list indices: no plan comes near
+_MAX_INDEX = MAX_DEVICES  # bounds devices (Cluster's own cap), argument positions and list indices
 # one key of a jax.tree_util.keystr path: ['name'], ["name"], [3], .attribute, or another
 # bracketed key repr (a tuple dict key, say), kept whole
 _KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+)|([^\]]*))\]|\.([A-Za-z_]\w*)")
@@ -243,15 +244,15 @@ class _Checker:
                     self.fail(p, "a [collective, factor] pair", pair)
                 self.string(pair[0], f"{p}[0]")
                 self.number(pair[1], f"{p}[1]", 0.0, 1.0)
+        if c.get("nodes", 1) * c.get("devices_per_node", 1) > MAX_DEVICES:
+            self.fail(f"{path}.nodes", f"a node count giving at most {MAX_DEVICES:,} devices "
+                      f"({c.get('devices_per_node', 1):,} per node)", c.get("nodes", 1))
         try:
             cluster = build(c)
         except ClusterError as err:
             fix = "" if "Fix:" in str(err) else f" Fix: {_FIX}."
             raise PlanFileError(f"{self.source}: {path} is not a valid cluster: {err}{fix}",
                                 field=path) from None
-        if cluster.num_devices > _MAX_INDEX:
-            self.fail(f"{path}.nodes", f"a node count giving at most {_MAX_INDEX:,} devices",
-                      cluster.nodes)
         return cluster
 
     def spec(self, v: Any, path: str, shape: Sequence[int], sizes: Mapping[str, int],

@@ -420,10 +420,13 @@ def _print_launch_result(plan: Any, result: Any, steps: int) -> None:
 
 def cmd_launch(args) -> int:
     from ._plan import Plan  # noqa: PLC0415
+    from ._plan_check import PlanContradictionWarning  # noqa: PLC0415
     from .exec import _launch  # noqa: PLC0415
     from .exec._layout import cluster_command  # noqa: PLC0415
 
-    plan = Plan.from_json(args.plan)
+    with warnings.catch_warnings():  # launch refuses a plan that contradicts itself: said once
+        warnings.simplefilter("ignore", PlanContradictionWarning)
+        plan = Plan.from_json(args.plan)
     spec = _spec(args)
     if args.print_command:
         # a plan made for emulated CPU devices runs on CPUs unless told otherwise
@@ -441,7 +444,8 @@ def cmd_launch(args) -> int:
                 args.plan, spec, num_processes=args.num_processes,
                 devices_per_process=args.devices_per_process, steps=args.steps,
                 timeout=args.timeout, platform=args.platform, per_host=args.per_host,
-                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port)
+                seed=args.seed, hang_timeout=args.hang_timeout, port=args.port,
+                allow_nonfinite=args.allow_nonfinite)
             print(f"launching [{plan.label}] {plan.describe()} on {handle.layout.describe()}; "
                   f"worker pids {' '.join(map(str, handle.pids))}", flush=True)
             while not handle.done:
@@ -454,6 +458,9 @@ def cmd_launch(args) -> int:
                 time.sleep(0.1)
             result = handle.wait()
             _print_launch_result(plan, result, args.steps)
+            if result.nonfinite:
+                print(f"autoplan: warning: the numbers are not finite at {result.nonfinite} "
+                      "Kept as asked (--allow-nonfinite).", file=sys.stderr)
     except (KeyboardInterrupt, _launch.LaunchInterrupted) as err:
         if handle is not None:
             handle.cancel()
@@ -596,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "--per-host), and exit")
     sp.add_argument("--nodes", type=int, default=None,
                     help="--print-command: nodes to use (default: as the plan's cluster)")
+    sp.add_argument("--allow-nonfinite", action="store_true",
+                    help="accept a run whose loss or gradients are NaN or infinite (otherwise an "
+                         "error, exit status 2, saying whether one device computes the same)")
     sp.set_defaults(func=cmd_launch)
     for command in sub.choices.values():  # --debug after the command name too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

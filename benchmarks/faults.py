@@ -471,6 +471,7 @@ def cases() -> list[Case]:
             '    print("draws random numbers per micro-batch" in plan.summary(), rep.equivalence.matched)')),
         expect="ok")
     out += file_and_process_cases()
+    out += cluster_option_plan_cases()
     return out
 
 
@@ -703,6 +704,190 @@ def file_and_process_cases() -> list[Case]:
             ["launch", "plan.json", "--model", "mlp", "--steps", "3"], expect="interrupted",
             words=("interrupted by SIGTERM",), setup=plan_file("plan.json"),
             signal_at=("ready", delay, SIGTERM), grace=10.0)
+    return out
+
+
+# ---- clusters, options, contradicting plans and non-finite numbers ----------------------------
+#: a user's module whose workload is the tiny MLP with an infinite input: NaN at every step
+NAN_MODULE = b"""
+import numpy as np
+import autoplan
+from autoplan.models import get
+
+
+def workload(abstract=True, seed=0):
+    wl = get("mlp", "tiny", abstract=abstract, seed=seed)
+    if abstract:
+        return wl
+    params, opt_state, batch = wl.args
+    x = np.array(batch["x"])
+    x[0, 0] = np.inf
+    return autoplan.Workload(wl.fn, (params, opt_state, {**batch, "x": x}), name=wl.name,
+                             config=wl.config)
+"""
+#: a user's module whose workload function never returns
+HANG_MODULE = b"import time\n\n\ndef workload():\n    time.sleep(3600)\n"
+
+
+def _shape_changed(d: dict) -> None:
+    i = next(i for i in d["inputs"] if i["kind"] == "parameter" and len(i["shape"]) == 2)
+    i["shape"] = [i["shape"][0], i["shape"][1] * 2]
+
+
+def _dtype_changed(d: dict) -> None:
+    next(i for i in d["inputs"] if i["kind"] == "parameter")["dtype"] = "bfloat16"
+
+
+def _param_as_batch(d: dict) -> None:
+    next(i for i in d["inputs"] if i["kind"] == "parameter")["kind"] = "batch"
+
+
+def _stages_swapped(d: dict) -> None:
+    s0, s1 = d["stages"][0], d["stages"][1]
+    s0["layers"], s1["layers"] = s1["layers"], s0["layers"]
+
+
+def _on_gpus(d: dict) -> None:
+    d["cluster"].update(name="p3.16xlarge", device_kind="V100-SXM2-16GB")
+
+
+def cluster_option_plan_cases() -> list[Case]:
+    """Cases of issue 40's items 5-8: one device cap, options checked before any work, plans
+    that contradict themselves or the workload, non-finite numbers, the launcher's probe."""
+    out: list[Case] = []
+
+    def add(*args, **kw):
+        out.append(Case(*args, **kw))
+
+    def api(body: str) -> str:
+        return API.format(body="\n".join("    " + ln for ln in body.splitlines()))
+
+    launch = ["launch", "plan.json", "--model", "mlp", "--steps", "2", "--timeout", "120"]
+    mlp_plan = "plan = autoplan.plan(get('mlp', 'tiny'), 'cpu:8', pipeline=False, baselines=False)"
+
+    g = "devices"
+    add("d-search-huge", g, "`plan mlp --cluster p3.16xlarge:100000` (800,000 devices)",
+        ["plan", "mlp", "--cluster", "p3.16xlarge:100000"], words=("at most 65,536 devices",
+                                                                   "p3.16xlarge:8192"), timeout=60)
+    add("d-cpu-digits", g, "`--cluster cpu:99999999999999999999`",
+        ["plan", "mlp", "--cluster", "cpu:99999999999999999999"],
+        words=("at most 1,048,576 devices",), timeout=60)
+    add("d-nodes-cap", g, "`--cluster p3.16xlarge:200000` (past the 2^20 cap)",
+        ["plan", "mlp", "--cluster", "p3.16xlarge:200000"], words=("at most 1,048,576",), timeout=60)
+    add("d-preset", g, "`Cluster.preset(\"p3.16xlarge\", 2**18)`",
+        code=api("autoplan.Cluster.preset('p3.16xlarge', 2**18)"), words=("at most 1,048,576",))
+    add("d-search-api", g, "`autoplan.search(w, \"cpu:70000\")`",
+        code=api("autoplan.search(get('mlp', 'tiny'), 'cpu:70000')"),
+        words=("at most 65,536 devices",))
+    add("d-plan-file", g, "a plan file whose `cluster.nodes` is 2^20 (8 devices per node)",
+        ["show", "p.json"], words=("cluster.nodes", "1,048,576"),
+        setup=plan_file("p.json", lambda d: d["cluster"].update(nodes=2**20)))
+
+    g = "options"
+    for name, kw, words in (("neg", "rtol=-1", "rtol should be a finite number >= 0"),
+                            ("nan", "rtol=float('nan')", "Got nan"),
+                            ("str", "atol='1e-6'", "atol should be"),
+                            ("flag", "check='yes'", "check should be True or False")):
+        add(f"o-run-{name}", g, f"`exec.run(..., {kw})`",
+            code=api(f"{mlp_plan}\nautoplan.exec.run(plan, get('mlp', 'tiny', abstract=False), "
+                     f"{kw})"), words=(words,))
+    for name, kw, words in (("budget-bool", "memory_budget=True", "True is not a byte count"),
+                            ("budget-str", "memory_budget='1GB'", "memory_budget=2**30"),
+                            ("mesh-str", "mesh_shape='2x4'", "mesh_shape=(2, 4)"),
+                            ("progress", "progress=5", "progress should be None or a function")):
+        add(f"o-search-{name}", g, f"`autoplan.search(w, {kw})`",
+            code=api(f"autoplan.search(get('mlp', 'tiny'), 'cpu:8', {kw})"), words=(words,))
+    add("o-cache-abc", g, "`AUTOPLAN_CACHE_MAX_BYTES=abc autoplan plan mlp`", ["plan", "mlp"],
+        env={"AUTOPLAN_CACHE_MAX_BYTES": "abc"}, words=("AUTOPLAN_CACHE_MAX_BYTES should be", "'abc'"))
+    add("o-cache-zero", g, "`AUTOPLAN_CACHE_MAX_BYTES=0` (documented: store nothing)",
+        code=api("import os\nos.environ['AUTOPLAN_CACHE_DIR'] = os.path.abspath('cache')\n"
+                 "os.environ['AUTOPLAN_CACHE_MAX_BYTES'] = '0'\n"
+                 "r = autoplan.search(get('mlp', 'tiny'), 'cpu:8', pipeline=False, baselines=False)\n"
+                 "print(r.stats['cache'], sorted(os.walk('cache'))[-1][2] if os.path.isdir('cache') "
+                 "else [])"), expect="ok")
+    for call, words in (("autoplan.search.cones(None)", "cones: graph should be an autoplan.OpGraph"),
+                        ("autoplan.search.mine(None)", "mine: graph should be"),
+                        ("autoplan.search.group_layers(get('mlp', 'tiny'))", "trace it first"),
+                        ("autoplan.search.solve_ilp(autoplan.trace(get('mlp', 'tiny')), None)",
+                         "solve_ilp: mesh should be")):
+        add(f"o-algo-{call.split('(')[0].split('.')[-1]}", g, f"`{call}`", code=api(call),
+            words=(words,))
+    add("o-platform-note", g, "a `p3.16xlarge:1` plan launched on emulated CPUs",
+        launch, expect="warning", words=("made for p3.16xlarge:1", "emulated CPU"),
+        setup=plan_file("plan.json", _on_gpus))
+
+    g = "contradiction"
+    edits = (("shape", "an input's shape changed", _shape_changed, "mlp", "fingerprint should be"),
+             ("dtype", "an input's dtype changed", _dtype_changed, "mlp", "fingerprint should be"),
+             ("kind", "a parameter marked `kind: batch`", _param_as_batch, "mlp",
+              "kind should be 'parameter'"),
+             ("dpn", "`devices_per_node` 16 on an 8-device plan",
+              lambda d: d["cluster"].update(devices_per_node=16), "mlp",
+              "cluster.devices_per_node should be"),
+             ("swap", "stage names swapped against their `layer_range`", _stages_swapped, "pipe",
+              "stages[0].layers should be"),
+             ("gpipe", "`schedule.kind` \"gpipe\" over a 1F1B table",
+              lambda d: d["schedule"].update(kind="gpipe"), "pipe", "schedule.kind should be"))
+    for name, what, edit, source, words in edits:
+        model = "mlp" if source == "mlp" else "gpt"
+        add(f"c-show-{name}", g, f"`show`: {what}", ["show", "p.json"], expect="warning",
+            words=(words,), setup=plan_file("p.json", edit, source=source))
+        add(f"c-launch-{name}", g, f"`launch`: {what}", ["launch", "p.json", "--model", model],
+            words=("contradicts itself", words), setup=plan_file("p.json", edit, source=source))
+    add("c-report", g, "`report` of a plan whose input shape changed", ["report", "p.json", "-o",
+        "r.html"], expect="warning", words=("fingerprint should be",),
+        setup=plan_file("p.json", _shape_changed))
+    add("c-model", g, "`launch`: `model` changed to another zoo model",
+        ["launch", "p.json", "--model", "mlp"], words=("contradicts the workload",
+                                                       "model should be 'mlp'"),
+        setup=plan_file("p.json", setting("model", "gpt")))
+    add("c-config", g, "`launch`: `config.hidden` changed", ["launch", "p.json", "--model", "mlp"],
+        words=("contradicts the workload", "config.hidden should be 64"),
+        setup=plan_file("p.json", setting("config.hidden", 128)))
+    add("c-run", g, "`exec.run` of a plan whose input shape changed",
+        code=api("plan = autoplan.Plan.from_json('p.json')\n"
+                 "autoplan.exec.run(plan, get('mlp', 'tiny', abstract=False))"),
+        words=("PlanFileError", "contradicts itself", "fingerprint"),
+        setup=plan_file("p.json", _shape_changed))
+
+    g = "numbers"
+    nan_setup = both(plan_file("plan.json", setting("model", "nanwl:workload")),
+                     raw_file("nanwl.py", NAN_MODULE))
+    add("n-launch-nan", g, "`launch` of a workload whose loss is NaN at every step (an inf input)",
+        ["launch", "plan.json", "--model", "nanwl:workload", "--timeout", "120"],
+        words=("not finite", "the loss is nan", "the model's numbers", "--allow-nonfinite"),
+        setup=nan_setup)
+    add("n-launch-allowed", g, "the same with `--allow-nonfinite`",
+        ["launch", "plan.json", "--model", "nanwl:workload", "--timeout", "120",
+         "--allow-nonfinite"], expect="warning", words=("Kept as asked",), setup=nan_setup)
+    add("n-run-nan", g, "`exec.run` with a batch holding inf",
+        code=api("import nanwl\nplan = autoplan.Plan.from_json('plan.json')\n"
+                 "autoplan.exec.run(plan, nanwl.workload(abstract=False), steps=2)"),
+        words=("NonFiniteError", "step 0 (of 2)", "batch['x'] (1 inf)", "the model's numbers"),
+        setup=both(plan_file("plan.json"), raw_file("nanwl.py", NAN_MODULE)))
+    add("n-run-unchecked", g, "`exec.run(..., check=False)` with a batch holding inf",
+        code=api("import nanwl\nplan = autoplan.Plan.from_json('plan.json')\n"
+                 "autoplan.exec.run(plan, nanwl.workload(abstract=False), check=False)"),
+        words=("NonFiniteError", "One device gives the loss nan"),
+        setup=both(plan_file("plan.json"), raw_file("nanwl.py", NAN_MODULE)))
+    add("n-run-allowed", g, "`exec.run(..., allow_nonfinite=True)`",
+        code=api("import nanwl\nplan = autoplan.Plan.from_json('plan.json')\n"
+                 "r = autoplan.exec.run(plan, nanwl.workload(abstract=False), allow_nonfinite=True)\n"
+                 "print(r.losses, bool(r.nonfinite))"), expect="ok",
+        setup=both(plan_file("plan.json"), raw_file("nanwl.py", NAN_MODULE)))
+
+    g = "probe"
+    add("p-timeout-3", g, "`launch --timeout 3` (shorter than the preflight)",
+        launch[:-1] + ["3"], words=("ran out in the preflight", "raise timeout="),
+        setup=plan_file("plan.json"))
+    add("p-hang", g, "a workload function that never returns (`--timeout 70`)",
+        ["launch", "plan.json", "--model", "hang:workload", "--timeout", "70"],
+        words=("the preflight hung", "loading the workload"),
+        setup=both(plan_file("plan.json", setting("model", "hang:workload")),
+                   raw_file("hang.py", HANG_MODULE)), timeout=150)
+    add("p-cuda", g, "`launch --platform cuda` on a machine without a GPU",
+        launch + ["--platform", "cuda"], words=("found no devices for cuda", "Fix:"),
+        setup=plan_file("plan.json"))
     return out
 
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Mapping
@@ -43,6 +44,9 @@ PLATFORMS: dict[str, str | None] = {"cpu": "cpu", "gpu": None, "cuda": "cuda", "
                                     "tpu": "tpu"}
 #: exit status of a process that ends because its launcher is gone
 LAUNCHER_GONE_STATUS = 75
+#: how the probe marks each of its phases on stderr (the time, ``time.time()``, then the phase),
+#: so that a probe stopped at the timeout is reported by what it was doing
+_PHASE = "autoplan-probe-phase:"
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
         timeout: seconds the probe may take.
 
     Returns:
-        ``(DeviceInfo, {"fingerprint": ..., "model": ...} or None)``.
+        ``(DeviceInfo, {"fingerprint": ..., "model": ..., "view": ...} or None)``, the view a
+        :meth:`autoplan._plan_check.WorkloadView.to_dict`.
 
     Raises:
         AutoplanError: the subclass the probe reported (e.g. :class:`~autoplan.ModelError` for a
@@ -130,9 +135,9 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise LaunchError(f"launch: the device probe ({' '.join(cmd[:3])}) did not answer in "
-                          f"{timeout:.0f} s. Fix: check that 'python -c \"import jax; "
-                          "print(jax.devices())\"' works in this environment.") from None
+        for t in readers:
+            t.join(timeout=5.0)
+        raise LaunchError(_probe_timeout("".join(chunks["err"]), timeout, workload)) from None
     except BaseException:  # an interrupt: the probe goes too
         _kill_group(proc)
         raise
@@ -144,7 +149,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
     out, err = "".join(chunks["out"]), "".join(chunks["err"])
     line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
     if line is None:
-        tail = "\n".join(err.strip().splitlines()[-12:])
+        tail = "\n".join([ln for ln in err.strip().splitlines() if not ln.startswith(_PHASE)][-12:])
         raise LaunchError(f"launch: the device probe ({' '.join(cmd[:3])}) exited with status "
                           f"{proc.returncode} and no "
                           f"answer. Its last lines:\n{tail}\nFix: check that JAX starts in this "
@@ -155,14 +160,43 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
         cls = getattr(_errors, str(e.get("type")), None)
         if isinstance(cls, type) and issubclass(cls, AutoplanError):
             raise cls(e.get("message", ""))
-        raise LaunchError(f"launch: the device probe failed: {e.get('type')}: {e.get('message')}"
-                          f"\n{e.get('traceback', '')}".rstrip())
+        # (the probe's traceback is not repeated: the message names the exception)
+        raise LaunchError(f"launch: the device probe failed: {e.get('type')}: {e.get('message')}. "
+                          "Fix: check that 'python -c \"import jax; print(jax.devices())\"' works "
+                          "in this environment, with the same JAX_PLATFORMS.")
     info = DeviceInfo(**rec["devices"])
     _DETECTED[_cache_key(penv, python)] = info
     return info, rec.get("workload")
 
 
 _DETECTED: dict[tuple[str, ...], DeviceInfo] = {}
+
+
+def _probe_timeout(err: str, timeout: float, workload: Mapping[str, Any] | None) -> str:
+    """The message of a probe stopped at the timeout: what it was doing (its last phase mark),
+    a hang told apart from a timeout too short for the preflight."""
+    marks = [ln[len(_PHASE):].strip().split(" ", 1) for ln in err.splitlines()
+             if ln.startswith(_PHASE)]
+    since, phase = ((float(marks[-1][0]), marks[-1][1]) if marks
+                    else (None, "starting Python and importing autoplan and JAX"))
+    spent = phase + ("" if since is None else f" for the last {max(0.0, time.time() - since):.1f} s")
+    in_workload = phase.startswith(("loading the workload", "tracing the workload"))
+    if timeout < 60:
+        hang = (" If it still stops there with a longer timeout, the workload's function hangs."
+                if in_workload else "")
+        return (f"launch: the timeout ({timeout:g} s) ran out in the preflight, before any worker "
+                f"started: the device probe was {spent} (the timeout covers the preflight: "
+                f"starting JAX and tracing the workload take seconds).{hang} Fix: raise timeout= "
+                "(--timeout), e.g. 300 (the command line's default).")
+    if in_workload:
+        what = json.dumps(dict(workload or {}))
+        return (f"launch: the preflight hung: the device probe was {spent} of the timeout "
+                f"({timeout:g} s) when it was stopped. The workload {what} does not return: its "
+                "function (or the step's tracing) may wait forever (on input, a lock, a network "
+                "resource), or need more time than the timeout. Fix: check that the workload "
+                "function returns when called alone, or raise timeout= (--timeout).")
+    return (f"launch: the device probe did not answer in {timeout:g} s: it was {spent}. Fix: check "
+            "that 'python -c \"import jax; print(jax.devices())\"' works in this environment.")
 
 
 def _cache_key(env: Mapping[str, str], python: str | None) -> tuple[str, ...]:
@@ -259,16 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     out = _events_out()
     if args.launcher_pipe:
         exit_with_launcher("autoplan device probe")
+    def phase(what: str) -> None:
+        sys.stderr.write(f"{_PHASE} {time.time():.2f} {what}\n")
+        sys.stderr.flush()
+
     try:
+        phase("importing JAX")
         import jax  # noqa: PLC0415
 
+        phase("looking for devices")
         try:
             devices = jax.local_devices()
-        except RuntimeError as err:
+        except Exception as err:  # noqa: BLE001 - RuntimeError, or an AssertionError of a plugin
             want = args.platform or "any platform"
-            raise LaunchError(f"launch: JAX found no devices for {want}: {err}. Fix: check the "
-                              "driver and the jax plugin for it, or pass --platform cpu (platform='cpu') to emulate "
-                              "devices on the CPU.") from err
+            why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise LaunchError(f"launch: JAX found no devices for {want}: {why}. Fix: check the "
+                              "driver and the jax plugin for it (e.g. pip install 'jax[cuda12]' "
+                              "for --platform cuda), or pass --platform cpu (platform='cpu') to "
+                              "emulate devices on the CPU.") from None
         d = devices[0]
         platform = d.platform
         runtime = platform
@@ -285,14 +327,18 @@ def main(argv: list[str] | None = None) -> int:
             from autoplan._loader import load_workload  # noqa: PLC0415
             from autoplan._trace import trace  # noqa: PLC0415
 
+            phase("loading the workload (calling its function)")
             wl = load_workload(json.loads(args.workload), abstract=True)
+            phase("tracing the workload's step")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 graph = trace(wl)
+            from autoplan._plan_check import WorkloadView  # noqa: PLC0415
             from autoplan._signature import workload_signature  # noqa: PLC0415
 
             workload_signature(wl)  # a step no executor can run: refused before any worker
-            rec["workload"] = {"fingerprint": graph.fingerprint, "model": graph.name}
+            rec["workload"] = {"fingerprint": graph.fingerprint, "model": graph.name,
+                               "view": WorkloadView.of(graph, getattr(wl, "config", None)).to_dict()}
     except AutoplanError as err:
         rec = {"error": {"type": type(err).__name__, "message": str(err)}}
     except Exception as err:  # noqa: BLE001 - reported to the launcher, which raises it

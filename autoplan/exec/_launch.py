@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan import _signals
-from autoplan._errors import LaunchError, PlanMismatchError
+from autoplan._errors import LaunchError, NonFiniteError, PlanMismatchError
 from autoplan._loader import workload_spec
 from autoplan.exec._devices import DeviceInfo, preflight
 from autoplan.exec._layout import (
@@ -145,6 +145,8 @@ class LaunchResult:
         wall_time: seconds from launch to the last worker's exit.
         layout: how the workers ran, e.g. ``"2 processes x 4 emulated CPU devices"``.
         ports: the coordinator ports tried, the last one used.
+        nonfinite: empty, or (a launch with ``allow_nonfinite=True``) what was NaN or infinite,
+            as the first process that saw it says, with whether one device computes the same.
     """
 
     losses: dict[int, list[float]]
@@ -155,6 +157,7 @@ class LaunchResult:
     wall_time: float = 0.0
     layout: str = ""
     ports: list[int] = field(default_factory=list)
+    nonfinite: str = ""
 
     @property
     def loss(self) -> list[float]:
@@ -220,14 +223,9 @@ class Watchdog:
             return self.limit * self.check_scale
         return self.limit
 
-    def stalled(self, now: float, running: list[int]) -> str | None:
-        """Why the launch is hung, or None."""
-        limit = self.limit
-        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
-            return None
-        how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
-               f"max({self.floor:g} s, {self.factor:g} x the slowest step "
-               f"{self.slowest * 1e3:.1f} ms)")
+    def where(self, now: float, running: list[int]) -> str:
+        """What each running worker did last: its phase, its last step, how long without
+        progress and where its main thread is (from its last heartbeat)."""
         parts = []
         for w in running:
             b = self.beat[w]
@@ -237,8 +235,18 @@ class Watchdog:
             parts.append(f"worker {w} in phase {b.get('phase', 'starting')!r}{at}, no progress for "
                          f"{now - self.last[w]:.0f} s"
                          + (", at " + " <- ".join(where) if where else ""))
+        return "; ".join(parts)
+
+    def stalled(self, now: float, running: list[int]) -> str | None:
+        """Why the launch is hung, or None."""
+        limit = self.limit
+        if not running or any(now - self.last[w] < self.limit_of(w) for w in running):
+            return None
+        how = (f"hang_timeout={self.fixed:g} s" if self.fixed is not None else
+               f"max({self.floor:g} s, {self.factor:g} x the slowest step "
+               f"{self.slowest * 1e3:.1f} ms)")
         return (f"no worker made progress for {limit:.0f} s (the limit: {how}): "
-                + "; ".join(parts) + ". A hang (a collective waiting for a peer, a deadlock), or "
+                + self.where(now, running) + ". A hang (a collective waiting for a peer, a deadlock), or "
                 "a step or compilation longer than the limit: then raise hang_timeout= "
                 "(--hang-timeout)")
 
@@ -336,7 +344,7 @@ class LaunchHandle:
                  env: Mapping[str, str], *, steps: int, seed: int, check: bool, python: str | None,
                  compiler_options: Mapping[str, Any] | None, timeout: float,
                  hang_timeout: float | None, heartbeat: float, port: int | None,
-                 port_retries: int) -> None:
+                 port_retries: int, allow_nonfinite: bool = False) -> None:
         self.layout = layout
         self.num_processes = layout.num_processes
         self.spec = dict(spec)
@@ -348,6 +356,7 @@ class LaunchHandle:
         self._args = dict(steps=steps, seed=seed, check=check, python=python or sys.executable,
                           compiler_options=compiler_options, heartbeat=heartbeat)
         self._hang_timeout = hang_timeout
+        self._allow_nonfinite = allow_nonfinite
         self._retries_left = port_retries
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.RLock()
@@ -483,8 +492,8 @@ class LaunchHandle:
                     return
                 if now >= self._deadline:
                     self._fail(f"timed out after {now - self._t0:.1f} s with worker(s) {running} "
-                               "still running (a hang, or a timeout too short for the model: "
-                               "raise timeout=)")
+                               f"still running ({self._watchdog.where(now, running)}): a hang, "
+                               "or a timeout too short for the model: raise timeout=")
                     return
                 self._stop.wait(0.05)
         except BaseException as err:  # pragma: no cover - a bug in supervision: never hang
@@ -563,9 +572,19 @@ class LaunchHandle:
         times = {p: list(ev.get("step_times", [])) for p, ev in done.items()}
         flags = [ev.get("matched") for ev in done.values()]
         matched = None if all(f is None for f in flags) else all(bool(f) for f in flags)
+        nonfinite = next((f"process {p}: {ev['nonfinite']}" for p, ev in sorted(done.items())
+                          if ev.get("nonfinite")), "")
+        if nonfinite and not self._allow_nonfinite:
+            self._error = NonFiniteError(
+                f"launch of {self.num_processes} workers ({self.layout.describe()}): the numbers "
+                f"are not finite at {nonfinite} Fix: find where the model overflows (a learning "
+                "rate too high, the log of 0, an input holding inf), or pass "
+                "allow_nonfinite=True (--allow-nonfinite) to accept the run.")
+            self._close()
+            return
         self._result = LaunchResult(losses, times, matched, done, list(self.events),
                                     time.monotonic() - self._t0, self.layout.describe(),
-                                    list(self.ports))
+                                    list(self.ports), nonfinite)
         self._close()
 
     # ---- waiting -----------------------------------------------------------------------
@@ -582,6 +601,8 @@ class LaunchHandle:
         Raises:
             LaunchError: a worker failed, reported an error, hung, or the time ran out; every
                 worker has been killed and the message holds their last stderr lines.
+            NonFiniteError: the workers finished, but a loss or gradient is NaN or infinite
+                (and the launch was not made with ``allow_nonfinite=True``).
             KeyboardInterrupt: interrupted while waiting; the workers are stopped first.
         """
         try:
@@ -718,19 +739,26 @@ def _plan_of(plan: Any) -> tuple[Any, str | None]:
     if isinstance(plan, Plan):
         return plan, None
     if isinstance(plan, (str, os.PathLike)):
-        return Plan.from_json(os.fspath(plan)), os.fspath(plan)
+        from autoplan._plan_check import PlanContradictionWarning  # noqa: PLC0415
+
+        with warnings.catch_warnings():  # a contradiction is refused below: said once, as an error
+            warnings.simplefilter("ignore", PlanContradictionWarning)
+            return Plan.from_json(os.fspath(plan)), os.fspath(plan)
     raise LaunchError(f"launch: plan should be an autoplan Plan or the path of a plan file. Got "
                       f"{type(plan).__name__}. Fix: pass result.best or 'plan.json'.")
 
 
-def _fingerprint_here(workload: Any) -> str:
+def _fingerprint_here(workload: Any) -> tuple[str, Any]:
+    """The fingerprint and :class:`~autoplan._plan_check.WorkloadView` of a workload object."""
     from autoplan._memo import memo  # noqa: PLC0415
+    from autoplan._plan_check import WorkloadView  # noqa: PLC0415
     from autoplan._trace import trace  # noqa: PLC0415
 
-    def make() -> str:
+    def make() -> tuple[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return trace(workload).fingerprint
+            graph = trace(workload)
+        return graph.fingerprint, WorkloadView.of(graph, getattr(workload, "config", None))
     return memo(workload, ("launch", "fingerprint"), make)
 
 
@@ -757,7 +785,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
            platform: str | None = None, per_host: bool = False, python: str | None = None,
            seed: int = 0, compiler_options: Mapping[str, Any] | None = None,
            hang_timeout: float | None = None, heartbeat: float = 2.0, port: int | None = None,
-           port_retries: int = 3) -> LaunchHandle:
+           port_retries: int = 3, allow_nonfinite: bool = False) -> LaunchHandle:
     """Start workers that run ``plan`` together through ``jax.distributed`` on this machine.
 
     Args:
@@ -785,6 +813,9 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         heartbeat: seconds between the workers' heartbeats.
         port: the coordinator port to try first (None: a free one).
         port_retries: how many other ports to try when the coordinator port is taken.
+        allow_nonfinite: accept a run whose loss or gradients hold NaN or infinity (said in
+            ``result.nonfinite``); otherwise :meth:`LaunchHandle.wait` raises
+            :class:`~autoplan.NonFiniteError`, which says whether one device computes the same.
 
     Returns:
         A :class:`LaunchHandle`; call ``.wait()`` for the :class:`LaunchResult`.
@@ -814,13 +845,22 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
                              or not 0 < port < 65536):
         raise LaunchError(f"launch: port should be a TCP port number (1-65535) or None. Got "
                           f"{port!r}.")
+    from autoplan._plan_check import (  # noqa: PLC0415
+        PlatformWarning,
+        WorkloadView,
+        platform_note,
+        refuse_contradictions,
+    )
+
     t0 = time.monotonic()
     plan, plan_path = _plan_of(plan)
+    refuse_contradictions(plan, "launch")  # before the probe: the plan alone
     if num_processes is not None and devices_per_process is not None:  # before any probe
         choose_layout(plan.num_devices, DeviceInfo("cpu", "cpu", 1, "cpu"), num_processes,
                       devices_per_process)
     spec = describe_workload(workload)
-    fingerprint = None if isinstance(workload, (str, Mapping)) else _fingerprint_here(workload)
+    fingerprint, view = (None, None) if isinstance(workload, (str, Mapping)) else \
+        _fingerprint_here(workload)
     if fingerprint is not None:  # (a spec's step is checked by the probe)
         from autoplan._signature import workload_signature  # noqa: PLC0415
 
@@ -840,6 +880,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         info = info or found
         if traced is not None:
             fingerprint = traced["fingerprint"]
+            view = WorkloadView.from_dict(traced["view"]) if traced.get("view") else None
     if fingerprint != plan.fingerprint:
         raise PlanMismatchError(
             f"launch: the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}) "
@@ -847,10 +888,15 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
             "parameters, optimizer state or batch differ in paths, shapes or dtypes. No worker was "
             "started. Fix: launch the workload (with the --size/--batch/--set) the plan was made "
             f"for, or make a plan for this one: autoplan plan {spec_arguments(spec)} -o plan.json.")
+    if view is not None:
+        refuse_contradictions(plan, "launch", view)
     layout = choose_layout(plan.num_devices, info, num_processes, devices_per_process,
                            per_host=per_host, env=wenv,
                            cluster_hint=_cluster_hint(plan, plan_path, spec),
                            requested=platform is not None)
+    note = platform_note(plan.cluster, layout.platform, plan.num_devices)
+    if note is not None:
+        warnings.warn(f"launch: {note}.", PlatformWarning, stacklevel=2)
     left = timeout - (time.monotonic() - t0)
     if left <= 0:
         raise LaunchError(f"launch: the preflight took the whole timeout ({timeout:g} s). Fix: "
@@ -858,4 +904,4 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
     return LaunchHandle(plan.to_json(indent=None), spec, layout, wenv, steps=steps, seed=seed,
                         check=check, python=python, compiler_options=compiler_options,
                         timeout=left, hang_timeout=hang_timeout, heartbeat=heartbeat, port=port,
-                        port_retries=port_retries)
+                        port_retries=port_retries, allow_nonfinite=bool(allow_nonfinite))

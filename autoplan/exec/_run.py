@@ -48,8 +48,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._batchflow import MIXING_NOTE, mixing, random_draws
-from autoplan._errors import ArgumentTypeError, EquivalenceError, ExecutionError, PlanMismatchError
+from autoplan._errors import (
+    ArgumentTypeError,
+    EquivalenceError,
+    ExecutionError,
+    NonFiniteError,
+    PlanMismatchError,
+)
 from autoplan._memo import memo
+from autoplan._options import check_callback, check_tolerance
+from autoplan._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
 from autoplan._signature import StepSignature, step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan._workload import _param_names, as_workload
@@ -135,6 +143,9 @@ class RunReport:
             accumulation, which runs as one scanned program).
         outputs: the last step's results (global arrays), not printed; across processes, a
             pipeline's results held only by other processes' stages are None.
+        nonfinite: empty when every loss (and, with ``check``, every gradient) is finite; else
+            what was not, and whether one device computes the same (a run with
+            ``allow_nonfinite=True``; otherwise :class:`~autoplan.NonFiniteError` is raised).
     """
 
     model: str
@@ -157,6 +168,7 @@ class RunReport:
     constraints_skipped: int = 0
     pipeline: dict[str, Any] = field(default_factory=dict)
     outputs: Any = field(default=None, repr=False)
+    nonfinite: str = ""
 
     @property
     def step_time(self) -> float:
@@ -844,7 +856,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         devices: Sequence[Any] | None = None, *, seed: int = 0, rtol: float = RTOL,
         atol: float = ATOL, on_step: Callable[[int, float, float], None] | None = None,
         time_tasks: bool = True, compiler_options: Mapping[str, Any] | None = None,
-        raise_on_mismatch: bool = True) -> RunReport:
+        raise_on_mismatch: bool = True, allow_nonfinite: bool = False) -> RunReport:
     """Run ``steps`` training steps of a workload under a plan on the devices JAX sees.
 
     Args:
@@ -875,6 +887,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             ``{"xla_backend_optimization_level": 0}`` compiles CPU code several times faster).
         raise_on_mismatch: raise :class:`~autoplan.EquivalenceError` on a mismatch (else only
             record it in ``report.equivalence``).
+        allow_nonfinite: keep a run whose loss or gradients hold NaN or infinity (said in
+            ``report.nonfinite``) instead of raising :class:`~autoplan.NonFiniteError`.
 
     Returns:
         The :class:`RunReport`.
@@ -883,11 +897,20 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         StepSignatureError: the step returns what no executor can run (a loss that is not a
             scalar, results that do not mirror its arguments), before any work.
         PlanMismatchError: the plan was made for another model, argument structure or number of
-            devices.
+            devices, or contradicts the workload (its model, config, inputs' kinds, shapes and
+            dtypes, its stages' layers: see :mod:`autoplan._plan_check`).
+        PlanFileError: the plan contradicts itself (inputs changed after it was made, a
+            schedule kind over another kind's table, a cluster of another device count...).
         EquivalenceError: ``check`` and the results differ from single-device execution.
+        NonFiniteError: a loss (or, with ``check``, a gradient) is NaN or infinite; the message
+            says whether one device computes the same (the model's numbers) or not (the plan's).
         ExecutionError: the plan cannot be executed as given, a program failed while running
             (XLA's error, summarised), or a step that calls back into Python failed on one device
             (it is then not run under the plan); see the message.
+
+    Warns:
+        PlatformWarning: the plan's cluster is of another platform than the devices (a GPU
+            plan on emulated CPU devices): the numbers are checked all the same.
 
     Examples:
         >>> import autoplan, autoplan.exec as ex
@@ -897,9 +920,9 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         >>> report.equivalence.matched
         True
     """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise ExecutionError(f"run: steps should be a non-negative integer. Got {steps!r}. Fix: "
-                             "steps=1 (or 0 to compile only).")
+    rtol, atol = _check_run_options(steps, rtol, atol, on_step, check=check, time_tasks=time_tasks,
+                                    raise_on_mismatch=raise_on_mismatch,
+                                    allow_nonfinite=allow_nonfinite)
     check = check and steps > 0
     r = resolve_workload(workload, seed)
     signature_of(r)  # a step no executor can run is refused before any work
@@ -920,6 +943,11 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
                                         compiler_options, plan.schedule.microbatches)
         if not equivalence.matched and raise_on_mismatch:
             raise EquivalenceError(equivalence.message)
+    nonfinite = _nonfinite_verdict(r, res, equivalence, steps)
+    if nonfinite and not allow_nonfinite:
+        raise NonFiniteError(f"run: the numbers are not finite at {nonfinite} Fix: find where the model overflows (a learning "
+                             "rate too high, the log of 0, an input holding inf), or pass "
+                             "allow_nonfinite=True (--allow-nonfinite) to keep the run.")
     return RunReport(
         model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),
         steps=steps, losses=res["losses"], step_times=res["step_times"],
@@ -929,14 +957,103 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         predicted_step_time=float(plan.predicted.step_time), equivalence=equivalence,
         constraints_applied=res["constraints_applied"],
         constraints_skipped=res["constraints_skipped"], pipeline=res["pipeline"],
-        outputs=res["outputs"])
+        outputs=res["outputs"], nonfinite=nonfinite)
+
+
+def _nonfinite_verdict(r: _Resolved, res: Mapping[str, Any], equivalence: EquivalenceResult | None,
+                       steps: int) -> str:
+    """Empty when the run's losses (and its captured gradients) are finite; else which step
+    first held NaN or infinity, and whether one device computes the same: from the equivalence
+    check when it ran (non-finite values are compared there position by position), else by
+    running the step unsharded on one device."""
+    losses = res["losses"]
+    step, what = None, ""
+    for s, loss in enumerate(losses):
+        bad_grads = sum(1 for g in (res["records"][s].grads if s < len(res["records"]) else ())
+                        if not _all_finite(g))
+        if not math.isfinite(loss) or bad_grads:
+            step = s
+            parts = [f"the loss is {loss}"] if not math.isfinite(loss) else []
+            if bad_grads:
+                parts.append(f"{bad_grads} gradient tensor(s) hold NaN or infinity")
+            what = " and ".join(parts)
+            break
+    if step is None:
+        return ""
+    later = sum(1 for x in losses[step + 1:] if not math.isfinite(x))
+    head = (f"step {step} (of {len(losses)}): {what}"
+            + (f"; the loss of {later} later step(s) is not finite either" if later else "") + ".")
+    inputs = nonfinite_leaves(r.host_args)
+    note = (f" The inputs themselves are not finite: {_listed(inputs)}." if inputs else "")
+    if equivalence is not None:
+        if equivalence.matched:
+            same = ("One device computes the same non-finite values (compared position by "
+                    "position): the model's numbers, not the plan's.")
+        else:
+            same = (f"One device computes other values: the plan's numbers ({equivalence.message})")
+    else:
+        ref = _single_device_losses(r, step + 1)
+        if ref is None:
+            same = "Whether one device computes the same could not be checked."
+        elif not math.isfinite(ref[-1]) or "gradient" in what:
+            same = (f"One device gives the loss {ref[-1]} at step {step} too: the model's "
+                    "numbers, not the plan's (gradients not compared: check=False).")
+        else:
+            same = (f"One device gives the finite loss {ref[-1]:.6g} at step {step}: the plan's "
+                    "numbers differ from the model's.")
+    return f"{head}{note} {same}"
+
+
+def _all_finite(x: Any) -> bool:
+    """Every element of ``x`` that this process holds is finite (integers always are)."""
+    shards = ([np.asarray(sh.data) for sh in x.addressable_shards] if isinstance(x, jax.Array)
+              else [np.asarray(x)])
+    return all(not np.issubdtype(a.dtype, np.inexact) or bool(np.isfinite(a).all()) for a in shards)
+
+
+def _single_device_losses(r: _Resolved, steps: int) -> list[float] | None:
+    """The losses of ``steps`` unsharded steps on this process's first device (each from the
+    last one's parameters and optimizer state), or None when the step cannot be chained."""
+    dev = jax.local_devices()[0]
+    fn = _cached(r, ("single-device step", dev.id), lambda: jax.jit(r.fn))
+    args = jax.device_put(r.host_args, dev)
+    losses = []
+    for s in range(steps):
+        out = fn(*args)
+        losses.append(first_scalar(out[0] if isinstance(out, tuple) else out))
+        if s + 1 < steps:
+            if not (isinstance(out, tuple) and len(out) == 3 and len(args) == 3):
+                return None
+            args = (out[1], out[2], args[2])
+    return losses
+
+
+def _check_run_options(steps: Any, rtol: Any, atol: Any, on_step: Any, **flags: Any
+                       ) -> tuple[float, float]:
+    """Refuse bad options of :func:`run` before any work; the tolerance as floats."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ExecutionError(f"run: steps should be a non-negative integer. Got {steps!r}. Fix: "
+                             "steps=1 (or 0 to compile only).")
+    rtol = check_tolerance("run", "rtol", rtol, ExecutionError, "1e-5")
+    atol = check_tolerance("run", "atol", atol, ExecutionError, "1e-6")
+    check_callback("run", "on_step", on_step, ExecutionError, "(step, loss, seconds)")
+    for name, flag in flags.items():
+        if not isinstance(flag, bool | np.bool_):
+            raise ExecutionError(f"run: {name} should be True or False. Got {flag!r}. Fix: "
+                                 f"{name}=True.")
+    return rtol, atol
 
 
 def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
                 compiler_options: Mapping[str, Any] | None) -> None:
-    """Refuse a plan made for another model, argument structure or number of devices; with
-    several devices, check that the step runs at all (:func:`_preflight`)."""
+    """Refuse a plan that contradicts itself or the workload, or is made for another model,
+    argument structure or number of devices (a note when it runs on another platform than its
+    cluster's); with several devices, check that the step runs at all (:func:`_preflight`)."""
     plan.check_matches(graph, num_devices=len(devices))
+    refuse_contradictions(plan, "run", WorkloadView.of(graph, getattr(r.source, "config", None)))
+    note = platform_note(plan.cluster, devices[0].platform, len(devices)) if devices else None
+    if note is not None:
+        warnings.warn(f"run: {note}.", PlatformWarning, stacklevel=3)
     if len(devices) != plan.num_devices:  # pragma: no cover - check_matches covers it
         raise PlanMismatchError(f"the plan uses {plan.num_devices} devices; {len(devices)} given.")
     plan.partition_specs(like=_abstract(r.host_args))  # raises PlanMismatchError on another argument structure

@@ -443,8 +443,9 @@ def main(argv: list[str] | None = None) -> int:
             progress.set("running" if step + 1 < args.steps else "checking", step)
             _maybe_fail(step + 1, events.process, nproc)
 
+        # non-finite numbers are reported in the done event: the launcher decides (allow_nonfinite)
         report = run(plan, workload, steps=args.steps, check=not args.no_check, on_step=on_step,
-                     compiler_options=opts, raise_on_mismatch=False)
+                     compiler_options=opts, raise_on_mismatch=False, allow_nonfinite=True)
         eq = report.equivalence
         progress.set("done")
         index = {d.id: k for k, d in enumerate(jax.devices())}  # the plan's device numbering
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                     equivalence=None if eq is None else eq.message,
                     comm_bytes=report.comm_bytes, peak_memory=report.peak_memory,
                     devices=report.num_devices, executed_on=sorted(index[i] for i in report.memory),
-                    dispatches=report.pipeline.get("dispatches"))
+                    dispatches=report.pipeline.get("dispatches"), nonfinite=report.nonfinite)
         sys.stderr.flush()
         return 0
     except BaseException as err:  # report everything, including KeyboardInterrupt

@@ -39,6 +39,13 @@ from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._options import (
+    cache_max_bytes,
+    check_callback,
+    check_memory_budget,
+    check_mesh_shape,
+    check_search_cluster,
+)
 from autoplan._plan import LEVELS, Plan
 from autoplan._workload import as_workload, is_workload_like
 from autoplan.search._parallel import (
@@ -372,6 +379,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     if not isinstance(cache, bool):
         raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
                           "to search without the plan cache.")
+    check_callback("search", "progress", progress, SearchError)
+    check_callback("search", "partial", partial, SearchError, "(result)")
+    if cache:
+        cache_max_bytes(_cache.MAX_BYTES)  # a bad $AUTOPLAN_CACHE_MAX_BYTES: said before any work
     check_not_bootstrapping()
     report = progress or (lambda msg, frac: None)
     t_start = time.perf_counter()
@@ -490,6 +501,9 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
                           f"{type(cluster).__name__}.")
+    check_memory_budget("search", options["memory_budget"], SearchError)
+    check_mesh_shape("search", options["mesh_shape"], SearchError)
+    check_search_cluster("search", cluster, SearchError)
     return cluster
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError
 from autoplan._graph import OpGraph
+from autoplan._options import require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search._parallel import Task, resolve_workers, run_tasks
 from autoplan.search.intra._pins import data_parallel_pins, megatron_pins
@@ -106,6 +107,8 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
                    pipeline: bool = False, workers: int | None = None) -> list[Plan]:
     """The baselines that apply to this graph and cluster (see the module docstring), the
     intra-operator ones solved on ``workers`` processes (as :func:`autoplan.search`)."""
+    require_graph("baseline_plans", graph)
+    require_instance("baseline_plans", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
     tasks = baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
     outcomes = run_tasks(tasks, workers=resolve_workers(workers, len(graph)))
     out = [p for o in outcomes if (p := o.result()) is not None]

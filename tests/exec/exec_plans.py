@@ -61,7 +61,10 @@ def _grad_bytes(graph: Any) -> float:
 
 
 def _plan(wl: Any, graph: Any, stages, inputs, schedule, comm, label: str) -> Plan:
-    return Plan(model=wl.name, fingerprint=graph.fingerprint, cluster=autoplan.Cluster.parse("cpu:8"),
+    # the cluster has the devices the stages use (a plan's cluster is what it was made for)
+    devices = sum(s.num_devices for s in stages)
+    return Plan(model=wl.name, fingerprint=graph.fingerprint,
+                cluster=autoplan.Cluster.parse(f"cpu:{devices}"),
                 stages=tuple(stages), inputs=inputs, schedule=schedule,
                 predicted=Predicted(step_time=0.0, throughput=0.0, memory_per_device=0.0,
                                     comm_bytes=comm),

@@ -61,6 +61,7 @@ import numpy as np
 from autoplan._errors import ArgumentError
 from autoplan._graph import OpGraph
 from autoplan._operands import operand_arrays
+from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import (
     batch_inputs,
     data_dependent,
@@ -218,6 +219,7 @@ def cones(graph: OpGraph, opt_level: str = "O2", *, level: str | None = None) ->
         >>> [(c.root, c.ops) for c in cones(g, "O3")]
         [(3, (0, 1, 2, 3))]
     """
+    require_graph("cones", graph)
     if level is not None:
         warnings.warn("cones(level=...) is deprecated and will be removed in the next release; use "
                       "cones(opt_level=...) (TePDist's optimization level).", DeprecationWarning,
@@ -394,6 +396,7 @@ def critical_nodes(graph: OpGraph, part: str = "all") -> list[int]:
         >>> critical_nodes(g)
         [0, 1, 2, 3, 4]
     """
+    require_graph("critical_nodes", graph)
     return _critical_of(graph, main_part(graph, part))
 
 
@@ -454,6 +457,7 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
     Returns:
         The segments in chain order; they partition the operators.
     """
+    require_graph("segments", graph)
     if granularity not in ("layer", "critical"):
         raise ArgumentError(f"segments: granularity should be 'layer' or 'critical'. Got "
                             f"{granularity!r}. Fix: pass granularity='layer' or 'critical'.")

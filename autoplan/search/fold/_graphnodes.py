@@ -44,6 +44,7 @@ import numpy as np
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._operands import index_in_run, operand_arrays
+from autoplan._options import require_graph
 
 __all__ = [
     "GraphNode",
@@ -367,6 +368,7 @@ def group_graphnodes(graph: OpGraph) -> GraphNodeGraph:
         >>> [n.label for n in group_graphnodes(g)]
         ['dot_general+broadcast_in_dim+add+tanh', 'reduce_sum']
     """
+    require_graph("group_graphnodes", graph)
     ops = graph.ops
     group_of, g_main, g_kind, g_role, final = _group(graph)
     # number the GraphNodes in order of their first operator: a GraphNode's first operator is the

@@ -62,6 +62,7 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._names import unit_name
 from autoplan._operands import operand_arrays, runs
+from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
@@ -316,6 +317,7 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
         SearchError: ``num_layers`` is not a positive integer or exceeds the number of units, or
             ``max_layers`` is not a positive integer or None.
     """
+    require_graph("group_layers", graph)
     units = _units(graph)
     if not units:
         raise SearchError("group_layers: the graph has no forward operators to group.")

@@ -99,6 +99,7 @@ from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays
+from autoplan._options import require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search.fold._layers import (
     _forward,
@@ -259,6 +260,8 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     The plan's operators name their layers as every view does
     (:func:`~autoplan.search.fold._layers.op_layer_names`): the pipeline search's layers.
     """
+    require_graph("level_search", graph)
+    require_instance("level_search", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
     res = _level_search(graph, cluster, mesh_shape, level=level, memory_budget=memory_budget,
                         pin=pin, time_limit=time_limit, config=config, label=label,
                         max_ilps=max_ilps)

@@ -62,6 +62,7 @@ import numpy as np
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._operands import index_in_run, operand_arrays, runs
+from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
 
 __all__ = ["RepeatedClass", "MiningResult", "mine", "canonical_hash"]
@@ -891,6 +892,7 @@ def mine(graph: OpGraph, min_support: int = 2, min_size: int = 8, *,
         >>> [c.count for c in r.classes], r.fold_ratio > 1
         ([4], True)
     """
+    require_graph("mine", graph)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     gng = graphnodes if graphnodes is not None else group_graphnodes(graph)

@@ -93,6 +93,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays, runs
+from autoplan._options import require_graph, require_instance
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._pins import pinned_by, pins_key
@@ -1158,6 +1159,8 @@ def evaluate(graph: OpGraph, mesh: LogicalMesh, choice: Mapping[int | str, int],
     Returns:
         The objective in seconds.
     """
+    require_graph("evaluate", graph)
+    require_instance("evaluate", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins,
                                     count_unmerged=False)
     return _breakdown(prob, _choice_vector(prob, choice)).objective
@@ -1551,6 +1554,8 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             (``least_memory``, exact).
         SearchError: invalid pins, fixed specs or operator ids.
     """
+    require_graph("solve_ilp", graph)
+    require_instance("solve_ilp", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins)
     least = _check_problem(prob, mesh, memory_budget)
     t0 = time.perf_counter()

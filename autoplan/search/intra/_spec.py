@@ -27,6 +27,7 @@ from typing import Any
 from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
+from autoplan._options import require_instance
 from autoplan._spec import Spec, split_error, tile_count
 
 __all__ = [
@@ -166,6 +167,7 @@ def enumerate_specs(shape: Sequence[int], mesh: LogicalMesh,
         >>> [alpa_name(s, mesh) for s in enumerate_specs((8, 8), mesh)]
         ['RR', 'S^1R', 'RS^1', 'S^0R', 'S^01R', 'S^0S^1', 'RS^0', 'S^1S^0', 'RS^01']
     """
+    require_instance("enumerate_specs", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     return list(_enumerate(tuple(int(d) for d in shape), tuple(mesh.axis_names),
                            tuple(mesh.shape), max_split_dims))
 

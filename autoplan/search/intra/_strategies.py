@@ -88,6 +88,7 @@ from autoplan._dtype import dtype_bytes, is_partitionable_key
 from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays
+from autoplan._options import require_instance
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._reshard import mesh_id
@@ -1010,6 +1011,8 @@ def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
          'RS(y) x S(y)R -> RR (all-reduce y)', 'RS(y) x S(y)R -> S(y)R (reduce-scatter y)',
          'RS(y) x S(y)R -> RS(y) (reduce-scatter y)']
     """
+    require_instance("strategies", "op", op, OpNode, "pass one of graph.ops")
+    require_instance("strategies", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     ctx = _context(op, graph)
     key = (mesh_id(mesh), _op_key(op), ctx)
     hit = _STRAT_CACHE.get(key)
