@@ -15,6 +15,12 @@ __all__ = ["describe", "summary", "plan_html"]
 #: inputs listed in a plan's HTML table; the rest are counted
 HTML_INPUTS = 200
 
+#: the summary's line on the schedules beyond GPipe and 1F1B
+_SCHEDULE_NOTES = {
+    "interleaved": "{v} virtual stages per mesh (stage s runs on mesh s mod {P})",
+    "zb-h1": "each backward split into B (input gradient) and W (weight gradient, deferred)",
+}
+
 
 def describe(plan: Any) -> str:
     """A one-line description: stages and their logical meshes."""
@@ -24,7 +30,11 @@ def describe(plan: Any) -> str:
             desc += f", {plan.schedule.microbatches} mb accumulated"
         return desc
     meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in plan.stages)
-    return f"{len(plan.stages)} stages ({plan.schedule.kind}, {plan.schedule.microbatches} mb): {meshes}"
+    sch = plan.schedule
+    if sch.virtual_stages > 1:  # interleaved: stage s runs on mesh s mod P
+        return (f"{len(plan.stages)} stages on {sch.num_meshes} meshes ({sch.kind}, "
+                f"v={sch.virtual_stages}, {sch.microbatches} mb): {meshes}")
+    return f"{len(plan.stages)} stages ({sch.kind}, {sch.microbatches} mb): {meshes}"
 
 
 def summary(plan: Any) -> str:
@@ -43,8 +53,12 @@ def summary(plan: Any) -> str:
         f"   bubble {p.bubble_fraction * 100:.1f}%",
         "  communication   : " + (", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in
                                          sorted(p.comm_bytes.items()) if v) or "none"),
-        "  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB",
     ]
+    if plan.is_pipeline and plan.schedule.kind in _SCHEDULE_NOTES:
+        lines.append(f"  schedule        : {plan.schedule.kind}, "
+                     + _SCHEDULE_NOTES[plan.schedule.kind].format(v=plan.schedule.virtual_stages,
+                                                                  P=plan.schedule.num_meshes))
+    lines.append("  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   mem GiB")
     for s in plan.stages:
         rng = _layer_span(s.layers)
         lines.append(f"  {s.index:>5}  {rng:<28}  {s.submesh_shape[0]}x{s.submesh_shape[1]:<5}  "
