@@ -7,8 +7,8 @@ from dataclasses import astuple, replace
 
 import pytest
 
-from autoplan._schedule import schedule_events, schedule_table
 from autoplan._plan import Schedule
+from autoplan._schedule import schedule_events, schedule_table
 from autoplan.viz import timeline_figure
 from autoplan.viz._pipeline import GROUP_EVENTS, kind_color
 
