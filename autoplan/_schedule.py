@@ -283,28 +283,27 @@ def _zb_h1_orders(S: int, m: int) -> tuple[tuple[Task, ...], ...]:
     ``min(S - j, m)`` of the mesh's micro-batches are between forward and ``B`` and fewer than
     ``min(S, m)`` between forward and ``W``; else its ready ``B``; else its oldest deferred
     ``W``."""
-    done: dict[Task, int] = {}
+    never = 3 * S * m + 1  # the clock of a task not run yet
+    fdone = [[never] * m for _ in range(S)]  # clock of forward (stage, micro-batch)
+    bdone = [[never] * m for _ in range(S)]
     nf, nb, nw = [0] * S, [0] * S, [0] * S
     orders: list[list[Task]] = [[] for _ in range(S)]
     left, t = 3 * S * m, 0
-
-    def ready(task: Task) -> bool:
-        return all(done.get(d, t) < t for d in task_deps(task, S))
-
     while left:
         for j in range(S):
-            f, b, w = Task(nf[j], j, "forward"), Task(nb[j], j, "backward"), Task(nw[j], j, "weight")
-            if (nf[j] < m and nf[j] - nb[j] < min(S - j, m) and nf[j] - nw[j] < min(S, m)
-                    and ready(f)):
-                pick, nf[j] = f, nf[j] + 1
-            elif nb[j] < m and ready(b):
-                pick, nb[j] = b, nb[j] + 1
-            elif nw[j] < nb[j] and ready(w):
-                pick, nw[j] = w, nw[j] + 1
+            f, b, w = nf[j], nb[j], nw[j]
+            if (f < m and f - b < min(S - j, m) and f - w < min(S, m)
+                    and (j == 0 or fdone[j - 1][f] < t)):
+                orders[j].append(Task(f, j, "forward"))
+                fdone[j][f], nf[j] = t, f + 1
+            elif b < m and fdone[j][b] < t and (j == S - 1 or bdone[j + 1][b] < t):
+                orders[j].append(Task(b, j, "backward"))
+                bdone[j][b], nb[j] = t, b + 1
+            elif w < b and bdone[j][w] < t:
+                orders[j].append(Task(w, j, "weight"))
+                nw[j] = w + 1
             else:
                 continue
-            done[pick] = t
-            orders[j].append(pick)
             left -= 1
         t += 1
     return tuple(tuple(o) for o in orders)
