@@ -481,7 +481,7 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
     stages = c.array(d["stages"], "stages", "stage records", min_len=1)
     views = [c.stage(s, f"stages[{k}]", k, cluster) for k, s in enumerate(stages)]
     owner: dict[int, int] = {}
-    P = _schedule_meshes(d.get("schedule"), len(views))
+    P = _schedule_meshes(c, d.get("schedule"), len(views))
     for k, v in enumerate(views):
         if k >= P:  # an interleaved schedule's later chunks run on the meshes of the first P
             if list(v["ids"]) != list(views[k % P]["ids"]):
@@ -688,12 +688,15 @@ def _add_leaf(c: _Checker, tree: dict, leaf: str, path: str, k: int) -> None:
         node = node.setdefault("children", {}).setdefault(key, {})
 
 
-def _schedule_meshes(sd: Any, num_stages: int) -> int:
-    """The meshes of a schedule record read leniently (its ``virtual_stages`` is checked with the
-    schedule): ``num_stages / virtual_stages`` when that divides, else ``num_stages``."""
-    v = sd.get("virtual_stages", 1) if isinstance(sd, Mapping) else 1
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or num_stages % v:
-        return num_stages
+def _schedule_meshes(c: _Checker, sd: Any, num_stages: int) -> int:
+    """The meshes of the stages, ``num_stages / virtual_stages`` (read before the stages'
+    devices are checked: an interleaved schedule's chunks share their mesh's devices)."""
+    if not isinstance(sd, Mapping):
+        return num_stages  # (the schedule's own check says what it should be)
+    v = c.integer(sd.get("virtual_stages", 1), "schedule.virtual_stages", 1)
+    if num_stages % v:
+        c.fail("schedule.virtual_stages", f"a divisor of the {num_stages} stages (v chunks on "
+               "each of num_stages / v meshes)", v)
     return num_stages // v
 
 
