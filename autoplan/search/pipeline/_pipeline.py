@@ -1352,7 +1352,9 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
 
     * memory for in-flight activations: GPipe ``B``, 1F1B ``min(S - s, B)`` micro-batches on
       stage ``s``; ZB-H1 the simulated peak between a forward and its ``W`` (deferring ``W``
-      holds its inputs: at most ``min(S, B)``); interleaved, per mesh, its chunks' resident
+      holds its inputs: at most ``min(S, B)``; with rematerialised layers the saved
+      activations are the checkpoints, and a deferred ``W`` either keeps what ``B`` recomputed
+      or recomputes it, which this does not count); interleaved, per mesh, its chunks' resident
       bytes plus its simulated peak of chunk micro-batches times its largest chunk's
       activations;
     * ZB-H1's ``W`` of a stage is its layers' backward times their weight-gradient FLOP share
