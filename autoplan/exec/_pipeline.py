@@ -45,6 +45,13 @@ each *task* (phase, stage) a program jitted on the stage's submesh (``plan.mesh(
   accumulation costs no dispatch of its own;
 * ``update[s]`` once per step: the means of the sums it reads, then the stage's update operators.
 
+A ZB-H1 table (``weight`` tasks) splits each stage's backward in two tasks:
+``backward[s]`` (``B``) holds the backward operators whose results another stage's
+per-micro-batch task reads, and everything those read; ``weight[s]`` (``W``) the rest, which feed
+only the accumulated weight gradients (:func:`_split_weight_passes`). An interleaved plan's
+stages are model chunks, stage ``s`` on the devices of mesh ``s mod P``; each chunk is a stage
+here, and the CPU waits below are per mesh.
+
 This is the fewest dispatches the schedule allows: a stage cannot run the forwards of several
 micro-batches as one program without making the next stage wait for all of them (GPipe would
 then run the stages one after the other, ``S m (f + b)`` instead of ``(m + S - 1)(f + b)``), and
