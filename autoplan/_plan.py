@@ -275,11 +275,15 @@ class Schedule:
     """A pipeline schedule.
 
     Attributes:
-        kind: ``"gpipe"`` or ``"1f1b"`` (``"none"`` for a single stage).
+        kind: ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` (1F1B over ``virtual_stages`` model
+            chunks per mesh) or ``"zb-h1"`` (the backward split into ``backward``, the input
+            gradient, and ``weight``, the weight gradient); ``"none"`` for a single stage.
         microbatches: number of micro-batches.
-        num_stages: number of stages.
+        num_stages: number of stages (model chunks for interleaved: stage ``s`` runs on mesh
+            ``s mod (num_stages / virtual_stages)``, and shares that mesh's devices).
         table: rows = clock ticks, columns = meshes; entries ``(micro-batch, stage, kind)`` or None.
         events: ``(start, end, mesh, micro-batch, stage, kind)`` with predicted times.
+        virtual_stages: stages per mesh ``v`` (1 but for interleaved).
     """
 
     kind: str
@@ -287,6 +291,12 @@ class Schedule:
     num_stages: int
     table: tuple[tuple[tuple[int, int, str] | None, ...], ...] = ()
     events: tuple[tuple[float, float, int, int, int, str], ...] = ()
+    virtual_stages: int = 1
+
+    @property
+    def num_meshes(self) -> int:
+        """The pipeline's meshes (the table's columns): ``num_stages / virtual_stages``."""
+        return self.num_stages // max(self.virtual_stages, 1)
 
     def __post_init__(self) -> None:
         freeze_fields(self)
@@ -379,7 +389,8 @@ class Plan:
     # ---- structure ---------------------------------------------------------------------
     @property
     def num_devices(self) -> int:
-        return sum(s.num_devices for s in self.stages)
+        # an interleaved schedule's chunks share their mesh's devices: each mesh counts once
+        return sum(s.num_devices for s in self.stages[:self.schedule.num_meshes])
 
     @property
     def is_pipeline(self) -> bool:

@@ -19,6 +19,12 @@ HTML_INPUTS = 200
 #: notes the summary shows: what running the plan changes about the step
 _CAVEATS = (RANDOM_NOTE, MIXING_NOTE)
 
+#: the summary's line on the schedules beyond GPipe and 1F1B
+_SCHEDULE_NOTES = {
+    "interleaved": "{v} virtual stages per mesh (stage s runs on mesh s mod {P})",
+    "zb-h1": "each backward split into B (input gradient) and W (weight gradient, deferred)",
+}
+
 
 def describe(plan: Any) -> str:
     """A one-line description: stages and their logical meshes."""
@@ -28,7 +34,11 @@ def describe(plan: Any) -> str:
             desc += f", {plan.schedule.microbatches} mb accumulated"
         return desc
     meshes = " | ".join(f"{len(s.layers)}L@{'x'.join(map(str, s.mesh_shape))}" for s in plan.stages)
-    return f"{len(plan.stages)} stages ({plan.schedule.kind}, {plan.schedule.microbatches} mb): {meshes}"
+    sch = plan.schedule
+    if sch.virtual_stages > 1:  # interleaved: stage s runs on mesh s mod P
+        return (f"{len(plan.stages)} stages on {sch.num_meshes} meshes ({sch.kind}, "
+                f"v={sch.virtual_stages}, {sch.microbatches} mb): {meshes}")
+    return f"{len(plan.stages)} stages ({sch.kind}, {sch.microbatches} mb): {meshes}"
 
 
 _BYTE_UNITS = ((2.0 ** 40, "TiB"), (2.0 ** 30, "GiB"), (2.0 ** 20, "MiB"), (2.0 ** 10, "KiB"))
@@ -62,6 +72,10 @@ def summary(plan: Any) -> str:
         "  communication   : " + (", ".join(f"{k} {_bytes(v)}" for k, v in
                                          sorted(p.comm_bytes.items()) if v) or "none"),
     ]
+    if plan.is_pipeline and plan.schedule.kind in _SCHEDULE_NOTES:
+        lines.append(f"  schedule        : {plan.schedule.kind}, "
+                     + _SCHEDULE_NOTES[plan.schedule.kind].format(v=plan.schedule.virtual_stages,
+                                                                  P=plan.schedule.num_meshes))
     # the stages' memory in one unit, the one their largest calls for
     mem_u, mem_name = _byte_unit(max((s.memory for s in plan.stages), default=0.0))
     lines.append("  stage  layers                        submesh  mesh     devices  fwd ms   bwd ms   "

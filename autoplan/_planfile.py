@@ -20,7 +20,8 @@ the value found, and the fix. What is checked:
 * **Stages and meshes.** ``index`` is the stage's position; ``submesh_shape`` ``(hosts, devices
   per host)`` fits the cluster (files written before the field had that name say ``submesh``);
   ``device_ids`` are ``hosts x devices per host`` distinct cluster device ids, on ``hosts`` hosts
-  with that many devices each, used by no other stage; ``mesh_shape`` multiplies to the
+  with that many devices each, used by no other stage (but for an interleaved schedule's chunks
+  of one mesh, which list the same ids); ``mesh_shape`` multiplies to the
   submesh's device count and ``axis_names`` gives one distinct name per mesh axis.
 * **Specs.** Every input's and every operator tensor's spec has one entry per dimension, names
   only mesh axes of its stage, uses an axis at most once, and splits a dimension only over axes
@@ -32,11 +33,14 @@ the value found, and the fix. What is checked:
 * **Inputs.** ``(arg, path)`` pairs are unique, one argument has one name, the paths of one
   argument form a tree (no leaf inside another leaf), and ``stage`` is a stage of the plan.
 * **Schedule.** ``num_stages`` is the number of stages; the kind is ``none`` (one stage),
-  ``gpipe`` or ``1f1b``; the micro-batches divide the batch (``config["batch"]`` when recorded,
-  and the leading dimension of every ``batch`` input); the table, when present, has one column per
-  mesh and holds every ``(micro-batch, stage, forward/backward)`` task exactly once, in its
-  stage's column, after the tasks it depends on; the events, when present, hold every task once
-  with ``start <= end``.
+  ``gpipe``, ``1f1b``, ``interleaved`` or ``zb-h1``; ``virtual_stages`` (``v``, default 1, more
+  only for ``interleaved``) divides the stages into ``P = S / v`` meshes, and stage ``s >= P``
+  lists the devices of stage ``s mod P``; the micro-batches divide the batch
+  (``config["batch"]`` when recorded, and the leading dimension of every ``batch`` input) and,
+  interleaved, are a multiple of ``P``; the table, when present, has one column per mesh and
+  holds every ``(micro-batch, stage, forward/backward)`` task (and for ``zb-h1`` every
+  ``weight`` task) exactly once, in its stage's mesh's column, after the tasks it depends on;
+  the events, when present, hold every task once with ``start <= end`` on its stage's mesh.
 * **Analysis.** ``analysis``, when not null, is an object whose ``layers`` is a list of objects
   with a ``name`` (what :func:`autoplan.viz.graph_figure` reads), holding finite numbers only.
 """
@@ -477,7 +481,14 @@ def validate_plan_dict(d: Any, fields: FieldSets, build_cluster: Callable[[Mappi
     stages = c.array(d["stages"], "stages", "stage records", min_len=1)
     views = [c.stage(s, f"stages[{k}]", k, cluster) for k, s in enumerate(stages)]
     owner: dict[int, int] = {}
+    P = _schedule_meshes(c, d.get("schedule"), len(views))
     for k, v in enumerate(views):
+        if k >= P:  # an interleaved schedule's later chunks run on the meshes of the first P
+            if list(v["ids"]) != list(views[k % P]["ids"]):
+                c.fail(f"stages[{k}].device_ids", f"the devices of stages[{k % P}] (an interleaved "
+                       f"schedule runs stage {k} on mesh {k % P})", v["ids"],
+                       "give each chunk of a mesh the same device ids")
+            continue
         for j, dev in enumerate(v["ids"]):
             if dev in owner:
                 want = (f"a device this stage lists once (device {dev} is listed twice)"
@@ -677,6 +688,18 @@ def _add_leaf(c: _Checker, tree: dict, leaf: str, path: str, k: int) -> None:
         node = node.setdefault("children", {}).setdefault(key, {})
 
 
+def _schedule_meshes(c: _Checker, sd: Any, num_stages: int) -> int:
+    """The meshes of the stages, ``num_stages / virtual_stages`` (read before the stages'
+    devices are checked: an interleaved schedule's chunks share their mesh's devices)."""
+    if not isinstance(sd, Mapping):
+        return num_stages  # (the schedule's own check says what it should be)
+    v = c.integer(sd.get("virtual_stages", 1), "schedule.virtual_stages", 1)
+    if num_stages % v:
+        c.fail("schedule.virtual_stages", f"a divisor of the {num_stages} stages (v chunks on "
+               "each of num_stages / v meshes)", v)
+    return num_stages // v
+
+
 def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, Any],
                     inputs: list) -> None:
     s = c.obj(sd, "schedule", "schedule")
@@ -684,9 +707,19 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
     m = c.integer(s["microbatches"], "schedule.microbatches", 1)
     if c.integer(s["num_stages"], "schedule.num_stages", 1) != num_stages:
         c.fail("schedule.num_stages", f"{num_stages}, the number of stages", s["num_stages"])
-    if kind not in ("none", "gpipe", "1f1b") or (kind == "none" and num_stages > 1):
-        want = "'gpipe' or '1f1b'" if num_stages > 1 else "'none', 'gpipe' or '1f1b'"
-        c.fail("schedule.kind", want, kind)
+    kinds = ("gpipe", "1f1b", "interleaved", "zb-h1")
+    if kind not in ("none", *kinds) or (kind == "none" and num_stages > 1):
+        want = ", ".join(map(repr, kinds if num_stages > 1 else ("none", *kinds)))
+        c.fail("schedule.kind", f"one of {want}", kind)
+    v = c.integer(s.get("virtual_stages", 1), "schedule.virtual_stages", 1)
+    if v > 1 and kind != "interleaved":
+        c.fail("schedule.virtual_stages", f"1 for a {kind!r} schedule (only 'interleaved' has "
+               "virtual stages)", v)
+    if num_stages % v or (v > 1 and m % (num_stages // v)):
+        c.fail("schedule.virtual_stages", f"a divisor of the {num_stages} stages whose meshes "
+               f"({num_stages} / virtual_stages) divide the {m} micro-batches", v)
+    P = num_stages // v
+    task_kinds = _KINDS + ("weight",) if kind == "zb-h1" else _KINDS
     batch = config.get("batch")
     if batch is not None:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -703,31 +736,32 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
                 c.fail("schedule.microbatches", f"a divisor of the leading dimension of every batch "
                        f"input (inputs[{k}] has shape {i['shape']})", m,
                        "use a micro-batch count that divides the batch")
-    n_tasks = 2 * m * num_stages
+    n_tasks = len(task_kinds) * m * num_stages
     table = c.array(s.get("table", []), "schedule.table", "rows")
     events = c.array(s.get("events", []), "schedule.events", "events")
     for t, row in enumerate(table):
-        if not isinstance(row, list | tuple) or len(row) != num_stages:
-            c.fail(f"schedule.table[{t}]", f"a row of {num_stages} entries (one per mesh)", row)
+        if not isinstance(row, list | tuple) or len(row) != P:
+            c.fail(f"schedule.table[{t}]", f"a row of {P} entries (one per mesh)", row)
     if table or events:
         # counted before the set of tasks is made: a huge micro-batch count must not make it
         count = (sum(not _is_update(e) for e in events) if events
                  else sum(e is not None for row in table for e in row))
         if count != n_tasks:
-            c.fail("schedule.events" if events else "schedule.table", f"{n_tasks} tasks (a forward "
-                   f"and a backward of each of {m} micro-batches on each of {num_stages} stages)",
-                   f"{count} tasks", "re-create the plan's schedule")
-        tasks = {(b, st, kd) for b in range(m) for st in range(num_stages) for kd in _KINDS}
+            c.fail("schedule.events" if events else "schedule.table", f"{n_tasks} tasks (a "
+                   f"{', a '.join(task_kinds)} of each of {m} micro-batches on each of "
+                   f"{num_stages} stages)", f"{count} tasks", "re-create the plan's schedule")
+        tasks = {(b, st, kd) for b in range(m) for st in range(num_stages) for kd in task_kinds}
     if table:
         when: dict[tuple[int, int, str], int] = {}
         for t, row in enumerate(table):
             for j, e in enumerate(row):
                 if e is None:
                     continue
-                task = _task(c, e, f"schedule.table[{t}][{j}]", m, num_stages)
-                if task[1] != j:
+                task = _task(c, e, f"schedule.table[{t}][{j}]", m, num_stages, kinds=task_kinds)
+                if task[1] % P != j:
                     c.fail(f"schedule.table[{t}][{j}]", f"a task of stage {j} (column {j} is stage "
-                           f"{j}'s mesh)", e)
+                           f"{j}'s mesh)" if P == num_stages else f"a task of a stage s with s mod "
+                           f"{P} = {j} (column {j} is their mesh)", e)
                 if task in when:
                     c.fail(f"schedule.table[{t}][{j}]", f"a task not scheduled already (clock "
                            f"{when[task]} runs it)", e)
@@ -757,13 +791,13 @@ def _check_schedule(c: _Checker, sd: Any, num_stages: int, config: Mapping[str, 
                 st = c.integer(e[4], f"{p}[4]")
                 if st >= num_stages or st in updated:
                     c.fail(f"{p}[4]", f"a stage below {num_stages} with no other update event", st)
-                if c.integer(e[2], f"{p}[2]") != st:
-                    c.fail(f"{p}[2]", f"the mesh of stage {st} ({st})", e[2])
+                if c.integer(e[2], f"{p}[2]") != st % P:
+                    c.fail(f"{p}[2]", f"the mesh of stage {st} ({st % P})", e[2])
                 updated.add(st)
                 continue
-            task = _task(c, e[3:], p, m, num_stages, offset=3)
-            if c.integer(e[2], f"{p}[2]") != task[1]:
-                c.fail(f"{p}[2]", f"the mesh of stage {task[1]} ({task[1]})", e[2])
+            task = _task(c, e[3:], p, m, num_stages, offset=3, kinds=task_kinds)
+            if c.integer(e[2], f"{p}[2]") != task[1] % P:
+                c.fail(f"{p}[2]", f"the mesh of stage {task[1]} ({task[1] % P})", e[2])
             if task in got:
                 c.fail(p, "an event of a task no other event runs", e)
             got.add(task)
@@ -779,15 +813,15 @@ def _is_update(e: Any) -> bool:
 
 
 def _task(c: _Checker, e: Any, path: str, m: int, num_stages: int,
-          offset: int = 0) -> tuple[int, int, str]:
+          offset: int = 0, kinds: tuple[str, ...] = _KINDS) -> tuple[int, int, str]:
     if not isinstance(e, list | tuple) or len(e) != 3:
-        c.fail(path, "null or a task [micro-batch, stage, 'forward' or 'backward']", e)
+        c.fail(path, f"null or a task [micro-batch, stage, {' or '.join(map(repr, kinds))}]", e)
     b = c.integer(e[0], f"{path}[{offset}]")
     if b >= m:
         c.fail(f"{path}[{offset}]", f"a micro-batch index below {m}", b)
     st = c.integer(e[1], f"{path}[{offset + 1}]")
     if st >= num_stages:
         c.fail(f"{path}[{offset + 1}]", f"a stage index below {num_stages}", st)
-    if e[2] not in _KINDS:
-        c.fail(f"{path}[{offset + 2}]", "'forward' or 'backward'", e[2])
+    if e[2] not in kinds:
+        c.fail(f"{path}[{offset + 2}]", " or ".join(map(repr, kinds)), e[2])
     return b, st, e[2]

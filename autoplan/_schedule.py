@@ -1,18 +1,23 @@
-"""Pipeline schedules (GPipe and 1F1B): per-mesh task orders, their clock tables, their timed
-simulation, a plan's table read back into an order, and the makespan of an order. The one
-schedule module of autoplan: the pipeline search, the executor, the figures, the tests and the
-benchmarks all use it; it depends on nothing but the error classes.
+"""Pipeline schedules (GPipe, 1F1B, interleaved 1F1B and ZB-H1): per-mesh task orders, their
+clock tables, their timed simulation, a plan's table read back into an order, and the makespan of
+an order. The one schedule module of autoplan: the pipeline search, the executor, the figures,
+the tests and the benchmarks all use it; it depends on nothing but the error classes.
 
-Convention (Alpa): ``S`` stages on ``S`` meshes; mesh ``j`` runs the forward *and* the backward
-of stage ``j`` (Alpa numbers the backward as stage ``2S - 1 - j``). A task is ``(micro-batch,
-stage, kind)`` (:class:`Task`, a named tuple) with ``kind`` ``"forward"`` or ``"backward"``. The
-dependencies are those of a chain of stages:
+Convention (Alpa): ``S`` stages on ``P`` meshes; mesh ``j`` runs the forward *and* the backward
+of its stages. For GPipe, 1F1B and ZB-H1 ``P = S`` and stage ``j`` runs on mesh ``j``; for
+interleaved 1F1B each mesh holds ``v`` *virtual stages* (model chunks), ``S = P v``, and stage
+``s`` runs on mesh ``s mod P`` (mesh ``j`` holds stages ``j, j + P, .., j + (v - 1) P``). A task
+is ``(micro-batch, stage, kind)`` (:class:`Task`, a named tuple) with ``kind`` ``"forward"``,
+``"backward"`` or ``"weight"``. The dependencies are those of a chain of stages:
 
-* ``F(i, j)`` needs ``F(i, j - 1)`` (the previous stage's activations);
-* ``B(i, j)`` needs ``F(i, j)`` (its own saved activations) and ``B(i, j + 1)`` (the gradient
-  of its output).
+* ``F(i, s)`` needs ``F(i, s - 1)`` (the previous stage's activations);
+* ``B(i, s)`` needs ``F(i, s)`` (its own saved activations) and ``B(i, s + 1)`` (the gradient
+  of its output);
+* ``W(i, s)`` (ZB-H1 only) needs ``B(i, s)``: the schedule splits each backward into ``B``, the
+  gradient with respect to the stage's input (what the previous stage waits for), and ``W``, the
+  gradient with respect to its weights (what only the optimizer reads, so it can be deferred).
 
-Per-mesh orders:
+Per-mesh orders, ``m`` micro-batches:
 
 * GPipe: ``F_0 .. F_{m-1}`` then ``B_0 .. B_{m-1}``.
 * 1F1B: ``w = min(S - j - 1, m)`` warm-up forwards ``F_0 .. F_{w-1}``; then the steady phase
@@ -20,20 +25,41 @@ Per-mesh orders:
   comes after ``w + 1`` forwards (the "extra" forward is the first of the steady phase, not a
   warm-up one); then the cool-down backwards. Mesh ``j`` holds at most ``S - j`` micro-batches'
   activations where GPipe holds all ``m``.
+* Interleaved 1F1B (Narayanan et al., SC 2021, Section 2.2; ``m`` a multiple of ``P``): mesh
+  ``j`` runs ``m v`` virtual forwards ``k = 0 .. m v - 1``, forward ``k`` being micro-batch
+  ``(k // (P v)) P + k mod P`` on its chunk ``(k // P) mod v``, i.e. groups of ``P``
+  micro-batches pass through chunk 0, then chunk 1, ...; virtual backward ``k`` is the same
+  micro-batch on chunk ``v - 1 - (k // P) mod v``. It starts with ``min(2 (P - j - 1) + (v - 1) P,
+  m v)`` warm-up forwards, then alternates one forward and one backward, then drains. Each chunk
+  is ``1 / v`` of the stage, so the fill and drain shrink ``v``-fold: with per-chunk times
+  ``t_f / v`` and ``t_b / v`` the idle time over the busy time, the bubble ratio, is
+  ``(P - 1) / (v m)`` (1F1B's is ``(P - 1) / m``), at the cost of ``v`` times more transfers.
+* ZB-H1 (Qi et al., ICLR 2024, Section 3.1): mesh ``j`` holds at most ``min(S - j, m)``
+  micro-batches between the start of a forward and the end of its ``B`` (1F1B's bound) and at
+  most ``min(S, m)`` between a forward and its ``W`` (1F1B's first mesh's), so the peak
+  activation memory over the meshes is 1F1B's. At each clock it runs its next forward when
+  both bounds allow, else its ready ``B``, else its oldest deferred ``W``. The deferred ``W``
+  fill what 1F1B leaves idle while it waits for gradients: with ``t_F = t_B = t_W`` the step is
+  ``(3 m + S - 1) t_F`` for ``m >= S`` (1F1B, whose backward is ``B`` then ``W``:
+  ``3 (m + S - 1) t_F``; with fewer micro-batches one micro-batch's ``2 S + 1`` clocks bound it), the
+  bubble ``(S - 1)(t_F + t_B - t_W)`` of the paper, a third of 1F1B's
+  ``(S - 1)(t_F + t_B + t_W)``.
 
 A schedule table has clock ticks as rows and meshes as columns; each entry is a :class:`Task` or
 ``None`` (a bubble). It is the earliest-start execution of these orders with unit times (each
-task at the first tick after its dependencies): both take ``2 (m + S - 1)`` ticks, so both have
-the bubble fraction ``(S - 1) / (m + S - 1)``.
+task at the first tick after its dependencies): GPipe and 1F1B take ``2 (m + S - 1)`` ticks, so
+both have the bubble fraction ``(S - 1) / (m + S - 1)``. :func:`schedule_table` derives the table
+of every kind from ``(kind, stages, micro-batches, virtual stages)`` alone.
 
 A training step ends with per-step work on every mesh (the gradient synchronisation across the
 stage's data-parallel devices and the optimizer update), which :func:`schedule_events` places
-after the mesh's last backward (events of kind ``"update"``): the step ends when the last mesh's
-update does.
+after the mesh's last task (events of kind ``"update"``, one per stage): the step ends when the
+last mesh's update does.
 
 References:
     Huang et al., "GPipe", NeurIPS 2019. Narayanan et al., "PipeDream" (SOSP 2019) and
-    "Efficient Large-Scale Language Model Training on GPU Clusters" (SC 2021) for 1F1B.
+    "Efficient Large-Scale Language Model Training on GPU Clusters" (SC 2021) for 1F1B and its
+    interleaved schedule. Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024 (ZB-H1).
     Zheng et al., "Alpa", OSDI 2022, Section 6 (schedules as tables).
 """
 
@@ -42,21 +68,27 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from autoplan._errors import ScheduleError
 
-__all__ = ["KINDS", "Task", "Event", "ScheduleStats", "task_deps", "gpipe_table",
-           "one_f_one_b_table", "schedule_table", "schedule_order", "schedule_events",
-           "schedule_stats", "schedule_summary", "validate_table", "order_from_table", "ideal_makespan"]
+__all__ = ["KINDS", "SPLIT_KINDS", "Task", "Event", "ScheduleStats", "task_deps", "num_meshes",
+           "gpipe_table", "one_f_one_b_table", "interleaved_table", "zb_h1_table",
+           "schedule_table", "schedule_order", "schedule_events", "schedule_stats",
+           "schedule_summary", "validate_table", "order_from_table", "ideal_makespan",
+           "check_schedule"]
 
 #: the schedule kinds with a generated table
-KINDS = ("gpipe", "1f1b")
+KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+#: the kinds that split each backward into ``B`` (input gradient) and ``W`` (weight gradient)
+SPLIT_KINDS = ("zb-h1",)
 
 _KIND_NAMES = {"forward": "forward", "f": "forward", "fwd": "forward",
-               "backward": "backward", "b": "backward", "bwd": "backward"}
+               "backward": "backward", "b": "backward", "bwd": "backward",
+               "weight": "weight", "w": "weight", "wgrad": "weight"}
+_CODE = {"forward": 0, "backward": 1, "weight": 2}
 
 
 class Task(NamedTuple):
@@ -64,8 +96,9 @@ class Task(NamedTuple):
 
     Attributes:
         microbatch: micro-batch index ``0 .. m - 1``.
-        stage: stage index ``0 .. S - 1`` (also the mesh that runs it).
-        kind: ``"forward"`` or ``"backward"``.
+        stage: stage index ``0 .. S - 1`` (it runs on mesh ``stage mod P``).
+        kind: ``"forward"``, ``"backward"`` (the whole backward, or in ZB-H1 its input-gradient
+            part ``B``) or ``"weight"`` (ZB-H1's weight-gradient part ``W``).
     """
 
     microbatch: int
@@ -79,11 +112,11 @@ class Event:
     Attributes:
         start: start time.
         end: end time.
-        mesh: the mesh that runs it (equal to ``stage``).
+        mesh: the mesh that runs it (``stage mod P``; the stage itself but for interleaved).
         microbatch: micro-batch index.
         stage: stage index.
-        kind: ``"forward"``, ``"backward"``, or ``"update"`` (the per-step work after the mesh's
-            last backward; its ``microbatch`` is that backward's, the last one).
+        kind: ``"forward"``, ``"backward"``, ``"weight"``, or ``"update"`` (a stage's per-step
+            work after its mesh's last task; its ``microbatch`` is the last one's).
     """
 
     start: float
@@ -100,16 +133,22 @@ class ScheduleStats:
 
     Attributes:
         step_time: from the first start to the last end.
-        bubble_fraction: ``1 - sum(busy) / (S * step_time)``.
+        bubble_fraction: ``1 - sum(busy) / (P * step_time)``, ``P`` meshes.
         busy: busy time of each mesh.
-        peak_inflight: per mesh, the most micro-batches alive at once (from the start of a
-            micro-batch's forward to the end of its backward: their activations are held).
+        peak_inflight: per mesh, the most (micro-batch, stage) pairs alive at once, from the start
+            of the forward to the end of the backward (ZB-H1: of ``W``, counted whole although
+            ``B`` frees the part only it reads): their activations are held. An interleaved
+            mesh counts each of its chunks (``1 / v`` of a stage).
+        peak_deferred: per mesh, the most ``W`` passes waiting at once (between the end of
+            ``B`` and the end of ``W``: the weight-gradient inputs are held); zeros for the
+            kinds that do not split the backward.
     """
 
     step_time: float
     bubble_fraction: float
     busy: list[float]
     peak_inflight: list[int]
+    peak_deferred: list[int] = field(default_factory=list)
 
 
 def _check_sm(num_stages: object, microbatches: object) -> tuple[int, int]:
@@ -123,9 +162,51 @@ def _check_sm(num_stages: object, microbatches: object) -> tuple[int, int]:
 
 def _check_kind(kind: object) -> str:
     if kind not in KINDS:
-        raise ScheduleError(f"schedule kind should be 'gpipe' or '1f1b'. Got {kind!r}. Fix: use one "
-                            "of them (in the plan's Schedule too).")
+        raise ScheduleError(f"schedule kind should be one of {', '.join(map(repr, KINDS))}. Got "
+                            f"{kind!r}. Fix: use one of them (in the plan's Schedule too).")
     return kind  # type: ignore[return-value]
+
+
+def check_schedule(kind: object, num_stages: object, microbatches: object,
+                   virtual_stages: object = 1) -> tuple[str, int, int, int]:
+    """Check a schedule's ``(kind, stages, micro-batches, virtual stages)``.
+
+    Returns:
+        ``(kind, S, m, v)``.
+
+    Raises:
+        ScheduleError: an unknown kind; a count below one; ``v > 1`` for a kind other than
+            ``"interleaved"``; ``S`` not a multiple of ``v``; or an interleaved schedule with
+            ``v > 1`` whose ``m`` is not a multiple of its ``P = S / v`` meshes (Megatron-LM's
+            condition: micro-batches pass through each chunk in groups of ``P``).
+    """
+    kind = _check_kind(kind)
+    S, m = _check_sm(num_stages, microbatches)
+    v = virtual_stages
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ScheduleError(f"virtual_stages should be an integer >= 1. Got {v!r}. Fix: pass the "
+                            "number of model chunks per mesh (1 but for 'interleaved').")
+    if v > 1 and kind != "interleaved":
+        raise ScheduleError(f"virtual_stages should be 1 for a {kind!r} schedule. Got {v}. Fix: "
+                            "use kind 'interleaved' for virtual stages.")
+    if S % v:
+        raise ScheduleError(f"num_stages should be a multiple of virtual_stages ({v}: the stages "
+                            f"are v model chunks on each of S / v meshes). Got {S}.")
+    if v > 1 and m % (S // v):
+        raise ScheduleError(f"microbatches should be a multiple of the {S // v} meshes of an "
+                            f"interleaved schedule (micro-batches pass each chunk in groups of "
+                            f"one per mesh). Got {m}. Fix: pick a multiple of {S // v}.")
+    return kind, S, m, v
+
+
+def num_meshes(num_stages: int, virtual_stages: int = 1) -> int:
+    """The meshes (the table's columns) of ``num_stages`` stages, ``virtual_stages`` per mesh.
+
+    Examples:
+        >>> num_meshes(8, 2)
+        4
+    """
+    return num_stages // virtual_stages
 
 
 def task_deps(task: tuple[int, int, str], num_stages: int) -> list[Task]:
@@ -134,20 +215,28 @@ def task_deps(task: tuple[int, int, str], num_stages: int) -> list[Task]:
     Examples:
         >>> task_deps((3, 1, "backward"), 3)
         [Task(microbatch=3, stage=1, kind='forward'), Task(microbatch=3, stage=2, kind='backward')]
+        >>> task_deps((3, 1, "weight"), 3)
+        [Task(microbatch=3, stage=1, kind='backward')]
     """
     i, j, kind = task
     if kind == "forward":
         return [Task(i, j - 1, "forward")] if j > 0 else []
+    if kind == "weight":
+        return [Task(i, j, "backward")]
     deps = [Task(i, j, "forward")]
     if j < num_stages - 1:
         deps.append(Task(i, j + 1, "backward"))
     return deps
 
 
-@functools.lru_cache(maxsize=16)
-def _mesh_orders(kind: str, S: int, m: int) -> tuple[tuple[Task, ...], ...]:
-    """Each mesh's tasks in the order it runs them (kept for the last few ``(kind, S, m)``: a
-    search simulates many layouts of the same stage and micro-batch counts)."""
+@functools.lru_cache(maxsize=32)
+def _mesh_orders(kind: str, S: int, m: int, v: int = 1) -> tuple[tuple[Task, ...], ...]:
+    """Each mesh's tasks in the order it runs them (kept for the last few ``(kind, S, m, v)``:
+    a search simulates many layouts of the same stage and micro-batch counts)."""
+    if kind == "zb-h1":
+        return _zb_h1_orders(S, m)
+    if kind == "interleaved" and v > 1:
+        return _interleaved_orders(S // v, v, m)
     orders: list[tuple[Task, ...]] = []
     for j in range(S):
         fwd = [Task(b, j, "forward") for b in range(m)]
@@ -168,34 +257,88 @@ def _mesh_orders(kind: str, S: int, m: int) -> tuple[tuple[Task, ...], ...]:
     return tuple(orders)
 
 
+def _interleaved_orders(P: int, v: int, m: int) -> tuple[tuple[Task, ...], ...]:
+    """Megatron-LM's interleaved 1F1B orders (module docstring), ``m`` a multiple of ``P``."""
+    n = m * v
+
+    def microbatch(k: int) -> int:
+        return (k // (P * v)) * P + k % P
+
+    orders = []
+    for j in range(P):
+        fwd = [Task(microbatch(k), ((k // P) % v) * P + j, "forward") for k in range(n)]
+        bwd = [Task(microbatch(k), (v - 1 - (k // P) % v) * P + j, "backward") for k in range(n)]
+        w = min(2 * (P - j - 1) + (v - 1) * P, n)
+        order = fwd[:w]
+        for k in range(n - w):
+            order += [fwd[w + k], bwd[k]]
+        order += bwd[n - w:]
+        orders.append(tuple(order))
+    return tuple(orders)
+
+
+def _zb_h1_orders(S: int, m: int) -> tuple[tuple[Task, ...], ...]:
+    """ZB-H1's orders (module docstring), made by running its rule clock by clock with unit
+    times: at each clock mesh ``j`` runs its next forward when it is ready, fewer than
+    ``min(S - j, m)`` of the mesh's micro-batches are between forward and ``B`` and fewer than
+    ``min(S, m)`` between forward and ``W``; else its ready ``B``; else its oldest deferred
+    ``W``."""
+    never = 3 * S * m + 1  # the clock of a task not run yet
+    fdone = [[never] * m for _ in range(S)]  # clock of forward (stage, micro-batch)
+    bdone = [[never] * m for _ in range(S)]
+    nf, nb, nw = [0] * S, [0] * S, [0] * S
+    orders: list[list[Task]] = [[] for _ in range(S)]
+    left, t = 3 * S * m, 0
+    while left:
+        for j in range(S):
+            f, b, w = nf[j], nb[j], nw[j]
+            if (f < m and f - b < min(S - j, m) and f - w < min(S, m)
+                    and (j == 0 or fdone[j - 1][f] < t)):
+                orders[j].append(Task(f, j, "forward"))
+                fdone[j][f], nf[j] = t, f + 1
+            elif b < m and fdone[j][b] < t and (j == S - 1 or bdone[j + 1][b] < t):
+                orders[j].append(Task(b, j, "backward"))
+                bdone[j][b], nb[j] = t, b + 1
+            elif w < b and bdone[j][w] < t:
+                orders[j].append(Task(w, j, "weight"))
+                nw[j] = w + 1
+            else:
+                continue
+            left -= 1
+        t += 1
+    return tuple(tuple(o) for o in orders)
+
+
 #: a timed task as a plain tuple: ``(start, end, mesh, microbatch, stage, kind)`` (an Event's fields)
 _Row = tuple[float, float, int, int, int, str]
 
 
-def _simulate(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: Sequence[float],
-              comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
-              step: Sequence[float] | None = None) -> list[Event]:
-    return [Event(*r) for r in _simulate_rows(orders, fwd, bwd, comm, comm_bwd, step)]
+def _simulate(orders: Sequence[Sequence[Task]], S: int, fwd: Sequence[float],
+              bwd: Sequence[float], comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
+              step: Sequence[float] | None = None, wgt: Sequence[float] | None = None
+              ) -> list[Event]:
+    return [Event(*r) for r in _simulate_rows(orders, S, fwd, bwd, comm, comm_bwd, step, wgt)]
 
 
-def _simulate_rows(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: Sequence[float],
-                   comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
-                   step: Sequence[float] | None = None) -> list[_Row]:
-    """The timed tasks of ``orders`` (each mesh's tasks run in turn, each when its dependency
-    has ended), sorted by start, then mesh."""
-    S = len(orders)
+def _simulate_rows(orders: Sequence[Sequence[Task]], S: int, fwd: Sequence[float],
+                   bwd: Sequence[float], comm: Sequence[float],
+                   comm_bwd: Sequence[float] | None = None, step: Sequence[float] | None = None,
+                   wgt: Sequence[float] | None = None) -> list[_Row]:
+    """The timed tasks of ``orders`` (one per mesh: each mesh's tasks run in turn, each when its
+    dependency has ended), sorted by start, then mesh; ``S`` stages in all."""
+    P = len(orders)
     comm_b = comm if comm_bwd is None else comm_bwd
-    # end times by stage, then micro-batch (every task's stage is its mesh's, 0 .. S - 1)
+    # end times by stage, then micro-batch
     fdone: list[dict[int, float]] = [{} for _ in range(S)]
     bdone: list[dict[int, float]] = [{} for _ in range(S)]
-    pos = [0] * S
-    free = [0.0] * S
+    pos = [0] * P
+    free = [0.0] * P
     events: list[_Row] = []
     append = events.append
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
-        for j in range(S):
+        for j in range(P):
             order, p, ran = orders[j], pos[j], 0
             while p < len(order):
                 t = order[p]
@@ -209,6 +352,11 @@ def _simulate_rows(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: 
                             break
                         dep += comm[s - 1]
                     dur = fwd[s]
+                elif kind == "weight":
+                    dep = bdone[s].get(b)
+                    if dep is None:
+                        break
+                    dur = wgt[s] if wgt is not None else 0.0
                 elif s == S - 1:
                     dep = fdone[s].get(b)
                     if dep is None:
@@ -216,7 +364,7 @@ def _simulate_rows(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: 
                     dur = bwd[s]
                 else:
                     dep = bdone[s + 1].get(b)
-                    if dep is None:
+                    if dep is None or b not in fdone[s]:  # its own forward ran on this mesh
                         break
                     dep += comm_b[s]
                     dur = bwd[s]
@@ -240,18 +388,20 @@ def _simulate_rows(orders: Sequence[Sequence[Task]], fwd: Sequence[float], bwd: 
                                 "runs after it. Fix: pass an order in which every task follows its "
                                 "dependencies.")
     if step is not None:
-        for j in range(S):
+        for j in range(P):
             last = orders[j][-1]
-            events.append((free[j], free[j] + step[j], j, last.microbatch, j, "update"))
+            for s in range(j, S, P):
+                events.append((free[j], free[j] + step[s], j, last.microbatch, s, "update"))
+                free[j] += step[s]
     events.sort(key=itemgetter(0, 2))
     return events
 
 
-def _table_from_orders(orders: Sequence[Sequence[Task]]) -> list[list[Task | None]]:
-    S = len(orders)
-    events = _simulate(orders, [1.0] * S, [1.0] * S, [0.0] * max(S - 1, 0))
+def _table_from_orders(orders: Sequence[Sequence[Task]], S: int) -> list[list[Task | None]]:
+    P = len(orders)
+    events = _simulate(orders, S, [1.0] * S, [1.0] * S, [0.0] * max(S - 1, 0), wgt=[1.0] * S)
     n_rows = int(max(e.end for e in events))
-    table: list[list[Task | None]] = [[None] * S for _ in range(n_rows)]
+    table: list[list[Task | None]] = [[None] * P for _ in range(n_rows)]
     for e in events:
         table[int(e.start)][e.mesh] = Task(e.microbatch, e.stage, e.kind)
     return table
@@ -271,7 +421,7 @@ def gpipe_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
         Rows = clock ticks, columns = meshes; ``None`` marks a bubble.
     """
     S, m = _check_sm(num_stages, microbatches)
-    return _table_from_orders(_mesh_orders("gpipe", S, m))
+    return _table_from_orders(_mesh_orders("gpipe", S, m), S)
 
 
 def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
@@ -282,65 +432,115 @@ def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | No
     arguments and the table are those of :func:`gpipe_table`.
     """
     S, m = _check_sm(num_stages, microbatches)
-    return _table_from_orders(_mesh_orders("1f1b", S, m))
+    return _table_from_orders(_mesh_orders("1f1b", S, m), S)
 
 
-def schedule_table(kind: str, num_stages: int, microbatches: int) -> list[list[Task | None]]:
-    """A GPipe or 1F1B clock table in the layout of ``Schedule.table``: rows are clock ticks,
-    columns are meshes (stage ``j`` runs on mesh ``j``); entries are ``(micro-batch, stage,
-    kind)`` tasks or None (a bubble). See :func:`gpipe_table` and :func:`one_f_one_b_table`.
+def interleaved_table(num_meshes: int, virtual_stages: int, microbatches: int
+                      ) -> list[list[Task | None]]:
+    """Interleaved 1F1B (Megatron-LM): ``v`` model chunks per mesh, stage ``s`` on mesh
+    ``s mod P``.
+
+    The fill and drain of 1F1B pass ``v`` times as many, ``v`` times shorter, tasks: with chunk
+    times ``t_f / v`` and ``t_b / v`` the bubble ratio (idle over busy time) is
+    ``(P - 1) / (v m)``. The table has ``P`` columns and ``2 P v m`` tasks, each one clock.
 
     Args:
-        kind: ``"gpipe"`` or ``"1f1b"``.
-        num_stages: stages ``S``.
-        microbatches: micro-batches ``m``.
+        num_meshes: ``P >= 1`` (pipeline device groups).
+        virtual_stages: ``v >= 1`` chunks per mesh (``S = P v`` stages).
+        microbatches: ``m``, a multiple of ``P`` when ``v > 1``.
+
+    Examples:
+        >>> [f"{t.kind[0].upper()}{t.microbatch}s{t.stage}" for t in
+        ...  (row[0] for row in interleaved_table(2, 2, 2)) if t][:6]
+        ['F0s0', 'F1s0', 'F0s2', 'F1s2', 'B0s2', 'B1s2']
+    """
+    P, _ = _check_sm(num_meshes, microbatches)
+    _, S, m, v = check_schedule("interleaved", P * virtual_stages if isinstance(
+        virtual_stages, int) else P, microbatches, virtual_stages)
+    return _table_from_orders(_mesh_orders("interleaved", S, m, v), S)
+
+
+def zb_h1_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+    """ZB-H1 (Qi et al., ICLR 2024): the backward split into ``B`` and ``W``, the ``W`` deferred
+    into 1F1B's idle clocks under 1F1B's bound on in-flight micro-batches.
+
+    With one clock per ``F``, ``B`` and ``W`` it takes ``3 m + S - 1`` clocks for ``m >= S``
+    (1F1B, whose backward is ``B`` + ``W``: ``3 (m + S - 1)``), so the bubble is
+    ``(S - 1)(t_F + t_B - t_W)``, a third of 1F1B's ``(S - 1)(t_F + t_B + t_W)``.
 
     Returns:
-        ``2 (m + S - 1)`` rows holding ``2 S m`` tasks.
+        Rows = clock ticks, columns = meshes; ``3 S m`` tasks.
+    """
+    S, m = _check_sm(num_stages, microbatches)
+    return _table_from_orders(_mesh_orders("zb-h1", S, m), S)
+
+
+def schedule_table(kind: str, num_stages: int, microbatches: int, virtual_stages: int = 1
+                   ) -> list[list[Task | None]]:
+    """The clock table of any kind, from ``(kind, stages, micro-batches, virtual stages)``
+    alone, in the layout of ``Schedule.table``: rows are clock ticks, columns are meshes (stage
+    ``s`` runs on mesh ``s mod P``, ``P = S / v``); entries are ``(micro-batch, stage, kind)``
+    tasks or None (a bubble). See :func:`gpipe_table`, :func:`one_f_one_b_table`,
+    :func:`interleaved_table` and :func:`zb_h1_table`.
+
+    Args:
+        kind: ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` or ``"zb-h1"``.
+        num_stages: stages ``S`` (``P v`` for interleaved).
+        microbatches: micro-batches ``m``.
+        virtual_stages: ``v``, stages per mesh (1 but for interleaved).
+
+    Returns:
+        The rows: ``2 (m + S - 1)`` holding ``2 S m`` tasks for GPipe and 1F1B; ``2 S m`` tasks
+        on ``P`` columns for interleaved; ``3 S m`` tasks for ZB-H1.
 
     Raises:
-        ScheduleError: an unknown kind, or a count below one.
+        ScheduleError: see :func:`check_schedule`.
 
     Examples:
         >>> [[tuple(t) if t else None for t in row] for row in schedule_table("gpipe", 2, 2)[:3]]
         [[(0, 0, 'forward'), None], [(1, 0, 'forward'), (0, 1, 'forward')], [None, (1, 1, 'forward')]]
     """
-    kind = _check_kind(kind)
-    return gpipe_table(num_stages, microbatches) if kind == "gpipe" else one_f_one_b_table(
-        num_stages, microbatches)
+    kind, S, m, v = check_schedule(kind, num_stages, microbatches, virtual_stages)
+    return _table_from_orders(_mesh_orders(kind, S, m, v), S)
 
 
-def schedule_order(kind: str, num_stages: int, microbatches: int) -> list[Task]:
+def schedule_order(kind: str, num_stages: int, microbatches: int, virtual_stages: int = 1
+                   ) -> list[Task]:
     """:func:`schedule_table` read tick by tick, mesh by mesh: a valid task order.
 
     Examples:
         >>> [f"{k[0].upper()}{m}s{j}" for m, j, k in schedule_order("1f1b", 2, 2)]
         ['F0s0', 'F1s0', 'F0s1', 'B0s1', 'B0s0', 'F1s1', 'B1s1', 'B1s0']
     """
-    return [t for row in schedule_table(kind, num_stages, microbatches) for t in row if t is not None]
+    return [t for row in schedule_table(kind, num_stages, microbatches, virtual_stages)
+            for t in row if t is not None]
 
 
-def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, microbatches: int) -> None:
-    """Check a schedule table: rows are clock ticks, column ``j`` is the mesh of stage ``j``.
+def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, microbatches: int,
+                   virtual_stages: int = 1) -> None:
+    """Check a schedule table: rows are clock ticks, column ``j`` is mesh ``j``, which runs the
+    stages ``s`` with ``s mod P = j`` (``P = S / v``).
 
-    Every ``(micro-batch, stage, kind)`` appears exactly once, in the column of its stage, and
-    each task runs at a later clock than every task it depends on (:func:`task_deps`): a forward
-    of stage ``s > 0`` after the forward of stage ``s - 1`` of the same micro-batch; the backward
-    of the last stage after its own forward; the backward of stage ``s < S - 1`` after the
-    backward of stage ``s + 1``. Tasks of one row run at the same time, so a dependency in the
-    same row is a violation too (which :func:`order_from_table`, reading rows in column order,
-    allows).
+    Every ``(micro-batch, stage, kind)`` appears exactly once, in the column of its stage's mesh,
+    and each task runs at a later clock than every task it depends on (:func:`task_deps`): a
+    forward of stage ``s > 0`` after the forward of stage ``s - 1`` of the same micro-batch; the
+    backward of the last stage after its own forward; the backward of stage ``s < S - 1`` after
+    the backward of stage ``s + 1``; a ``W`` after its ``B``. A table holds ``W`` tasks for all
+    or none. Tasks of one row run at the same time, so a dependency in the same row is a
+    violation too (which :func:`order_from_table`, reading rows in column order, allows).
 
     Raises:
         ScheduleError: naming the first violation.
     """
     S, m = _check_sm(num_stages, microbatches)
+    P = _meshes(S, virtual_stages)
     for t, row in enumerate(table):
-        if len(row) != S:
-            raise ScheduleError(f"table row {t} should have {S} columns (one per mesh). Got {len(row)}.")
+        if len(row) != P:
+            raise ScheduleError(f"table row {t} should have {P} columns (one per mesh). Got {len(row)}.")
         for j, task in enumerate(row):
-            if task is not None and len(task) == 3 and task[1] != j:
-                raise ScheduleError(f"table[{t}][{j}] should hold a task of stage {j}. Got {task!r}.")
+            if task is not None and len(task) == 3 and task[1] % P != j:
+                which = f"stage {j}" if P == S else f"a stage s with s mod {P} = {j}"
+                raise ScheduleError(f"table[{t}][{j}] should hold a task of {which}. Got {task!r}.")
     clock = {task: t for task, t in _read_entries(table, S, m)}
     for task, t in clock.items():
         for dep in task_deps(task, S):
@@ -351,13 +551,20 @@ def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, micr
                     f"dependency, the {dep.kind} of stage {dep.stage} (clock {clock[dep]}).")
 
 
+def _meshes(S: int, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or S % v:
+        raise ScheduleError(f"virtual_stages should be an integer >= 1 dividing the {S} stages. "
+                            f"Got {v!r}.")
+    return S // v
+
+
 def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatches: int) -> list[Task]:
     """A ``Schedule.table`` (rows of ``[micro-batch, stage, kind]`` entries or None) read tick by
     tick into a task order, checked to hold every task once and to respect every dependency.
 
     Args:
-        table: the plan's table (kinds may be spelled ``forward``/``f``/``fwd`` and
-            ``backward``/``b``/``bwd``).
+        table: the plan's table (kinds may be spelled ``forward``/``f``/``fwd``,
+            ``backward``/``b``/``bwd`` and ``weight``/``w``/``wgrad``).
         num_stages: stages ``S``.
         microbatches: micro-batches ``m``.
 
@@ -384,7 +591,8 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
 
 def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[Task, int]]:
     """The table's tasks with their clock ticks, row by row and in column order within a row,
-    checked to be well formed and to hold each of the ``2 S m`` tasks exactly once."""
+    checked to be well formed and to hold each of the ``2 S m`` tasks (``3 S m`` with ``W``
+    tasks) exactly once."""
     out: list[tuple[Task, int]] = []
     where: dict[Task, int] = {}
     for t, row in enumerate(table):
@@ -397,23 +605,26 @@ def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[
                 kind = None
             if kind is None or not (0 <= mb < m and 0 <= st < S):
                 raise ScheduleError(f"schedule table entry {e!r} should be [micro-batch, stage, "
-                                    f"'forward' or 'backward'] with a micro-batch below {m} and a "
-                                    f"stage below {S}. Fix: re-create the plan's schedule.")
+                                    f"'forward', 'backward' or 'weight'] with a micro-batch below "
+                                    f"{m} and a stage below {S}. Fix: re-create the plan's "
+                                    "schedule.")
             task = Task(mb, st, kind)
             if task in where:
                 raise ScheduleError(
-                    f"the schedule table should hold each of the {2 * S * m} (micro-batch, stage, "
-                    f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got "
-                    f"{task!r} twice (clocks {where[task]} and {t}). Fix: re-create the plan's "
-                    "schedule.")
+                    f"the schedule table should hold each (micro-batch, stage, kind) task once "
+                    f"for {m} micro-batches and {S} stages. Got {task!r} twice (clocks "
+                    f"{where[task]} and {t}). Fix: re-create the plan's schedule.")
             where[task] = t
             out.append((task, t))
-    if len(out) != 2 * S * m:
-        first = next(Task(i, j, k) for i in range(m) for j in range(S) for k in ("forward", "backward")
+    kinds = ("forward", "backward", "weight") if any(k == "weight" for _, _, k in where) else (
+        "forward", "backward")
+    n = len(kinds) * S * m
+    if len(out) != n:
+        first = next(Task(i, j, k) for i in range(m) for j in range(S) for k in kinds
                      if Task(i, j, k) not in where)
         raise ScheduleError(
-            f"the schedule table should hold each of the {2 * S * m} (micro-batch, stage, "
-            f"forward/backward) tasks once for {m} micro-batches and {S} stages. Got {len(out)} "
+            f"the schedule table should hold each of the {n} (micro-batch, stage, "
+            f"{'/'.join(kinds)}) tasks once for {m} micro-batches and {S} stages. Got {len(out)} "
             f"entries: {first!r} is missing. Fix: re-create the plan's schedule.")
     return out
 
@@ -443,64 +654,80 @@ def schedule_events(
     *,
     backward_comm_times: Sequence[float] | None = None,
     step_times: Sequence[float] | None = None,
+    weight_times: Sequence[float] | None = None,
+    virtual_stages: int = 1,
 ) -> list[Event]:
     """Simulate a schedule with real durations.
 
     Each mesh runs its tasks in the order of ``kind``'s table. A task starts when its mesh is
     free and its dependency has ended: the forward of stage ``s - 1`` (same micro-batch) plus
     ``comm_times[s - 1]``; for a backward, the backward of stage ``s + 1`` plus
-    ``backward_comm_times[s]``, or for the last stage its own forward. Transfers do not occupy a
-    mesh (they overlap with its other tasks). With ``step_times``, each mesh then runs its
-    per-step work (an ``"update"`` event) right after its last backward.
+    ``backward_comm_times[s]``, or for the last stage its own forward; for a ``W``, its ``B``.
+    Transfers do not occupy a mesh (they overlap with its other tasks). With ``step_times``, each
+    mesh then runs its stages' per-step work (``"update"`` events) right after its last task.
 
     Args:
-        kind: ``"gpipe"`` or ``"1f1b"``.
-        num_stages: ``S``.
+        kind: ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` or ``"zb-h1"``.
+        num_stages: ``S`` (``P v`` for interleaved).
         microbatches: ``m``.
         forward_times: per stage, one micro-batch's forward time.
-        backward_times: per stage, one micro-batch's backward time.
+        backward_times: per stage, one micro-batch's backward time (ZB-H1: its ``B`` part).
         comm_times: per stage boundary (``S - 1`` values), the transfer time of the activations
             from stage ``s`` to ``s + 1``; default 0.
         backward_comm_times: per boundary, the transfer time of the gradients from stage
             ``s + 1`` back to ``s``; default ``comm_times``.
-        step_times: per stage, the work run once per step after its last backward (gradient
+        step_times: per stage, the work run once per step after its mesh's last task (gradient
             synchronisation, optimizer update); default none.
+        weight_times: ZB-H1 only (and required there): per stage, one micro-batch's ``W``.
+        virtual_stages: ``v`` stages per mesh (interleaved).
 
     Returns:
         The events sorted by start time, then mesh.
     """
     return [Event(*r) for r in _timed_rows(kind, num_stages, microbatches, forward_times,
                                            backward_times, comm_times, backward_comm_times,
-                                           step_times)]
+                                           step_times, weight_times, virtual_stages)]
 
 
 def _timed_rows(kind: str, num_stages: int, microbatches: int, forward_times: Sequence[float],
                 backward_times: Sequence[float], comm_times: Sequence[float] | None,
                 backward_comm_times: Sequence[float] | None,
-                step_times: Sequence[float] | None) -> list[_Row]:
+                step_times: Sequence[float] | None, weight_times: Sequence[float] | None = None,
+                virtual_stages: int = 1) -> list[_Row]:
     """:func:`schedule_events`'s events as plain tuples (arguments checked)."""
-    kind, S, m, fwd, bwd, comm, comm_b, step = _checked(
+    kind, S, m, v, fwd, bwd, wgt, comm, comm_b, step = _checked(
         kind, num_stages, microbatches, forward_times, backward_times, comm_times,
-        backward_comm_times, step_times)
-    return _simulate_rows(_mesh_orders(kind, S, m), fwd, bwd, comm, comm_b, step)
+        backward_comm_times, step_times, weight_times, virtual_stages)
+    return _simulate_rows(_mesh_orders(kind, S, m, v), S, fwd, bwd, comm, comm_b, step, wgt)
 
 
 def _checked(kind: str, num_stages: int, microbatches: int, forward_times: Sequence[float],
              backward_times: Sequence[float], comm_times: Sequence[float] | None,
-             backward_comm_times: Sequence[float] | None, step_times: Sequence[float] | None
-             ) -> tuple[str, int, int, list[float], list[float], list[float],
-                        list[float] | None, list[float] | None]:
-    """The simulation's arguments checked: ``(kind, S, m, fwd, bwd, comm, comm_b, step)``, the
-    last two None when not given."""
-    kind = _check_kind(kind)
-    S, m = _check_sm(num_stages, microbatches)
+             backward_comm_times: Sequence[float] | None, step_times: Sequence[float] | None,
+             weight_times: Sequence[float] | None = None, virtual_stages: int = 1
+             ) -> tuple[str, int, int, int, list[float], list[float], list[float] | None,
+                        list[float], list[float] | None, list[float] | None]:
+    """The simulation's arguments checked: ``(kind, S, m, v, fwd, bwd, wgt, comm, comm_b,
+    step)``, ``wgt`` None but for ZB-H1, the last two None when not given."""
+    kind, S, m, v = check_schedule(kind, num_stages, microbatches, virtual_stages)
     fwd = _check_times("forward_times", forward_times, S)
     bwd = _check_times("backward_times", backward_times, S)
+    if kind in SPLIT_KINDS:
+        if weight_times is None:
+            raise ScheduleError(f"weight_times should be given for a {kind!r} schedule (it splits "
+                                "each backward into B and W). Got None. Fix: pass the W time of "
+                                "each stage, and the B time as backward_times.")
+        wgt: list[float] | None = _check_times("weight_times", weight_times, S)
+    elif weight_times is not None:
+        raise ScheduleError(f"weight_times should be None for a {kind!r} schedule (its backward "
+                            f"is one task). Got {weight_times!r}. Fix: add them to backward_times.")
+    else:
+        wgt = None
     comm = _check_times("comm_times", comm_times, S - 1)
     comm_b = None if backward_comm_times is None else _check_times(
         "backward_comm_times", backward_comm_times, S - 1)
     step = None if step_times is None else _check_times("step_times", step_times, S)
-    return kind, S, m, fwd, bwd, comm, comm_b, step
+    return kind, S, m, v, fwd, bwd, wgt, comm, comm_b, step
 
 
 def schedule_summary(
@@ -513,33 +740,37 @@ def schedule_summary(
     *,
     backward_comm_times: Sequence[float] | None = None,
     step_times: Sequence[float] | None = None,
+    weight_times: Sequence[float] | None = None,
+    virtual_stages: int = 1,
 ) -> ScheduleStats:
-    """``schedule_stats(schedule_events(...), num_stages)`` without making the events (the
-    pipeline search times many layouts and keeps the events of a few): the same arguments, the
-    same numbers."""
-    kind, S, m, fwd, bwd, comm, comm_b, step = _checked(
+    """``schedule_stats(schedule_events(...), P)`` without making the events (the pipeline
+    search times many layouts and keeps the events of a few): the same arguments, the same
+    numbers."""
+    kind, S, m, v, fwd, bwd, wgt, comm, comm_b, step = _checked(
         kind, num_stages, microbatches, forward_times, backward_times, comm_times,
-        backward_comm_times, step_times)
+        backward_comm_times, step_times, weight_times, virtual_stages)
     comm_b = comm if comm_b is None else comm_b
-    meshes, deps = _sweep_order(kind, S, m)
+    P = S // v
+    meshes, stages, kinds, deps = _sweep_order(kind, S, m, v)
     # the simulation of _simulate_rows in its own sweep order, keeping only what the summary
     # reads: each mesh's durations summed in its own order (as the sorted events sum them), the
     # in-flight marks, the first start and the last end
     end = [0.0] * len(meshes)
-    free = [0.0] * S
-    busy = [0.0] * S
-    first = [-1.0] * S
-    marks: list[list[tuple[float, int]]] = [[] for _ in range(S)]
+    free = [0.0] * P
+    busy = [0.0] * P
+    first = [-1.0] * P
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
+    wmarks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
     last = S - 1
     for i, j in enumerate(meshes):
-        d = deps[i]
-        if d >= 0:  # a backward: its own forward (the last stage) or the next stage's backward
-            dep = end[d] if j == last else end[d] + comm_b[j]
-            dur = bwd[j]
-        elif d == -1:  # a forward of the first stage
-            dep, dur = 0.0, fwd[j]
-        else:  # a forward: the previous stage's forward, index -2 - d
-            dep, dur = end[-2 - d] + comm[j - 1], fwd[j]
+        s, k, d = stages[i], kinds[i], deps[i]
+        if k == 0:  # a forward: after the previous stage's forward
+            dep, dur = (0.0 if d < 0 else end[d] + comm[s - 1]), fwd[s]
+        elif k == 1:  # a backward: its own forward and the next stage's backward
+            # (its own forward ran before it on this mesh; the last stage has only that one)
+            dep, dur = (end[d] if s == last else end[d] + comm_b[s]), bwd[s]
+        else:  # a W: after its B
+            dep, dur = end[d], wgt[s]  # type: ignore[index]
         f = free[j]
         start = f if f >= dep else dep
         e = start + dur
@@ -547,64 +778,83 @@ def schedule_summary(
         busy[j] += e - start
         if first[j] < 0.0:
             first[j] = start
-        if d >= 0:
-            marks[j].append((e, -1))
-        else:
+        if k == 0:
             marks[j].append((start, 1))
+        elif k == 1:
+            if wgt is None:
+                marks[j].append((e, -1))
+            else:
+                wmarks[j].append((e, 1))
+        else:
+            marks[j].append((e, -1))
+            wmarks[j].append((e, -1))
     if step is not None:
-        for j in range(S):
-            f = free[j]
-            free[j] = f + step[j]
-            busy[j] += free[j] - f
-    return _stats_of(max(free) - min(first), busy, marks, S)
+        for j in range(P):
+            for s in range(j, S, P):
+                f = free[j]
+                free[j] = f + step[s]
+                busy[j] += free[j] - f
+    return _stats_of(max(free) - min(first), busy, marks, P, wmarks)
 
 
-@functools.lru_cache(maxsize=16)
-def _sweep_order(kind: str, S: int, m: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+@functools.lru_cache(maxsize=32)
+def _sweep_order(kind: str, S: int, m: int, v: int = 1
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """The tasks of :func:`_mesh_orders` in the order :func:`_simulate_rows` times them (every
-    task after its mesh's previous one and after its dependency), as two tuples: each task's
-    mesh, and its dependency's position in this order (a backward: ``>= 0``; a forward:
-    ``-1`` on the first stage, else ``-2 - position``)."""
-    orders = _mesh_orders(kind, S, m)
+    task after its mesh's previous one and after its dependency), as four tuples: each task's
+    mesh, stage, kind (0 forward, 1 backward, 2 weight) and the position in this order of the
+    task it waits for (a forward: the previous stage's forward, -1 on the first stage; a
+    backward: the next stage's backward, or on the last stage its own forward; a W: its B)."""
+    orders = _mesh_orders(kind, S, m, v)
+    P = len(orders)
     fpos = [[-1] * m for _ in range(S)]  # position of forward (stage, micro-batch), -1 not yet
     bpos = [[-1] * m for _ in range(S)]
     meshes: list[int] = []
+    stages: list[int] = []
+    kinds: list[int] = []
     deps: list[int] = []
-    pos = [0] * S
+    pos = [0] * P
     remaining = sum(len(o) for o in orders)
     while remaining:
-        for j in range(S):
+        for j in range(P):
             order, p = orders[j], pos[j]
             while p < len(order):
-                b, _, kind_ = order[p]
+                b, s, kind_ = order[p]
                 if kind_ == "forward":
-                    if j == 0:
-                        code = -1
-                    else:
-                        d = fpos[j - 1][b]
-                        if d < 0:
-                            break
-                        code = -2 - d
-                    fpos[j][b] = len(meshes)
-                else:
-                    code = fpos[j][b] if j == S - 1 else bpos[j + 1][b]
+                    code = -1 if s == 0 else fpos[s - 1][b]
+                    if s > 0 and code < 0:
+                        break
+                    fpos[s][b] = len(meshes)
+                elif kind_ == "backward":
+                    code = fpos[s][b] if s == S - 1 else bpos[s + 1][b]
                     if code < 0:
                         break
-                    bpos[j][b] = len(meshes)
+                    bpos[s][b] = len(meshes)
+                else:
+                    code = bpos[s][b]
+                    if code < 0:
+                        break
                 meshes.append(j)
+                stages.append(s)
+                kinds.append(_CODE[kind_])
                 deps.append(code)
                 p += 1
             remaining -= p - pos[j]
             pos[j] = p
-    return tuple(meshes), tuple(deps)
+    return tuple(meshes), tuple(stages), tuple(kinds), tuple(deps)
 
 
 def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
     """Step time, bubble fraction, per-mesh busy time and peak in-flight micro-batches.
 
-    ``bubble_fraction = 1 - sum(busy) / (S * step_time)`` (per-step ``"update"`` events count as
-    busy). A micro-batch is in flight on a mesh
-    from the start of its forward there to the end of its backward there.
+    ``bubble_fraction = 1 - sum(busy) / (P * step_time)`` (per-step ``"update"`` events count as
+    busy). A micro-batch is in flight on a mesh from the start of its forward there to the end
+    of its backward (ZB-H1: its ``B``) there; a ``W`` is deferred from the end of its ``B`` to
+    its own end.
+
+    Args:
+        events: what :func:`schedule_events` returned.
+        num_stages: the meshes ``P`` (the stages but for interleaved, ``S / v``).
     """
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise ScheduleError(f"num_stages should be an integer >= 1. Got {num_stages!r}.")
@@ -617,45 +867,61 @@ def schedule_stats(events: Sequence[Event], num_stages: int) -> ScheduleStats:
                   num_stages)
 
 
-def _stats(rows: Sequence[_Row], S: int) -> ScheduleStats:
+def _stats(rows: Sequence[_Row], P: int) -> ScheduleStats:
     """:func:`schedule_stats` of events given as tuples (meshes checked)."""
     t0 = min(r[0] for r in rows)
     step = max(r[1] for r in rows) - t0
-    busy = [0.0] * S
-    marks: list[list[tuple[float, int]]] = [[] for _ in range(S)]
+    busy = [0.0] * P
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
+    wmarks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
+    split = any(r[5] == "weight" for r in rows)
     for start, end, mesh, _, _, kind in rows:
         busy[mesh] += end - start
         if kind == "forward":
             marks[mesh].append((start, 1))
         elif kind == "backward":
+            if split:
+                wmarks[mesh].append((end, 1))
+            else:
+                marks[mesh].append((end, -1))
+        elif kind == "weight":
             marks[mesh].append((end, -1))
-    return _stats_of(step, busy, marks, S)
+            wmarks[mesh].append((end, -1))
+    return _stats_of(step, busy, marks, P, wmarks)
 
 
-def _stats_of(step: float, busy: list[float], marks: Sequence[list[tuple[float, int]]], S: int
-              ) -> ScheduleStats:
+def _peak(ms: list[tuple[float, int]]) -> int:
+    cur = best = 0
+    for _, delta in sorted(ms):  # at equal times releases (-1) come first
+        cur += delta
+        best = max(best, cur)
+    return best
+
+
+def _stats_of(step: float, busy: list[float], marks: Sequence[list[tuple[float, int]]], P: int,
+              wmarks: Sequence[list[tuple[float, int]]] | None = None) -> ScheduleStats:
     """The statistics from the step time, each mesh's busy time and its in-flight marks
-    (``(time, +1)`` at a forward's start, ``(time, -1)`` at a backward's end)."""
-    peak = []
-    for ms in marks:
-        cur = best = 0
-        for _, delta in sorted(ms):  # at equal times releases (-1) come first
-            cur += delta
-            best = max(best, cur)
-        peak.append(best)
-    bubble = 0.0 if step <= 0 else 1.0 - sum(busy) / (S * step)
-    return ScheduleStats(step_time=step, bubble_fraction=bubble, busy=busy, peak_inflight=peak)
+    (``(time, +1)`` at a forward's start, ``(time, -1)`` at a backward's end) and deferred-W
+    marks."""
+    bubble = 0.0 if step <= 0 else 1.0 - sum(busy) / (P * step)
+    return ScheduleStats(step_time=step, bubble_fraction=bubble, busy=busy,
+                         peak_inflight=[_peak(ms) for ms in marks],
+                         peak_deferred=[_peak(ms) for ms in (wmarks or [[] for _ in range(P)])])
 
 
 def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
-                   backward: Sequence[float]) -> float:
+                   backward: Sequence[float], weight: Sequence[float] | None = None,
+                   virtual_stages: int = 1) -> float:
     """The time of an order with the given per-stage task times and free communication: each
     mesh runs its tasks in ``order``'s order, each as soon as its dependencies are done and its
     mesh is free.
 
     Args:
         order: the tasks; the order of each mesh's tasks is kept.
-        forward, backward: seconds of one micro-batch's forward and backward on each stage.
+        forward, backward: seconds of one micro-batch's forward and backward (ZB-H1: ``B``) on
+            each stage.
+        weight: seconds of one micro-batch's ``W`` on each stage (orders with ``W`` tasks).
+        virtual_stages: stages per mesh (stage ``s`` on mesh ``s mod (S / v)``).
 
     Returns:
         The makespan ``max end(t)`` with ``end(t) = max(end(prev on mesh), end(deps)) + time(t)``.
@@ -668,6 +934,7 @@ def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
         9.0
     """
     S = len(forward)
-    orders = [[Task(*t) for t in order if t[1] == j] for j in range(S)]
-    events = _simulate(orders, forward, backward, [0.0] * max(S - 1, 0))
+    P = _meshes(S, virtual_stages)
+    orders = [[Task(*t) for t in order if t[1] % P == j] for j in range(P)]
+    events = _simulate(orders, S, forward, backward, [0.0] * max(S - 1, 0), wgt=weight)
     return max((e.end for e in events), default=0.0)

@@ -520,8 +520,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="search level (default auto: exhaustive where it is the fast path, "
                              "else folded)")
         sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
-        sp.add_argument("--schedule", default=None, choices=["1f1b", "gpipe"],
-                        help="pipeline schedule (default 1f1b)")
+        sp.add_argument("--schedule", default=None,
+                        choices=["1f1b", "gpipe", "interleaved", "zb-h1", "auto"],
+                        help="pipeline schedule (default 1f1b; interleaved: v virtual stages per "
+                             "mesh; zb-h1: backward split into input and weight gradients; "
+                             "auto: the best of 1f1b, zb-h1 and interleaved for each layout)")
         sp.add_argument("--microbatches", type=_microbatches, default=None, metavar="auto|N",
                         help="micro-batches of pipeline plans: auto (searched, the default) or a "
                              "count dividing the batch")

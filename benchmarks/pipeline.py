@@ -23,7 +23,15 @@ other than gpt and 175b), from ``benchmarks/public_calls.py``, each in a fresh p
 <= 15 s wall; ``autoplan plan gpt --size 175B --cluster dgx-h100:128`` in <= 40 s wall. (The
 rows above run the suites' settings, baselines off, in this process.)
 
+With ``--schedules`` it prints instead, for the GPT suite and GPT-3 175B on 16 DGX H100 nodes,
+the best 1F1B plan (``schedule="1f1b"``, the default) beside the best over 1F1B, ZB-H1 and
+interleaved 1F1B (``schedule="auto"``): the schedule, predicted step, bubble and memory per
+device of each, the predicted speed-up and the wall time of the ``"auto"`` search, run first
+and cold (the 1F1B search after it reuses its layer solves, so its time is not shown;
+``pipeline=True``, ``baselines=False``; predictions, not timings of the plans).
+
 Run: .venv/bin/python benchmarks/pipeline.py [--quick] [--only gpt|moe|wide_resnet|175b]
+     [--schedules]
 """
 
 import argparse
@@ -83,14 +91,56 @@ def run(name: str, size: str, gpus: int, cluster: autoplan.Cluster | str, **over
     row(name, size, gpus, res, time.perf_counter() - t0)
 
 
+def schedule_cell(p: autoplan.Plan) -> str:
+    """The schedule, predicted step, bubble and memory of a plan (table cells)."""
+    sch = p.schedule
+    kind = sch.kind + (f" v={sch.virtual_stages}" if sch.virtual_stages > 1 else "")
+    return (f"{kind}, {sch.num_meshes} x {p.stages[0].num_devices} dev, {sch.microbatches} mb | "
+            f"{p.predicted.step_time:.3f} s | {p.predicted.bubble_fraction * 100:.1f}% | "
+            f"{p.predicted.memory_per_device / 2**30:.2f} GiB"
+            + ("" if p.predicted.memory_per_device <= p.cluster.device_memory else " (NO fit)"))
+
+
+def compare_schedules(name: str, size: str, gpus: int, cluster: autoplan.Cluster | str,
+                      **over) -> None:
+    """One row: the best 1F1B-only pipeline plan beside the best with the new schedules."""
+    wl = models.get(name, size=size, **{**SETUP, **over})
+    got = {}
+    for kind in ("auto", "1f1b"):  # the second search reuses the first's layer solves
+        t0 = time.perf_counter()
+        res = autoplan.search(wl, cluster, pipeline=True, schedule=kind, baselines=False,
+                              cache=False)
+        got[kind] = (res.best, time.perf_counter() - t0)
+    old, (new, t_new) = got["1f1b"][0], got["auto"]
+    print(f"| {name} {size} | {gpus} | {schedule_cell(old)} | {schedule_cell(new)} | "
+          f"{old.predicted.step_time / new.predicted.step_time:.3f}x | {t_new:.1f} s |",
+          flush=True)
+
+
+def schedules_section(quick: bool) -> None:
+    print("| model | GPUs | best 1F1B (schedule, meshes x devices, mb) | step | bubble | memory "
+          "| best with ZB-H1 / interleaved (schedule='auto') | step | bubble | memory | speed-up "
+          "| search (auto, cold) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, gpus in GPT_SUITE[:3] if quick else GPT_SUITE:
+        compare_schedules("gpt", size, gpus, cluster_for("p3.16xlarge", gpus))
+    if not quick:
+        compare_schedules("gpt", "175B", 128, "dgx-h100:16", dtype="bfloat16")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first three of each suite")
     ap.add_argument("--only", default=None, choices=["gpt", "moe", "wide_resnet", "175b"])
+    ap.add_argument("--schedules", action="store_true",
+                    help="the best 1F1B plan beside the best with ZB-H1 and interleaved 1F1B")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python "
           f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+    if args.schedules:
+        schedules_section(args.quick)
+        return
     print("| model | GPUs | best plan (layers submesh -> logical mesh) | micro-batches | "
           "predicted step | memory/device | fits | search |")
     print("|---|---|---|---|---|---|---|---|")

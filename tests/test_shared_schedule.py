@@ -91,8 +91,12 @@ def test_plan_tables_accept_short_kind_names_and_refuse_broken_ones():
 
 
 def test_bad_kinds_and_counts_are_refused():
-    with pytest.raises(ExecutionError, match="'gpipe' or '1f1b'. Got 'interleaved'"):
-        schedule_table("interleaved", 2, 2)
+    with pytest.raises(ExecutionError, match="'zb-h1'. Got 'zb-h2'"):
+        schedule_table("zb-h2", 2, 2)
+    with pytest.raises(ExecutionError, match="virtual_stages should be 1 for a '1f1b'"):
+        schedule_table("1f1b", 4, 4, 2)
+    with pytest.raises(ExecutionError, match="multiple of the 2 meshes"):
+        schedule_table("interleaved", 4, 3, 2)
     with pytest.raises(ExecutionError, match="microbatches should be an integer >= 1. Got 0"):
         schedule_table("gpipe", 2, 0)
     with pytest.raises(ExecutionError, match="cannot be met"):

@@ -47,6 +47,13 @@ each *task* (phase, stage) a program jitted on the stage's submesh (``plan.mesh(
   accumulation costs no dispatch of its own;
 * ``update[s]`` once per step: the means of the sums it reads, then the stage's update operators.
 
+A ZB-H1 table (``weight`` tasks) splits each stage's backward in two tasks:
+``backward[s]`` (``B``) holds the backward operators whose results another stage's
+per-micro-batch task reads, and everything those read; ``weight[s]`` (``W``) the rest, which feed
+only the accumulated weight gradients (:func:`_split_weight_passes`). An interleaved plan's
+stages are model chunks, stage ``s`` on the devices of mesh ``s mod P``; each chunk is a stage
+here, and the CPU waits below are per mesh.
+
 This is the fewest dispatches the schedule allows: a stage cannot run the forwards of several
 micro-batches as one program without making the next stage wait for all of them (GPipe would
 then run the stages one after the other, ``S m (f + b)`` instead of ``(m + S - 1)(f + b)``), and
@@ -90,7 +97,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._errors import ExecutionError
-from autoplan._schedule import KINDS, ideal_makespan, order_from_table, schedule_order
+from autoplan._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
 from autoplan._signature import step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
@@ -105,8 +112,8 @@ __all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "plac
 #: within one process: what a launch across processes runs, made testable in one process
 _FORCE_COLLECTIVE_TRANSFERS = False
 
-PHASES = ("prologue", "forward", "backward", "update")
-PER_MB = ("forward", "backward")
+PHASES = ("prologue", "forward", "backward", "weight", "update")
+PER_MB = ("forward", "backward", "weight")
 STEP = -1  # the micro-batch index of per-step values
 
 
@@ -284,7 +291,40 @@ def _table_order(plan: Any) -> list[tuple[int, int, str]]:
     S, m = len(plan.stages), sch.microbatches
     if sch.table:
         return order_from_table(sch.table, S, m)
-    return schedule_order(sch.kind if sch.kind in KINDS else ("1f1b" if S == 1 else "gpipe"), S, m)
+    kind = sch.kind if sch.kind in KINDS else ("1f1b" if S == 1 else "gpipe")
+    return schedule_order(kind, S, m, _virtual_stages(plan) if kind == "interleaved" else 1)
+
+
+def _virtual_stages(plan: Any) -> int:
+    """The plan's stages per mesh (interleaved chunks; 1 otherwise)."""
+    return int(getattr(plan.schedule, "virtual_stages", 1) or 1)
+
+
+def _split_weight_passes(prog: FlatProgram, assign: list[tuple[str, int]]
+                         ) -> list[tuple[str, int]]:
+    """ZB-H1's backward split (Qi et al., ICLR 2024): of a stage's backward operators, ``B``
+    (phase ``backward``) keeps those whose results another stage's per-micro-batch task reads
+    (the gradient of the stage's input, which the previous stage waits for) and every operator
+    those read in turn; the rest, which only the update (the weight gradients, accumulated) or
+    each other read, become ``W`` (phase ``weight``). The step's own backward operators, not a
+    re-derivation: ``B`` then ``W`` compute exactly what the backward did, the vjp with respect to
+    the stage's input first and with respect to its weights after."""
+    consumers: dict[int, list[int]] = {}
+    for n, op in enumerate(prog.ops):
+        for t in op.inputs:
+            if not isinstance(t, Lit):
+                consumers.setdefault(t, []).append(n)
+    out = list(assign)
+    in_b = [False] * len(prog.ops)
+    for n in reversed(range(len(prog.ops))):  # consumers follow their producers
+        phase, s = assign[n]
+        if phase != "backward":
+            continue
+        in_b[n] = any(in_b[c] or (assign[c][0] in ("forward", "backward") and assign[c][1] != s)
+                      for t in prog.ops[n].outputs for c in consumers.get(t, ()))
+        if not in_b[n]:
+            out[n] = ("weight", s)
+    return out
 
 
 def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
@@ -484,7 +524,12 @@ class _Split:
         self.fully_local = [all(d.id in local for d in m.devices.flat) for m in meshes]
         self.cpu = meshes[0].devices.flat[0].platform == "cpu"
         self.out_ids = {r for r in prog.outputs if not isinstance(r, Lit)}
-        self.tasks, self.producer = _build_tasks(prog, _assign(plan, graph, prog), self.out_ids)
+        assign = _assign(plan, graph, prog)
+        if any(kind == "weight" for _, _, kind in self.order):  # ZB-H1: B and W run apart
+            assign = _split_weight_passes(prog, assign)
+        self.tasks, self.producer = _build_tasks(prog, assign, self.out_ids)
+        # an interleaved plan's stages share meshes: stage s runs on mesh s mod P
+        self.mesh_of = [s % num_meshes(S, _virtual_stages(plan)) for s in range(S)]
 
         self.leaves, self.in_info = self._input_shardings(host_args)
         self.accumulate, self.grad_tensors = self._accumulated()
@@ -874,7 +919,7 @@ class _Runner:
         self.instrs, self.start = _instructions(sp)
         self.compile_time = 0.0
         self.fns = {k: self._jit(t) for k, t in sp.tasks.items()}
-        self.pending: dict[int, list[Any]] = {s: [] for s in range(sp.S)}
+        self.pending: dict[int, list[Any]] = {g: [] for g in set(sp.mesh_of)}  # per mesh
         self.transfer_bytes = dict.fromkeys(range(sp.S), 0.0)
         for ins in self.instrs:
             if isinstance(ins, _Send):
@@ -892,14 +937,15 @@ class _Runner:
         return jax.jit(self.sp.task_fn(task), donate_argnums=donate)
 
     def _wait(self, stages: Sequence[int]) -> None:
-        """CPU only: wait for the programs with collectives dispatched on these submeshes since
-        the last wait (module docstring). Their results are waited on; one that a later task
-        took as a donated running sum was taken by that task's next run, which waited first."""
-        for s in stages:
-            live = [x for x in self.pending[s] if not x.is_deleted()]
+        """CPU only: wait for the programs with collectives dispatched on these stages'
+        submeshes since the last wait (module docstring; an interleaved plan's stages of one
+        mesh share it). Their results are waited on; one that a later task took as a donated
+        running sum was taken by that task's next run, which waited first."""
+        for g in sorted({self.sp.mesh_of[s] for s in stages}):
+            live = [x for x in self.pending[g] if not x.is_deleted()]
             if live:
                 jax.block_until_ready(live)
-            self.pending[s] = []
+            self.pending[g] = []
 
     def inputs(self, host_leaves: Mapping[int, Any], state: Mapping[int, Any]) -> dict[tuple, Any]:
         """The step's starting values: this process's non-batch inputs and the micro-batch slices
@@ -937,7 +983,7 @@ class _Runner:
             task.last_args = args
         outs = task.compiled(*args)
         if self.sp.cpu and task.has_collectives:
-            self.pending[task.stage].extend(outs)
+            self.pending[self.sp.mesh_of[task.stage]].extend(outs)
         return outs
 
     def step(self, slots: dict[tuple, Any]) -> dict[tuple, Any]:
@@ -962,8 +1008,8 @@ class _Runner:
                 if moved is not None:
                     slots.update(zip([b for _, b in ins.keys], moved))
                 if sp.cpu and witness:
-                    self.pending[ins.src].extend(witness)
-                    self.pending[ins.dst].extend(witness)
+                    self.pending[sp.mesh_of[ins.src]].extend(witness)
+                    self.pending[sp.mesh_of[ins.dst]].extend(witness)
             for k in ins.drop:
                 slots.pop(k, None)
         if sp.cpu:
@@ -1292,8 +1338,9 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
                 account(task.name, k[1], task.compiled, num_mb if k[0] in PER_MB else 1)
     fwd = [task_times.get(f"forward[{s}]", 0.0) for s in range(S)]
     bwd = [task_times.get(f"backward[{s}]", 0.0) for s in range(S)]
+    wgt = [task_times.get(f"weight[{s}]", 0.0) for s in range(S)]
     ideal = (max((task_times.get(f"prologue[{s}]", 0.0) for s in range(S)), default=0.0)
-             + ideal_makespan(order, fwd, bwd)
+             + ideal_makespan(order, fwd, bwd, wgt, _virtual_stages(sp.plan))
              + max((task_times.get(f"update[{s}]", 0.0) for s in range(S)), default=0.0))
     applied = sum(counts["applied"] for _h, counts in sp.hooks)
     skipped = sum(counts["skipped"] for _h, counts in sp.hooks)

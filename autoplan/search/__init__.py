@@ -1,6 +1,6 @@
 """Plan search: intra-operator sharding (Alpa's ILP), folding (TAPAS mining, TePDist cones and
 segments, optimisation levels) and pipeline stages (Alpa's stage DP, TePDist's DAG stage ILP,
-GPipe/1F1B schedules).
+GPipe, 1F1B, interleaved 1F1B and ZB-H1 schedules).
 
 ``autoplan.search`` is both this package and the entry point: ``autoplan.search(workload,
 cluster, ...)`` calls :func:`search`, and ``autoplan.search.mine``, ``autoplan.search.stage_dp``
@@ -11,11 +11,14 @@ import sys as _sys
 import types as _types
 
 from autoplan._schedule import gpipe_table as gpipe_table
+from autoplan._schedule import interleaved_table as interleaved_table
 from autoplan._schedule import one_f_one_b_table as one_f_one_b_table
 from autoplan._schedule import schedule_events as schedule_events
 from autoplan._schedule import schedule_order as schedule_order
 from autoplan._schedule import schedule_stats as schedule_stats
+from autoplan._schedule import schedule_summary as schedule_summary
 from autoplan._schedule import schedule_table as schedule_table
+from autoplan._schedule import zb_h1_table as zb_h1_table
 from autoplan.search._api import LEVELS as LEVELS
 from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
 from autoplan.search._api import NoPipelineWarning as NoPipelineWarning
@@ -57,7 +60,8 @@ __all__ = [
     "Cone", "Segment", "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
     "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
     "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",
-    "one_f_one_b_table", "schedule_events", "schedule_order", "schedule_stats", "schedule_table",
+    "one_f_one_b_table", "interleaved_table", "zb_h1_table", "schedule_events", "schedule_order",
+    "schedule_stats", "schedule_summary", "schedule_table",
     "SolverTimeoutWarning", "enumerate_specs", "place_submeshes", "stage_dp", "submesh_shapes",
     "stage_ilp", "Strategy", "strategies",
 ]

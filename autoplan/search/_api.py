@@ -296,7 +296,15 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             workload (the micro-batch graph is traced from it).
         cluster: a :class:`~autoplan.Cluster` or its ``"name:nodes"`` string.
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: the pipeline schedule: ``"1f1b"`` (default), ``"gpipe"``, ``"interleaved"``
+            (Megatron-LM's interleaved 1F1B: each stage's layers cut into ``v`` chunks, 2 or 4,
+            on the same devices, the bubble divided by ``v``), ``"zb-h1"`` (zero-bubble ZB-H1:
+            each backward split into its input- and weight-gradient passes, the latter
+            deferred into the bubble), or ``"auto"``: every layout simulated under 1F1B, ZB-H1
+            and interleaved, the fastest that fits kept. The default stays 1F1B: it is what
+            the plans of earlier versions ran, and the new kinds run more programs per step
+            (interleaved ``v`` times the tasks and transfers, ZB-H1 a third more tasks), whose
+            launch costs the model counts but a loaded host can exceed.
         microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
             (default) searches it among powers of two near the default (the batch is the
             leading dimension of the batch arguments).
@@ -487,9 +495,16 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
                           "Fix: level='auto' (default), 'exhaustive', 'hierarchical' or 'folded'.")
     if pipeline not in (True, False, "auto"):
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
-    if schedule not in ("1f1b", "gpipe"):
-        raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
-    from autoplan.search.pipeline._pipeline import check_microbatches, check_submesh_hosts  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
+        SCHEDULES,
+        check_microbatches,
+        check_submesh_hosts,
+    )
+
+    if schedule not in SCHEDULES:
+        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
+                          f"Got {schedule!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
+                          "'zb-h1', or 'auto' to weigh all but GPipe.")
 
     check_submesh_hosts(options["submesh_hosts"])
     check_microbatches(microbatches)

@@ -85,7 +85,7 @@ __all__ = ["Explorer", "LaunchRecord", "FIGURES", "LEVELS"]
 #: the cluster control's entry for this machine's measured profile (``Cluster.parse("local")``)
 LOCAL_LABEL = "this machine (measured)"
 
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "auto")
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 FIGURES = ("sharding", "stage", "memory", "graph", "timeline", "compare", "launch")
 AUTO = 0  # the micro-batches Dropdown's value for "searched" (ipywidgets shows None as blank)
@@ -354,7 +354,8 @@ class Explorer:
         model, size: the workload when ``workload`` is None (``model`` may be
             ``"module:function"``; the model box takes either too).
         level: ``"auto"`` (default), ``"exhaustive"``, ``"hierarchical"`` or ``"folded"``.
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: ``"1f1b"``, ``"gpipe"``, ``"interleaved"``, ``"zb-h1"`` or ``"auto"`` (see
+            :func:`autoplan.search`).
         microbatches: the number of micro-batches of pipeline plans (None: searched).
         memory_budget: bytes per device the plans must fit (None: the device's memory ranks them).
         autostart: start a search now (in the background).

@@ -3,7 +3,9 @@
 ``stage_figure`` draws the cluster as a ``hosts x devices`` grid coloured by stage (Alpa's
 stage-to-submesh assignment), one image however many devices (1,024 devices are one trace);
 ``timeline_figure`` draws ``plan.schedule.events`` as bars on one row per mesh, forward in a light
-and backward in a dark shade of the stage's colour, so the pipeline bubbles show as gaps; with
+and backward in a dark shade of the stage's colour (ZB-H1's weight-gradient passes hatched; an
+interleaved schedule's chunks each in their own colour on their mesh's row), so the pipeline
+bubbles show as gaps; with
 many micro-batches the steady state is drawn as one bar per mesh with its counts, and buttons
 zoom to the ramp-up and the ramp-down. ``memory_figure`` stacks, per stage, what each of its
 devices holds (parameters, optimizer state, batch, and the rest of the predicted memory:
@@ -190,13 +192,22 @@ def stage_figure(plan: Plan) -> go.Figure:
 
 def kind_color(stage: int, kind: str) -> str:
     """Bar colour on the timeline: a light tint of the stage colour for forward, a dark shade for
-    backward, a mid tone for anything else."""
+    backward (ZB-H1: its input-gradient pass ``B``), a mid tone for anything else (ZB-H1's
+    weight-gradient pass ``W``, drawn hatched, and the per-step update)."""
     base = stage_color(stage)
     if kind == "forward":
         return tint(base, 0.45)
     if kind == "backward":
         return shade(base, 0.25)
     return tint(base, 0.15)
+
+
+#: how the timeline names the passes of the schedules that split the backward
+_KIND_NAMES = {"zb-h1": {"backward": "B (input gradient)", "weight": "W (weight gradient)"}}
+#: what the timeline's subtitle adds for the schedules beyond GPipe and 1F1B
+_KIND_NOTES = {"zb-h1": "; the backward split into B (dark) and W (hatched, deferred into the "
+                        "bubble)",
+               "interleaved": "; each stage (model chunk) in its own colour, v chunks per mesh"}
 
 
 def timeline_events(plan: Plan) -> tuple[list[Event], str]:
@@ -283,7 +294,10 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     plan = require_plan(plan, "timeline_figure")
     events, unit = timeline_events(plan)
     sch = plan.schedule
-    meshes = max([e[2] for e in events] + [len(plan.stages) - 1, 0]) + 1
+    # an interleaved schedule runs v stages (chunks) per mesh: one row per mesh, not per stage
+    P = sch.num_meshes if sch.virtual_stages > 1 else len(plan.stages)
+    meshes = max([e[2] for e in events] + [P - 1, 0]) + 1
+    names = _KIND_NAMES.get(sch.kind, {})
     end = max([e[1] for e in events], default=0.0)
     scale, uname = time_unit(end) if unit == "s" else (1.0, "tick")
     u = (scale, uname)
@@ -311,15 +325,22 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
         })
     for (st, kind) in sorted(groups, key=lambda k: (k[0], kind_rank.get(k[1], 2), k[1])):
         evs = groups[(st, kind)]
+        what = names.get(kind, kind)
+        where = f" (chunk {st // P} of mesh {st % P})" if sch.virtual_stages > 1 else ""
+        marker: dict[str, Any] = {"color": kind_color(st, kind),
+                                  "line": {"color": "white", "width": 0.5}}
+        if kind == "weight":
+            marker["pattern"] = {"shape": "/", "fgcolor": shade(stage_color(st), 0.25),
+                                 "size": 5, "solidity": 0.3}
         traces.append({
             "type": "bar", "orientation": "h", "y": [e[2] for e in evs],
             "base": [e[0] / scale for e in evs], "x": [(e[1] - e[0]) / scale for e in evs],
             "width": 0.8, "text": [str(e[3]) for e in evs], "textposition": "inside",
             "insidetextanchor": "middle", "textangle": 0, "constraintext": "inside",
-            "marker": {"color": kind_color(st, kind), "line": {"color": "white", "width": 0.5}},
-            "name": f"stage {st} {kind}", "legendgroup": f"stage{st}",
+            "marker": marker,
+            "name": f"stage {st} {what}", "legendgroup": f"stage{st}",
             "customdata": [list(e) + [fmt_in_unit(e[0], u), fmt_in_unit(e[1], u)] for e in evs],
-            "hovertemplate": (f"stage {st} {kind} of micro-batch %{{customdata[3]}}<br>mesh "
+            "hovertemplate": (f"stage {st}{where} {what} of micro-batch %{{customdata[3]}}<br>mesh "
                               "%{customdata[2]}: %{customdata[6]} to %{customdata[7]}<extra></extra>"),
             "meta": {"kind": "events", "stage": st, "event_kind": kind},
         })
@@ -329,12 +350,16 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
             a, b = min(e[0] for e in evs), max(e[1] for e in evs)
             mbs = sorted({e[3] for e in evs})
             nf = sum(1 for e in evs if e[5] == "forward")
+            nw = sum(1 for e in evs if e[5] == "weight")
             busy = sum(e[1] - e[0] for e in evs)
             st = evs[0][4]
             xs.append((b - a) / scale)
             bases.append(a / scale)
             ys.append(m)
-            texts.append(f"micro-batches {mbs[0]}-{mbs[-1]}: {nf} F + {len(evs) - nf} B")
+            texts.append(f"micro-batches {mbs[0]}-{mbs[-1]}: {nf} F + {len(evs) - nf - nw} B"
+                         + (f" + {nw} W" if nw else "")
+                         + (f" over {len({e[4] for e in evs})} chunks" if sch.virtual_stages > 1
+                            else ""))
             cds.append([a, b, m, len(mbs), st, "steady", fmt_in_unit(a, u), fmt_in_unit(b, u),
                         nf, len(evs) - nf, f"{(1 - busy / (b - a)) * 100:.1f}%" if b > a else "0%",
                         mbs[0], mbs[-1]])
@@ -356,8 +381,12 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     row_names = []
     for m in range(meshes):
         s = next((x for x in plan.stages if x.index == m), None)
-        row_names.append(f"mesh {m}" + (f" ({'x'.join(map(str, s.mesh_shape))})" if s else ""))
+        row_names.append(f"mesh {m}" + (f" ({'x'.join(map(str, s.mesh_shape))})" if s else "")
+                         + (f"<br>stages {', '.join(str(c) for c in range(m, len(plan.stages), P))}"
+                            if sch.virtual_stages > 1 else ""))
     kind = sch.kind if sch.kind and sch.kind != "none" else "single stage"
+    if sch.virtual_stages > 1:
+        kind += f" (v={sch.virtual_stages} stages per mesh on {meshes} meshes)"
     mb = max(sch.microbatches, len({e[3] for e in events}))
     span = fmt_in_unit(end, u) if unit == "s" else f"{end:g} clock ticks"
     title = (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
@@ -366,7 +395,8 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
              + (f" (the busiest mesh waits {fmt_in_unit(end - max(per_mesh), u)})"
                 if unit == "s" and per_mesh and meshes > 1 else "")
              + "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
-             "its number; grey = idle" + ("; the steady state of each mesh is one bar "
+             "its number" + _KIND_NOTES.get(sch.kind, "") + "; grey = idle"
+             + ("; the steady state of each mesh is one bar "
                                           "(hover for its counts)" if steady else "") + "</sup>")
 
     def view(lo: float, hi: float) -> dict[str, Any]:  # a range of the time axis and its ticks

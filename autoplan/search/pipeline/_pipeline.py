@@ -41,8 +41,11 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    each stage count, and the same DP over those fixed stages picks their submeshes (Alpa's
    shapes) and logical meshes within the same memory limit.
 6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
-   several caps on the number of stages) are simulated, GPipe or 1F1B
-   (:func:`~autoplan._schedule.schedule_events`), with the stages' forward and
+   several caps on the number of stages) are simulated under the schedule asked for
+   (:func:`~autoplan._schedule.schedule_events`: GPipe, 1F1B, interleaved 1F1B on the layout's
+   layers cut into ``v`` chunks per mesh, ZB-H1 with each backward split into its input- and
+   weight-gradient parts; ``"auto"`` weighs each layout under all but GPipe and keeps the best,
+   see :func:`_evaluate_kind`), with the stages' forward and
    backward times, the cross-stage transfers between the placed submeshes, and each stage's
    per-step work after its last backward; the simulated step time ranks them. The DP's latency
    equals the simulation when the stages are balanced and transfers free; otherwise the
@@ -79,7 +82,13 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._options import require_workload
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
-from autoplan._schedule import ScheduleStats, schedule_events, schedule_summary, schedule_table
+from autoplan._schedule import (
+    SPLIT_KINDS,
+    ScheduleStats,
+    schedule_events,
+    schedule_summary,
+    schedule_table,
+)
 from autoplan._spec import tile_count
 from autoplan._trace import trace
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
@@ -146,6 +155,17 @@ EXACT_LAYOUTS = 4
 #: Besides the best over any number of stages and the one-stage layout, the stage DP gives the
 #: best layouts of each of these stage counts (so every count is a ranked candidate).
 STAGE_COUNTS = (2, 4, 8, 16)
+
+#: The schedules the search accepts: the two classic ones, interleaved 1F1B, ZB-H1, and ``auto``
+#: (every layout weighed under :data:`AUTO_SCHEDULES`, the best kept).
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "auto")
+
+#: Chunks per mesh (virtual stages ``v``) ``schedule="interleaved"`` tries on each layout.
+INTERLEAVED_CHUNKS = (2, 4)
+
+#: ``(kind, v)`` pairs ``schedule="auto"`` simulates each layout under (GPipe is left out: at
+#: equal stage times it takes 1F1B's step and holds all ``B`` micro-batches).
+AUTO_SCHEDULES = (("1f1b", 1), ("zb-h1", 1)) + tuple(("interleaved", v) for v in INTERLEAVED_CHUNKS)
 
 
 @dataclass
@@ -1078,6 +1098,16 @@ class _Table:
                 out.step += s
         return out
 
+    def weight_share(self, li: int) -> float:
+        """The share of layer ``li``'s backward FLOPs that make its parameters' gradients
+        (:func:`gradient_ops`): ZB-H1's ``W`` pass, the rest being ``B``, the gradient of the
+        layer's input. About a half for matmul layers (``dX = dY W^T`` and ``dW = X^T dY`` cost
+        the same)."""
+        ops, grads = self.graph.ops, gradient_ops(self.graph)
+        bwd = self.layers[li].backward
+        total = sum(ops[i].flops for i in bwd)
+        return sum(ops[i].flops for i in bwd if i in grads) / total if total > 0 else 0.0
+
     def boundary_bytes(self, stage_of: Sequence[int], S: int) -> tuple[np.ndarray, np.ndarray]:
         """Per boundary between stage ``s`` and ``s + 1`` (``S - 1`` of them): the bytes of
         forward tensors sent on (once per boundary each crosses) and of backward tensors sent
@@ -1239,6 +1269,13 @@ class _Eval:
     memory: list[float]
     fits: bool
     dp_latency: float | None = None
+    kind: str = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def meshes(self) -> int:
+        """The pipeline's meshes (its stages, but for interleaved: ``S / v``)."""
+        return len(self.layout) // self.virtual_stages
 
     @property
     def events(self) -> list:
@@ -1256,50 +1293,140 @@ class _Eval:
         return (not self.fits, float(f"{self.step:.9g}"), max(self.memory))
 
 
+def _schedule_kinds(schedule: str, layout: Layout) -> tuple[tuple[str, int], ...]:
+    """The ``(kind, virtual stages)`` a layout is simulated under for the search's
+    ``schedule``: one stage is gradient accumulation whatever the kind (recorded as 1F1B but
+    for GPipe)."""
+    if len(layout) == 1:
+        return (("gpipe" if schedule == "gpipe" else "1f1b", 1),)
+    if schedule == "auto":
+        return AUTO_SCHEDULES
+    if schedule == "interleaved":
+        return tuple(("interleaved", v) for v in INTERLEAVED_CHUNKS)
+    return ((schedule, 1),)
+
+
+def _chunks(layout: Layout, v: int) -> Layout | None:
+    """Interleaved 1F1B's ``P v`` chunks of a ``P``-stage layout (Megatron-LM): chunk
+    ``i P + g`` runs on stage ``g``'s submesh and logical mesh, and stage ``g``'s layer count is
+    split into ``v`` near-equal parts, one per chunk, so each mesh keeps as many layers as the
+    layout gave it. The layers are then dealt to the chunks in chunk order. None for a layout
+    that is not a chain of contiguous layers or whose stage has fewer than ``v`` layers."""
+    flat = [li for members, _, _ in layout for li in members]
+    if flat != list(range(flat[0], flat[0] + len(flat))) or any(
+            len(members) < v for members, _, _ in layout):
+        return None
+    out, start = [], flat[0]
+    for i in range(v):
+        for members, k, c in layout:
+            n = len(members) // v + (1 if i < len(members) % v else 0)
+            out.append((tuple(range(start, start + n)), k, c))
+            start += n
+    return tuple(out)
+
+
 def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None = None,
               dp_latency: float | None = None) -> _Eval | None:
-    """Simulate ``layout`` (see the module docstring, step 6); None when a stage's plans do not
-    divide the micro-batch or the submeshes cannot be placed."""
+    """Simulate ``layout`` under each schedule the search weighs (:func:`_schedule_kinds`) and
+    keep the best by :attr:`_Eval.key` (fitting, then the step, then the memory; the first on
+    ties); None when none applies (see :func:`_evaluate_kind`). A requested interleaved schedule
+    that applies to no chunk count falls back to 1F1B."""
+    best = None
+    kinds = _schedule_kinds(table.ctx.schedule, layout)
+    for kind, v in kinds:
+        ev = _evaluate_kind(table, layout, kind, v, ratio, B, dp_latency)
+        if ev is not None and (best is None or ev.key < best.key):
+            best = ev
+    if best is None and all(kind == "interleaved" for kind, _ in kinds):
+        best = _evaluate_kind(table, layout, "1f1b", 1, ratio, B, dp_latency)
+    return best
+
+
+def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: float = 1.0,
+                   B: int | None = None, dp_latency: float | None = None) -> _Eval | None:
+    """Simulate ``layout`` under schedule ``kind`` with ``v`` virtual stages (see the module
+    docstring, step 6); None when a stage's plans do not divide the micro-batch, the submeshes
+    cannot be placed, or an interleaved schedule does not apply (:func:`_chunks`, and ``B`` a
+    multiple of the stages).
+
+    How each kind is weighed, beyond its simulated step:
+
+    * memory for in-flight activations: GPipe ``B``, 1F1B ``min(S - s, B)`` micro-batches on
+      stage ``s``; ZB-H1 the simulated peak between a forward and its ``W`` (deferring ``W``
+      holds its inputs: at most ``min(S, B)``; with rematerialised layers the saved
+      activations are the checkpoints, and a deferred ``W`` either keeps what ``B`` recomputed
+      or recomputes it, which this does not count); interleaved, per mesh, its chunks' resident
+      bytes plus its simulated peak of chunk micro-batches times its largest chunk's
+      activations;
+    * ZB-H1's ``W`` of a stage is its layers' backward times their weight-gradient FLOP share
+      (:meth:`_Table.weight_share`), its ``B`` the rest;
+    * interleaved pays a transfer between every pair of consecutive chunks (mesh ``P - 1``
+      hands back to mesh 0) and a program launch per chunk task.
+    """
     ctx = table.ctx
     B = B or table.B
-    S = len(layout)
+    P = len(layout)
+    chunks = layout
+    if v > 1:
+        chunks = _chunks(layout, v)
+        if chunks is None or B % P:
+            return None
+    S = len(chunks)
     stages = []
-    for members, k, c in layout:
+    for members, k, c in chunks:
         tt = table.stage(members, k, c, ratio, B)
         if tt is None:
             return None
         stages.append(tt)
     try:
-        placed = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.num_hosts,
-                                 ctx.devices_per_host)
+        on_mesh = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.num_hosts,
+                                  ctx.devices_per_host)
     except SearchError:
         return None
+    placed = [on_mesh[s % P] for s in range(S)]
     stage_of = [0] * table.L
-    for s, (members, _, _) in enumerate(layout):
+    for s, (members, _, _) in enumerate(chunks):
         for li in members:
             stage_of[li] = s
     fwd, bwd = table.boundary_bytes(stage_of, S)
     comm_f, comm_b = [], []
     for s in range(S - 1):
         cross = ctx.crosses_hosts(placed[s], placed[s + 1])
-        comm_f.append(ctx.transfer(float(fwd[s]) * ratio, layout[s + 1][1], cross,
+        comm_f.append(ctx.transfer(float(fwd[s]) * ratio, chunks[s + 1][1], cross,
                                    len(placed[s + 1]))[0])
-        comm_b.append(ctx.transfer(float(bwd[s]) * ratio, layout[s][1], cross, len(placed[s]))[0])
+        comm_b.append(ctx.transfer(float(bwd[s]) * ratio, chunks[s][1], cross, len(placed[s]))[0])
     # launching programs: one per step for gradient accumulation (a loop in one program), one
     # per task in a pipeline (each micro-batch's forward and backward, and the update)
     cl = ctx.cluster
     per_step = cl.step_overhead(math.ceil(len(ctx.full.inputs) / S))
     per_task = cl.step_overhead(0) if S > 1 else 0.0
-    timing = ((ctx.schedule, S, B, [x.forward + per_task for x in stages],
-               [x.backward + per_task for x in stages], comm_f or None),
+    backward = [x.backward for x in stages]
+    extra: dict[str, Any] = {}
+    if kind in SPLIT_KINDS:
+        weight = [sum(table.weight_share(li) * table.terms(li, k, c, ratio, B).backward
+                      for li in members) for members, k, c in chunks]
+        backward = [b - w for b, w in zip(backward, weight, strict=True)]
+        extra["weight_times"] = [w + per_task for w in weight]
+    if v > 1:
+        extra["virtual_stages"] = v
+    timing = ((kind, S, B, [x.forward + per_task for x in stages],
+               [b + per_task for b in backward], comm_f or None),
               {"backward_comm_times": comm_b or None,
-               "step_times": [x.step + per_step for x in stages]})
+               "step_times": [x.step + per_step for x in stages], **extra})
     stats = schedule_summary(*timing[0], **timing[1])
-    memory = [x.resident + (min(S - s, B) if ctx.schedule == "1f1b" else B) * x.activation
-              for s, x in enumerate(stages)]
+    if kind == "interleaved":
+        mine = [range(g, S, P) for g in range(P)]
+        per_mesh = [sum(stages[s].resident for s in mine[g]) + stats.peak_inflight[g]
+                    * max(stages[s].activation for s in mine[g]) for g in range(P)]
+        memory = [per_mesh[s % P] for s in range(S)]
+    elif kind in SPLIT_KINDS:
+        memory = [x.resident + stats.peak_inflight[s] * x.activation for s, x in enumerate(stages)]
+    else:
+        memory = [x.resident + (min(S - s, B) if kind == "1f1b" else B) * x.activation
+                  for s, x in enumerate(stages)]
     fits = max(memory) <= ctx.budget * (1 + 1e-9)
-    return _Eval(layout, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
-                 dp_latency)
+    return _Eval(chunks, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
+                 dp_latency, kind, v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1529,7 +1656,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
     busy = ev.stats.busy
     hot = int(np.argmax(busy))
     step = ev.step
-    devices = sum(s.num_devices for s in stages)
+    devices = sum(s.num_devices for s in stages[:ev.meshes])  # (interleaved: each mesh once)
     batch = batch_size(full)
     pred = Predicted(
         step_time=step, throughput=batch / step if step > 0 else 0.0,
@@ -1541,15 +1668,16 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                       for ax in sorted({ax for p in per_stage for ax in p[3]})},
         comm_time_by_kind=dict(per_stage[hot][1]), bubble_fraction=ev.stats.bubble_fraction,
         mfu=full.flops / (step * devices * ctx.cluster.peak_flops) if step > 0 else 0.0)
-    table_rows = schedule_table(ctx.schedule, S, B)
+    table_rows = schedule_table(ev.kind, S, B, ev.virtual_stages)
     return Plan(
         model=full.name, fingerprint=full.fingerprint, cluster=ctx.cluster, stages=tuple(stages),
         inputs=tuple(_complete_inputs(full, inputs)), predicted=pred,
-        schedule=Schedule(ctx.schedule, B, S,
+        schedule=Schedule(ev.kind, B, S,
                           table=tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind)
                                             for e in row) for row in table_rows),
                           events=tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind)
-                                       for e in ev.events)),
+                                       for e in ev.events),
+                          virtual_stages=ev.virtual_stages),
         label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
         config=dict(getattr(workload, "config", {}) or {}), jax_version=jax.__version__,
         notes=notes)
@@ -1587,7 +1715,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             :class:`~autoplan.models.Workload` or a user's); the batch is read from the leading
             dimension of its ``batch`` arguments.
         cluster: the cluster.
-        schedule: ``"1f1b"`` or ``"gpipe"``.
+        schedule: ``"1f1b"``, ``"gpipe"``, ``"interleaved"`` (Megatron-LM's interleaved 1F1B
+            with :data:`INTERLEAVED_CHUNKS` virtual stages per mesh, the best kept; 1F1B where
+            none applies), ``"zb-h1"`` (zero-bubble ZB-H1) or ``"auto"`` (every layout
+            simulated under each of :data:`AUTO_SCHEDULES`, the best kept).
         microbatches: the number of micro-batches; ``None`` or ``"auto"`` searches it
             (see the module docstring, step 7).
         level: recorded in the plans (each layer's ILP is solved whole).
@@ -1636,8 +1767,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
                           f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
                           "'auto'.")
-    if schedule not in ("1f1b", "gpipe"):
-        raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
+    if schedule not in SCHEDULES:
+        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
+                          f"Got {schedule!r}.")
     check_microbatches(microbatches)
     check_submesh_hosts(submesh_hosts)
     check_workers(workers)
@@ -1745,7 +1877,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     # the best plan per stage count (the one-stage layout kept), best first
     best_of: dict[int, _Eval] = {}
     for ev in evals:
-        best_of.setdefault(len(ev.layout), ev)
+        best_of.setdefault(ev.meshes, ev)
     chosen = sorted(best_of.values(), key=lambda ev: ev.key)[:max(1, max_candidates)]
     if 1 in best_of and best_of[1] not in chosen:
         chosen.append(best_of[1])

@@ -210,7 +210,11 @@ def test_gpipe_and_1f1b_same_step_time_with_uniform_stages():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: schedule_table("interleaved", 2, 2), "kind"),
+        (lambda: schedule_table("chimera", 2, 2), "kind"),
+        (lambda: schedule_table("interleaved", 3, 2, 2), "multiple of virtual_stages"),
+        (lambda: schedule_events("zb-h1", 2, 2, [1.0] * 2, [1.0] * 2), "weight_times"),
+        (lambda: schedule_events("1f1b", 2, 2, [1.0] * 2, [1.0] * 2, weight_times=[1.0] * 2),
+         "weight_times should be None"),
         (lambda: schedule_table("gpipe", 0, 2), "num_stages"),
         (lambda: gpipe_table(2, 0), "microbatches"),
         (lambda: schedule_events("1f1b", 2, 2, [1.0], [1.0, 1.0]), "forward_times"),
