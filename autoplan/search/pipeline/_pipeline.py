@@ -49,7 +49,10 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    simulation decides. The one-stage layout (gradient accumulation over ``B`` micro-batches) is
    always a candidate, and so is the best layout of each of :data:`STAGE_COUNTS` stages.
 7. **Micro-batches.** With ``microbatches=None`` the count is searched among the divisors of the
-   batch within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS` hosts). The default's layer plans are re-timed at
+   batch within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS`
+   hosts), in two rounds: the default's power-of-two multiples and fractions, then the divisors
+   between the best of those and its neighbours (:func:`finer_counts`). The default's layer
+   plans are re-timed at
    every other count (per-micro-batch compute, collective bytes and activations scaled with the
    micro-batch size, alpha-beta times recomputed, plans whose splits no longer divide the
    micro-batch dropped); the DP and the simulation rank each count; the best
@@ -226,13 +229,19 @@ def _aligned(a: OpGraph, b: OpGraph) -> bool:
 def _default_microbatches(batch: int, max_stages: int) -> int:
     """Enough micro-batches to keep the bubble small and the activations of the in-flight
     micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
-    (at least 2 when the batch allows)."""
+    (at least 2 when the batch allows: for an odd batch its smallest divisor above 1 that is not
+    the batch itself, 3 for a batch of 9).
+
+    Examples:
+        >>> [_default_microbatches(b, 8) for b in (1024, 1536, 6, 9, 7)]
+        [128, 128, 2, 3, 1]
+    """
     cap = max(1, min(128, batch // 4))
     b = 1
     while b * 2 <= cap and batch % (b * 2) == 0:
         b *= 2
-    if b == 1 and batch % 2 == 0:
-        b = 2
+    if b == 1:
+        b = next((d for d in range(2, math.isqrt(batch) + 1) if batch % d == 0), 1)
     return b
 
 
@@ -254,6 +263,22 @@ def microbatch_counts(batch: int, default: int, window: int = MICROBATCH_WINDOW)
             out.update(b for b in (d, batch // d) if lo <= b <= hi)
         d += 1
     return sorted(out)
+
+
+def finer_counts(counts: Sequence[int], coarse: Sequence[int], lead: int) -> list[int]:
+    """The second screening round: the ``counts`` strictly between the ``coarse`` counts on
+    either side of ``lead`` (the best of the first round), not screened yet.
+
+    Examples:
+        >>> finer_counts([16, 24, 32, 48, 64, 96, 128], [16, 32, 64, 128], 32)
+        [24, 48]
+        >>> finer_counts([1, 3], [1], 1)
+        [3]
+    """
+    i = list(coarse).index(lead)
+    lo = coarse[i - 1] if i > 0 else 0
+    hi = coarse[i + 1] if i + 1 < len(coarse) else math.inf
+    return [B for B in counts if lo < B < hi and B not in coarse]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1720,9 +1745,14 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     # the default count's layouts and the other counts' screening (the default's plans re-timed):
     # the stage-DP runs of both in one batch of tasks
     others: list[int] = []
+    counts: list[int] = [B0]
     if search_mb and table.screenable:
         window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
-        others = [B for B in microbatch_counts(batch, B0, window) if B != B0]
+        counts = microbatch_counts(batch, B0, window)
+        # screened in two rounds: the default's power-of-two multiples and fractions first,
+        # then the other divisors between the best of those and its neighbours (finer_counts)
+        others = [B for B in counts if B != B0 and max(B, B0) % min(B, B0) == 0
+                  and (r := max(B, B0) // min(B, B0)) & (r - 1) == 0]
     outs = _layouts_of(table, dag, use_ilp, [(1.0, B0, True)] + [(B0 / B, B, False)
                                                                   for B in others],
                        workers=n_workers)
@@ -1750,19 +1780,29 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     tables = {B0: table}
 
     # other counts: screened on the default's plans re-timed, the best costed exactly
-    if others and evals:
+    if len(counts) > 1 and evals:
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-        for B, (lays, ok, _, _) in zip(others, outs[1:]):
-            ratio = B0 / B
-            got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays) if ev),
-                         key=lambda ev: ev.key)
-            simulated += len(lays)
-            candidates[B] = got[0].step if got and ok and got[0].fits else None
-            if got:
-                screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
-        t_dp += time.perf_counter() - t2
+
+        def screen(Bs: list[int], outs_B: list) -> None:
+            nonlocal simulated
+            for B, (lays, ok, _, _) in zip(Bs, outs_B):
+                ratio = B0 / B
+                got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays)
+                              if ev), key=lambda ev: ev.key)
+                simulated += len(lays)
+                candidates[B] = got[0].step if got and ok and got[0].fits else None
+                if got:
+                    screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
+
+        screen(others, outs[1:])
         best_now = min(ev.key for ev in evals)
+        lead = min([(k, B) for k, B, _ in screened] + [(best_now, B0)])[1]
+        finer = finer_counts(counts, sorted(set(others) | {B0}), lead)
+        if finer:
+            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer],
+                                      workers=n_workers))
+        t_dp += time.perf_counter() - t2
         for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
             if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
                 continue  # not faster than the default by more than the screening can resolve
