@@ -31,7 +31,7 @@ def paper():
 def test_measured_steps_are_alpas_flops_over_its_throughput(paper):
     """Issue 41's measured column: Alpa's TFLOPS per GPU turned into steps with Alpa's FLOPs."""
     want = {"GPT 2.6B": 47.4, "GPT 6.7B": 60.0, "GPT 15B": 69.1, "GPT 39B": 91.5,
-            "MOE 10B": 14.5, "WRN 2B": 44.8}
+            "MoE 10B": 14.5, "WRN 2B": 44.8}
     for cfg in paper.CONFIGS:
         config = models.get(cfg.model, cfg.size).config
         assert paper.measured_step(cfg, config, cfg.alpa_tflops) == pytest.approx(

@@ -1816,6 +1816,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             tB.solve_cells(_cells(lays), n_workers)
             evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
             exact.append(B)
+    if not evals:  # (the Megatron grid, whose pins may divide on none of its meshes)
+        raise InfeasiblePlanError(f"pipeline: none of the {len(found)} stage layouts can be "
+                                  "placed with plans on their meshes. Fix: use a batch that "
+                                  "divides over the devices, or fewer devices.")
     evals.sort(key=lambda ev: ev.key)
 
     # the best plan per stage count (the one-stage layout kept), best first
