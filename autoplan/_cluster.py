@@ -553,6 +553,8 @@ class Cluster:
         lines = [f"cluster {self.spec}: {self.describe_profile()}",
                  f"  devices          : {self.nodes} x {self.devices_per_node} x {self.device_kind}, "
                  f"{self.device_memory / 2**30:.1f} GiB each",
+                 f"  peak             : {_rate(self.peak_flops)} ({self.training_precision}, the "
+                 "MFU's reference)" if self.peak_rates else
                  f"  peak             : {_rate(self.peak_flops)} x {self.compute_efficiency:g} "
                  "achievable (where no curve applies)",
                  f"  memory bandwidth : {self.memory_bandwidth / 1e9:.2f} GB/s per device",
@@ -562,6 +564,12 @@ class Cluster:
                  f"  links            : in a node {self.intra_bandwidth / 1e9:.2f} GB/s, "
                  f"{self.intra_latency * 1e6:.1f} us; between nodes "
                  f"{self.inter_bandwidth / 1e9:.2f} GB/s, {self.inter_latency * 1e6:.1f} us"]
+        if self.peak_rates:
+            rates = ", ".join(f"{p} {_rate(v)}" for p, v in self.peak_rates)
+            lines.append(f"  peak by precision: {rates}; float32 dots as {self.float32_dot}"
+                         + ("; achievable fractions from the measured GPU saturation curves"
+                            if self.saturation else ""))
+        lines += [f"  source of {k:<8}: {v}" for k, v in self.sources]
         for c in self.curves:
             if c.op == "memory":
                 pts = ", ".join(f"{w / t / 1e9:.2f} GB/s at {w / 1024:.0f} KiB"
