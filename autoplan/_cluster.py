@@ -64,6 +64,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ._devices import PRECISIONS as _PRECISIONS
+from ._devices import peak_rate as _peak_rate
+from ._devices import precision as _precision
+from ._devices import saturated_time as _saturated_time
 from ._errors import ClusterError
 from ._fit import fit_line as fit_line
 from ._fit import interpolate as _interpolate
@@ -233,8 +237,9 @@ class Cluster:
         inter_bandwidth: bytes/s of one node's network link (shared by its devices).
         intra_latency: seconds of latency per collective inside a node.
         inter_latency: seconds of latency per collective across nodes.
-        compute_efficiency: achievable fraction of ``peak_flops`` for large matmuls (where no
-            measured curve applies).
+        compute_efficiency: a derating of the compute rates where no measured curve applies
+            (1.0: the device model as it is; a datasheet preset's achievable fractions come from
+            its saturation curves, see ``saturation``).
         gamma: TAPAS's overlap discount for gradient communication in backward, in (0, 1].
         epsilon: TAPAS's per-collective efficiency multipliers, in (0, 1] (``(kind, value)`` pairs).
         device_kind: a description of the device.
@@ -248,6 +253,16 @@ class Cluster:
         profiled: when the profile was measured (ISO 8601, UTC); empty for a datasheet preset.
         platform: the JAX platform the profile was measured on (``cpu``, ``gpu``, ``tpu``).
         quick: the profile was measured with ``quick=True`` (fewer sizes).
+        peak_rates: a datasheet device model's peak FLOP/s per precision (``(precision, rate)``
+            pairs over :data:`autoplan._devices.PRECISIONS`); an operator runs at the rate of
+            its dtype (see :mod:`autoplan._devices`). Empty: every dtype at ``peak_flops``.
+        float32_dot: the platform's default precision for float32 dots and convolutions:
+            ``"tf32"`` where XLA runs them on TF32 tensor cores (NVIDIA Ampere and later), else
+            ``"float32"``.
+        saturation: ``"gpu"`` to charge operations the achievable fraction of their peak that
+            the saturation curves measured on real GPUs give at their size
+            (:data:`autoplan._devices.SATURATION`); empty for a flat rate.
+        sources: where each datasheet number comes from (``(field, source)`` pairs).
     """
 
     name: str
@@ -259,7 +274,7 @@ class Cluster:
     inter_bandwidth: float
     intra_latency: float = 5e-6
     inter_latency: float = 2e-5
-    compute_efficiency: float = 0.5
+    compute_efficiency: float = 1.0
     gamma: float = 1.0
     epsilon: tuple[tuple[str, float], ...] = ()
     device_kind: str = "accelerator"
@@ -272,6 +287,10 @@ class Cluster:
     profiled: str = ""
     platform: str = ""
     quick: bool = False
+    peak_rates: tuple[tuple[str, float], ...] = ()
+    float32_dot: str = "float32"
+    saturation: str = ""
+    sources: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         for attr in ("name", "device_kind", "profiled", "platform"):
@@ -312,6 +331,18 @@ class Cluster:
             if kind not in COLLECTIVES or not (0 < v <= 1):
                 raise ClusterError(f"Cluster: epsilon should map a collective in {COLLECTIVES} to "
                                    f"a value in (0, 1]. Got {kind!r}: {v!r}.")
+        for prec, v in self.peak_rates:
+            if prec not in _PRECISIONS or not (isinstance(v, int | float) and v > 0
+                                               and math.isfinite(v)):
+                raise ClusterError(f"Cluster: peak_rates should map a precision in {_PRECISIONS} "
+                                   f"to a positive FLOP/s. Got {prec!r}: {v!r}.")
+        if self.float32_dot not in ("float32", "tf32"):
+            raise ClusterError(f"Cluster: float32_dot should be 'float32' or 'tf32'. Got "
+                               f"{self.float32_dot!r}. Fix: 'tf32' where XLA runs float32 dots "
+                               "on TF32 tensor cores (NVIDIA Ampere and later).")
+        if self.saturation not in ("", "gpu"):
+            raise ClusterError(f"Cluster: saturation should be '' or 'gpu'. Got "
+                               f"{self.saturation!r}.")
         for c in self.curves:
             if c.op not in CURVE_OPS or len(c.sizes) != len(c.seconds):
                 raise ClusterError(f"Cluster: a throughput curve should be for one of {CURVE_OPS} "
@@ -435,6 +466,8 @@ class Cluster:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["epsilon"] = [list(x) for x in self.epsilon]
+        d["peak_rates"] = [list(x) for x in self.peak_rates]
+        d["sources"] = [list(x) for x in self.sources]
         return d
 
     @classmethod
@@ -455,6 +488,8 @@ class Cluster:
         try:
             d = dict(d)
             d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
+            d["peak_rates"] = tuple((str(k), float(v)) for k, v in d.get("peak_rates", ()))
+            d["sources"] = tuple((str(k), str(v)) for k, v in d.get("sources", ()))
             d["curves"] = tuple(
                 ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["sizes"])),
                                 tuple(map(float, c["seconds"])), float(c["peak"]), float(c["half"]))
@@ -546,6 +581,8 @@ class Cluster:
         lines = [f"cluster {self.spec}: {self.describe_profile()}",
                  f"  devices          : {self.nodes} x {self.devices_per_node} x {self.device_kind}, "
                  f"{self.device_memory / 2**30:.1f} GiB each",
+                 f"  peak             : {_rate(self.peak_flops)} ({self.training_precision}, the "
+                 "MFU's reference)" if self.peak_rates else
                  f"  peak             : {_rate(self.peak_flops)} x {self.compute_efficiency:g} "
                  "achievable (where no curve applies)",
                  f"  memory bandwidth : {self.memory_bandwidth / 1e9:.2f} GB/s per device",
@@ -555,6 +592,12 @@ class Cluster:
                  f"  links            : in a node {self.intra_bandwidth / 1e9:.2f} GB/s, "
                  f"{self.intra_latency * 1e6:.1f} us; between nodes "
                  f"{self.inter_bandwidth / 1e9:.2f} GB/s, {self.inter_latency * 1e6:.1f} us"]
+        if self.peak_rates:
+            rates = ", ".join(f"{p} {_rate(v)}" for p, v in self.peak_rates)
+            lines.append(f"  peak by precision: {rates}; float32 dots as {self.float32_dot}"
+                         + ("; achievable fractions from the measured GPU saturation curves"
+                            if self.saturation else ""))
+        lines += [f"  source of {k:<8}: {v}" for k, v in self.sources]
         for c in self.curves:
             if c.op == "memory":
                 pts = ", ".join(f"{w / t / 1e9:.2f} GB/s at {w / 1024:.0f} KiB"
@@ -576,9 +619,38 @@ class Cluster:
     def eps(self, kind: str) -> float:
         return dict(self.epsilon).get(kind, 1.0)
 
-    def compute_time(self, flops: float, devices: int = 1) -> float:
-        """Seconds to run ``flops`` spread evenly over ``devices`` at the peak achievable rate."""
-        return flops / (devices * self.peak_flops * self.compute_efficiency)
+    def compute_time(self, flops: float, devices: int = 1, dtype: str | None = None) -> float:
+        """Seconds to run ``flops`` spread evenly over ``devices`` at the peak achievable rate:
+        of a device model, as one large matmul in ``dtype`` (default: the precision of
+        ``peak_flops``); else ``peak_flops x compute_efficiency``."""
+        if not self.peak_rates or flops <= 0:
+            return flops / (devices * self.peak_flops * self.compute_efficiency)
+        return self.flop_time("matmul", flops / devices, dtype or self.training_precision)
+
+    @property
+    def training_precision(self) -> str:
+        """The precision whose peak ``peak_flops`` is (a device model's fastest 16-bit rate,
+        else float32)."""
+        rates = dict(self.peak_rates)
+        return next((p for p in ("bfloat16", "float16", "tf32", "float32") if
+                     rates.get(p) == self.peak_flops), "float32")
+
+    def peak(self, op_class: str, dtype: str | None) -> tuple[str, float]:
+        """The precision an operator of ``op_class`` (``"matmul"``, ``"conv"``,
+        ``"elementwise"``) on ``dtype`` operands runs at on this device, and its peak FLOP/s
+        (``peak_flops`` for every dtype without a device model).
+
+        Examples:
+            >>> Cluster.preset("p3.16xlarge").peak("matmul", "float32")
+            ('float32', 15700000000000.0)
+            >>> Cluster.preset("dgx-h100").peak("matmul", "float32")
+            ('tf32', 494700000000000.0)
+        """
+        if not self.peak_rates:
+            return str(dtype or "float32"), self.peak_flops
+        prec, rate = _peak_rate(dict(self.peak_rates),
+                                _precision(dtype, op_class, self.float32_dot))
+        return prec, (rate or self.peak_flops)
 
     def curve(self, op: str, dtype: str) -> ThroughputCurve | None:
         """The measured curve of ``op`` in ``dtype`` (else in float32, else of matmul)."""
@@ -591,25 +663,46 @@ class Cluster:
 
     def flop_time(self, op: str, flops: float, dtype: str | None = None) -> float:
         """Seconds per device for one operation of ``flops`` FLOPs per device: the measured
-        curve of ``op`` (``"matmul"`` or ``"conv"``) and ``dtype``, else ``peak x efficiency``."""
+        curve of ``op`` (``"matmul"`` or ``"conv"``) and ``dtype``; else the device model's
+        peak for the precision ``op`` runs ``dtype`` at (:meth:`peak`), at the achievable
+        fraction its saturation curve gives at that size (``"elementwise"``: the vector rate,
+        no curve).
+
+        Examples:
+            >>> v100 = Cluster.preset("p3.16xlarge")
+            >>> round(1e12 / v100.flop_time("matmul", 1e12, "float16") / 1e12, 1)  # TFLOP/s
+            102.7
+            >>> round(1e12 / v100.flop_time("matmul", 1e12, "float32") / 1e12, 1)
+            14.7
+        """
         if flops <= 0:
             return 0.0
-        c = self.curve(op, dtype or "float32") if self.curves else None
-        if c is None:
+        c = self.curve(op, dtype or "float32") if self.curves and op in CURVE_OPS else None
+        if c is not None:
+            return c.time(flops)
+        if self.curves and op == "elementwise":  # a measured profile: its best rate, as before
             return flops / (self.peak_flops * self.compute_efficiency)
-        return c.time(flops)
+        prec, rate = self.peak(op, dtype)
+        ideal = flops / (rate * self.compute_efficiency)
+        if self.saturation and op in ("matmul", "conv"):
+            return _saturated_time(op, prec, ideal)
+        return ideal
 
     def memory_time(self, nbytes: float) -> float:
         """Seconds per device for a kernel to move ``nbytes`` to and from memory: the measured
         bandwidth curve by kernel size when profiled (small kernels stay in caches), else
-        ``nbytes / memory_bandwidth`` (0 without a bandwidth)."""
+        ``nbytes / memory_bandwidth`` at the fraction the device model's saturation curve gives
+        for a kernel of that size (0 without a bandwidth)."""
         if nbytes <= 0:
             return 0.0
         curve = memo(self, "memory_curve",
                      lambda: next((c for c in self.curves if c.op == "memory"), None))
         if curve is not None:
             return curve.time(nbytes)
-        return nbytes / self.memory_bandwidth if self.memory_bandwidth > 0 else 0.0
+        if self.memory_bandwidth <= 0:
+            return 0.0
+        ideal = nbytes / self.memory_bandwidth
+        return _saturated_time("memory", "", ideal) if self.saturation else ideal
 
     def step_overhead(self, num_args: int) -> float:
         """Seconds to launch one executable with ``num_args`` argument arrays."""
@@ -920,21 +1013,70 @@ def send_recv_time(cluster: Cluster, nbytes: float, cross_node: bool) -> float:
     return cluster.intra_latency + nbytes / cluster.intra_bandwidth
 
 
+_V100 = "NVIDIA Tesla V100 datasheet (SXM2)"
+_V100_RATES = (("float64", 7.8e12), ("float32", 15.7e12), ("float16", 125e12))
+_V100_SOURCES = (("peak_rates", f"{_V100}: FP64 7.8, FP32 15.7, tensor (FP16) 125 TFLOP/s; no "
+                                "TF32 or BF16 (XLA runs float32 dots at the FP32 rate)"),
+                 ("memory_bandwidth", f"{_V100}: HBM2 900 GB/s"),
+                 ("intra_bandwidth", f"{_V100}: NVLink 300 GB/s per GPU (both directions); "
+                                     "150 GB/s used, one direction"),
+                 ("saturation", "autoplan._devices.SATURATION: measured on an H100 and an H200 "
+                                "(docs/profiles/), scaled to these peaks"))
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense rates)"
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense rates)"
+
 PRESETS: dict[str, Cluster] = {
     # AWS p3.16xlarge (Alpa's testbed): 8 x V100 16 GB (900 GB/s HBM2), NVLink, 25 Gbps between
     # nodes.
-    "p3.16xlarge": Cluster("p3.16xlarge", 1, 8, 16 * GiB, 125e12, 150e9, 25e9 / 8,
-                           intra_latency=5e-6, inter_latency=3e-5, compute_efficiency=0.5,
-                           device_kind="V100-SXM2-16GB", memory_bandwidth=900e9),
+    "p3.16xlarge": Cluster(
+        "p3.16xlarge", 1, 8, 16 * GiB, 125e12, 150e9, 25e9 / 8, intra_latency=5e-6,
+        inter_latency=3e-5, device_kind="V100-SXM2-16GB", memory_bandwidth=900e9,
+        peak_rates=_V100_RATES, saturation="gpu",
+        sources=_V100_SOURCES + (
+            ("device_memory", f"{_V100}: 16 GB HBM2"),
+            ("inter_bandwidth", "AWS EC2 P3 instance types: p3.16xlarge, 25 Gbps network"))),
     # TAPAS / TePDist testbed: 8 x V100 32 GB, NVLink, 100 Gbps between nodes.
-    "v100-32g-100gbe": Cluster("v100-32g-100gbe", 1, 8, 32 * GiB, 125e12, 150e9, 100e9 / 8,
-                               intra_latency=5e-6, inter_latency=2e-5, compute_efficiency=0.5,
-                               device_kind="V100-SXM2-32GB", memory_bandwidth=900e9),
+    "v100-32g-100gbe": Cluster(
+        "v100-32g-100gbe", 1, 8, 32 * GiB, 125e12, 150e9, 100e9 / 8, intra_latency=5e-6,
+        inter_latency=2e-5, device_kind="V100-SXM2-32GB", memory_bandwidth=900e9,
+        peak_rates=_V100_RATES, saturation="gpu",
+        sources=_V100_SOURCES + (
+            ("device_memory", f"{_V100}: 32 GB HBM2"),
+            ("inter_bandwidth", "TAPAS and TePDist papers' testbed: 100 Gbps between nodes"))),
+    # NVIDIA DGX A100: 8 x A100 80 GB (2.04 TB/s HBM2e), NVLink 300 GB/s per direction, 8 x 200
+    # Gbps InfiniBand.
+    "dgx-a100": Cluster(
+        "dgx-a100", 1, 8, 80e9, 312e12, 300e9, 8 * 200e9 / 8, intra_latency=3e-6,
+        inter_latency=1e-5, device_kind="A100-SXM4-80GB", memory_bandwidth=2.039e12,
+        peak_rates=(("float64", 9.7e12), ("float32", 19.5e12), ("tf32", 156e12),
+                    ("float16", 312e12), ("bfloat16", 312e12)),
+        float32_dot="tf32", saturation="gpu",
+        sources=(("peak_rates", f"{_A100}: FP64 9.7, FP32 19.5, TF32 156, BF16/FP16 312 "
+                                "TFLOP/s; no FP8"),
+                 ("memory_bandwidth", f"{_A100}: HBM2e 2,039 GB/s"),
+                 ("device_memory", f"{_A100}: 80 GB"),
+                 ("intra_bandwidth", f"{_A100}: NVLink 600 GB/s per GPU (both directions)"),
+                 ("inter_bandwidth", "NVIDIA DGX A100 datasheet: 8 x 200 Gb/s HDR InfiniBand"),
+                 ("float32_dot", "JAX/XLA default matmul precision on Ampere: TF32"),
+                 ("saturation", "autoplan._devices.SATURATION: measured on an H100 and an H200 "
+                                "(docs/profiles/), scaled to these peaks"))),
     # NVIDIA DGX H100: 8 x H100 80 GB (3.35 TB/s HBM3), NVLink 450 GB/s per direction, 8 x 400 Gbps
     # InfiniBand.
-    "dgx-h100": Cluster("dgx-h100", 1, 8, 80e9, 989e12, 450e9, 8 * 400e9 / 8,
-                        intra_latency=3e-6, inter_latency=1e-5, compute_efficiency=0.6,
-                        device_kind="H100-SXM5-80GB", memory_bandwidth=3.35e12),
+    "dgx-h100": Cluster(
+        "dgx-h100", 1, 8, 80e9, 989.4e12, 450e9, 8 * 400e9 / 8, intra_latency=3e-6,
+        inter_latency=1e-5, device_kind="H100-SXM5-80GB", memory_bandwidth=3.35e12,
+        peak_rates=(("float64", 33.5e12), ("float32", 66.9e12), ("tf32", 494.7e12),
+                    ("float16", 989.4e12), ("bfloat16", 989.4e12), ("float8", 1978.9e12)),
+        float32_dot="tf32", saturation="gpu",
+        sources=(("peak_rates", f"{_H100}: FP64 33.5, FP32 66.9, TF32 494.7, BF16/FP16 989.4, "
+                                "FP8 1,978.9 TFLOP/s"),
+                 ("memory_bandwidth", f"{_H100}: HBM3 3.35 TB/s"),
+                 ("device_memory", f"{_H100}: 80 GB"),
+                 ("intra_bandwidth", f"{_H100}: NVLink 900 GB/s per GPU (both directions)"),
+                 ("inter_bandwidth", "NVIDIA DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7"),
+                 ("float32_dot", "JAX/XLA default matmul precision on Hopper: TF32"),
+                 ("saturation", "autoplan._devices.SATURATION: measured on this device and an "
+                                "H200 (docs/profiles/)"))),
     # Emulated CPU devices (jax_num_cpu_devices): one host, shared memory. Uncalibrated round
     # numbers; profile the machine (autoplan.profile) for costs that match it.
     "cpu": Cluster("cpu", 1, 8, 2 * GiB, 5e10, 5e9, 5e9, intra_latency=2e-5,

@@ -7,7 +7,8 @@ Alpa's weak-scaling pairs (its benchmark suites and Table 4): GPT 350M/1, 760M/2
 with every layer rematerialised (``remat``) in 16-bit floats. GPT and Wide-ResNet keep an fp32
 master copy of the weights with fp32 Adam moments (``master_weights="float32"``, as Alpa's GPT
 benchmark: 16 bytes of weights, gradient and optimizer state per parameter; Alpa ran Wide-ResNet
-in fp32, which holds as many bytes, and the p3.16xlarge preset's peak is fp16's). MoE keeps its
+in fp32, which holds as many bytes; ``benchmarks/paper_alpa.py`` runs it in fp32, charged the
+V100's fp32 rate, beside Alpa's measurements). MoE keeps its
 Adam state in fp16 (8 bytes per parameter): with a master copy MoE-70B would need 1.12 TB, more
 than 64 V100s' 1.1 TB in all.
 

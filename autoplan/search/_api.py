@@ -551,10 +551,10 @@ def _pins_by_name(graph: OpGraph, pin: Mapping[Any, Any] | None) -> dict[str, An
              else k): v for k, v in pin.items()}
 
 
-def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Plan | None:
-    from autoplan.search._baselines import megatron_pipeline_baseline  # noqa: PLC0415
+def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> list[Plan]:
+    from autoplan.search._baselines import pipeline_baselines  # noqa: PLC0415
 
-    return megatron_pipeline_baseline(workload, cluster, **kw)
+    return pipeline_baselines(workload, cluster, **kw)
 
 
 def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapping[str, Any],
@@ -602,7 +602,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
               for shape in shapes]
     if options["baselines"]:
         tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
-        if do_pipe and cluster.nodes > 1 and options.get("microbatching", True):
+        if do_pipe and cluster.num_devices > 1 and options.get("microbatching", True):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
                               dict(schedule=options["schedule"], time_limit=time_limit,
                                    workers=n_workers),
@@ -676,9 +676,9 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
             plans.append(plan)
             analysis = analysis or mesh_analysis
             _merge_mesh_stats(stats, "x".join(map(str, t.args[1])), mesh_stats, level)
-        else:  # a baseline: a plan, or None where it does not apply
-            if (p := o.result()) is not None:
-                baseline_plans.append(p)
+        else:  # a baseline: a plan (or a list of them), or None where it does not apply
+            got = o.result()
+            baseline_plans.extend(got if isinstance(got, list) else [got] if got else [])
     return analysis
 
 

@@ -3,13 +3,21 @@
 * ``baseline: data parallel`` — logical mesh (n, 1): every batch leaf split on its leading
   dimension over all devices, every parameter and optimizer-state leaf replicated; the ILP only
   fills in the rest (so gradients are all-reduced).
+* ``baseline: ZeRO-2`` and ``baseline: ZeRO-3`` — Alpa's intra-operator ablations (Rajbhandari
+  et al., "ZeRO", SC'20): data parallelism over all devices (mesh (n, 1)) with the optimizer
+  state partitioned over them (stage 2: gradients reduce-scattered, the updated parameters
+  all-gathered), and for stage 3 the parameters too (all-gathered where used).
 * ``baseline: Megatron TP`` — Megatron-LM's expert plan (Shoeybi et al., "Megatron-LM", 2019, section 3): QKV / FC1 / expert
   ``wi`` kernels split on their output dimension, attention-output / FC2 / expert ``wo`` kernels on
   their input dimension, the embedding vocabulary-parallel, the LM head on its vocabulary
   dimension; tensor parallelism inside a node (mesh axis ``y``), data parallelism across nodes
   (axis ``x``). Only for models with such layers.
-* ``baseline: Megatron TP x PP`` — the same tensor parallelism inside each node and one pipeline
-  stage per node with equal layer counts (for clusters of several nodes).
+* ``baseline: Megatron TP x PP`` — Megatron-LM's TP x PP x DP grid, as its own benchmark
+  searched it (Narayanan et al., SC'21): pipeline stages of equal layer counts, tensor
+  parallelism of 1, 2, 4 or 8 devices inside a node with the same pins, data parallelism outside,
+  micro-batches searched; the best of the grid (for clusters of several devices).
+* ``baseline: inter-op only`` — Alpa's inter-operator-only ablation: pipeline stages alone, each
+  on one device (as many stages as devices, where the layers allow), placed by the stage DP.
 
 A baseline is a spec per input (:mod:`autoplan.search.intra._pins`, keyed by tensor id), searched
 at the same level as the plans it is compared with. The intra-operator baselines are independent
@@ -29,13 +37,14 @@ from autoplan._graph import OpGraph
 from autoplan._options import require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search._parallel import Task, resolve_workers, run_tasks
-from autoplan.search.intra._pins import data_parallel_pins, megatron_pins
+from autoplan.search.intra._pins import data_parallel_pins, megatron_pins, zero_pins
 
 __all__ = ["baseline_plans", "baseline_tasks", "solve_baseline", "megatron_pipeline_baseline",
-           "INTRA_BASELINES"]
+           "inter_op_baseline", "pipeline_baselines", "INTRA_BASELINES"]
 
 #: the intra-operator baselines, in the order they are listed
-INTRA_BASELINES = ("baseline: data parallel", "baseline: Megatron TP")
+INTRA_BASELINES = ("baseline: data parallel", "baseline: ZeRO-2", "baseline: ZeRO-3",
+                   "baseline: Megatron TP")
 
 
 def _mesh_and_pins(graph: OpGraph, cluster: Cluster, label: str
@@ -45,6 +54,10 @@ def _mesh_and_pins(graph: OpGraph, cluster: Cluster, label: str
     n, per = cluster.num_devices, cluster.devices_per_node
     if label == "baseline: data parallel":
         return (n, 1), data_parallel_pins(graph)
+    if label in ("baseline: ZeRO-2", "baseline: ZeRO-3"):
+        if n <= 1:
+            return None
+        return (n, 1), zero_pins(graph, n, int(label[-1]))
     tp = min(per, n)
     pins = megatron_pins(graph, tp)
     if pins is None or n <= 1:
@@ -83,12 +96,13 @@ def baseline_tasks(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60.0
 def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                                time_limit: float = 60.0, workers: int | None = None
                                ) -> Plan | None:
-    """The Megatron TP x PP baseline (clusters of several nodes; None where it does not apply or
-    cannot be made), its layer ILPs solved on ``workers`` processes."""
+    """The Megatron TP x PP baseline (the best of its grid on clusters of several devices; None
+    where it does not apply or cannot be made), its layer ILPs solved on ``workers``
+    processes."""
     from autoplan.search.pipeline._pipeline import pipeline_search, traced  # noqa: PLC0415
 
     graph = traced(workload)
-    if cluster.nodes <= 1 or megatron_pins(graph, min(cluster.devices_per_node,
+    if cluster.num_devices <= 1 or megatron_pins(graph, min(cluster.devices_per_node,
                                                       cluster.num_devices)) is None:
         return None
     try:
@@ -102,6 +116,35 @@ def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str
     return res.plans[0].with_(label="baseline: Megatron TP x PP") if res.plans else None
 
 
+def inter_op_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
+                      time_limit: float = 60.0, workers: int | None = None) -> Plan | None:
+    """The inter-operator-only baseline (None where the layers cannot fill one stage per device
+    or nothing can be made)."""
+    from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
+
+    if cluster.num_devices <= 1:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
+                                  time_limit=time_limit, inter_only=True, max_candidates=1,
+                                  workers=workers)
+    except AutoplanError:
+        return None
+    best = next((p for p in res.plans if len(p.stages) == cluster.num_devices), None)
+    return best.with_(label="baseline: inter-op only") if best is not None else None
+
+
+def pipeline_baselines(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
+                       time_limit: float = 60.0, workers: int | None = None) -> list[Plan]:
+    """The baselines that need the workload (the Megatron grid and the inter-op-only ablation),
+    those that apply."""
+    kw = {"schedule": schedule, "time_limit": time_limit, "workers": workers}
+    return [p for p in (megatron_pipeline_baseline(workload, cluster, **kw),
+                        inter_op_baseline(workload, cluster, **kw)) if p is not None]
+
+
 def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",
                    time_limit: float = 60.0, config: dict | None = None,
                    pipeline: bool = False, workers: int | None = None) -> list[Plan]:
@@ -113,8 +156,6 @@ def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, sc
     outcomes = run_tasks(tasks, workers=resolve_workers(workers, len(graph)))
     out = [p for o in outcomes if (p := o.result()) is not None]
     if pipeline and workload is not None:
-        p = megatron_pipeline_baseline(workload, cluster, schedule=schedule, time_limit=time_limit,
-                                       workers=workers)
-        if p is not None:
-            out.append(p)
+        out += pipeline_baselines(workload, cluster, schedule=schedule, time_limit=time_limit,
+                                  workers=workers)
     return out

@@ -10,6 +10,9 @@ The baselines' pins:
 
 * :func:`data_parallel_pins`: the batch split on its leading dimension over axis ``x``, every
   parameter and optimizer-state leaf replicated;
+* :func:`zero_pins`: ZeRO's data parallelism (Rajbhandari et al., "ZeRO", SC'20): the batch split
+  over axis ``x`` and the optimizer state partitioned over it (stage 2, whose gradients the
+  optimizer then reads reduce-scattered), or the parameters too (stage 3, gathered where used);
 * :func:`megatron_pins`: Megatron-LM's expert layout (QKV / FC1 / expert ``wi`` kernels split on
   their output dimension, attention-output / FC2 / expert ``wo`` kernels on their input
   dimension, the embedding vocabulary-parallel, the LM head on its vocabulary dimension) with
@@ -28,7 +31,7 @@ from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 
-__all__ = ["data_parallel_pins", "megatron_pins", "resolve_pins", "pinned_by", "pins_key"]
+__all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by", "pins_key"]
 
 # (regex over an input's path, spec) in Megatron-LM's layout; first match wins
 _MEGATRON = [
@@ -140,6 +143,26 @@ def data_parallel_pins(graph: OpGraph) -> dict[int, Any]:
         if gi.kind == "batch":
             pins[gi.tensor] = P("x") if shape and gi.tensor not in graph.key_tensors else P()
         elif gi.kind in ("parameter", "optimizer_state"):
+            pins[gi.tensor] = P()
+    return pins
+
+
+def zero_pins(graph: OpGraph, devices: int, stage: int) -> dict[int, Any]:
+    """ZeRO stage ``stage`` (2 or 3) on a data-parallel mesh of ``devices`` (axis ``x``) as pins
+    by input tensor id: every batch leaf split on its leading dimension, every optimizer-state
+    leaf (and for stage 3 every parameter leaf) partitioned on its first dimension that
+    ``devices`` divides (replicated where none does), the other parameters replicated."""
+    if stage not in (2, 3):
+        raise SearchError(f"zero_pins: stage should be 2 or 3. Got {stage!r}.")
+    pins: dict[int, Any] = {}
+    for gi in graph.inputs:
+        shape = graph.tensors[gi.tensor].shape
+        if gi.kind == "batch":
+            pins[gi.tensor] = P("x") if shape else P()
+        elif gi.kind == "optimizer_state" or (gi.kind == "parameter" and stage == 3):
+            dim = next((d for d, n in enumerate(shape) if n % devices == 0), None)
+            pins[gi.tensor] = P() if dim is None else P(*([None] * dim), "x")
+        elif gi.kind == "parameter":
             pins[gi.tensor] = P()
     return pins
 

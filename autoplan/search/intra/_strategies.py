@@ -486,7 +486,7 @@ def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
     elif prim == "conv_general_dilated":
         t = cluster.flop_time("conv", flops, op.in_dtypes[0])
     else:
-        t = flops / (cluster.peak_flops * cluster.compute_efficiency) if flops else 0.0
+        t = cluster.flop_time("elementwise", flops, op.out_dtypes[0] if op.out_dtypes else None)
     if cluster.memory_bandwidth > 0:
         q = 0.0
         for k, (shp, dt, s) in enumerate(zip(op.in_shapes, op.in_dtypes, in_specs)):

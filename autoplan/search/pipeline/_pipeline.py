@@ -51,8 +51,11 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    equals the simulation when the stages are balanced and transfers free; otherwise the
    simulation decides. The one-stage layout (gradient accumulation over ``B`` micro-batches) is
    always a candidate, and so is the best layout of each of :data:`STAGE_COUNTS` stages.
-7. **Micro-batches.** With ``microbatches=None`` the count is searched among the powers of two
-   within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS` hosts). The default's layer plans are re-timed at
+7. **Micro-batches.** With ``microbatches=None`` the count is searched among the divisors of the
+   batch within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS`
+   hosts), in two rounds: the default's power-of-two multiples and fractions, then the divisors
+   between the best of those and its neighbours (:func:`finer_counts`). The default's layer
+   plans are re-timed at
    every other count (per-micro-batch compute, collective bytes and activations scaled with the
    micro-batch size, alpha-beta times recomputed, plans whose splits no longer divide the
    micro-batch dropped); the DP and the simulation rank each count; the best
@@ -77,7 +80,7 @@ import jax
 import numpy as np
 
 from autoplan._cluster import Cluster, LogicalMesh, send_recv_time
-from autoplan._errors import InfeasiblePlanError, SearchError
+from autoplan._errors import InfeasiblePlanError, SearchError, TraceError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._options import require_workload
@@ -133,7 +136,7 @@ AUTO_ALL_HOSTS = 16
 #: make the layer graph a non-chain.
 SIDE_TENSOR_FRACTION = 0.01
 
-#: The searched micro-batch counts: powers of two dividing the batch, from the default / this
+#: The searched micro-batch counts: the divisors of the batch, from the default / this
 #: factor to the default x this factor (2 on clusters of more than :data:`AUTO_ALL_HOSTS`
 #: hosts, where every count's stage DP is large).
 MICROBATCH_WINDOW = 8
@@ -247,25 +250,56 @@ def _aligned(a: OpGraph, b: OpGraph) -> bool:
 def _default_microbatches(batch: int, max_stages: int) -> int:
     """Enough micro-batches to keep the bubble small and the activations of the in-flight
     micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
-    (at least 2 when the batch allows)."""
+    (at least 2 when the batch allows: for an odd batch its smallest divisor above 1 that is not
+    the batch itself, 3 for a batch of 9).
+
+    Examples:
+        >>> [_default_microbatches(b, 8) for b in (1024, 1536, 6, 9, 7)]
+        [128, 128, 2, 3, 1]
+    """
     cap = max(1, min(128, batch // 4))
     b = 1
     while b * 2 <= cap and batch % (b * 2) == 0:
         b *= 2
-    if b == 1 and batch % 2 == 0:
-        b = 2
+    if b == 1:
+        b = next((d for d in range(2, math.isqrt(batch) + 1) if batch % d == 0), 1)
     return b
 
 
 def microbatch_counts(batch: int, default: int, window: int = MICROBATCH_WINDOW) -> list[int]:
-    """The searched micro-batch counts: powers of two dividing ``batch`` within ``window`` of
-    ``default``, ascending (``default`` among them)."""
-    out, b = [], 1
-    while b <= batch:
-        if batch % b == 0 and default <= b * window and b <= default * window:
-            out.append(b)
-        b *= 2
-    return sorted(set(out) | {default})
+    """The searched micro-batch counts: every divisor of ``batch`` within ``window`` of
+    ``default``, ascending (``default`` among them).
+
+    Examples:
+        >>> microbatch_counts(1536, 128)  # Alpa's 24 for Wide-ResNet among them
+        [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768]
+        >>> microbatch_counts(9, 1), microbatch_counts(1024, 128, 2)
+        ([1, 3], [64, 128, 256])
+    """
+    lo, hi = -(-default // window), min(batch, default * window)
+    out = {default}
+    d = 1
+    while d * d <= batch:  # the divisors in pairs (d, batch / d)
+        if batch % d == 0:
+            out.update(b for b in (d, batch // d) if lo <= b <= hi)
+        d += 1
+    return sorted(out)
+
+
+def finer_counts(counts: Sequence[int], coarse: Sequence[int], lead: int) -> list[int]:
+    """The second screening round: the ``counts`` strictly between the ``coarse`` counts on
+    either side of ``lead`` (the best of the first round), not screened yet.
+
+    Examples:
+        >>> finer_counts([16, 24, 32, 48, 64, 96, 128], [16, 32, 64, 128], 32)
+        [24, 48]
+        >>> finer_counts([1, 3], [1], 1)
+        [3]
+    """
+    i = list(coarse).index(lead)
+    lo = coarse[i - 1] if i > 0 else 0
+    hi = coarse[i + 1] if i + 1 < len(coarse) else math.inf
+    return [B for B in counts if lo < B < hi and B not in coarse]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,13 +835,19 @@ class _Context:
         """Moving ``nbytes`` to a stage on submesh ``dst`` (``dst_devices`` devices): ``(seconds,
         send/recv bytes per receiving device, all-gather bytes)``, the cheaper of sending the
         whole tensor to each device and Alpa's send of 1/n slices followed by an all-gather on
-        the receiving mesh."""
+        the receiving mesh.
+
+        Across hosts the receiving devices of one host share its network link: each host's
+        link carries what its devices receive (``m`` whole tensors, or ``m`` slices of
+        ``1/n``), where inside a host each device has its own links."""
         if nbytes <= 0:
             return 0.0, 0.0, 0.0
-        whole = send_recv_time(self.cluster, nbytes, cross)
+        hosts = self.submeshes[dst][0]
+        per_host = dst_devices // hosts if cross else 1
+        whole = send_recv_time(self.cluster, nbytes * per_host, cross)
         if dst_devices <= 1:
             return whole, nbytes, 0.0
-        sliced = send_recv_time(self.cluster, nbytes / dst_devices, cross)
+        sliced = send_recv_time(self.cluster, nbytes / dst_devices * per_host, cross)
         sliced += self.cluster.logical_mesh((dst_devices,), submesh=self.submeshes[dst]).all_gather(
             nbytes, [0])
         if whole <= sliced:
@@ -916,13 +956,13 @@ class _Table:
         got = self._solved.get(key)
         if got is None or (lean and not got.lean_solved):
             self._store(key, layer_plans(self.sub(key[0]), self.ctx.views[k], shape,
-                                         **self._solve_options(key[0], k), lean=lean,
+                                         **self._solve_options(key[0], k, shape), lean=lean,
                                          fast=None if got is None else got))
             got = self._solved[key]
         return got.lean if lean else got.fast
 
-    def _solve_options(self, rep: int, k: int) -> dict[str, Any]:
-        return {"B": self.B, "pins": self._pins(rep, k),
+    def _solve_options(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"B": self.B, "pins": self._pins(rep, k, shape),
                 "time_limit": min(self.ctx.time_limit, LAYER_TIME_LIMIT)}
 
     def _store(self, key: tuple, got: LayerPlans) -> None:
@@ -947,7 +987,7 @@ class _Table:
             return
         keys = list(want)
         tasks = [Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape),
-                      {**self._solve_options(rep, k), "lean": want[(rep, k, shape)],
+                      {**self._solve_options(rep, k, shape), "lean": want[(rep, k, shape)],
                        "fast": self._solved.get((rep, k, shape))},
                       label=f"layer ILP {self.layers[rep].name} on submesh "
                             f"{'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
@@ -958,15 +998,15 @@ class _Table:
                 warnings.warn(message, category, stacklevel=2)
             self._store(key, out.result())
 
-    def _pins(self, rep: int, k: int) -> dict[str, Any] | None:
+    def _pins(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any] | None:
         """The pins that apply to layer ``rep``'s inputs: the user's, and Megatron's layout for
-        the baseline."""
+        the baseline (tensor parallelism over the logical mesh's inner axis)."""
         ctx, sub = self.ctx, self.sub(rep)
         out = {pat: spec for pat, spec in ctx.pins.items() if sub.find_inputs(pat, names_only=True)}
         if ctx.megatron:
             from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
 
-            out.update(megatron_pins(sub, ctx.submeshes[k][1]) or {})
+            out.update(megatron_pins(sub, shape[-1]) or {})
         return out or None
 
     def cost(self, li: int, k: int, c: int) -> LayerCost | None:
@@ -1470,8 +1510,9 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     ctx = table.ctx
     t0 = time.perf_counter()
     if ctx.megatron:
-        lay = _megatron_layout(table)
-        return [({lay: math.nan}, True, None, time.perf_counter() - t0) for _ in items]
+        lays = _megatron_layouts(table)
+        return [({lay: math.nan for lay in lays}, True, None, time.perf_counter() - t0)
+                for _ in items]
     runs = [_dp_runs(table, dag, use_ilp, ratio, B, full) for ratio, B, full in items]
     out: list[Any] = [None] * len(items)
     leasts: dict[int, float | None] = {}
@@ -1518,16 +1559,32 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     return [(found_i, fits, leasts.get(i), seconds) for i, (found_i, fits) in enumerate(out)]
 
 
-def _megatron_layout(table: _Table) -> Layout:
-    """The Megatron TP x PP baseline's layout: one stage per node, equal layer counts, each on
-    one node's devices as one tensor-parallel mesh."""
+def _megatron_layouts(table: _Table) -> list[Layout]:
+    """The Megatron TP x PP x DP baseline's layouts, as Megatron-LM's own benchmark grid-searches
+    them: ``PP`` pipeline stages of equal layer counts (every ``PP`` dividing the devices, up to
+    the layers), each on ``N / PP`` devices viewed as a ``DP x TP`` mesh with tensor parallelism
+    of 1, 2, 4 or 8 devices inside a node (``TP`` on the inner axis). The micro-batch count is
+    searched over them as for any layout."""
     ctx, L = table.ctx, table.L
-    if L < ctx.num_hosts:
-        raise InfeasiblePlanError(f"Megatron TP x PP: {L} layers cannot fill {ctx.num_hosts} stages.")
-    k = ctx.submeshes.index((1, ctx.devices_per_host))
-    c = ctx.configs[k].index(((1, ctx.devices_per_host), False))
-    cuts = [round(i * L / ctx.num_hosts) for i in range(ctx.num_hosts + 1)]
-    return tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(ctx.num_hosts))
+    n, per = ctx.num_hosts * ctx.devices_per_host, ctx.devices_per_host
+    out: list[Layout] = []
+    for pp in range(1, min(L, n) + 1):
+        d = n // pp
+        if n % pp:
+            continue
+        sub = (1, d) if d <= per else (d // per, per)
+        if sub not in ctx.submeshes or sub[0] * sub[1] != d:
+            continue
+        k = ctx.submeshes.index(sub)
+        cuts = [round(i * L / pp) for i in range(pp + 1)]
+        for c, (shape, lean) in enumerate(ctx.configs[k]):
+            if lean or len(shape) != 2 or shape[1] not in (1, 2, 4, 8) or shape[1] > per:
+                continue
+            out.append(tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(pp)))
+    if not out:
+        raise InfeasiblePlanError(f"Megatron TP x PP: no stage layout of {L} layers on "
+                                  f"{ctx.num_hosts} x {per} devices.")
+    return out
 
 
 def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool):
@@ -1705,7 +1762,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     microbatches: int | str | None = None, level: str = "folded",
                     memory_budget: float | None = None, time_limit: float = 60.0,
                     num_layers: int | None = None, stage_algorithm: str = "auto",
-                    max_candidates: int = 3, megatron: bool = False,
+                    max_candidates: int = 3, megatron: bool = False, inter_only: bool = False,
                     submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None,
                     workers: int | None = None) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
@@ -1731,9 +1788,12 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             the layer graph is not a chain, side tensors aside).
         max_candidates: how many stage counts to return the best plan of (the one-stage
             layout is always among them).
-        megatron: build the Megatron TP x PP baseline instead of searching: one stage per node
-            with equal layer counts, Megatron's tensor-parallel pins inside each node, the
-            default number of micro-batches.
+        megatron: build the Megatron TP x PP x DP baseline instead of searching: the grid of
+            :func:`_megatron_layouts` (pipeline stages of equal layer counts, Megatron's
+            tensor-parallel pins on 1, 2, 4 or 8 devices inside a node, data parallelism
+            outside), micro-batches searched as for any layout; the best of each stage count.
+        inter_only: the inter-operator-only ablation: every stage on one device (submesh
+            ``1x1``, so as many stages as devices), Alpa's stage DP over the layers.
         submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices),
             ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
             :data:`AUTO_ALL_HOSTS` hosts).
@@ -1793,7 +1853,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
                           f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
                           f"{batch} or microbatches='auto'.")
-    search_mb = not fixed and not megatron
+    search_mb = not fixed
     full, graph = _traces(workload, B0)
     t_trace = time.perf_counter() - t0
     layers = group_layers(graph, num_layers)
@@ -1802,7 +1862,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     hosts = (submesh_hosts if submesh_hosts != "auto"
              else ("all" if num_hosts <= AUTO_ALL_HOSTS else "pow2"))
     budget = float(memory_budget or cluster.device_memory)
-    ctx = _Context(cluster, full, submesh_shapes(num_hosts, devices_per_host, hosts), schedule, budget,
+    subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
+    ctx = _Context(cluster, full, subs, schedule, budget,
                    time_limit, megatron, pin)
     table = _Table(ctx, graph, layers, B0)
     n_workers = resolve_workers(workers, len(full))
@@ -1819,9 +1880,14 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     # the default count's layouts and the other counts' screening (the default's plans re-timed):
     # the stage-DP runs of both in one batch of tasks
     others: list[int] = []
+    counts: list[int] = [B0]
     if search_mb and table.screenable:
         window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
-        others = [B for B in microbatch_counts(batch, B0, window) if B != B0]
+        counts = microbatch_counts(batch, B0, window)
+        # screened in two rounds: the default's power-of-two multiples and fractions first,
+        # then the other divisors between the best of those and its neighbours (finer_counts)
+        others = [B for B in counts if B != B0 and max(B, B0) % min(B, B0) == 0
+                  and (r := max(B, B0) // min(B, B0)) & (r - 1) == 0]
     outs = _layouts_of(table, dag, use_ilp, [(1.0, B0, True)] + [(B0 / B, B, False)
                                                                   for B in others],
                        workers=n_workers)
@@ -1849,29 +1915,46 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     tables = {B0: table}
 
     # other counts: screened on the default's plans re-timed, the best costed exactly
-    if others and evals:
+    if len(counts) > 1 and evals:
         t2 = time.perf_counter()
         screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-        for B, (lays, ok, _, _) in zip(others, outs[1:]):
-            ratio = B0 / B
-            got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays) if ev),
-                         key=lambda ev: ev.key)
-            simulated += len(lays)
-            candidates[B] = got[0].step if got and ok and got[0].fits else None
-            if got:
-                screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
-        t_dp += time.perf_counter() - t2
+
+        def screen(Bs: list[int], outs_B: list) -> None:
+            nonlocal simulated
+            for B, (lays, ok, _, _) in zip(Bs, outs_B):
+                ratio = B0 / B
+                got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays)
+                              if ev), key=lambda ev: ev.key)
+                simulated += len(lays)
+                candidates[B] = got[0].step if got and ok and got[0].fits else None
+                if got:
+                    screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
+
+        screen(others, outs[1:])
         best_now = min(ev.key for ev in evals)
+        lead = min([(k, B) for k, B, _ in screened] + [(best_now, B0)])[1]
+        finer = finer_counts(counts, sorted(set(others) | {B0}), lead)
+        if finer:
+            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer],
+                                      workers=n_workers))
+        t_dp += time.perf_counter() - t2
         for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
             if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
                 continue  # not faster than the default by more than the screening can resolve
-            gB = _traces(workload, B)[1]
+            try:
+                gB = _traces(workload, B)[1]
+            except TraceError:
+                continue  # the step does not trace at this micro-batch size (a model's constraint)
             if not _aligned(gB, graph):
                 continue
             tables[B] = tB = _Table(ctx, gB, layers, B)
             tB.solve_cells(_cells(lays), n_workers)
             evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
             exact.append(B)
+    if not evals:  # (the Megatron grid, whose pins may divide on none of its meshes)
+        raise InfeasiblePlanError(f"pipeline: none of the {len(found)} stage layouts can be "
+                                  "placed with plans on their meshes. Fix: use a batch that "
+                                  "divides over the devices, or fewer devices.")
     evals.sort(key=lambda ev: ev.key)
 
     # the best plan per stage count (the one-stage layout kept), best first

@@ -28,11 +28,11 @@ S = jax.ShapeDtypeStruct
 F32 = jnp.float32
 
 
-def roofline(flops, nbytes, cl=CL):
-    """max(F / (peak x efficiency), Q / BW) + kernel overhead: a dot's time on a datasheet
-    cluster."""
-    return max(flops / (cl.peak_flops * cl.compute_efficiency), nbytes / cl.memory_bandwidth) \
-        + cl.op_overhead
+def roofline(flops, nbytes, cl=CL, op="matmul", dtype="float32"):
+    """max(F / R(F), Q / BW(Q)) + kernel overhead: an operator's time on a datasheet cluster,
+    R the device model's rate for the operator's precision at its size, BW its bandwidth for a
+    kernel moving Q bytes (tests/test_cluster.py checks those against the datasheet)."""
+    return max(cl.flop_time(op, flops, dtype), cl.memory_time(nbytes)) + cl.op_overhead
 
 
 def trace_op(fn, *shapes, prim, index=0, dtype=F32):
@@ -304,7 +304,7 @@ def test_unknown_primitive_replicated_and_reported():
     assert unknown == {"fft"}
     # a kernel of its own, replicated: reads its (complex) operand, writes its result
     nbytes = 16 * 32 * 8 * 2
-    assert strats[0].compute_time == pytest.approx(roofline(op.flops, nbytes))
+    assert strats[0].compute_time == pytest.approx(roofline(op.flops, nbytes, op="elementwise"))
 
 
 @pytest.mark.parametrize("params", [{}, {"dimension_numbers": "garbage"},

@@ -305,8 +305,9 @@ def test_a_scalar_passed_along_keeps_the_stage_dp():
 def test_dag_stage_ilp_respects_memory_with_alpas_submeshes():
     """U-Net (skip connections): TePDist's stage ILP groups the layers, the stage DP gives the
     groups submeshes of Alpa's shapes (not only equal ones) within the memory limit; with a limit
-    below the fastest layout's memory the search returns a layout that fits."""
-    wl = models.get("unet", "tiny", batch=32)
+    below the fastest layout's memory the search returns a layout that fits (at a batch of 64,
+    where the fastest layout is not the leanest on the V100 preset)."""
+    wl = models.get("unet", "tiny", batch=64)
     cluster = four_gpus()
     table = table_for(wl, cluster, 2)
     dag = pp.layer_dag(table.graph, table.layers)
