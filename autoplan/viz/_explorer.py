@@ -46,6 +46,7 @@ Example (in a notebook)::
 
 from __future__ import annotations
 
+import atexit
 import copy
 import html
 import json
@@ -55,6 +56,7 @@ import statistics
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,6 +340,22 @@ def _checked_arguments(workload: Any, model: str, size: str, level: str, schedul
     return models, workload, model, size
 
 
+#: the Explorers of this process whose background work (a search, a launch) is still running
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_background_work() -> None:
+    """At the interpreter's exit, wait for every Explorer's background threads: a script (or a
+    kernel shut down) that ends while a search runs would otherwise stop JAX's compiler inside a
+    daemon thread, which aborts the process."""
+    for ex in list(_LIVE):
+        with ex._lock:
+            threads = [t for t in ex._threads.values() if t.is_alive()]
+        for t in threads:
+            t.join()
+
+
 class Explorer:
     """Search, compare, inspect, question and launch plans in a notebook.
 
@@ -401,6 +419,7 @@ class Explorer:
         self.last_launch: LaunchRecord | None = None
         self._lock = threading.RLock()
         self._threads: dict[str, threading.Thread] = {}
+        _LIVE.add(self)
         self._quiet = 0
         self._whatif: list[Plan] = []  # plans made by what-if pins, after the result's
         self._pins: list[dict[str, Any]] = []  # {"name", "spec", "before", "plan"}
