@@ -28,7 +28,10 @@ _KEY_DATA_IN = frozenset({"random_wrap"})
 _KEY_DATA_OUT = frozenset({"random_unwrap"})
 #: primitives that draw random numbers from a key
 RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
-INPUT_KINDS = ("parameter", "optimizer_state", "batch", "key", "input", "activation", "constant")
+#: The kinds a positional argument of a training step can have (one definition: workloads, plan
+#: files and the plan checks read it).
+ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")
+INPUT_KINDS = ARG_KINDS + ("activation", "constant")
 
 
 @dataclass(frozen=True)

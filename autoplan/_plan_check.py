@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import PlanFileError, PlanMismatchError
+from ._graph import ARG_KINDS
 
 __all__ = ["PlanContradictionWarning", "PlatformWarning", "Contradiction", "WorkloadView",
            "plan_contradictions", "workload_contradictions", "warn_contradictions",
@@ -147,8 +148,8 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
     # one kind per positional argument: the kind most of its leaves have; the others are wrong
     by_arg: dict[int, list[int]] = {}
     for k, i in enumerate(plan.inputs):
-        if i.kind not in ("parameter", "optimizer_state", "batch", "input"):
-            add(f"inputs[{k}].kind", "'parameter', 'optimizer_state', 'batch' or 'input'",
+        if i.kind not in ARG_KINDS:
+            add(f"inputs[{k}].kind", ", ".join(repr(a) for a in ARG_KINDS[:-1]) + f" or {ARG_KINDS[-1]!r}",
                 repr(i.kind))
         else:
             by_arg.setdefault(i.arg, []).append(k)

@@ -26,12 +26,11 @@ from typing import Any
 import jax
 
 from autoplan._errors import ModelError
+from autoplan._graph import ARG_KINDS
 
 __all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
            "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like"]
 
-#: The kinds a positional argument of a training step can have.
-ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")
 
 # names a PRNG key argument goes by; a raw uint32 key (jax.random.PRNGKey) is known by them
 _KEY_NAMES = {"rng", "key", "rngs", "prng", "prng_key", "rng_key", "keys", "dropout_rng",

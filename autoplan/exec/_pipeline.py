@@ -83,6 +83,7 @@ different submeshes still overlap); on GPUs, streams order the programs and noth
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 import time
@@ -96,6 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from autoplan._dtype import dtype_bytes, is_key_dtype
 from autoplan._errors import ExecutionError
 from autoplan._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
 from autoplan._signature import step_signature
@@ -146,6 +148,32 @@ def host_value(x: Any) -> Any:
     """A value held on the host between steps: a NumPy array, or a typed PRNG key kept as the
     JAX key array it is (NumPy has no key dtype)."""
     return x if is_key_array(x) else np.asarray(x)
+
+
+_KEY_IMPLS = {"fry": "threefry2x32", "rbg": "rbg", "urbg": "unsafe_rbg"}
+
+
+@functools.cache
+def jax_dtype(name: str) -> Any:
+    """The dtype a graph tensor's dtype name stands for: a NumPy dtype, or a typed PRNG key's
+    dtype (``key<fry>``), which NumPy does not know."""
+    if is_key_dtype(name):
+        impl = _KEY_IMPLS.get(str(name)[4:-1], "threefry2x32")
+        return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+    return np.dtype(name)
+
+
+@functools.cache
+def _key_data_aval(name: str) -> tuple[tuple[int, ...], Any]:
+    """The trailing shape and dtype of a typed key's key data (``key<fry>``: (2,), uint32)."""
+    impl = _KEY_IMPLS.get(str(name)[4:-1], "threefry2x32")
+    a = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+    return tuple(a.shape), a.dtype
+
+
+def abstract_value(x: Any) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of a host value (a typed PRNG key keeps its key dtype)."""
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype if is_key_array(x) else np.asarray(x).dtype)
 
 
 def comparable(x: Any) -> np.ndarray:
@@ -469,7 +497,6 @@ def _acc_dtype(dtype: Any) -> np.dtype:
     return np.promote_types(np.dtype(dtype), np.float32)
 
 
-
 def _microbatch_abstract(host_args: tuple[Any, ...], batch_args: Sequence[int],
                          num_mb: int) -> list[Any]:
     """The step's abstract arguments for one micro-batch: batch arguments' leading dimension
@@ -478,7 +505,7 @@ def _microbatch_abstract(host_args: tuple[Any, ...], batch_args: Sequence[int],
     for i, a in enumerate(host_args):
         if i in batch_args:
             def split(x, i=i):
-                x = np.asarray(x)
+                x = abstract_value(x)
                 if x.ndim == 0 or x.shape[0] % num_mb:
                     raise ExecutionError(
                         f"batch argument {i} has a leaf of shape {x.shape} whose leading "
@@ -487,8 +514,7 @@ def _microbatch_abstract(host_args: tuple[Any, ...], batch_args: Sequence[int],
                 return jax.ShapeDtypeStruct((x.shape[0] // num_mb,) + x.shape[1:], x.dtype)
             mb_abstract.append(jax.tree_util.tree_map(split, a))
         else:
-            mb_abstract.append(jax.tree_util.tree_map(
-                lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), a))
+            mb_abstract.append(jax.tree_util.tree_map(abstract_value, a))
     return mb_abstract
 
 
@@ -813,7 +839,7 @@ class _StepBuilder:
     def aval(self, t: int, kind: Any) -> tuple[tuple[int, ...], Any]:
         """Shape and dtype of tensor ``t`` (a running sum's dtype is at least float32)."""
         ten = self.sp.graph.tensors[t]
-        dt = _acc_dtype(ten.dtype) if kind == "acc" else np.dtype(ten.dtype)
+        dt = _acc_dtype(ten.dtype) if kind == "acc" else jax_dtype(ten.dtype)
         return tuple(ten.shape), dt
 
     def send(self, src: int, pairs: Mapping[int, list[tuple[int, Any]]]) -> None:
@@ -924,7 +950,7 @@ class _Runner:
         for ins in self.instrs:
             if isinstance(ins, _Send):
                 self.transfer_bytes[ins.dst] += float(sum(
-                    math.prod(shape) * np.dtype(dt).itemsize for shape, dt in ins.avals))
+                    math.prod(shape) * dtype_bytes(dt) for shape, dt in ins.avals))
         self.dispatches = sum(1 for ins in self.instrs
                               if (isinstance(ins, _Run) and sp.local[ins.task.stage])
                               or (isinstance(ins, _Send) and (sp.local[ins.src] or sp.local[ins.dst])))
@@ -1095,7 +1121,7 @@ def _host_everywhere(sp: _Split, items: Sequence[tuple[Any, int, tuple[int, ...]
     from jax.experimental import multihost_utils  # noqa: PLC0415
 
     if jax.process_count() == 1:
-        return [np.asarray(v) for v, *_ in items]
+        return [host_value(v) for v, *_ in items]
     me = jax.process_index()
     hosts: list[Any] = []
     sources: list[int] = []
@@ -1104,7 +1130,11 @@ def _host_everywhere(sp: _Split, items: Sequence[tuple[Any, int, tuple[int, ...]
         sources.append(src)
         if sp.local[s] and v is not None:
             v = replicated_on(v, sp.meshes[s]) if not v.is_fully_addressable else v
-            hosts.append(np.asarray(v.addressable_data(0)) if v.is_fully_replicated else np.asarray(v))
+            # (a typed key travels as its key data, and is wrapped again below)
+            hosts.append(comparable(v.addressable_data(0)) if v.is_fully_replicated else comparable(v))
+        elif is_key_dtype(dtype):
+            tail, data_dtype = _key_data_aval(str(dtype))
+            hosts.append(np.zeros(tuple(shape) + tail, data_dtype))
         else:
             hosts.append(np.zeros(shape, dtype))
     out: list[Any] = [None] * len(items)
@@ -1112,7 +1142,10 @@ def _host_everywhere(sp: _Split, items: Sequence[tuple[Any, int, tuple[int, ...]
         idx = [k for k, p in enumerate(sources) if p == src]
         got = multihost_utils.broadcast_one_to_all([hosts[k] for k in idx], is_source=me == src)
         for k, g in zip(idx, got):
-            out[k] = np.asarray(g).astype(items[k][3])
+            dtype = items[k][3]
+            out[k] = (jax.random.wrap_key_data(np.asarray(g), impl=_KEY_IMPLS.get(str(dtype)[4:-1],
+                                                                                  "threefry2x32"))
+                      if is_key_dtype(dtype) else np.asarray(g).astype(dtype))
     return out
 
 
@@ -1169,7 +1202,7 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
             while running.
     """
     sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture)
-    host_leaves = {t: np.asarray(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
+    host_leaves = {t: host_value(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
     if sp.S == 1:
         return _run_accumulation(sp, host_leaves, steps, on_step, time_tasks, capture,
                                  compiler_options)
@@ -1196,7 +1229,7 @@ def _next_state(sp: _Split, state: dict[int, Any], flat_out: Sequence[Any],
                 same = isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sh, v.ndim)
                 new[t] = v if same else jax.device_put(v, sh)
             continue
-        aval = (tuple(sp.graph.tensors[t].shape), np.dtype(sp.graph.tensors[t].dtype))
+        aval = (tuple(sp.graph.tensors[t].shape), jax_dtype(sp.graph.tensors[t].dtype))
         moved = transfer([v], sp.meshes[s], sp.meshes[home], [aval])
         if moved is not None:
             new[t] = jax.device_put(moved[0], sh)
@@ -1278,7 +1311,7 @@ def _aval_of(sp: _Split, r: Any) -> tuple[tuple[int, ...], Any]:
     if isinstance(r, Lit):
         return tuple(np.shape(r.value)), np.asarray(r.value).dtype
     t = sp.graph.tensors[r]
-    return tuple(t.shape), np.dtype(t.dtype)
+    return tuple(t.shape), jax_dtype(t.dtype)
 
 
 def _time_tasks(runner: _Runner) -> dict[str, float]:

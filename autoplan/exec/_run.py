@@ -66,6 +66,7 @@ from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
     StepRecord,
     _microbatch_abstract,
+    abstract_value,
     comparable,
     error_summary,
     first_scalar,
@@ -298,8 +299,7 @@ def _program(r: _Resolved) -> Any:
 
 
 def _abstract(host_args: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype if is_key_array(
-        x) else np.asarray(x).dtype), host_args)
+    return jax.tree_util.tree_map(abstract_value, host_args)
 
 
 def signature_of(r: _Resolved) -> StepSignature:

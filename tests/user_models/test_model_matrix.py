@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import autoplan
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE
 from autoplan.exec import run
 
 FAST = {"xla_backend_optimization_level": 0}
@@ -87,15 +88,48 @@ def test_row_runs_three_steps_equal_to_one_device(searched, name):
                                 for t in o.tensors if t.role != "output")
 
 
+def _micro_batched(plans):
+    return [p for p in plans if p.is_pipeline or p.schedule.microbatches > 1]
+
+
+def _default_search(wl, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return autoplan.search(wl, "cpu:8", baselines=False, **kw)
+
+
 @pytest.mark.parametrize("name", matrix_steps.MIXING)
-def test_mixing_rows_micro_batched_candidates(name):
-    """Contrastive and batch-norm losses mix examples across the batch: micro-batching changes
-    them. The search's refusal of their micro-batched candidates is asserted here once it is
-    merged; until then the rows above check intra-operator plans only (pipeline=False)."""
+def test_mixing_rows_get_no_micro_batched_candidates_unless_allowed(name):
+    """Contrastive and batch-norm losses mix examples across the batch, so micro-batching changes
+    them: the default search (pipeline="auto") offers no pipeline or accumulation candidate and
+    says why; allowed explicitly, such a candidate runs and the check reports the change."""
     wl = matrix_steps.MAKERS[name]()
-    assert wl.config["batch"] == matrix_steps.BATCH
-    # (the micro-batch refusal assertion goes here: autoplan.search(wl, "cpu:8") offers no
-    # pipeline or accumulation candidate for this row, and says why)
+    res = _default_search(wl)
+    assert res.plans and not _micro_batched(res.plans), res.table()
+    assert any(n.startswith(MIXING_NOTE) for n in res.notes), res.notes
+    allowed = [p for p in _default_search(wl, allow_microbatching_mixed=True, pipeline=True,
+                                          microbatches=2).plans if p.schedule.microbatches > 1]
+    assert allowed
+    report = run(allowed[0], wl, steps=1, compiler_options=FAST, raise_on_mismatch=False)
+    assert not report.equivalence.matched
+    assert "mixes examples" in report.equivalence.message
+
+
+@pytest.mark.parametrize("name", [r for r in ROWS if r not in matrix_steps.MIXING])
+def test_row_micro_batched_candidates_run_equal_to_their_reference(name):
+    """The rows whose loss is per example get pipeline or accumulation candidates; those over
+    several micro-batches that draw random numbers say they draw them per micro-batch, and each
+    runs equal to the same micro-batches on one device."""
+    wl = matrix_steps.MAKERS[name]()
+    res = _default_search(wl)
+    assert not any(n.startswith(MIXING_NOTE) for n in res.notes), res.notes
+    mb = _micro_batched(res.plans)
+    assert mb, res.table()
+    for plan in {id(p): p for p in (mb[0], mb[-1])}.values():
+        if name in matrix_steps.RANDOM and plan.schedule.microbatches > 1:
+            assert RANDOM_NOTE in plan.summary()
+        report = run(plan, wl, steps=2, compiler_options=FAST, rtol=1e-5, atol=1e-6)
+        assert report.equivalence.matched, (plan.label, report.equivalence.message)
 
 
 @pytest.mark.parametrize("name", ROWS)
