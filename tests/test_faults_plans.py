@@ -222,7 +222,8 @@ def test_swapped_stage_layers_and_schedule_kind(gpt_search):
                 and p.analysis is not None)
     _, w = _read(_edited(pipe, _swap_stage_layers))
     assert [str(x.message).split(" should")[0].split(": ")[-1] for x in w] == [
-        "stages[0].layers", "stages[1].layers"]
+        "stages[0].layers", "stages[1].layers", "stages[0].ops[0].layer"]
+    assert "the stage the operator runs in (stages[1] holds 'embed')" in str(w[2].message)
     _, w = _read(_edited(pipe, lambda d: d["schedule"].update(kind="gpipe")))
     assert len(w) == 1 and "schedule.table is the 1f1b table" in str(w[0].message)
     assert "set schedule.kind to '1f1b'" in str(w[0].message)
@@ -231,7 +232,9 @@ def test_swapped_stage_layers_and_schedule_kind(gpt_search):
 def test_swapped_layers_found_against_the_trace_without_an_analysis(gpt_search):
     pipe = next(p for p in gpt_search.plans if p.is_pipeline)
     d = _edited(pipe, _swap_stage_layers)
-    d["analysis"] = None  # an older file
+    d["analysis"] = None  # a file without the analysis, and without operator records
+    for st in d["stages"]:
+        st["ops"] = []
     plan, w = _read(d)
     assert not w
     view = WorkloadView.of(autoplan.trace(get("gpt", "tiny")), get("gpt", "tiny").config)
