@@ -353,3 +353,14 @@ def test_probe_timeout_names_what_the_probe_was_doing():
     assert "the preflight hung" in long and "wls:workload" in long
     jax_stuck = _probe_timeout(f"{_PHASE} {time.time():.2f} importing JAX\n", 300, None)
     assert "importing JAX" in jax_stuck and "import jax" in jax_stuck
+
+
+@pytest.mark.parametrize("name", ["level_search", "intra_op_search", "solve_ilp", "pipeline_search"])
+def test_algorithms_check_memory_budget(name):
+    wl = get("mlp", "tiny")
+    graph = autoplan.trace(wl)
+    cluster = Cluster.parse("cpu:8")
+    first = {"level_search": (graph, cluster), "intra_op_search": (graph, cluster),
+             "solve_ilp": (graph, cluster.logical_mesh((2, 4))), "pipeline_search": (wl, cluster)}
+    with pytest.raises(autoplan.ArgumentError, match="True is not a byte count"):
+        getattr(S, name)(*first[name], memory_budget=True)
