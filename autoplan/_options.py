@@ -100,9 +100,9 @@ def check_search_cluster(where: str, cluster: Any, error: type[AutoplanError] = 
         nodes = max(1, MAX_SEARCH_DEVICES // per)
         example = f"cpu:{MAX_SEARCH_DEVICES}" if cluster.name == "cpu" else f"{cluster.name}:{nodes}"
         raise error(f"{where}: the cluster should have at most {MAX_SEARCH_DEVICES:,} devices to "
-                    "be searched (the pipeline search's tables grow with the device count: "
-                    "ten times more devices take minutes and more memory than a workstation "
-                    f"holds). Got {cluster.spec} with {n:,} devices. Fix: search a slice of it, "
+                    "be searched (the pipeline search's tables have a column per device "
+                    "count: past that, a search takes minutes and gigabytes). Got "
+                    f"{cluster.spec} with {n:,} devices. Fix: search a slice of it, "
                     f"e.g. '{example}', and run the plan data-parallel over the slices, or check "
                     "the count for a typo.")
 

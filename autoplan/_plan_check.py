@@ -21,7 +21,8 @@ What contradicts itself (:func:`plan_contradictions`, from the plan alone):
   ``batch`` among parameters);
 * **batch**: ``config.batch`` is the leading dimension of every ``batch`` input;
 * **stages and layers**: with the folding analysis in the file (``analysis.layers``, the layers
-  in model order), each stage holds the layers its ``layer_range`` names, by name;
+  in model order), each stage holds the layers its ``layer_range`` names, by name; and the
+  operators a stage lists belong to its layers;
 * **schedule**: a non-empty ``table`` is not the table of the other kind (a 1F1B table under
   ``"gpipe"``);
 * **cluster**: the cluster has as many devices as the plan's stages use (a search plans for
@@ -176,6 +177,20 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
     names = _analysis_layers(plan)
     if names is not None:
         out += _layer_contradictions(plan, names, "analysis.layers (the layers in model order)")
+    # operators against the layers of their stage (when the operators' layer names are the
+    # stages' own: a pipeline over grouped layers names them otherwise)
+    owner = {name: k for k, st in enumerate(plan.stages) for name in st.layers}
+    op_layers = {o.layer for st in plan.stages for o in st.ops if o.layer}
+    if op_layers and op_layers <= set(owner):
+        for k, st in enumerate(plan.stages):
+            j, o = next(((j, o) for j, o in enumerate(st.ops)
+                         if o.layer and owner[o.layer] != k), (None, None))
+            if o is not None:
+                add(f"stages[{k}].ops[{j}].layer", f"a layer of stages[{k}] "
+                    f"({', '.join(st.layers) or 'none'}), the stage the operator runs in "
+                    f"(stages[{owner[o.layer]}] holds {o.layer!r})", repr(o.layer),
+                    "restore the stages' layers, or " + _REMAKE)
+                break
     # the schedule's table against its kind: a table of the other kind under this one (a table
     # of neither is left to the file checker and the executor, which say what is wrong with it)
     sd = plan.schedule

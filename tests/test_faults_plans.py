@@ -222,7 +222,8 @@ def test_swapped_stage_layers_and_schedule_kind(gpt_search):
                 and p.analysis is not None)
     _, w = _read(_edited(pipe, _swap_stage_layers))
     assert [str(x.message).split(" should")[0].split(": ")[-1] for x in w] == [
-        "stages[0].layers", "stages[1].layers"]
+        "stages[0].layers", "stages[1].layers", "stages[0].ops[0].layer"]
+    assert "the stage the operator runs in (stages[1] holds 'embed')" in str(w[2].message)
     _, w = _read(_edited(pipe, lambda d: d["schedule"].update(kind="gpipe")))
     assert len(w) == 1 and "schedule.table is the 1f1b table" in str(w[0].message)
     assert "set schedule.kind to '1f1b'" in str(w[0].message)
@@ -231,7 +232,9 @@ def test_swapped_stage_layers_and_schedule_kind(gpt_search):
 def test_swapped_layers_found_against_the_trace_without_an_analysis(gpt_search):
     pipe = next(p for p in gpt_search.plans if p.is_pipeline)
     d = _edited(pipe, _swap_stage_layers)
-    d["analysis"] = None  # an older file
+    d["analysis"] = None  # a file without the analysis, and without operator records
+    for st in d["stages"]:
+        st["ops"] = []
     plan, w = _read(d)
     assert not w
     view = WorkloadView.of(autoplan.trace(get("gpt", "tiny")), get("gpt", "tiny").config)
@@ -350,3 +353,14 @@ def test_probe_timeout_names_what_the_probe_was_doing():
     assert "the preflight hung" in long and "wls:workload" in long
     jax_stuck = _probe_timeout(f"{_PHASE} {time.time():.2f} importing JAX\n", 300, None)
     assert "importing JAX" in jax_stuck and "import jax" in jax_stuck
+
+
+@pytest.mark.parametrize("name", ["level_search", "intra_op_search", "solve_ilp", "pipeline_search"])
+def test_algorithms_check_memory_budget(name):
+    wl = get("mlp", "tiny")
+    graph = autoplan.trace(wl)
+    cluster = Cluster.parse("cpu:8")
+    first = {"level_search": (graph, cluster), "intra_op_search": (graph, cluster),
+             "solve_ilp": (graph, cluster.logical_mesh((2, 4))), "pipeline_search": (wl, cluster)}
+    with pytest.raises(autoplan.ArgumentError, match="True is not a byte count"):
+        getattr(S, name)(*first[name], memory_budget=True)

@@ -99,7 +99,7 @@ from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays
-from autoplan._options import require_graph, require_instance
+from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search.fold._layers import (
     _forward,
@@ -260,6 +260,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     The plan's operators name their layers as every view does
     (:func:`~autoplan.search.fold._layers.op_layer_names`): the pipeline search's layers.
     """
+    memory_budget = check_memory_budget("level_search", memory_budget)
     require_graph("level_search", graph)
     require_instance("level_search", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
     res = _level_search(graph, cluster, mesh_shape, level=level, memory_budget=memory_budget,

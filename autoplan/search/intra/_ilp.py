@@ -93,7 +93,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._operands import operand_arrays, runs
-from autoplan._options import require_graph, require_instance
+from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
 from autoplan.search.intra._pins import pinned_by, pins_key
@@ -1554,6 +1554,7 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
             (``least_memory``, exact).
         SearchError: invalid pins, fixed specs or operator ids.
     """
+    memory_budget = check_memory_budget("solve_ilp", memory_budget)
     require_graph("solve_ilp", graph)
     require_instance("solve_ilp", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins)

@@ -26,6 +26,7 @@ from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._options import check_memory_budget
 from autoplan._plan import (
     Comm,
     InputSpec,
@@ -377,6 +378,7 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         >>> res.plan.mesh_shape, res.solution.status
         ((1, 8), 'optimal')
     """
+    memory_budget = check_memory_budget("intra_op_search", memory_budget)
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape, mesh_axis_names)
     if problem is None and not count_unmerged:

@@ -83,7 +83,7 @@ from autoplan._cluster import Cluster, LogicalMesh, send_recv_time
 from autoplan._errors import InfeasiblePlanError, SearchError, TraceError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._options import require_workload
+from autoplan._options import check_memory_budget, require_workload
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
 from autoplan._schedule import (
     SPLIT_KINDS,
@@ -1822,6 +1822,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             message says why and the least memory that would fit). Without ``memory_budget`` the
             device's memory only ranks: layouts that do not fit are returned, marked.
     """
+    memory_budget = check_memory_budget("pipeline_search", memory_budget)
     require_workload("pipeline_search", workload)
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
