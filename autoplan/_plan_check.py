@@ -210,7 +210,7 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
                 f"{sd.num_stages} stages and {sd.microbatches} micro-batches)", repr(sd.kind),
                 f"set schedule.kind to {other!r}, or " + _REMAKE)
     # the cluster against the devices the stages use
-    n = sum(s.num_devices for s in plan.stages)
+    n = plan.num_devices  # (an interleaved schedule's chunks share their mesh's devices)
     c = plan.cluster
     if c.num_devices != n:
         add("cluster.devices_per_node" if c.nodes == 1 else "cluster.nodes",
@@ -258,7 +258,11 @@ def workload_contradictions(plan: Any, view: WorkloadView) -> list[Contradiction
     out: list[Contradiction] = []
     fix = ("run the workload the plan was made for (the same model, --size, --batch and --set), "
            f"or make a plan for this one (autoplan plan {view.name} -o plan.json)")
-    if plan.model != view.name:
+    from autoplan.models._registry import MODELS  # noqa: PLC0415
+
+    # a zoo model is known by its name; a user's step goes by several (its function's, its
+    # module:function spec), so its inputs and layers below tell it apart instead
+    if plan.model != view.name and (plan.model in MODELS or view.name in MODELS):
         out.append(Contradiction("model", f"model should be {view.name!r}, the workload given. "
                                  f"Got {plan.model!r}. Fix: {fix}."))
     if isinstance(plan.config, Mapping):
