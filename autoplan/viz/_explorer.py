@@ -30,8 +30,11 @@
   changes.
 
 Every figure is a :class:`~autoplan.viz._widget.PlotView`: its whole state is one synced trait,
-so the views are right after the first search, after a page reload and in a reopened notebook,
-and plotly.js is loaded once per page (never stored in the notebook). Searches, redraws and
+so the views are right after the first search, after a page reload and in a reopened notebook
+whose kernel still runs, and plotly.js is loaded once per page (never stored in the notebook).
+Displaying the explorer also shows a static snapshot after the widget (:meth:`Explorer.static_html`:
+the status, the candidates, the selected plan's summary and its figures' numbers), kept up to
+date and hidden by the live widget, for a front end without the widget's kernel. Searches, redraws and
 launches run in background threads, so the kernel stays free; every error is written into the
 explorer's ``Output``. The explorer reaches ``autoplan.search`` and ``autoplan.exec`` only when
 asked to (imports inside the methods), so importing :mod:`autoplan.viz` imports neither.
