@@ -29,16 +29,18 @@ only ever read by the code that wrote it.
 
 Who may write it (the threat model). Unpickling runs code, so an entry is unpickled only when it
 is authentic: its header carries the HMAC of its payload under a 32-byte random key that is kept
-in the cache folder (``key``, ``0600``), and is checked (in constant time) before a byte is
+beside the entries (``search/key``, ``0600``), and is checked (in constant time) before a byte is
 unpickled. Someone who can put a file in the cache folder (a folder left group- or
 world-writable, a cache folder on a shared disk, an entry copied from another machine or
 planted by another local user) but cannot read the user's key cannot make an entry that is
 read: a forged or foreign entry is a miss, and is removed. Whoever can read the key is already
 the user (or root), who can change autoplan's own code as easily. Further:
 
-* folders are created ``0700`` and entries ``0600`` whatever the umask, and an existing cache
-  folder that is group- or world-accessible is narrowed to ``0700``; a folder owned by another
-  user is not used at all (no read, no store);
+* folders are created ``0700`` and entries ``0600`` whatever the umask; autoplan's own folders
+  (``search/``, and the default ``.../autoplan``) are narrowed to ``0700`` when they are wider,
+  and not used at all (no read, no store) when another user owns them; a folder named by
+  ``$AUTOPLAN_CACHE_DIR`` is left as it is (it may be shared on purpose), its ``search/`` folder
+  held to those rules;
 * an entry that is not a regular file (a named pipe, a device, a symbolic link), not owned by
   the user, writable by the group or others, or larger than the folder's bound is a miss and is
   removed, before anything is read from it (it is opened without following links and without
@@ -143,10 +145,12 @@ def _path(key: str) -> Path:
     return _entries() / f"{key}.entry"
 
 
-def private_folder(folder: Path, *, create: bool) -> bool:
-    """Whether ``folder`` is a folder of this user's that nobody else can open, made so when
-    possible: created ``0700`` (whatever the umask) when ``create``, narrowed to ``0700`` when it
-    is the user's and wider. False (do not use it) for a folder of another user's."""
+def private_folder(folder: Path, *, create: bool, own: bool = True) -> bool:
+    """Whether ``folder`` may hold the cache: created ``0700`` (whatever the umask) when missing
+    and ``create``. A folder that is autoplan's ``own`` must also be the user's (else False: do
+    not use it), and is narrowed to ``0700`` when it is wider; a folder the user named
+    (``$AUTOPLAN_CACHE_DIR``, which may be shared, or ``/tmp``) is used as it is, since the
+    entries and the key live in the ``search/`` folder inside it, which is autoplan's own."""
     try:
         st = os.stat(folder)
     except FileNotFoundError:
@@ -165,7 +169,11 @@ def private_folder(folder: Path, *, create: bool) -> bool:
             return False
     except OSError:
         return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if not own:
+        return True
+    if st.st_uid != os.geteuid():
         return False
     if stat.S_IMODE(st.st_mode) & 0o077:
         try:
@@ -176,9 +184,11 @@ def private_folder(folder: Path, *, create: bool) -> bool:
 
 
 def _usable(*, create: bool) -> bool:
-    """Whether the cache folder and its ``search/`` folder are private (see the module
-    docstring), created so when ``create``."""
-    return private_folder(cache_dir(), create=create) and private_folder(_entries(), create=create)
+    """Whether the cache folder and its ``search/`` folder are usable and ``search/`` private
+    (see the module docstring), created so when ``create``."""
+    named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))
+    return (private_folder(cache_dir(), create=create, own=not named)
+            and private_folder(_entries(), create=create))
 
 
 def _read_entry(fd: int, limit: int) -> bytes | None:
@@ -209,7 +219,7 @@ def _remove(path: Path) -> None:
 
 def _key(*, create: bool) -> bytes | None:
     """The folder's HMAC key (made when missing and ``create``); None when there is none."""
-    path = cache_dir() / "key"
+    path = _entries() / "key"
     for _ in range(3):
         try:
             fd = os.open(path, _OPEN_FLAGS)

@@ -456,7 +456,8 @@ class Cluster:
         from ._cache import private_folder  # noqa: PLC0415
         from ._io import atomic_write_bytes  # noqa: PLC0415
 
-        if private_folder(Path(base), create=True):  # (0700, the entry 0600: see _cache.py)
+        named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))  # (0700 when made, the entry 0600)
+        if private_folder(Path(base), create=True, own=not named):
             atomic_write_bytes(fast if quick else full, cluster.to_json().encode(), mode=0o600)
         return cluster
 

@@ -182,7 +182,9 @@ def test_concurrent_writers_and_readers_never_see_a_partial_entry(graph):
         t.join()
     assert not errors
     assert set(seen) <= {True}  # every read found a whole entry (never a partial one)
-    assert len(list((_cache.cache_dir() / "search").iterdir())) == 1  # no temporary files left
+    # no temporary files left: the entry and the folder's key
+    assert sorted(p.suffix or p.name for p in (_cache.cache_dir() / "search").iterdir()) == \
+        [".entry", "key"]
 
 
 def test_folder_is_bounded_least_recently_used_first(graph, monkeypatch):

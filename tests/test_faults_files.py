@@ -188,7 +188,7 @@ def test_the_cache_is_private_whatever_the_umask(graph):
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (
-        _cache.cache_dir(), _cache.cache_dir() / "search", _cache.cache_dir() / "key", _entry())}
+        _cache.cache_dir() / "search", _cache.cache_dir() / "search" / "key", _entry())}
     assert set(modes.values()) == {0o700, 0o600}, modes
     assert modes["key"] == 0o600 and modes[_entry().name] == 0o600
     # a cache folder left open to others is narrowed
@@ -244,9 +244,36 @@ def test_an_entry_that_is_not_a_private_regular_file_is_a_miss_and_removed(graph
     assert again.best.describe() == first.best.describe()
 
 
+def test_a_folder_the_user_named_is_left_as_it_is_and_the_default_one_is_narrowed(
+        graph, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # (a team's folder, open on purpose)
+    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(shared))
+    assert _search(graph).stats["cache"] == "stored"
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o777
+    assert stat.S_IMODE((shared / "search").stat().st_mode) == 0o700
+    monkeypatch.delenv("AUTOPLAN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "autoplan").mkdir(parents=True)
+    os.chmod(tmp_path / "xdg" / "autoplan", 0o777)
+    assert _search(graph).stats["cache"] == "stored"
+    assert stat.S_IMODE((tmp_path / "xdg" / "autoplan").stat().st_mode) == 0o700
+
+
+def test_a_cache_folder_of_another_user_is_not_used(graph, monkeypatch):
+    _search(graph)
+    entry = _entry()
+    with monkeypatch.context() as m:
+        m.setattr(os, "geteuid", lambda: os.getuid() + 12345)  # (as another user sees it)
+        assert _cache.load(entry.stem) is None and entry.exists()  # neither read nor removed
+        assert _search(graph).stats["cache"] == "not stored"
+    assert _search(graph).stats["cache"] == "hit"
+
+
 def test_a_key_others_can_read_is_replaced(graph):
     _search(graph)
-    key = _cache.cache_dir() / "key"
+    key = _cache.cache_dir() / "search" / "key"
     old = key.read_bytes()
     os.chmod(key, 0o644)
     assert _search(graph).stats["cache"] == "stored"  # the entry was signed with the old key

@@ -225,10 +225,10 @@ def test_errors_and_warnings_reach_the_caller():
 
 def test_workers_option(monkeypatch):
     graph = autoplan.trace(models.get("mlp", size="tiny"))
-    monkeypatch.setattr(_parallel, "cpu_count", lambda: 4)
-    assert resolve_workers(3, 10) == 3
-    assert resolve_workers(64, 10) == 4  # capped at the CPUs
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(_parallel, "cpu_count", lambda: 4)
+        assert resolve_workers(3, 10) == 3
+        assert resolve_workers(64, 10) == 4  # capped at the CPUs
     assert resolve_workers(None, 10) == 1  # a small graph: one process
     assert resolve_workers(None, _parallel.AUTO_PARALLEL_OPS) == _parallel.cpu_count()
     for bad in (0, -1, 1.5, True, "2"):
