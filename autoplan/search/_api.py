@@ -252,7 +252,8 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
            schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
-           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
+           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0,
+           baselines: bool | str = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
@@ -281,7 +282,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             pipeline search too, in every layer's plan; a graph input's tensor id, ``gi.tensor``,
             may stand for a regex: that input alone).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
-        baselines: add data-parallel, Megatron TP and TP x PP baselines.
+        baselines: add data-parallel, Megatron TP and TP x PP baselines; ``"paper"`` adds
+            Alpa's comparisons instead of the fixed Megatron TP x PP: Megatron-LM's TP x PP x DP
+            grid (its best), ZeRO-2, ZeRO-3 and inter-op only (see
+            :mod:`autoplan.search._baselines`; the grid costs a search of its own).
         num_layers: pipeline layers (default automatic).
         stage_algorithm: ``"dp"`` (Alpa), ``"ilp"`` (TePDist DAG ILP) or ``"auto"`` (the ILP when
             the layer graph is not a chain).
@@ -400,6 +404,10 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
         raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
     if schedule not in ("1f1b", "gpipe"):
         raise SearchError(f"search: schedule should be '1f1b' or 'gpipe'. Got {schedule!r}.")
+    if options["baselines"] not in (True, False, "paper"):
+        raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
+                          f"{options['baselines']!r}. Fix: 'paper' adds Alpa's comparisons "
+                          "(Megatron's TP x PP x DP grid, ZeRO-2, ZeRO-3, inter-op only).")
     from autoplan.search.pipeline._pipeline import check_microbatches, check_submesh_hosts  # noqa: PLC0415
 
     check_submesh_hosts(options["submesh_hosts"])
@@ -493,11 +501,13 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
                    label=f"intra-op search on mesh {'x'.join(map(str, shape))}")
               for shape in shapes]
     if options["baselines"]:
-        tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
-        if do_pipe and cluster.num_devices > 1:
+        paper = options["baselines"] == "paper"
+        tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config,
+                                paper=paper)
+        if do_pipe and (cluster.nodes > 1 or paper and cluster.num_devices > 1):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
                               dict(schedule=options["schedule"], time_limit=time_limit,
-                                   workers=n_workers),
+                                   workers=n_workers, paper=paper),
                               label="baseline: Megatron TP x PP", local=True))
     stats: dict[str, Any] = {}
     plans: list[Plan] = []
