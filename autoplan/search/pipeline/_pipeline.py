@@ -1806,8 +1806,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         lead = min([(k, B) for k, B, _ in screened] + [(best_now, B0)])[1]
         finer = finer_counts(counts, sorted(set(others) | {B0}), lead)
         if finer:
-            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer],
-                                      workers=n_workers))
+            # (a few short DP runs: in this process, cheaper than handing them to workers)
+            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer]))
         t_dp += time.perf_counter() - t2
         for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
             if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
