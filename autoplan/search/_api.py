@@ -269,7 +269,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         pipeline: ``False`` intra-operator only; ``True`` pipeline plans only; ``"auto"`` both.
         schedule: ``"1f1b"`` or ``"gpipe"``.
         microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
-            (default) searches it among powers of two near the default (the batch is the
+            (default) searches it among the batch's divisors near the default (the batch is the
             leading dimension of the batch arguments).
         level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
             folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
