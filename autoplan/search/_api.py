@@ -281,7 +281,8 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
            schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
-           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0, baselines: bool = True,
+           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0,
+           baselines: bool | str = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
@@ -306,7 +307,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             (interleaved ``v`` times the tasks and transfers, ZB-H1 a third more tasks), whose
             launch costs the model counts but a loaded host can exceed.
         microbatches: number of micro-batches for pipeline plans; ``None`` or ``"auto"``
-            (default) searches it among powers of two near the default (the batch is the
+            (default) searches it among the batch's divisors near the default (the batch is the
             leading dimension of the batch arguments).
         level: ``"auto"`` (default: the exhaustive ILP where it is the fast path, else the
             folded search, bounded in ILPs; see :func:`autoplan.search.fold._levels.choose_level`),
@@ -319,7 +320,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             pipeline search too, in every layer's plan; a graph input's tensor id, ``gi.tensor``,
             may stand for a regex: that input alone).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
-        baselines: add data-parallel, Megatron TP and TP x PP baselines.
+        baselines: add data-parallel, Megatron TP and TP x PP baselines; ``"paper"`` adds
+            Alpa's comparisons instead of the fixed Megatron TP x PP: Megatron-LM's TP x PP x DP
+            grid (its best), ZeRO-2, ZeRO-3 and inter-op only (see
+            :mod:`autoplan.search._baselines`; the grid costs a search of its own).
         num_layers: pipeline layers (default automatic).
         stage_algorithm: ``"dp"`` (Alpa), ``"ilp"`` (TePDist DAG ILP) or ``"auto"`` (the ILP when
             the layer graph is not a chain).
@@ -505,6 +509,10 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
         raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
                           f"Got {schedule!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
                           "'zb-h1', or 'auto' to weigh all but GPipe.")
+    if options["baselines"] not in (True, False, "paper"):
+        raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
+                          f"{options['baselines']!r}. Fix: 'paper' adds Alpa's comparisons "
+                          "(Megatron's TP x PP x DP grid, ZeRO-2, ZeRO-3, inter-op only).")
 
     check_submesh_hosts(options["submesh_hosts"])
     check_microbatches(microbatches)
@@ -601,11 +609,14 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
                    label=f"intra-op search on mesh {'x'.join(map(str, shape))}")
               for shape in shapes]
     if options["baselines"]:
-        tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
-        if do_pipe and cluster.num_devices > 1 and options.get("microbatching", True):
+        paper = options["baselines"] == "paper"
+        tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config,
+                                paper=paper)
+        if do_pipe and options.get("microbatching", True) and (
+                cluster.nodes > 1 or paper and cluster.num_devices > 1):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
                               dict(schedule=options["schedule"], time_limit=time_limit,
-                                   workers=n_workers),
+                                   workers=n_workers, paper=paper),
                               label="baseline: Megatron TP x PP", local=True))
     stats: dict[str, Any] = {}
     plans: list[Plan] = []

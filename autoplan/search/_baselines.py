@@ -1,5 +1,9 @@
 """Baselines computed with the same cost model as the search, so a user sees what it gained.
 
+The default set is data parallel, Megatron TP and the fixed Megatron TP x PP (one stage per node,
+tensor parallelism over the node); ``baselines="paper"`` (Alpa's comparisons) has data parallel,
+ZeRO-2, ZeRO-3, Megatron TP, Megatron-LM's TP x PP x DP grid and inter-op only.
+
 * ``baseline: data parallel`` — logical mesh (n, 1): every batch leaf split on its leading
   dimension over all devices, every parameter and optimizer-state leaf replicated; the ILP only
   fills in the rest (so gradients are all-reduced).
@@ -12,10 +16,12 @@
   their input dimension, the embedding vocabulary-parallel, the LM head on its vocabulary
   dimension; tensor parallelism inside a node (mesh axis ``y``), data parallelism across nodes
   (axis ``x``). Only for models with such layers.
-* ``baseline: Megatron TP x PP`` — Megatron-LM's TP x PP x DP grid, as its own benchmark
-  searched it (Narayanan et al., SC'21): pipeline stages of equal layer counts, tensor
-  parallelism of 1, 2, 4 or 8 devices inside a node with the same pins, data parallelism outside,
-  micro-batches searched; the best of the grid (for clusters of several devices).
+* ``baseline: Megatron TP x PP`` — by default the same tensor parallelism over each node and one
+  pipeline stage per node with equal layer counts (clusters of several nodes); with ``"paper"``
+  Megatron-LM's TP x PP x DP grid, as its own benchmark searched it (Narayanan et al., SC'21):
+  pipeline stages of equal layer counts, tensor parallelism of 1, 2, 4 or 8 devices inside a node
+  with the same pins, data parallelism outside, micro-batches searched; the best of the grid
+  (clusters of several devices).
 * ``baseline: inter-op only`` — Alpa's inter-operator-only ablation: pipeline stages alone, each
   on one device (as many stages as devices, where the layers allow), placed by the stage DP.
 
@@ -45,6 +51,8 @@ __all__ = ["baseline_plans", "baseline_tasks", "solve_baseline", "megatron_pipel
 #: the intra-operator baselines, in the order they are listed
 INTRA_BASELINES = ("baseline: data parallel", "baseline: ZeRO-2", "baseline: ZeRO-3",
                    "baseline: Megatron TP")
+#: the ones only ``baselines="paper"`` adds
+PAPER_ONLY = ("baseline: ZeRO-2", "baseline: ZeRO-3")
 
 
 def _mesh_and_pins(graph: OpGraph, cluster: Cluster, label: str
@@ -85,31 +93,34 @@ def solve_baseline(graph: OpGraph, cluster: Cluster, label: str, *, time_limit: 
 
 
 def baseline_tasks(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60.0,
-                   config: dict | None = None) -> list[Task]:
-    """The intra-operator baselines that apply to this graph and cluster, as independent tasks
-    of :func:`~autoplan.search._parallel.run_tasks` (each gives a plan or None)."""
+                   config: dict | None = None, paper: bool = False) -> list[Task]:
+    """The intra-operator baselines that apply to this graph and cluster (with ``paper``, Alpa's
+    ZeRO ablations too), as independent tasks of :func:`~autoplan.search._parallel.run_tasks`
+    (each gives a plan or None)."""
     return [Task(solve_baseline, graph, (cluster, label), {"time_limit": time_limit,
                                                           "config": config}, label=label)
-            for label in INTRA_BASELINES if _mesh_and_pins(graph, cluster, label) is not None]
+            for label in INTRA_BASELINES if (paper or label not in PAPER_ONLY)
+            and _mesh_and_pins(graph, cluster, label) is not None]
 
 
 def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
-                               time_limit: float = 60.0, workers: int | None = None
-                               ) -> Plan | None:
-    """The Megatron TP x PP baseline (the best of its grid on clusters of several devices; None
-    where it does not apply or cannot be made), its layer ILPs solved on ``workers``
-    processes."""
+                               time_limit: float = 60.0, workers: int | None = None,
+                               grid: bool = True) -> Plan | None:
+    """The Megatron TP x PP baseline: the best of its grid on clusters of several devices, or
+    without ``grid`` its one layout on clusters of several nodes (None where it does not apply
+    or cannot be made), its layer ILPs solved on ``workers`` processes."""
     from autoplan.search.pipeline._pipeline import pipeline_search, traced  # noqa: PLC0415
 
     graph = traced(workload)
-    if cluster.num_devices <= 1 or megatron_pins(graph, min(cluster.devices_per_node,
+    if (cluster.num_devices if grid else cluster.nodes) <= 1 or megatron_pins(graph, min(cluster.devices_per_node,
                                                       cluster.num_devices)) is None:
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = pipeline_search(workload, cluster, schedule=schedule, level="folded",
-                                  time_limit=time_limit, megatron=True, max_candidates=1,
+                                  time_limit=time_limit, megatron="grid" if grid else True,
+                                  max_candidates=1,
                                   workers=workers)
     except AutoplanError:
         return None
@@ -137,25 +148,29 @@ def inter_op_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b"
 
 
 def pipeline_baselines(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
-                       time_limit: float = 60.0, workers: int | None = None) -> list[Plan]:
-    """The baselines that need the workload (the Megatron grid and the inter-op-only ablation),
-    those that apply."""
+                       time_limit: float = 60.0, workers: int | None = None,
+                       paper: bool = False) -> list[Plan]:
+    """The baselines that need the workload, those that apply: the Megatron TP x PP layout, or
+    with ``paper`` the best of Megatron's grid and the inter-op-only ablation."""
     kw = {"schedule": schedule, "time_limit": time_limit, "workers": workers}
-    return [p for p in (megatron_pipeline_baseline(workload, cluster, **kw),
-                        inter_op_baseline(workload, cluster, **kw)) if p is not None]
+    out = [megatron_pipeline_baseline(workload, cluster, grid=paper, **kw)]
+    if paper:
+        out.append(inter_op_baseline(workload, cluster, **kw))
+    return [p for p in out if p is not None]
 
 
 def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",
                    time_limit: float = 60.0, config: dict | None = None,
-                   pipeline: bool = False, workers: int | None = None) -> list[Plan]:
+                   pipeline: bool = False, workers: int | None = None,
+                   paper: bool = False) -> list[Plan]:
     """The baselines that apply to this graph and cluster (see the module docstring), the
     intra-operator ones solved on ``workers`` processes (as :func:`autoplan.search`)."""
     require_graph("baseline_plans", graph)
     require_instance("baseline_plans", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
-    tasks = baseline_tasks(graph, cluster, time_limit=time_limit, config=config)
+    tasks = baseline_tasks(graph, cluster, time_limit=time_limit, config=config, paper=paper)
     outcomes = run_tasks(tasks, workers=resolve_workers(workers, len(graph)))
     out = [p for o in outcomes if (p := o.result()) is not None]
     if pipeline and workload is not None:
         out += pipeline_baselines(workload, cluster, schedule=schedule, time_limit=time_limit,
-                                  workers=workers)
+                                  workers=workers, paper=paper)
     return out

@@ -52,8 +52,9 @@ def test_megatron_grid_searches_tp_pp_and_dp(tiny_gpt):
     cl = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = pipeline_search(tiny_gpt, cl, megatron=True, max_candidates=16, microbatches=4,
-                              workers=1)
+        res = pipeline_search(tiny_gpt, cl, megatron="grid", max_candidates=16,
+                              microbatches=4, workers=1)
+        fixed = megatron_pipeline_baseline(tiny_gpt, cl, workers=1, grid=False)
         best = megatron_pipeline_baseline(tiny_gpt, cl, workers=1)
     stages = {len(p.stages) for p in res.plans}
     assert {1, 2} < stages  # one stage, one per node, and more stages than nodes
@@ -64,6 +65,9 @@ def test_megatron_grid_searches_tp_pp_and_dp(tiny_gpt):
         assert p.stages[0].mesh_shape[-1] in (1, 2, 4, 8)  # tensor parallelism inside a node
         assert sum(s.submesh_shape[0] * s.submesh_shape[1] for s in p.stages) == 16
     assert best is not None and best.label == "baseline: Megatron TP x PP"
+    # without the grid: one stage per node, tensor parallelism over its 8 devices
+    assert [(s.submesh_shape, s.mesh_shape) for s in fixed.stages] == [((1, 8), (1, 8))] * 2
+    assert best.predicted.step_time <= fixed.predicted.step_time * (1 + 1e-9)
     # the baseline is the grid's best (its micro-batches searched too)
     assert best.predicted.step_time <= min(p.predicted.step_time for p in res.plans) * (1 + 1e-9)
 

@@ -1510,7 +1510,7 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     ctx = table.ctx
     t0 = time.perf_counter()
     if ctx.megatron:
-        lays = _megatron_layouts(table)
+        lays = _megatron_layouts(table, grid=ctx.megatron == "grid")
         return [({lay: math.nan for lay in lays}, True, None, time.perf_counter() - t0)
                 for _ in items]
     runs = [_dp_runs(table, dag, use_ilp, ratio, B, full) for ratio, B, full in items]
@@ -1559,18 +1559,19 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     return [(found_i, fits, leasts.get(i), seconds) for i, (found_i, fits) in enumerate(out)]
 
 
-def _megatron_layouts(table: _Table) -> list[Layout]:
+def _megatron_layouts(table: _Table, grid: bool = True) -> list[Layout]:
     """The Megatron TP x PP x DP baseline's layouts, as Megatron-LM's own benchmark grid-searches
     them: ``PP`` pipeline stages of equal layer counts (every ``PP`` dividing the devices, up to
     the layers), each on ``N / PP`` devices viewed as a ``DP x TP`` mesh with tensor parallelism
     of 1, 2, 4 or 8 devices inside a node (``TP`` on the inner axis). The micro-batch count is
-    searched over them as for any layout."""
+    searched over them as for any layout. Without ``grid`` the one layout of one stage per node,
+    tensor parallelism over the node's devices."""
     ctx, L = table.ctx, table.L
     n, per = ctx.num_hosts * ctx.devices_per_host, ctx.devices_per_host
     out: list[Layout] = []
     for pp in range(1, min(L, n) + 1):
         d = n // pp
-        if n % pp:
+        if n % pp or not grid and (pp != ctx.num_hosts or ctx.num_hosts == 1):
             continue
         sub = (1, d) if d <= per else (d // per, per)
         if sub not in ctx.submeshes or sub[0] * sub[1] != d:
@@ -1579,6 +1580,8 @@ def _megatron_layouts(table: _Table) -> list[Layout]:
         cuts = [round(i * L / pp) for i in range(pp + 1)]
         for c, (shape, lean) in enumerate(ctx.configs[k]):
             if lean or len(shape) != 2 or shape[1] not in (1, 2, 4, 8) or shape[1] > per:
+                continue
+            if not grid and shape != (1, per):
                 continue
             out.append(tuple((tuple(range(cuts[i], cuts[i + 1])), k, c) for i in range(pp)))
     if not out:
@@ -1762,7 +1765,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     microbatches: int | str | None = None, level: str = "folded",
                     memory_budget: float | None = None, time_limit: float = 60.0,
                     num_layers: int | None = None, stage_algorithm: str = "auto",
-                    max_candidates: int = 3, megatron: bool = False, inter_only: bool = False,
+                    max_candidates: int = 3, megatron: bool | str = False,
+                    inter_only: bool = False,
                     submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None,
                     workers: int | None = None) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
@@ -1788,10 +1792,12 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             the layer graph is not a chain, side tensors aside).
         max_candidates: how many stage counts to return the best plan of (the one-stage
             layout is always among them).
-        megatron: build the Megatron TP x PP x DP baseline instead of searching: the grid of
-            :func:`_megatron_layouts` (pipeline stages of equal layer counts, Megatron's
-            tensor-parallel pins on 1, 2, 4 or 8 devices inside a node, data parallelism
-            outside), micro-batches searched as for any layout; the best of each stage count.
+        megatron: build a Megatron baseline instead of searching: ``True`` one stage per node
+            with equal layer counts, Megatron's tensor-parallel pins over each node, the
+            default number of micro-batches; ``"grid"`` the TP x PP x DP grid of
+            :func:`_megatron_layouts` (pipeline stages of equal layer counts, tensor parallelism
+            of 1, 2, 4 or 8 devices inside a node, data parallelism outside), micro-batches
+            searched as for any layout; the best of each stage count.
         inter_only: the inter-operator-only ablation: every stage on one device (submesh
             ``1x1``, so as many stages as devices), Alpa's stage DP over the layers.
         submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices),
@@ -1854,7 +1860,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
                           f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
                           f"{batch} or microbatches='auto'.")
-    search_mb = not fixed
+    search_mb = not fixed and megatron is not True
     full, graph = _traces(workload, B0)
     t_trace = time.perf_counter() - t0
     layers = group_layers(graph, num_layers)
@@ -1936,8 +1942,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         lead = min([(k, B) for k, B, _ in screened] + [(best_now, B0)])[1]
         finer = finer_counts(counts, sorted(set(others) | {B0}), lead)
         if finer:
-            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer],
-                                      workers=n_workers))
+            # (a few short DP runs: in this process, cheaper than handing them to workers)
+            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer]))
         t_dp += time.perf_counter() - t2
         for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
             if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
