@@ -102,6 +102,7 @@ from autoplan._errors import ExecutionError
 from autoplan._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
 from autoplan._signature import step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
+from autoplan._workload import is_key_leaf
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
@@ -135,13 +136,8 @@ def place(host: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
-def is_key_array(x: Any) -> bool:
-    """True for a typed PRNG key array (dtype ``key<impl>``)."""
-    dtype = getattr(x, "dtype", None)
-    try:
-        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-    except TypeError:
-        return False
+#: True for a typed PRNG key array (dtype ``key<impl>``)
+is_key_array = is_key_leaf
 
 
 def host_value(x: Any) -> Any:
