@@ -80,7 +80,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_dir", "search_key", "load", "store", "private_folder", "MAX_BYTES", "FORMAT"]
+from ._io import private_folder
+
+__all__ = ["cache_dir", "search_key", "load", "store", "MAX_BYTES", "FORMAT"]
 
 #: version of the entry layout (entries of another layout are misses)
 FORMAT = 2
@@ -143,44 +145,6 @@ def search_key(graph: Any, cluster: Any, options: Mapping[str, Any],
 
 def _path(key: str) -> Path:
     return _entries() / f"{key}.entry"
-
-
-def private_folder(folder: Path, *, create: bool, own: bool = True) -> bool:
-    """Whether ``folder`` may hold the cache: created ``0700`` (whatever the umask) when missing
-    and ``create``. A folder that is autoplan's ``own`` must also be the user's (else False: do
-    not use it), and is narrowed to ``0700`` when it is wider; a folder the user named
-    (``$AUTOPLAN_CACHE_DIR``, which may be shared, or ``/tmp``) is used as it is, since the
-    entries and the key live in the ``search/`` folder inside it, which is autoplan's own."""
-    try:
-        st = os.stat(folder)
-    except FileNotFoundError:
-        if not create:
-            return False
-        try:
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return False
-        try:
-            st = os.stat(folder)
-        except OSError:
-            return False
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        return False
-    if not own:
-        return True
-    if st.st_uid != os.geteuid():
-        return False
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        try:
-            os.chmod(folder, 0o700)
-        except OSError:
-            return False
-    return True
 
 
 def _usable(*, create: bool) -> bool:

@@ -72,7 +72,7 @@ from ._errors import ClusterError
 from ._fit import fit_line as fit_line
 from ._fit import interpolate as _interpolate
 from ._fit import running_max as _running_max
-from ._io import read_input_bytes
+from ._io import private_folder, read_input_bytes
 from ._memo import memo
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
@@ -453,7 +453,6 @@ class Cluster:
         cluster = profile(devices, quick=quick, progress=progress)
         from pathlib import Path  # noqa: PLC0415
 
-        from ._cache import private_folder  # noqa: PLC0415
         from ._io import atomic_write_bytes  # noqa: PLC0415
 
         named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))  # (0700 when made, the entry 0600)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import networkx as nx
-
 from ._dtype import dtype_bytes, is_key_dtype
 
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
@@ -203,9 +201,11 @@ class OpGraph:
         return {gi.tensor: gi for gi in self.inputs}
 
     @cached_property
-    def nx(self) -> nx.DiGraph:
+    def nx(self) -> Any:
         """Operator-level DAG: node ids are op ids (attribute ``op``); an edge u->v carries the
         ids of the tensors u passes to v (``tensors``) and their total bytes (``bytes``)."""
+        import networkx as nx  # noqa: PLC0415 - only this view needs it (and it imports queue)
+
         g = nx.DiGraph()
         for op in self.ops:
             g.add_node(op.id, op=op)

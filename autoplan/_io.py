@@ -28,11 +28,12 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable
+from pathlib import Path
 
 from ._errors import OutputError
 
 __all__ = ["check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
-           "atomic_write_text", "same_file", "MAX_INPUT_BYTES"]
+           "atomic_write_text", "same_file", "private_folder", "MAX_INPUT_BYTES"]
 
 PathLike = str | os.PathLike
 
@@ -322,3 +323,41 @@ def _fsync_folder(folder: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def private_folder(folder: Path, *, create: bool, own: bool = True) -> bool:
+    """Whether ``folder`` may hold a private cache (the plan cache, the profile cache): created ``0700`` (whatever the umask) when missing
+    and ``create``. A folder that is autoplan's ``own`` must also be the user's (else False: do
+    not use it), and is narrowed to ``0700`` when it is wider; a folder the user named
+    (``$AUTOPLAN_CACHE_DIR``, which may be shared, or ``/tmp``) is used as it is, since the
+    entries and the key live in the ``search/`` folder inside it, which is autoplan's own."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        if not create:
+            return False
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return False
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return False
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if not own:
+        return True
+    if st.st_uid != os.geteuid():
+        return False
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        try:
+            os.chmod(folder, 0o700)
+        except OSError:
+            return False
+    return True

@@ -937,17 +937,8 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         res = _run_intra(plan, r, graph, devices, steps, on_step, check, compiler_options)
         mode = "intra-op"
     compiled, raw = _measured_comm_bytes(plan, res)
-    equivalence = None
-    if check:
-        equivalence = check_equivalence(r, graph, res["grad_tensors"], res["records"], rtol, atol,
-                                        compiler_options, plan.schedule.microbatches)
-        if not equivalence.matched and raise_on_mismatch:
-            raise EquivalenceError(equivalence.message)
-    nonfinite = _nonfinite_verdict(r, res, equivalence, steps)
-    if nonfinite and not allow_nonfinite:
-        raise NonFiniteError(f"run: the numbers are not finite at {nonfinite} Fix: find where the model overflows (a learning "
-                             "rate too high, the log of 0, an input holding inf), or pass "
-                             "allow_nonfinite=True (--allow-nonfinite) to keep the run.")
+    equivalence, nonfinite = _verdicts(plan, r, graph, res, steps, check, rtol, atol,
+                                       compiler_options, raise_on_mismatch, allow_nonfinite)
     return RunReport(
         model=r.name, label=plan.label, mode=mode, layout=plan.describe(), num_devices=len(devices),
         steps=steps, losses=res["losses"], step_times=res["step_times"],
@@ -958,6 +949,26 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
         constraints_applied=res["constraints_applied"],
         constraints_skipped=res["constraints_skipped"], pipeline=res["pipeline"],
         outputs=res["outputs"], nonfinite=nonfinite)
+
+
+def _verdicts(plan: Any, r: _Resolved, graph: Any, res: Mapping[str, Any], steps: int, check: bool,
+              rtol: float, atol: float, compiler_options: Mapping[str, Any] | None,
+              raise_on_mismatch: bool, allow_nonfinite: bool) -> tuple[EquivalenceResult | None, str]:
+    """The run's equivalence with single-device execution (when ``check``) and its non-finite
+    verdict, raising :class:`EquivalenceError` or :class:`NonFiniteError` as :func:`run` says."""
+    equivalence = None
+    if check:
+        equivalence = check_equivalence(r, graph, res["grad_tensors"], res["records"], rtol, atol,
+                                        compiler_options, plan.schedule.microbatches)
+        if not equivalence.matched and raise_on_mismatch:
+            raise EquivalenceError(equivalence.message)
+    nonfinite = _nonfinite_verdict(r, res, equivalence, steps)
+    if nonfinite and not allow_nonfinite:
+        raise NonFiniteError(f"run: the numbers are not finite at {nonfinite} Fix: find where the "
+                             "model overflows (a learning rate too high, the log of 0, an input "
+                             "holding inf), or pass allow_nonfinite=True (--allow-nonfinite) to "
+                             "keep the run.")
+    return equivalence, nonfinite
 
 
 def _nonfinite_verdict(r: _Resolved, res: Mapping[str, Any], equivalence: EquivalenceResult | None,
