@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# JupyterLab from .venv saves widget state with the notebook, so a notebook reopened without its
+# kernel draws the explorer from it (lab-settings/; docs/explorer.md, "Saved notebooks")
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/autoplan.json
 
 .PHONY: demo test lab install lint bench clean
 
@@ -12,7 +15,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+$(LAB_SETTINGS): lab-settings/overrides.d/autoplan.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
+
+install: $(STAMP) $(LAB_SETTINGS)
 
 demo: $(STAMP)
 	$(PY) -m autoplan.demo
@@ -21,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m ruff check autoplan tests benchmarks
 	$(PY) -m pytest -q
 
-lab: $(STAMP)
+lab: $(STAMP) $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab notebooks/
 
 lint: $(STAMP)

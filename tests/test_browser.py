@@ -16,8 +16,10 @@ page:
   no error;
 * a search on 16 devices from the controls clears the launch panel and its sharding view folds
   the repeated layers into one column; a search on 64 devices draws too;
-* saved, its kernel shut down and reopened with a fresh one, the notebook shows the explorer's
-  static snapshot of the plan.
+* saved, its kernel shut down and reopened with a fresh one, the notebook shows no "model not
+  found": JupyterLab saved the widgets' state with it (the setting ``make lab`` installs,
+  ``lab-settings/``, given to this server too) and draws the explorer from it, disconnected; its
+  figures say that they need the kernel, and the static snapshot after it shows the plan.
 
 Screenshots go to ``artifacts/browser/``; with ``AUTOPLAN_UPDATE_DOCS=1`` (or when missing) they
 are copied to ``docs/img/`` for the docs (8 and 64 devices, a pipeline plan, a what-if).
@@ -115,13 +117,17 @@ def jupyterlab(tmp_path):
         f = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(values))
+    # the JupyterLab settings `make lab` installs into .venv (lab-settings/): widget state saved
+    # with the notebook
+    app_settings = tmp_path / "lab-settings"
+    shutil.copytree(ROOT / "lab-settings", app_settings)
     port = free_port()
     jupyter = Path(sys.executable).with_name("jupyter")
     cmd = [str(jupyter), "lab"] if jupyter.exists() else [sys.executable, "-m", "jupyterlab"]
     cmd += ["--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.token=",
             "--ServerApp.password=", "--LabApp.expose_app_in_browser=True",
             f"--ServerApp.root_dir={root}", f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-            f"--LabApp.user_settings_dir={settings}"]
+            f"--LabApp.user_settings_dir={settings}", f"--LabApp.app_settings_dir={app_settings}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
@@ -305,7 +311,7 @@ def search_on(page, devices: int) -> None:
     page.wait_for_timeout(2500)
 
 
-def test_explorer_in_jupyterlab(jupyterlab, page):
+def test_explorer_in_jupyterlab(jupyterlab, page, tmp_path):
     t0 = time.monotonic()
     timings = {}
     try:
@@ -468,10 +474,16 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         timings["64 devices"] = time.monotonic() - t0
         assert not errors(page), errors(page)
 
-        # save, shut the kernel down, reopen: a fresh kernel holds no widget models; the
-        # explorer's static snapshot shows the plan
+        # save, shut the kernel down, reopen: a fresh kernel holds no widget models. JupyterLab
+        # saved the widgets' state with the notebook (lab-settings/), so it draws the explorer
+        # from it, disconnected, instead of "model not found"; its figures say that they need
+        # the kernel, and the static snapshot in its state shows the plan last shown (cpu:64;
+        # the one after the widget is hidden: it missed the updates sent after the reload)
         page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
         page.wait_for_timeout(3000)
+        saved = json.loads((tmp_path / "notebooks" / "01_explore.ipynb").read_text())
+        state = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+        assert any(m["model_name"] == "AnyModel" and "figure" in m["state"] for m in state.values())
         page.evaluate("() => window.jupyterapp.serviceManager.kernels.shutdownAll()")
         page.wait_for_function(f"() => fetch('{jupyterlab}/api/kernels').then(r => r.json())"
                                ".then(ks => ks.length === 0)", timeout=60_000)
@@ -479,17 +491,32 @@ def test_explorer_in_jupyterlab(jupyterlab, page):
         page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')",
                                timeout=180_000)
         page.wait_for_function(KERNEL_IDLE_JS, timeout=180_000)
+        page.wait_for_selector(".autoplan-explorer.jupyter-widgets-disconnected", timeout=60_000)
         page.wait_for_timeout(5000)
-        snap = page.locator(".autoplan-static")
-        assert snap.count() >= 1 and snap.first.is_visible()
+        notebook = page.locator(".jp-Notebook").inner_text()
+        (ARTIFACTS / "reopened.txt").write_text(notebook)
+        assert "model not found" not in notebook and "Error displaying widget" not in notebook
+        assert "plans for gpt (tiny) on cpu:64" in explorer_text(page)  # the saved status line
+        notes = page.locator(".autoplan-explorer .autoplan-plot[data-disconnected]")
+        assert notes.count() == len(NAMES)
+        assert "no kernel holds this figure: run the cell" in notes.first.inner_text()
+        snap = page.locator(".autoplan-static:visible")
+        assert snap.count() == 1
+        assert page.locator(".autoplan-explorer .autoplan-static").first.is_visible()
         text = snap.first.inner_text()
         # the state the page last showed: the plan selected (the star), the best marked, the
         # figures' numbers
         assert "\u2605" in text and "best" in text and "where the step time goes" in text, text[:2000]
-        assert "plans for gpt (tiny) on cpu:" in text
-        (ARTIFACTS / "reopened.txt").write_text(page.locator(".jp-Notebook").inner_text())
-        shoot_static = ARTIFACTS / "reopened.png"
-        page.screenshot(path=str(shoot_static))
+        assert "plans for gpt (tiny) on cpu:64" in text
+        # the explorer's cell, on a viewport tall enough to hold it
+        cell = page.locator(".jp-Cell", has=page.locator(".autoplan-explorer"))
+        size = page.viewport_size
+        height = cell.evaluate("el => el.getBoundingClientRect().height")
+        page.set_viewport_size({"width": size["width"], "height": int(height) + 400})
+        page.wait_for_timeout(1500)
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(ARTIFACTS / "reopened.png"))
+        page.set_viewport_size(size)
         timings["reopened"] = time.monotonic() - t0
     finally:
         try:

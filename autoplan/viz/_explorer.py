@@ -34,7 +34,9 @@ so the views are right after the first search, after a page reload and in a reop
 whose kernel still runs, and plotly.js is loaded once per page (never stored in the notebook).
 Displaying the explorer also shows a static snapshot after the widget (:meth:`Explorer.static_html`:
 the status, the candidates, the selected plan's summary and its figures' numbers), kept up to
-date and hidden by the live widget, for a front end without the widget's kernel. Searches, redraws and
+date and hidden by the live widget, for a front end without the widget's kernel; the widget holds
+the same snapshot in its state, shown where it is drawn from the state saved with the notebook
+and no kernel holds it (JupyterLab with ``saveState``, see docs/explorer.md). Searches, redraws and
 launches run in background threads, so the kernel stays free; every error is written into the
 explorer's ``Output``. The explorer reaches ``autoplan.search`` and ``autoplan.exec`` only when
 asked to (imports inside the methods), so importing :mod:`autoplan.viz` imports neither.
@@ -106,8 +108,12 @@ _CSS = ("<style>.autoplan-explorer pre {white-space: pre-wrap; font-size: 11px; 
         ".autoplan-explorer table.autoplan-diff td {padding: 1px 10px; text-align: right;}"
         ".autoplan-explorer .autoplan-status {white-space: normal !important; overflow: visible"
         " !important; height: auto !important; line-height: 1.3;}"
-        # the live widget hides the static snapshots shown for front ends without it
+        # the live widget hides the static snapshots shown for front ends without it; drawn
+        # from the state saved with the notebook, without its kernel (ipywidgets marks it
+        # disconnected), it shows the one it holds, as current as its state: its figures cannot
+        # be drawn there
         ".autoplan-static {display: none;}"
+        ".autoplan-explorer.jupyter-widgets-disconnected .autoplan-static {display: block;}"
         "</style>")
 
 
@@ -551,6 +557,9 @@ class Explorer:
             return widgets.VBox(children, layout=widgets.Layout(width=width, min_width="0"))
 
         wrap = widgets.Layout(flex_flow="row wrap", width="100%")
+        # the static snapshot as widget state: hidden while the widget is live, shown where the
+        # widget is drawn from the state saved with the notebook (see _CSS)
+        self._saved_snapshot = widgets.HTML()
         return widgets.VBox([
             widgets.HTML(_CSS + "<b>autoplan explorer</b>: search parallelisation plans, see "
                          "why they win, ask what if, and launch them"),
@@ -581,6 +590,7 @@ class Explorer:
                               width="42%", max_height="320px", overflow="auto"))],
                          layout=widgets.Layout(width="100%")),
             self._launch_result,
+            self._saved_snapshot,
         ], layout=widgets.Layout(width="100%"))
 
     def _wire_callbacks(self) -> None:
@@ -608,27 +618,34 @@ class Explorer:
         (:meth:`static_html`), kept up to date as the explorer changes. The live widget hides
         the snapshot; a front end without the widget's kernel (a notebook reopened after its
         kernel is gone, nbconvert, a notebook viewer) shows it: the plan, not only a widget that
-        cannot be drawn.
+        cannot be drawn. The widget holds the same snapshot in its state (kept current through
+        the widget's state, which reaches the page where display updates do not): JupyterLab
+        saving widget state with the notebook draws the widget from it without its kernel,
+        disconnected, and shows that snapshot in it instead of the figures.
 
         plotly.js is not sent with the widgets: the first view drawn on a page without it asks
         the kernel once (sending 5 MB here would hold the cell's completion on the page for
         seconds while the message crosses the websocket)."""
         from IPython.display import HTML, display  # noqa: PLC0415
 
+        page = self.static_html()
+        self._saved_snapshot.value = page
         display(self.widget)
-        handle = display(HTML(self.static_html()), display_id=True)
+        handle = display(HTML(page), display_id=True)
         if handle is not None:
             self._snapshots.append(handle)
 
     def _refresh_snapshot(self) -> None:
-        """Write the current state into every static snapshot displayed."""
-        if not self._snapshots:
+        """Write the current state into every static snapshot displayed, and into the one the
+        widget holds (once the explorer has been displayed)."""
+        if not self._snapshots and not self._saved_snapshot.value:
             return
         from IPython.display import HTML  # noqa: PLC0415
 
-        page = HTML(self.static_html())
+        page = self.static_html()
+        self._saved_snapshot.value = page
         for handle in self._snapshots:
-            handle.update(page)
+            handle.update(HTML(page))
 
     def static_html(self) -> str:
         """A self-contained HTML snapshot of the explorer (no script, no kernel): the status

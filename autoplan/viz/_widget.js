@@ -131,6 +131,18 @@ function render({ model, el }) {
 
   note.textContent = "";
   if (!pagePlotly()) {
+    if (el.closest(".jupyter-widgets-disconnected")) {
+      // drawn from the widget state saved with the notebook: no kernel will answer (ipywidgets
+      // marks a view whose model has no live comm as disconnected)
+      note.textContent = "no kernel holds this figure: run the cell to draw it";
+      el.dataset.disconnected = "1";
+      return () => {
+        alive = false;
+        resize.disconnect();
+        model.off("change:figure", onFigure);
+        model.off("change:config", onFigure);
+      };
+    }
     note.textContent = "loading plotly.js from the kernel\u2026";
     request(model);
   }

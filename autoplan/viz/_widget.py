@@ -9,7 +9,10 @@ reloaded page, a reopened notebook whose kernel is still running) draws the curr
 Its front end is a few kilobytes (``_widget.js``); plotly.js is loaded once per page: the page's
 own ``window.Plotly`` when one is there (JupyterLab's plotly extension sets it), else the first
 view drawn asks the kernel, which sends it once as a binary message, and the page evaluates it
-once for every view (a view drawn while the kernel runs another cell waits for that cell).
+once for every view (a view drawn while the kernel runs another cell waits for that cell). A
+view drawn from widget state saved with the notebook, without its kernel (ipywidgets marks it
+disconnected), asks nothing and says that the figure needs the kernel, unless the page has
+plotly.js.
 
 Clicks on the page come back as ``{"trace", "point", "x", "y", "customdata"}`` to the callbacks
 registered with :meth:`PlotView.on_click`.

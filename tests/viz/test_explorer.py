@@ -310,6 +310,10 @@ def test_the_display_carries_a_static_snapshot_of_the_plan(explorer, monkeypatch
     explorer._ipython_display_()
     assert shown[0] is explorer.widget
     page = shown[1].data
+    # the widget holds the same snapshot (shown where it is drawn from saved state, disconnected)
+    assert explorer._saved_snapshot.value == page and explorer._saved_snapshot in explorer.widget.children
+    assert (".autoplan-explorer.jupyter-widgets-disconnected .autoplan-static {display: block;}"
+            in _explorer._CSS)
     assert "class='autoplan-static'" in page and ".autoplan-static {display: none;}" in _explorer._CSS
     assert "<script" not in page and plan.label in page and plan.describe() in page
     assert explorer._status.value.split(";")[0] in page
@@ -326,8 +330,10 @@ def test_the_display_carries_a_static_snapshot_of_the_plan(explorer, monkeypatch
     handle = explorer._snapshots[-1]
     other = explorer.select(next(k for k, p in enumerate(res.plans) if p.is_pipeline != plan.is_pipeline))
     assert other.describe() in handle.pages[-1]
+    assert explorer._saved_snapshot.value == handle.pages[-1]
     explorer.select(0)
     explorer._snapshots.clear()
+    explorer._saved_snapshot.value = ""
 
 
 def test_a_candidate_change_from_the_page_runs_off_the_main_thread(explorer):
