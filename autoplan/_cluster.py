@@ -263,6 +263,13 @@ class Cluster:
             the saturation curves measured on real GPUs give at their size
             (:data:`autoplan._devices.SATURATION`); empty for a flat rate.
         sources: where each datasheet number comes from (``(field, source)`` pairs).
+        nvlinks: the links between the devices of a node where they are not all equally
+            connected, ``(device a, device b, links)`` per linked pair (local ids); empty where
+            every device reaches every other at ``intra_bandwidth`` (an NVSwitch). See
+            :meth:`group_bandwidth`.
+        link_bandwidth: bytes/s of one of those links, per direction.
+        pcie_bandwidth: bytes/s per direction of a device's PCIe link, the path between devices
+            of a group that has no link to the others.
     """
 
     name: str
@@ -291,6 +298,9 @@ class Cluster:
     float32_dot: str = "float32"
     saturation: str = ""
     sources: tuple[tuple[str, str], ...] = ()
+    nvlinks: tuple[tuple[int, int, int], ...] = ()
+    link_bandwidth: float = 0.0
+    pcie_bandwidth: float = 0.0
 
     def __post_init__(self):
         for attr in ("name", "device_kind", "profiled", "platform"):
@@ -318,7 +328,7 @@ class Cluster:
                 raise ClusterError(f"Cluster: {attr} should be a positive number. Got {v!r}. "
                                    f"Fix: give {attr} in base units (bytes, FLOP/s, bytes/s).")
         for attr in ("memory_bandwidth", "op_overhead", "launch_overhead", "arg_overhead",
-                     "intra_latency", "inter_latency"):
+                     "intra_latency", "inter_latency", "link_bandwidth", "pcie_bandwidth"):
             v = getattr(self, attr)
             if not (isinstance(v, int | float) and v >= 0 and math.isfinite(v)):
                 raise ClusterError(f"Cluster: {attr} should be a non-negative number. Got {v!r}. "
@@ -340,6 +350,16 @@ class Cluster:
             raise ClusterError(f"Cluster: float32_dot should be 'float32' or 'tf32'. Got "
                                f"{self.float32_dot!r}. Fix: 'tf32' where XLA runs float32 dots "
                                "on TF32 tensor cores (NVIDIA Ampere and later).")
+        for link in self.nvlinks:
+            # (a view of the node's first devices keeps the node's links; those to devices
+            # beyond it never join a group)
+            if (len(link) != 3 or not all(isinstance(x, int) and x >= 0 for x in link)
+                    or link[0] == link[1]):
+                raise ClusterError(f"Cluster: nvlinks should be (device a, device b, links) of "
+                                   f"two devices of a node. Got {link!r}.")
+        if self.nvlinks and self.link_bandwidth <= 0:
+            raise ClusterError("Cluster: nvlinks need a link_bandwidth (bytes/s per link and "
+                               "direction).")
         if self.saturation not in ("", "gpu"):
             raise ClusterError(f"Cluster: saturation should be '' or 'gpu'. Got "
                                f"{self.saturation!r}.")
@@ -468,6 +488,7 @@ class Cluster:
         d["epsilon"] = [list(x) for x in self.epsilon]
         d["peak_rates"] = [list(x) for x in self.peak_rates]
         d["sources"] = [list(x) for x in self.sources]
+        d["nvlinks"] = [list(x) for x in self.nvlinks]
         return d
 
     @classmethod
@@ -490,6 +511,7 @@ class Cluster:
             d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
             d["peak_rates"] = tuple((str(k), float(v)) for k, v in d.get("peak_rates", ()))
             d["sources"] = tuple((str(k), str(v)) for k, v in d.get("sources", ()))
+            d["nvlinks"] = tuple(tuple(int(x) for x in link) for link in d.get("nvlinks", ()))
             d["curves"] = tuple(
                 ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["sizes"])),
                                 tuple(map(float, c["seconds"])), float(c["peak"]), float(c["half"]))
@@ -704,6 +726,41 @@ class Cluster:
         ideal = nbytes / self.memory_bandwidth
         return _saturated_time("memory", "", ideal) if self.saturation else ideal
 
+    def group_bandwidth(self, devices: Sequence[int]) -> float:
+        """Bytes/s per device, per direction, of a collective among ``devices`` of one node.
+
+        Where the node's devices are not all equally connected (:attr:`nvlinks`), a collective
+        among some of them runs over the links between those devices only: NCCL builds its rings
+        over the NVLinks inside the group, each link carrying ``link_bandwidth`` per direction,
+        so a device sends at most ``link_bandwidth`` times its links to the other members, and
+        the group runs at the rate of its least-connected member (the rings need every member).
+        That is a bound NCCL's rings reach where the group's links split into rings through all
+        its members (the whole DGX-1 node, its 4-GPU halves, a linked pair). A group with a
+        member linked to none of the others goes over PCIe (``pcie_bandwidth``). Never above
+        ``intra_bandwidth``; without :attr:`nvlinks`, ``intra_bandwidth`` for every group.
+
+        Examples:
+            >>> v100 = Cluster.preset("p3.16xlarge")
+            >>> [v100.group_bandwidth(g) / 1e9 for g in ((0, 1), (0, 3), (0, 1, 2, 3), range(8))]
+            [25.0, 50.0, 100.0, 150.0]
+            >>> v100.group_bandwidth((0, 2, 4, 6)) / 1e9, v100.group_bandwidth((0, 5)) / 1e9
+            (50.0, 16.0)
+        """
+        if not self.nvlinks:
+            return self.intra_bandwidth
+        local = {d % self.devices_per_node for d in devices}
+        if len(local) <= 1:
+            return self.intra_bandwidth
+        degree = dict.fromkeys(local, 0)
+        for a, b, n in self.nvlinks:
+            if a in local and b in local:
+                degree[a] += n
+                degree[b] += n
+        least = min(degree.values())
+        if least == 0:
+            return min(self.pcie_bandwidth or self.intra_bandwidth, self.intra_bandwidth)
+        return min(self.link_bandwidth * least, self.intra_bandwidth)
+
     def step_overhead(self, num_args: int) -> float:
         """Seconds to launch one executable with ``num_args`` argument arrays."""
         return self.launch_overhead + self.arg_overhead * num_args
@@ -753,6 +810,7 @@ class Cluster:
         if hosts > self.nodes or per > self.devices_per_node:
             raise ClusterError(f"logical_mesh: submesh {submesh} does not fit cluster {self.spec} "
                                f"({self.nodes} x {self.devices_per_node}).")
+        ids = tuple(device_ids) if device_ids is not None else tuple(range(n))
         alphas, betas, crosses = [], [], []
         inner = 1  # devices spanned by the axes inside this one
         for size in reversed(shape):
@@ -765,7 +823,11 @@ class Cluster:
                 alpha = self.inter_latency
                 beta = 1.0 / bw
             else:
-                alpha, beta = self.intra_latency, 1.0 / self.intra_bandwidth
+                # the axis's groups run at once; the slowest (least-linked) decides
+                bw = self.intra_bandwidth if size <= 1 or not self.nvlinks else min(
+                    self.group_bandwidth([ids[p + k * inner] for k in range(size)])
+                    for p in range(n) if (p // inner) % size == 0)
+                alpha, beta = self.intra_latency, 1.0 / bw
                 table = self.collective_table("all-gather", ((size, inner),)) if size > 1 else None
                 if table is not None:  # the measured link: all-gather's fit per byte moved
                     alpha, beta = table.alpha, table.beta / _FACTOR["all-gather"](size)
@@ -774,7 +836,6 @@ class Cluster:
             crosses.append(cross)
             inner = span
         names = tuple(axis_names) if axis_names else default_axis_names(len(shape))
-        ids = tuple(device_ids) if device_ids is not None else tuple(range(n))
         return LogicalMesh(shape=shape, alpha=tuple(reversed(alphas)), beta=tuple(reversed(betas)),
                            axis_names=names, device_ids=ids, cluster=self, submesh=(hosts, per),
                            crosses=tuple(reversed(crosses)))
@@ -1022,6 +1083,20 @@ _V100_SOURCES = (("peak_rates", f"{_V100}: FP64 7.8, FP32 15.7, tensor (FP16) 12
                                      "150 GB/s used, one direction"),
                  ("saturation", "autoplan._devices.SATURATION: measured on an H100 and an H200 "
                                 "(docs/profiles/), scaled to these peaks"))
+#: the NVLink links of an 8 x V100 SXM2 board, the hybrid cube-mesh of NVIDIA's DGX-1 (NVIDIA
+#: DGX-1 System Architecture white paper, WP-08437-001: six NVLinks per V100, each 25 GB/s per
+#: direction; two fully connected halves 0-3 and 4-7 and links 0-4, 1-5, 2-6, 3-7, some pairs
+#: with two links, as its ``nvidia-smi topo -m`` lists them: NV1/NV2 per pair)
+_DGX1_NVLINKS = ((0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2),
+                 (2, 3, 2), (2, 6, 1), (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2),
+                 (5, 7, 1), (6, 7, 2))
+_V100_LINKS = {"nvlinks": _DGX1_NVLINKS, "link_bandwidth": 25e9, "pcie_bandwidth": 16e9}
+_V100_LINK_SOURCES = (
+    ("nvlinks", "NVIDIA DGX-1 System Architecture white paper: hybrid cube-mesh of 8 V100 SXM2 "
+                "(the board of p3.16xlarge), 6 NVLinks per GPU"),
+    ("link_bandwidth", f"{_V100}: NVLink 2.0, 25 GB/s per link and direction (300 GB/s over "
+                       "6 links, both directions)"),
+    ("pcie_bandwidth", f"{_V100}: PCIe Gen3 32 GB/s (both directions)"))
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense rates)"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense rates)"
 
@@ -1031,16 +1106,16 @@ PRESETS: dict[str, Cluster] = {
     "p3.16xlarge": Cluster(
         "p3.16xlarge", 1, 8, 16 * GiB, 125e12, 150e9, 25e9 / 8, intra_latency=5e-6,
         inter_latency=3e-5, device_kind="V100-SXM2-16GB", memory_bandwidth=900e9,
-        peak_rates=_V100_RATES, saturation="gpu",
-        sources=_V100_SOURCES + (
+        peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
+        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
             ("device_memory", f"{_V100}: 16 GB HBM2"),
             ("inter_bandwidth", "AWS EC2 P3 instance types: p3.16xlarge, 25 Gbps network"))),
     # TAPAS / TePDist testbed: 8 x V100 32 GB, NVLink, 100 Gbps between nodes.
     "v100-32g-100gbe": Cluster(
         "v100-32g-100gbe", 1, 8, 32 * GiB, 125e12, 150e9, 100e9 / 8, intra_latency=5e-6,
         inter_latency=2e-5, device_kind="V100-SXM2-32GB", memory_bandwidth=900e9,
-        peak_rates=_V100_RATES, saturation="gpu",
-        sources=_V100_SOURCES + (
+        peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
+        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
             ("device_memory", f"{_V100}: 32 GB HBM2"),
             ("inter_bandwidth", "TAPAS and TePDist papers' testbed: 100 Gbps between nodes"))),
     # NVIDIA DGX A100: 8 x A100 80 GB (2.04 TB/s HBM2e), NVLink 300 GB/s per direction, 8 x 200

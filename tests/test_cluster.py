@@ -66,8 +66,30 @@ def test_mesh_axes_use_the_right_links():
     assert m.beta[0] == pytest.approx(8 / (25e9 / 8))
     assert m.alpha == (c.inter_latency, c.intra_latency)
     assert m.crosses == (True, False)
+    # inside a V100 node an axis runs over the NVLinks among its groups' devices (DGX-1's
+    # hybrid cube-mesh): the 4-GPU halves have 4 links per GPU among them, the pairs (0,4),
+    # (1,5) two links and (2,6), (3,7) one, and the slowest group decides
     one = Cluster.parse("p3.16xlarge:1").logical_mesh((2, 4))
-    assert one.beta == (pytest.approx(1 / 150e9),) * 2
+    assert one.beta == (pytest.approx(1 / 25e9), pytest.approx(1 / 100e9))
+    assert Cluster.parse("p3.16xlarge:1").logical_mesh((4, 2)).beta == (
+        pytest.approx(1 / 50e9), pytest.approx(1 / 25e9))
+    # a whole node, and an NVSwitch node's any group, at the full per-GPU NVLink rate
+    assert Cluster.parse("p3.16xlarge:1").logical_mesh((8,)).beta == (pytest.approx(1 / 150e9),)
+    h100 = Cluster.parse("dgx-h100:1")
+    assert h100.logical_mesh((4, 2)).beta == (pytest.approx(1 / h100.intra_bandwidth),) * 2
+
+
+def test_group_bandwidth_follows_the_links():
+    c = Cluster("t", 1, 4, 1e9, 1e12, intra_bandwidth=60e9, inter_bandwidth=1e9,
+                nvlinks=((0, 1, 2), (1, 2, 1), (2, 3, 2), (3, 0, 1)), link_bandwidth=20e9,
+                pcie_bandwidth=10e9)
+    assert c.group_bandwidth((0, 1)) == pytest.approx(40e9)
+    assert c.group_bandwidth((1, 2)) == pytest.approx(20e9)
+    assert c.group_bandwidth(range(4)) == pytest.approx(60e9)  # 3 links, capped at the rate
+    assert c.group_bandwidth((0, 2)) == pytest.approx(10e9)  # no link: PCIe
+    assert Cluster.from_dict(c.to_dict()) == c
+    with pytest.raises(ClusterError, match="nvlinks"):
+        Cluster("t", 1, 4, 1e9, 1e12, 1e9, 1e9, nvlinks=((1, 1, 1),), link_bandwidth=1e9)
 
 
 def test_collective_formulas_match_hand_values():
