@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # kernel draws the explorer from it (lab-settings/; docs/explorer.md, "Saved notebooks")
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/autoplan.json
 
-.PHONY: demo test lab install lint bench clean
+.PHONY: demo test test-fast lab install lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check autoplan tests benchmarks
 	$(PY) -m pytest -q
+
+# the inner loop: everything but the tests marked slow (conftest.py's SLOW_MODULES)
+test-fast: $(STAMP)
+	$(PY) -m ruff check autoplan tests benchmarks
+	$(PY) -m pytest -q -m "not slow"
 
 lab: $(STAMP) $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -1,5 +1,9 @@
 """Test configuration: 8 emulated CPU devices, so sharding tests run on a laptop; each test has
-a plan cache of its own (an empty folder), so no test sees another's stored searches."""
+a plan cache of its own (an empty folder), so no test sees another's stored searches.
+
+The modules of :data:`SLOW_MODULES` (real processes, a browser, notebooks, the docs' pages, a
+device profile) are marked ``slow``: ``make test-fast`` leaves them out for the inner loop, and
+``make test`` (what CI runs) runs everything. docs/testing.md lists the slowest tests."""
 
 import os
 
@@ -9,6 +13,25 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+
+#: test modules (relative to the repository) marked ``slow``
+SLOW_MODULES = frozenset({
+    "tests/test_docs.py", "tests/test_browser.py", "tests/test_notebooks.py", "tests/test_gc.py",
+    "tests/test_profile.py", "tests/test_faults_files.py", "tests/exec/test_launch.py",
+    "tests/exec/test_launch_cli.py", "tests/exec/test_pipeline_mpmd.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        try:
+            rel = item.path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if rel in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
