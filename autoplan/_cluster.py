@@ -1100,24 +1100,27 @@ _V100_LINK_SOURCES = (
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense rates)"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense rates)"
 
+def _v100_node(name: str, memory_gb: int, network_bits: float, inter_latency: float,
+               network_source: str) -> Cluster:
+    """A node of 8 V100 SXM2 (the DGX-1 board: NVLink cube-mesh, 900 GB/s HBM2) with
+    ``memory_gb`` GB each, joined to the other nodes by ``network_bits`` bit/s."""
+    return Cluster(
+        name, 1, 8, memory_gb * GiB, 125e12, 150e9, network_bits / 8, intra_latency=5e-6,
+        inter_latency=inter_latency, device_kind=f"V100-SXM2-{memory_gb}GB",
+        memory_bandwidth=900e9, peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
+        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
+            ("device_memory", f"{_V100}: {memory_gb} GB HBM2"),
+            ("inter_bandwidth", network_source)))
+
+
 PRESETS: dict[str, Cluster] = {
     # AWS p3.16xlarge (Alpa's testbed): 8 x V100 16 GB (900 GB/s HBM2), NVLink, 25 Gbps between
     # nodes.
-    "p3.16xlarge": Cluster(
-        "p3.16xlarge", 1, 8, 16 * GiB, 125e12, 150e9, 25e9 / 8, intra_latency=5e-6,
-        inter_latency=3e-5, device_kind="V100-SXM2-16GB", memory_bandwidth=900e9,
-        peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
-        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
-            ("device_memory", f"{_V100}: 16 GB HBM2"),
-            ("inter_bandwidth", "AWS EC2 P3 instance types: p3.16xlarge, 25 Gbps network"))),
+    "p3.16xlarge": _v100_node("p3.16xlarge", 16, 25e9, 3e-5,
+                              "AWS EC2 P3 instance types: p3.16xlarge, 25 Gbps network"),
     # TAPAS / TePDist testbed: 8 x V100 32 GB, NVLink, 100 Gbps between nodes.
-    "v100-32g-100gbe": Cluster(
-        "v100-32g-100gbe", 1, 8, 32 * GiB, 125e12, 150e9, 100e9 / 8, intra_latency=5e-6,
-        inter_latency=2e-5, device_kind="V100-SXM2-32GB", memory_bandwidth=900e9,
-        peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
-        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
-            ("device_memory", f"{_V100}: 32 GB HBM2"),
-            ("inter_bandwidth", "TAPAS and TePDist papers' testbed: 100 Gbps between nodes"))),
+    "v100-32g-100gbe": _v100_node("v100-32g-100gbe", 32, 100e9, 2e-5,
+                                  "TAPAS and TePDist papers' testbed: 100 Gbps between nodes"),
     # NVIDIA DGX A100: 8 x A100 80 GB (2.04 TB/s HBM2e), NVLink 300 GB/s per direction, 8 x 200
     # Gbps InfiniBand.
     "dgx-a100": Cluster(

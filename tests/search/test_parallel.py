@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import warnings
 
 import pytest
@@ -121,8 +122,9 @@ def test_a_pool_shared_by_two_batches_closes_twice():
     assert procs and all(p.is_alive() for p in procs)
     pool.close(kill=True)
     pool.close(kill=True)  # no error the second time
-    for p in procs:
-        p.join(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not any(p.is_alive() for p in procs)  # the first close ended the workers
     _parallel.shutdown()
     # the closed pool is not reused: the next batch starts a new one and runs in its workers
