@@ -877,8 +877,8 @@ def cluster_option_plan_cases() -> list[Case]:
         setup=both(plan_file("plan.json"), raw_file("nanwl.py", NAN_MODULE)))
 
     g = "probe"
-    add("p-timeout-3", g, "`launch --timeout 3` (shorter than the preflight)",
-        launch[:-1] + ["3"], words=("ran out in the preflight", "raise timeout="),
+    add("p-timeout-1", g, "`launch --timeout 1` (shorter than the preflight: importing JAX alone takes longer)",
+        launch[:-1] + ["1"], words=("ran out in the preflight", "raise timeout="),
         setup=plan_file("plan.json"))
     add("p-hang", g, "a workload function that never returns (`--timeout 70`)",
         ["launch", "plan.json", "--model", "hang:workload", "--timeout", "70"],
