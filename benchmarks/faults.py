@@ -685,7 +685,7 @@ def file_and_process_cases() -> list[Case]:
         plan_fix, words=("queue.py", "shadows a module of Python's standard library"),
         setup=text_file("queue.py", "# the user's own queue\n"))
     add("p-shadow-workers", g, "a `queue.py` beside the user's workload, searched with `--workers 2`",
-        ["plan", "wls:workload", "--pipeline", "no", "--workers", "2"], expect="warning",
+        ["plan", "wls:workload", "--pipeline", "no", "--workers", "2", "--no-cache"], expect="warning",
         words=("queue.py", "standard library"), env={"PYTHONSAFEPATH": "1"},
         setup=both(text_file("queue.py", "# the user's own queue\n"), text_file("wls.py", WORKLOAD_PY)))
     add("p-workers-64", g, "`--workers 64` on a machine with fewer cores", plan_fix + ["--workers", "64"],
