@@ -42,17 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Mixing", "mixing", "batch_axes", "random_draws", "RANDOM_PRIMITIVES",
-           "MIXING_NOTE", "RANDOM_NOTE"]
+__all__ = ["Mixing", "mixing", "batch_axes", "random_draws", "MIXING_NOTE", "RANDOM_NOTE"]
 
 #: the note a search result and its plans carry for a loss that mixes examples
 MIXING_NOTE = "this loss mixes examples across the batch; micro-batching would change it"
 #: the note a micro-batched plan of a step drawing random numbers carries
 RANDOM_NOTE = "draws random numbers per micro-batch"
-
-#: primitives that draw random bits (typed keys and raw ``uint32`` keys alike reach one of them)
-RANDOM_PRIMITIVES = frozenset({"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform",
-                               "random_gamma_p"})
 
 _REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
                      "reduce_or", "reduce_xor", "argmax", "argmin"})
@@ -420,5 +415,5 @@ def mixing(graph: Any) -> Mixing | None:
 
 def random_draws(graph: Any) -> tuple[str, ...]:
     """The primitives with which the step draws random numbers, sorted (empty when it draws
-    none)."""
-    return tuple(sorted({op.primitive for op in graph.ops if op.primitive in RANDOM_PRIMITIVES}))
+    none): those of :attr:`autoplan.OpGraph.random_draws`."""
+    return tuple(sorted({graph.ops[i].primitive for i in graph.random_draws}))

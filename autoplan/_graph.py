@@ -24,8 +24,10 @@ ROLES = ("forward", "backward", "update")
 #: key data
 _KEY_DATA_IN = frozenset({"random_wrap"})
 _KEY_DATA_OUT = frozenset({"random_unwrap"})
-#: primitives that draw random numbers from a key
-RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator"})
+#: primitives that draw random numbers (typed keys and raw ``uint32`` keys alike reach one of
+#: them): the one list the graph, the search's notes and the equivalence check read
+RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform",
+                          "random_gamma_p"})
 #: The kinds a positional argument of a training step can have (one definition: workloads, plan
 #: files and the plan checks read it).
 ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")

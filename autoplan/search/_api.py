@@ -767,7 +767,7 @@ def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
 def _microbatch_notes(p: Plan, graph: OpGraph, found_mixing: Any) -> tuple[str, ...]:
     """What running ``p`` over its micro-batches changes, as notes it does not hold yet."""
     extra = []
-    draws = memo(graph, "random_draws", lambda: random_draws(graph))
+    draws = random_draws(graph)  # (OpGraph.random_draws is computed once per graph)
     if draws:
         extra.append(f"{RANDOM_NOTE} ({p.schedule.microbatches} micro-batches; "
                      f"{', '.join(draws)}): the draws differ from one full-batch step's")
