@@ -416,17 +416,17 @@ class Cluster:
                                "and a node count, or the path of a profile.")
         if spec == "local":
             return cls.detect()
-        m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
         # a preset's form wins over a file of the same name ('./cpu:8' reads the file)
-        preset_form = not m and spec.partition(":")[0] in PRESETS
-        if preset_form and os.path.lexists(spec):
+        if (not _JSON_SPEC.fullmatch(spec) and spec.partition(":")[0] in PRESETS
+                and os.path.lexists(spec)):
             warnings.warn(f"cluster: {spec!r} names a preset, and a file of that name is in the "
                           f"current folder; the preset is used. Fix: write './{spec}' to read the "
                           "file as a cluster profile, or rename it.", stacklevel=2)
-        if m or (not preset_form and os.path.exists(spec) and not os.path.isdir(spec)):
-            cluster = cls.from_json(m.group(1) if m else spec)
-            if m and m.group(2) is not None:
-                cluster = cluster.with_nodes(_node_count(m.group(2), spec))
+        found = profile_file(spec)
+        if found is not None:
+            cluster = cls.from_json(found[0])
+            if found[1] is not None:
+                cluster = cluster.with_nodes(_node_count(found[1], spec))
             return cluster
         if not re.fullmatch(r"[A-Za-z0-9._-]+(:[^:]*)?", spec):
             raise ClusterError(f"cluster: expected 'name' or 'name:nodes' (e.g. 'p3.16xlarge:8') or a "
@@ -895,6 +895,24 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
         launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
         collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
+
+
+#: a profile file's spec: ``x.json`` or ``x.json:N``
+_JSON_SPEC = re.compile(r"(.+\.json)(?::([^:]*))?")
+
+
+def profile_file(spec: str) -> tuple[str, str | None] | None:
+    """The profile file a ``--cluster`` spec names, as :meth:`Cluster.parse` reads it: ``(path,
+    the text after ':' or None)`` for ``x.json``, ``x.json:N``, or an existing file that is not
+    a preset's name; None for a preset's form, ``"local"`` and anything else."""
+    if spec == "local":
+        return None
+    m = _JSON_SPEC.fullmatch(spec)
+    if m:
+        return m.group(1), m.group(2)
+    if spec.partition(":")[0] not in PRESETS and os.path.exists(spec) and not os.path.isdir(spec):
+        return spec, None
+    return None
 
 
 def _node_count(count: str, spec: str) -> int:

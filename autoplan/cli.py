@@ -145,20 +145,13 @@ def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
 
 
 def _cluster_file(spec: str | None) -> str | None:
-    """The profile file ``--cluster`` reads, if it names one (as :meth:`Cluster.parse` reads
-    it: ``x.json``, ``x.json:N``, or an existing file that is not a preset's name)."""
-    if not spec or spec == "local":
+    """The profile file ``--cluster`` reads, if it names one (:func:`autoplan._cluster.profile_file`)."""
+    if not spec:
         return None
-    import re  # noqa: PLC0415
+    from ._cluster import profile_file  # noqa: PLC0415
 
-    from ._cluster import PRESETS  # noqa: PLC0415
-
-    m = re.fullmatch(r"(.+\.json)(?::([^:]*))?", spec)
-    if m:
-        return m.group(1)
-    if spec.partition(":")[0] not in PRESETS and os.path.exists(spec):
-        return spec
-    return None
+    found = profile_file(spec)
+    return None if found is None else found[0]
 
 
 def _inputs(args: argparse.Namespace, plans: Sequence[str] = ()) -> list[tuple[str, str]]:
