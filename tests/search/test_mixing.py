@@ -121,16 +121,23 @@ def test_losses_that_mix_examples_are_flagged(loss_fn):
     assert found.reason and str(found).startswith(f"operator {found.op} ")
 
 
+def _bn_with_stats(p, batch):
+    """Batch norm over the batch: the loss and the batch's statistics (a running-statistics
+    state argument is advanced with them)."""
+    h = batch["x"] @ p["w1"]
+    mu, var = h.mean(0), h.var(0)
+    out = (h - mu) / jnp.sqrt(var + 1e-5)
+    return jnp.mean((out @ p["w2"] - batch["y"]) ** 2), (mu, var)
+
+
+def _advance(stats, mu, var):
+    return {"mean": 0.9 * stats["mean"] + 0.1 * mu, "var": 0.9 * stats["var"] + 0.1 * var}
+
+
 def test_batch_norm_with_running_statistics_is_flagged():
     def train_step(params, stats, batch):
-        def loss_fn(p):
-            h = batch["x"] @ p["w1"]
-            mu, var = h.mean(0), h.var(0)
-            out = (h - mu) / jnp.sqrt(var + 1e-5)
-            return jnp.mean((out @ p["w2"] - batch["y"]) ** 2), (mu, var)
-
-        (loss, (mu, var)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        new_stats = {"mean": 0.9 * stats["mean"] + 0.1 * mu, "var": 0.9 * stats["var"] + 0.1 * var}
+        (loss, (mu, var)), g = jax.value_and_grad(_bn_with_stats, has_aux=True)(params, batch)
+        new_stats = _advance(stats, mu, var)
         return loss, jax.tree_util.tree_map(lambda p, d: p - 0.1 * d, params, g), new_stats
 
     stats = {"mean": jnp.zeros(H), "var": jnp.ones(H)}
@@ -337,15 +344,9 @@ def test_batch_norm_with_running_statistics_gets_no_micro_batched_plans():
     tx = optax.adam(1e-2)
 
     def train_step(params, opt_state, stats, batch):
-        def loss_fn(p):
-            h = batch["x"] @ p["w1"]
-            mu, var = h.mean(0), h.var(0)
-            out = (h - mu) / jnp.sqrt(var + 1e-5)
-            return jnp.mean((out @ p["w2"] - batch["y"]) ** 2), (mu, var)
-
-        (loss, (mu, var)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        (loss, (mu, var)), g = jax.value_and_grad(_bn_with_stats, has_aux=True)(params, batch)
         updates, opt_state = tx.update(g, opt_state, params)
-        stats = {"mean": 0.9 * stats["mean"] + 0.1 * mu, "var": 0.9 * stats["var"] + 0.1 * var}
+        stats = _advance(stats, mu, var)
         return loss, optax.apply_updates(params, updates), opt_state, stats
 
     params = _params()
