@@ -149,21 +149,24 @@ def host_value(x: Any) -> Any:
 _KEY_IMPLS = {"fry": "threefry2x32", "rbg": "rbg", "urbg": "unsafe_rbg"}
 
 
+def _key_impl(name: Any) -> str:
+    """The PRNG implementation of a typed key's dtype name (``key<fry>``: threefry2x32)."""
+    return _KEY_IMPLS.get(str(name)[4:-1], "threefry2x32")
+
+
 @functools.cache
 def jax_dtype(name: str) -> Any:
     """The dtype a graph tensor's dtype name stands for: a NumPy dtype, or a typed PRNG key's
     dtype (``key<fry>``), which NumPy does not know."""
     if is_key_dtype(name):
-        impl = _KEY_IMPLS.get(str(name)[4:-1], "threefry2x32")
-        return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+        return jax.eval_shape(lambda: jax.random.key(0, impl=_key_impl(name))).dtype
     return np.dtype(name)
 
 
 @functools.cache
 def _key_data_aval(name: str) -> tuple[tuple[int, ...], Any]:
     """The trailing shape and dtype of a typed key's key data (``key<fry>``: (2,), uint32)."""
-    impl = _KEY_IMPLS.get(str(name)[4:-1], "threefry2x32")
-    a = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+    a = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=_key_impl(name))))
     return tuple(a.shape), a.dtype
 
 
@@ -1139,8 +1142,7 @@ def _host_everywhere(sp: _Split, items: Sequence[tuple[Any, int, tuple[int, ...]
         got = multihost_utils.broadcast_one_to_all([hosts[k] for k in idx], is_source=me == src)
         for k, g in zip(idx, got):
             dtype = items[k][3]
-            out[k] = (jax.random.wrap_key_data(np.asarray(g), impl=_KEY_IMPLS.get(str(dtype)[4:-1],
-                                                                                  "threefry2x32"))
+            out[k] = (jax.random.wrap_key_data(np.asarray(g), impl=_key_impl(dtype))
                       if is_key_dtype(dtype) else np.asarray(g).astype(dtype))
     return out
 
