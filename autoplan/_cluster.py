@@ -935,13 +935,11 @@ def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
 
 
 def cache_dir() -> str:
-    """Where measured profiles are cached: ``$AUTOPLAN_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/autoplan``, else ``~/.cache/autoplan``."""
-    explicit = os.environ.get("AUTOPLAN_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "autoplan")
+    """Where measured profiles are cached: the plan cache's folder (:func:`autoplan._cache.cache_dir`,
+    one reading of ``$AUTOPLAN_CACHE_DIR`` and ``$XDG_CACHE_HOME``), as a string."""
+    from ._cache import cache_dir as folder  # noqa: PLC0415
+
+    return str(folder())
 
 
 def utc_now() -> str:

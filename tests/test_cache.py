@@ -5,6 +5,7 @@ the options; concurrent writers, a bounded folder and an unwritable one."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import threading
 import warnings
 
@@ -217,3 +218,9 @@ def test_cache_folder_location(monkeypatch, tmp_path):
     assert _cache.cache_dir() == tmp_path / "home" / ".cache" / "autoplan"
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path / "mine"))
     assert _cache.cache_dir() == tmp_path / "mine"
+    # the measured profiles live under the same folder, read by the same one function
+    from autoplan import _cluster
+
+    assert _cluster.cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", "~/elsewhere")
+    assert _cluster.cache_dir() == str(pathlib.Path("~/elsewhere").expanduser())
