@@ -21,15 +21,15 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["DTYPE_BYTES", "Instruction", "dtype_size", "shape_bytes", "split_shape",
+from ._dtype import dtype_bytes
+
+__all__ = ["Instruction", "dtype_size", "numpy_dtype_name", "shape_bytes", "split_shape",
            "parse_instruction", "entry_instructions", "kernel_traffic", "NOT_KERNELS"]
 
-DTYPE_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
-    "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1,
-    "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1, "token": 0,
-}
+#: an HLO element type: ``pred``, ``token``, or a kind letter and bit width with an optional
+#: float8/float4 suffix (``f32``, ``bf16``, ``s4``, ``u2``, ``c64``, ``f8e4m3fn``, ``f4e2m1fn``)
+_HLO_TYPE = re.compile(r"(bf|[fsuc])(\d+)([a-z0-9]*)")
+_KIND_NAMES = {"bf": "bfloat", "f": "float", "s": "int", "u": "uint", "c": "complex"}
 ARRAY_RE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 INSTR_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 OPCODE_RE = re.compile(r"^([a-z][a-z0-9\-]*)\(")
@@ -37,9 +37,24 @@ OPCODE_RE = re.compile(r"^([a-z][a-z0-9\-]*)\(")
 NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
 
 
+def numpy_dtype_name(dtype: str) -> str | None:
+    """The NumPy/JAX name of an HLO element type (``"f32"`` -> ``"float32"``, ``"pred"`` ->
+    ``"bool"``, ``"f8e4m3fn"`` -> ``"float8_e4m3fn"``), or None for a name that is not one."""
+    if dtype in ("pred", "token"):
+        return "bool" if dtype == "pred" else "token"
+    m = _HLO_TYPE.fullmatch(dtype)
+    if m is None:
+        return None
+    kind, bits, suffix = m.groups()
+    return f"{_KIND_NAMES[kind]}{bits}" + (f"_{suffix}" if suffix else "")
+
+
 def dtype_size(dtype: str) -> int:
-    """Bytes per element of an HLO element type (``"f32"`` -> 4); 0 for unknown types."""
-    return DTYPE_BYTES.get(dtype, 0)
+    """Bytes per element of an HLO element type (``"f32"`` -> 4), as
+    :func:`autoplan._dtype.dtype_bytes` gives them for its NumPy name (sub-byte types take one
+    byte); 0 for a token or an unknown type."""
+    name = numpy_dtype_name(dtype)
+    return 0 if name is None else dtype_bytes(name)
 
 
 def shape_bytes(shape: str) -> int:

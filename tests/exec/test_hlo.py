@@ -80,3 +80,25 @@ def test_tuple_all_reduce_counts_each_operand_and_group_spellings():
 def test_shape_bytes():
     assert shape_bytes("f32[16,8]{1,0}") == 512
     assert shape_bytes("(f32[2]{0}, bf16[3,3]{1,0}, pred[])") == 8 + 18 + 1
+
+
+def test_hlo_element_types_have_the_sizes_of_their_numpy_dtypes():
+    """An HLO type's size is read from its NumPy name by the one dtype-size function."""
+    import numpy as np
+
+    from autoplan._dtype import dtype_bytes
+    from autoplan._hlotext import dtype_size, numpy_dtype_name
+
+    cases = {"pred": "bool", "s8": "int8", "u16": "uint16", "s32": "int32", "u64": "uint64",
+             "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+             "c64": "complex64", "c128": "complex128", "s4": "int4", "u2": "uint2",
+             "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "f4e2m1fn": "float4_e2m1fn"}
+    for hlo, name in cases.items():
+        assert numpy_dtype_name(hlo) == name
+        assert dtype_size(hlo) == dtype_bytes(name)
+        if name not in ("int4", "uint2", "float4_e2m1fn"):  # sub-byte types take a byte
+            import ml_dtypes  # noqa: F401  (registers the narrow floats with NumPy)
+
+            assert dtype_size(hlo) == np.dtype(name).itemsize
+    assert dtype_size("token") == 0 and dtype_size("tuple") == 0
+    assert numpy_dtype_name("opaque") is None
