@@ -83,12 +83,15 @@ def split_shape(rest: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Instruction:
-    """One instruction: its ``name``, result ``shape``, ``opcode`` and operand names."""
+    """One instruction: its ``name``, result ``shape``, ``opcode`` and operand names; where the
+    reader keeps them, its attribute text (``replica_groups=...``) and the computation it is in."""
 
     name: str
     shape: str
     opcode: str
     operands: list[str]
+    attrs: str = ""
+    computation: str = ""
 
 
 def parse_instruction(line: str) -> tuple[str, str, str, str, str] | None:

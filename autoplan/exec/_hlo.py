@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan._errors import ArgumentTypeError
-from autoplan._hlotext import ARRAY_RE, dtype_size, parse_instruction, shape_bytes
+from autoplan._hlotext import ARRAY_RE, Instruction, dtype_size, parse_instruction, shape_bytes
 
 __all__ = ["Collective", "KINDS", "MemoryStats", "collectives", "comm_bytes", "dtype_size",
            "memory_stats", "shape_bytes"]
@@ -92,19 +92,9 @@ class Collective:
         return self.result_bytes if self.kind == "all-gather" else self.operand_bytes
 
 
-@dataclass
-class _Instr:
-    name: str
-    shape: str
-    opcode: str
-    operands: list[str]
-    attrs: str
-    computation: str
-
-
-def _parse(text: str) -> tuple[dict[str, list[_Instr]], dict[str, str]]:
+def _parse(text: str) -> tuple[dict[str, list[Instruction]], dict[str, str]]:
     """Instructions by computation, and each computation's ROOT instruction name."""
-    comps: dict[str, list[_Instr]] = {}
+    comps: dict[str, list[Instruction]] = {}
     roots: dict[str, str] = {}
     current = "?"
     for line in text.splitlines():
@@ -124,7 +114,7 @@ def _parse(text: str) -> tuple[dict[str, list[_Instr]], dict[str, str]]:
         operands = re.findall(r"%([\w.\-]+)", args)
         if not operands and args.strip() and opcode not in ("parameter", "constant", "iota"):
             operands = [a.strip().split()[-1] for a in args.split(",") if a.strip()]
-        ins = _Instr(name, shape, opcode, operands, attrs, current)
+        ins = Instruction(name, shape, opcode, operands, attrs, current)
         comps.setdefault(current, []).append(ins)
         if s.startswith("ROOT"):
             roots[current] = name
@@ -155,7 +145,7 @@ def _kind_of(opcode: str) -> str | None:
     return base if base in KINDS else None
 
 
-def _slices_only(comps: Mapping[str, list[_Instr]], users: Mapping[str, list[_Instr]], value: str,
+def _slices_only(comps: Mapping[str, list[Instruction]], users: Mapping[str, list[Instruction]], value: str,
                  value_bytes: int, group: int, tuple_index: int | None = None) -> bool:
     """True when every use of ``value`` (through get-tuple-element/bitcast/copy) keeps 1/group of
     it with a dynamic-slice, directly or inside a fusion."""
@@ -203,7 +193,7 @@ def collectives(hlo_text: str) -> list[Collective]:
         raise ArgumentTypeError(f"collectives: hlo_text should be an HLO module's text. Got "
                                 f"{type(hlo_text).__name__}. Fix: pass compiled.as_text().")
     comps, _roots = _parse(hlo_text)
-    users: dict[str, list[_Instr]] = {}
+    users: dict[str, list[Instruction]] = {}
     shapes: dict[str, str] = {}
     for instrs in comps.values():
         for ins in instrs:
@@ -218,7 +208,7 @@ def collectives(hlo_text: str) -> list[Collective]:
                 continue
             group = _group_size(ins.attrs)
             result_shape = ins.shape
-            done: list[_Instr] = []
+            done: list[Instruction] = []
             if ins.opcode.endswith("-start"):
                 done = [u for u in users.get(ins.name, []) if u.opcode.endswith("-done")]
                 result_shape = done[0].shape if done else ins.shape
