@@ -7,7 +7,7 @@ Convention (Alpa): ``S`` stages on ``P`` meshes; mesh ``j`` runs the forward *an
 of its stages. For GPipe, 1F1B and ZB-H1 ``P = S`` and stage ``j`` runs on mesh ``j``; for
 interleaved 1F1B each mesh holds ``v`` *virtual stages* (model chunks), ``S = P v``, and stage
 ``s`` runs on mesh ``s mod P`` (mesh ``j`` holds stages ``j, j + P, .., j + (v - 1) P``). A task
-is ``(micro-batch, stage, kind)`` (:class:`Task`, a named tuple) with ``kind`` ``"forward"``,
+is ``(micro-batch, stage, kind)`` (:class:`StagePass`, a named tuple) with ``kind`` ``"forward"``,
 ``"backward"`` or ``"weight"``. The dependencies are those of a chain of stages:
 
 * ``F(i, s)`` needs ``F(i, s - 1)`` (the previous stage's activations);
@@ -45,7 +45,7 @@ Per-mesh orders, ``m`` micro-batches:
   bubble ``(S - 1)(t_F + t_B - t_W)`` of the paper, a third of 1F1B's
   ``(S - 1)(t_F + t_B + t_W)``.
 
-A schedule table has clock ticks as rows and meshes as columns; each entry is a :class:`Task` or
+A schedule table has clock ticks as rows and meshes as columns; each entry is a :class:`StagePass` or
 ``None`` (a bubble). It is the earliest-start execution of these orders with unit times (each
 task at the first tick after its dependencies): GPipe and 1F1B take ``2 (m + S - 1)`` ticks, so
 both have the bubble fraction ``(S - 1) / (m + S - 1)``. :func:`schedule_table` derives the table
@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 
 from autoplan._errors import ScheduleError
 
-__all__ = ["KINDS", "SPLIT_KINDS", "Task", "Event", "ScheduleStats", "task_deps", "num_meshes",
+__all__ = ["KINDS", "SPLIT_KINDS", "StagePass", "Event", "ScheduleStats", "task_deps", "num_meshes",
            "gpipe_table", "one_f_one_b_table", "interleaved_table", "zb_h1_table",
            "schedule_table", "schedule_order", "schedule_events", "schedule_stats",
            "schedule_summary", "validate_table", "order_from_table", "ideal_makespan",
@@ -91,8 +91,8 @@ _KIND_NAMES = {"forward": "forward", "f": "forward", "fwd": "forward",
 _CODE = {"forward": 0, "backward": 1, "weight": 2}
 
 
-class Task(NamedTuple):
-    """One unit of pipeline work (a tuple: ``Task(0, 1, "forward") == (0, 1, "forward")``).
+class StagePass(NamedTuple):
+    """One pass of a micro-batch through a stage: its forward, backward or weight-gradient work (a tuple: ``StagePass(0, 1, "forward") == (0, 1, "forward")``).
 
     Attributes:
         microbatch: micro-batch index ``0 .. m - 1``.
@@ -209,38 +209,38 @@ def num_meshes(num_stages: int, virtual_stages: int = 1) -> int:
     return num_stages // virtual_stages
 
 
-def task_deps(task: tuple[int, int, str], num_stages: int) -> list[Task]:
+def task_deps(task: tuple[int, int, str], num_stages: int) -> list[StagePass]:
     """The tasks ``task`` reads from (see the module docstring).
 
     Examples:
         >>> task_deps((3, 1, "backward"), 3)
-        [Task(microbatch=3, stage=1, kind='forward'), Task(microbatch=3, stage=2, kind='backward')]
+        [StagePass(microbatch=3, stage=1, kind='forward'), StagePass(microbatch=3, stage=2, kind='backward')]
         >>> task_deps((3, 1, "weight"), 3)
-        [Task(microbatch=3, stage=1, kind='backward')]
+        [StagePass(microbatch=3, stage=1, kind='backward')]
     """
     i, j, kind = task
     if kind == "forward":
-        return [Task(i, j - 1, "forward")] if j > 0 else []
+        return [StagePass(i, j - 1, "forward")] if j > 0 else []
     if kind == "weight":
-        return [Task(i, j, "backward")]
-    deps = [Task(i, j, "forward")]
+        return [StagePass(i, j, "backward")]
+    deps = [StagePass(i, j, "forward")]
     if j < num_stages - 1:
-        deps.append(Task(i, j + 1, "backward"))
+        deps.append(StagePass(i, j + 1, "backward"))
     return deps
 
 
 @functools.lru_cache(maxsize=32)
-def _mesh_orders(kind: str, S: int, m: int, v: int = 1) -> tuple[tuple[Task, ...], ...]:
+def _mesh_orders(kind: str, S: int, m: int, v: int = 1) -> tuple[tuple[StagePass, ...], ...]:
     """Each mesh's tasks in the order it runs them (kept for the last few ``(kind, S, m, v)``:
     a search simulates many layouts of the same stage and micro-batch counts)."""
     if kind == "zb-h1":
         return _zb_h1_orders(S, m)
     if kind == "interleaved" and v > 1:
         return _interleaved_orders(S // v, v, m)
-    orders: list[tuple[Task, ...]] = []
+    orders: list[tuple[StagePass, ...]] = []
     for j in range(S):
-        fwd = [Task(b, j, "forward") for b in range(m)]
-        bwd = [Task(b, j, "backward") for b in range(m)]
+        fwd = [StagePass(b, j, "forward") for b in range(m)]
+        bwd = [StagePass(b, j, "backward") for b in range(m)]
         if kind == "gpipe":
             orders.append(tuple(fwd + bwd))
             continue
@@ -257,7 +257,7 @@ def _mesh_orders(kind: str, S: int, m: int, v: int = 1) -> tuple[tuple[Task, ...
     return tuple(orders)
 
 
-def _interleaved_orders(P: int, v: int, m: int) -> tuple[tuple[Task, ...], ...]:
+def _interleaved_orders(P: int, v: int, m: int) -> tuple[tuple[StagePass, ...], ...]:
     """Megatron-LM's interleaved 1F1B orders (module docstring), ``m`` a multiple of ``P``."""
     n = m * v
 
@@ -266,8 +266,8 @@ def _interleaved_orders(P: int, v: int, m: int) -> tuple[tuple[Task, ...], ...]:
 
     orders = []
     for j in range(P):
-        fwd = [Task(microbatch(k), ((k // P) % v) * P + j, "forward") for k in range(n)]
-        bwd = [Task(microbatch(k), (v - 1 - (k // P) % v) * P + j, "backward") for k in range(n)]
+        fwd = [StagePass(microbatch(k), ((k // P) % v) * P + j, "forward") for k in range(n)]
+        bwd = [StagePass(microbatch(k), (v - 1 - (k // P) % v) * P + j, "backward") for k in range(n)]
         w = min(2 * (P - j - 1) + (v - 1) * P, n)
         order = fwd[:w]
         for k in range(n - w):
@@ -277,7 +277,7 @@ def _interleaved_orders(P: int, v: int, m: int) -> tuple[tuple[Task, ...], ...]:
     return tuple(orders)
 
 
-def _zb_h1_orders(S: int, m: int) -> tuple[tuple[Task, ...], ...]:
+def _zb_h1_orders(S: int, m: int) -> tuple[tuple[StagePass, ...], ...]:
     """ZB-H1's orders (module docstring), made by running its rule clock by clock with unit
     times: at each clock mesh ``j`` runs its next forward when it is ready, fewer than
     ``min(S - j, m)`` of the mesh's micro-batches are between forward and ``B`` and fewer than
@@ -287,20 +287,20 @@ def _zb_h1_orders(S: int, m: int) -> tuple[tuple[Task, ...], ...]:
     fdone = [[never] * m for _ in range(S)]  # clock of forward (stage, micro-batch)
     bdone = [[never] * m for _ in range(S)]
     nf, nb, nw = [0] * S, [0] * S, [0] * S
-    orders: list[list[Task]] = [[] for _ in range(S)]
+    orders: list[list[StagePass]] = [[] for _ in range(S)]
     left, t = 3 * S * m, 0
     while left:
         for j in range(S):
             f, b, w = nf[j], nb[j], nw[j]
             if (f < m and f - b < min(S - j, m) and f - w < min(S, m)
                     and (j == 0 or fdone[j - 1][f] < t)):
-                orders[j].append(Task(f, j, "forward"))
+                orders[j].append(StagePass(f, j, "forward"))
                 fdone[j][f], nf[j] = t, f + 1
             elif b < m and fdone[j][b] < t and (j == S - 1 or bdone[j + 1][b] < t):
-                orders[j].append(Task(b, j, "backward"))
+                orders[j].append(StagePass(b, j, "backward"))
                 bdone[j][b], nb[j] = t, b + 1
             elif w < b and bdone[j][w] < t:
-                orders[j].append(Task(w, j, "weight"))
+                orders[j].append(StagePass(w, j, "weight"))
                 nw[j] = w + 1
             else:
                 continue
@@ -313,14 +313,14 @@ def _zb_h1_orders(S: int, m: int) -> tuple[tuple[Task, ...], ...]:
 _Row = tuple[float, float, int, int, int, str]
 
 
-def _simulate(orders: Sequence[Sequence[Task]], S: int, fwd: Sequence[float],
+def _simulate(orders: Sequence[Sequence[StagePass]], S: int, fwd: Sequence[float],
               bwd: Sequence[float], comm: Sequence[float], comm_bwd: Sequence[float] | None = None,
               step: Sequence[float] | None = None, wgt: Sequence[float] | None = None
               ) -> list[Event]:
     return [Event(*r) for r in _simulate_rows(orders, S, fwd, bwd, comm, comm_bwd, step, wgt)]
 
 
-def _simulate_rows(orders: Sequence[Sequence[Task]], S: int, fwd: Sequence[float],
+def _simulate_rows(orders: Sequence[Sequence[StagePass]], S: int, fwd: Sequence[float],
                    bwd: Sequence[float], comm: Sequence[float],
                    comm_bwd: Sequence[float] | None = None, step: Sequence[float] | None = None,
                    wgt: Sequence[float] | None = None) -> list[_Row]:
@@ -397,17 +397,17 @@ def _simulate_rows(orders: Sequence[Sequence[Task]], S: int, fwd: Sequence[float
     return events
 
 
-def _table_from_orders(orders: Sequence[Sequence[Task]], S: int) -> list[list[Task | None]]:
+def _table_from_orders(orders: Sequence[Sequence[StagePass]], S: int) -> list[list[StagePass | None]]:
     P = len(orders)
     events = _simulate(orders, S, [1.0] * S, [1.0] * S, [0.0] * max(S - 1, 0), wgt=[1.0] * S)
     n_rows = int(max(e.end for e in events))
-    table: list[list[Task | None]] = [[None] * P for _ in range(n_rows)]
+    table: list[list[StagePass | None]] = [[None] * P for _ in range(n_rows)]
     for e in events:
-        table[int(e.start)][e.mesh] = Task(e.microbatch, e.stage, e.kind)
+        table[int(e.start)][e.mesh] = StagePass(e.microbatch, e.stage, e.kind)
     return table
 
 
-def gpipe_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+def gpipe_table(num_stages: int, microbatches: int) -> list[list[StagePass | None]]:
     """GPipe: every forward first, then every backward.
 
     Mesh ``j`` runs forward ``b`` at clock ``j + b`` and backward ``b`` at clock
@@ -424,7 +424,7 @@ def gpipe_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
     return _table_from_orders(_mesh_orders("gpipe", S, m), S)
 
 
-def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[StagePass | None]]:
     """1F1B (PipeDream-flush): warm-up forwards, alternate one forward and one backward, drain.
 
     Mesh ``j`` starts with ``min(S - j - 1, m)`` warm-up forwards, so at most ``S - j`` micro-batches
@@ -436,7 +436,7 @@ def one_f_one_b_table(num_stages: int, microbatches: int) -> list[list[Task | No
 
 
 def interleaved_table(num_meshes: int, virtual_stages: int, microbatches: int
-                      ) -> list[list[Task | None]]:
+                      ) -> list[list[StagePass | None]]:
     """Interleaved 1F1B (Megatron-LM): ``v`` model chunks per mesh, stage ``s`` on mesh
     ``s mod P``.
 
@@ -460,7 +460,7 @@ def interleaved_table(num_meshes: int, virtual_stages: int, microbatches: int
     return _table_from_orders(_mesh_orders("interleaved", S, m, v), S)
 
 
-def zb_h1_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
+def zb_h1_table(num_stages: int, microbatches: int) -> list[list[StagePass | None]]:
     """ZB-H1 (Qi et al., ICLR 2024): the backward split into ``B`` and ``W``, the ``W`` deferred
     into 1F1B's idle clocks under 1F1B's bound on in-flight micro-batches.
 
@@ -476,7 +476,7 @@ def zb_h1_table(num_stages: int, microbatches: int) -> list[list[Task | None]]:
 
 
 def schedule_table(kind: str, num_stages: int, microbatches: int, virtual_stages: int = 1
-                   ) -> list[list[Task | None]]:
+                   ) -> list[list[StagePass | None]]:
     """The clock table of any kind, from ``(kind, stages, micro-batches, virtual stages)``
     alone, in the layout of ``Schedule.table``: rows are clock ticks, columns are meshes (stage
     ``s`` runs on mesh ``s mod P``, ``P = S / v``); entries are ``(micro-batch, stage, kind)``
@@ -505,7 +505,7 @@ def schedule_table(kind: str, num_stages: int, microbatches: int, virtual_stages
 
 
 def schedule_order(kind: str, num_stages: int, microbatches: int, virtual_stages: int = 1
-                   ) -> list[Task]:
+                   ) -> list[StagePass]:
     """:func:`schedule_table` read tick by tick, mesh by mesh: a valid task order.
 
     Examples:
@@ -516,7 +516,7 @@ def schedule_order(kind: str, num_stages: int, microbatches: int, virtual_stages
             for t in row if t is not None]
 
 
-def validate_table(table: Sequence[Sequence[Task | None]], num_stages: int, microbatches: int,
+def validate_table(table: Sequence[Sequence[StagePass | None]], num_stages: int, microbatches: int,
                    virtual_stages: int = 1) -> None:
     """Check a schedule table: rows are clock ticks, column ``j`` is mesh ``j``, which runs the
     stages ``s`` with ``s mod P = j`` (``P = S / v``).
@@ -558,7 +558,7 @@ def _meshes(S: int, v: object) -> int:
     return S // v
 
 
-def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatches: int) -> list[Task]:
+def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatches: int) -> list[StagePass]:
     """A ``Schedule.table`` (rows of ``[micro-batch, stage, kind]`` entries or None) read tick by
     tick into a task order, checked to hold every task once and to respect every dependency.
 
@@ -576,7 +576,7 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
             placed before one it depends on (the message names it).
     """
     order = [task for task, _ in _read_entries(table, num_stages, microbatches)]
-    seen: set[Task] = set()
+    seen: set[StagePass] = set()
     for t in order:
         missing = [d for d in task_deps(t, num_stages) if d not in seen]
         if missing:
@@ -589,12 +589,12 @@ def order_from_table(table: Sequence[Sequence[Any]], num_stages: int, microbatch
     return order
 
 
-def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[Task, int]]:
+def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[StagePass, int]]:
     """The table's tasks with their clock ticks, row by row and in column order within a row,
     checked to be well formed and to hold each of the ``2 S m`` tasks (``3 S m`` with ``W``
     tasks) exactly once."""
-    out: list[tuple[Task, int]] = []
-    where: dict[Task, int] = {}
+    out: list[tuple[StagePass, int]] = []
+    where: dict[StagePass, int] = {}
     for t, row in enumerate(table):
         for e in row:
             if e is None:
@@ -608,7 +608,7 @@ def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[
                                     f"'forward', 'backward' or 'weight'] with a micro-batch below "
                                     f"{m} and a stage below {S}. Fix: re-create the plan's "
                                     "schedule.")
-            task = Task(mb, st, kind)
+            task = StagePass(mb, st, kind)
             if task in where:
                 raise ScheduleError(
                     f"the schedule table should hold each (micro-batch, stage, kind) task once "
@@ -620,8 +620,8 @@ def _read_entries(table: Sequence[Sequence[Any]], S: int, m: int) -> list[tuple[
         "forward", "backward")
     n = len(kinds) * S * m
     if len(out) != n:
-        first = next(Task(i, j, k) for i in range(m) for j in range(S) for k in kinds
-                     if Task(i, j, k) not in where)
+        first = next(StagePass(i, j, k) for i in range(m) for j in range(S) for k in kinds
+                     if StagePass(i, j, k) not in where)
         raise ScheduleError(
             f"the schedule table should hold each of the {n} (micro-batch, stage, "
             f"{'/'.join(kinds)}) tasks once for {m} micro-batches and {S} stages. Got {len(out)} "
@@ -909,7 +909,7 @@ def _stats_of(step: float, busy: list[float], marks: Sequence[list[tuple[float, 
                          peak_deferred=[_peak(ms) for ms in (wmarks or [[] for _ in range(P)])])
 
 
-def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
+def ideal_makespan(order: Sequence[StagePass], forward: Sequence[float],
                    backward: Sequence[float], weight: Sequence[float] | None = None,
                    virtual_stages: int = 1) -> float:
     """The time of an order with the given per-stage task times and free communication: each
@@ -935,6 +935,6 @@ def ideal_makespan(order: Sequence[Task], forward: Sequence[float],
     """
     S = len(forward)
     P = _meshes(S, virtual_stages)
-    orders = [[Task(*t) for t in order if t[1] % P == j] for j in range(P)]
+    orders = [[StagePass(*t) for t in order if t[1] % P == j] for j in range(P)]
     events = _simulate(orders, S, forward, backward, [0.0] * max(S - 1, 0), wgt=weight)
     return max((e.end for e in events), default=0.0)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from autoplan import ExecutionError
 from autoplan._schedule import (
-    Task,
+    StagePass,
     interleaved_table,
     order_from_table,
     schedule_events,
@@ -66,8 +66,8 @@ def test_interleaved_warm_up_and_memory():
     assert stats.peak_inflight == [2 * (P - j - 1) + (v - 1) * P + 1 for j in range(P)]
     col = [t for row in table for t in [row[0]] if t is not None]
     # groups of P micro-batches pass chunk 0 (stage 0), then chunk 1 (stage P)
-    assert col[:8] == [Task(b, 0, "forward") for b in range(4)] + [
-        Task(b, 4, "forward") for b in range(4)]
+    assert col[:8] == [StagePass(b, 0, "forward") for b in range(4)] + [
+        StagePass(b, 4, "forward") for b in range(4)]
     # one chunk per mesh is 1F1B
     assert schedule_table("interleaved", 4, 8, 1) == schedule_table("1f1b", 4, 8)
 
@@ -148,7 +148,7 @@ def test_tables_refuse_a_weight_pass_before_its_input_gradient():
     table = [list(row) for row in zb_h1_table(2, 2)]
     flat = [t for row in table for t in row if t is not None]
     w = next(t for t in flat if t.kind == "weight")
-    b = Task(w.microbatch, w.stage, "backward")
+    b = StagePass(w.microbatch, w.stage, "backward")
     swapped = [[{w: b, b: w}.get(t, t) for t in row] for row in table]
     with pytest.raises(ExecutionError, match="weight of micro-batch"):
         validate_table(swapped, 2, 2)

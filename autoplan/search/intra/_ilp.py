@@ -1795,7 +1795,7 @@ def _add_memory_row(prob: ILPProblem, mm: MatrixModel, scols: Sequence[np.ndarra
 
 
 @dataclass
-class _Solved:
+class _SolverOutcome:
     """Each node's chosen strategy index (before the reducer's recovery) and how the solver got
     there (the :class:`ILPSolution` fields of the same names)."""
 
@@ -1811,14 +1811,14 @@ class _Solved:
 
 def _solve_model(prob: ILPProblem, mesh: LogicalMesh, model: _Model, reducer: _Reducer | None,
                  least: float, *, memory_budget: float | None, time_limit: float, mip_gap: float,
-                 relax_first: bool, memory_weight: float) -> _Solved:
+                 relax_first: bool, memory_weight: float) -> _SolverOutcome:
     """Solve the model (LP relaxation, dive, MIP: :func:`solve_assignment`) and read each node's
     strategy off the solution; a greedy assignment when the time limit passes without one."""
     t1 = time.perf_counter()
     scols = model.scols
     if model.n_bin == 0:
         status = "trivial" if reducer is None or not reducer.eliminated else "optimal"
-        return _Solved([0] * len(prob.nodes), status)
+        return _SolverOutcome([0] * len(prob.nodes), status)
     groups = [idx[idx >= 0] for idx in scols if idx is not None]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1826,7 +1826,7 @@ def _solve_model(prob: ILPProblem, mesh: LogicalMesh, model: _Model, reducer: _R
                                relax_first=relax_first)
     for w in caught:
         warnings.warn(w.message, w.category, stacklevel=3)
-    out = _Solved([], "", res.result.solver, None,
+    out = _SolverOutcome([], "", res.result.solver, None,
                   None if res.bound is None else res.bound / _SCALE, res.gap, res.dives, res.mip)
     if res.x is None:
         timed_out = time.perf_counter() - t1 >= 0.95 * time_limit

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from autoplan._errors import SearchError
 from autoplan._schedule import (
-    Task,
+    StagePass,
     gpipe_table,
     one_f_one_b_table,
     schedule_events,
@@ -41,7 +41,7 @@ def test_unit_time_events_reproduce_the_table(kind, S, m):
     assert len(events) == 2 * S * m
     for e in events:
         assert e.end == e.start + 1.0 and e.mesh == e.stage
-        assert table[int(e.start)][e.mesh] == Task(e.microbatch, e.stage, e.kind)
+        assert table[int(e.start)][e.mesh] == StagePass(e.microbatch, e.stage, e.kind)
     stats = schedule_stats(events, S)
     assert stats.step_time == 2 * (m + S - 1)
     assert stats.bubble_fraction == pytest.approx((S - 1) / (m + S - 1))
@@ -53,8 +53,8 @@ def test_unit_time_events_reproduce_the_table(kind, S, m):
 
 
 def test_gpipe_table_layout():
-    F = lambda b, s: Task(b, s, "forward")  # noqa: E731
-    B = lambda b, s: Task(b, s, "backward")  # noqa: E731
+    F = lambda b, s: StagePass(b, s, "forward")  # noqa: E731
+    B = lambda b, s: StagePass(b, s, "backward")  # noqa: E731
     assert gpipe_table(2, 2) == [
         [F(0, 0), None],
         [F(1, 0), F(0, 1)],
@@ -94,25 +94,25 @@ def test_validate_table_catches_errors():
     with pytest.raises(SearchError, match="does not follow"):  # F0 of stage 0 now at clock 1
         validate_table(swapped, 3, 2)
     bad = [list(r) for r in table]
-    t_f = next(t for t, row in enumerate(bad) if row[1] == Task(0, 1, "forward"))
-    bad[t_f][1], bad[0][1] = None, Task(0, 1, "forward")  # stage 1 before stage 0
+    t_f = next(t for t, row in enumerate(bad) if row[1] == StagePass(0, 1, "forward"))
+    bad[t_f][1], bad[0][1] = None, StagePass(0, 1, "forward")  # stage 1 before stage 0
     with pytest.raises(SearchError, match="does not follow"):
         validate_table(bad, 3, 2)
     missing = [list(r) for r in table]
     missing[0][0] = None
     with pytest.raises(SearchError, match="missing"):
         validate_table(missing, 3, 2)
-    dup = [list(r) for r in table] + [[Task(0, 0, "forward"), None, None]]
+    dup = [list(r) for r in table] + [[StagePass(0, 0, "forward"), None, None]]
     with pytest.raises(SearchError, match="twice"):
         validate_table(dup, 3, 2)
     wrong_col = [list(r) for r in table]
-    wrong_col[0][0], wrong_col[0][1] = None, Task(0, 0, "forward")
+    wrong_col[0][0], wrong_col[0][1] = None, StagePass(0, 0, "forward")
     with pytest.raises(SearchError, match="stage 1"):
         validate_table(wrong_col, 3, 2)
     early_bwd = [list(r) for r in table]
-    t_b = next(t for t, row in enumerate(early_bwd) if row[2] == Task(0, 2, "backward"))
+    t_b = next(t for t, row in enumerate(early_bwd) if row[2] == StagePass(0, 2, "backward"))
     early_bwd[t_b][2] = None
-    early_bwd[0][2] = Task(0, 2, "backward")
+    early_bwd[0][2] = StagePass(0, 2, "backward")
     with pytest.raises(SearchError, match="backward"):
         validate_table(early_bwd, 3, 2)
 
@@ -156,7 +156,7 @@ def test_events_respect_dependencies_and_mesh_order(kind, S, m, data):
         for a, c in zip(mine, mine[1:]):
             assert c.start >= a.end - eps
         order = [row[j] for row in table if row[j] is not None]
-        assert [Task(e.microbatch, e.stage, e.kind) for e in mine] == order
+        assert [StagePass(e.microbatch, e.stage, e.kind) for e in mine] == order
     stats = schedule_stats(events, S)
     assert stats.busy == pytest.approx([m * (fwd[j] + bwd[j]) for j in range(S)])
     assert stats.bubble_fraction == pytest.approx(1 - sum(stats.busy) / (S * stats.step_time))
