@@ -92,7 +92,8 @@ _CODE = {"forward": 0, "backward": 1, "weight": 2}
 
 
 class StagePass(NamedTuple):
-    """One pass of a micro-batch through a stage: its forward, backward or weight-gradient work (a tuple: ``StagePass(0, 1, "forward") == (0, 1, "forward")``).
+    """One pass of a micro-batch through a stage: its forward, backward or weight-gradient work
+    (a tuple: ``StagePass(0, 1, "forward") == (0, 1, "forward")``).
 
     Attributes:
         microbatch: micro-batch index ``0 .. m - 1``.
