@@ -275,106 +275,136 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
     Raises:
         ArgumentTypeError: ``plans`` holds no Plans.
     """
-    plans = as_plans(plans)
-    hi = _match(highlight, plans)
-    ref = None
-    if reference is not None:
-        ref = _match(reference, plans)
-        if ref is None and isinstance(reference, Plan):
-            plans = plans + [reference]
-            ref = len(plans) - 1
-    groups = equivalent_groups(plans) if merge else [[i] for i in range(len(plans))]
-    group_of = {i: g for g in groups for i in g}
-    # the selected and reference plans stand for their groups
-    reps = []
-    for g in groups:
-        rep = next((i for i in g if i in (hi, ref)), g[0])
-        reps.append(rep)
-    dev_mem = {p.cluster.device_memory for p in plans}
-    cap = next(iter(dev_mem)) if len(dev_mem) == 1 else None
-    ok = [i for i in reps if _finite(plans[i].predicted.step_time, plans[i].predicted.memory_per_device)]
-    fits = [i for i in ok if cap is None or plans[i].predicted.memory_per_device <= cap]
-    over = sorted((i for i in ok if i not in fits), key=lambda i: plans[i].predicted.memory_per_device)
-    top_fit = max((plans[i].predicted.memory_per_device for i in fits), default=0.0)
-    band = None
-    if over:
-        base = cap if cap is not None else top_fit
-        band = (base * 1.06, base * 1.40)
-    ypos: dict[int, float] = {i: plans[i].predicted.memory_per_device for i in fits}
-    for k, i in enumerate(over):
-        ypos[i] = band[0] + (band[1] - band[0]) * (k + 0.5) / len(over)
-    # points sharing a place (equal predictions, different shardings) share a marker
-    places: dict[tuple[float, float], list[int]] = {}
-    for i in ok:
-        places.setdefault((plans[i].predicted.step_time, ypos[i]), []).append(i)
-    unit = time_unit(max((plans[i].predicted.step_time for i in ok), default=0.0))
-
-    def number(i: int) -> str:
-        return "=".join(f"#{j}" for j in group_of[i])
-
-    def hover(i: int) -> str:
-        out = []
-        for j in group_of[i]:
-            p = plans[j].predicted
-            mem = fmt_bytes(p.memory_per_device)
-            if cap is not None and p.memory_per_device > cap:
-                mem += f" (<b>does not fit</b> in {fmt_bytes(cap)})"
-            out.append(f"<b>#{j} {escape(plans[j].label)}</b>: {escape(plans[j].describe())}<br>"
-                       f"step {fmt_in_unit(p.step_time, unit)}, {p.throughput:,.1f} samples/s, "
-                       f"MFU {p.mfu * 100:.1f}%<br>memory/device {mem}")
-        if len(group_of[i]) > 1:
-            out.append("<i>equivalent plans: the same shardings up to swapping mesh axes</i>")
-        return "<br>".join(out)
-
-    cols = 3 if ref is not None and hi is not None else 2
+    v = _CompareView(plans, highlight, reference, merge)
+    cols = 3 if v.ref is not None and v.hi is not None else 2
     widths = [0.44, 0.34, 0.22] if cols == 3 else [0.5, 0.5]
     titles = ["(a) step time vs memory per device", "(b) where the step time goes"]
     if cols == 3:
-        titles.append(f"(c) #{hi} minus #{ref}")
+        titles.append(f"(c) #{v.hi} minus #{v.ref}")
     fig = make_subplots(rows=1, cols=cols, column_widths=widths, horizontal_spacing=0.08,
                         subplot_titles=titles)
-    pts = [(plans[i].predicted.step_time, plans[i].predicted.memory_per_device) for i in fits]
-    front = [fits[k] for k in pareto_front(pts)]
+    front, annotations = _scatter_panel(fig, v)
+    order, names = _breakdown_panel(fig, v)
+    if cols == 3:
+        _difference_panel(fig, v, names)
+    _compare_layout(fig, v, front, order, annotations)
+    return fig
+
+
+class _CompareView:
+    """What the panels of :func:`compare_figure` share: the plans (a reference not among them
+    added), the selected and reference indices, the groups of equivalent plans and their
+    representatives, which plans fit the device's memory, each plan's place on panel (a)'s memory
+    axis (those that do not fit in a band above it), and the time unit."""
+
+    def __init__(self, plans: Any, highlight: Any, reference: Any, merge: bool):
+        plans = as_plans(plans)
+        hi = _match(highlight, plans)
+        ref = None
+        if reference is not None:
+            ref = _match(reference, plans)
+            if ref is None and isinstance(reference, Plan):
+                plans = plans + [reference]
+                ref = len(plans) - 1
+        self.plans, self.hi, self.ref = plans, hi, ref
+        self.groups = equivalent_groups(plans) if merge else [[i] for i in range(len(plans))]
+        self.group_of = {i: g for g in self.groups for i in g}
+        # the selected and reference plans stand for their groups
+        self.reps = [next((i for i in g if i in (hi, ref)), g[0]) for g in self.groups]
+        dev_mem = {p.cluster.device_memory for p in plans}
+        cap = self.cap = next(iter(dev_mem)) if len(dev_mem) == 1 else None
+        ok = self.ok = [i for i in self.reps if _finite(plans[i].predicted.step_time,
+                                                        plans[i].predicted.memory_per_device)]
+        fits = self.fits = [i for i in ok if cap is None or self.memory(i) <= cap]
+        self.over = sorted((i for i in ok if i not in fits), key=self.memory)
+        self.top_fit = max((self.memory(i) for i in fits), default=0.0)
+        self.band = None
+        if self.over:
+            base = cap if cap is not None else self.top_fit
+            self.band = (base * 1.06, base * 1.40)
+        self.ypos: dict[int, float] = {i: self.memory(i) for i in fits}
+        for k, i in enumerate(self.over):
+            self.ypos[i] = self.band[0] + (self.band[1] - self.band[0]) * (k + 0.5) / len(self.over)
+        # points sharing a place (equal predictions, different shardings) share a marker
+        self.places: dict[tuple[float, float], list[int]] = {}
+        for i in ok:
+            self.places.setdefault((self.step(i), self.ypos[i]), []).append(i)
+        self.unit = time_unit(max((self.step(i) for i in ok), default=0.0))
+
+    def step(self, i: int) -> float:
+        return self.plans[i].predicted.step_time
+
+    def memory(self, i: int) -> float:
+        return self.plans[i].predicted.memory_per_device
+
+    def x(self, i: int) -> float:
+        """Plan ``i``'s step time in the figure's unit."""
+        return self.step(i) / self.unit[0]
+
+    def at(self, i: int) -> list[int]:
+        """The plans drawn at plan ``i``'s point."""
+        return self.places[(self.step(i), self.ypos[i])]
+
+    def number(self, i: int) -> str:
+        return "=".join(f"#{j}" for j in self.group_of[i])
+
+    def hover(self, i: int) -> str:
+        out = []
+        for j in self.group_of[i]:
+            p = self.plans[j].predicted
+            mem = fmt_bytes(p.memory_per_device)
+            if self.cap is not None and p.memory_per_device > self.cap:
+                mem += f" (<b>does not fit</b> in {fmt_bytes(self.cap)})"
+            out.append(f"<b>#{j} {escape(self.plans[j].label)}</b>: "
+                       f"{escape(self.plans[j].describe())}<br>"
+                       f"step {fmt_in_unit(p.step_time, self.unit)}, {p.throughput:,.1f} "
+                       f"samples/s, MFU {p.mfu * 100:.1f}%<br>memory/device {mem}")
+        if len(self.group_of[i]) > 1:
+            out.append("<i>equivalent plans: the same shardings up to swapping mesh axes</i>")
+        return "<br>".join(out)
+
+
+def _scatter_panel(fig: go.Figure, v: _CompareView) -> tuple[list[int], list[dict[str, Any]]]:
+    """Panel (a): the Pareto front, one point per place, the reference's diamond and arrow, the
+    device's memory and the band of plans that do not fit. Returns the front and the arrow."""
+    front = [v.fits[k] for k in pareto_front([(v.step(i), v.memory(i)) for i in v.fits])]
     fig.add_trace(go.Scatter(
-        x=[plans[i].predicted.step_time / unit[0] for i in front], y=[ypos[i] for i in front],
+        x=[v.x(i) for i in front], y=[v.ypos[i] for i in front],
         mode="lines", line={"color": "#888888", "dash": "dash", "width": 1.5, "shape": "hv"},
         name="Pareto front", hoverinfo="skip", meta={"kind": "pareto", "plans": front}), 1, 1)
-    shown = [ps[0] for ps in places.values()]
-    positions = _label_positions([(plans[i].predicted.step_time, ypos[i]) for i in shown])
-    sel = {i for i in (hi,) if i is not None}
-
-    def at(i: int) -> list[int]:
-        return places[(plans[i].predicted.step_time, ypos[i])]
-
+    shown = [ps[0] for ps in v.places.values()]
+    positions = _label_positions([(v.step(i), v.ypos[i]) for i in shown])
+    sel = {i for i in (v.hi,) if i is not None}
+    picked = [bool(set(v.at(i)) & sel) for i in shown]
     fig.add_trace(go.Scatter(
-        x=[plans[i].predicted.step_time / unit[0] for i in shown], y=[ypos[i] for i in shown],
-        mode="markers+text", text=[", ".join(number(j) for j in at(i)) for i in shown],
+        x=[v.x(i) for i in shown], y=[v.ypos[i] for i in shown],
+        mode="markers+text", text=[", ".join(v.number(j) for j in v.at(i)) for i in shown],
         textposition=positions, textfont={"size": 11},
-        marker={"size": [18 if set(at(i)) & sel else 11 for i in shown],
-                "symbol": ["star" if set(at(i)) & sel else
-                           ("circle" if any(j in front for j in at(i)) else "circle-open")
-                           for i in shown],
-                "color": ["#d62728" if set(at(i)) & sel else
-                          ("#4c78a8" if i not in over else "#999999") for i in shown],
-                "line": {"width": 1.5, "color": ["#7f0000" if set(at(i)) & sel else "#4c78a8"
-                                                 for i in shown]}},
-        hovertext=["<br>".join(hover(j) for j in at(i)) for i in shown], hoverinfo="text",
-        name="plans", customdata=[at(i) for i in shown],
-        meta={"kind": "plans", "plans": shown, "groups": [group_of[i] for i in shown]}), 1, 1)
+        marker={"size": [18 if p else 11 for p in picked],
+                "symbol": ["star" if p else
+                           ("circle" if any(j in front for j in v.at(i)) else "circle-open")
+                           for i, p in zip(shown, picked)],
+                "color": ["#d62728" if p else ("#4c78a8" if i not in v.over else "#999999")
+                          for i, p in zip(shown, picked)],
+                "line": {"width": 1.5, "color": ["#7f0000" if p else "#4c78a8" for p in picked]}},
+        hovertext=["<br>".join(v.hover(j) for j in v.at(i)) for i in shown], hoverinfo="text",
+        name="plans", customdata=[v.at(i) for i in shown],
+        meta={"kind": "plans", "plans": shown, "groups": [v.group_of[i] for i in shown]}), 1, 1)
     annotations: list[dict[str, Any]] = []
-    if ref is not None and hi is not None and ref in ypos and hi in ypos and ref != hi:
+    hi, ref = v.hi, v.ref
+    if ref is not None and hi is not None and ref in v.ypos and hi in v.ypos and ref != hi:
         fig.add_trace(go.Scatter(
-            x=[plans[ref].predicted.step_time / unit[0]], y=[ypos[ref]], mode="markers",
+            x=[v.x(ref)], y=[v.ypos[ref]], mode="markers",
             marker={"size": 16, "symbol": "diamond-open", "color": "#111111",
                     "line": {"width": 2}},
-            name=f"#{ref} (reference)", hovertext=[hover(ref)], hoverinfo="text",
+            name=f"#{ref} (reference)", hovertext=[v.hover(ref)], hoverinfo="text",
             meta={"kind": "reference", "plan": ref}), 1, 1)
-        annotations.append({"x": plans[hi].predicted.step_time / unit[0], "y": ypos[hi],
-                            "ax": plans[ref].predicted.step_time / unit[0], "ay": ypos[ref],
+        annotations.append({"x": v.x(hi), "y": v.ypos[hi], "ax": v.x(ref), "ay": v.ypos[ref],
                             "xref": "x", "yref": "y", "axref": "x", "ayref": "y",
                             "showarrow": True, "arrowhead": 3, "arrowwidth": 1.5,
                             "arrowcolor": "#111111", "text": ""})
-    if cap is not None and (band is not None or top_fit >= 0.5 * cap):
+    cap, band = v.cap, v.band
+    if cap is not None and (band is not None or v.top_fit >= 0.5 * cap):
         fig.add_hline(y=cap, line={"color": "#d62728", "dash": "dot", "width": 1}, row=1, col=1,
                       annotation_text=f"device memory {fmt_bytes(cap)}",
                       annotation_position="bottom right", annotation_font_size=10)
@@ -382,19 +412,24 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
         fig.add_hrect(y0=band[0] * 0.98, y1=band[1] * 1.02, fillcolor="#d62728", opacity=0.07,
                       line_width=0, row=1, col=1, annotation_text="do not fit (hover for memory)",
                       annotation_position="top left", annotation_font_size=10)
+    return front, annotations
 
+
+def _breakdown_panel(fig: go.Figure, v: _CompareView) -> tuple[list[int], list[str]]:
+    """Panel (b): one stacked bar per group, adding up to its step time (a diamond on top).
+    Returns the bars' plans in order and the components' names."""
+    plans, unit = v.plans, v.unit
     kinds: list[str] = []
-    for i in reps:
+    for i in v.reps:
         for k in plans[i].predicted.comm_time_by_kind:
             if k not in kinds:
                 kinds.append(k)
     kinds.sort(key=lambda k: (COLLECTIVES.index(k) if k in COLLECTIVES else len(COLLECTIVES), k))
-    order = sorted(reps)
+    order = sorted(v.reps)
     parts = {i: cost_parts(plans[i]) for i in order}
     names = ["compute", *kinds] + [n for n in ("overlap", "other") if any(
-        abs(parts[i][n]) > 1e-9 * max(plans[i].predicted.step_time, 1e-30) for i in order)
-    ] + ["bubble"]
-    ticks = [f"{number(i)} {short_label(plans[i].label)}" for i in order]
+        abs(parts[i][n]) > 1e-9 * max(v.step(i), 1e-30) for i in order)] + ["bubble"]
+    ticks = [f"{v.number(i)} {short_label(plans[i].label)}" for i in order]
     extra = iter(_EXTRA * 4)
     colors = {n: COMPONENT_COLORS.get(n) or next(extra) for n in names}
     # each bar adds up to its plan's step time: compute from 0, the collectives from where
@@ -404,69 +439,80 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
     for name in names:
         vals = [parts[i].get(name, 0.0) for i in order]
         if name == "overlap":
-            base = [top[i] + v for i, v in zip(order, vals)]
-            height = [-v for v in vals]
-            for i, v in zip(order, vals):
-                top[i] += v
+            base = [top[i] + x for i, x in zip(order, vals)]
+            height = [-x for x in vals]
             marker = {"color": "rgba(255,255,255,0.35)", "line": {"color": colors[name], "width": 1},
                       "pattern": {"shape": "x", "fgcolor": colors[name], "size": 6}}
             label = "overlap (collectives during compute)"
         else:
             base = [top[i] for i in order]
             height = list(vals)
-            for i, v in zip(order, vals):
-                top[i] += v
             marker = {"color": colors[name]}
             label = {"bubble": "bubble (busiest stage idle)",
                      "other": "other (busiest stage, not itemised)"}.get(name, name)
+        for i, x in zip(order, vals):
+            top[i] += x
         fig.add_trace(go.Bar(
             x=ticks, y=[h / unit[0] for h in height], base=[b / unit[0] for b in base],
             name=label, marker=marker,
-            customdata=[[("\u2212" if v < 0 else "") + fmt_in_unit(abs(v), unit), plans[i].label]
-                        for v, i in zip(vals, order)],
+            customdata=[[("\u2212" if x < 0 else "") + fmt_in_unit(abs(x), unit), plans[i].label]
+                        for x, i in zip(vals, order)],
             hovertemplate=f"%{{x}} %{{customdata[1]}}: {label} %{{customdata[0]}}<extra></extra>",
             meta={"kind": "breakdown", "component": name, "plans": order, "seconds": vals}), 1, 2)
     fig.add_trace(go.Scatter(
-        x=ticks, y=[plans[i].predicted.step_time / unit[0] for i in order], mode="markers",
+        x=ticks, y=[v.x(i) for i in order], mode="markers",
         name="step time", marker={"symbol": "diamond", "size": 10, "color": "#222222"},
-        customdata=[[fmt_in_unit(plans[i].predicted.step_time, unit)] for i in order],
+        customdata=[[fmt_in_unit(v.step(i), unit)] for i in order],
         hovertemplate="%{x}: predicted step %{customdata[0]}<extra></extra>",
         meta={"kind": "step_time"}), 1, 2)
-    if hi is not None:  # the selected plan's tick: a red star and bold
-        k = order.index(reps[groups.index(group_of[hi])])
+    if v.hi is not None:  # the selected plan's tick: a red star and bold
+        k = order.index(v.reps[v.groups.index(v.group_of[v.hi])])
         shown_ticks = [f"<b><span style='color:#d62728'>\u2605 {t}</span></b>" if j == k else t
                        for j, t in enumerate(ticks)]
         fig.update_xaxes(tickvals=ticks, ticktext=shown_ticks, row=1, col=2)
-    if cols == 3:
-        a, b = cost_parts(plans[hi]), cost_parts(plans[ref])
-        comps = [n for n in names if a.get(n, 0.0) or b.get(n, 0.0)]
-        diffs = [(a.get(n, 0.0) - b.get(n, 0.0)) for n in comps]
-        total = plans[hi].predicted.step_time - plans[ref].predicted.step_time
-        mem = plans[hi].predicted.memory_per_device - plans[ref].predicted.memory_per_device
-        ys = [*comps, "step time"]
-        vals = [*diffs, total]
-        fig.add_trace(go.Bar(
-            x=[v / unit[0] for v in vals], y=ys, orientation="h",
-            marker={"color": ["#2ca02c" if v < 0 else "#d62728" for v in vals]},
-            customdata=[[("+" if v >= 0 else "\u2212") + fmt_in_unit(abs(v), unit)] for v in vals],
-            hovertemplate="%{y}: %{customdata[0]}<extra></extra>", showlegend=False,
-            text=[("+" if v >= 0 else "\u2212") + fmt_in_unit(abs(v), unit) for v in vals],
-            textposition="auto", name="difference",
-            meta={"kind": "difference", "plan": hi, "reference": ref, "components": ys,
-                  "seconds": vals, "memory": mem}), 1, 3)
-        fig.update_yaxes(autorange="reversed", row=1, col=3)
-        sign = "+" if mem >= 0 else "\u2212"
-        d_lo, d_hi = min(0.0, *vals) / unit[0], max(0.0, *vals) / unit[0]
-        pad = 0.15 * ((d_hi - d_lo) or 1.0)
-        dr = [d_lo - pad if d_lo < 0 else 0.0, d_hi + pad if d_hi > 0 else 0.0]
-        fig.update_xaxes(title_text=f"time ({unit[1]}); memory {sign}{fmt_bytes(abs(mem))}",
-                         zeroline=True, range=dr, **axis_ticks(*dr, count=4), row=1, col=3)
-    merged = sum(len(g) - 1 for g in groups)
-    sub = (f"{len(front)} of {len(fits)} fitting plans on the Pareto front (dashed)"
-           + (f"; {len(over)} do not fit in device memory (shaded band)" if over else "")
-           + (f"; {merged} equivalent plan{'s' if merged != 1 else ''} merged (#a=#b)" if merged else "")
+    return order, names
+
+
+def _difference_panel(fig: go.Figure, v: _CompareView, names: list[str]) -> None:
+    """Panel (c): per component and in total, the selected plan's time minus the reference's,
+    and the difference in memory in the axis title."""
+    plans, hi, ref, unit = v.plans, v.hi, v.ref, v.unit
+    a, b = cost_parts(plans[hi]), cost_parts(plans[ref])
+    comps = [n for n in names if a.get(n, 0.0) or b.get(n, 0.0)]
+    diffs = [(a.get(n, 0.0) - b.get(n, 0.0)) for n in comps]
+    total = v.step(hi) - v.step(ref)
+    mem = v.memory(hi) - v.memory(ref)
+    ys = [*comps, "step time"]
+    vals = [*diffs, total]
+    fig.add_trace(go.Bar(
+        x=[x / unit[0] for x in vals], y=ys, orientation="h",
+        marker={"color": ["#2ca02c" if x < 0 else "#d62728" for x in vals]},
+        customdata=[[("+" if x >= 0 else "\u2212") + fmt_in_unit(abs(x), unit)] for x in vals],
+        hovertemplate="%{y}: %{customdata[0]}<extra></extra>", showlegend=False,
+        text=[("+" if x >= 0 else "\u2212") + fmt_in_unit(abs(x), unit) for x in vals],
+        textposition="auto", name="difference",
+        meta={"kind": "difference", "plan": hi, "reference": ref, "components": ys,
+              "seconds": vals, "memory": mem}), 1, 3)
+    fig.update_yaxes(autorange="reversed", row=1, col=3)
+    sign = "+" if mem >= 0 else "\u2212"
+    d_lo, d_hi = min(0.0, *vals) / unit[0], max(0.0, *vals) / unit[0]
+    pad = 0.15 * ((d_hi - d_lo) or 1.0)
+    dr = [d_lo - pad if d_lo < 0 else 0.0, d_hi + pad if d_hi > 0 else 0.0]
+    fig.update_xaxes(title_text=f"time ({unit[1]}); memory {sign}{fmt_bytes(abs(mem))}",
+                     zeroline=True, range=dr, **axis_ticks(*dr, count=4), row=1, col=3)
+
+
+def _compare_layout(fig: go.Figure, v: _CompareView, front: list[int], order: list[int],
+                    annotations: list[dict[str, Any]]) -> None:
+    """The title (what the figure shows and what it left out), the axes' ranges and ticks."""
+    plans, hi, unit, band, cap = v.plans, v.hi, v.unit, v.band, v.cap
+    merged = sum(len(g) - 1 for g in v.groups)
+    sub = (f"{len(front)} of {len(v.fits)} fitting plans on the Pareto front (dashed)"
+           + (f"; {len(v.over)} do not fit in device memory (shaded band)" if v.over else "")
+           + (f"; {merged} equivalent plan{'s' if merged != 1 else ''} merged (#a=#b)"
+              if merged else "")
            + (f"; \u2605 = #{hi} {escape(plans[hi].label)}" if hi is not None else ""))
-    dropped = len(reps) - len(ok)
+    dropped = len(v.reps) - len(v.ok)
     if dropped:
         sub += f"; {dropped} without a finite prediction left out of (a)"
     fig.update_layout(
@@ -475,25 +521,24 @@ def compare_figure(plans: Any, highlight: Any = None, reference: Any = None,
                "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         margin={"t": 110, "l": 70, "r": 20, "b": 70}, legend={"title": {"text": "cost"}},
         annotations=list(fig.layout.annotations) + annotations,
-        meta={"kind": "compare", "unit": unit[1], "groups": groups, "highlight": hi,
-              "reference": ref})
-    xs = [plans[i].predicted.step_time / unit[0] for i in ok]
+        meta={"kind": "compare", "unit": unit[1], "groups": v.groups, "highlight": hi,
+              "reference": v.ref})
+    xs = [v.x(i) for i in v.ok]
     if xs:
         pad = max(0.08 * (max(xs) - min(xs)), 0.04 * max(xs), 1e-12)
         xr = [max(0.0, min(xs) - pad), max(xs) + pad]
         fig.update_xaxes(range=xr, **axis_ticks(*xr), row=1, col=1)
     fig.update_xaxes(title_text=f"predicted step time ({unit[1]})", row=1, col=1)
-    ymax = band[1] * 1.05 if band is not None else max(top_fit, 1e-30) * 1.2
-    if cap is not None and band is None and top_fit >= 0.5 * cap:
+    ymax = band[1] * 1.05 if band is not None else max(v.top_fit, 1e-30) * 1.2
+    if cap is not None and band is None and v.top_fit >= 0.5 * cap:
         ymax = max(ymax, cap * 1.08)
     tickvals, ticktext, bunit = _byte_ticks(
-        [ypos[i] for i in fits] + ([cap] if band else []),
+        [v.ypos[i] for i in v.fits] + ([cap] if band else []),
         top=(cap if band is not None and cap else min(ymax, cap) if cap else ymax))
     fig.update_yaxes(title_text=f"memory per device ({bunit})", tickmode="array",
                      tickvals=tickvals, ticktext=ticktext, range=[0, ymax], row=1, col=1)
-    tops = [plans[i].predicted.step_time / unit[0] for i in order if _finite(plans[i].predicted.step_time)]
+    tops = [v.x(i) for i in order if _finite(v.step(i))]
     yr = [0.0, max(tops, default=1.0) * 1.08]
     fig.update_yaxes(title_text=f"time per step ({unit[1]})", range=yr, **axis_ticks(*yr),
                      row=1, col=2)
     fig.update_xaxes(tickangle=-30 if len(order) > 4 else 0, tickfont={"size": 10}, row=1, col=2)
-    return fig
