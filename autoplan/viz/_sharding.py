@@ -575,47 +575,13 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
                              ci, r, col.layers, write, stored.get(t.name))
     key_stage = plan.stages[0]
     traces = cv.traces() + _mesh_key(key_stage)
-    ticktext = []
-    for col in shown:
-        if layer is not None:
-            text = escape(col.cells[0][0])
-        elif len(col.layers) > 1:
-            text = f"{escape(short_list(col.layers, 2))}<br><b>x{len(col.layers)}</b>"
-        else:
-            text = escape(col.layers[0])
-        if plan.is_pipeline:
-            st = col.stages
-            text += "<br>" + (f"stage {st[0]}" if len(st) == 1 else
-                              f"stages {id_span(st)}")
-        ticktext.append(text)
+    ticktext = _column_ticks(plan, shown, layer)
     mesh_txt = " | ".join(dict.fromkeys("x".join(map(str, s.mesh_shape)) + " (" + ", ".join(s.axis_names) + ")"
                                         for s in plan.stages))
-    n_layers = sum(len(c.layers) for c in columns)
-    n_ops = sum(len(c.ops) for c in columns)
-    if layer is not None:
-        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}], layer "
-                f"{escape(layer)}: {len(columns)} operators on mesh {mesh_txt}")
-    else:
-        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}] on mesh "
-                f"{mesh_txt}: {n_layers} layers in {len(columns)} column"
-                f"{'s' if len(columns) != 1 else ''}, {n_ops} {'forward ' if forward_only else ''}ops")
-    axes = [f"{a} ({n})" for a, n in zip(key_stage.axis_names, key_stage.mesh_shape) if n > 1]
-    colour = ("colour = mesh coordinates: " + (f"hue {axes[0]}" if axes else "")
-              + (f", lightness {axes[1]}" if len(axes) > 1 else "")
-              + "; grey = replicated on all; stripes = several devices; block size ~ bytes (log)")
-    notes = [colour]
-    folded = [c for c in columns if len(c.layers) > 1]
-    if folded and layer is None:
-        notes.insert(0, "identically sharded layers share a column")
-    if len(shown) < len(columns):
-        notes.insert(0, f"{len(shown)} of {len(columns)} columns shown, evenly spaced")
-    if not columns:
-        head = f"Operator sharding of {escape(plan.model)}: the plan records no operator shardings"
-        notes = []
+    title = _sharding_title(plan, layer, columns, shown, forward_only, mesh_txt)
     layout = {
         "template": TEMPLATE,
-        "title": {"text": head + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else ""),
-                  "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
         "xaxis": {"domain": [0.0, _KEY_DOMAIN[0] - 0.03],
                   "tickvals": [c + 0.5 for c in range(len(shown))], "ticktext": ticktext,
                   "tickangle": 0 if len(shown) <= 10 else -45, "tickfont": {"size": 10},
@@ -638,6 +604,55 @@ def sharding_figure(plan: Plan, layer: str | None = None, max_columns: int = 40)
                  "rows": rows},
     }
     return go.Figure(data=traces, layout=layout)
+
+
+def _column_ticks(plan: Plan, shown: list, layer: str | None) -> list[str]:
+    """Each column's tick: its operator (drilled into a layer), or its layers (``xN`` where
+    several share it), and with a pipeline its stage or stages."""
+    ticktext = []
+    for col in shown:
+        if layer is not None:
+            text = escape(col.cells[0][0])
+        elif len(col.layers) > 1:
+            text = f"{escape(short_list(col.layers, 2))}<br><b>x{len(col.layers)}</b>"
+        else:
+            text = escape(col.layers[0])
+        if plan.is_pipeline:
+            st = col.stages
+            text += "<br>" + (f"stage {st[0]}" if len(st) == 1 else
+                              f"stages {id_span(st)}")
+        ticktext.append(text)
+    return ticktext
+
+
+def _sharding_title(plan: Plan, layer: str | None, columns: list, shown: list,
+                    forward_only: bool, mesh_txt: str) -> str:
+    """The title: what is drawn (layers and columns, or one layer's operators) and on which
+    mesh, with notes on the colours, folded columns and columns left out."""
+    key_stage = plan.stages[0]
+    n_layers = sum(len(c.layers) for c in columns)
+    n_ops = sum(len(c.ops) for c in columns)
+    if layer is not None:
+        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}], layer "
+                f"{escape(layer)}: {len(columns)} operators on mesh {mesh_txt}")
+    else:
+        head = (f"Operator sharding of {escape(plan.model)} [{escape(plan.label)}] on mesh "
+                f"{mesh_txt}: {n_layers} layers in {len(columns)} column"
+                f"{'s' if len(columns) != 1 else ''}, {n_ops} {'forward ' if forward_only else ''}ops")
+    axes = [f"{a} ({n})" for a, n in zip(key_stage.axis_names, key_stage.mesh_shape) if n > 1]
+    colour = ("colour = mesh coordinates: " + (f"hue {axes[0]}" if axes else "")
+              + (f", lightness {axes[1]}" if len(axes) > 1 else "")
+              + "; grey = replicated on all; stripes = several devices; block size ~ bytes (log)")
+    notes = [colour]
+    folded = [c for c in columns if len(c.layers) > 1]
+    if folded and layer is None:
+        notes.insert(0, "identically sharded layers share a column")
+    if len(shown) < len(columns):
+        notes.insert(0, f"{len(shown)} of {len(columns)} columns shown, evenly spaced")
+    if not columns:
+        head = f"Operator sharding of {escape(plan.model)}: the plan records no operator shardings"
+        notes = []
+    return head + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else "")
 
 
 def _subsample(n: int, k: int) -> list[int]:
