@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pulp
@@ -391,6 +392,38 @@ def _rel_gap(objective: float, bound: float) -> float:
     return (objective - bound) / max(abs(objective), 1e-300)
 
 
+def _run_mip(model: MatrixModel, a: dict[str, Any], incumbent: tuple[float, np.ndarray] | None,
+             limit: float | None, mip_gap: float, left: Callable[[], float | None]):
+    """HiGHS's branch-and-cut on the model within ``limit`` seconds and ``mip_gap``, started from
+    ``incumbent`` (the dive's solution) when there is one: ``(the solver, its model status, its
+    info, whether it holds a primal solution)``."""
+    import highspy
+
+    S = highspy.HighsModelStatus
+
+    def run(start: tuple[float, np.ndarray] | None, seconds: float | None):
+        m = _highs(model, a, integer=True, time_limit=seconds)
+        m.setOptionValue("mip_rel_gap", float(mip_gap))
+        if start is not None:
+            sol = highspy.HighsSolution()
+            sol.col_value = start[1].tolist()
+            sol.value_valid = True
+            m.setSolution(sol)
+        m.run()
+        info = m.getInfo()
+        return m, m.getModelStatus(), info, info.primal_solution_status == 2
+
+    m, ms, info, has = run(incumbent, limit)
+    if incumbent is not None and (ms == S.kOptimal or has):
+        # HiGHS started from a given solution can hand back that solution's columns with the
+        # objective value of a better one it found: then solve again without the start
+        x = np.asarray(m.getSolution().col_value, dtype=np.float64)
+        if abs(_objective(a["cost"], x, model.offset) - float(info.objective_function_value)) \
+                > 1e-9 * max(1.0, abs(float(info.objective_function_value))):
+            m, ms, info, has = run(None, left())
+    return m, ms, info, has
+
+
 def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
                      time_limit: float | None = 60.0, mip_gap: float = 1e-6,
                      max_dives: int = 64, relax_first: bool = True) -> AssignmentSolution:
@@ -470,29 +503,7 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
                                               time.perf_counter() - t0), incumbent[1], bound,
                                   _rel_gap(incumbent[0], bound) if bound is not None else None,
                                   dives)
-    m = _highs(model, a, integer=True, time_limit=limit)
-    m.setOptionValue("mip_rel_gap", float(mip_gap))
-    if incumbent is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = incumbent[1].tolist()
-        sol.value_valid = True
-        m.setSolution(sol)
-    m.run()
-    ms = m.getModelStatus()
-    info = m.getInfo()
-    has = info.primal_solution_status == 2
-    if incumbent is not None and (ms == S.kOptimal or has):
-        # HiGHS started from a given solution can hand back that solution's columns with the
-        # objective value of a better one it found: then solve again without the start
-        x = np.asarray(m.getSolution().col_value, dtype=np.float64)
-        if abs(_objective(a["cost"], x, model.offset) - float(info.objective_function_value)) \
-                > 1e-9 * max(1.0, abs(float(info.objective_function_value))):
-            m = _highs(model, a, integer=True, time_limit=left())
-            m.setOptionValue("mip_rel_gap", float(mip_gap))
-            m.run()
-            ms = m.getModelStatus()
-            info = m.getInfo()
-            has = info.primal_solution_status == 2
+    m, ms, info, has = _run_mip(model, a, incumbent, limit, mip_gap, left)
     dt = time.perf_counter() - t0
     if ms == S.kOptimal or has:
         x = np.asarray(m.getSolution().col_value, dtype=np.float64)
