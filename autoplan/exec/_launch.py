@@ -779,6 +779,40 @@ def _cluster_hint(plan: Any, plan_path: str | None, spec: Mapping[str, Any]) -> 
     return "Run it on a cluster, with a path every node reads:\n" + "\n".join(lines) + "\n"
 
 
+def _check_launch_arguments(steps: Any, timeout: Any, heartbeat: Any, hang_timeout: Any,
+                            port: Any) -> None:
+    """Refuse :func:`launch`'s numeric arguments that cannot be right, before anything starts."""
+    for name, v in (("steps", steps),):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise LaunchError(f"launch: {name} should be a positive integer. Got {v!r}. Fix: "
+                              f"{name}=2.")
+    for name, v in (("timeout", timeout), ("heartbeat", heartbeat)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise LaunchError(f"launch: {name} should be a positive number of seconds. Got {v!r}.")
+    if hang_timeout is not None and (isinstance(hang_timeout, bool) or
+                                     not isinstance(hang_timeout, (int, float)) or
+                                     not hang_timeout > 2 * heartbeat):
+        raise LaunchError(f"launch: hang_timeout should be None or a number of seconds above "
+                          f"twice the heartbeat ({2 * heartbeat:g} s). Got {hang_timeout!r}. Fix: "
+                          "e.g. hang_timeout=120 for models that compile for minutes.")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                             or not 0 < port < 65536):
+        raise LaunchError(f"launch: port should be a TCP port number (1-65535) or None. Got "
+                          f"{port!r}.")
+
+
+def _worker_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The workers' environment: this process's, then ``env``, with autoplan's folders first on
+    ``PYTHONPATH`` and unbuffered output (a worker's last lines reach the report)."""
+    wenv = dict(os.environ)
+    wenv.update(env or {})
+    path = worker_pythonpath()
+    wenv["PYTHONPATH"] = os.pathsep.join(
+        path + [p for p in wenv.get("PYTHONPATH", "").split(os.pathsep) if p and p not in path])
+    wenv["PYTHONUNBUFFERED"] = "1"
+    return wenv
+
+
 def launch(plan: Any, workload: Any, num_processes: int | None = None,
            devices_per_process: int | None = None, steps: int = 2, timeout: float = 120.0,
            check: bool = True, *, env: Mapping[str, str] | None = None,
@@ -828,23 +862,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
             or a worker that cannot start.
         ModelError: the workload spec cannot be loaded (reported by the preflight).
     """
-    for name, v in (("steps", steps),):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise LaunchError(f"launch: {name} should be a positive integer. Got {v!r}. Fix: "
-                              f"{name}=2.")
-    for name, v in (("timeout", timeout), ("heartbeat", heartbeat)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise LaunchError(f"launch: {name} should be a positive number of seconds. Got {v!r}.")
-    if hang_timeout is not None and (isinstance(hang_timeout, bool) or
-                                     not isinstance(hang_timeout, (int, float)) or
-                                     not hang_timeout > 2 * heartbeat):
-        raise LaunchError(f"launch: hang_timeout should be None or a number of seconds above "
-                          f"twice the heartbeat ({2 * heartbeat:g} s). Got {hang_timeout!r}. Fix: "
-                          "e.g. hang_timeout=120 for models that compile for minutes.")
-    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
-                             or not 0 < port < 65536):
-        raise LaunchError(f"launch: port should be a TCP port number (1-65535) or None. Got "
-                          f"{port!r}.")
+    _check_launch_arguments(steps, timeout, heartbeat, hang_timeout, port)
     from autoplan._plan_check import (  # noqa: PLC0415
         PlatformWarning,
         WorkloadView,
@@ -865,12 +883,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         from autoplan._signature import workload_signature  # noqa: PLC0415
 
         workload_signature(workload)  # a step no executor can run: refused before any worker
-    wenv = dict(os.environ)
-    wenv.update(env or {})
-    path = worker_pythonpath()
-    wenv["PYTHONPATH"] = os.pathsep.join(
-        path + [p for p in wenv.get("PYTHONPATH", "").split(os.pathsep) if p and p not in path])
-    wenv["PYTHONUNBUFFERED"] = "1"
+    wenv = _worker_env(env)
     info: DeviceInfo | None = None
     if platform == "cpu":
         info = DeviceInfo("cpu", "cpu", 1, "cpu")
