@@ -80,7 +80,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._io import private_folder
+from ._io import cache_dir, private_folder
 
 __all__ = ["cache_dir", "search_key", "load", "store", "MAX_BYTES", "FORMAT"]
 
@@ -92,17 +92,6 @@ _MAGIC = "autoplan-search-cache"
 _KEY_BYTES = 32
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
                | getattr(os, "O_CLOEXEC", 0))
-
-
-def cache_dir() -> Path:
-    """The cache folder: ``$AUTOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoplan``, else
-    ``~/.cache/autoplan``."""
-    env = os.environ.get("AUTOPLAN_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "autoplan"
 
 
 def _entries() -> Path:

@@ -72,6 +72,7 @@ from ._errors import ClusterError
 from ._fit import fit_line as fit_line
 from ._fit import interpolate as _interpolate
 from ._fit import running_max as _running_max
+from ._io import cache_dir as _cache_folder
 from ._io import private_folder, read_input_bytes
 from ._memo import memo
 
@@ -935,11 +936,9 @@ def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
 
 
 def cache_dir() -> str:
-    """Where measured profiles are cached: the plan cache's folder (:func:`autoplan._cache.cache_dir`,
-    one reading of ``$AUTOPLAN_CACHE_DIR`` and ``$XDG_CACHE_HOME``), as a string."""
-    from ._cache import cache_dir as folder  # noqa: PLC0415
-
-    return str(folder())
+    """Where measured profiles are cached: autoplan's cache folder (:func:`autoplan._io.cache_dir`,
+    the plan cache's too), as a string."""
+    return str(_cache_folder())
 
 
 def utc_now() -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ._errors import OutputError
 
-__all__ = ["check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
+__all__ = ["cache_dir", "check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
            "atomic_write_text", "same_file", "private_folder", "MAX_INPUT_BYTES"]
 
 PathLike = str | os.PathLike
@@ -361,3 +361,14 @@ def private_folder(folder: Path, *, create: bool, own: bool = True) -> bool:
         except OSError:
             return False
     return True
+
+
+def cache_dir() -> Path:
+    """autoplan's cache folder (the plan cache's ``search/`` and the measured profiles):
+    ``$AUTOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoplan``, else ``~/.cache/autoplan``."""
+    env = os.environ.get("AUTOPLAN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "autoplan"
