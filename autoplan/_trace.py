@@ -42,6 +42,7 @@ from ._errors import TraceError
 from ._gc import gc_paused
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
+from ._primitives import rule_of
 from ._workload import ARG_KINDS, arg_trees, check_key_kinds, infer_arg_kinds, non_array_leaf
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
@@ -54,22 +55,9 @@ class OpaqueControlFlowWarning(UserWarning):
 #: control flow whose FLOPs are counted from its bodies (each stays one operator of the walk)
 _OPAQUE = {"while", "cond", "shard_map", "xla_pmap", "custom_transpose_call"}
 
-#: primitives that move or re-type data without arithmetic (0 FLOPs)
-MOVEMENT = frozenset({
-    "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "slice", "dynamic_slice",
-    "dynamic_update_slice", "gather", "concatenate", "pad", "convert_element_type", "copy", "copy_p",
-    "iota", "rev", "split", "scan_slice", "scan_stack", "stop_gradient", "sharding_constraint",
-    "device_put", "bitcast_convert_type", "squeeze_p", "reduce_precision", "optimization_barrier",
-    "mesh_cast", "reshard", "select_and_gather_add",
-    "random_seed", "random_wrap", "random_unwrap", "random_split", "random_fold_in",
-    "random_clone",
-})
 #: integer operations per 32-bit word of ``random_bits``: threefry2x32 makes two words in 20
 #: rounds of add, rotate (two shifts and an or) and xor, with a key injection every 4 rounds
 THREEFRY_OPS = 55
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                        "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin",
-                        "cumlogsumexp", "reduce_precision_sum"})
 
 
 def _plain(v: Any, depth: int = 0) -> Any:
@@ -126,8 +114,10 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
 
     dot_general: 2.|out|.prod(contracting dims); conv: 2.|out|.C_in(per group).prod(kernel
     spatial); reductions and scans: |in|; data movement and key handling (``random_seed``,
-    ``random_wrap``, ...: a few words per key): 0; ``random_bits``: :data:`THREEFRY_OPS` integer
-    operations per 32-bit word drawn; every other (elementwise) op: |out|.
+    ``random_wrap``, ...: a few words per key): 0; ``scatter``/``scatter-add``: |updates|;
+    ``random_bits``: :data:`THREEFRY_OPS` integer operations per 32-bit word drawn; every other
+    (elementwise) op: |out|. Which primitives count which way is the ``flops`` of their rule in
+    the primitive registry (:mod:`autoplan._primitives`).
     """
     out = sum(math.prod(s) for s in out_shapes)
     if primitive == "random_bits":
@@ -140,16 +130,17 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
         rhs = in_shapes[1]
         kernel = math.prod(rhs[d] for d in rhs_spec[2:])
         return 2.0 * out * rhs[rhs_spec[1]] * kernel
-    if primitive in MOVEMENT:
+    counted = rule_of(primitive).flops  # how the primitive registry counts it
+    if counted == "none":  # data movement, re-typing, key handling
         return 0.0
-    if primitive in REDUCTIONS:
+    if counted == "operand":  # reductions and scans
         return float(math.prod(in_shapes[0])) if in_shapes and in_shapes[0] is not None else 0.0
     if primitive == "sort":
         n = math.prod(in_shapes[0]) if in_shapes[0] else 1
         dim = params.get("dimension", 0)
         k = in_shapes[0][dim] if in_shapes[0] else 1
         return float(n * max(1.0, math.log2(max(k, 2))))
-    if primitive in ("scatter-add", "scatter_add", "scatter"):
+    if counted == "updates":  # a scatter: one per update
         return float(math.prod(in_shapes[2])) if len(in_shapes) > 2 and in_shapes[2] else 0.0
     return float(out)
 

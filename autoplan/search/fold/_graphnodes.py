@@ -45,6 +45,7 @@ from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
 from autoplan._operands import index_in_run, operand_arrays
 from autoplan._options import require_graph
+from autoplan._primitives import GRAPHNODE_ANCHORS, GRAPHNODE_HEAVY, GRAPHNODE_REDUCTIONS
 
 __all__ = [
     "GraphNode",
@@ -61,20 +62,14 @@ __all__ = [
     "OpLabeler",
 ]
 
+# views of the primitive registry (:mod:`autoplan._primitives` says where they differ from the
+# intra-operator search's and the layers' views)
 #: compute-heavy primitives: each starts its own GraphNode
-HEAVY = frozenset({"dot_general", "conv_general_dilated", "ragged_dot"})
+HEAVY = GRAPHNODE_HEAVY
 #: primitives that always start a GraphNode (heavy ops, gathers/scatters, sorts, control flow)
-ANCHORS = HEAVY | frozenset({
-    "gather", "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
-    "scatter-max", "sort", "argsort", "top_k", "while", "cond", "scan", "custom_call",
-    "select_and_scatter_add", "reduce_window", "reduce_window_sum", "reduce_window_max",
-    "all_reduce", "psum", "all_gather", "all_to_all",
-})
+ANCHORS = GRAPHNODE_ANCHORS
 #: reductions: each starts a normalisation GraphNode unless it reduces a value private to one
-REDUCTIONS = frozenset({
-    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax",
-    "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_precision_sum",
-})
+REDUCTIONS = GRAPHNODE_REDUCTIONS
 #: params that differ between otherwise identical repeated operators (left out of labels)
 _VOLATILE_PARAMS = frozenset({"index", "name"})
 

@@ -63,6 +63,7 @@ from autoplan._memo import memo
 from autoplan._names import unit_name
 from autoplan._operands import operand_arrays, runs
 from autoplan._options import require_graph
+from autoplan._primitives import LAYER_HEAVY
 from autoplan.search.fold._graphnodes import op_labels
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
@@ -71,7 +72,8 @@ _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}
 __all__ = ["LayerGroup", "group_layers", "op_layer_names", "layer_order", "segment_names", "unit_name",
            "HEAVY"]
 
-HEAVY = frozenset({"dot_general", "conv_general_dilated"})
+#: the matmuls and convolutions that cut layers (a view of the primitive registry)
+HEAVY = LAYER_HEAVY
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,12 @@ from typing import Any
 
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._primitives import LAYER_HEAVY
 
 __all__ = ["analysis_summary", "SUMMARY_VERSION"]
 
 #: Version of the summary's layout (``analysis["version"]``).
 SUMMARY_VERSION = 1
-
-_PLANNED = ("dot_general", "conv_general_dilated")
 
 
 def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
@@ -68,7 +67,7 @@ def analysis_summary(graph: OpGraph, analysis: Any = None) -> dict[str, Any]:
         names = segment_names(graph, segs)
         for k, seg in enumerate(segs):
             cls = classes.setdefault(_signature(graph, seg.ops), len(classes))
-            planned = [o for o in seg.ops if graph.ops[o].primitive in _PLANNED]
+            planned = [o for o in seg.ops if graph.ops[o].primitive in LAYER_HEAVY]
             layers.append({"name": names[k], "flops": float(seg.flops),
                            "ops": len(seg.ops), "class": cls, "planned": planned})
             cut = max((o for o in seg.main if o in crit), default=None)

@@ -38,6 +38,7 @@ from autoplan._plan import (
     TensorSharding,
     record_maker,
 )
+from autoplan._primitives import PLAN_RECORDED
 from autoplan._spec import Spec
 from autoplan.search.intra._ilp import (
     ILPProblem,
@@ -52,14 +53,6 @@ from autoplan.search.intra._strategies import combined_latency
 
 __all__ = ["IntraOpResult", "intra_op_search", "intra_op_result", "default_mesh_shape",
            "make_logical_mesh", "mesh_shapes_for", "plan_from_solution"]
-
-#: the operators a plan records (and the executor pins): those with strategies of their own
-#: (``random_bits`` among them: each device draws the tile of the random numbers the plan gives it,
-#: from the replicated key)
-_PLAN_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated", "gather", "scatter",
-                              "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
-                              "scatter-min", "scatter_min", "scatter-max", "scatter_max",
-                              "random_bits"})
 
 
 @dataclass(frozen=True)
@@ -173,10 +166,10 @@ def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float],
 
 def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
     """Per operator: whether it is a forward operator, and whether its primitive is one a plan
-    always lists (:data:`_PLAN_PRIMITIVES`); once per graph."""
+    always lists (:data:`autoplan._primitives.PLAN_RECORDED`); once per graph."""
     return memo(graph, "plan_op_kinds", lambda: (
         [op.role == "forward" for op in graph.ops],
-        [op.primitive in _PLAN_PRIMITIVES for op in graph.ops]))
+        [op.primitive in PLAN_RECORDED for op in graph.ops]))
 
 
 def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,

@@ -83,6 +83,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan import _primitives
 from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
 from autoplan._dtype import dtype_bytes, is_partitionable_key
 from autoplan._graph import OpGraph, OpNode
@@ -166,49 +167,24 @@ class Strategy:
 # primitive classes
 # ---------------------------------------------------------------------------------------------
 
-ELEMENTWISE = frozenset({
-    "neg", "sign", "floor", "ceil", "round", "is_finite", "exp", "exp2", "log", "log1p", "expm1",
-    "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "sqrt", "rsqrt", "cbrt", "abs", "not", "imag", "real", "conj", "complex",
-    "lgamma", "digamma", "erf", "erfc", "erf_inv", "square", "reciprocal", "integer_pow", "pow",
-    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "atan2", "nextafter", "and", "or",
-    "xor", "eq", "ne", "lt", "le", "gt", "ge", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "population_count", "clz", "select_n", "clamp",
-    "convert_element_type", "copy", "copy_p", "stop_gradient", "reduce_precision",
-    "sharding_constraint", "device_put", "mesh_cast", "reshard", "igamma", "igammac",
-    "random_gamma_grad", "bessel_i0e", "bessel_i1e", "polygamma", "zeta", "threefry2x32",
-    "bitcast_convert_type", "tan_p", "logaddexp",
-    "one_minus_square",  # JAX 0.11: 1 - x**2 (the derivative of tanh)
-})
-_REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                     "reduce_or", "reduce_xor", "reduce_precision_sum"})
-_ARG_REDUCE = frozenset({"argmax", "argmin"})
-_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
-_WINDOW = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min",
-                     "select_and_scatter_add", "select_and_gather_add"})
-_MOVE = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "slice",
-                   "pad", "concatenate", "split", "rev", "dynamic_slice", "dynamic_update_slice",
-                   "scan_slice", "scan_stack", "sort", "top_k"})
+# The classes are views of the primitive registry (:mod:`autoplan._primitives`), which says
+# what each primitive is and holds the follower rules :func:`_follow` dispatches to.
+ELEMENTWISE = _primitives.ELEMENTWISE
 #: primitives whose strategy is inferred from one operand's spec (merged into it by the ILP)
-FOLLOWERS = ELEMENTWISE | _REDUCE | _ARG_REDUCE | _CUMULATIVE | _WINDOW | _MOVE
-_SCATTER = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
-                      "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
+FOLLOWERS = _primitives.FOLLOWERS
+_SCATTER = _primitives.SCATTERS
 #: primitives with their own strategy variable
-HEAVY = frozenset({"dot_general", "conv_general_dilated", "gather"}) | _SCATTER
-_GENERATORS = frozenset({"iota", "broadcast_in_dim", "full", "zeros_like"})
+HEAVY = _primitives.STRATEGY_HEAVY
+_GENERATORS = _primitives.GENERATORS
 #: primitives that make, convert, split or fold PRNG keys: replicated (keys are never sharded)
-KEY_OPS = frozenset({"random_seed", "random_wrap", "random_unwrap", "random_split",
-                     "random_fold_in", "random_clone"})
+KEY_OPS = _primitives.KEY_OPS
 #: primitives that draw random bits from a key: the key replicated, the bits any spec
-RANDOM_BITS = frozenset({"random_bits"})
+RANDOM_BITS = _primitives.RANDOM_BITS
 #: primitives XLA fuses into the kernel of the operator reading them (loop fusion)
-LOOP_FUSIBLE = ELEMENTWISE | frozenset({
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "iota", "slice", "rev", "pad",
-    "concatenate", "transpose", "dynamic_slice"})
+LOOP_FUSIBLE = _primitives.LOOP_FUSIBLE
 #: primitives that read only the part of their first operand they produce
-_READS_SLICE = frozenset({"slice", "dynamic_slice", "scan_slice", "gather"})
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                         "argmin"})
+_READS_SLICE = _primitives.READS_SLICE
+_REDUCTIONS = _primitives.STOP_REDUCTIONS
 
 #: an operator's place in XLA's fusion: (it is a kernel, which operands it reads from memory,
 #: the share of a collective's latency its collectives pay: 1, or 1/k for the k operators whose
@@ -425,19 +401,6 @@ def _nbytes(shape: tuple[int, ...], dtype: str | None) -> float:
     return float(math.prod(shape) * dtype_bytes(dtype or "float32"))
 
 
-def _bcast_spec(out: Spec, shp: tuple[int, ...] | None, out_shape: tuple[int, ...]) -> Spec | None:
-    """The spec an operand of shape ``shp`` needs for an elementwise result spec ``out``."""
-    if shp is None:
-        return None
-    if len(shp) == 0:
-        return ()
-    if shp == out_shape:  # (the common case: the spec itself, no new tuple)
-        return out
-    if len(shp) == len(out_shape):
-        return tuple(e if shp[d] == out_shape[d] else None for d, e in enumerate(out))
-    return replicated(len(shp))
-
-
 def _axis_idx(mesh: LogicalMesh, axes: Sequence[str]) -> list[int]:
     return [mesh.axis_names.index(a) for a in axes]
 
@@ -541,209 +504,18 @@ def leader_operand(op: OpNode, candidates: Sequence[int] | None = None,
 # follower rules: one operand's spec -> the whole strategy
 # ---------------------------------------------------------------------------------------------
 
-def _keep_dims(spec: Spec, keep: Sequence[bool]) -> Spec:
-    return tuple(e if k else None for e, k in zip(spec, keep))
-
-
-def _reshape_map(src_shape: tuple[int, ...], dst_shape: tuple[int, ...], spec: Spec,
-                 sizes: dict[str, int]) -> tuple[Spec, Spec]:
-    """Map a split through a reshape by factoring: an input dim maps to the output dim with the
-    same row-major prefix product whose size the split divides (so ``H -> (heads, head_dim)``
-    keeps a split of H on heads, and ``(heads, head_dim) -> H`` keeps a heads split on H).
-
-    Returns ``(input spec actually usable, output spec)``: unmapped splits are dropped
-    (replicated) on both sides."""
-    out: list[Any] = [None] * len(dst_shape)
-    used_in: list[Any] = [None] * len(src_shape)
-    prefix_out: dict[int, list[int]] = {}
-    p = 1
-    for j, n in enumerate(dst_shape):
-        prefix_out.setdefault(p, []).append(j)
-        p *= n
-    p = 1
-    for i, n in enumerate(src_shape):
-        e = spec[i]
-        if e:
-            k = math.prod(sizes[a] for a in e)
-            for j in prefix_out.get(p, ()):
-                if dst_shape[j] > 1 and dst_shape[j] % k == 0 and out[j] is None:
-                    out[j] = e
-                    used_in[i] = e
-                    break
-                if dst_shape[j] > 1:
-                    break
-        p *= n
-    return tuple(used_in), tuple(out)
-
-
 def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
             ) -> tuple[tuple, tuple, list, int | None] | None:
-    """``(in_specs, out_specs, comms, work)`` when operand ``k`` has ``spec``; None if no rule."""
-    prim = op.primitive
-    P = op.params
-    ins_shapes = op.in_shapes
+    """``(in_specs, out_specs, comms, work)`` when operand ``k`` has ``spec``; None if no rule
+    (the primitive's follower rule in the registry, :data:`autoplan._primitives.RULES`)."""
     outs_shapes = op.out_shapes
     if not outs_shapes:
         return None
-    out_shape = outs_shapes[0]
-    src = ins_shapes[k]
+    src = op.in_shapes[k]
     if src is None:
         return None
-
-    if prim in ELEMENTWISE:
-        if src == out_shape:
-            out = spec
-        elif len(src) == len(out_shape):
-            out = tuple(e if src[d] == out_shape[d] else None for d, e in enumerate(spec))
-        else:
-            out = replicated(len(out_shape))
-        ins = tuple(_bcast_spec(out, s, out_shape) for s in ins_shapes)
-        outs = tuple(out if s == out_shape else replicated(len(s)) for s in outs_shapes)
-        return ins, outs, [], None
-
-    if prim == "broadcast_in_dim":
-        bd = tuple(P.get("broadcast_dimensions", ()))
-        if k != 0 or len(bd) != len(src):
-            return None
-        out_l: list[Any] = [None] * len(out_shape)
-        in_l: list[Any] = [None] * len(src)
-        for i, d in enumerate(bd):
-            if spec[i] and src[i] == out_shape[d]:
-                out_l[d] = spec[i]
-                in_l[i] = spec[i]
-        ins = (tuple(in_l),) + tuple(None if s is None else replicated(len(s)) for s in ins_shapes[1:])
-        return ins, (tuple(out_l),), [], None
-
-    if prim == "reshape":
-        if P.get("dimensions") is not None:
-            used_in, out = replicated(len(src)), replicated(len(out_shape))
-        else:
-            used_in, out = _reshape_map(src, out_shape, spec, sizes)
-        ins = (used_in,) + tuple(None if s is None else replicated(len(s)) for s in ins_shapes[1:])
-        return ins, (out,), [], None
-
-    if prim == "squeeze":
-        dims = {d % max(len(src), 1) for d in P.get("dimensions", ())}
-        out = tuple(e for d, e in enumerate(spec) if d not in dims)
-        return (_keep_dims(spec, [d not in dims for d in range(len(src))]),), (out,), [], None
-
-    if prim == "expand_dims":
-        dims = sorted(P.get("dimensions", ()))
-        it = iter(spec)
-        out = tuple(None if d in dims else next(it, None) for d in range(len(out_shape)))
-        return (spec,), (out,), [], None
-
-    if prim == "transpose":
-        perm = tuple(P.get("permutation", ()))
-        if sorted(perm) != list(range(len(src))):
-            return None
-        return (spec,), (tuple(spec[p] for p in perm),), [], None
-
-    if prim in _REDUCE or prim in _ARG_REDUCE:
-        axes = {a % max(len(src), 1) for a in P.get("axes", ())}
-        if prim in _ARG_REDUCE:
-            in_s = _keep_dims(spec, [d not in axes for d in range(len(src))])
-            out = tuple(e for d, e in enumerate(in_s) if d not in axes)
-            return (in_s,), (out,), [], None
-        red_axes = tuple(a for d in sorted(axes) for a in (spec[d] or ()))
-        out = tuple(e for d, e in enumerate(spec) if d not in axes)
-        comms = []
-        if red_axes:
-            out_b = _nbytes(out_shape, op.out_dtypes[0]) / tile_count(out, sizes)
-            comms.append(("all-reduce", out_b, red_axes))
-        ins = (spec,) + tuple(None if s is None else _bcast_spec(out, s, out_shape)
-                              for s in ins_shapes[1:])
-        return ins, (out,) * len(outs_shapes), comms, tile_count(spec, sizes)
-
-    if prim in _CUMULATIVE:
-        ax = int(P.get("axis", 0)) % max(len(src), 1)
-        s = _keep_dims(spec, [d != ax for d in range(len(src))])
-        return (s,), (s,), [], None
-
-    if prim in ("sort", "top_k"):
-        ax = int(P.get("dimension", len(src) - 1)) % max(len(src), 1)
-        s = _keep_dims(spec, [d != ax for d in range(len(src))])
-        ins = tuple(None if sh is None else (s if len(sh) == len(src) else replicated(len(sh)))
-                    for sh in ins_shapes)
-        outs = tuple(s if len(sh) == len(src) and (prim == "sort" or d != ax) else
-                     (_keep_dims(s, [True] * len(sh)) if len(sh) == len(src) else replicated(len(sh)))
-                     for d, sh in enumerate(outs_shapes))
-        return ins, outs, [], None
-
-    if prim in ("concatenate", "split"):
-        ax = int(P.get("dimension", P.get("axis", 0))) % max(len(src), 1)
-        s = _keep_dims(spec, [d != ax for d in range(len(src))])
-        ins = tuple(None if sh is None else (s if len(sh) == len(src) else replicated(len(sh)))
-                    for sh in ins_shapes)
-        outs = tuple(s if len(sh) == len(src) else replicated(len(sh)) for sh in outs_shapes)
-        return ins, outs, [], None
-
-    if prim == "slice":
-        st, lim, strd = P.get("start_indices", ()), P.get("limit_indices", ()), P.get("strides")
-        keep = [len(st) > d and st[d] == 0 and lim[d] == src[d] and (not strd or strd[d] == 1)
-                for d in range(len(src))]
-        s = _keep_dims(spec, keep)
-        return (s,), (s,), [], None
-
-    if prim == "pad":
-        cfg = P.get("padding_config", ())
-        keep = [d < len(cfg) and tuple(cfg[d]) == (0, 0, 0) for d in range(len(src))]
-        if k != 0:
-            return None
-        s = _keep_dims(spec, keep)
-        return (s,) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[1:]), (s,), [], None
-
-    if prim == "rev":
-        dims = set(P.get("dimensions", ()))
-        s = _keep_dims(spec, [d not in dims for d in range(len(src))])
-        return (s,), (s,), [], None
-
-    if prim == "dynamic_slice":
-        if k != 0:
-            return None
-        sz = tuple(P.get("slice_sizes", out_shape))
-        s = _keep_dims(spec, [d < len(sz) and sz[d] == src[d] for d in range(len(src))])
-        return (s,) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[1:]), (s,), [], None
-
-    if prim == "dynamic_update_slice":
-        if k not in (0, 1) or ins_shapes[0] is None or ins_shapes[1] is None:
-            return None
-        opnd, upd = ins_shapes[0], ins_shapes[1]
-        if len(opnd) != len(upd):
-            return None
-        keep = [opnd[d] == upd[d] for d in range(len(opnd))]
-        s = _keep_dims(spec, keep)
-        return (s, s) + tuple(None if sh is None else replicated(len(sh)) for sh in ins_shapes[2:]), (s,), [], None
-
-    if prim == "scan_slice":
-        s = _keep_dims(spec, [d != 0 for d in range(len(src))])
-        return (s,), (s[1:],), [], None
-
-    if prim == "scan_stack":
-        ins = tuple(None if sh is None else (spec if sh == src else replicated(len(sh)))
-                    for sh in ins_shapes)
-        return ins, ((None,) + tuple(spec),), [], None
-
-    if prim in _WINDOW:
-        wd = tuple(P.get("window_dimensions", ()))
-        ws = tuple(P.get("window_strides", ()))
-        pad = tuple(tuple(p) for p in P.get("padding", ()))
-        bd = tuple(P.get("base_dilation", ()) or ())
-        wdil = tuple(P.get("window_dilation", ()) or ())
-        n = len(src)
-        if len(wd) != n:
-            return None
-        keep = [wd[d] == 1 and (d >= len(ws) or ws[d] == 1)
-                and (d >= len(pad) or tuple(pad[d]) == (0, 0))
-                and (d >= len(bd) or bd[d] == 1) and (d >= len(wdil) or wdil[d] == 1)
-                for d in range(n)]
-        s = _keep_dims(spec, keep)
-        ins = tuple(None if sh is None else (s if len(sh) == n else replicated(len(sh)))
-                    for sh in ins_shapes)
-        outs = tuple(s if len(sh) == n else replicated(len(sh)) for sh in outs_shapes)
-        return ins, outs, [], None
-
-    return None
+    rule = _primitives.rule_of(op.primitive).follow
+    return None if rule is None else rule(op, k, spec, src, outs_shapes[0], sizes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -923,7 +695,7 @@ def _scatter_slots(op: OpNode) -> list[_Slot] | None:
     if len(upd_scatter) != len(idx_batch):
         return None
     slots = []
-    additive = op.primitive in ("scatter-add", "scatter_add")
+    additive = op.primitive in _primitives.ADDITIVE_SCATTERS
     for j, i in enumerate(idx_batch):
         if i in ibd:
             od = obd[ibd.index(i)]

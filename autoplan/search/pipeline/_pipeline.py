@@ -85,6 +85,7 @@ from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._options import check_memory_budget, require_workload
 from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan._primitives import STOP_REDUCTIONS
 from autoplan._schedule import (
     SPLIT_KINDS,
     ScheduleStats,
@@ -365,10 +366,6 @@ def check_microbatches(value: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
-                         "argmin"})
-
-
 def gradient_ops(graph: OpGraph) -> frozenset[int]:
     """The backward operators that make parameter gradients: their result reaches the optimizer
     update through operators that do not combine it with anything batch-sized (movement,
@@ -387,9 +384,9 @@ def gradient_ops(graph: OpGraph) -> frozenset[int]:
                 continue
             if op.role == "backward":
                 out.add(op.id)
-            trivial = op.primitive in _REDUCTIONS and all(
+            trivial = op.primitive in STOP_REDUCTIONS and all(
                 op.in_shapes[0][a] == 1 for a in op.params.get("axes", ()))
-            if op.primitive not in HEAVY and (op.primitive not in _REDUCTIONS or trivial):
+            if op.primitive not in HEAVY and (op.primitive not in STOP_REDUCTIONS or trivial):
                 marks[op.id] = True
         return frozenset(out)
 
