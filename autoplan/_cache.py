@@ -21,8 +21,8 @@ Key. The SHA-256 of
 
 Entry. One file per key: a header line (format and the HMAC-SHA-256 of the rest, under the
 folder's key) and the pickled result: the ranked plans, the index of the best, the statistics,
-the folding analysis the figures read (segments, their classes, critical nodes, fold ratio) and
-the warnings the search raised (raised again on a hit). Pickle, not JSON: a pipeline plan of 128
+the folding analysis the figures read (:class:`autoplan._analysis.FoldingAnalysis`, in its plain
+form) and the warnings the search raised (raised again on a hit). Pickle, not JSON: a pipeline plan of 128
 micro-batches holds thousands of schedule events, and reading ten plans back from JSON (with
 their validation) took 180 ms where unpickling takes 33 ms. The key's code hash means an entry is
 only ever read by the code that wrote it.
@@ -49,8 +49,7 @@ the user (or root), who can change autoplan's own code as easily. Further:
   new key (which makes every entry signed with the old one a miss).
 
 Not stored: the graph (a hit is given the graph the caller traced or passed, by reference), the
-mining result behind the analysis (``analysis.mining`` is None on a hit; ``autoplan.search.mine(
-result.graph)`` recomputes it), and the argument pytrees (taken from the caller's graph).
+mining result behind the analysis, and the argument pytrees (taken from the caller's graph).
 
 Where. ``$AUTOPLAN_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/autoplan``, else
 ``~/.cache/autoplan``; entries live in its ``search/`` folder.

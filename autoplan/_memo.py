@@ -1,11 +1,15 @@
 """Per-object memo: values computed from one object alone, kept as long as that object.
 
 Search and execution derive the same things from a workload or a graph again and again (traces,
-mining, per-graph tables of the ILP); :func:`memo` computes each once per object.
+mining, per-graph tables of the ILP); :func:`memo` computes each once per object. An analysis read
+from several modules is a named accessor made by :func:`per_owner` (``mining_of(graph)``,
+``segments_of(graph)``: :mod:`autoplan.search.fold._analyses`), keyed by the accessor itself, so
+there is one function that computes it and no string key two modules must spell alike.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -27,6 +31,17 @@ def memo(owner: Any, key: Hashable, make: Callable[[], T]) -> T:
     if key not in cache:
         cache[key] = make()
     return cache[key]
+
+
+def per_owner(fn: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``fn(owner)`` computed once per ``owner`` (by :func:`memo`, keyed by the returned accessor
+    itself: no other accessor can read or fill its value)."""
+
+    @functools.wraps(fn)
+    def accessor(owner: Any) -> T:
+        return memo(owner, accessor, lambda: fn(owner))
+
+    return accessor
 
 
 def forget(owner: Any) -> None:

@@ -29,16 +29,16 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan import _cache
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
+from autoplan._analysis import FoldingAnalysis
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan._memo import memo
 from autoplan._options import (
     cache_max_bytes,
     check_callback,
@@ -58,7 +58,7 @@ from autoplan.search._parallel import (
     run_tasks,
 )
 from autoplan.search._warn import raise_again, user_stacklevel
-from autoplan.search.fold._levels import Analysis
+from autoplan.search.fold._analyses import analysis_of
 from autoplan.search.intra._ilp import _resolve_pins
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
@@ -99,7 +99,10 @@ class SearchResult:
             ``level_reason`` the level that ran on each logical mesh (``"2x4"``) and why,
             ``best_label`` where the best plan came from.
         graph: the traced graph the plans are for.
-        analysis: the folding analysis (mining classes, segments), when computed.
+        analysis: the graph's folding analysis (:class:`autoplan._analysis.FoldingAnalysis`:
+            its segments in model order with their structural classes, TePDist's critical
+            nodes, the fold ratio), the record every plan carries in plain form
+            (``plan.analysis``, with the ILPs and level of the search that made it).
         notes: what the user should know about the whole search: a loss that mixes examples
             across the batch (``"this loss mixes examples across the batch; micro-batching would
             change it"``, with where, and whether micro-batched plans were left out), a search
@@ -114,7 +117,7 @@ class SearchResult:
     plans: list[Plan]
     stats: dict[str, Any]
     graph: OpGraph | None = field(default=None, repr=False)
-    analysis: Any = field(default=None, repr=False)
+    analysis: FoldingAnalysis | None = field(default=None, repr=False)
     notes: list[str] = field(default_factory=list)
     mixing: Any = field(default=None, repr=False)
 
@@ -411,7 +414,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                           "from it), not an OpGraph. Got an OpGraph. Fix: "
                           f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
                           " (or a zoo workload), or use pipeline=False.")
-    found_mixing = memo(graph, "mixing", lambda: mixing(graph))
+    found_mixing = mixing_of(graph)
     notes, microbatching = _search_notes(graph, workload, options, found_mixing,
                                          allow_microbatching_mixed)
     options["microbatching"] = microbatching
@@ -435,13 +438,14 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         if hit is not None:
             report("done (from the plan cache)", 1.0)
             return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
-                           Analysis.from_dict(hit["analysis"]) if hit["analysis"] else None,
-                           hit["warnings"], memory_budget, notes, found_mixing)
+                           FoldingAnalysis.from_dict(hit["analysis"]), hit["warnings"],
+                           memory_budget, notes, found_mixing)
     found = _search_plans(graph, workload, cluster, options, config, n_workers, report, partial)
-    plans, stats, analysis, recorded = found
+    plans, stats, recorded = found
     stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": level,
                   "workers": n_workers})
-    plans = _finish_plans(plans, graph, analysis, stats, found_mixing)
+    analysis = analysis_of(graph)
+    plans = _finish_plans(plans, graph, stats, found_mixing)
     stats["search_seconds"] = time.perf_counter() - t_start - t_trace
     ranked, i = _rank_and_pick(plans, memory_budget)
     ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
@@ -449,8 +453,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     stats["cache"] = "off"
     if key is not None:
         stats["cache"] = "stored"
-        if not _cache.store(key, ranked, i, stats,
-                            analysis.to_dict() if analysis is not None else None, recorded):
+        if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
             stats["cache"] = "not stored"
     report("done", 1.0)
     return _result(graph, ranked, i, stats, analysis, recorded, memory_budget, notes,
@@ -531,14 +534,13 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
 
 
 def _mesh_search(graph: OpGraph, cluster: Cluster, shape: tuple[int, ...], **kw: Any
-                 ) -> tuple[Plan, dict[str, Any], Analysis | None]:
-    """One logical mesh's intra-operator search (a task of the search): its plan, statistics and
-    folding analysis (without the mining result, which stays with the caller's graph)."""
+                 ) -> tuple[Plan, dict[str, Any]]:
+    """One logical mesh's intra-operator search (a task of the search): its plan and statistics
+    (the folding analysis is the graph's, computed by the caller)."""
     from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
     res = level_search(graph, cluster, shape, **kw)
-    analysis = None if res.analysis is None else replace(res.analysis, mining=None)
-    return res.plan, res.stats, analysis
+    return res.plan, res.stats
 
 
 def _pipeline_plans(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Any:
@@ -568,10 +570,9 @@ def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: An
 def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapping[str, Any],
                   config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
                   partial: Callable[[SearchResult], None] | None = None
-                  ) -> tuple[list[Plan], dict[str, Any], Analysis | None,
-                             list[tuple[type[Warning], str]]]:
-    """The candidates and baselines of a search, its statistics, the folding analysis of its
-    first folded mesh, and the warnings its tasks raised (in task order).
+                  ) -> tuple[list[Plan], dict[str, Any], list[tuple[type[Warning], str]]]:
+    """The candidates and baselines of a search, its statistics, and the warnings its tasks
+    raised (in task order).
 
     The independent parts are tasks run on ``n_workers`` processes: the pipeline search (in this
     process, it traces the workload), one intra-operator search per logical mesh, the
@@ -621,7 +622,6 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     stats: dict[str, Any] = {}
     plans: list[Plan] = []
     baseline_plans: list[Plan] = []
-    analysis = None
     infeasible: list[InfeasiblePlanError] = []
     if partial is not None and do_pipe and shapes:
         # the intra-operator candidates and baselines first, shown while the pipeline search runs
@@ -629,20 +629,18 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
         first = [t for t in tasks if t not in later]
         outcomes = run_tasks(first, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.45 * frac))
-        analysis = _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
+        _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
         if plans:
-            ranked = _rank(_finish_plans(plans + baseline_plans, graph, analysis, stats))
+            ranked = _rank(_finish_plans(plans + baseline_plans, graph, stats))
             partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
-                                 graph=graph, analysis=analysis))
+                                 graph=graph, analysis=analysis_of(graph)))
         outcomes += run_tasks(later, workers=n_workers,
                               report=lambda msg, frac: report(msg, 0.5 + 0.45 * frac))
-        found = _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible,
-                         level)
+        _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible, level)
     else:
         outcomes = run_tasks(tasks, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
-        found = _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
-    analysis = analysis or found
+        _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
     recorded = [w for o in outcomes for w in o.warnings]
     if not plans:
         if infeasible:
@@ -655,21 +653,16 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
                 + ". Got: " + "; ".join(str(e).rstrip(".") for e in infeasible) + "."
                 + " Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")
-    if analysis is not None:  # the mining result stays here, with the graph it describes
-        from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
-        analysis = replace(analysis, mining=memo(graph, "mining", lambda: mine(graph)))
     if memory_budget is not None:
         plans = [p for p in plans if p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
-    return plans + baseline_plans, stats, analysis, recorded
+    return plans + baseline_plans, stats, recorded
 
 
 def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plans: list[Plan],
              baseline_plans: list[Plan], infeasible: list[InfeasiblePlanError],
-             level: str) -> Analysis | None:
+             level: str) -> None:
     """Add the tasks' outcomes to ``plans`` (candidates), ``baseline_plans``, ``infeasible`` and
-    ``stats``; the folding analysis of the first folded mesh among them."""
-    analysis = None
+    ``stats``."""
     for t, o in zip(tasks, outcomes):
         if t.fn is _pipeline_plans:
             if isinstance(o.error, InfeasiblePlanError):
@@ -683,14 +676,12 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
             if isinstance(o.error, InfeasiblePlanError):
                 infeasible.append(o.error)
                 continue
-            plan, mesh_stats, mesh_analysis = o.result()
+            plan, mesh_stats = o.result()
             plans.append(plan)
-            analysis = analysis or mesh_analysis
             _merge_mesh_stats(stats, "x".join(map(str, t.args[1])), mesh_stats, level)
         else:  # a baseline: a plan (or a list of them), or None where it does not apply
             got = o.result()
             baseline_plans.extend(got if isinstance(got, list) else [got] if got else [])
-    return analysis
 
 
 def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[str, Any],
@@ -713,7 +704,7 @@ def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[
 
 
 def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
-            analysis: Analysis | None, recorded: list[tuple[type[Warning], str]],
+            analysis: FoldingAnalysis, recorded: list[tuple[type[Warning], str]],
             memory_budget: float | None, notes: list[str] | None = None,
             found_mixing: Any = None) -> SearchResult:
     """The :class:`SearchResult` of ranked plans (searched now or from the cache), with the
@@ -733,21 +724,19 @@ def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
                         notes=list(notes or []), mixing=found_mixing)
 
 
-def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
-                  stats: Mapping[str, Any], found_mixing: Any = None) -> list[Plan]:
+def _finish_plans(plans: list[Plan], graph: OpGraph, stats: Mapping[str, Any],
+                  found_mixing: Any = None) -> list[Plan]:
     """Each plan with the argument pytrees' structure (the JAX views then mirror the user's own
-    types), the graph's folding analysis (:func:`~autoplan.search.fold._summary.
-    analysis_summary`) and the ILPs and level of the search that made it: an intra-operator
+    types), the graph's folding analysis in plain form (:func:`~autoplan.search.fold._analyses.
+    analysis_of`, :meth:`~autoplan._analysis.FoldingAnalysis.to_dict`) with the ILPs and level of the search that made it: an intra-operator
     candidate's mesh, the pipeline search's layer solves; None for a baseline. A micro-batched
     plan gets the notes of what micro-batching changes: its random draws
     (:data:`~autoplan._batchflow.RANDOM_NOTE`), a loss that mixes examples
     (:data:`~autoplan._batchflow.MIXING_NOTE`)."""
-    from autoplan.search.fold._summary import analysis_summary  # noqa: PLC0415
-
     if graph.arg_trees is not None:
         types = tuple(t.types for t in graph.arg_trees)
         plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]
-    base = analysis_summary(graph, analysis)
+    base = analysis_of(graph)
     out = []
     for p in plans:
         ilps = level = None
@@ -757,7 +746,7 @@ def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
             level = (stats.get("level_used") or {}).get(mesh)
         elif p.label == "autoplan-pipeline":
             ilps, level = stats.get("pipeline_layer_solves"), p.level
-        p = p.with_(analysis={**base, "ilps": ilps, "level": level})
+        p = p.with_(analysis=base.with_search(ilps, level).to_dict())
         if p.schedule.microbatches > 1:
             p = p.with_(notes=tuple(p.notes) + _microbatch_notes(p, graph, found_mixing))
         out.append(p)

@@ -85,7 +85,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,20 +93,26 @@ from typing import Any
 
 import numpy as np
 
+from autoplan._analysis import FoldingAnalysis
 from autoplan._cluster import Cluster
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan._memo import memo
 from autoplan._operands import operand_arrays
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Plan
+from autoplan.search.fold._analyses import (
+    analysis_of,
+    mining_of,
+    segment_facts_of,
+    segment_index_of,
+    segments_of,
+)
 from autoplan.search.fold._layers import (
     _forward,
     _signature,
     group_layers,
     layer_order,
     op_layer_names,
-    segment_names,
 )
 from autoplan.search.intra._ilp import (
     ILPSolution,
@@ -122,58 +127,14 @@ from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
-__all__ = ["LevelResult", "level_search", "choose_level", "Analysis"]
-
-
-@dataclass
-class Analysis:
-    """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
-
-    Attributes:
-        mining: the :class:`~autoplan.search.fold._mine.MiningResult` (None in an analysis from
-            the plan cache, which does not store it).
-        segments: the TePDist segments (chain order).
-        segment_class: class id of each segment (equal ids share one solve when folded).
-        critical: the critical nodes that end the segments.
-        fold_ratio: operators / operators in unique classes (mining's).
-    """
-
-    mining: Any
-    segments: list
-    segment_class: list[int]
-    critical: list[int]
-    fold_ratio: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """What the figures read (segments, their classes, critical nodes, fold ratio) as plain
-        values; the mining result is left out (the plan cache stores this)."""
-        return {"segments": [dataclasses.asdict(s) for s in self.segments],
-                "segment_class": list(self.segment_class), "critical": list(self.critical),
-                "fold_ratio": float(self.fold_ratio)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Analysis:
-        """An analysis from :meth:`to_dict` (``mining`` None: recompute it with
-        :func:`autoplan.search.mine` when needed)."""
-        from autoplan.search.fold._cones import Segment  # noqa: PLC0415
-
-        segments = [Segment(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-                    for s in d["segments"]]
-        return cls(mining=None, segments=segments, segment_class=[int(c) for c in d["segment_class"]],
-                   critical=[int(c) for c in d["critical"]], fold_ratio=float(d["fold_ratio"]))
-
-    def layers_for_figure(self, graph: OpGraph) -> list[dict]:
-        """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
-        return [{"name": name, "flops": seg.flops, "ops": len(seg.ops), "class": cls}
-                for seg, cls, name in zip(self.segments, self.segment_class,
-                                          segment_names(graph, self.segments))]
+__all__ = ["LevelResult", "level_search", "choose_level"]
 
 
 @dataclass
 class LevelResult:
     plan: Plan
     stats: dict[str, Any]
-    analysis: Analysis | None = None
+    analysis: FoldingAnalysis | None = None
     solution: ILPSolution | None = field(default=None, repr=False)
 
 
@@ -214,9 +175,7 @@ def choose_level(graph: OpGraph) -> tuple[str, str]:
     if n <= AUTO_EXHAUSTIVE_OPS:
         return "exhaustive", (f"auto: {n:,} operators (at most {AUTO_EXHAUSTIVE_OPS:,}): the "
                               "whole-graph ILP is the fast path")
-    from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
-    mining = memo(graph, "mining", lambda: mine(graph))
+    mining = mining_of(graph)
     ratio = mining.fold_ratio
     if ratio < AUTO_FOLD_RATIO:
         return "exhaustive", (f"auto: {n:,} operators but fold ratio {ratio:.2f} (below "
@@ -309,22 +268,17 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
                   time_limit: float, config: Mapping[str, Any] | None, label: str,
                   max_ilps: int | None, bound_auto: bool) -> LevelResult:
     """The hierarchical and folded levels (see the module docstring)."""
-    from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
-    from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape)
-    mining = memo(graph, "mining", lambda: mine(graph))
+    mining = mining_of(graph)
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = memo(graph, "segments", lambda: _choose_segments(
-        graph, lambda: find_segments(graph, mining=mining), mining))
-    seg_of, position = memo(graph, "segment_index", lambda: _segment_index(graph, segs))
+    segs = segments_of(graph)
+    seg_of, position = segment_index_of(graph)
     K = len(segs)
     pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
     # (the same for every search of this graph's segments: the baselines share them)
-    boundaries, long_range, shared, pair_out, outside_uses, sig = memo(
-        graph, "segment_facts", lambda: _segment_facts(graph, segs, seg_of))
+    boundaries, long_range, shared, pair_out, outside_uses, sig = segment_facts_of(graph)
     # each segment's pinned operands (operator position, operand index, spec): instances of a
     # class pinned alike share its solves
     pin_key = _pin_keys(graph, seg_of, position, pinned, K) if pinned else []
@@ -611,9 +565,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
             f"{level}: {K} segments, {n_unique} solved ({solves} ILPs, {variables} variables); "
             f"{sum(1 for x in agree if not x)} boundaries needed pair ILPs; fold ratio "
             f"{mining.fold_ratio:.2f}",))
-    critical = [s.critical for s in segs if s.critical is not None]
-    analysis = Analysis(mining=mining, segments=segs, segment_class=seg_class, critical=critical,
-                        fold_ratio=mining.fold_ratio)
+    analysis = analysis_of(graph)
     stats = {
         "operators": len(graph), "graphnodes": len(mining.graphnodes.nodes)
         if hasattr(mining.graphnodes, "nodes") else 0,
