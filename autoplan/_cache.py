@@ -11,9 +11,10 @@ Key. The SHA-256 of
   hashes alike);
 * the cluster's every field (``Cluster.to_dict()``: device kind, counts, memory, peak FLOP/s,
   bandwidths, latencies, and any measured profile a cluster carries);
-* every option that changes a result (pipeline mode, schedule, micro-batches, level, mesh shape,
-  memory budget, pins, time limit, baselines, layers, stage algorithm, submesh hosts) and the
-  workload's config;
+* every option that changes a result (:meth:`autoplan.SearchOptions.key`: pipeline mode,
+  schedule, micro-batches, level, mesh shape, memory budget, pins, time limit, baselines, layers,
+  stage algorithm, submesh hosts, micro-batching a mixing loss), whether the search was given a
+  workload, and the workload's config;
 * the code: a hash of autoplan's own source files and the JAX version, so a changed search (an
   upgrade, or an edited checkout) never returns a plan the old code made.
 
@@ -129,14 +130,17 @@ def code_version() -> str:
     return h.hexdigest()
 
 
-def search_key(graph: Any, cluster: Any, options: Mapping[str, Any],
-               config: Mapping[str, Any]) -> str:
-    """The key of a search (see the module docstring)."""
+def search_key(graph: Any, cluster: Any, options: Any, config: Mapping[str, Any], *,
+               workload: bool, microbatching: bool) -> str:
+    """The key of a search (see the module docstring): ``options`` is its
+    :class:`autoplan.SearchOptions` (keyed by :meth:`~autoplan.SearchOptions.key`), ``workload``
+    whether it was given a workload (a graph alone makes no pipeline plans) and
+    ``microbatching`` whether it may make micro-batched plans."""
     text = json.dumps({
         "code": code_version(),
         "graph": graph.structure_hash,
         "cluster": cluster.to_dict(),
-        "options": {k: repr(v) for k, v in sorted(options.items())},
+        "options": options.key(), "workload": workload, "microbatching": microbatching,
         "config": {str(k): repr(v) for k, v in sorted(config.items(), key=lambda kv: str(kv[0]))},
     }, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()

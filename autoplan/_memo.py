@@ -2,9 +2,10 @@
 
 Search and execution derive the same things from a workload or a graph again and again (traces,
 mining, per-graph tables of the ILP); :func:`memo` computes each once per object. An analysis read
-from several modules is a named accessor made by :func:`per_owner` (``mining_of(graph)``,
-``segments_of(graph)``: :mod:`autoplan.search.fold._analyses`), keyed by the accessor itself, so
-there is one function that computes it and no string key two modules must spell alike.
+from several modules is a named accessor made by :func:`per_owner` next to the analysis
+(``_mine.mining_of(graph)``, ``_chain.segments_of(graph)``, ``_summary.analysis_of(graph)``),
+keyed by the accessor itself, so there is one function that computes it and no string key two
+modules must spell alike.
 """
 
 from __future__ import annotations

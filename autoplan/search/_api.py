@@ -42,8 +42,6 @@ from autoplan._graph import OpGraph
 from autoplan._options import (
     cache_max_bytes,
     check_callback,
-    check_memory_budget,
-    check_mesh_shape,
     check_search_cluster,
 )
 from autoplan._plan import LEVELS, Plan
@@ -52,13 +50,13 @@ from autoplan.search._parallel import (
     AUTO_PARALLEL_OPS,
     Task,
     check_not_bootstrapping,
-    check_workers,
     prestart,
     resolve_workers,
     run_tasks,
 )
+from autoplan.search._search_options import SearchOptions
 from autoplan.search._warn import raise_again, user_stacklevel
-from autoplan.search.fold._analyses import analysis_of
+from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp import _resolve_pins
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
@@ -236,27 +234,6 @@ def _check_batch_split(best: Plan, n: int) -> None:
         "or fewer devices."), stacklevel=user_stacklevel())
 
 
-def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
-                            num_layers: Any, stage_algorithm: str, submesh_hosts: str) -> None:
-    """Refuse options that the chosen ``pipeline`` mode would ignore."""
-    if pipeline is True and mesh_shape is not None:
-        raise SearchError(
-            f"search: mesh_shape={mesh_shape!r} sets the logical mesh of intra-operator plans, "
-            "but pipeline=True makes pipeline plans only (each stage's mesh is searched), so it "
-            "would be ignored. Fix: drop mesh_shape, or use pipeline=False (or 'auto').")
-    if pipeline is False:
-        given = [f"{k}={v!r}" for k, v, default in (
-            ("microbatches", microbatches, None), ("schedule", schedule, "1f1b"),
-            ("num_layers", num_layers, None), ("stage_algorithm", stage_algorithm, "auto"),
-            ("submesh_hosts", submesh_hosts, "auto")) if v != default]
-        if given:
-            raise SearchError(
-                f"search: {', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, but "
-                "pipeline=False makes intra-operator plans only, so "
-                f"{'it' if len(given) == 1 else 'they'} would be ignored. Fix: drop "
-                f"{'it' if len(given) == 1 else 'them'}, or use pipeline=True (or 'auto').")
-
-
 def _rank(plans: list[Plan]) -> list[Plan]:
     def key(p: Plan):
         fits = p.predicted.memory_per_device <= p.cluster.device_memory
@@ -290,7 +267,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None,
-           allow_microbatching_mixed: bool = False) -> SearchResult:
+           allow_microbatching_mixed: bool = False,
+           options: SearchOptions | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -356,6 +334,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
             note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
             microbatches=1`` searches such pipelines without it.
+        options: every option above but ``progress`` and ``partial`` as one
+            :class:`autoplan.SearchOptions` (frozen, validated when made, reusable); the
+            keywords it holds are then left at their defaults.
 
     Returns:
         A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
@@ -366,7 +347,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         :func:`autoplan.viz.graph_figure` can draw it from the plan or its file.
 
     Raises:
-        SearchError: bad options, or options the chosen ``pipeline`` mode would ignore
+        SearchError: bad options (the checks of :class:`autoplan.SearchOptions`), ``options=``
+            with keywords it holds, or options the chosen ``pipeline`` mode would ignore
             (``mesh_shape`` with ``pipeline=True``; ``microbatches``, ``schedule``,
             ``num_layers``, ``stage_algorithm`` or ``submesh_hosts`` with ``pipeline=False``);
             ``pipeline=True`` for a loss that mixes examples without
@@ -381,45 +363,37 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         NoPipelineWarning: ``pipeline="auto"`` with a graph (from :func:`autoplan.trace`) instead
             of the workload: no pipeline candidates (``result.notes`` says so too).
     """
-    options = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
-                   mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
-                   time_limit=time_limit, baselines=baselines, num_layers=num_layers,
-                   stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
-    cluster = _check_options(cluster, options)
-    if not isinstance(allow_microbatching_mixed, bool):
-        raise SearchError(f"search: allow_microbatching_mixed should be True or False. Got "
-                          f"{allow_microbatching_mixed!r}. Fix: allow_microbatching_mixed=True "
-                          "to search micro-batched plans for a loss that mixes examples.")
-    check_workers(workers)
-    if not isinstance(cache, bool):
-        raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
-                          "to search without the plan cache.")
+    given = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
+                 mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
+                 time_limit=time_limit, baselines=baselines, num_layers=num_layers,
+                 stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts, workers=workers,
+                 cache=cache, allow_microbatching_mixed=allow_microbatching_mixed)
+    opts = _options(options, given)
+    cluster = _check_cluster(cluster)
     check_callback("search", "progress", progress, SearchError)
     check_callback("search", "partial", partial, SearchError, "(result)")
-    if cache:
+    if opts.cache:
         cache_max_bytes(_cache.MAX_BYTES)  # a bad $AUTOPLAN_CACHE_MAX_BYTES: said before any work
     check_not_bootstrapping()
     report = progress or (lambda msg, frac: None)
     t_start = time.perf_counter()
     report("tracing", 0.0)
-    single = options["mesh_shape"] is not None or len(mesh_shapes_for(
+    single = opts.mesh_shape is not None or len(mesh_shapes_for(
         cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
-    if _large_workload(workload_or_graph) and not (workers is None and single
-                                                   and pipeline is False):
+    if _large_workload(workload_or_graph) and not (opts.workers is None and single
+                                                   and opts.pipeline is False):
         # (they start while it traces, importing what the tasks run)
-        prestart(resolve_workers(workers, AUTO_PARALLEL_OPS), _TASK_MODULES)
+        prestart(resolve_workers(opts.workers, AUTO_PARALLEL_OPS), _TASK_MODULES)
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
-    if pipeline is True and workload is None:
+    if opts.pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
                           "from it), not an OpGraph. Got an OpGraph. Fix: "
                           f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
                           " (or a zoo workload), or use pipeline=False.")
     found_mixing = mixing_of(graph)
-    notes, microbatching = _search_notes(graph, workload, options, found_mixing,
-                                         allow_microbatching_mixed)
-    options["microbatching"] = microbatching
-    n_workers = resolve_workers(workers, len(graph))
-    if workers is None and single and (pipeline is False or workload is None):
+    notes, microbatching = _search_notes(graph, workload, opts, found_mixing)
+    n_workers = resolve_workers(opts.workers, len(graph))
+    if opts.workers is None and single and (opts.pipeline is False or workload is None):
         # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
         # analyses, which costs more than the baselines it would take off this process
         n_workers = 1
@@ -430,24 +404,25 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         if len(lead) == 1:
             config["batch"] = lead.pop()
     key = None
-    if cache:
+    if opts.cache:
         # (the pipeline search needs a workload: a graph alone cannot share a pipeline result)
-        key = _cache.search_key(graph, cluster, {**options, "workload": workload is not None},
-                                config)
+        key = _cache.search_key(graph, cluster, opts, config, workload=workload is not None,
+                                microbatching=microbatching)
         hit = _cache.load(key)
         if hit is not None:
             report("done (from the plan cache)", 1.0)
             return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
                            FoldingAnalysis.from_dict(hit["analysis"]), hit["warnings"],
-                           memory_budget, notes, found_mixing)
-    found = _search_plans(graph, workload, cluster, options, config, n_workers, report, partial)
+                           opts.memory_budget, notes, found_mixing)
+    found = _search_plans(graph, workload, cluster, opts, microbatching, config, n_workers,
+                          report, partial)
     plans, stats, recorded = found
-    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": level,
+    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": opts.level,
                   "workers": n_workers})
     analysis = analysis_of(graph)
     plans = _finish_plans(plans, graph, stats, found_mixing)
     stats["search_seconds"] = time.perf_counter() - t_start - t_trace
-    ranked, i = _rank_and_pick(plans, memory_budget)
+    ranked, i = _rank_and_pick(plans, opts.memory_budget)
     ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
     stats["best_label"] = ranked[i].label
     stats["cache"] = "off"
@@ -456,16 +431,39 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
             stats["cache"] = "not stored"
     report("done", 1.0)
-    return _result(graph, ranked, i, stats, analysis, recorded, memory_budget, notes,
+    return _result(graph, ranked, i, stats, analysis, recorded, opts.memory_budget, notes,
                    found_mixing)
 
 
-def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], found: Any,
-                  allow_mixed: bool) -> tuple[list[str], bool]:
+def _options(options: Any, given: dict[str, Any]) -> SearchOptions:
+    """The search's options: ``options`` when given (then every keyword in ``given`` must be at
+    its default), else a :class:`SearchOptions` of the keywords (validated)."""
+    if options is None:
+        return SearchOptions(**given)
+    if not isinstance(options, SearchOptions):
+        raise SearchError(f"search: options should be an autoplan.SearchOptions. Got "
+                          f"{type(options).__name__}: {options!r:.40}. Fix: "
+                          "options=autoplan.SearchOptions(level='folded', ...), or pass the "
+                          "keywords alone.")
+    defaults = SearchOptions()
+    clash = [k for k, v in given.items() if v is not getattr(defaults, k)
+             and v != getattr(defaults, k)]
+    if clash:
+        raise SearchError(f"search: options= holds every option, but "
+                          f"{', '.join(f'{k}={given[k]!r}' for k in clash)} "
+                          f"{'was' if len(clash) == 1 else 'were'} given too. Fix: "
+                          f"options=options.replace({', '.join(f'{k}=...' for k in clash)}), or "
+                          "pass the keywords alone.")
+    return options
+
+
+def _search_notes(graph: OpGraph, workload: Any, options: SearchOptions, found: Any
+                  ) -> tuple[list[str], bool]:
     """The notes of a search, and whether it may make micro-batched plans; warns (and refuses
     ``pipeline=True``) where the user must know before any work."""
     notes: list[str] = []
-    pipeline, microbatches = options["pipeline"], options["microbatches"]
+    pipeline, microbatches = options.pipeline, options.microbatches
+    allow_mixed = options.allow_microbatching_mixed
     microbatching = found is None or allow_mixed
     if found is not None:
         if allow_mixed:
@@ -493,42 +491,12 @@ def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], fou
     return notes, microbatching
 
 
-def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluster:
-    """Refuse bad options before any work; the cluster as a :class:`Cluster`."""
-    level, pipeline, schedule = options["level"], options["pipeline"], options["schedule"]
-    microbatches = options["microbatches"]
-    if level not in LEVELS:
-        raise SearchError(f"search: level should be one of {LEVELS}. Got {level!r}. "
-                          "Fix: level='auto' (default), 'exhaustive', 'hierarchical' or 'folded'.")
-    if pipeline not in (True, False, "auto"):
-        raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
-    from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
-        SCHEDULES,
-        check_microbatches,
-        check_submesh_hosts,
-    )
-
-    if schedule not in SCHEDULES:
-        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
-                          f"Got {schedule!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
-                          "'zb-h1', or 'auto' to weigh all but GPipe.")
-    if options["baselines"] not in (True, False, "paper"):
-        raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
-                          f"{options['baselines']!r}. Fix: 'paper' adds Alpa's comparisons "
-                          "(Megatron's TP x PP x DP grid, ZeRO-2, ZeRO-3, inter-op only).")
-
-    check_submesh_hosts(options["submesh_hosts"])
-    check_microbatches(microbatches)
-    _check_pipeline_options(pipeline, options["mesh_shape"],
-                            None if microbatches == "auto" else microbatches, schedule,
-                            options["num_layers"], options["stage_algorithm"],
-                            options["submesh_hosts"])
+def _check_cluster(cluster: Cluster | str) -> Cluster:
+    """The cluster as a :class:`Cluster`, refused when a search cannot plan for it."""
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
                           f"{type(cluster).__name__}.")
-    check_memory_budget("search", options["memory_budget"], SearchError)
-    check_mesh_shape("search", options["mesh_shape"], SearchError)
     check_search_cluster("search", cluster, SearchError)
     return cluster
 
@@ -567,8 +535,8 @@ def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: An
     return pipeline_baselines(workload, cluster, **kw)
 
 
-def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapping[str, Any],
-                  config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
+def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: SearchOptions,
+                  microbatching: bool, config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
                   partial: Callable[[SearchResult], None] | None = None
                   ) -> tuple[list[Plan], dict[str, Any], list[tuple[type[Warning], str]]]:
     """The candidates and baselines of a search, its statistics, and the warnings its tasks
@@ -580,43 +548,43 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     """
     from autoplan.search._baselines import baseline_tasks  # noqa: PLC0415
 
-    pipeline, level, memory_budget = options["pipeline"], options["level"], options["memory_budget"]
-    time_limit = options["time_limit"]
+    pipeline, level, memory_budget = options.pipeline, options.level, options.memory_budget
+    time_limit = options.time_limit
     do_intra = pipeline in (False, "auto")
     # on one device the pipeline search gives the one-stage, gradient-accumulation plan
     do_pipe = pipeline in (True, "auto") and workload is not None and (
-        options.get("microbatching", True) or options["microbatches"] == 1)
-    if options["mesh_shape"] is not None:
-        shapes = [tuple(int(x) for x in options["mesh_shape"])] if do_intra else []
+        microbatching or options.microbatches == 1)
+    if options.mesh_shape is not None:
+        shapes = [options.mesh_shape] if do_intra else []
     else:
         shapes = mesh_shapes_for(cluster.num_devices, cluster.nodes,
                                  cluster.devices_per_node) if do_intra else []
     # options each task would refuse, refused before any of them runs
-    resolve_pins(graph, options["pin"])
+    resolve_pins(graph, options.pin)
     for shape in shapes:
-        _resolve_pins(graph, make_logical_mesh(cluster, shape), options["pin"])
+        _resolve_pins(graph, make_logical_mesh(cluster, shape), options.pin)
     tasks: list[Task] = []
     if do_pipe:
         tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(
-            schedule=options["schedule"], microbatches=options["microbatches"],
+            schedule=options.schedule, microbatches=options.microbatches,
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
-            time_limit=time_limit, num_layers=options["num_layers"],
-            stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
-            pin=_pins_by_name(graph, options["pin"]), workers=n_workers),
+            time_limit=time_limit, num_layers=options.num_layers,
+            stage_algorithm=options.stage_algorithm, submesh_hosts=options.submesh_hosts,
+            pin=_pins_by_name(graph, options.pin), workers=n_workers),
             label="pipeline search", local=True))
-    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
+    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options.pin,
                    time_limit=time_limit, config=config)
     tasks += [Task(_mesh_search, graph, (cluster, shape), mesh_kw,
                    label=f"intra-op search on mesh {'x'.join(map(str, shape))}")
               for shape in shapes]
-    if options["baselines"]:
-        paper = options["baselines"] == "paper"
+    if options.baselines:
+        paper = options.baselines == "paper"
         tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config,
                                 paper=paper)
-        if do_pipe and options.get("microbatching", True) and (
+        if do_pipe and microbatching and (
                 cluster.nodes > 1 or paper and cluster.num_devices > 1):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
-                              dict(schedule=options["schedule"], time_limit=time_limit,
+                              dict(schedule=options.schedule, time_limit=time_limit,
                                    workers=n_workers, paper=paper),
                               label="baseline: Megatron TP x PP", local=True))
     stats: dict[str, Any] = {}
@@ -727,7 +695,7 @@ def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
 def _finish_plans(plans: list[Plan], graph: OpGraph, stats: Mapping[str, Any],
                   found_mixing: Any = None) -> list[Plan]:
     """Each plan with the argument pytrees' structure (the JAX views then mirror the user's own
-    types), the graph's folding analysis in plain form (:func:`~autoplan.search.fold._analyses.
+    types), the graph's folding analysis in plain form (:func:`~autoplan.search.fold._summary.
     analysis_of`, :meth:`~autoplan._analysis.FoldingAnalysis.to_dict`) with the ILPs and level of the search that made it: an intra-operator
     candidate's mesh, the pipeline search's layer solves; None for a baseline. A micro-batched
     plan gets the notes of what micro-batching changes: its random draws

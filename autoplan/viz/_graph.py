@@ -5,7 +5,7 @@ colour, so the repetition that folding exploits is visible (TAPAS); segment boun
 lines, critical nodes (TePDist's cut points between segments) are marked, and the title states
 the fold ratio and how many ILPs the search solved.
 
-``graph_figure`` takes the layers directly, or a :class:`~autoplan.search.SearchResult` or
+``graph_figure`` takes the layers directly, or a :class:`~autoplan.SearchResult` or
 :class:`~autoplan.Plan` carrying the folding analysis the search records (``plan.analysis``,
 kept in the plan file), or that record itself (:class:`autoplan._analysis.FoldingAnalysis`): the
 segments in model order, their classes, the critical nodes, the fold ratio and the ILP count.
@@ -97,7 +97,7 @@ def graph_figure(layers: Any,
         layers: the layers in model order, each ``{"name": str, "flops": float, "ops": int,
             "class": int | None}``; or a mapping ``{"layers": [...], "edges": [(src, dst), ...]}``
             whose edges (layer indices or names) are drawn as arcs when they skip a layer; or a
-            :class:`~autoplan.search.SearchResult` or :class:`~autoplan.Plan` carrying the
+            :class:`~autoplan.SearchResult` or :class:`~autoplan.Plan` carrying the
             search's folding analysis, or that record itself (``result.analysis``): its
             segments as the layers, their structural classes, the critical nodes, the fold
             ratio and the ILPs of the search that made the plan.

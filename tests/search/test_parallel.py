@@ -76,7 +76,7 @@ def _backend_started(graph) -> tuple[int, bool]:
     """(pid, whether this process started a JAX backend) after an intra-operator search."""
     import jax._src.xla_bridge as xb
 
-    from autoplan.search import level_search
+    from autoplan.algorithms import level_search
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -192,12 +192,14 @@ def test_a_large_workload_starts_its_workers_before_it_is_traced(monkeypatch):
     """The search of a workload whose arguments hold many elements starts its worker pool before
     tracing; a small one, or an OpGraph, does not."""
     calls = []
-    monkeypatch.setattr("autoplan.search._api.prestart", lambda n, modules: calls.append(n))
-    from autoplan.search._api import _large_workload
+    from autoplan.search import _api
+
+    monkeypatch.setattr(_api, "prestart", lambda n, modules: calls.append(n))
+    _large_workload = _api._large_workload
 
     small = models.get("mlp", size="tiny")
     assert not _large_workload(small) and not _large_workload(autoplan.trace(small))
-    monkeypatch.setattr("autoplan.search._api.PRESTART_ELEMENTS", 1)
+    monkeypatch.setattr(_api, "PRESTART_ELEMENTS", 1)
     assert _large_workload(small)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -264,7 +266,7 @@ def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for workers in (1, 2):
-            res = [autoplan.search.pipeline_search(wl, cluster, microbatches=4, workers=workers,
+            res = [autoplan.algorithms.pipeline_search(wl, cluster, microbatches=4, workers=workers,
                                                    megatron=megatron, max_candidates=3)
                    for megatron in (False, True)]
             out[workers] = [[p.to_dict() for p in r.plans] for r in res], [

@@ -6,17 +6,18 @@ record that :class:`autoplan.SearchResult` gives and every plan carries in its p
 search result, a plan, or a plan file (see :mod:`autoplan._analysis` for its fields).
 
 It is computed for every search, whatever level ran, from the graph alone: the mining and the
-segments are the ones the folded levels solve (:func:`~autoplan.search.fold._analyses.mining_of`,
-:func:`~autoplan.search.fold._analyses.segments_of`, memoised on the graph), and take well under a
-second even for GPT-3-sized graphs.
+segments are the ones the folded levels solve (:func:`~autoplan.search.fold._mine.mining_of`,
+:func:`~autoplan.search.fold._chain.segments_of`, memoised on the graph), and take well under a
+second even for GPT-3-sized graphs. :func:`analysis_of` is the graph's memoised record.
 """
 
 from __future__ import annotations
 
 from autoplan._analysis import ANALYSIS_VERSION, FoldingAnalysis, SegmentSummary
 from autoplan._graph import OpGraph
+from autoplan._memo import per_owner
 
-__all__ = ["folding_analysis", "SUMMARY_VERSION"]
+__all__ = ["folding_analysis", "analysis_of", "SUMMARY_VERSION"]
 
 #: Version of the record's plain layout (``analysis["version"]``).
 SUMMARY_VERSION = ANALYSIS_VERSION
@@ -25,11 +26,12 @@ _PLANNED = ("dot_general", "conv_general_dilated")
 
 
 def folding_analysis(graph: OpGraph) -> FoldingAnalysis:
-    """The folding analysis of ``graph`` (see the module docstring); use
-    :func:`~autoplan.search.fold._analyses.analysis_of` for the graph's memoised one."""
-    from autoplan.search.fold._analyses import mining_of, segments_of  # noqa: PLC0415
+    """The folding analysis of ``graph`` (see the module docstring); :func:`analysis_of` is
+    the graph's, computed once."""
+    from autoplan.search.fold._chain import segments_of  # noqa: PLC0415
     from autoplan.search.fold._cones import critical_nodes  # noqa: PLC0415
     from autoplan.search.fold._layers import _signature, segment_names  # noqa: PLC0415
+    from autoplan.search.fold._mine import mining_of  # noqa: PLC0415
 
     mining = mining_of(graph)
     segs = segments_of(graph)
@@ -51,3 +53,10 @@ def folding_analysis(graph: OpGraph) -> FoldingAnalysis:
                            fold_ratio=float(mining.fold_ratio),
                            mined_classes=len(mining.classes),
                            instances=tuple(len(c.instances) for c in mining.classes))
+
+
+@per_owner
+def analysis_of(graph: OpGraph) -> FoldingAnalysis:
+    """:func:`folding_analysis` of ``graph``, computed once per graph (the record every plan of
+    its searches carries)."""
+    return folding_analysis(graph)

@@ -6,7 +6,7 @@ import pytest
 
 import autoplan
 from autoplan import models
-from autoplan.search import level_search
+from autoplan.algorithms import level_search
 
 CASES = {
     "gpt2": ("gpt", dict(layers=2, hidden=64, heads=4, seq_len=32, batch=16, vocab=256)),
