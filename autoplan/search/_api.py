@@ -29,7 +29,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autoplan import _cache
@@ -445,9 +445,8 @@ def _options(options: Any, given: dict[str, Any]) -> SearchOptions:
                           f"{type(options).__name__}: {options!r:.40}. Fix: "
                           "options=autoplan.SearchOptions(level='folded', ...), or pass the "
                           "keywords alone.")
-    defaults = SearchOptions()
-    clash = [k for k, v in given.items() if v is not getattr(defaults, k)
-             and v != getattr(defaults, k)]
+    defaults = {f.name: f.default for f in fields(SearchOptions)}
+    clash = [k for k, v in given.items() if v is not defaults[k] and v != defaults[k]]
     if clash:
         raise SearchError(f"search: options= holds every option, but "
                           f"{', '.join(f'{k}={given[k]!r}' for k in clash)} "

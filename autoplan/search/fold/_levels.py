@@ -101,10 +101,7 @@ from autoplan._operands import operand_arrays
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search.fold._chain import segment_facts_of, segment_index_of, segments_of
-from autoplan.search.fold._layers import (
-    layer_order,
-    op_layer_names,
-)
+from autoplan.search.fold._layers import layer_order, op_layer_names
 from autoplan.search.fold._mine import mining_of
 from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp import (
