@@ -12,7 +12,7 @@ re-exported until the previous release still works for one release, with a
 """
 
 #: the public names this package re-exported until the previous release: where each lives now
-_MOVED_TO_TOP = frozenset({"search", "plan", "SearchResult", "SearchOptions"})
+_MOVED_TO_TOP = frozenset({"search", "plan", "SearchResult"})
 _MOVED = frozenset({
     "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning", "NoPipelineWarning",
     "baseline_plans", "LayerGroup", "group_layers", "Cone", "Segment", "cones", "critical_nodes",

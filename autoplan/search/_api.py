@@ -320,8 +320,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             fresh (a script that searches at its top level needs an
             ``if __name__ == "__main__":`` guard) and kept for later searches.
         cache: look the result up in the plan cache, and store it there (:mod:`autoplan._cache`:
-            keyed by the graph's structure, every cluster field and every option above but
-            ``workers`` and ``progress``); ``False`` searches and stores nothing.
+            keyed by the graph's structure, every cluster field and
+            :meth:`SearchOptions.key() <autoplan.SearchOptions.key>`: every option but
+            ``workers``, ``cache`` and the callbacks); ``False`` searches and stores nothing.
         progress: called as ``progress(message, fraction)`` during the search.
         partial: called once with a :class:`SearchResult` of the intra-operator candidates,
             ranked, when the pipeline search is still to run (``stats["partial"]`` is True): a
