@@ -15,10 +15,16 @@ trace -> search -> Plan -> (viz | exec):
 load on first use, so the command line starts at once (and a Ctrl-C during its start is handled
 by the command line itself).
 
+``autoplan.search`` is the search function; its algorithms (mining, segments, the ILP, the stage
+DP, the schedules) are :mod:`autoplan.algorithms`, and its options can be kept as one
+:class:`SearchOptions`.
+
 Costs come from a cluster profile: a datasheet preset (``"p3.16xlarge:8"``, ``"cpu:8"``) or the
 attached devices measured by ``autoplan.profile()`` (``Cluster.detect()`` caches it on disk).
 """
 
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING
 
 from ._cluster import Cluster as Cluster
@@ -56,12 +62,18 @@ if TYPE_CHECKING:  # loaded on first use, see _LAZY
     from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
     from ._trace import trace as trace
     from ._workload import Workload as Workload
+    from .search._api import SearchResult as SearchResult
+    from .search._api import plan as plan
+    from .search._api import search as search
+    from .search._search_options import SearchOptions as SearchOptions
 
 __version__ = "0.1.0"
 
-_LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None),
+_LAZY = {"models": ("autoplan.models", None), "algorithms": ("autoplan.algorithms", None),
          "exec": ("autoplan.exec", None), "viz": ("autoplan.viz", None),
-         "plan": ("autoplan.search", "plan"), "SearchResult": ("autoplan.search", "SearchResult"),
+         "plan": ("autoplan.search._api", "plan"),
+         "SearchResult": ("autoplan.search._api", "SearchResult"),
+         "SearchOptions": ("autoplan.search._search_options", "SearchOptions"),
          "trace": ("autoplan._trace", "trace"),
          "OpaqueControlFlowWarning": ("autoplan._trace", "OpaqueControlFlowWarning"),
          "GraphInput": ("autoplan._graph", "GraphInput"), "OpGraph": ("autoplan._graph", "OpGraph"),
@@ -72,10 +84,11 @@ _LAZY = {"models": ("autoplan.models", None), "search": ("autoplan.search", None
 
 
 def __getattr__(name: str):
-    """``autoplan.search``, ``autoplan.plan``, ``autoplan.profile``, ``autoplan.models``,
-    ``autoplan.exec``, ``autoplan.viz``, ``autoplan.trace``, ``Workload`` and the graph classes
-    load on first use: ``import autoplan`` stays light, and importing ``autoplan.viz`` or
-    ``autoplan.exec`` does not import the search."""
+    """``autoplan.plan``, ``autoplan.profile``, ``autoplan.models``, ``autoplan.algorithms``,
+    ``autoplan.exec``, ``autoplan.viz``, ``autoplan.trace``, ``Workload``, ``SearchOptions`` and
+    the graph classes load on first use (``autoplan.search`` too, see :class:`_Package`):
+    ``import autoplan`` stays light, and importing ``autoplan.viz`` or ``autoplan.exec`` does not
+    import the search."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 
@@ -86,8 +99,40 @@ def __getattr__(name: str):
         return value
     raise AttributeError(f"module 'autoplan' has no attribute {name!r}")
 
+
+class _Package(_types.ModuleType):
+    """The ``autoplan`` package, whose ``search`` is always the search function.
+
+    The search's implementation is the private package ``autoplan/search/``, and importing a
+    sub-module of it makes the import system bind the package as ``autoplan.search``: that
+    binding is ignored here, so the name stays the function (loaded on first use). Setting
+    another callable (a test's stand-in) replaces it until deleted or set back.
+    """
+
+    @property
+    def search(self):  # noqa: D102 (the function's own docstring is what users read)
+        own = self.__dict__.get("_search")
+        if own is None:
+            import importlib  # noqa: PLC0415
+
+            own = self.__dict__["_search"] = importlib.import_module("autoplan.search._api").search
+        return own
+
+    @search.setter
+    def search(self, value) -> None:
+        if isinstance(value, _types.ModuleType):
+            return  # the import system binding the implementation package: the name stays
+        self.__dict__["_search"] = value
+
+    @search.deleter
+    def search(self) -> None:
+        self.__dict__.pop("_search", None)
+
+
+_sys.modules[__name__].__class__ = _Package
+
 __all__ = [
-    "models", "search", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
+    "models", "search", "algorithms", "SearchOptions", "exec", "viz", "Cluster", "LogicalMesh", "AutoplanError", "ClusterError",
     "EquivalenceError", "ExecutionError", "InfeasiblePlanError", "LaunchError", "ModelError", "NonFiniteError", "OutputError",
     "PlanFileError", "PlanMismatchError", "SearchError", "TraceError", "ArgumentError",
     "ArgumentTypeError", "ArgumentIndexError", "StateError", "StepSignatureError", "WaitTimeoutError", "SolverError", "GraphInput", "OpGraph",

@@ -42,7 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Mixing", "mixing", "batch_axes", "random_draws", "MIXING_NOTE", "RANDOM_NOTE"]
+from ._memo import per_owner
+
+__all__ = ["Mixing", "mixing", "mixing_of", "batch_axes", "random_draws", "MIXING_NOTE", "RANDOM_NOTE"]
 
 #: the note a search result and its plans carry for a loss that mixes examples
 MIXING_NOTE = "this loss mixes examples across the batch; micro-batching would change it"
@@ -417,3 +419,10 @@ def random_draws(graph: Any) -> tuple[str, ...]:
     """The primitives with which the step draws random numbers, sorted (empty when it draws
     none): those of :attr:`autoplan.OpGraph.random_draws`."""
     return tuple(sorted({graph.ops[i].primitive for i in graph.random_draws}))
+
+
+@per_owner
+def mixing_of(graph: Any) -> Mixing | None:
+    """:func:`mixing` of ``graph``, computed once per graph (the search reads it for its notes
+    and for each micro-batched plan)."""
+    return mixing(graph)

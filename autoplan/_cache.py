@@ -11,9 +11,10 @@ Key. The SHA-256 of
   hashes alike);
 * the cluster's every field (``Cluster.to_dict()``: device kind, counts, memory, peak FLOP/s,
   bandwidths, latencies, and any measured profile a cluster carries);
-* every option that changes a result (pipeline mode, schedule, micro-batches, level, mesh shape,
-  memory budget, pins, time limit, baselines, layers, stage algorithm, submesh hosts) and the
-  workload's config;
+* every option that changes a result (:meth:`autoplan.SearchOptions.key`: pipeline mode,
+  schedule, micro-batches, level, mesh shape, memory budget, pins, time limit, baselines, layers,
+  stage algorithm, submesh hosts, micro-batching a mixing loss), whether the search was given a
+  workload, and the workload's config;
 * the code: a hash of autoplan's own source files and the JAX version, so a changed search (an
   upgrade, or an edited checkout) never returns a plan the old code made.
 
@@ -21,8 +22,8 @@ Key. The SHA-256 of
 
 Entry. One file per key: a header line (format and the HMAC-SHA-256 of the rest, under the
 folder's key) and the pickled result: the ranked plans, the index of the best, the statistics,
-the folding analysis the figures read (segments, their classes, critical nodes, fold ratio) and
-the warnings the search raised (raised again on a hit). Pickle, not JSON: a pipeline plan of 128
+the folding analysis the figures read (:class:`autoplan._analysis.FoldingAnalysis`, in its plain
+form) and the warnings the search raised (raised again on a hit). Pickle, not JSON: a pipeline plan of 128
 micro-batches holds thousands of schedule events, and reading ten plans back from JSON (with
 their validation) took 180 ms where unpickling takes 33 ms. The key's code hash means an entry is
 only ever read by the code that wrote it.
@@ -49,8 +50,7 @@ the user (or root), who can change autoplan's own code as easily. Further:
   new key (which makes every entry signed with the old one a miss).
 
 Not stored: the graph (a hit is given the graph the caller traced or passed, by reference), the
-mining result behind the analysis (``analysis.mining`` is None on a hit; ``autoplan.search.mine(
-result.graph)`` recomputes it), and the argument pytrees (taken from the caller's graph).
+mining result behind the analysis, and the argument pytrees (taken from the caller's graph).
 
 Where. ``$AUTOPLAN_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/autoplan``, else
 ``~/.cache/autoplan``; entries live in its ``search/`` folder.
@@ -119,14 +119,17 @@ def code_version() -> str:
     return h.hexdigest()
 
 
-def search_key(graph: Any, cluster: Any, options: Mapping[str, Any],
-               config: Mapping[str, Any]) -> str:
-    """The key of a search (see the module docstring)."""
+def search_key(graph: Any, cluster: Any, options: Any, config: Mapping[str, Any], *,
+               workload: bool, microbatching: bool) -> str:
+    """The key of a search (see the module docstring): ``options`` is its
+    :class:`autoplan.SearchOptions` (keyed by :meth:`~autoplan.SearchOptions.key`), ``workload``
+    whether it was given a workload (a graph alone makes no pipeline plans) and
+    ``microbatching`` whether it may make micro-batched plans."""
     text = json.dumps({
         "code": code_version(),
         "graph": graph.structure_hash,
         "cluster": cluster.to_dict(),
-        "options": {k: repr(v) for k, v in sorted(options.items())},
+        "options": options.key(), "workload": workload, "microbatching": microbatching,
         "config": {str(k): repr(v) for k, v in sorted(config.items(), key=lambda kv: str(kv[0]))},
     }, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -362,7 +362,7 @@ class OpGraph:
 
         Operators outside every layer are collected in a layer named ``"(root)"``; the optimizer
         update is not a layer (its operators have role ``"update"``). The layers the pipeline
-        search cuts between are :func:`autoplan.search.group_layers`'s: these named-scope
+        search cuts between are :func:`autoplan.algorithms.group_layers`'s: these named-scope
         layers where the model has them, else its repeated blocks found by mining.
         """
         fwd: dict[str, list[int]] = {}

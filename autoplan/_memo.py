@@ -1,11 +1,16 @@
 """Per-object memo: values computed from one object alone, kept as long as that object.
 
 Search and execution derive the same things from a workload or a graph again and again (traces,
-mining, per-graph tables of the ILP); :func:`memo` computes each once per object.
+mining, per-graph tables of the ILP); :func:`memo` computes each once per object. An analysis read
+from several modules is a named accessor made by :func:`per_owner` next to the analysis
+(``_mine.mining_of(graph)``, ``_chain.segments_of(graph)``, ``_summary.analysis_of(graph)``),
+keyed by the accessor itself, so there is one function that computes it and no string key two
+modules must spell alike.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
@@ -27,6 +32,17 @@ def memo(owner: Any, key: Hashable, make: Callable[[], T]) -> T:
     if key not in cache:
         cache[key] = make()
     return cache[key]
+
+
+def per_owner(fn: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``fn(owner)`` computed once per ``owner`` (by :func:`memo`, keyed by the returned accessor
+    itself: no other accessor can read or fill its value)."""
+
+    @functools.wraps(fn)
+    def accessor(owner: Any) -> T:
+        return memo(owner, accessor, lambda: fn(owner))
+
+    return accessor
 
 
 def forget(owner: Any) -> None:

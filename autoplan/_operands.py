@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoplan._graph import OpGraph
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 
 __all__ = ["OperandArrays", "operand_arrays", "index_in_run", "runs"]
 
@@ -76,9 +76,10 @@ def _make(graph: OpGraph) -> OperandArrays:
                          output)
 
 
+@per_owner
 def operand_arrays(graph: OpGraph) -> OperandArrays:
     """The graph's :class:`OperandArrays` (made once per graph)."""
-    return memo(graph, "operand_arrays", lambda: _make(graph))
+    return _make(graph)
 
 
 def index_in_run(counts: np.ndarray) -> np.ndarray:

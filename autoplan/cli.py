@@ -308,8 +308,7 @@ def _search(args):
     from ._cluster import Cluster  # noqa: PLC0415
 
     cluster = Cluster.parse(args.cluster)
-    from .search import search  # noqa: PLC0415
-    from .search._api import PlanDoesNotFitWarning  # noqa: PLC0415
+    from .search._api import PlanDoesNotFitWarning, search  # noqa: PLC0415
 
     wl = _workload(args)
     t0 = time.perf_counter()

@@ -805,10 +805,10 @@ def cluster_option_plan_cases() -> list[Case]:
                  "r = autoplan.search(get('mlp', 'tiny'), 'cpu:8', pipeline=False, baselines=False)\n"
                  "print(r.stats['cache'], sorted(os.walk('cache'))[-1][2] if os.path.isdir('cache') "
                  "else [])"), expect="ok")
-    for call, words in (("autoplan.search.cones(None)", "cones: graph should be an autoplan.OpGraph"),
-                        ("autoplan.search.mine(None)", "mine: graph should be"),
-                        ("autoplan.search.group_layers(get('mlp', 'tiny'))", "trace it first"),
-                        ("autoplan.search.solve_ilp(autoplan.trace(get('mlp', 'tiny')), None)",
+    for call, words in (("autoplan.algorithms.cones(None)", "cones: graph should be an autoplan.OpGraph"),
+                        ("autoplan.algorithms.mine(None)", "mine: graph should be"),
+                        ("autoplan.algorithms.group_layers(get('mlp', 'tiny'))", "trace it first"),
+                        ("autoplan.algorithms.solve_ilp(autoplan.trace(get('mlp', 'tiny')), None)",
                          "solve_ilp: mesh should be")):
         add(f"o-algo-{call.split('(')[0].split('.')[-1]}", g, f"`{call}`", code=api(call),
             words=(words,))

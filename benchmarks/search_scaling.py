@@ -30,7 +30,7 @@ import public_calls  # (benchmarks/, beside this script)
 import autoplan
 from autoplan import models
 from autoplan._memo import forget
-from autoplan.search import level_search
+from autoplan.algorithms import level_search
 
 
 def timed(graph, cluster, mesh, level, time_limit=600.0, repeat=1):

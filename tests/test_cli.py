@@ -152,12 +152,12 @@ def _one_line_error(capsys, *words: str) -> str:
 
 
 def _no_search(monkeypatch):
-    import autoplan.search
+    from autoplan.search import _api
 
     def refuse(*args, **kwargs):
         raise AssertionError("the search should not have started")
 
-    monkeypatch.setattr(autoplan.search, "search", refuse)
+    monkeypatch.setattr(_api, "search", refuse)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -278,11 +278,11 @@ def test_a_signal_swallowed_where_it_landed_still_stops_the_write(tmp_path, monk
     # command must still not write its output
     import signal
 
-    import autoplan.search
+    from autoplan.search import _api
 
     path = tmp_path / "keep.json"
     path.write_text("the good plan")
-    real = autoplan.search.search
+    real = _api.search
 
     class Finalised:
         def __del__(self):
@@ -294,7 +294,7 @@ def test_a_signal_swallowed_where_it_landed_still_stops_the_write(tmp_path, monk
         Finalised()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(autoplan.search, "search", search_then_interrupt)
+    monkeypatch.setattr(_api, "search", search_then_interrupt)
     assert main(["plan", "mlp", "--pipeline", "no", "--level", "exhaustive", "-o", str(path)]) == 130
     err = capsys.readouterr().err
     assert err.strip().endswith(f"autoplan: interrupted by SIGINT; {path} was not written.")

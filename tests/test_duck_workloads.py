@@ -13,7 +13,7 @@ import pytest
 
 import autoplan
 import autoplan.exec as ex
-from autoplan.search import NoPipelineWarning
+from autoplan.algorithms import NoPipelineWarning
 from autoplan.search._api import GRAPH_ONLY_NOTE
 
 

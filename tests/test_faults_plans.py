@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import autoplan
-import autoplan.search as S
 from autoplan import Cluster
+from autoplan import algorithms as S
 from autoplan._cluster import MAX_DEVICES, MAX_SEARCH_DEVICES
 from autoplan._options import cache_max_bytes, check_mesh_shape
 from autoplan._plan_check import (

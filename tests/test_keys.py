@@ -157,7 +157,7 @@ def test_key_operators_are_replicated_and_random_bits_shards():
 def test_dropout_plans_run_equal_to_one_device_with_sharded_draws(make):
     wl = _workload(make(3))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", autoplan.search.UnsupportedPrimitiveWarning)
+        warnings.simplefilter("error", autoplan.algorithms.UnsupportedPrimitiveWarning)
         res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(8, 1))
     dp = next(p for p in res.baselines if p.label == "baseline: data parallel")
     (bits,) = [o for o in dp.stages[0].ops if o.primitive == "random_bits"]

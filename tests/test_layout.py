@@ -101,7 +101,7 @@ def test_exec_and_viz_are_reachable_after_import_autoplan():
     code = ("import autoplan; import sys; "
             "assert 'autoplan.viz' not in sys.modules and 'autoplan.exec' not in sys.modules; "
             "print(autoplan.exec.run.__name__, autoplan.viz.Explorer.__name__, "
-            "autoplan.search.search.__name__, autoplan.models.get.__name__)")
+            "autoplan.search.__name__, autoplan.models.get.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["run", "Explorer", "search", "get"]

@@ -16,9 +16,8 @@ import pytest
 
 import autoplan
 import autoplan.exec as ex
-import autoplan.search as search
 import autoplan.viz as viz
-from autoplan import AutoplanError
+from autoplan import AutoplanError, algorithms
 
 
 def _graph():
@@ -31,6 +30,9 @@ BAD_CALLS = {
     "autoplan.search": [lambda: autoplan.search(42),
                         lambda: autoplan.search(autoplan.models.get("mlp"), cluster="no-such-preset")],
     "autoplan.plan": [lambda: autoplan.plan("no-such-model")],
+    "autoplan.SearchOptions": [lambda: autoplan.SearchOptions(level="O9"),
+                               lambda: autoplan.SearchOptions(pipeline=False, microbatches=4),
+                               lambda: autoplan.SearchOptions(time_limit=0)],
     "autoplan.trace": [lambda: autoplan.trace(42),
                        lambda: autoplan.trace(lambda x: x, jnp.ones(2), arg_kinds=("weights",)),
                        lambda: autoplan.trace(lambda x: x, jnp.ones(2), arg_kinds=("batch", "batch"))],
@@ -46,10 +48,10 @@ BAD_CALLS = {
     "autoplan.models": [lambda: autoplan.models.get("no-such-model"),
                         lambda: autoplan.models.get("gpt", size="huge"),
                         lambda: autoplan.models.get("gpt", no_such_field=3)],
-    "autoplan.search.cones": [lambda: search.cones(_graph(), opt_level="O9")],
-    "autoplan.search.critical_nodes": [lambda: search.critical_nodes(_graph(), part="middle")],
-    "autoplan.search.segments": [lambda: search.segments(_graph(), granularity="op"),
-                                 lambda: search.segments(_graph(), attach="nowhere")],
+    "autoplan.algorithms.cones": [lambda: algorithms.cones(_graph(), opt_level="O9")],
+    "autoplan.algorithms.critical_nodes": [lambda: algorithms.critical_nodes(_graph(), part="middle")],
+    "autoplan.algorithms.segments": [lambda: algorithms.segments(_graph(), granularity="op"),
+                                 lambda: algorithms.segments(_graph(), attach="nowhere")],
     "autoplan.viz.Explorer": [lambda: viz.Explorer(level="no-such-level"),
                               lambda: viz.Explorer(cluster=42)],
     "autoplan.viz.sharding_figure": [lambda: viz.sharding_figure(42)],
@@ -84,16 +86,16 @@ BAD_CALLS = {
     "autoplan.exec.collectives": [lambda: ex.collectives(42)],
     "autoplan.exec.comm_bytes": [lambda: ex.comm_bytes(42)],
     "autoplan.exec.flatten": [lambda: ex.flatten(42)],
-    "autoplan.search.schedule_table": [lambda: search.schedule_table("no-such-schedule", 2, 4),
-                                       lambda: search.schedule_table("gpipe", 0, 4)],
-    "autoplan.search.schedule_order": [lambda: search.schedule_order("no-such-schedule", 2, 4)],
-    "autoplan.search.schedule_events": [lambda: search.schedule_events("1f1b", 2, 2, [1.0], [1.0, 1.0])],
+    "autoplan.algorithms.schedule_table": [lambda: algorithms.schedule_table("no-such-schedule", 2, 4),
+                                       lambda: algorithms.schedule_table("gpipe", 0, 4)],
+    "autoplan.algorithms.schedule_order": [lambda: algorithms.schedule_order("no-such-schedule", 2, 4)],
+    "autoplan.algorithms.schedule_events": [lambda: algorithms.schedule_events("1f1b", 2, 2, [1.0], [1.0, 1.0])],
     "autoplan.exec.check_equivalence": [lambda: ex.check_equivalence(42, None, [], [])],
 }
 
 #: public names that are records the library builds (or lazily loaded modules): no user call to get wrong
 RECORDS = {
-    "autoplan": {"exec", "viz", "LogicalMesh", "GraphInput", "OpGraph", "OpNode", "Tensor",
+    "autoplan": {"exec", "viz", "algorithms", "LogicalMesh", "GraphInput", "OpGraph", "OpNode", "Tensor",
                  "OpaqueControlFlowWarning", "SearchResult"},
     "autoplan.viz": {"Event"},
     "autoplan.exec": {"RunReport", "EquivalenceResult", "LaunchHandle", "LaunchResult", "DeviceInfo",

@@ -106,7 +106,7 @@ def test_bad_kinds_and_counts_are_refused():
 def test_the_executor_names_still_work_with_a_deprecation_warning():
     import autoplan.exec  # noqa: PLC0415
 
-    with pytest.warns(DeprecationWarning, match="autoplan.search.schedule_table"):
+    with pytest.warns(DeprecationWarning, match="autoplan.algorithms.schedule_table"):
         assert autoplan.exec.schedule_table is schedule_table
-    with pytest.warns(DeprecationWarning, match="autoplan.search.schedule_order"):
+    with pytest.warns(DeprecationWarning, match="autoplan.algorithms.schedule_order"):
         assert autoplan.exec.schedule_order is schedule_order

@@ -55,13 +55,13 @@ _MOVED = {"schedule_table", "schedule_order"}
 def __getattr__(name: str):
     """``autoplan.exec.schedule_table`` and ``schedule_order`` still work for one release, with a
     :class:`DeprecationWarning`: the schedules live in one module, public as
-    ``autoplan.search.schedule_table`` and ``autoplan.search.schedule_order``."""
+    ``autoplan.algorithms.schedule_table`` and ``autoplan.algorithms.schedule_order``."""
     if name in _MOVED:
         import warnings  # noqa: PLC0415
 
         from autoplan import _schedule  # noqa: PLC0415
 
-        warnings.warn(f"autoplan.exec.{name} is deprecated; use autoplan.search.{name} (the same "
+        warnings.warn(f"autoplan.exec.{name} is deprecated; use autoplan.algorithms.{name} (the same "
                       "function).", DeprecationWarning, stacklevel=2)
         return getattr(_schedule, name)
     raise AttributeError(f"module 'autoplan.exec' has no attribute {name!r}")

@@ -1,95 +1,47 @@
-"""Plan search: intra-operator sharding (Alpa's ILP), folding (TAPAS mining, TePDist cones and
-segments, optimisation levels) and pipeline stages (Alpa's stage DP, TePDist's DAG stage ILP,
-GPipe, 1F1B, interleaved 1F1B and ZB-H1 schedules).
+"""The search's implementation: the entry point (``_api``), the baselines, the parallel tasks,
+and the algorithm families in their sub-packages: intra-operator sharding (``intra``: Alpa's
+ILP), folding (``fold``: TAPAS mining, TePDist cones and segments, the optimisation levels) and
+pipeline stages (``pipeline``: Alpa's stage DP, TePDist's DAG stage ILP, the schedules).
 
-``autoplan.search`` is both this package and the entry point: ``autoplan.search(workload,
-cluster, ...)`` calls :func:`search`, and ``autoplan.search.mine``, ``autoplan.search.stage_dp``
-... are the algorithms.
+The modules here are private. ``autoplan.search`` is the search function
+(:func:`autoplan.search._api.search`: the ``autoplan`` package keeps that name bound to the
+function when this package is imported), and the algorithms are public in
+:mod:`autoplan.algorithms`. ``from autoplan.search import <name>`` of a name this package
+re-exported until the previous release still works for one release, with a
+:class:`DeprecationWarning` naming where it lives now.
 """
 
-import sys as _sys
-import types as _types
-
-from autoplan._schedule import gpipe_table as gpipe_table
-from autoplan._schedule import interleaved_table as interleaved_table
-from autoplan._schedule import one_f_one_b_table as one_f_one_b_table
-from autoplan._schedule import schedule_events as schedule_events
-from autoplan._schedule import schedule_order as schedule_order
-from autoplan._schedule import schedule_stats as schedule_stats
-from autoplan._schedule import schedule_summary as schedule_summary
-from autoplan._schedule import schedule_table as schedule_table
-from autoplan._schedule import zb_h1_table as zb_h1_table
-from autoplan.search._api import LEVELS as LEVELS
-from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
-from autoplan.search._api import NoPipelineWarning as NoPipelineWarning
-from autoplan.search._api import PlanDoesNotFitWarning as PlanDoesNotFitWarning
-from autoplan.search._api import SearchResult as SearchResult
-from autoplan.search._api import plan as plan
-from autoplan.search._api import search as search
-from autoplan.search._baselines import baseline_plans as baseline_plans
-from autoplan.search.fold._cones import Cone as Cone
-from autoplan.search.fold._cones import Segment as Segment
-from autoplan.search.fold._cones import cones as cones
-from autoplan.search.fold._cones import critical_nodes as critical_nodes
-from autoplan.search.fold._cones import segments as segments
-from autoplan.search.fold._graphnodes import group_graphnodes as group_graphnodes
-from autoplan.search.fold._layers import LayerGroup as LayerGroup
-from autoplan.search.fold._layers import group_layers as group_layers
-from autoplan.search.fold._levels import level_search as level_search
-from autoplan.search.fold._mine import MiningResult as MiningResult
-from autoplan.search.fold._mine import mine as mine
-from autoplan.search.intra._ilp import ILPSolution as ILPSolution
-from autoplan.search.intra._ilp import UnsupportedPrimitiveWarning as UnsupportedPrimitiveWarning
-from autoplan.search.intra._ilp import evaluate as evaluate
-from autoplan.search.intra._ilp import solve_ilp as solve_ilp
-from autoplan.search.intra._intra import IntraOpResult as IntraOpResult
-from autoplan.search.intra._intra import intra_op_search as intra_op_search
-from autoplan.search.intra._reshard import reshard as reshard
-from autoplan.search.intra._solver import SolverTimeoutWarning as SolverTimeoutWarning
-from autoplan.search.intra._spec import enumerate_specs as enumerate_specs
-from autoplan.search.intra._strategies import Strategy as Strategy
-from autoplan.search.intra._strategies import strategies as strategies
-from autoplan.search.pipeline._pipeline import pipeline_search as pipeline_search
-from autoplan.search.pipeline._stage_dp import place_submeshes as place_submeshes
-from autoplan.search.pipeline._stage_dp import stage_dp as stage_dp
-from autoplan.search.pipeline._stage_dp import submesh_shapes as submesh_shapes
-from autoplan.search.pipeline._stage_ilp import stage_ilp as stage_ilp
-
-__all__ = [
-    "LEVELS", "SearchResult", "plan", "search", "PlanDoesNotFitWarning", "BatchSplitWarning", "NoPipelineWarning", "baseline_plans", "LayerGroup", "group_layers",
-    "Cone", "Segment", "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
-    "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
-    "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",
-    "one_f_one_b_table", "interleaved_table", "zb_h1_table", "schedule_events", "schedule_order",
-    "schedule_stats", "schedule_summary", "schedule_table",
-    "SolverTimeoutWarning", "enumerate_specs", "place_submeshes", "stage_dp", "submesh_shapes",
-    "stage_ilp", "Strategy", "strategies",
-]
-
-
-_RENAMED = {"cluster_layers": "group_layers"}
+#: the public names this package re-exported until the previous release: where each lives now
+_MOVED_TO_TOP = frozenset({"search", "plan", "SearchResult"})
+_MOVED = frozenset({
+    "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning", "NoPipelineWarning",
+    "baseline_plans", "LayerGroup", "group_layers", "Cone", "Segment", "cones", "critical_nodes",
+    "segments", "group_graphnodes", "ILPSolution", "UnsupportedPrimitiveWarning", "evaluate",
+    "solve_ilp", "IntraOpResult", "intra_op_search", "level_search", "MiningResult", "mine",
+    "pipeline_search", "reshard", "gpipe_table", "one_f_one_b_table", "interleaved_table",
+    "zb_h1_table", "schedule_events", "schedule_order", "schedule_stats", "schedule_summary",
+    "schedule_table", "SolverTimeoutWarning", "enumerate_specs", "place_submeshes", "stage_dp",
+    "submesh_shapes", "stage_ilp", "Strategy", "strategies", "cluster_layers",
+})
 
 
 def __getattr__(name: str):
-    """Old names that still work for one release, with a :class:`DeprecationWarning` naming the
-    new one: ``cluster_layers`` is :func:`group_layers` (layers of operators, not a cluster of
-    devices)."""
-    if name in _RENAMED:
+    """A name this package re-exported until the previous release, with a
+    :class:`DeprecationWarning` saying where it lives now (``autoplan.<name>`` for the search
+    itself, :mod:`autoplan.algorithms` for the algorithms)."""
+    if name in _MOVED_TO_TOP or name in _MOVED:
+        import importlib  # noqa: PLC0415
+        import sys  # noqa: PLC0415
         import warnings  # noqa: PLC0415
 
-        new = _RENAMED[name]
+        home = "autoplan" if name in _MOVED_TO_TOP else "autoplan.algorithms"
+        new = "group_layers" if name == "cluster_layers" else name
+        value = getattr(importlib.import_module(home), new)
+        if sys._getframe(1).f_code.co_name == "_handle_fromlist":
+            return value  # (the import system's look before ``from ... import``: warned next)
         warnings.warn(f"autoplan.search.{name} is deprecated and will be removed in the next "
-                      f"release; use autoplan.search.{new} (the same function).",
+                      f"release; use {home}.{new} (the same object): autoplan.search is the "
+                      "search function, its algorithms are autoplan.algorithms.",
                       DeprecationWarning, stacklevel=2)
-        return globals()[new]
+        return value
     raise AttributeError(f"module 'autoplan.search' has no attribute {name!r}")
-
-
-class _SearchModule(_types.ModuleType):
-    """Makes ``autoplan.search(...)`` call :func:`search`."""
-
-    def __call__(self, *args, **kwargs):
-        return search(*args, **kwargs)
-
-
-_sys.modules[__name__].__class__ = _SearchModule

@@ -29,21 +29,19 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autoplan import _cache
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing, random_draws
+from autoplan._analysis import FoldingAnalysis
+from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
 from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan._memo import memo
 from autoplan._options import (
     cache_max_bytes,
     check_callback,
-    check_memory_budget,
-    check_mesh_shape,
     check_search_cluster,
 )
 from autoplan._plan import LEVELS, Plan
@@ -52,13 +50,13 @@ from autoplan.search._parallel import (
     AUTO_PARALLEL_OPS,
     Task,
     check_not_bootstrapping,
-    check_workers,
     prestart,
     resolve_workers,
     run_tasks,
 )
+from autoplan.search._search_options import SearchOptions
 from autoplan.search._warn import raise_again, user_stacklevel
-from autoplan.search.fold._levels import Analysis
+from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp import _resolve_pins
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import resolve_pins
@@ -99,7 +97,10 @@ class SearchResult:
             ``level_reason`` the level that ran on each logical mesh (``"2x4"``) and why,
             ``best_label`` where the best plan came from.
         graph: the traced graph the plans are for.
-        analysis: the folding analysis (mining classes, segments), when computed.
+        analysis: the graph's folding analysis (:class:`autoplan._analysis.FoldingAnalysis`:
+            its segments in model order with their structural classes, TePDist's critical
+            nodes, the fold ratio), the record every plan carries in plain form
+            (``plan.analysis``, with the ILPs and level of the search that made it).
         notes: what the user should know about the whole search: a loss that mixes examples
             across the batch (``"this loss mixes examples across the batch; micro-batching would
             change it"``, with where, and whether micro-batched plans were left out), a search
@@ -114,7 +115,7 @@ class SearchResult:
     plans: list[Plan]
     stats: dict[str, Any]
     graph: OpGraph | None = field(default=None, repr=False)
-    analysis: Any = field(default=None, repr=False)
+    analysis: FoldingAnalysis | None = field(default=None, repr=False)
     notes: list[str] = field(default_factory=list)
     mixing: Any = field(default=None, repr=False)
 
@@ -233,27 +234,6 @@ def _check_batch_split(best: Plan, n: int) -> None:
         "or fewer devices."), stacklevel=user_stacklevel())
 
 
-def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
-                            num_layers: Any, stage_algorithm: str, submesh_hosts: str) -> None:
-    """Refuse options that the chosen ``pipeline`` mode would ignore."""
-    if pipeline is True and mesh_shape is not None:
-        raise SearchError(
-            f"search: mesh_shape={mesh_shape!r} sets the logical mesh of intra-operator plans, "
-            "but pipeline=True makes pipeline plans only (each stage's mesh is searched), so it "
-            "would be ignored. Fix: drop mesh_shape, or use pipeline=False (or 'auto').")
-    if pipeline is False:
-        given = [f"{k}={v!r}" for k, v, default in (
-            ("microbatches", microbatches, None), ("schedule", schedule, "1f1b"),
-            ("num_layers", num_layers, None), ("stage_algorithm", stage_algorithm, "auto"),
-            ("submesh_hosts", submesh_hosts, "auto")) if v != default]
-        if given:
-            raise SearchError(
-                f"search: {', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, but "
-                "pipeline=False makes intra-operator plans only, so "
-                f"{'it' if len(given) == 1 else 'they'} would be ignored. Fix: drop "
-                f"{'it' if len(given) == 1 else 'them'}, or use pipeline=True (or 'auto').")
-
-
 def _rank(plans: list[Plan]) -> list[Plan]:
     def key(p: Plan):
         fits = p.predicted.memory_per_device <= p.cluster.device_memory
@@ -287,7 +267,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None,
-           allow_microbatching_mixed: bool = False) -> SearchResult:
+           allow_microbatching_mixed: bool = False,
+           options: SearchOptions | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -339,8 +320,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             fresh (a script that searches at its top level needs an
             ``if __name__ == "__main__":`` guard) and kept for later searches.
         cache: look the result up in the plan cache, and store it there (:mod:`autoplan._cache`:
-            keyed by the graph's structure, every cluster field and every option above but
-            ``workers`` and ``progress``); ``False`` searches and stores nothing.
+            keyed by the graph's structure, every cluster field and
+            :meth:`SearchOptions.key() <autoplan.SearchOptions.key>`: every option but
+            ``workers``, ``cache`` and the callbacks); ``False`` searches and stores nothing.
         progress: called as ``progress(message, fraction)`` during the search.
         partial: called once with a :class:`SearchResult` of the intra-operator candidates,
             ranked, when the pipeline search is still to run (``stats["partial"]`` is True): a
@@ -353,6 +335,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
             note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
             microbatches=1`` searches such pipelines without it.
+        options: every option above but ``progress`` and ``partial`` as one
+            :class:`autoplan.SearchOptions` (frozen, validated when made, reusable); the
+            keywords it holds are then left at their defaults.
 
     Returns:
         A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
@@ -363,7 +348,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         :func:`autoplan.viz.graph_figure` can draw it from the plan or its file.
 
     Raises:
-        SearchError: bad options, or options the chosen ``pipeline`` mode would ignore
+        SearchError: bad options (the checks of :class:`autoplan.SearchOptions`), ``options=``
+            with keywords it holds, or options the chosen ``pipeline`` mode would ignore
             (``mesh_shape`` with ``pipeline=True``; ``microbatches``, ``schedule``,
             ``num_layers``, ``stage_algorithm`` or ``submesh_hosts`` with ``pipeline=False``);
             ``pipeline=True`` for a loss that mixes examples without
@@ -378,45 +364,37 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         NoPipelineWarning: ``pipeline="auto"`` with a graph (from :func:`autoplan.trace`) instead
             of the workload: no pipeline candidates (``result.notes`` says so too).
     """
-    options = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
-                   mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
-                   time_limit=time_limit, baselines=baselines, num_layers=num_layers,
-                   stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
-    cluster = _check_options(cluster, options)
-    if not isinstance(allow_microbatching_mixed, bool):
-        raise SearchError(f"search: allow_microbatching_mixed should be True or False. Got "
-                          f"{allow_microbatching_mixed!r}. Fix: allow_microbatching_mixed=True "
-                          "to search micro-batched plans for a loss that mixes examples.")
-    check_workers(workers)
-    if not isinstance(cache, bool):
-        raise SearchError(f"search: cache should be True or False. Got {cache!r}. Fix: cache=False "
-                          "to search without the plan cache.")
+    given = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
+                 mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
+                 time_limit=time_limit, baselines=baselines, num_layers=num_layers,
+                 stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts, workers=workers,
+                 cache=cache, allow_microbatching_mixed=allow_microbatching_mixed)
+    opts = _options(options, given)
+    cluster = _check_cluster(cluster)
     check_callback("search", "progress", progress, SearchError)
     check_callback("search", "partial", partial, SearchError, "(result)")
-    if cache:
+    if opts.cache:
         cache_max_bytes(_cache.MAX_BYTES)  # a bad $AUTOPLAN_CACHE_MAX_BYTES: said before any work
     check_not_bootstrapping()
     report = progress or (lambda msg, frac: None)
     t_start = time.perf_counter()
     report("tracing", 0.0)
-    single = options["mesh_shape"] is not None or len(mesh_shapes_for(
+    single = opts.mesh_shape is not None or len(mesh_shapes_for(
         cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
-    if _large_workload(workload_or_graph) and not (workers is None and single
-                                                   and pipeline is False):
+    if _large_workload(workload_or_graph) and not (opts.workers is None and single
+                                                   and opts.pipeline is False):
         # (they start while it traces, importing what the tasks run)
-        prestart(resolve_workers(workers, AUTO_PARALLEL_OPS), _TASK_MODULES)
+        prestart(resolve_workers(opts.workers, AUTO_PARALLEL_OPS), _TASK_MODULES)
     graph, workload, t_trace = _graph_and_workload(workload_or_graph)
-    if pipeline is True and workload is None:
+    if opts.pipeline is True and workload is None:
         raise SearchError("search: pipeline=True needs a Workload (the micro-batch graph is traced "
                           "from it), not an OpGraph. Got an OpGraph. Fix: "
                           f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
                           " (or a zoo workload), or use pipeline=False.")
-    found_mixing = memo(graph, "mixing", lambda: mixing(graph))
-    notes, microbatching = _search_notes(graph, workload, options, found_mixing,
-                                         allow_microbatching_mixed)
-    options["microbatching"] = microbatching
-    n_workers = resolve_workers(workers, len(graph))
-    if workers is None and single and (pipeline is False or workload is None):
+    found_mixing = mixing_of(graph)
+    notes, microbatching = _search_notes(graph, workload, opts, found_mixing)
+    n_workers = resolve_workers(opts.workers, len(graph))
+    if opts.workers is None and single and (opts.pipeline is False or workload is None):
         # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
         # analyses, which costs more than the baselines it would take off this process
         n_workers = 1
@@ -427,42 +405,65 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         if len(lead) == 1:
             config["batch"] = lead.pop()
     key = None
-    if cache:
+    if opts.cache:
         # (the pipeline search needs a workload: a graph alone cannot share a pipeline result)
-        key = _cache.search_key(graph, cluster, {**options, "workload": workload is not None},
-                                config)
+        key = _cache.search_key(graph, cluster, opts, config, workload=workload is not None,
+                                microbatching=microbatching)
         hit = _cache.load(key)
         if hit is not None:
             report("done (from the plan cache)", 1.0)
             return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
-                           Analysis.from_dict(hit["analysis"]) if hit["analysis"] else None,
-                           hit["warnings"], memory_budget, notes, found_mixing)
-    found = _search_plans(graph, workload, cluster, options, config, n_workers, report, partial)
-    plans, stats, analysis, recorded = found
-    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": level,
+                           FoldingAnalysis.from_dict(hit["analysis"]), hit["warnings"],
+                           opts.memory_budget, notes, found_mixing)
+    found = _search_plans(graph, workload, cluster, opts, microbatching, config, n_workers,
+                          report, partial)
+    plans, stats, recorded = found
+    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": opts.level,
                   "workers": n_workers})
-    plans = _finish_plans(plans, graph, analysis, stats, found_mixing)
+    analysis = analysis_of(graph)
+    plans = _finish_plans(plans, graph, stats, found_mixing)
     stats["search_seconds"] = time.perf_counter() - t_start - t_trace
-    ranked, i = _rank_and_pick(plans, memory_budget)
+    ranked, i = _rank_and_pick(plans, opts.memory_budget)
     ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
     stats["best_label"] = ranked[i].label
     stats["cache"] = "off"
     if key is not None:
         stats["cache"] = "stored"
-        if not _cache.store(key, ranked, i, stats,
-                            analysis.to_dict() if analysis is not None else None, recorded):
+        if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
             stats["cache"] = "not stored"
     report("done", 1.0)
-    return _result(graph, ranked, i, stats, analysis, recorded, memory_budget, notes,
+    return _result(graph, ranked, i, stats, analysis, recorded, opts.memory_budget, notes,
                    found_mixing)
 
 
-def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], found: Any,
-                  allow_mixed: bool) -> tuple[list[str], bool]:
+def _options(options: Any, given: dict[str, Any]) -> SearchOptions:
+    """The search's options: ``options`` when given (then every keyword in ``given`` must be at
+    its default), else a :class:`SearchOptions` of the keywords (validated)."""
+    if options is None:
+        return SearchOptions(**given)
+    if not isinstance(options, SearchOptions):
+        raise SearchError(f"search: options should be an autoplan.SearchOptions. Got "
+                          f"{type(options).__name__}: {options!r:.40}. Fix: "
+                          "options=autoplan.SearchOptions(level='folded', ...), or pass the "
+                          "keywords alone.")
+    defaults = {f.name: f.default for f in fields(SearchOptions)}
+    clash = [k for k, v in given.items() if v is not defaults[k] and v != defaults[k]]
+    if clash:
+        raise SearchError(f"search: options= holds every option, but "
+                          f"{', '.join(f'{k}={given[k]!r}' for k in clash)} "
+                          f"{'was' if len(clash) == 1 else 'were'} given too. Fix: "
+                          f"options=options.replace({', '.join(f'{k}=...' for k in clash)}), or "
+                          "pass the keywords alone.")
+    return options
+
+
+def _search_notes(graph: OpGraph, workload: Any, options: SearchOptions, found: Any
+                  ) -> tuple[list[str], bool]:
     """The notes of a search, and whether it may make micro-batched plans; warns (and refuses
     ``pipeline=True``) where the user must know before any work."""
     notes: list[str] = []
-    pipeline, microbatches = options["pipeline"], options["microbatches"]
+    pipeline, microbatches = options.pipeline, options.microbatches
+    allow_mixed = options.allow_microbatching_mixed
     microbatching = found is None or allow_mixed
     if found is not None:
         if allow_mixed:
@@ -490,55 +491,24 @@ def _search_notes(graph: OpGraph, workload: Any, options: Mapping[str, Any], fou
     return notes, microbatching
 
 
-def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluster:
-    """Refuse bad options before any work; the cluster as a :class:`Cluster`."""
-    level, pipeline, schedule = options["level"], options["pipeline"], options["schedule"]
-    microbatches = options["microbatches"]
-    if level not in LEVELS:
-        raise SearchError(f"search: level should be one of {LEVELS}. Got {level!r}. "
-                          "Fix: level='auto' (default), 'exhaustive', 'hierarchical' or 'folded'.")
-    if pipeline not in (True, False, "auto"):
-        raise SearchError(f"search: pipeline should be True, False or 'auto'. Got {pipeline!r}.")
-    from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
-        SCHEDULES,
-        check_microbatches,
-        check_submesh_hosts,
-    )
-
-    if schedule not in SCHEDULES:
-        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
-                          f"Got {schedule!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
-                          "'zb-h1', or 'auto' to weigh all but GPipe.")
-    if options["baselines"] not in (True, False, "paper"):
-        raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
-                          f"{options['baselines']!r}. Fix: 'paper' adds Alpa's comparisons "
-                          "(Megatron's TP x PP x DP grid, ZeRO-2, ZeRO-3, inter-op only).")
-
-    check_submesh_hosts(options["submesh_hosts"])
-    check_microbatches(microbatches)
-    _check_pipeline_options(pipeline, options["mesh_shape"],
-                            None if microbatches == "auto" else microbatches, schedule,
-                            options["num_layers"], options["stage_algorithm"],
-                            options["submesh_hosts"])
+def _check_cluster(cluster: Cluster | str) -> Cluster:
+    """The cluster as a :class:`Cluster`, refused when a search cannot plan for it."""
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
                           f"{type(cluster).__name__}.")
-    check_memory_budget("search", options["memory_budget"], SearchError)
-    check_mesh_shape("search", options["mesh_shape"], SearchError)
     check_search_cluster("search", cluster, SearchError)
     return cluster
 
 
 def _mesh_search(graph: OpGraph, cluster: Cluster, shape: tuple[int, ...], **kw: Any
-                 ) -> tuple[Plan, dict[str, Any], Analysis | None]:
-    """One logical mesh's intra-operator search (a task of the search): its plan, statistics and
-    folding analysis (without the mining result, which stays with the caller's graph)."""
+                 ) -> tuple[Plan, dict[str, Any]]:
+    """One logical mesh's intra-operator search (a task of the search): its plan and statistics
+    (the folding analysis is the graph's, computed by the caller)."""
     from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
     res = level_search(graph, cluster, shape, **kw)
-    analysis = None if res.analysis is None else replace(res.analysis, mining=None)
-    return res.plan, res.stats, analysis
+    return res.plan, res.stats
 
 
 def _pipeline_plans(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> Any:
@@ -565,13 +535,12 @@ def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: An
     return pipeline_baselines(workload, cluster, **kw)
 
 
-def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapping[str, Any],
-                  config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
+def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: SearchOptions,
+                  microbatching: bool, config: dict[str, Any], n_workers: int, report: Callable[[str, float], None],
                   partial: Callable[[SearchResult], None] | None = None
-                  ) -> tuple[list[Plan], dict[str, Any], Analysis | None,
-                             list[tuple[type[Warning], str]]]:
-    """The candidates and baselines of a search, its statistics, the folding analysis of its
-    first folded mesh, and the warnings its tasks raised (in task order).
+                  ) -> tuple[list[Plan], dict[str, Any], list[tuple[type[Warning], str]]]:
+    """The candidates and baselines of a search, its statistics, and the warnings its tasks
+    raised (in task order).
 
     The independent parts are tasks run on ``n_workers`` processes: the pipeline search (in this
     process, it traces the workload), one intra-operator search per logical mesh, the
@@ -579,49 +548,48 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
     """
     from autoplan.search._baselines import baseline_tasks  # noqa: PLC0415
 
-    pipeline, level, memory_budget = options["pipeline"], options["level"], options["memory_budget"]
-    time_limit = options["time_limit"]
+    pipeline, level, memory_budget = options.pipeline, options.level, options.memory_budget
+    time_limit = options.time_limit
     do_intra = pipeline in (False, "auto")
     # on one device the pipeline search gives the one-stage, gradient-accumulation plan
     do_pipe = pipeline in (True, "auto") and workload is not None and (
-        options.get("microbatching", True) or options["microbatches"] == 1)
-    if options["mesh_shape"] is not None:
-        shapes = [tuple(int(x) for x in options["mesh_shape"])] if do_intra else []
+        microbatching or options.microbatches == 1)
+    if options.mesh_shape is not None:
+        shapes = [options.mesh_shape] if do_intra else []
     else:
         shapes = mesh_shapes_for(cluster.num_devices, cluster.nodes,
                                  cluster.devices_per_node) if do_intra else []
     # options each task would refuse, refused before any of them runs
-    resolve_pins(graph, options["pin"])
+    resolve_pins(graph, options.pin)
     for shape in shapes:
-        _resolve_pins(graph, make_logical_mesh(cluster, shape), options["pin"])
+        _resolve_pins(graph, make_logical_mesh(cluster, shape), options.pin)
     tasks: list[Task] = []
     if do_pipe:
         tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(
-            schedule=options["schedule"], microbatches=options["microbatches"],
+            schedule=options.schedule, microbatches=options.microbatches,
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
-            time_limit=time_limit, num_layers=options["num_layers"],
-            stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
-            pin=_pins_by_name(graph, options["pin"]), workers=n_workers),
+            time_limit=time_limit, num_layers=options.num_layers,
+            stage_algorithm=options.stage_algorithm, submesh_hosts=options.submesh_hosts,
+            pin=_pins_by_name(graph, options.pin), workers=n_workers),
             label="pipeline search", local=True))
-    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
+    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options.pin,
                    time_limit=time_limit, config=config)
     tasks += [Task(_mesh_search, graph, (cluster, shape), mesh_kw,
                    label=f"intra-op search on mesh {'x'.join(map(str, shape))}")
               for shape in shapes]
-    if options["baselines"]:
-        paper = options["baselines"] == "paper"
+    if options.baselines:
+        paper = options.baselines == "paper"
         tasks += baseline_tasks(graph, cluster, time_limit=time_limit, config=config,
                                 paper=paper)
-        if do_pipe and options.get("microbatching", True) and (
+        if do_pipe and microbatching and (
                 cluster.nodes > 1 or paper and cluster.num_devices > 1):
             tasks.append(Task(_megatron_pipeline, graph, (workload, cluster),
-                              dict(schedule=options["schedule"], time_limit=time_limit,
+                              dict(schedule=options.schedule, time_limit=time_limit,
                                    workers=n_workers, paper=paper),
                               label="baseline: Megatron TP x PP", local=True))
     stats: dict[str, Any] = {}
     plans: list[Plan] = []
     baseline_plans: list[Plan] = []
-    analysis = None
     infeasible: list[InfeasiblePlanError] = []
     if partial is not None and do_pipe and shapes:
         # the intra-operator candidates and baselines first, shown while the pipeline search runs
@@ -629,20 +597,18 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
         first = [t for t in tasks if t not in later]
         outcomes = run_tasks(first, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.45 * frac))
-        analysis = _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
+        _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
         if plans:
-            ranked = _rank(_finish_plans(plans + baseline_plans, graph, analysis, stats))
+            ranked = _rank(_finish_plans(plans + baseline_plans, graph, stats))
             partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
-                                 graph=graph, analysis=analysis))
+                                 graph=graph, analysis=analysis_of(graph)))
         outcomes += run_tasks(later, workers=n_workers,
                               report=lambda msg, frac: report(msg, 0.5 + 0.45 * frac))
-        found = _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible,
-                         level)
+        _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible, level)
     else:
         outcomes = run_tasks(tasks, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
-        found = _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
-    analysis = analysis or found
+        _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
     recorded = [w for o in outcomes for w in o.warnings]
     if not plans:
         if infeasible:
@@ -655,21 +621,16 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
                 + ". Got: " + "; ".join(str(e).rstrip(".") for e in infeasible) + "."
                 + " Fix: raise memory_budget, use more devices, or a smaller model.", least)
         raise AutoplanError("search: no candidate plan was produced; check the options.")
-    if analysis is not None:  # the mining result stays here, with the graph it describes
-        from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
-        analysis = replace(analysis, mining=memo(graph, "mining", lambda: mine(graph)))
     if memory_budget is not None:
         plans = [p for p in plans if p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
-    return plans + baseline_plans, stats, analysis, recorded
+    return plans + baseline_plans, stats, recorded
 
 
 def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plans: list[Plan],
              baseline_plans: list[Plan], infeasible: list[InfeasiblePlanError],
-             level: str) -> Analysis | None:
+             level: str) -> None:
     """Add the tasks' outcomes to ``plans`` (candidates), ``baseline_plans``, ``infeasible`` and
-    ``stats``; the folding analysis of the first folded mesh among them."""
-    analysis = None
+    ``stats``."""
     for t, o in zip(tasks, outcomes):
         if t.fn is _pipeline_plans:
             if isinstance(o.error, InfeasiblePlanError):
@@ -683,14 +644,12 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
             if isinstance(o.error, InfeasiblePlanError):
                 infeasible.append(o.error)
                 continue
-            plan, mesh_stats, mesh_analysis = o.result()
+            plan, mesh_stats = o.result()
             plans.append(plan)
-            analysis = analysis or mesh_analysis
             _merge_mesh_stats(stats, "x".join(map(str, t.args[1])), mesh_stats, level)
         else:  # a baseline: a plan (or a list of them), or None where it does not apply
             got = o.result()
             baseline_plans.extend(got if isinstance(got, list) else [got] if got else [])
-    return analysis
 
 
 def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[str, Any],
@@ -713,7 +672,7 @@ def _merge_mesh_stats(stats: dict[str, Any], mesh_key: str, mesh_stats: Mapping[
 
 
 def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
-            analysis: Analysis | None, recorded: list[tuple[type[Warning], str]],
+            analysis: FoldingAnalysis, recorded: list[tuple[type[Warning], str]],
             memory_budget: float | None, notes: list[str] | None = None,
             found_mixing: Any = None) -> SearchResult:
     """The :class:`SearchResult` of ranked plans (searched now or from the cache), with the
@@ -733,21 +692,19 @@ def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
                         notes=list(notes or []), mixing=found_mixing)
 
 
-def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
-                  stats: Mapping[str, Any], found_mixing: Any = None) -> list[Plan]:
+def _finish_plans(plans: list[Plan], graph: OpGraph, stats: Mapping[str, Any],
+                  found_mixing: Any = None) -> list[Plan]:
     """Each plan with the argument pytrees' structure (the JAX views then mirror the user's own
-    types), the graph's folding analysis (:func:`~autoplan.search.fold._summary.
-    analysis_summary`) and the ILPs and level of the search that made it: an intra-operator
+    types), the graph's folding analysis in plain form (:func:`~autoplan.search.fold._summary.
+    analysis_of`, :meth:`~autoplan._analysis.FoldingAnalysis.to_dict`) with the ILPs and level of the search that made it: an intra-operator
     candidate's mesh, the pipeline search's layer solves; None for a baseline. A micro-batched
     plan gets the notes of what micro-batching changes: its random draws
     (:data:`~autoplan._batchflow.RANDOM_NOTE`), a loss that mixes examples
     (:data:`~autoplan._batchflow.MIXING_NOTE`)."""
-    from autoplan.search.fold._summary import analysis_summary  # noqa: PLC0415
-
     if graph.arg_trees is not None:
         types = tuple(t.types for t in graph.arg_trees)
         plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]
-    base = analysis_summary(graph, analysis)
+    base = analysis_of(graph)
     out = []
     for p in plans:
         ilps = level = None
@@ -757,7 +714,7 @@ def _finish_plans(plans: list[Plan], graph: OpGraph, analysis: Any,
             level = (stats.get("level_used") or {}).get(mesh)
         elif p.label == "autoplan-pipeline":
             ilps, level = stats.get("pipeline_layer_solves"), p.level
-        p = p.with_(analysis={**base, "ilps": ilps, "level": level})
+        p = p.with_(analysis=base.with_search(ilps, level).to_dict())
         if p.schedule.microbatches > 1:
             p = p.with_(notes=tuple(p.notes) + _microbatch_notes(p, graph, found_mixing))
         out.append(p)

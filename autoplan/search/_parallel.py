@@ -58,7 +58,7 @@ from typing import Any
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._loader import shadowed_stdlib
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan.search._warn import user_stacklevel
 
 __all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "check_workers",
@@ -419,9 +419,10 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
+@per_owner
 def _token(graph: OpGraph) -> str:
     """A name for this graph object, unique in this process's life (the workers' store key)."""
-    return memo(graph, ("parallel", "token"), lambda: uuid.uuid4().hex)
+    return uuid.uuid4().hex
 
 
 def _payload(graph: OpGraph) -> bytes:

@@ -68,6 +68,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+import autoplan
+
 from .._cluster import PRESETS, Cluster
 from .._errors import (
     ArgumentError,
@@ -273,18 +275,6 @@ def _ms(t: float | None) -> str:
 
 def _loss(v: Any) -> str:
     return "-" if v is None else f"{float(v):.6f}"
-
-
-def _search_function() -> Callable[..., Any]:
-    """``autoplan.search`` (a function re-exported by the package, or the subpackage's)."""
-    import importlib  # noqa: PLC0415
-
-    import autoplan  # noqa: PLC0415
-
-    fn = getattr(autoplan, "search", None)
-    if callable(fn):
-        return fn
-    return importlib.import_module("autoplan.search").search
 
 
 def _is_graph(obj: Any) -> bool:
@@ -846,7 +836,7 @@ class Explorer:
                 kw: dict[str, Any] = dict(opts, pipeline=False if _is_graph(wl) else "auto",
                                           progress=self._progress_cb)
                 kw["partial"] = lambda part: self._apply_result(part, key, context, partial=True)
-                res = _search_function()(wl, cl, **kw)
+                res = autoplan.search(wl, cl, **kw)
                 self._memo[key] = res
         except Exception as err:
             self._progress.bar_style = "danger"
@@ -1491,10 +1481,10 @@ class Explorer:
         opts = self._options()
         t0 = time.perf_counter()
         try:
-            res = _search_function()(wl, self._cluster(), pipeline=False,
-                                     mesh_shape=tuple(before.mesh_shape), level=opts["level"],
-                                     memory_budget=opts["memory_budget"], pin=pins,
-                                     baselines=False)
+            res = autoplan.search(wl, self._cluster(), pipeline=False,
+                                  mesh_shape=tuple(before.mesh_shape), level=opts["level"],
+                                  memory_budget=opts["memory_budget"], pin=pins,
+                                  baselines=False)
         except AutoplanError as err:
             self._refresh_pin_panel(f"the pin cannot be honoured: {html.escape(str(err))}")
             raise

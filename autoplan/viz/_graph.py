@@ -5,10 +5,11 @@ colour, so the repetition that folding exploits is visible (TAPAS); segment boun
 lines, critical nodes (TePDist's cut points between segments) are marked, and the title states
 the fold ratio and how many ILPs the search solved.
 
-``graph_figure`` takes the layers directly, or a :class:`~autoplan.search.SearchResult` or
+``graph_figure`` takes the layers directly, or a :class:`~autoplan.SearchResult` or
 :class:`~autoplan.Plan` carrying the folding analysis the search records (``plan.analysis``,
-kept in the plan file): the segments in model order, their classes, the critical nodes, the
-fold ratio and the ILP count.
+kept in the plan file), or that record itself (:class:`autoplan._analysis.FoldingAnalysis`): the
+segments in model order, their classes, the critical nodes, the fold ratio and the ILP count.
+Whatever it is given, it draws :class:`~autoplan._analysis.SegmentSummary` records.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .._analysis import FoldingAnalysis, SegmentSummary
 from .._errors import ArgumentError
 from ._style import TEMPLATE, class_color, escape, legend_swatch
 
@@ -52,8 +54,13 @@ def _boundaries(segments: Sequence[Any], names: dict[str, int], n: int) -> list[
     return sorted(b for b in out if 0 < b < n)
 
 
-def _from_analysis(source: Any) -> tuple[dict[str, Any], str, Any]:
-    """``(analysis, model name, plan)`` of a Plan or SearchResult."""
+def _from_analysis(source: Any) -> tuple[FoldingAnalysis, str]:
+    """``(analysis, model name)`` of a Plan or SearchResult (or of the record itself)."""
+    if isinstance(source, FoldingAnalysis):
+        if not source.segments:
+            raise ArgumentError("graph_figure: the folding analysis has no segments. Got "
+                                f"{source!r:.60}. Fix: pass the layers.")
+        return source, ""
     plan = source
     if hasattr(source, "best") and hasattr(source, "plans"):  # a SearchResult
         plan = next((p for p in [source.best, *source.plans] if getattr(p, "analysis", None)),
@@ -64,7 +71,20 @@ def _from_analysis(source: Any) -> tuple[dict[str, Any], str, Any]:
             f"graph_figure: the {type(source).__name__} carries no folding analysis (a plan made "
             "by hand or read from a file an older autoplan wrote). Got analysis="
             f"{str(analysis)[:40]}. Fix: search again with autoplan.search, or pass the layers.")
-    return dict(analysis), str(getattr(plan, "model", "")), plan
+    return FoldingAnalysis.from_dict(analysis), str(getattr(plan, "model", ""))
+
+
+def _segment(lay: Any, i: int) -> SegmentSummary:
+    """A layer given as a dict (``name`` and optionally ``flops``, ``ops``, ``class``,
+    ``planned``) as the record the figure draws."""
+    if isinstance(lay, SegmentSummary):
+        return lay
+    if not isinstance(lay, Mapping) or "name" not in lay:
+        raise ArgumentError(f"graph_figure: each layer should be a dict with a 'name'. Got layer "
+                            f"{i}: {lay!r}.")
+    return SegmentSummary(name=str(lay["name"]), flops=float(lay.get("flops", 0.0) or 0.0),
+                          ops=int(lay.get("ops", 0) or 0), cls=lay.get("class"),
+                          planned=tuple(lay.get("planned") or ()))
 
 
 def graph_figure(layers: Any,
@@ -77,9 +97,10 @@ def graph_figure(layers: Any,
         layers: the layers in model order, each ``{"name": str, "flops": float, "ops": int,
             "class": int | None}``; or a mapping ``{"layers": [...], "edges": [(src, dst), ...]}``
             whose edges (layer indices or names) are drawn as arcs when they skip a layer; or a
-            :class:`~autoplan.search.SearchResult` or :class:`~autoplan.Plan` carrying the
-            search's folding analysis (its segments as the layers, their mined classes, the
-            critical nodes, the fold ratio and the ILPs of the search that made the plan).
+            :class:`~autoplan.SearchResult` or :class:`~autoplan.Plan` carrying the
+            search's folding analysis, or that record itself (``result.analysis``): its
+            segments as the layers, their structural classes, the critical nodes, the fold
+            ratio and the ILPs of the search that made the plan.
         classes: per-layer mined classes overriding the layers' ``"class"`` (a list, or a mapping
             from layer index or name to class).
         segments: segment boundaries: indices (or names) of the layers that start a segment, or
@@ -102,26 +123,22 @@ def graph_figure(layers: Any,
     edges: Sequence[Any] = ()
     ilps = level = None
     if not isinstance(layers, Mapping | Sequence) or isinstance(layers, str):
-        analysis, model, _ = _from_analysis(layers)
-        critical = analysis.get("critical") if critical is None else critical
-        fold_ratio = analysis.get("fold_ratio") if fold_ratio is None else fold_ratio
-        ilps, level = analysis.get("ilps"), analysis.get("level")
-        n_seg = len(analysis["layers"])
-        title = title or (f"Mined subgraphs of {model}: {n_seg} segment{'s' if n_seg != 1 else ''} "
-                          f"in {analysis.get('classes', '?')} class"
-                          f"{'es' if analysis.get('classes') != 1 else ''}")
-        layers = analysis["layers"]
+        analysis, model = _from_analysis(layers)
+        critical = list(analysis.critical) if critical is None else critical
+        fold_ratio = analysis.fold_ratio if fold_ratio is None else fold_ratio
+        ilps, level = analysis.ilps, analysis.level
+        n_seg = len(analysis.segments)
+        of = f"{model}: " if model else ""
+        title = title or (f"Mined subgraphs of {of}{n_seg} segment{'s' if n_seg != 1 else ''} "
+                          f"in {analysis.classes} class{'es' if analysis.classes != 1 else ''}")
+        layers = analysis.segments
     if isinstance(layers, Mapping):
         edges = layers.get("edges", ()) or ()
         layers = layers["layers"]
-    layers = list(layers)
-    n = len(layers)
-    for i, lay in enumerate(layers):
-        if not isinstance(lay, Mapping) or "name" not in lay:
-            raise ArgumentError(f"graph_figure: each layer should be a dict with a 'name'. Got layer "
-                                f"{i}: {lay!r}.")
-    names = {str(lay["name"]): i for i, lay in enumerate(layers)}
-    cls: list[int | None] = [lay.get("class") for lay in layers]
+    segs = [_segment(lay, i) for i, lay in enumerate(layers)]
+    n = len(segs)
+    names = {s.name: i for i, s in enumerate(segs)}
+    cls: list[int | None] = [s.cls for s in segs]
     if classes is not None:
         if isinstance(classes, Mapping):
             for k, v in classes.items():
@@ -131,9 +148,9 @@ def graph_figure(layers: Any,
                 raise ArgumentError(f"graph_figure: classes should have one entry per layer ({n}). "
                                     f"Got {len(classes)}. Fix: one class (or None) per layer.")
             cls = list(classes)
-    planned = [list(lay.get("planned") or []) for lay in layers]
-    flops = [float(lay.get("flops", 0.0) or 0.0) for lay in layers]
-    ops = [int(lay.get("ops", 0) or 0) for lay in layers]
+    planned = [list(s.planned) for s in segs]
+    flops = [s.flops for s in segs]
+    ops = [s.ops for s in segs]
     top = max(flops, default=0.0)
     heights = [0.25 + 0.75 * math.sqrt(f / top) if top > 0 else 1.0 for f in flops]
     crit = sorted({_resolve(c, names, n, "critical") for c in (critical or ())})
@@ -144,19 +161,19 @@ def graph_figure(layers: Any,
         "marker": {"color": colors,
                    "line": {"color": ["#d62728" if i in crit else "#555555" for i in range(n)],
                             "width": [3 if i in crit else 0.5 for i in range(n)]}},
-        "customdata": [[str(lay["name"]), flops[i], ops[i], "-" if cls[i] is None else cls[i]]
-                       for i, lay in enumerate(layers)],
+        "customdata": [[s.name, flops[i], ops[i], "-" if cls[i] is None else cls[i]]
+                       for i, s in enumerate(segs)],
         "hovertemplate": ("<b>%{customdata[0]}</b> (layer %{x})<br>%{customdata[1]:.3~s}FLOP, "
                           "%{customdata[2]} ops<br>class %{customdata[3]}<extra></extra>"),
         "showlegend": False, "name": "layers",
-        "meta": {"kind": "layers", "classes": cls, "names": [str(lay["name"]) for lay in layers],
+        "meta": {"kind": "layers", "classes": cls, "names": [s.name for s in segs],
                  "planned": planned},
     }]
     if crit:
         traces.append({
             "type": "scatter", "x": crit, "y": [heights[i] + 0.12 for i in crit], "mode": "markers",
             "marker": {"symbol": "triangle-down", "size": 11, "color": "#d62728"},
-            "name": "critical node", "text": [escape(layers[i]["name"]) for i in crit],
+            "name": "critical node", "text": [escape(segs[i].name) for i in crit],
             "hovertemplate": "critical node %{text}<extra></extra>",
             "meta": {"kind": "critical", "layers": crit},
         })
@@ -206,7 +223,7 @@ def graph_figure(layers: Any,
         head += f"; fold ratio {fold_ratio:.3g}x"
     if ilps is not None:
         head += f"; {ilps} ILP{'s' if ilps != 1 else ''}" + (f" ({escape(level)})" if level else "")
-    ticktext = [escape(lay["name"]) for lay in layers]
+    ticktext = [escape(s.name) for s in segs]
     layout = {
         "template": TEMPLATE, "bargap": 0.1, "hovermode": "closest",
         "title": {"text": f"{head}<br><sup>{'; '.join(notes)}; box height ~ sqrt(FLOPs)</sup>",

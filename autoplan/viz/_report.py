@@ -138,7 +138,7 @@ def report_html(plan_or_plans: Any, path: str | None = None, title: str | None =
     its code (:meth:`autoplan.Plan.to_code`) and a table of every input's PartitionSpec.
 
     Args:
-        plan_or_plans: a :class:`~autoplan.search.SearchResult` (every ranked plan; its best is
+        plan_or_plans: a :class:`~autoplan.SearchResult` (every ranked plan; its best is
             the chosen one), a Plan, a list of Plans (the first is the chosen one), or an object
             with ``.plans``.
         path: when given, the HTML is written there too (UTF-8), atomically: a temporary file

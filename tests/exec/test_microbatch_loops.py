@@ -17,9 +17,9 @@ from exec_plans import pipeline_plan
 import autoplan
 from autoplan import models
 from autoplan._plan import Schedule
+from autoplan.algorithms import schedule_order
 from autoplan.exec import run
 from autoplan.exec._pipeline import executions_per_run
-from autoplan.search import schedule_order
 
 
 def _accumulated(p, microbatches: int):

@@ -11,8 +11,8 @@ from exec_cases import FAST, MODELS, graph, plan, single_device_losses, workload
 from exec_plans import data_parallel_plan
 
 from autoplan import EquivalenceError, ExecutionError, PlanMismatchError
+from autoplan.algorithms import schedule_order
 from autoplan.exec import RunReport, run
-from autoplan.search import schedule_order
 
 
 @pytest.mark.parametrize("kind", ["dp", "tp"])

@@ -360,7 +360,7 @@ def _one_device_memory(wl) -> float:
     """Predicted live memory of the step on one device (parameters, optimizer state, batch and
     the activations saved for the backward)."""
     import autoplan
-    from autoplan.search import intra_op_search
+    from autoplan.algorithms import intra_op_search
 
     one = autoplan.Cluster.preset("cpu", devices_per_node=1)
     return intra_op_search(autoplan.trace(wl), one, (1, 1)).plan.predicted.memory_per_device

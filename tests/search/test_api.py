@@ -10,9 +10,9 @@ import pytest
 
 import autoplan
 from autoplan import InfeasiblePlanError, SearchError
+from autoplan.algorithms import BatchSplitWarning, PlanDoesNotFitWarning
 from autoplan.exec import run
 from autoplan.models import get
-from autoplan.search import BatchSplitWarning, PlanDoesNotFitWarning
 from autoplan.search.intra._intra import intra_op_search
 
 

@@ -35,7 +35,7 @@ def searched():
         if name not in cache:
             wl = matrix_steps.MAKERS[name]()
             with warnings.catch_warnings():
-                warnings.simplefilter("error", autoplan.search.UnsupportedPrimitiveWarning)
+                warnings.simplefilter("error", autoplan.algorithms.UnsupportedPrimitiveWarning)
                 res = autoplan.search(wl, "cpu:8", pipeline=False)
             cache[name] = (wl, res)
         return cache[name]

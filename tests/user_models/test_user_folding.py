@@ -10,7 +10,7 @@ import pytest
 import user_steps
 
 import autoplan
-from autoplan.search import group_layers, level_search
+from autoplan.algorithms import group_layers, level_search
 from autoplan.search.fold._levels import AUTO_EXHAUSTIVE_OPS, choose_level
 
 

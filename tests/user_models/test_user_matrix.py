@@ -140,7 +140,7 @@ def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     wl = user_steps.make_unscoped_mlp()
     g = autoplan.trace(wl)
     assert not any(g.layer_names)
-    layers = autoplan.search.group_layers(g)
+    layers = autoplan.algorithms.group_layers(g)
     assert [ly.name for ly in layers] == [f"params[{k}]" for k in range(6)]
     res = _search(wl, pipeline=True, baselines=False)
     two = [p for p in res.plans if len(p.stages) == 2]

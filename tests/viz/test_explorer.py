@@ -97,7 +97,7 @@ def test_search_errors_go_to_the_output(monkeypatch):
         kwargs["progress"]("tracing", 0.0)
         raise RuntimeError("the solver exploded")
 
-    monkeypatch.setattr(_explorer, "_search_function", lambda: broken)
+    monkeypatch.setattr(autoplan, "search", broken)
     ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
     assert ex._status.value == "no search yet"
     assert ex.search()
@@ -121,7 +121,7 @@ def test_controls_build_the_search_arguments(monkeypatch):
         seen.update(workload=workload, cluster=cluster, **kwargs)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(_explorer, "_search_function", lambda: fake)
+    monkeypatch.setattr(autoplan, "search", fake)
     ex = Explorer(cluster="p3.16xlarge:2", level="exhaustive", schedule="gpipe", microbatches=8,
                   memory_budget=4 * 2**30, autostart=False)
     assert (ex._preset.value, ex._nodes.value, ex._nodes.description) == ("p3.16xlarge", 2, "nodes")
@@ -164,7 +164,7 @@ def test_the_cluster_control_offers_this_machines_measured_profile(monkeypatch):
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(autoplan.Cluster, "detect", classmethod(detect))
-    monkeypatch.setattr(_explorer, "_search_function", lambda: fake)
+    monkeypatch.setattr(autoplan, "search", fake)
     ex = Explorer(model="mlp", cluster="cpu:8", autostart=False)
     assert ("this machine (measured)", "local") in ex._preset.options
     ex._preset.value = "local"
@@ -528,7 +528,7 @@ def test_the_first_candidates_show_before_the_pipeline_search_ends(monkeypatch, 
         seen.append(ex._status.value)
         return res
 
-    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    monkeypatch.setattr(autoplan, "search", staged)
     ex = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
     ex.search()
     ex.wait_idle(120)
@@ -576,7 +576,7 @@ def test_the_final_result_shows_its_best_after_the_partial_one(monkeypatch, expl
     res = explorer.result
     staged, part, box = staged_search(res)
     assert not (part.best.label == res.best.label and part.best.describe() == res.best.describe())
-    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    monkeypatch.setattr(autoplan, "search", staged)
     ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
     ex.search()
     ex.wait_idle(120)
@@ -588,7 +588,7 @@ def test_the_final_result_shows_its_best_after_the_partial_one(monkeypatch, expl
 def test_a_candidate_picked_during_the_search_stays_selected(monkeypatch, explorer):
     res = explorer.result
     staged, part, box = staged_search(res, during=lambda ex: ex.select(2))
-    monkeypatch.setattr(_explorer, "_search_function", lambda: staged)
+    monkeypatch.setattr(autoplan, "search", staged)
     ex = box["explorer"] = Explorer(model="gpt", size="tiny", cluster="cpu:8", autostart=False)
     ex.search()
     ex.wait_idle(120)
@@ -599,7 +599,7 @@ def test_a_candidate_picked_during_the_search_stays_selected(monkeypatch, explor
     assert f"showing #{ex.plans.index(kept)} {kept.label}" in ex._status.value
     assert "not the best" in ex._status.value
     # the next search (the same settings: this explorer's memo) ends on the best again
-    monkeypatch.setattr(_explorer, "_search_function", lambda: pytest.fail("memo expected"))
+    monkeypatch.setattr(autoplan, "search", lambda *a, **k: pytest.fail("memo expected"))
     ex.search()
     ex.wait_idle(60)
     assert_page_shows(ex, res.best)

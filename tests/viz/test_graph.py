@@ -118,3 +118,23 @@ def test_a_plan_file_keeps_what_the_figure_needs(gpt_result, tmp_path):
     assert Plan.from_json(old.to_json()).analysis is None
     with pytest.raises(ValueError, match="carries no folding analysis"):
         graph_figure(old)
+
+
+def test_the_plans_carry_the_results_folding_record(gpt_result):
+    """One record: the search result's analysis is what every plan carries (with its search's
+    ILPs and level), and the plain form reads back into the same record."""
+    from autoplan._analysis import FoldingAnalysis
+
+    rec = gpt_result.analysis
+    assert isinstance(rec, FoldingAnalysis) and rec.ilps is None
+    for p in gpt_result.plans:
+        a = p.analysis
+        assert FoldingAnalysis.from_dict(a) == rec.with_search(a["ilps"], a["level"])
+        assert p.with_(analysis=rec.with_search(a["ilps"], a["level"]).to_dict()) == p
+    # the figure draws the record as it draws the plan (the plan adds its model and ILPs)
+    fig = graph_figure(rec)
+    bars = next(t for t in fig.data if t.meta and t.meta.get("kind") == "layers")
+    assert list(bars.meta["names"]) == [s.name for s in rec.segments]
+    assert list(bars.meta["classes"]) == [s.cls for s in rec.segments]
+    with pytest.raises(ValueError, match="should be a dict with a list of 'layers'"):
+        FoldingAnalysis.from_dict({"layers": "embed"})

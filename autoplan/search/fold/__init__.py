@@ -2,5 +2,5 @@
 nodes and segments (TePDist), the search levels (exhaustive, hierarchical, folded) and the
 grouping of operators into pipeline layers.
 
-Public names are re-exported by :mod:`autoplan.search`; the modules here are private.
+Public names are re-exported by :mod:`autoplan.algorithms`; the modules here are private.
 """

@@ -469,9 +469,9 @@ def segments(graph: OpGraph, part: str = "forward", granularity: str = "layer", 
     bounds: list[int] | None = None
     if granularity == "layer" and crit:
         if mining is None:
-            from autoplan.search.fold._mine import mine  # noqa: PLC0415 - avoid an import cycle
+            from autoplan.search.fold._mine import mining_of  # noqa: PLC0415
 
-            mining = mine(graph)
+            mining = mining_of(graph)
         bounds = _layer_boundaries(graph, crit, mining)
     if bounds is None:
         bounds = list(crit)

@@ -215,9 +215,9 @@ def _block_starts(graph: OpGraph, fwd: Sequence) -> list[int]:
     instance with a heavy forward operator (instances of every class, in program order, an
     instance starting inside an earlier one skipped) its first forward operator, and the
     forward operator after its last. Empty when mining finds no such block."""
-    from autoplan.search.fold._mine import mine  # noqa: PLC0415
+    from autoplan.search.fold._mine import mining_of  # noqa: PLC0415
 
-    mining = memo(graph, "mining", lambda: mine(graph))
+    mining = mining_of(graph)
     ops = graph.ops
     spans = []
     for cls in mining.classes:

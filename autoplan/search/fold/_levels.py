@@ -85,7 +85,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,26 +93,20 @@ from typing import Any
 
 import numpy as np
 
+from autoplan._analysis import FoldingAnalysis
 from autoplan._cluster import Cluster
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
-from autoplan._memo import memo
 from autoplan._operands import operand_arrays
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Plan
-from autoplan.search.fold._layers import (
-    _forward,
-    _signature,
-    group_layers,
-    layer_order,
-    op_layer_names,
-    segment_names,
-)
+from autoplan.search.fold._chain import segment_facts_of, segment_index_of, segments_of
+from autoplan.search.fold._layers import layer_order, op_layer_names
+from autoplan.search.fold._mine import mining_of
+from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp import (
     ILPSolution,
-    _free_tensors,
     _resolve_pins,
-    _updated_pairs,
     cost_strategies,
     solve_ilp,
 )
@@ -122,58 +115,14 @@ from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
-__all__ = ["LevelResult", "level_search", "choose_level", "Analysis"]
-
-
-@dataclass
-class Analysis:
-    """The folding analysis behind a hierarchical/folded plan (for ``graph_figure``).
-
-    Attributes:
-        mining: the :class:`~autoplan.search.fold._mine.MiningResult` (None in an analysis from
-            the plan cache, which does not store it).
-        segments: the TePDist segments (chain order).
-        segment_class: class id of each segment (equal ids share one solve when folded).
-        critical: the critical nodes that end the segments.
-        fold_ratio: operators / operators in unique classes (mining's).
-    """
-
-    mining: Any
-    segments: list
-    segment_class: list[int]
-    critical: list[int]
-    fold_ratio: float
-
-    def to_dict(self) -> dict[str, Any]:
-        """What the figures read (segments, their classes, critical nodes, fold ratio) as plain
-        values; the mining result is left out (the plan cache stores this)."""
-        return {"segments": [dataclasses.asdict(s) for s in self.segments],
-                "segment_class": list(self.segment_class), "critical": list(self.critical),
-                "fold_ratio": float(self.fold_ratio)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Analysis:
-        """An analysis from :meth:`to_dict` (``mining`` None: recompute it with
-        :func:`autoplan.search.mine` when needed)."""
-        from autoplan.search.fold._cones import Segment  # noqa: PLC0415
-
-        segments = [Segment(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-                    for s in d["segments"]]
-        return cls(mining=None, segments=segments, segment_class=[int(c) for c in d["segment_class"]],
-                   critical=[int(c) for c in d["critical"]], fold_ratio=float(d["fold_ratio"]))
-
-    def layers_for_figure(self, graph: OpGraph) -> list[dict]:
-        """Segments as the ``layers`` input of :func:`autoplan.viz.graph_figure`."""
-        return [{"name": name, "flops": seg.flops, "ops": len(seg.ops), "class": cls}
-                for seg, cls, name in zip(self.segments, self.segment_class,
-                                          segment_names(graph, self.segments))]
+__all__ = ["LevelResult", "level_search", "choose_level"]
 
 
 @dataclass
 class LevelResult:
     plan: Plan
     stats: dict[str, Any]
-    analysis: Analysis | None = None
+    analysis: FoldingAnalysis | None = None
     solution: ILPSolution | None = field(default=None, repr=False)
 
 
@@ -214,9 +163,7 @@ def choose_level(graph: OpGraph) -> tuple[str, str]:
     if n <= AUTO_EXHAUSTIVE_OPS:
         return "exhaustive", (f"auto: {n:,} operators (at most {AUTO_EXHAUSTIVE_OPS:,}): the "
                               "whole-graph ILP is the fast path")
-    from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
-    mining = memo(graph, "mining", lambda: mine(graph))
+    mining = mining_of(graph)
     ratio = mining.fold_ratio
     if ratio < AUTO_FOLD_RATIO:
         return "exhaustive", (f"auto: {n:,} operators but fold ratio {ratio:.2f} (below "
@@ -309,22 +256,17 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
                   time_limit: float, config: Mapping[str, Any] | None, label: str,
                   max_ilps: int | None, bound_auto: bool) -> LevelResult:
     """The hierarchical and folded levels (see the module docstring)."""
-    from autoplan.search.fold._cones import segments as find_segments  # noqa: PLC0415
-    from autoplan.search.fold._mine import mine  # noqa: PLC0415
-
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape)
-    mining = memo(graph, "mining", lambda: mine(graph))
+    mining = mining_of(graph)
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = memo(graph, "segments", lambda: _choose_segments(
-        graph, lambda: find_segments(graph, mining=mining), mining))
-    seg_of, position = memo(graph, "segment_index", lambda: _segment_index(graph, segs))
+    segs = segments_of(graph)
+    seg_of, position = segment_index_of(graph)
     K = len(segs)
     pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
     # (the same for every search of this graph's segments: the baselines share them)
-    boundaries, long_range, shared, pair_out, outside_uses, sig = memo(
-        graph, "segment_facts", lambda: _segment_facts(graph, segs, seg_of))
+    boundaries, long_range, shared, pair_out, outside_uses, sig = segment_facts_of(graph)
     # each segment's pinned operands (operator position, operand index, spec): instances of a
     # class pinned alike share its solves
     pin_key = _pin_keys(graph, seg_of, position, pinned, K) if pinned else []
@@ -611,9 +553,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
             f"{level}: {K} segments, {n_unique} solved ({solves} ILPs, {variables} variables); "
             f"{sum(1 for x in agree if not x)} boundaries needed pair ILPs; fold ratio "
             f"{mining.fold_ratio:.2f}",))
-    critical = [s.critical for s in segs if s.critical is not None]
-    analysis = Analysis(mining=mining, segments=segs, segment_class=seg_class, critical=critical,
-                        fold_ratio=mining.fold_ratio)
+    analysis = analysis_of(graph)
     stats = {
         "operators": len(graph), "graphnodes": len(mining.graphnodes.nodes)
         if hasattr(mining.graphnodes, "nodes") else 0,
@@ -651,38 +591,6 @@ def _pin_keys(graph: OpGraph, seg_of: list[int], position: list[int],
     return [",".join(f"{p}.{k}={x}" for p, k, x in sorted(ps)) for ps in parts]
 
 
-def _segment_index(graph: OpGraph, segs: list) -> tuple[list[int], list[int]]:
-    """Each operator's segment and its position in that segment's operator list (-1, -1: in
-    none)."""
-    seg_of = [-1] * len(graph.ops)
-    position = [-1] * len(graph.ops)
-    for s in segs:
-        for p, o in enumerate(s.ops):
-            seg_of[o] = s.id
-            position[o] = p
-    return seg_of, position
-
-
-def _segment_facts(graph: OpGraph, segs: list, seg_of: list[int]) -> tuple:
-    """What the hierarchical levels need of a chain of segments, whatever is pinned or fixed:
-    the boundary and long-range tensors (:func:`_crossings`), the shared inputs and their updates
-    (:func:`_shared_inputs`), each segment's outside uses of its boundary tensors, and each
-    segment's structural signature."""
-    K = len(segs)
-    boundaries, long_range = _crossings(graph, seg_of, K)
-    shared, pair_out = _shared_inputs(graph, seg_of)
-    # per segment, for each tensor of its two boundaries: how often it is read outside the
-    # segment when the segment makes it (-1 when it does not); a boundary spec fixed on a tensor
-    # made inside is charged once per such use (see extra_uses; ``consumers`` lists an operator
-    # once per operand it reads the tensor as)
-    outside_uses = [tuple(
-        sum(1 for c in graph.consumers[t] if seg_of[c] != i)
-        if seg_of[graph.tensors[t].producer] == i else -1
-        for b in (i - 1, i) if 0 <= b < K - 1 for t in boundaries[b]) for i in range(K)]
-    sig = [_signature(graph, s.ops) for s in segs]
-    return boundaries, long_range, shared, pair_out, outside_uses, sig
-
-
 def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> float:
     """Bytes per device of the graph's inputs, each sharded as much as its shape allows (or as
     pinned)."""
@@ -704,148 +612,6 @@ def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> 
             n = most[ten.shape] = max(tiles(sp, mesh) for sp in enumerate_specs(ten.shape, mesh))
         total += ten.nbytes / n
     return total
-
-
-
-
-def _crossings(graph: OpGraph, seg_of: list[int], K: int
-               ) -> tuple[list[tuple[int, ...]], list[list[int]]]:
-    """The non-scalar tensors crossing between segments (constants and what is computed from
-    them alone excluded: the ILP decides nothing about them).
-
-    Returns:
-        For each i < K-1, the tensors crossing between segments i and i+1 in either direction
-        (sorted); and for each segment, the tensors it reads from a segment that is not adjacent.
-    """
-    bound: list[list[int]] = [[] for _ in range(max(K - 1, 0))]
-    long_range: list[list[int]] = [[] for _ in range(K)]
-    # over the flat operand arrays: (tensor, reading segment) pairs whose producer is an
-    # operator of another segment, each pair once, in tensor order
-    arr = operand_arrays(graph)
-    seg = np.asarray(seg_of, dtype=np.int64)
-    t = arr.tensor
-    made = t >= 0
-    made[made] = arr.producer[t[made]] >= 0
-    t = t[made]
-    q = seg[arr.reader[made]]
-    p = seg[arr.producer[t]]
-    other = q != p
-    pair = np.unique(t[other] * K + q[other])
-    t, q = pair // K, pair % K
-    p = seg[arr.producer[t]]
-    tensors = graph.tensors
-    free = _free_tensors(graph)  # constants and what is computed from them alone: no decision
-    for ti, pi, qi in zip(t.tolist(), p.tolist(), q.tolist()):
-        if not tensors[ti].shape or ti in free:
-            continue
-        if qi == pi + 1:
-            bound[pi].append(ti)
-        elif qi == pi - 1:
-            bound[qi].append(ti)
-        else:
-            long_range[qi].append(ti)
-    return [tuple(sorted(x)) for x in bound], long_range
-
-
-def _shared_inputs(graph: OpGraph, seg_of: list[int]
-                   ) -> tuple[dict[int, list[int]], dict[int, list[tuple[int, int]]]]:
-    """The graph inputs whose spec couples segments, and the updates that write them back.
-
-    A graph input read by several segments (stacked ``lax.scan`` weights read by every
-    iteration, a parameter read by its layer's forward pass and by an update placed elsewhere)
-    must take one spec in all of them, else the stitched plan reshards it for every segment that
-    assumed another. So must an input whose updated value (a new parameter or optimizer state)
-    is made by a segment that does not read it: the stitched plan charges resharding that value
-    to the input's spec, which only the input's readers fix.
-
-    Returns:
-        ``{input tensor: its reading segments, in order}`` for the non-scalar inputs read by
-        several segments or updated by a segment that does not read them, and ``{input tensor:
-        [(updated output tensor, the segment making it)]}`` for the latter.
-    """
-    readers: dict[int, list[int]] = {}
-    for gi in graph.inputs:
-        if not graph.tensors[gi.tensor].shape:
-            continue
-        segs = sorted({seg_of[c] for c in graph.consumers[gi.tensor] if seg_of[c] >= 0})
-        if segs:
-            readers[gi.tensor] = segs
-    shared = {t: r for t, r in readers.items() if len(r) > 1}
-    pair_out: dict[int, list[tuple[int, int]]] = {}
-    for o, i in _updated_pairs(graph):
-        p = seg_of[graph.tensors[o].producer]
-        if i in readers and p >= 0 and p not in readers[i]:
-            pair_out.setdefault(i, []).append((o, p))
-            shared.setdefault(i, readers[i])
-    return shared, pair_out
-
-
-def _choose_segments(graph: OpGraph, tepdist_segments, mining) -> list:
-    """The chain of segments the hierarchical levels solve.
-
-    A model's own layer structure is the best boundary set: when most forward operators carry a
-    named scope, the layers found from the scopes (operator clustering) are the segments. Without
-    scopes, TePDist's segments between critical nodes (one per mined layer instance) are used,
-    unless one segment holds most of the graph (critical nodes are scarce); then the heavy-operator
-    clustering is used. ``tepdist_segments()`` computes TePDist's segments (only when needed).
-    Fine-grained segments are coarsened (see :func:`_coarsen`).
-    """
-    from autoplan.search.fold._cones import Segment  # noqa: PLC0415
-
-    scoped = _forward(graph)[1]
-    if not scoped:
-        segs = tepdist_segments()
-        if len(segs) >= 3 and max(len(s.ops) for s in segs) <= 0.5 * len(graph):
-            return _coarsen(graph, segs, mining)
-    layers = group_layers(graph, max_layers=None if scoped else 64)
-    out = [Segment(id=k, ops=ly.ops, main=ly.forward, critical=None, inputs=(), outputs=(),
-                   params=(), flops=ly.flops) for k, ly in enumerate(layers) if ly.ops]
-    out = [Segment(**{**s.__dict__, "id": k}) for k, s in enumerate(out)]
-    return _coarsen(graph, out, mining)
-
-
-def _coarsen(graph: OpGraph, segs: list, mining, max_segments: int | None = None) -> list:
-    """Merge neighbouring segments that are not mined layer instances until at most
-    ``max_segments`` remain (default: the mined instances plus 6): many tiny segments would make
-    boundary communication dominate the decomposition."""
-    from autoplan.search.fold._cones import Segment  # noqa: PLC0415
-
-    n_inst = sum(len(c.instances) for c in mining.classes)
-    limit = max_segments or max(8, n_inst + 6)
-    if len(segs) <= limit:
-        return segs
-    inst_of = {o: k for k, i in enumerate(i for c in mining.classes for i in c.instances) for o in i}
-    groups = [list(s.ops) for s in segs]
-
-    def mostly_one_instance(ops) -> bool:
-        counts: dict[int, int] = {}
-        for o in ops:
-            if o in inst_of:
-                counts[inst_of[o]] = counts.get(inst_of[o], 0) + 1
-        return bool(counts) and max(counts.values()) > len(ops) / 2
-
-    keep = [mostly_one_instance(s.ops) for s in segs]
-    while len(groups) > limit:
-        best, arg = None, None
-        for k in range(len(groups) - 1):
-            if keep[k] and keep[k + 1]:
-                continue
-            size = len(groups[k]) + len(groups[k + 1])
-            if best is None or size < best:
-                best, arg = size, k
-        if arg is None:
-            break
-        groups[arg] = sorted(groups[arg] + groups.pop(arg + 1))
-        keep[arg] = False
-        keep.pop(arg + 1)
-    if len(groups) == len(segs):
-        return segs
-    out = []
-    for k, ops in enumerate(groups):
-        crit = next((s.critical for s in reversed(segs) if s.ops and s.ops[-1] in set(ops)), None)
-        out.append(Segment(id=k, ops=tuple(ops), main=tuple(ops), critical=crit, inputs=(),
-                           outputs=(), params=(), flops=float(sum(graph.ops[o].flops for o in ops))))
-    return out
 
 
 class _SegmentView:

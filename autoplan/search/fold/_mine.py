@@ -61,6 +61,7 @@ import numpy as np
 
 from autoplan._gc import gc_paused
 from autoplan._graph import OpGraph
+from autoplan._memo import per_owner
 from autoplan._operands import index_in_run, operand_arrays, runs
 from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
@@ -988,3 +989,10 @@ def _verified_classes(graph: OpGraph, gng: GraphNodeGraph, found: Sequence[_Grow
     classes.sort(key=lambda c: (-c.count * c.size, min(c.instances[0])))
     return [RepeatedClass(i, c.hash, c.instances, c.aligned, c.graphnodes)
             for i, c in enumerate(classes)]
+
+
+@per_owner
+def mining_of(graph: OpGraph) -> MiningResult:
+    """:func:`mine` of ``graph``, computed once per graph: the mining the folded levels, the
+    segments, the pipeline layers and the folding analysis all read."""
+    return mine(graph)

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan._plan import Comm
 from autoplan._spec import Spec
 
@@ -44,11 +44,12 @@ _CACHE_MAX = 1 << 20
 _MESH_IDS: dict[tuple, int] = {}
 
 
+@per_owner
 def mesh_id(mesh: LogicalMesh) -> int:
     """A small integer naming what a mesh's costs depend on (its shape, axis names, alpha, beta
     and cluster; equal meshes share it), kept on the mesh: a cheap part of cache keys."""
-    return memo(mesh, "mesh_id", lambda: _MESH_IDS.setdefault(
-        (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster), len(_MESH_IDS)))
+    return _MESH_IDS.setdefault(
+        (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster), len(_MESH_IDS))
 
 
 def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: LogicalMesh,

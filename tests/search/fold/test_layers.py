@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import autoplan
 from autoplan import models
-from autoplan.search import group_layers
+from autoplan.algorithms import group_layers
 from autoplan.search.fold._layers import _layer_cuts
 
 
@@ -75,9 +75,9 @@ def test_gpt_2_6b_in_8_layers_is_balanced():
 
 def test_cluster_layers_is_a_deprecated_name_of_group_layers():
     """The old name still works for one release and names the new one."""
-    import autoplan.search as search  # noqa: PLC0415
+    from autoplan import algorithms as search  # noqa: PLC0415
 
-    with pytest.warns(DeprecationWarning, match="use autoplan.search.group_layers"):
+    with pytest.warns(DeprecationWarning, match="use autoplan.algorithms.group_layers"):
         old = search.cluster_layers
     assert old is group_layers
     assert "cluster_layers" not in search.__all__

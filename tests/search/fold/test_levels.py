@@ -6,7 +6,7 @@ import pytest
 
 import autoplan
 from autoplan import models
-from autoplan.search import level_search
+from autoplan.algorithms import level_search
 
 CASES = {
     "gpt2": ("gpt", dict(layers=2, hidden=64, heads=4, seq_len=32, batch=16, vocab=256)),
@@ -89,9 +89,8 @@ def test_folding_solves_each_layer_kind_once(graphs):
         assert key in st
     assert st["specs_pruned_by_shape_check"] > 0
     a = fo.analysis
-    assert len(a.segments) == st["segments"] and len(a.segment_class) == st["segments"]
-    layers = a.layers_for_figure(g)
-    assert [d["class"] for d in layers[2:7]] == [layers[2]["class"]] * 5
+    assert len(a.segments) == st["segments"]
+    assert [s.cls for s in a.segments[2:7]] == [a.segments[2].cls] * 5
 
 
 def test_search_reports_level_statistics():

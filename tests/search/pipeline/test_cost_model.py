@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoplan
 from autoplan import models
-from autoplan.search import pipeline_search
+from autoplan.algorithms import pipeline_search
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.pipeline import _pipeline as pp
 
