@@ -420,7 +420,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
         # analyses, which costs more than the baselines it would take off this process
         n_workers = 1
-    config = dict(getattr(workload, "config", {}) or {})
+    config = dict(workload.config) if workload is not None else {}
     if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
         lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
                 if gi.kind == "batch" and graph.tensors[gi.tensor].shape}

@@ -94,6 +94,7 @@ from autoplan._schedule import (
 )
 from autoplan._spec import tile_count
 from autoplan._trace import trace
+from autoplan._workload import Workload, as_workload
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._layers import LayerGroup, group_layers, op_layer_names
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
@@ -214,18 +215,13 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
     return tuple(out)
 
 
-def traced(workload: Any) -> OpGraph:
+def traced(workload: Workload) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
     search share it)."""
-    def make() -> OpGraph:
-        if hasattr(workload, "name"):
-            return trace(workload)
-        return trace(workload.fn, *workload.args, arg_kinds=tuple(workload.arg_kinds))
-
-    return memo(workload, ("search", "trace"), make)
+    return memo(workload, ("search", "trace"), lambda: trace(workload))
 
 
-def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
+def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
     """The full-batch and micro-batch graphs of a workload (once per workload object: the
     pipeline search and the Megatron TP x PP baseline use the same ones)."""
     full = traced(workload)
@@ -233,9 +229,8 @@ def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
         return full, full
 
     def make() -> OpGraph:
-        args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds),
-                                        microbatches)
-        return trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
+        args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
+        return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=full.name)
 
     return full, memo(workload, ("search", "microbatch trace", microbatches), make)
 
@@ -1739,7 +1734,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                                        for e in ev.events),
                           virtual_stages=ev.virtual_stages),
         label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
-        config=dict(getattr(workload, "config", {}) or {}), jax_version=jax.__version__,
+        config=dict(workload.config), jax_version=jax.__version__,
         notes=notes)
 
 
@@ -1772,9 +1767,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     """Search pipeline plans (see the module docstring).
 
     Args:
-        workload: anything with ``fn``, ``args`` and ``arg_kinds`` (a zoo
-            :class:`~autoplan.models.Workload` or a user's); the batch is read from the leading
-            dimension of its ``batch`` arguments.
+        workload: an :class:`~autoplan.Workload` (a zoo workload or a user's), or anything
+            with ``fn`` and ``args``; the batch is read from the leading dimension of its
+            ``batch`` arguments.
         cluster: the cluster.
         schedule: ``"1f1b"``, ``"gpipe"``, ``"interleaved"`` (Megatron-LM's interleaved 1F1B
             with :data:`INTERLEAVED_CHUNKS` virtual stages per mesh, the best kept; 1F1B where
@@ -1829,7 +1824,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             device's memory only ranks: layouts that do not fit are returned, marked.
     """
     memory_budget = check_memory_budget("pipeline_search", memory_budget)
-    require_workload("pipeline_search", workload)
+    workload = as_workload(require_workload("pipeline_search", workload), "pipeline_search")
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
                           f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
