@@ -18,7 +18,7 @@
   mined segment selects its layer or stage, and every view highlights it;
 * what-if: clicking a tensor in the sharding view picks a graph input (the operator's weight for
   an activation), a spec from its candidates on the plan's mesh pins it, and a re-solve with
-  ``search(..., pin=...)`` adds the new plan beside the old one, with the cost difference broken
+  ``search(..., pins=...)`` adds the new plan beside the old one, with the cost difference broken
   down; **undo** takes the last pin back;
 * a code pane with ``plan.to_code()`` and a copy button;
 * a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on the devices
@@ -1498,7 +1498,7 @@ class Explorer:
         try:
             res = _search_function()(wl, self._cluster(), pipeline=False,
                                      mesh_shape=tuple(before.mesh_shape), level=opts["level"],
-                                     memory_budget=opts["memory_budget"], pin=pins,
+                                     memory_budget=opts["memory_budget"], pins=pins,
                                      baselines=False)
         except AutoplanError as err:
             self._refresh_pin_panel(f"the pin cannot be honoured: {html.escape(str(err))}")

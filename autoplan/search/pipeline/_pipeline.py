@@ -105,6 +105,7 @@ from autoplan.search.intra._intra import (
     make_logical_mesh,
     mesh_shapes_for,
 )
+from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
@@ -1762,8 +1763,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     num_layers: int | None = None, stage_algorithm: str = "auto",
                     max_candidates: int = 3, megatron: bool | str = False,
                     inter_only: bool = False,
-                    submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None,
-                    workers: int | None = None) -> PipelineResult:
+                    submesh_hosts: str = "auto", pins: Mapping[str, Any] | None = None,
+                    workers: int | None = None, pin: Mapping[str, Any] | None = None
+                    ) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
 
     Args:
@@ -1798,12 +1800,13 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices),
             ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
             :data:`AUTO_ALL_HOSTS` hosts).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
+        pins: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
             layer plan (a submesh and logical mesh on which a pinned spec does not divide has
             no plan).
         workers: processes that solve the layer ILPs (independent tasks of
             :func:`~autoplan.search._parallel.run_tasks`, with the same results as one process);
             None: every core for a large step (as :func:`autoplan.search`).
+        pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 
     Returns:
         The best plan per distinct number of stages, best first (fitting plans before the
@@ -1823,6 +1826,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             message says why and the least memory that would fit). Without ``memory_budget`` the
             device's memory only ranks: layouts that do not fit are returned, marked.
     """
+    pins = renamed_pin("pipeline_search", pins, pin)
     memory_budget = check_memory_budget("pipeline_search", memory_budget)
     workload = as_workload(require_workload("pipeline_search", workload), "pipeline_search")
     if stage_algorithm not in ("auto", "dp", "ilp"):
@@ -1837,7 +1841,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     check_workers(workers)
     t0 = time.perf_counter()
     full = traced(workload)
-    for pattern in pin or {}:
+    for pattern in pins or {}:
         try:
             hit = full.find_inputs(pattern, names_only=True)
         except re.error as err:
@@ -1866,7 +1870,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     budget = float(memory_budget or cluster.device_memory)
     subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
     ctx = _Context(cluster, full, subs, schedule, budget,
-                   time_limit, megatron, pin)
+                   time_limit, megatron, pins)
     table = _Table(ctx, graph, layers, B0)
     n_workers = resolve_workers(workers, len(full))
 
