@@ -11,7 +11,7 @@ A *spec* is
 * ``"module:function"`` (uvicorn's ``module:app`` convention; dotted attributes after the colon
   are followed): the function is imported and called with the keyword arguments given (the CLI's
   ``--set KEY=VALUE``, and ``--size``/``--batch`` when given). It returns an
-  :class:`autoplan.models.Workload` or any object with ``fn`` (the training step) and ``args``
+  :class:`autoplan.Workload` or any object with ``fn`` (the training step) and ``args``
   (its positional arguments); ``arg_kinds`` and ``name`` are optional. ``"module:name"`` may
   also name such an object directly;
 * a dict ``{"model": name_or_module_function, **kwargs}`` (the JSON form sent to workers).
@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import json
@@ -45,11 +44,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan._errors import ModelError
 
-__all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec", "LoadedWorkload",
+if TYPE_CHECKING:
+    from autoplan._workload import Workload
+
+__all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec",
            "source_files", "shadowed_stdlib"]
 
 _FUNCTION_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -102,71 +104,30 @@ def parse_spec(spec: Any, **kwargs: Any) -> dict[str, Any]:
     return out
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class LoadedWorkload:
-    """A user's workload loaded from ``"module:function"``.
+def __getattr__(name: str) -> Any:
+    """``LoadedWorkload``: the type :func:`load_workload` returns, :class:`autoplan.Workload`
+    (the one workload type; its ``origin`` says ``"function"`` for a ``module:function``),
+    imported on first use (this module loads without JAX)."""
+    if name == "LoadedWorkload":
+        from autoplan._workload import Workload  # noqa: PLC0415
 
-    Attributes:
-        name: the spec's ``module:function`` (plans record it as their model).
-        fn: the training step.
-        args: its positional arguments (arrays or ``jax.ShapeDtypeStruct`` leaves).
-        arg_kinds: one kind per argument: the object's own ``arg_kinds``, else read off the
-            arguments and the step's signature (:func:`autoplan._workload.infer_arg_kinds`: an
-            optax state is the optimizer state; ``(params, opt_state, batch)`` by name or
-            position).
-        spec: ``{"model": "module:function", **kwargs}``: how to load it again (in a worker);
-            None for an object built in this process only.
-        source: the object the function returned.
-    """
-
-    name: str
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    arg_kinds: tuple[str, ...]
-    spec: dict[str, Any] | None
-    source: Any = dataclasses.field(repr=False)
-
-    @property
-    def config(self) -> dict[str, Any]:
-        """The source's ``config`` when it has one, else the spec's keyword arguments; with
-        ``"batch"``, the batch arguments' leading dimension, when they agree on one."""
-        from autoplan._workload import _leading_batch  # noqa: PLC0415
-
-        cfg = getattr(self.source, "config", None)
-        out = dict(cfg) if isinstance(cfg, Mapping) else {
-            k: v for k, v in (self.spec or {}).items() if k != "model"}
-        batch = _leading_batch(self.args, self.arg_kinds)
-        if batch is not None:
-            out.setdefault("batch", batch)
-        return out
-
-    @property
-    def abstract(self) -> bool:
-        """True when some argument leaf is a ``jax.ShapeDtypeStruct``."""
-        import jax  # noqa: PLC0415
-
-        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(self.args))
-
-    def concrete(self, seed: int = 0) -> LoadedWorkload:
-        """The workload with concrete arrays: the function called with ``abstract=False`` (and
-        ``seed``) when it takes them, the source's ``concrete(seed)``, or this one when its
-        arguments are concrete already.
-
-        Raises:
-            ModelError: abstract arguments and no way to make concrete ones.
-        """
-        if self.spec is not None:
-            return load_workload(self.spec, abstract=False, seed=seed)
-        return self if not self.abstract else _as_workload(self.source, None, False, seed)
+        return Workload
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: Any) -> Any:
+def _is_workload_like(obj: Any) -> bool:
+    from autoplan._workload import is_workload_like  # noqa: PLC0415
+
+    return is_workload_like(obj)
+
+
+def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: Any) -> Workload:
     """The workload a spec names.
 
     Args:
         spec: a zoo model name, ``"module:function"``, a dict ``{"model": ..., **kwargs}``, or a
-            workload object (returned as it is when it has ``fn``, ``args``, ``arg_kinds`` and
-            ``name``, else wrapped).
+            workload object (an :class:`autoplan.Workload` is returned as it is, anything else
+            with ``fn`` and ``args`` wrapped as one).
         abstract: shapes only (``jax.ShapeDtypeStruct``) where the workload can give them; False:
             concrete arrays initialised from ``seed``.
         seed: PRNG seed of concrete arrays.
@@ -174,8 +135,8 @@ def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: 
             keyword arguments. None values are ignored.
 
     Returns:
-        An :class:`autoplan.models.Workload` for a zoo model, a :class:`LoadedWorkload` for a
-        function.
+        An :class:`autoplan.Workload` whose ``origin`` is the zoo model and size, the
+        ``"module:function"`` and its keyword arguments, or (for an object) ``"object"``.
 
     Raises:
         ModelError: an unknown zoo name, a module that cannot be imported, a missing function,
@@ -185,7 +146,7 @@ def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: 
     if not isinstance(abstract, bool):
         raise ModelError(f"abstract should be True or False. Got {abstract!r}. Fix: abstract=True.")
     if not isinstance(spec, (str, Mapping)):
-        if hasattr(spec, "fn") and hasattr(spec, "args"):
+        if _is_workload_like(spec):
             return _as_workload(spec, None, abstract, seed)
         parse_spec(spec)  # raises the error for a wrong type
     d = parse_spec(spec, **kwargs)
@@ -205,7 +166,7 @@ def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: 
         return models.get(name, size, batch, abstract=abstract, seed=seed, **d)
     target = _resolve(name)
     spec_d = {"model": name, **d}
-    if hasattr(target, "fn") and hasattr(target, "args"):
+    if _is_workload_like(target):
         if d:
             raise ModelError(f"{name!r} is a workload object, not a function, so it takes no "
                              f"arguments. Got {sorted(d)}. Fix: drop them (--set, --size, --batch), "
@@ -231,7 +192,7 @@ def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: 
         raise ModelError(f"workload function {name!r} raised {type(err).__name__}: {err}"
                          f"{_where(err)}. Fix: correct the function (the traceback is chained "
                          "below).") from err
-    if not (hasattr(result, "fn") and hasattr(result, "args")):
+    if not _is_workload_like(result):
         raise ModelError(f"workload function {name!r} should return an autoplan.models.Workload "
                          f"or an object with fn (the training step) and args (its arguments). "
                          f"Got {type(result).__name__}: {result!r:.80}. Fix: return e.g. "
@@ -242,28 +203,19 @@ def load_workload(spec: Any, *, abstract: bool = True, seed: int = 0, **kwargs: 
 def workload_spec(workload: Any) -> dict[str, Any] | None:
     """The JSON spec that loads ``workload`` again in another process, or None.
 
-    A :class:`LoadedWorkload` gives its spec; a zoo :class:`autoplan.models.Workload` its name,
-    size and the config fields that differ from the size's defaults; a dict spec is normalised;
+    A dict or string spec is normalised; an :class:`autoplan.Workload` gives its
+    :attr:`~autoplan.Workload.spec` (a zoo workload its name, size and the config fields that
+    differ from the size's defaults; a loaded one its ``module:function`` and keyword arguments);
     anything else (a workload built in this process only) has none.
     """
     if isinstance(workload, (str, Mapping)):
         return parse_spec(workload)
-    spec = getattr(workload, "spec", None)
-    if isinstance(workload, LoadedWorkload):
-        return None if spec is None else dict(spec)
-    if isinstance(spec, Mapping) and "model" in spec:
-        return parse_spec(spec)
-    name, size = getattr(workload, "name", None), getattr(workload, "size", None)
-    config = getattr(workload, "config", None)
-    if not (isinstance(name, str) and isinstance(size, str) and isinstance(config, Mapping)):
-        return None
-    from autoplan import models  # noqa: PLC0415
+    from autoplan._workload import Workload  # noqa: PLC0415
 
-    if name not in models.list_models() or size not in models.list_models()[name]:
-        return None
-    default = models.get(name, size).config
-    overrides = {k: v for k, v in config.items() if k in default and default[k] != v}
-    return parse_spec({"model": name, "size": size, **overrides})
+    if isinstance(workload, Workload):
+        spec = workload.spec
+        return None if spec is None else parse_spec(spec)
+    return None
 
 
 def source_files(name: Any) -> list[str]:
@@ -397,60 +349,36 @@ def _where(err: BaseException) -> str:
     return f" (at {code.co_filename}:{last.tb_lineno} in {code.co_name})"
 
 
-def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None, seed: int) -> Any:
-    """``obj`` as a workload with ``fn``, ``args``, ``arg_kinds`` and ``name``.
+def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None,
+                 seed: int) -> Workload:
+    """``obj`` as a :class:`Workload`; with ``spec``, one whose origin is that
+    ``module:function`` (named ``spec["model"]``, made concrete by calling it again).
 
     ``abstract`` None: the function already chose (it took an ``abstract`` argument). True: keep
     what the object gives. False: make concrete arrays when the object gives shapes.
     """
-    import jax  # noqa: PLC0415
+    from autoplan._workload import Origin, Workload, as_workload  # noqa: PLC0415
 
-    from autoplan._workload import check_key_kinds, infer_arg_kinds  # noqa: PLC0415
+    label = spec["model"] if spec is not None else None
+    wl = as_workload(obj, f"workload {label!r}" if label else "workload")
+    if abstract is False and wl.abstract:
+        if wl.init is None:
+            raise ModelError(
+                f"workload {label or wl.name!r} has abstract (jax.ShapeDtypeStruct) arguments and "
+                "no way to make concrete ones, which running it needs. Fix: give the function an "
+                "'abstract' parameter (called with abstract=False, seed=... to run), return "
+                "concrete arrays, or give the returned object a concrete(seed) method.")
+        wl = wl.concrete(seed)
+    if spec is None:
+        return wl
+    kwargs = {k: v for k, v in spec.items() if k != "model"}
+    # the object's own config when it has one (a Workload always does), else the function's
+    # keyword arguments
+    own = obj.config if isinstance(obj, Workload) else getattr(obj, "config", None)
+    config = dict(wl.config) if isinstance(own, Mapping) else kwargs
 
-    def is_abstract(o: Any) -> bool:
-        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(o.args))
+    def init(seed: int) -> tuple[Any, ...]:
+        return load_workload(spec, abstract=False, seed=seed).args
 
-    if spec is None and all(hasattr(obj, a) for a in ("arg_kinds", "name")) and \
-            getattr(obj, "arg_kinds", None) is not None:
-        if abstract is False and is_abstract(obj):
-            return _concrete_of(obj, getattr(obj, "name", "workload"), seed)
-        return obj
-    label = spec["model"] if spec is not None else str(getattr(obj, "name", None) or
-                                                       getattr(obj.fn, "__name__", "workload"))
-    if abstract is False and is_abstract(obj):
-        obj = _concrete_of(obj, label, seed)
-    args = obj.args
-    if not isinstance(args, tuple):
-        if isinstance(args, list):
-            args = tuple(args)
-        else:
-            raise ModelError(f"workload {label!r}: args should be a tuple of the training step's "
-                             f"positional arguments. Got {type(args).__name__}. Fix: "
-                             "args=(params, opt_state, batch).")
-    if not callable(obj.fn):
-        raise ModelError(f"workload {label!r}: fn should be the training step function. Got "
-                         f"{type(obj.fn).__name__}. Fix: fn=train_step.")
-    kinds = getattr(obj, "arg_kinds", None)
-    kinds = tuple(kinds) if kinds is not None else infer_arg_kinds(obj.fn, args)
-    if len(kinds) != len(args):
-        raise ModelError(f"workload {label!r}: arg_kinds should give one kind per argument "
-                         f"({len(args)}). Got {kinds}. Fix: e.g. ('parameter', "
-                         "'optimizer_state', 'batch').")
-    if getattr(obj, "arg_kinds", None) is not None:
-        check_key_kinds(obj.fn, args, kinds, ModelError, f"workload {label!r}")
-    return LoadedWorkload(name=label, fn=obj.fn, args=args, arg_kinds=kinds, spec=spec, source=obj)
-
-
-def _concrete_of(obj: Any, label: str, seed: int) -> Any:
-    make = getattr(obj, "concrete", None)
-    if not callable(make):
-        raise ModelError(
-            f"workload {label!r} has abstract (jax.ShapeDtypeStruct) arguments and no way to make "
-            "concrete ones, which running it needs. Fix: give the function an 'abstract' parameter "
-            "(called with abstract=False, seed=... to run), return concrete arrays, or give the "
-            "returned object a concrete(seed) method.")
-    out = make(seed)
-    if not (hasattr(out, "fn") and hasattr(out, "args")):
-        raise ModelError(f"workload {label!r}: concrete(seed) should return a workload with fn and "
-                         f"args. Got {type(out).__name__}.")
-    return out
+    return Workload(wl.fn, wl.args, wl.arg_kinds, label, config=config, init=init,
+                    loss_fn=wl.loss_fn, origin=Origin("function", label, None, kwargs))

@@ -250,4 +250,4 @@ def workload_signature(workload: Any) -> StepSignature:
     names = [None if k in ("parameter", "optimizer_state") else n
              for n, k in zip(_param_names(wl.fn, len(args)), kinds)]
     return step_signature(jax.eval_shape(wl.fn, *args), args, kinds, names,
-                          step_name=f"the training step of {getattr(wl, 'name', 'the workload')}")
+                          step_name=f"the training step of {wl.name}")

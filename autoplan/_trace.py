@@ -38,12 +38,20 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from ._errors import TraceError
+from ._errors import ModelError, TraceError
 from ._gc import gc_paused
 from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
 from ._primitives import rule_of
-from ._workload import ARG_KINDS, arg_trees, check_key_kinds, infer_arg_kinds, non_array_leaf
+from ._workload import (
+    ARG_KINDS,
+    arg_trees,
+    as_workload,
+    check_key_kinds,
+    infer_arg_kinds,
+    is_workload_like,
+    non_array_leaf,
+)
 
 __all__ = ["trace", "OpaqueControlFlowWarning"]
 
@@ -264,11 +272,13 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         >>> [op.primitive for op in g]
         ['dot_general', 'tanh', 'reduce_sum']
     """
-    if hasattr(fn, "fn") and hasattr(fn, "args") and not args:
-        wl = fn
-        kinds = getattr(wl, "arg_kinds", None)
-        return trace(wl.fn, *wl.args, arg_kinds=tuple(kinds) if kinds is not None else None,
-                     name=name or getattr(wl, "name", None), max_scan_unroll=max_scan_unroll)
+    if is_workload_like(fn) and not args:
+        try:
+            wl = as_workload(fn, "trace")
+        except ModelError as err:
+            raise TraceError(str(err)) from err
+        return trace(wl.fn, *wl.args, arg_kinds=wl.arg_kinds, name=name or wl.name,
+                     max_scan_unroll=max_scan_unroll)
     if not callable(fn):
         raise TraceError(f"trace: fn should be a callable JAX function or a Workload. Got "
                          f"{type(fn).__name__}: {fn!r}. Fix: pass the training step function.")

@@ -3,8 +3,10 @@
 ``autoplan.Workload(step, (params, opt_state, batch))`` is the one form a user's own step takes
 through every part of autoplan: :func:`autoplan.trace`, :func:`autoplan.search` (pipeline plans
 included), :func:`autoplan.exec.run` and :func:`autoplan.exec.launch` (a ``module:function``
-spec returning a Workload). The zoo's :class:`autoplan.models.Workload` has the same fields and
-methods (``fn``, ``args``, ``arg_kinds``, ``name``, ``config``, ``concrete``).
+spec returning a Workload). It is the one workload type: the zoo's
+:class:`autoplan.models.Workload` is this class, and so is what :func:`autoplan.load_workload`
+returns; each carries its :class:`Origin` (a zoo name and size, a ``module:function``, or an
+object built in this process).
 
 The kind of each positional argument (``parameter``, ``optimizer_state``, ``batch``, ``key`` or
 ``input``) decides how the search treats it: parameters and their optimizer state are what a
@@ -28,7 +30,7 @@ import jax
 from autoplan._errors import ModelError
 from autoplan._graph import ARG_KINDS
 
-__all__ = ["Workload", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
+__all__ = ["Workload", "Origin", "ORIGIN_KINDS", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
            "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like"]
 
 
@@ -287,9 +289,55 @@ def _abstract(tree: Any) -> Any:
                                   or jax.numpy.asarray(x).dtype), tree)
 
 
+#: the kinds of :class:`Origin`
+ORIGIN_KINDS = ("zoo", "function", "object")
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Where a :class:`Workload` comes from.
+
+    Attributes:
+        kind: ``"zoo"`` (:func:`autoplan.models.get`), ``"function"`` (a user's
+            ``"module:function"``, or a workload object it names, loaded by
+            :func:`autoplan.load_workload`) or ``"object"`` (built in this process:
+            ``autoplan.Workload(...)``, or any object with ``fn`` and ``args``).
+        model: the zoo model's name, the ``"module:function"`` spec, or the workload's name.
+        size: the zoo size (``"tiny"``, ``"1.3B"``); None for the other kinds.
+        kwargs: JSON values that build it again with ``model`` (and ``size``): the keyword
+            arguments a ``"function"`` was called with (``--set``, ``--size``, ``--batch``), or
+            the config fields of a ``"zoo"`` workload that differ from its size's defaults;
+            empty for ``"object"``.
+
+    Examples:
+        >>> str(Origin("zoo", "gpt", "tiny")), str(Origin("function", "mypkg.train:workload"))
+        ('gpt (tiny)', 'mypkg.train:workload')
+    """
+
+    kind: str
+    model: str
+    size: str | None = None
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ORIGIN_KINDS:
+            raise ModelError(f"Origin: kind should be one of {ORIGIN_KINDS}. Got {self.kind!r}. "
+                             "Fix: 'object' for a workload built in this process.")
+        if not isinstance(self.model, str) or not self.model:
+            raise ModelError(f"Origin: model should be a non-empty string. Got {self.model!r}. "
+                             "Fix: the zoo name, 'module:function' or the workload's name.")
+
+    def __str__(self) -> str:
+        return f"{self.model} ({self.size})" if self.size is not None else self.model
+
+
 @dataclasses.dataclass(frozen=True, eq=False, init=False)
 class Workload:
     """A training step with its arguments, ready to trace, plan, run and launch.
+
+    One type for every workload: a user's ``autoplan.Workload(step, args)``, the zoo's
+    (:func:`autoplan.models.get`; :class:`autoplan.models.Workload` is this class) and one loaded
+    from ``"module:function"`` (:func:`autoplan.load_workload`); :attr:`origin` says which.
 
     Attributes:
         fn: the step, e.g. ``train_step(params, opt_state, batch) -> (loss, params,
@@ -298,14 +346,21 @@ class Workload:
             ``jax.ShapeDtypeStruct`` (abstract: nothing is allocated; running the plan then needs
             ``init``). Any pytree works: ``flax.nnx.State``, Equinox modules (``None`` where
             ``eqx.partition`` left non-arrays), optax's named tuples, dataclasses.
-        arg_kinds: ``"parameter"``, ``"optimizer_state"``, ``"batch"``, ``"key"`` or
-            ``"input"`` per argument (default: :func:`infer_arg_kinds`). Keys are replicated
-            on every device and never split into micro-batches.
-        name: a name for plans and reports (default ``fn.__name__``).
-        config: what plans record about the workload; ``"batch"`` (the leading dimension of the
-            batch arguments) is filled in when the batch leaves agree on it.
+        arg_kinds: one of :data:`ARG_KINDS` (``"parameter"``, ``"optimizer_state"``,
+            ``"batch"``, ``"key"`` or ``"input"``) per argument (default:
+            :func:`infer_arg_kinds`). Keys are replicated on every device and never split into
+            micro-batches.
+        name: a name for plans and reports (default ``fn.__name__``; the zoo's model name; the
+            ``"module:function"`` of a loaded one).
+        config: what plans record about the workload (the zoo's resolved configuration);
+            ``"batch"`` (the leading dimension of the batch arguments) is filled in when the
+            batch leaves agree on it.
         init: ``init(seed) -> args`` making concrete arguments of the same shapes (needed to run
-            a workload given abstract arguments).
+            a workload given abstract arguments; the zoo and the loader give one).
+        loss_fn: ``loss(params, batch) -> scalar``, what ``fn`` differentiates, where known (the
+            zoo's); else None.
+        origin: where it comes from (:class:`Origin`): the zoo's name and size, a
+            ``"module:function"`` and its keyword arguments, or ``"object"`` (the default).
 
     Examples:
         >>> import jax, jax.numpy as jnp, autoplan
@@ -313,8 +368,8 @@ class Workload:
         ...     loss, g = jax.value_and_grad(lambda p: jnp.mean((batch @ p) ** 2))(params)
         ...     return loss, params - 0.1 * g
         >>> wl = autoplan.Workload(train_step, (jnp.ones((4, 2)), jnp.ones((8, 4))))
-        >>> wl.arg_kinds, wl.config
-        (('parameter', 'batch'), {'batch': 8})
+        >>> wl.arg_kinds, wl.config, wl.origin.kind
+        (('parameter', 'batch'), {'batch': 8}, 'object')
     """
 
     fn: Callable[..., Any]
@@ -323,11 +378,15 @@ class Workload:
     name: str
     config: dict[str, Any]
     init: Callable[[int], Sequence[Any]] | None = dataclasses.field(default=None, repr=False)
+    loss_fn: Callable[..., Any] | None = dataclasses.field(default=None, repr=False)
+    origin: Origin = dataclasses.field(default=None, repr=False)  # type: ignore[assignment]
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any],
                  arg_kinds: Sequence[str] | None = None, name: str | None = None, *,
                  config: Mapping[str, Any] | None = None,
-                 init: Callable[[int], Sequence[Any]] | None = None):
+                 init: Callable[[int], Sequence[Any]] | None = None,
+                 loss_fn: Callable[..., Any] | None = None,
+                 origin: Origin | None = None):
         if not callable(fn):
             raise ModelError(f"Workload: fn should be the training step (a callable). Got "
                              f"{type(fn).__name__}: {fn!r:.80}. Fix: Workload(train_step, "
@@ -358,6 +417,19 @@ class Workload:
         if init is not None and not callable(init):
             raise ModelError(f"Workload: init should be a function seed -> args. Got "
                              f"{type(init).__name__}. Fix: init=lambda seed: make_args(seed).")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ModelError(f"Workload: loss_fn should be the loss function or None. Got "
+                             f"{type(loss_fn).__name__}. Fix: loss_fn=loss or leave it out.")
+        if name is not None and not isinstance(name, str):
+            raise ModelError(f"Workload: name should be a string. Got {type(name).__name__}: "
+                             f"{name!r:.60}. Fix: name='my_model'.")
+        name = name or getattr(fn, "__name__", "workload")
+        if origin is None:
+            origin = Origin("object", name or "workload")
+        elif not isinstance(origin, Origin):
+            raise ModelError(f"Workload: origin should be an autoplan._workload.Origin. Got "
+                             f"{type(origin).__name__}. Fix: leave it out (a workload built in "
+                             "this process).")
         cfg = dict(config or {})
         batch = _leading_batch(args, kinds)
         if batch is not None:
@@ -365,25 +437,81 @@ class Workload:
         object.__setattr__(self, "fn", fn)
         object.__setattr__(self, "args", args)
         object.__setattr__(self, "arg_kinds", kinds)
-        object.__setattr__(self, "name", name or getattr(fn, "__name__", "workload"))
+        object.__setattr__(self, "name", name)
         object.__setattr__(self, "config", cfg)
         object.__setattr__(self, "init", init)
+        object.__setattr__(self, "loss_fn", loss_fn)
+        object.__setattr__(self, "origin", origin)
+
+    @property
+    def size(self) -> str | None:
+        """The zoo size (``"tiny"``, ``"1.3B"``) of a zoo workload; None for the others."""
+        return self.origin.size
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The JSON spec that loads this workload again in another process
+        (:func:`autoplan.load_workload`): a ``"module:function"`` and its keyword arguments, or
+        a zoo name, its size and the config fields that differ from the size's defaults; None
+        for a workload built in this process only."""
+        o = self.origin
+        if o.kind == "object":
+            return None
+        return {"model": o.model, **({"size": o.size} if o.size is not None else {}),
+                **o.kwargs}
 
     @property
     def abstract(self) -> bool:
         """True when some leaf of ``args`` is a ``jax.ShapeDtypeStruct``."""
         return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(self.args))
 
+    def _arg(self, kind: str) -> Any:
+        if kind not in self.arg_kinds:
+            raise ModelError(f"Workload {self.name!r} has no argument of kind {kind!r}: its kinds "
+                             f"are {self.arg_kinds}. Fix: read wl.args by position.")
+        return self.args[self.arg_kinds.index(kind)]
+
+    @property
+    def params(self) -> Any:
+        """The first argument of kind ``"parameter"`` (the zoo's ``args[0]``)."""
+        return self._arg("parameter")
+
+    @property
+    def opt_state(self) -> Any:
+        """The first argument of kind ``"optimizer_state"`` (the zoo's ``args[1]``)."""
+        return self._arg("optimizer_state")
+
+    @property
+    def batch(self) -> Any:
+        """The first argument of kind ``"batch"`` (the zoo's ``args[2]``)."""
+        return self._arg("batch")
+
+    @property
+    def num_params(self) -> int:
+        """Number of parameter elements (over the leaves of the arguments of kind
+        ``"parameter"``)."""
+        return sum(math.prod(getattr(x, "shape", ())) for a, k in zip(self.args, self.arg_kinds)
+                   if k == "parameter" for x in jax.tree_util.tree_leaves(a))
+
+    def _with_args(self, args: Sequence[Any]) -> Workload:
+        return Workload(self.fn, args, self.arg_kinds, self.name, config=self.config,
+                        init=self.init, loss_fn=self.loss_fn, origin=self.origin)
+
     def concrete(self, seed: int = 0) -> Workload:
-        """This workload with concrete arrays: itself when its arguments are arrays, else
-        ``init(seed)``'s (checked to have the same structure, shapes and dtypes).
+        """This workload with concrete arrays made from ``seed``.
+
+        A zoo or ``"module:function"`` workload is built again from its origin (arrays from
+        ``seed``, even when its own are concrete); any other is itself when its arguments are
+        arrays, else ``init(seed)``'s (checked to have the same structure, shapes and dtypes).
 
         Raises:
             ModelError: abstract arguments and no ``init``, or ``init`` returned other shapes.
         """
-        if not self.abstract:
+        if self.origin.kind == "object" and not self.abstract:
             return self
         if self.init is None:
+            if not self.abstract:
+                return self
             raise ModelError(
                 f"Workload {self.name!r} has abstract (jax.ShapeDtypeStruct) arguments and no init "
                 "to make concrete ones, so it cannot run. Fix: pass concrete arrays, or "
@@ -396,12 +524,11 @@ class Workload:
             raise ModelError(f"Workload {self.name!r}: init(seed) should return arguments of the "
                              "same structure, shapes and dtypes as args. Fix: make init build "
                              "the same pytrees as the abstract args.")
-        return Workload(self.fn, new, self.arg_kinds, self.name, config=self.config, init=self.init)
+        return self._with_args(new)
 
     def with_abstract_args(self) -> Workload:
         """The same workload with every leaf replaced by its ``jax.ShapeDtypeStruct``."""
-        return Workload(self.fn, _abstract(self.args), self.arg_kinds, self.name,
-                        config=self.config, init=self.init)
+        return self._with_args(_abstract(self.args))
 
     def __repr__(self) -> str:
         parts = []
@@ -418,16 +545,15 @@ def is_workload_like(obj: Any) -> bool:
     return hasattr(obj, "fn") and hasattr(obj, "args")
 
 
-def as_workload(obj: Any, where: str = "workload") -> Any:
-    """``obj`` as a workload every part of autoplan reads alike.
+def as_workload(obj: Any, where: str = "workload") -> Workload:
+    """``obj`` as a :class:`Workload`.
 
-    An :class:`autoplan.Workload`, a zoo :class:`autoplan.models.Workload` and any object that
-    already has ``fn``, ``args``, ``arg_kinds`` (not None) and ``name`` are returned as they are.
-    Any other object with ``fn`` and ``args`` (a ``types.SimpleNamespace``, a dataclass of the
-    user's) becomes an :class:`autoplan.Workload` of the same step and arguments, with its own
-    ``arg_kinds``, ``name``, ``config`` and ``init`` where it has them and the kinds inferred as
-    ``Workload`` infers them (:func:`infer_arg_kinds`) where it has none; its ``concrete(seed)``,
-    if any, makes concrete arguments.
+    A :class:`Workload` (a user's, the zoo's, a loaded one) is returned as it is. Any other
+    object with ``fn`` and ``args`` (a ``types.SimpleNamespace``, a dataclass of the user's)
+    becomes a :class:`Workload` of the same step and arguments (origin ``"object"``), with its
+    own ``arg_kinds``, ``name``, ``config`` and ``init`` where it has them and the kinds inferred
+    as ``Workload`` infers them (:func:`infer_arg_kinds`) where it has none; its
+    ``concrete(seed)``, if any, makes concrete arguments.
 
     Args:
         obj: the object.
@@ -442,8 +568,8 @@ def as_workload(obj: Any, where: str = "workload") -> Any:
         >>> def step(params, batch):
         ...     return (batch @ params).sum()
         >>> wl = as_workload(types.SimpleNamespace(fn=step, args=(jnp.ones((4, 2)), jnp.ones((8, 4)))))
-        >>> type(wl).__name__, wl.arg_kinds
-        ('Workload', ('parameter', 'batch'))
+        >>> type(wl).__name__, wl.arg_kinds, wl.origin.kind
+        ('Workload', ('parameter', 'batch'), 'object')
     """
     if isinstance(obj, Workload):
         return obj
@@ -451,21 +577,26 @@ def as_workload(obj: Any, where: str = "workload") -> Any:
         raise ModelError(f"{where}: the workload should be an object with fn (the training step) "
                          f"and args (its arguments). Got {type(obj).__name__}. Fix: wrap it as "
                          "autoplan.Workload(fn, args).")
-    if getattr(obj, "arg_kinds", None) is not None and isinstance(getattr(obj, "name", None), str):
-        return obj
+    # (the duck-typed protocol: a foreign object's optional attributes, read here only)
     args, kinds = obj.args, getattr(obj, "arg_kinds", None)
     if not isinstance(args, tuple | list):
         raise ModelError(f"{where}: the workload's args should be a tuple of the step's positional "
                          f"arguments. Got {type(args).__name__}. Fix: wrap it as "
                          "autoplan.Workload(fn, args) with args=(params, opt_state, batch).")
     cfg = getattr(obj, "config", None)
+    name = getattr(obj, "name", None)
     init = getattr(obj, "init", None)
     make = getattr(obj, "concrete", None)
     if not callable(init) and callable(make):
         def init(seed: int) -> tuple[Any, ...]:
-            return tuple(make(seed).args)
+            out = make(seed)
+            if not is_workload_like(out):
+                raise ModelError(f"{where}: concrete(seed) should return a workload with fn and "
+                                 f"args. Got {type(out).__name__}. Fix: return e.g. "
+                                 "types.SimpleNamespace(fn=train_step, args=(params, batch)).")
+            return tuple(out.args)
     try:
-        return Workload(obj.fn, tuple(args), kinds, getattr(obj, "name", None) or None,
+        return Workload(obj.fn, tuple(args), kinds, name if isinstance(name, str) and name else None,
                         config=cfg if isinstance(cfg, Mapping) else None,
                         init=init if callable(init) else None)
     except ModelError as err:

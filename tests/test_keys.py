@@ -334,14 +334,14 @@ def test_keys_are_never_pinned_sharded():
     wl = _workload(jax.random.key(3))
     with pytest.raises(autoplan.SearchError, match=r"should not shard PRNG keys.*Got "
                        r"P\('x',\) for key \(kind 'key'\)"):
-        autoplan.search(wl, "cpu:8", pipeline=False, pin={r"^key$": PartitionSpec("x")})
+        autoplan.search(wl, "cpu:8", pipeline=False, pins={r"^key$": PartitionSpec("x")})
     # keys in the batch, one per example: the data-parallel baseline splits the batch's arrays
     # and keeps the keys whole
     batch = {**_batch(), "keys": jax.random.split(jax.random.key(0), 32)}
     wl = autoplan.Workload(per_example_key_step, (_params(), batch))
     assert wl.arg_kinds == ("parameter", "batch") and wl.config == {"batch": 32}
     res = autoplan.search(wl, "cpu:8", pipeline=False, mesh_shape=(8, 1),
-                          pin={r"batch": PartitionSpec("x")})
+                          pins={r"batch": PartitionSpec("x")})
     for plan in (res.best, *res.baselines):
         specs = {i.path: i.spec.to_pspec() for i in plan.inputs if i.kind == "batch"}
         assert specs["['keys']"] == PartitionSpec()

@@ -13,7 +13,7 @@ import pytest
 
 import autoplan
 from autoplan import ModelError
-from autoplan._loader import LoadedWorkload, is_function_spec, load_workload, parse_spec, workload_spec
+from autoplan._loader import is_function_spec, load_workload, parse_spec, workload_spec
 
 USER_MODELS = pathlib.Path(__file__).resolve().parent / "user_models"
 
@@ -48,7 +48,7 @@ def test_a_user_module_is_found_through_the_current_directory(user_dir):
     user_dir.chdir(USER_MODELS)
     assert not any(p in ("", str(USER_MODELS)) for p in sys.path)
     wl = load_workload("optax_mlp:workload", layers=2)
-    assert isinstance(wl, LoadedWorkload)
+    assert isinstance(wl, autoplan.Workload) and wl.origin.kind == "function"
     assert wl.name == "optax_mlp:workload"
     assert wl.arg_kinds == ("parameter", "optimizer_state", "batch")
     assert wl.config == {"layers": 2, "batch": 16}  # the batch: the batch leaves' leading dimension
@@ -130,7 +130,7 @@ def test_objects_built_here_are_used_as_they_are_but_have_no_spec():
     assert load_workload(zoo) is zoo
     bare = load_workload(types.SimpleNamespace(fn=lambda w, x: (x @ w).sum(),
                                                args=(jnp.ones((2, 2)), jnp.ones((4, 2)))))
-    assert isinstance(bare, LoadedWorkload) and bare.spec is None
+    assert isinstance(bare, autoplan.Workload) and bare.spec is None and bare.origin.kind == "object"
     assert workload_spec(bare) is None  # cannot travel to a worker
 
 
@@ -170,3 +170,37 @@ def test_bad_specs_are_clear_errors(user_dir, tmp_path):
     with pytest.raises(ModelError, match="JSON values"):
         parse_spec("bad_mod:good", hidden=object())
     assert load_workload("bad_mod:good", hidden=3).args[0].shape == (3,)
+
+
+def test_zoo_loaded_and_user_workloads_are_one_type_with_their_origin(user_dir):
+    import jax.numpy as jnp
+
+    user_dir.chdir(USER_MODELS)
+    zoo = autoplan.models.get("mlp", layers=5)
+    loaded = load_workload("optax_mlp:workload", layers=2)
+    user = autoplan.Workload(lambda w, x: (x @ w).sum(), (jnp.ones((4, 2)), jnp.ones((8, 4))))
+    assert autoplan.models.Workload is autoplan.Workload
+    assert all(type(wl) is autoplan.Workload for wl in (zoo, loaded, user))
+    assert (zoo.origin.kind, zoo.origin.model, zoo.size, dict(zoo.origin.kwargs)) == (
+        "zoo", "mlp", "tiny", {"layers": 5})
+    assert (loaded.origin.kind, loaded.origin.model, loaded.size, dict(loaded.origin.kwargs)) == (
+        "function", "optax_mlp:workload", None, {"layers": 2})
+    assert (user.origin.kind, user.size, user.spec) == ("object", None, None)
+    assert zoo.spec == {"model": "mlp", "size": "tiny", "layers": 5} == workload_spec(zoo)
+    assert str(zoo.origin) == "mlp (tiny)" and str(loaded.origin) == "optax_mlp:workload"
+    # made concrete, each keeps its origin
+    assert zoo.concrete(1).origin == zoo.origin and loaded.concrete(1).origin == loaded.origin
+
+
+def test_there_is_one_arg_kinds():
+    import re
+
+    from autoplan._graph import ARG_KINDS
+    from autoplan._workload import ARG_KINDS as workload_kinds
+
+    assert workload_kinds is ARG_KINDS
+    root = pathlib.Path(autoplan.__file__).parent
+    defined = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
+               if re.search(r"^ARG_KINDS\b[^=\n]*=", p.read_text(), re.M)]
+    assert defined == ["_graph.py"]
+    assert set(autoplan.models.get("mlp").arg_kinds) <= set(ARG_KINDS)

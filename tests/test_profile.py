@@ -165,7 +165,7 @@ def test_plan_adds_launch_and_combined_latency_once():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = intra_op_search(g, cl, (8, 1), pin={r"^x$": jax.sharding.PartitionSpec("x"),
+        res = intra_op_search(g, cl, (8, 1), pins={r"^x$": jax.sharding.PartitionSpec("x"),
                                                   r"^w\[": jax.sharding.PartitionSpec()})
     p = res.plan.predicted
     sol = res.solution

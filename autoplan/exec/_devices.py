@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
             workload_signature(wl)  # a step no executor can run: refused before any worker
             rec["workload"] = {"fingerprint": graph.fingerprint, "model": graph.name,
-                               "view": WorkloadView.of(graph, getattr(wl, "config", None)).to_dict()}
+                               "view": WorkloadView.of(graph, wl.config).to_dict()}
     except AutoplanError as err:
         rec = {"error": {"type": type(err).__name__, "message": str(err)}}
     except Exception as err:  # noqa: BLE001 - reported to the launcher, which raises it

@@ -65,6 +65,7 @@ from typing import Any
 from autoplan import _signals
 from autoplan._errors import LaunchError, NonFiniteError, PlanMismatchError
 from autoplan._loader import workload_spec
+from autoplan._workload import Workload
 from autoplan.exec._devices import DeviceInfo, preflight
 from autoplan.exec._layout import (
     CLUSTER_KINDS,
@@ -98,9 +99,9 @@ def describe_workload(workload: Any) -> dict[str, Any]:
     """The JSON spec that rebuilds ``workload`` in a worker: ``{"model": name, **kwargs}``.
 
     Args:
-        workload: a spec (zoo name, ``"module:function"`` or dict), a zoo
-            :class:`autoplan.models.Workload` (its name, size and the config fields that differ
-            from the size's defaults), or a workload loaded from ``"module:function"``.
+        workload: a spec (zoo name, ``"module:function"`` or dict), or an
+            :class:`autoplan.Workload` from the zoo (its name, size and the config fields that
+            differ from the size's defaults) or loaded from ``"module:function"``.
 
     Raises:
         LaunchError: a workload built in this process only (a function cannot be sent to a
@@ -748,8 +749,9 @@ def _plan_of(plan: Any) -> tuple[Any, str | None]:
                       f"{type(plan).__name__}. Fix: pass result.best or 'plan.json'.")
 
 
-def _fingerprint_here(workload: Any) -> tuple[str, Any]:
-    """The fingerprint and :class:`~autoplan._plan_check.WorkloadView` of a workload object."""
+def _fingerprint_here(workload: Workload) -> tuple[str, Any]:
+    """The fingerprint and :class:`~autoplan._plan_check.WorkloadView` of a workload object
+    (one with a spec: a zoo or ``module:function`` :class:`~autoplan.Workload`)."""
     from autoplan._memo import memo  # noqa: PLC0415
     from autoplan._plan_check import WorkloadView  # noqa: PLC0415
     from autoplan._trace import trace  # noqa: PLC0415
@@ -758,7 +760,7 @@ def _fingerprint_here(workload: Any) -> tuple[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             graph = trace(workload)
-        return graph.fingerprint, WorkloadView.of(graph, getattr(workload, "config", None))
+        return graph.fingerprint, WorkloadView.of(graph, workload.config)
     return memo(workload, ("launch", "fingerprint"), make)
 
 
@@ -825,7 +827,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
     Args:
         plan: a :class:`~autoplan.Plan` or the path of a plan file.
         workload: a spec (a zoo name such as ``"gpt"``, ``"module:function"``, or a dict
-            ``{"model": ..., **kwargs}``), a zoo :class:`autoplan.models.Workload`, or a workload
+            ``{"model": ..., **kwargs}``), or an :class:`autoplan.Workload` from the zoo or
             loaded from ``"module:function"`` (see :mod:`autoplan._loader`).
         num_processes: worker processes (None: chosen, see :mod:`autoplan.exec._layout`).
         devices_per_process: devices of each (None: chosen); the product must be the plan's

@@ -60,7 +60,7 @@ from autoplan._options import check_callback, check_tolerance
 from autoplan._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
 from autoplan._signature import StepSignature, step_signature
 from autoplan._trace import OpaqueControlFlowWarning, trace
-from autoplan._workload import _param_names, as_workload
+from autoplan._workload import Workload, _param_names, as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
 from autoplan.exec._pipeline import (
@@ -237,22 +237,21 @@ class _Resolved:
     fn: Callable[..., Any]
     host_args: tuple[Any, ...]
     arg_kinds: tuple[str, ...]
-    source: Any
+    source: Workload
 
 
 def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
     """The training step and concrete host arguments of a workload.
 
     Args:
-        workload: an :class:`autoplan.Workload` or a zoo workload (abstract ones are made
-            concrete with ``.concrete(seed)``), any object with ``fn``, ``args`` and
-            ``arg_kinds``, or a dict ``{"model": name, "size": size, **overrides}`` for
+        workload: an :class:`autoplan.Workload` (an abstract one is made concrete with
+            ``.concrete(seed)``), any object with ``fn`` and ``args``, or a dict ``{"model": name, "size": size, **overrides}`` for
             :func:`autoplan.models.get`.
         seed: PRNG seed for concrete arguments.
 
     Raises:
-        ExecutionError: the workload has abstract arguments and no way to make concrete ones, or
-            is of an unknown type.
+        ExecutionError: the workload is of an unknown type.
+        ModelError: the workload has abstract arguments and no way to make concrete ones.
     """
     if isinstance(workload, Mapping):
         from autoplan import models  # noqa: PLC0415 - the zoo is optional for run()
@@ -269,16 +268,10 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
                              f"{type(workload).__name__}. Fix: pass autoplan.Workload(train_step, "
                              "(params, opt_state, batch)) or autoplan.models.get('gpt', 'tiny').")
     workload = as_workload(workload, "run")
-    leaves = jax.tree_util.tree_leaves(workload.args)
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
-        if not hasattr(workload, "concrete"):
-            raise ExecutionError("workload has abstract (ShapeDtypeStruct) arguments and no "
-                                 ".concrete(seed) method. Fix: pass concrete arrays.")
+    if workload.abstract:
         workload = workload.concrete(seed)
     host = jax.tree_util.tree_map(host_value, tuple(workload.args))
-    kinds = tuple(workload.arg_kinds)
-    name = getattr(workload, "name", getattr(workload.fn, "__name__", "workload"))
-    return _Resolved(name, workload.fn, host, kinds, workload)
+    return _Resolved(workload.name, workload.fn, host, workload.arg_kinds, workload)
 
 
 def _cached(r: _Resolved, key: Any, make: Callable[[], Any]) -> Any:
@@ -1061,7 +1054,7 @@ def _check_plan(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any],
     argument structure or number of devices (a note when it runs on another platform than its
     cluster's); with several devices, check that the step runs at all (:func:`_preflight`)."""
     plan.check_matches(graph, num_devices=len(devices))
-    refuse_contradictions(plan, "run", WorkloadView.of(graph, getattr(r.source, "config", None)))
+    refuse_contradictions(plan, "run", WorkloadView.of(graph, r.source.config))
     note = platform_note(plan.cluster, devices[0].platform, len(devices)) if devices else None
     if note is not None:
         warnings.warn(f"run: {note}.", PlatformWarning, stacklevel=3)

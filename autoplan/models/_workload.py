@@ -1,4 +1,5 @@
-"""The :class:`Workload` record and how one is built from a model definition.
+"""How the zoo builds a :class:`Workload` (:class:`autoplan.Workload`, the one workload type) from a
+model definition.
 
 A model definition (:class:`ModelDef`) gives per-size configs, a parameter initialiser, a batch
 initialiser and a loss. :func:`build` turns it into a training step
@@ -19,14 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoplan._errors import ModelError
+from autoplan._workload import Origin, Workload
 from autoplan.models._adam import MASTER_WEIGHTS, adam_init, adam_update
 from autoplan.models._layers import KeyGen
 
-__all__ = ["Workload", "ModelDef", "ARG_KINDS", "DTYPES", "resolve_config", "build"]
+__all__ = ["Workload", "ModelDef", "DTYPES", "resolve_config", "build"]
 
-#: the kinds of a zoo step's ``(params, opt_state, batch)``: three of the kinds any step's
-#: arguments may have (:data:`autoplan._workload.ARG_KINDS`, which also has ``key`` and ``input``)
-ARG_KINDS: tuple[str, str, str] = ("parameter", "optimizer_state", "batch")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 #: Fields every model's config has, with their defaults: ``remat`` recomputes each layer's
@@ -35,74 +34,6 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 #: state (:mod:`autoplan.models._adam`).
 COMMON: dict[str, Any] = {"dtype": "float32", "scopes": True, "learning_rate": 1e-3,
                           "remat": False, "master_weights": "none"}
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Workload:
-    """A model's training step with its arguments, ready to trace, plan or run.
-
-    Attributes:
-        name: model name, e.g. ``"gpt"``.
-        size: size name, e.g. ``"1.3B"`` or ``"tiny"``.
-        fn: ``train_step(params, opt_state, batch) -> (loss, new_params, new_opt_state)``; pure JAX,
-            jit-able, not jitted.
-        args: ``(params, opt_state, batch)``: pytrees of ``jax.ShapeDtypeStruct`` when abstract,
-            else concrete arrays.
-        arg_kinds: ``("parameter", "optimizer_state", "batch")``, one per entry of ``args``.
-        config: the resolved configuration (size defaults plus overrides).
-        loss_fn: ``loss(params, batch) -> scalar``, what ``fn`` differentiates.
-    """
-
-    name: str
-    size: str
-    fn: Callable[..., Any]
-    args: tuple[Any, Any, Any]
-    arg_kinds: tuple[str, str, str]
-    config: dict[str, Any]
-    loss_fn: Callable[[Any, Any], Any]
-    _model: ModelDef = dataclasses.field(repr=False)
-
-    @property
-    def abstract(self) -> bool:
-        """True when ``args`` hold ``jax.ShapeDtypeStruct`` leaves rather than arrays."""
-        leaves = jax.tree.leaves(self.args)
-        return any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-
-    @property
-    def params(self) -> Any:
-        """The parameter tree (``args[0]``)."""
-        return self.args[0]
-
-    @property
-    def opt_state(self) -> Any:
-        """The optimizer state (``args[1]``)."""
-        return self.args[1]
-
-    @property
-    def batch(self) -> Any:
-        """The input batch (``args[2]``)."""
-        return self.args[2]
-
-    @property
-    def num_params(self) -> int:
-        """Number of parameter elements (sum of the sizes of ``params``' leaves)."""
-        return sum(math.prod(x.shape) for x in jax.tree.leaves(self.args[0]))
-
-    def concrete(self, seed: int = 0) -> Workload:
-        """The same workload with concrete arrays, initialised deterministically from ``seed``.
-
-        Args:
-            seed: PRNG seed for parameters and batch.
-
-        Returns:
-            A new :class:`Workload` whose ``args`` are jnp arrays.
-        """
-        return build(self._model, self.size, self.config, abstract=False, seed=seed)
-
-    def with_abstract_args(self) -> Workload:
-        """The same workload with ``args`` replaced by their ``jax.ShapeDtypeStruct`` shapes."""
-        args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.args)
-        return dataclasses.replace(self, args=tuple(args))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,13 +191,13 @@ def build(
         args = jax.eval_shape(lambda: init(False))
     else:
         args = jax.tree.map(jnp.asarray, init(True))
-    return Workload(
-        name=model.name,
-        size=size,
-        fn=train_step,
-        args=tuple(args),
-        arg_kinds=ARG_KINDS,
-        config=dict(cfg),
-        loss_fn=loss_fn,
-        _model=model,
-    )
+
+    def make(seed: int) -> tuple[Any, Any, Any]:
+        return build(model, size, cfg, abstract=False, seed=seed).args
+
+    defaults = resolve_config(model, size, None, {})
+    overrides = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()
+                 if k in defaults and defaults[k] != v}  # (JSON values, as specs hold them)
+    return Workload(train_step, tuple(args), ("parameter", "optimizer_state", "batch"),
+                    model.name, config=cfg, init=make, loss_fn=loss_fn,
+                    origin=Origin("zoo", model.name, size, overrides))

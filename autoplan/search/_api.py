@@ -25,7 +25,6 @@ structure, so ``plan.named_shardings()`` returns the user's own types.
 from __future__ import annotations
 
 import math
-import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -57,9 +56,8 @@ from autoplan.search._parallel import (
 from autoplan.search._search_options import SearchOptions
 from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._summary import analysis_of
-from autoplan.search.intra._ilp import _resolve_pins
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
-from autoplan.search.intra._pins import resolve_pins
+from autoplan.search.intra._pins import pin_specs, pins_by_name, renamed_pin, resolve_pins
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning",
            "NoPipelineWarning", "GRAPH_ONLY_NOTE"]
@@ -261,14 +259,15 @@ def _rank_and_pick(plans: list[Plan], memory_budget: float | None) -> tuple[list
 def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline: bool | str = "auto",
            schedule: str = "1f1b", microbatches: int | str | None = None, level: str = "auto",
            mesh_shape: tuple[int, ...] | None = None, memory_budget: float | None = None,
-           pin: Mapping[Any, Any] | None = None, time_limit: float = 60.0,
+           pins: Mapping[Any, Any] | None = None, time_limit: float = 60.0,
            baselines: bool | str = True,
            num_layers: int | None = None, stage_algorithm: str = "auto",
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None,
            allow_microbatching_mixed: bool = False,
-           options: SearchOptions | None = None) -> SearchResult:
+           options: SearchOptions | None = None,
+           pin: Mapping[Any, Any] | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -297,7 +296,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             solved once, TAPAS).
         mesh_shape: the logical mesh for intra-operator plans (default: all 2-D shapes).
         memory_budget: per-device bytes (default: the device's memory, for ranking only).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (in the
+        pins: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs (in the
             pipeline search too, in every layer's plan; a graph input's tensor id, ``gi.tensor``,
             may stand for a regex: that input alone).
         time_limit: seconds per ILP; at the limit the best plan found is used, with a warning.
@@ -338,6 +337,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         options: every option above but ``progress`` and ``partial`` as one
             :class:`autoplan.SearchOptions` (frozen, validated when made, reusable); the
             keywords it holds are then left at their defaults.
+        pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 
     Returns:
         A :class:`SearchResult`; ``stats["cache"]`` says ``"hit"`` (from the plan cache),
@@ -364,8 +364,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         NoPipelineWarning: ``pipeline="auto"`` with a graph (from :func:`autoplan.trace`) instead
             of the workload: no pipeline candidates (``result.notes`` says so too).
     """
+    pins = renamed_pin("search", pins, pin)
     given = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
-                 mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
+                 mesh_shape=mesh_shape, memory_budget=memory_budget, pins=pins,
                  time_limit=time_limit, baselines=baselines, num_layers=num_layers,
                  stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts, workers=workers,
                  cache=cache, allow_microbatching_mixed=allow_microbatching_mixed)
@@ -519,16 +520,6 @@ def _pipeline_plans(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) 
     return pipeline_search(workload, cluster, **kw)
 
 
-def _pins_by_name(graph: OpGraph, pin: Mapping[Any, Any] | None) -> dict[str, Any] | None:
-    """``pin`` with tensor-id keys turned into their inputs' names (anchored, escaped): the
-    pipeline search traces the step again at micro-batch size, where tensor ids differ."""
-    if not pin:
-        return None
-    input_of = graph.input_of_tensor
-    return {(f"^{re.escape(input_of[k].name)}$" if isinstance(k, int) and not isinstance(k, bool)
-             else k): v for k, v in pin.items()}
-
-
 def _megatron_pipeline(graph: OpGraph, workload: Any, cluster: Cluster, **kw: Any) -> list[Plan]:
     from autoplan.search._baselines import pipeline_baselines  # noqa: PLC0415
 
@@ -560,9 +551,9 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
         shapes = mesh_shapes_for(cluster.num_devices, cluster.nodes,
                                  cluster.devices_per_node) if do_intra else []
     # options each task would refuse, refused before any of them runs
-    resolve_pins(graph, options.pin)
+    resolve_pins(graph, options.pins)
     for shape in shapes:
-        _resolve_pins(graph, make_logical_mesh(cluster, shape), options.pin)
+        pin_specs(graph, make_logical_mesh(cluster, shape), options.pins)
     tasks: list[Task] = []
     if do_pipe:
         tasks.append(Task(_pipeline_plans, graph, (workload, cluster), dict(
@@ -570,9 +561,9 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
             time_limit=time_limit, num_layers=options.num_layers,
             stage_algorithm=options.stage_algorithm, submesh_hosts=options.submesh_hosts,
-            pin=_pins_by_name(graph, options.pin), workers=n_workers),
+            pins=pins_by_name(graph, options.pins), workers=n_workers),
             label="pipeline search", local=True))
-    mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options.pin,
+    mesh_kw = dict(level=level, memory_budget=memory_budget, pins=options.pins,
                    time_limit=time_limit, config=config)
     tasks += [Task(_mesh_search, graph, (cluster, shape), mesh_kw,
                    label=f"intra-op search on mesh {'x'.join(map(str, shape))}")

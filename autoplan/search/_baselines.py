@@ -43,34 +43,14 @@ from autoplan._graph import OpGraph
 from autoplan._options import require_graph, require_instance
 from autoplan._plan import Plan
 from autoplan.search._parallel import Task, resolve_workers, run_tasks
-from autoplan.search.intra._pins import data_parallel_pins, megatron_pins, zero_pins
+from autoplan.search.intra._pins import INTRA_BASELINES, baseline_pins, megatron_pins
 
 __all__ = ["baseline_plans", "baseline_tasks", "solve_baseline", "megatron_pipeline_baseline",
            "inter_op_baseline", "pipeline_baselines", "INTRA_BASELINES"]
 
-#: the intra-operator baselines, in the order they are listed
-INTRA_BASELINES = ("baseline: data parallel", "baseline: ZeRO-2", "baseline: ZeRO-3",
-                   "baseline: Megatron TP")
-#: the ones only ``baselines="paper"`` adds
+#: the ones only ``baselines="paper"`` adds (of :data:`INTRA_BASELINES`, the intra-operator
+#: baselines in the order they are listed)
 PAPER_ONLY = ("baseline: ZeRO-2", "baseline: ZeRO-3")
-
-
-def _mesh_and_pins(graph: OpGraph, cluster: Cluster, label: str
-                   ) -> tuple[tuple[int, int], dict[int, Any]] | None:
-    """The logical mesh and pins of an intra-operator baseline, or None where it does not apply
-    (Megatron TP on one device or on a model without Megatron layers)."""
-    n, per = cluster.num_devices, cluster.devices_per_node
-    if label == "baseline: data parallel":
-        return (n, 1), data_parallel_pins(graph)
-    if label in ("baseline: ZeRO-2", "baseline: ZeRO-3"):
-        if n <= 1:
-            return None
-        return (n, 1), zero_pins(graph, n, int(label[-1]))
-    tp = min(per, n)
-    pins = megatron_pins(graph, tp)
-    if pins is None or n <= 1:
-        return None
-    return (n // tp, tp), pins
 
 
 def solve_baseline(graph: OpGraph, cluster: Cluster, label: str, *, time_limit: float = 60.0,
@@ -79,14 +59,14 @@ def solve_baseline(graph: OpGraph, cluster: Cluster, label: str, *, time_limit: 
     does not apply or cannot be made (its pins do not fit the mesh, or nothing fits)."""
     from autoplan.search.fold._levels import level_search  # noqa: PLC0415
 
-    made = _mesh_and_pins(graph, cluster, label)
+    made = baseline_pins(graph, cluster, label)
     if made is None:
         return None
     shape, pins = made
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return level_search(graph, cluster, shape, pin=pins, time_limit=time_limit,
+            return level_search(graph, cluster, shape, pins=pins, time_limit=time_limit,
                                 label=label, level="auto", config=config).plan
     except AutoplanError:
         return None
@@ -100,7 +80,7 @@ def baseline_tasks(graph: OpGraph, cluster: Cluster, *, time_limit: float = 60.0
     return [Task(solve_baseline, graph, (cluster, label), {"time_limit": time_limit,
                                                           "config": config}, label=label)
             for label in INTRA_BASELINES if (paper or label not in PAPER_ONLY)
-            and _mesh_and_pins(graph, cluster, label) is not None]
+            and baseline_pins(graph, cluster, label) is not None]
 
 
 def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",

@@ -55,7 +55,7 @@ class SearchOptions:
 
     ``SearchOptions(level="folded", mesh_shape=(2, 4))`` can be passed as
     ``autoplan.search(workload, cluster, options=...)`` and reused; :meth:`replace` makes a
-    changed copy (validated again). ``mesh_shape`` is kept as a tuple of ints and ``pin`` as an
+    changed copy (validated again). ``mesh_shape`` is kept as a tuple of ints and ``pins`` as an
     immutable mapping. Equal options have equal :meth:`key` and hash.
 
     Raises:
@@ -68,7 +68,7 @@ class SearchOptions:
     level: str = "auto"
     mesh_shape: tuple[int, ...] | None = None
     memory_budget: float | None = None
-    pin: Mapping[Any, Any] | None = None
+    pins: Mapping[Any, Any] | None = None
     time_limit: float | None = 60.0
     baselines: bool | str = True
     num_layers: int | None = None
@@ -123,10 +123,10 @@ class SearchOptions:
             raise SearchError(f"search: num_layers should be a positive integer or None. Got "
                               f"{n!r}. Fix: e.g. num_layers=8, or None to group layers "
                               "automatically.")
-        if self.pin is not None and not isinstance(self.pin, Mapping):
-            raise SearchError(f"search: pin should be a dict {{regex over input names: "
-                              f"PartitionSpec}}. Got {type(self.pin).__name__}: {self.pin!r:.40}. "
-                              "Fix: e.g. pin={'^embed': PartitionSpec(None, 'y')}.")
+        if self.pins is not None and not isinstance(self.pins, Mapping):
+            raise SearchError(f"search: pins should be a dict {{regex over input names: "
+                              f"PartitionSpec}}. Got {type(self.pins).__name__}: {self.pins!r:.40}. "
+                              "Fix: e.g. pins={'^embed': PartitionSpec(None, 'y')}.")
         from autoplan.search._parallel import check_workers  # noqa: PLC0415
 
         if not isinstance(self.allow_microbatching_mixed, bool):
@@ -139,18 +139,18 @@ class SearchOptions:
             raise SearchError(f"search: cache should be True or False. Got {self.cache!r}. Fix: "
                               "cache=False to search without the plan cache.")
         object.__setattr__(self, "mesh_shape", shape)
-        if self.pin is not None and not isinstance(self.pin, FrozenDict):
-            object.__setattr__(self, "pin", FrozenDict(self.pin))
+        if self.pins is not None and not isinstance(self.pins, FrozenDict):
+            object.__setattr__(self, "pins", FrozenDict(self.pins))
 
     def replace(self, **changes: Any) -> SearchOptions:
         """A copy with ``changes`` (validated again)."""
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every option by name (``pin`` as a plain dict)."""
+        """Every option by name (``pins`` as a plain dict)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        if out["pin"] is not None:
-            out["pin"] = dict(out["pin"])
+        if out["pins"] is not None:
+            out["pins"] = dict(out["pins"])
         return out
 
     def key(self) -> str:

@@ -18,7 +18,7 @@
   mined segment selects its layer or stage, and every view highlights it;
 * what-if: clicking a tensor in the sharding view picks a graph input (the operator's weight for
   an activation), a spec from its candidates on the plan's mesh pins it, and a re-solve with
-  ``search(..., pin=...)`` adds the new plan beside the old one, with the cost difference broken
+  ``search(..., pins=...)`` adds the new plan beside the old one, with the cost difference broken
   down; **undo** takes the last pin back;
 * a code pane with ``plan.to_code()`` and a copy button;
 * a Launch button that runs the selected plan with :func:`autoplan.exec.launch` on the devices
@@ -302,7 +302,8 @@ def _checked_arguments(workload: Any, model: str, size: str, level: str, schedul
                        ) -> tuple[dict[str, list[str]], Any, str, str]:
     """The Explorer's arguments checked: the zoo's models, the workload (a spec loaded), and the
     model and size to show (a workload's own name and zoo size when given one)."""
-    from autoplan._loader import is_function_spec, load_workload, workload_spec  # noqa: PLC0415
+    from autoplan._loader import is_function_spec, load_workload  # noqa: PLC0415
+    from autoplan._workload import as_workload  # noqa: PLC0415
     from autoplan.models import list_models  # noqa: PLC0415
 
     models = list_models()
@@ -315,9 +316,13 @@ def _checked_arguments(workload: Any, model: str, size: str, level: str, schedul
                 "a workload (an autoplan.Workload or anything with fn and args) or an OpGraph "
                 f"from autoplan.trace. Got {type(workload).__name__}. Fix: "
                 "Explorer(autoplan.Workload(train_step, (params, opt_state, batch))).")
-        spec = (workload_spec(workload) or {}) if not _is_graph(workload) else {}
-        model = str(spec.get("model") or getattr(workload, "name", None) or "workload")
-        size = spec.get("size") or NO_SIZE  # a zoo size only for a zoo workload's spec
+        if _is_graph(workload):
+            model, size = workload.name or "workload", NO_SIZE
+        else:
+            workload = as_workload(workload, "Explorer")
+            # the zoo name, the 'module:function' or the workload's own name; a zoo size only
+            # for a zoo workload
+            model, size = workload.origin.model, workload.size or NO_SIZE
     if not (model in models or is_function_spec(model) or workload is not None):
         raise ModelError(f"Explorer: model should be one of {sorted(models)} or a user's "
                          f"'module:function'. Got {model!r}. Fix: e.g. model='gpt'.")
@@ -361,8 +366,8 @@ class Explorer:
     Args:
         workload: what to plan: a spec (a zoo name, a user's ``"module:function"``, or a dict
             ``{"model": ..., **kwargs}``, see :mod:`autoplan._loader`), a workload object (an
-            :class:`autoplan.Workload`, a zoo :class:`autoplan.models.Workload` whose name, size
-            and config overrides are kept, or one loaded from ``"module:function"``), or an
+            :class:`autoplan.Workload`: a zoo one, whose name, size and config overrides are
+            kept, one loaded from ``"module:function"``, or a user's), or an
             :class:`autoplan.OpGraph` from :func:`autoplan.trace` (intra-operator plans only;
             launching needs a workload the workers can import). Changing the model or size in
             the widget replaces it. Default: the zoo's ``model`` at ``size``.
@@ -848,8 +853,8 @@ class Explorer:
         self._apply_result(res, key, context)
         self._progress.value = 1.0
         self._progress.bar_style = "success"
-        size = getattr(wl, "size", None)
-        name = getattr(wl, "name", None) or str(self._model.value)
+        size = None if _is_graph(wl) else wl.size
+        name = wl.name or str(self._model.value)
         how = "repeated search: this explorer's earlier result" if repeated else f"in {secs:.1f} s"
         status = (f"{len(res.plans)} plans for {name}{f' ({size})' if size else ''} on {cluster_text(cl)} "
                   f"{how}; best: {res.best.label}, {res.best.describe()}, "
@@ -1483,7 +1488,7 @@ class Explorer:
         try:
             res = autoplan.search(wl, self._cluster(), pipeline=False,
                                   mesh_shape=tuple(before.mesh_shape), level=opts["level"],
-                                  memory_budget=opts["memory_budget"], pin=pins,
+                                  memory_budget=opts["memory_budget"], pins=pins,
                                   baselines=False)
         except AutoplanError as err:
             self._refresh_pin_panel(f"the pin cannot be honoured: {html.escape(str(err))}")

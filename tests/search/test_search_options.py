@@ -31,28 +31,28 @@ def test_options_are_checked_when_made_with_the_searchs_messages():
         SearchOptions(time_limit=-1)
     with pytest.raises(SearchError, match="stage_algorithm should be 'auto', 'dp' or 'ilp'"):
         SearchOptions(stage_algorithm="greedy")
-    with pytest.raises(SearchError, match="pin should be a dict"):
-        SearchOptions(pin=[("^w", P("x"))])
+    with pytest.raises(SearchError, match="pins should be a dict"):
+        SearchOptions(pins=[("^w", P("x"))])
     # the same refusal through the keywords, before any tracing
     with pytest.raises(SearchError, match="level should be one of"):
         autoplan.search("not even a workload", level="O9")
 
 
 def test_options_are_frozen_hashable_and_keyed_alike_in_every_process():
-    a = SearchOptions(level="folded", mesh_shape=[2, 4], pin={"^embed": P(None, "y")})
-    b = SearchOptions(level="folded", mesh_shape=(2, 4), pin={"^embed": P(None, "y")})
+    a = SearchOptions(level="folded", mesh_shape=[2, 4], pins={"^embed": P(None, "y")})
+    b = SearchOptions(level="folded", mesh_shape=(2, 4), pins={"^embed": P(None, "y")})
     assert a == b and hash(a) == hash(b) and a.key() == b.key()
     assert a.mesh_shape == (2, 4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.level = "auto"
     with pytest.raises(TypeError):
-        a.pin["^embed"] = None
+        a.pins["^embed"] = None
     assert a.replace(level="auto").key() != a.key()
     # workers and the cache change no result: not in the key
     assert a.replace(workers=2, cache=False).key() == a.key()
     code = ("from jax.sharding import PartitionSpec as P; from autoplan import SearchOptions; "
             "print(SearchOptions(level='folded', mesh_shape=(2, 4), "
-            "pin={'^embed': P(None, 'y')}).key())")
+            "pins={'^embed': P(None, 'y')}).key())")
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
             for seed in ("1", "2")}

@@ -106,12 +106,11 @@ from autoplan.search.fold._mine import mining_of
 from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp import (
     ILPSolution,
-    _resolve_pins,
     cost_strategies,
     solve_ilp,
 )
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
-from autoplan.search.intra._pins import resolve_pins
+from autoplan.search.intra._pins import pin_specs, renamed_pin, resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
 
@@ -173,9 +172,9 @@ def choose_level(graph: OpGraph) -> tuple[str, str]:
                       f"class(es) of {', '.join(map(str, counts[:4]))} instances): folded")
 
 
-def _exhaustive(graph: OpGraph, cluster: Cluster, mesh_shape, *, memory_budget, pin, time_limit,
+def _exhaustive(graph: OpGraph, cluster: Cluster, mesh_shape, *, memory_budget, pins, time_limit,
                 label, config, reason: str | None) -> LevelResult:
-    res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
+    res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
                           time_limit=time_limit, label=label, level="exhaustive", config=config)
     stats = dict(res.stats)
     stats.update({"ilps_solved": 1, "ilp_variables": res.solution.vars_after_merging,
@@ -190,9 +189,10 @@ def _exhaustive(graph: OpGraph, cluster: Cluster, mesh_shape, *, memory_budget, 
 @gc_paused
 def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
                  level: str = "auto", memory_budget: float | None = None,
-                 pin: Mapping[str, Any] | None = None, time_limit: float = 60.0,
+                 pins: Mapping[Any, Any] | None = None, time_limit: float = 60.0,
                  config: Mapping[str, Any] | None = None, label: str = "autoplan",
-                 max_ilps: int | None = None) -> LevelResult:
+                 max_ilps: int | None = None, pin: Mapping[Any, Any] | None = None
+                 ) -> LevelResult:
     """The intra-operator plan of ``graph`` on ``mesh_shape`` at an optimisation level.
 
     ``level="auto"`` picks the level by :func:`choose_level`; a folded search it picks solves
@@ -206,12 +206,16 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
     The plan's operators name their layers as every view does
     (:func:`~autoplan.search.fold._layers.op_layer_names`): the pipeline search's layers.
+
+    ``pins`` fixes some inputs' specs (:mod:`autoplan.search.intra._pins`); ``pin`` is its old
+    name (deprecated: a :class:`DeprecationWarning`).
     """
+    pins = renamed_pin("level_search", pins, pin)
     memory_budget = check_memory_budget("level_search", memory_budget)
     require_graph("level_search", graph)
     require_instance("level_search", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
     res = _level_search(graph, cluster, mesh_shape, level=level, memory_budget=memory_budget,
-                        pin=pin, time_limit=time_limit, config=config, label=label,
+                        pins=pins, time_limit=time_limit, config=config, label=label,
                         max_ilps=max_ilps)
     names = op_layer_names(graph)
     stages = tuple(replace(st, ops=tuple(o if o.layer == names[o.op] else replace(o, layer=names[o.op])
@@ -224,7 +228,7 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
 
 def _level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None, *,
-                  level: str, memory_budget: float | None, pin: Mapping[str, Any] | None,
+                  level: str, memory_budget: float | None, pins: Mapping[str, Any] | None,
                   time_limit: float, config: Mapping[str, Any] | None, label: str,
                   max_ilps: int | None) -> LevelResult:
     reason = None
@@ -232,7 +236,7 @@ def _level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     if level == "auto":
         level, reason = choose_level(graph)
         bound_auto = max_ilps is None
-    kw = dict(memory_budget=memory_budget, pin=pin, time_limit=time_limit, label=label,
+    kw = dict(memory_budget=memory_budget, pins=pins, time_limit=time_limit, label=label,
               config=config)
     if level == "exhaustive":
         return _exhaustive(graph, cluster, mesh_shape, reason=reason, **kw)
@@ -252,7 +256,7 @@ def _level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
 
 
 def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None, *,
-                  level: str, memory_budget: float | None, pin: Mapping[str, Any] | None,
+                  level: str, memory_budget: float | None, pins: Mapping[str, Any] | None,
                   time_limit: float, config: Mapping[str, Any] | None, label: str,
                   max_ilps: int | None, bound_auto: bool) -> LevelResult:
     """The hierarchical and folded levels (see the module docstring)."""
@@ -264,7 +268,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     segs = segments_of(graph)
     seg_of, position = segment_index_of(graph)
     K = len(segs)
-    pinned = resolve_pins(graph, pin)  # {input tensor: PartitionSpec}
+    pinned = resolve_pins(graph, pins)  # {input tensor: PartitionSpec}
     # (the same for every search of this graph's segments: the baselines share them)
     boundaries, long_range, shared, pair_out, outside_uses, sig = segment_facts_of(graph)
     # each segment's pinned operands (operator position, operand index, spec): instances of a
@@ -318,7 +322,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
             if b is not None and rep < K - 1:
                 fixed.update(dict(zip(boundaries[rep], b)))
             ts = time.perf_counter()
-            sol = solve_ilp(graph, mesh, ops=segs[rep].ops, fixed=fixed or None, pins=pin,
+            sol = solve_ilp(graph, mesh, ops=segs[rep].ops, fixed=fixed or None, pins=pins,
                             time_limit=time_limit)
             t_solve += time.perf_counter() - ts
             solves += 1
@@ -510,7 +514,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
             op_strat.update(view.strategies())
             for t, sp in view.input_specs():
                 in_spec.setdefault(t, sp)
-        return cost_strategies(graph, mesh, op_strat, in_spec, pins=pin)
+        return cost_strategies(graph, mesh, op_strat, in_spec, pins=pins)
 
     t3 = time.perf_counter()
     if len(runs) == 1:
@@ -532,14 +536,14 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
         penalty=bd.penalty, memory_per_device=bd.memory,
         least_memory=sum(act_least[class_key(i)] for i in range(K)) + _least_input_memory(
-            graph, mesh, pin),
+            graph, mesh, pins),
         comms=tuple(bd.comms), vars_before_merging=0, vars_after_merging=variables,
         num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=n_ops,
         num_ops=n_ops, build_seconds=0.0, solve_seconds=t_solve,
         status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(unknown)),
         reshard_readers=bd.reshard_readers)
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
-        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pin=pin,
+        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
                               time_limit=time_limit, label=label, level=level, config=config)
         plan = res.plan.with_(notes=res.plan.notes + (
             f"the {level} plan needed {sol.memory_per_device:.4g} bytes per device, over the "
@@ -591,10 +595,10 @@ def _pin_keys(graph: OpGraph, seg_of: list[int], position: list[int],
     return [",".join(f"{p}.{k}={x}" for p, k, x in sorted(ps)) for ps in parts]
 
 
-def _least_input_memory(graph: OpGraph, mesh, pin: Mapping[str, Any] | None) -> float:
+def _least_input_memory(graph: OpGraph, mesh, pins: Mapping[str, Any] | None) -> float:
     """Bytes per device of the graph's inputs, each sharded as much as its shape allows (or as
     pinned)."""
-    pinned = _resolve_pins(graph, mesh, pin)
+    pinned = pin_specs(graph, mesh, pins)
     most: dict[tuple[int, ...], int] = {}  # shape -> most tiles a spec of it gives
     n_tiles: dict[Any, int] = {}  # pinned spec -> its tiles (a baseline pins every input)
     total = 0.0

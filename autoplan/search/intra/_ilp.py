@@ -96,7 +96,7 @@ from autoplan._operands import operand_arrays, runs
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan._plan import Comm
 from autoplan._spec import Spec, tile_count
-from autoplan.search.intra._pins import pinned_by, pins_key
+from autoplan.search.intra._pins import pin_specs
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search.intra._spec import checked_spec, enumerate_specs, replicated, tiles
@@ -278,47 +278,6 @@ def _spec_strategy(spec: Spec, shape: tuple[int, ...], dtype: str, mesh: Logical
     return Strategy((spec,), (), (), 0.0, math.prod(shape) * dtype_bytes(dtype) / t, label=str(spec))
 
 
-def _resolve_pins(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
-                  ) -> dict[int, Spec]:
-    """``{input tensor id: spec}`` of ``pins`` on ``mesh`` (see
-    :func:`~autoplan.search.intra._pins.resolve_pins`), validated; once per graph, mesh shape
-    and pins (a folded search builds dozens of segment problems with the same pins)."""
-    if not pins:
-        return {}
-    key = pins_key(pins)
-    if key is None:
-        return _pin_specs(graph, mesh, pins)
-    return memo(graph, ("pin specs", mesh.shape, mesh.axis_names, key),
-                lambda: _pin_specs(graph, mesh, pins))
-
-
-def _pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> dict[int, Spec]:
-    out: dict[int, Spec] = {}
-    tensors, input_of = graph.tensors, graph.input_of_tensor
-    done: dict[tuple, Spec] = {}  # (pspec, shape) -> spec: many inputs share both
-    for t, (pattern, pspec) in pinned_by(graph, pins).items():
-        shape = tensors[t].shape
-        if pspec is None:
-            out[t] = replicated(len(shape))
-            continue
-        try:
-            k = (pspec, shape)
-            hash(k)
-        except TypeError:
-            k = None
-        spec = done.get(k) if k is not None else None
-        if spec is None:
-            try:
-                spec = checked_spec(pspec, shape, mesh)
-            except SearchError as err:
-                raise SearchError(f"pin {pattern!r} -> {pspec} for input {input_of[t].name} "
-                                  f"{shape}: {err}") from None
-            if k is not None:
-                done[k] = spec
-        out[t] = spec
-    return out
-
-
 def _resolve_fixed(graph: OpGraph, mesh: LogicalMesh, fixed: Mapping[int, Any] | None
                    ) -> dict[int, Spec]:
     out: dict[int, Spec] = {}
@@ -360,7 +319,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
             raise SearchError(f"ops: operator ids should be in 0..{len(graph.ops) - 1}. Got {i}. "
                               "Fix: pass ids of graph.ops.")
     in_seg = set(op_ids)
-    pinned = _resolve_pins(graph, mesh, pins)
+    pinned = pin_specs(graph, mesh, pins)
     fixed_specs = _resolve_fixed(graph, mesh, fixed)
     prob = ILPProblem(graph=graph, mesh=mesh, ops=op_ids, nodes=[], members={}, tensor_src={},
                       free_tensors=frozenset(), specs=[], spec_id={}, out_pairs=[], fixed_inside={},
@@ -1079,7 +1038,7 @@ def _cost_complete(graph: OpGraph, mesh: LogicalMesh, op_strategy: Mapping[int, 
     no strategy."""
     free = _free_tensors(graph)
     tensors = graph.tensors
-    pinned = _resolve_pins(graph, mesh, pins)
+    pinned = pin_specs(graph, mesh, pins)
     specs: dict[int, Spec] = {}
     penalty = memory = 0.0
     missing = 0

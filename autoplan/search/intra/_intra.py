@@ -48,6 +48,7 @@ from autoplan.search.intra._ilp import (
     shared_reshards,
     solve_ilp,
 )
+from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._spec import replicated
 from autoplan.search.intra._strategies import combined_latency
 
@@ -323,13 +324,13 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
 
 @gc_paused
 def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | None = None, *,
-                    memory_budget: float | None = None, pin: Mapping[str, Any] | None = None,
+                    memory_budget: float | None = None, pins: Mapping[Any, Any] | None = None,
                     time_limit: float = 60.0, mesh_axis_names: Sequence[str] | None = None,
                     label: str = "autoplan", level: str = "exhaustive",
                     config: Mapping[str, Any] | None = None,
                     count_unmerged: bool = True, mip_gap: float = 1e-6,
-                    memory_weight: float = 0.0, problem: ILPProblem | None = None
-                    ) -> IntraOpResult:
+                    memory_weight: float = 0.0, problem: ILPProblem | None = None,
+                    pin: Mapping[Any, Any] | None = None) -> IntraOpResult:
     """Search the intra-operator plan of a training step on the whole cluster (no pipeline).
 
     Args:
@@ -339,7 +340,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             ``(nodes, devices_per_node)``. Its product must be the number of devices.
         memory_budget: bytes per device the live memory must fit (None: unconstrained; pass
             ``cluster.device_memory`` to require a plan that fits the device).
-        pin: ``{regex over input names: PartitionSpec}`` fixing some inputs' specs.
+        pins: ``{regex over input names: PartitionSpec}`` fixing some inputs' specs (a graph
+            input's tensor id, ``gi.tensor``, may stand for a regex: that input alone; see
+            :mod:`autoplan.search.intra._pins`).
         time_limit: ILP solver seconds (at the limit the best plan found is used, with a
             :class:`~autoplan.search.intra._solver.SolverTimeoutWarning`).
         mesh_axis_names: names of the mesh axes (default ``x, y, z, w``, one per axis).
@@ -354,6 +357,7 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             hard budget.
         problem: a prebuilt :func:`~autoplan.search.intra._ilp.build_problem` of ``graph`` on this
             mesh with these pins (reused across solves that differ only in weights or budget).
+        pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 
     Returns:
         :class:`IntraOpResult` with the plan, the ILP solution and statistics.
@@ -371,12 +375,13 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
         >>> res.plan.mesh_shape, res.solution.status
         ((1, 8), 'optimal')
     """
+    pins = renamed_pin("intra_op_search", pins, pin)
     memory_budget = check_memory_budget("intra_op_search", memory_budget)
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape, mesh_axis_names)
     if problem is None and not count_unmerged:
-        problem = build_problem(graph, mesh, pins=pin, count_unmerged=False)
-    sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pin, time_limit=time_limit,
+        problem = build_problem(graph, mesh, pins=pins, count_unmerged=False)
+    sol = solve_ilp(graph, mesh, memory_budget=memory_budget, pins=pins, time_limit=time_limit,
                     problem=problem, mip_gap=mip_gap, memory_weight=memory_weight)
     return intra_op_result(graph, mesh, sol, time.perf_counter() - t0, label=label, level=level,
                            config=config)

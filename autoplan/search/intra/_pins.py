@@ -4,7 +4,17 @@ A pin maps a graph input to a ``PartitionSpec``; the ILP gives that input exactl
 key is either a regular expression over input names (``params['w']``; every input whose name it
 ``re.search``-es is pinned), as users write them, or a graph input's tensor id, as the baselines
 write them: a baseline is a spec per input, so it is expressed by input rather than by pattern.
-:func:`resolve_pins` turns either into ``{input tensor id: PartitionSpec}`` once per graph.
+Every function of the search takes them as ``pins=``; this module is the one place they are
+resolved:
+
+* :func:`resolve_pins` turns either kind of key into ``{input tensor id: PartitionSpec}`` once per
+  graph (:func:`pinned_by` with the key that pinned each input);
+* :func:`pin_specs` turns those into checked :class:`~autoplan._spec.Spec` s on a logical mesh,
+  once per graph, mesh and pins (what the ILP fixes);
+* :func:`pins_by_name` rewrites tensor-id keys as their inputs' names, for a graph traced again
+  (the pipeline search's micro-batch graph, whose tensor ids differ);
+* :func:`baseline_pins` gives each intra-operator baseline's logical mesh and pins;
+* :func:`renamed_pin` reads the deprecated ``pin=`` of the public functions.
 
 The baselines' pins:
 
@@ -21,17 +31,35 @@ The baselines' pins:
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import warnings
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jax.sharding import PartitionSpec as P
 
 from autoplan._errors import SearchError
 from autoplan._graph import OpGraph
 from autoplan._memo import memo
+from autoplan._spec import Spec
+from autoplan.search.intra._spec import checked_spec, replicated
 
-__all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by", "pins_key"]
+if TYPE_CHECKING:
+    from autoplan._cluster import Cluster, LogicalMesh
+
+__all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by",
+           "pins_key", "pin_specs", "pins_by_name", "baseline_pins", "renamed_pin",
+           "INTRA_BASELINES"]
+
+# autoplan's folder: a deprecation warning names the first caller outside it
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+#: the intra-operator baselines (:mod:`autoplan.search._baselines`), in the order they are
+#: listed; :func:`baseline_pins` gives each one's mesh and pins
+INTRA_BASELINES = ("baseline: data parallel", "baseline: ZeRO-2", "baseline: ZeRO-3",
+                   "baseline: Megatron TP")
 
 # (regex over an input's path, spec) in Megatron-LM's layout; first match wins
 _MEGATRON = [
@@ -118,6 +146,110 @@ def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[
         for gi in hits:
             out[gi.tensor] = (pattern, pspec)
     return out
+
+
+def pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
+              ) -> dict[int, Spec]:
+    """``{input tensor id: spec}`` of ``pins`` on ``mesh`` (see :func:`resolve_pins`), each
+    checked against its input's shape and the mesh; once per graph, mesh shape and pins (a
+    folded search builds dozens of segment problems with the same pins).
+
+    Raises:
+        SearchError: a pin :func:`resolve_pins` refuses, or a spec that does not fit its input
+            on the mesh (naming the pin, the input and its shape).
+    """
+    if not pins:
+        return {}
+    key = pins_key(pins)
+    if key is None:
+        return _specs_on(graph, mesh, pins)
+    return memo(graph, ("pin specs", mesh.shape, mesh.axis_names, key),
+                lambda: _specs_on(graph, mesh, pins))
+
+
+def _specs_on(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> dict[int, Spec]:
+    out: dict[int, Spec] = {}
+    tensors, input_of = graph.tensors, graph.input_of_tensor
+    done: dict[tuple, Spec] = {}  # (pspec, shape) -> spec: many inputs share both
+    for t, (pattern, pspec) in pinned_by(graph, pins).items():
+        shape = tensors[t].shape
+        if pspec is None:
+            out[t] = replicated(len(shape))
+            continue
+        try:
+            k = (pspec, shape)
+            hash(k)
+        except TypeError:
+            k = None
+        spec = done.get(k) if k is not None else None
+        if spec is None:
+            try:
+                spec = checked_spec(pspec, shape, mesh)
+            except SearchError as err:
+                raise SearchError(f"pin {pattern!r} -> {pspec} for input {input_of[t].name} "
+                                  f"{shape}: {err}") from None
+            if k is not None:
+                done[k] = spec
+        out[t] = spec
+    return out
+
+
+def pins_by_name(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
+    """``pins`` with tensor-id keys turned into their inputs' names (anchored, escaped), for a
+    graph traced again from the same step: the pipeline search traces it at micro-batch size,
+    where tensor ids differ. None when there are no pins."""
+    if not pins:
+        return None
+    input_of = graph.input_of_tensor
+    return {(f"^{re.escape(input_of[k].name)}$" if isinstance(k, int) and not isinstance(k, bool)
+             else k): v for k, v in pins.items()}
+
+
+def baseline_pins(graph: OpGraph, cluster: Cluster, label: str
+                  ) -> tuple[tuple[int, int], dict[int, Any]] | None:
+    """The logical mesh shape and pins of the intra-operator baseline ``label`` (one of
+    :data:`INTRA_BASELINES`), or None where it does not apply (ZeRO or Megatron TP on one
+    device, Megatron TP on a model without Megatron layers).
+
+    Raises:
+        SearchError: ``label`` is not one of :data:`INTRA_BASELINES`.
+    """
+    n, per = cluster.num_devices, cluster.devices_per_node
+    if label == "baseline: data parallel":
+        return (n, 1), data_parallel_pins(graph)
+    if label in ("baseline: ZeRO-2", "baseline: ZeRO-3"):
+        if n <= 1:
+            return None
+        return (n, 1), zero_pins(graph, n, int(label[-1]))
+    if label != "baseline: Megatron TP":
+        raise SearchError(f"baseline_pins: label should be one of {INTRA_BASELINES}. Got "
+                          f"{label!r}. Fix: pass one of them.")
+    tp = min(per, n)
+    pins = megatron_pins(graph, tp)
+    if pins is None or n <= 1:
+        return None
+    return (n // tp, tp), pins
+
+
+def renamed_pin(where: str, pins: Mapping[Any, Any] | None, pin: Mapping[Any, Any] | None
+                ) -> Mapping[Any, Any] | None:
+    """``pins``, or the deprecated ``pin=`` given instead, with a :class:`DeprecationWarning`
+    pointed at the first caller outside autoplan.
+
+    Raises:
+        SearchError: both given.
+    """
+    if pin is None:
+        return pins
+    if pins is not None:
+        raise SearchError(f"{where}: pin= is the old name of pins=. Got both. Fix: pass pins= "
+                          "alone.")
+    frame, level = sys._getframe(1), 2  # (this function's caller is stacklevel 2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{where}: pin= is deprecated and will be removed in the next release; use "
+                  "pins= (the same mapping).", DeprecationWarning, stacklevel=level)
+    return pin
 
 
 def _sharded(pspec: Any) -> bool:

@@ -95,6 +95,7 @@ from autoplan._schedule import (
 )
 from autoplan._spec import tile_count
 from autoplan._trace import trace
+from autoplan._workload import Workload, as_workload
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._layers import LayerGroup, group_layers, op_layer_names
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
@@ -105,6 +106,7 @@ from autoplan.search.intra._intra import (
     make_logical_mesh,
     mesh_shapes_for,
 )
+from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
@@ -215,18 +217,13 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
     return tuple(out)
 
 
-def traced(workload: Any) -> OpGraph:
+def traced(workload: Workload) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
     search share it)."""
-    def make() -> OpGraph:
-        if hasattr(workload, "name"):
-            return trace(workload)
-        return trace(workload.fn, *workload.args, arg_kinds=tuple(workload.arg_kinds))
-
-    return memo(workload, ("search", "trace"), make)
+    return memo(workload, ("search", "trace"), lambda: trace(workload))
 
 
-def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
+def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
     """The full-batch and micro-batch graphs of a workload (once per workload object: the
     pipeline search and the Megatron TP x PP baseline use the same ones)."""
     full = traced(workload)
@@ -234,9 +231,8 @@ def _traces(workload: Any, microbatches: int) -> tuple[OpGraph, OpGraph]:
         return full, full
 
     def make() -> OpGraph:
-        args = microbatch_workload_args(tuple(workload.args), tuple(workload.arg_kinds),
-                                        microbatches)
-        return trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds), name=full.name)
+        args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
+        return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=full.name)
 
     return full, memo(workload, ("search", "microbatch trace", microbatches), make)
 
@@ -1736,7 +1732,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                                        for e in ev.events),
                           virtual_stages=ev.virtual_stages),
         label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
-        config=dict(getattr(workload, "config", {}) or {}), jax_version=jax.__version__,
+        config=dict(workload.config), jax_version=jax.__version__,
         notes=notes)
 
 
@@ -1764,14 +1760,15 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     num_layers: int | None = None, stage_algorithm: str = "auto",
                     max_candidates: int = 3, megatron: bool | str = False,
                     inter_only: bool = False,
-                    submesh_hosts: str = "auto", pin: Mapping[str, Any] | None = None,
-                    workers: int | None = None) -> PipelineResult:
+                    submesh_hosts: str = "auto", pins: Mapping[str, Any] | None = None,
+                    workers: int | None = None, pin: Mapping[str, Any] | None = None
+                    ) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
 
     Args:
-        workload: anything with ``fn``, ``args`` and ``arg_kinds`` (a zoo
-            :class:`~autoplan.models.Workload` or a user's); the batch is read from the leading
-            dimension of its ``batch`` arguments.
+        workload: an :class:`~autoplan.Workload` (a zoo workload or a user's), or anything
+            with ``fn`` and ``args``; the batch is read from the leading dimension of its
+            ``batch`` arguments.
         cluster: the cluster.
         schedule: ``"1f1b"``, ``"gpipe"``, ``"interleaved"`` (Megatron-LM's interleaved 1F1B
             with :data:`INTERLEAVED_CHUNKS` virtual stages per mesh, the best kept; 1F1B where
@@ -1800,12 +1797,13 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         submesh_hosts: ``"all"`` (Alpa's ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices),
             ``"pow2"`` (2, 4, 8, ... hosts, plus ``N``), or ``"auto"`` (``"all"`` up to
             :data:`AUTO_ALL_HOSTS` hosts).
-        pin: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
+        pins: ``{regex over input names: PartitionSpec}`` fixing those inputs' specs in every
             layer plan (a submesh and logical mesh on which a pinned spec does not divide has
             no plan).
         workers: processes that solve the layer ILPs (independent tasks of
             :func:`~autoplan.search._parallel.run_tasks`, with the same results as one process);
             None: every core for a large step (as :func:`autoplan.search`).
+        pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 
     Returns:
         The best plan per distinct number of stages, best first (fitting plans before the
@@ -1825,8 +1823,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             message says why and the least memory that would fit). Without ``memory_budget`` the
             device's memory only ranks: layouts that do not fit are returned, marked.
     """
+    pins = renamed_pin("pipeline_search", pins, pin)
     memory_budget = check_memory_budget("pipeline_search", memory_budget)
-    require_workload("pipeline_search", workload)
+    workload = as_workload(require_workload("pipeline_search", workload), "pipeline_search")
     if stage_algorithm not in ("auto", "dp", "ilp"):
         raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
                           f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
@@ -1839,7 +1838,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     check_workers(workers)
     t0 = time.perf_counter()
     full = traced(workload)
-    for pattern in pin or {}:
+    for pattern in pins or {}:
         try:
             hit = full.find_inputs(pattern, names_only=True)
         except re.error as err:
@@ -1868,7 +1867,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     budget = float(memory_budget or cluster.device_memory)
     subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
     ctx = _Context(cluster, full, subs, schedule, budget,
-                   time_limit, megatron, pin)
+                   time_limit, megatron, pins)
     table = _Table(ctx, graph, layers, B0)
     n_workers = resolve_workers(workers, len(full))
 

@@ -198,7 +198,7 @@ def test_folded_instances_pinned_differently_keep_their_own_pins(graphs):
             r"^params\['layers'\]\[2\]\['mlp'\]\['fc1'\]\['kernel'\]$": P("y", None)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = level_search(g, cluster, (2, 4), level="folded", pin=pins)
+        res = level_search(g, cluster, (2, 4), level="folded", pins=pins)
     spec = {i.name: tuple(i.spec) for i in res.plan.inputs}
     assert spec["params['layers'][1]['mlp']['fc1']['kernel']"] == (None, ("y",))
     assert spec["params['layers'][2]['mlp']['fc1']['kernel']"] == (("y",), None)

@@ -112,7 +112,7 @@ def test_gpt_memory_budget_pins_time_limit(gpt):
     res = intra_op_search(g, P3, (1, 8), memory_budget=1.01 * least)
     assert res.plan.predicted.memory_per_device <= 1.01 * least * (1 + 1e-9)
     # pins: force the un-Megatron layout on fc1
-    res = intra_op_search(g, P3, (1, 8), pin={r"\['fc1'\]\['kernel'\]": P("y", None)})
+    res = intra_op_search(g, P3, (1, 8), pins={r"\['fc1'\]\['kernel'\]": P("y", None)})
     specs = specs_by_name(res)
     assert specs["params['layers'][0]['mlp']['fc1']['kernel']"] == (Y, None)
     assert specs["params['layers'][1]['mlp']['fc1']['kernel']"] == (Y, None)

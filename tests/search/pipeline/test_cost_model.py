@@ -122,7 +122,7 @@ def gpt_dp_stages():
     wl = models.get("gpt", "tiny", layers=4, batch=64, seq_len=64, hidden=256)
     out = {}
     for B in (4, 16):
-        res = quiet(pipeline_search, wl, four_gpus(), microbatches=B, pin=REPLICATED)
+        res = quiet(pipeline_search, wl, four_gpus(), microbatches=B, pins=REPLICATED)
         out[B] = next(p for p in res.plans if len(p.stages) == 2)
     return wl, out
 
@@ -387,7 +387,7 @@ def test_an_infeasible_pipeline_search_says_why():
 def test_pins_that_match_nothing_are_refused():
     wl = models.get("gpt", "tiny")
     with pytest.raises(autoplan.SearchError, match="should match an input name"):
-        pipeline_search(wl, autoplan.Cluster.parse("cpu:8"), pin={r"^nothing": P()})
+        pipeline_search(wl, autoplan.Cluster.parse("cpu:8"), pins={r"^nothing": P()})
 
 
 def test_layer_cost_reports_batch_splits_for_rescaling():
