@@ -39,7 +39,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    non-chain. For a true DAG (U-Net skips, two towers) TePDist's stage ILP
    (:func:`~autoplan.search.pipeline._stage_ilp.stage_ilp`) assigns layers to ``S`` stages for
    each stage count, and the same DP over those fixed stages picks their submeshes (Alpa's
-   shapes) and logical meshes within the same memory limit.
+   shapes) and logical meshes within the same memory limit. Stages that do not fit may use a
+   ZeRO level and rematerialised layers (:mod:`~autoplan.search.pipeline._levers`: a separate DP
+   run sees them as extra configurations; the simulation chooses each stage's).
 6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
    several caps on the number of stages) are simulated under the schedule asked for
    (:func:`~autoplan._schedule.schedule_events`: GPipe, 1F1B, interleaved 1F1B on the layout's

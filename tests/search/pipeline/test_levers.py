@@ -233,3 +233,45 @@ def test_a_plan_with_levers_runs_equal_to_one_device(tight):
                 compiler_options={"xla_backend_optimization_level": 0,
                                   "xla_cpu_use_fusion_emitters": False})
     assert rep.equivalence.matched
+
+
+# ------------------------------------------------------------------------------------------
+# the schedules' in-flight counts
+# ------------------------------------------------------------------------------------------
+
+
+def test_zb_h1_and_gpipe_plans_fit_with_levers(least):
+    for schedule in ("zb-h1", "gpipe"):
+        wl = models.get("gpt", "tiny", layers=4, batch=32)
+        best = quiet(pipeline_search, wl, autoplan.Cluster.parse("cpu:8"),
+                     microbatches=MICROBATCHES, schedule=schedule,
+                     memory_budget=0.4 * least).plans[0]
+        assert best.schedule.kind == schedule and any(s.levers for s in best.stages)
+        assert all(s.memory <= 0.4 * least * (1 + 1e-9) for s in best.stages)
+
+
+def test_interleaved_meshes_share_one_zero_level_and_fit():
+    """Interleaved 1F1B: the levers are chosen per mesh (its chunks), and the mesh's simulated
+    memory then fits."""
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    cluster = autoplan.Cluster.parse("cpu:8")
+    full, graph = pp._traces(wl, MICROBATCHES)
+    layers = pp.group_layers(graph)
+    ctx = pp._Context(cluster, full, pp.submesh_shapes(1, 8), "interleaved",
+                      cluster.device_memory, 60.0, False)
+    table = pp._Table(ctx, graph, layers, MICROBATCHES)
+    k = ctx.submeshes.index((1, 4))
+    c = ctx.configs[k].index(((4, 1), False))
+    half = table.L // 2
+    layout = ((tuple(range(half)), k, c), (tuple(range(half, table.L)), k, c))
+    free = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    assert free.fits and free.levers is None
+    ctx.budget = 0.6 * max(free.memory)
+    got = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    assert got.fits and got.levers is not None and max(got.memory) <= ctx.budget
+    P = len(layout)
+    for s, lev in enumerate(got.levers):
+        assert lev.zero == got.levers[s % P].zero
+    assert any(got.levers)
+    ctx.levers = False
+    assert not quiet(pp._evaluate_kind, table, layout, "interleaved", 2).fits
