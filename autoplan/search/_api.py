@@ -234,7 +234,8 @@ def _check_batch_split(best: Plan, n: int) -> None:
 
 
 def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
-                            num_layers: Any, stage_algorithm: str, submesh_hosts: str) -> None:
+                            num_layers: Any, stage_algorithm: str, submesh_hosts: str,
+                            memory_levers: Any = True) -> None:
     """Refuse options that the chosen ``pipeline`` mode would ignore."""
     if pipeline is True and mesh_shape is not None:
         raise SearchError(
@@ -245,7 +246,8 @@ def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches:
         given = [f"{k}={v!r}" for k, v, default in (
             ("microbatches", microbatches, None), ("schedule", schedule, "1f1b"),
             ("num_layers", num_layers, None), ("stage_algorithm", stage_algorithm, "auto"),
-            ("submesh_hosts", submesh_hosts, "auto")) if v != default]
+            ("submesh_hosts", submesh_hosts, "auto"), ("memory_levers", memory_levers, True))
+            if v != default]
         if given:
             raise SearchError(
                 f"search: {', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, but "
@@ -287,7 +289,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None,
-           allow_microbatching_mixed: bool = False) -> SearchResult:
+           allow_microbatching_mixed: bool = False, memory_levers: bool = True) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
 
     Args:
@@ -330,6 +332,10 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         submesh_hosts: multi-host submesh shapes of the pipeline search: ``"all"`` (Alpa's
             ``(2, M) .. (N, M)`` on ``N`` hosts of ``M`` devices), ``"pow2"`` (2, 4, 8, ... hosts
             and ``N``) or ``"auto"`` (``"all"`` up to 16 hosts).
+        memory_levers: let pipeline stages that do not fit the memory limit use a ZeRO level
+            and rematerialised layers (:mod:`autoplan.search.pipeline._levers`; default True).
+            The stage executor does not apply them yet (plans that use them say so in their
+            notes): ``False`` keeps to plans that fit as they run.
         workers: processes that solve the independent searches (each logical mesh, each
             baseline) at once, this one included. Default: every CPU for graphs of at least
             :data:`~autoplan.search._parallel.AUTO_PARALLEL_OPS` operators that are searched on
@@ -381,7 +387,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     options = dict(pipeline=pipeline, schedule=schedule, microbatches=microbatches, level=level,
                    mesh_shape=mesh_shape, memory_budget=memory_budget, pin=pin,
                    time_limit=time_limit, baselines=baselines, num_layers=num_layers,
-                   stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts)
+                   stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts,
+                   memory_levers=memory_levers)
     cluster = _check_options(cluster, options)
     if not isinstance(allow_microbatching_mixed, bool):
         raise SearchError(f"search: allow_microbatching_mixed should be True or False. Got "
@@ -519,7 +526,11 @@ def _check_options(cluster: Cluster | str, options: Mapping[str, Any]) -> Cluste
     _check_pipeline_options(pipeline, options["mesh_shape"],
                             None if microbatches == "auto" else microbatches, schedule,
                             options["num_layers"], options["stage_algorithm"],
-                            options["submesh_hosts"])
+                            options["submesh_hosts"], options["memory_levers"])
+    if not isinstance(options["memory_levers"], bool):
+        raise SearchError(f"search: memory_levers should be True or False. Got "
+                          f"{options['memory_levers']!r}. Fix: memory_levers=False searches "
+                          "pipeline plans without ZeRO levels and rematerialisation.")
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cluster, Cluster):
         raise SearchError(f"search: cluster should be an autoplan.Cluster or 'name:nodes'. Got "
@@ -601,7 +612,8 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Mapp
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
             time_limit=time_limit, num_layers=options["num_layers"],
             stage_algorithm=options["stage_algorithm"], submesh_hosts=options["submesh_hosts"],
-            pin=_pins_by_name(graph, options["pin"]), workers=n_workers),
+            pin=_pins_by_name(graph, options["pin"]), workers=n_workers,
+            levers=options["memory_levers"]),
             label="pipeline search", local=True))
     mesh_kw = dict(level=level, memory_budget=memory_budget, pin=options["pin"],
                    time_limit=time_limit, config=config)

@@ -275,3 +275,17 @@ def test_interleaved_meshes_share_one_zero_level_and_fit():
     assert any(got.levers)
     ctx.levers = False
     assert not quiet(pp._evaluate_kind, table, layout, "interleaved", 2).fits
+
+
+def test_search_and_the_command_line_can_turn_the_levers_off(least):
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    kw = dict(pipeline=True, baselines=False, cache=False, workers=1, microbatches=MICROBATCHES,
+              memory_budget=0.7 * least)
+    best = quiet(autoplan.search, wl, "cpu:8", **kw).best
+    assert any(s.levers for s in best.stages)
+    with pytest.raises(autoplan.InfeasiblePlanError):
+        quiet(autoplan.search, wl, "cpu:8", memory_levers=False, **kw)
+    with pytest.raises(autoplan.SearchError, match="memory_levers should be True or False"):
+        autoplan.search(wl, "cpu:8", memory_levers=1)
+    with pytest.raises(autoplan.SearchError, match="memory_levers=False sets pipeline plans"):
+        autoplan.search(wl, "cpu:8", pipeline=False, memory_levers=False)
