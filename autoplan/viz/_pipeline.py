@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._plan import Plan, Stage, require_plan
+from .._plan_text import stage_levers
 from ._style import (
     IDLE_COLOR,
     TEMPLATE,
@@ -119,6 +120,8 @@ def stage_figure(plan: Plan) -> go.Figure:
         text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
                 f"submesh {s.submesh_shape[0]}x{s.submesh_shape[1]}, logical mesh {_mesh_text(s)}<br>"
                 f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
+        if s.levers:  # (predicted: the executor does not apply them yet)
+            text += f"<br>memory levers (predicted): {escape(stage_levers(s))}"
         if len(stages) > 1:
             text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
         hover[r][c] = text

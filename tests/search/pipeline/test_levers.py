@@ -191,6 +191,15 @@ def test_memory_figure_shows_the_levers(tight):
         assert (int(zero.group(1)) if zero else 0) == s.zero
         assert (int(remat.group(1)) if remat else 0) == len(s.remat_layers)
     assert "not yet applied by the executor" in fig.layout.title.text
+    # the stage figure's devices name their stage's levers on hover
+    from autoplan._plan_text import stage_levers
+    from autoplan.viz import stage_figure
+
+    hovers = [t for row in stage_figure(best).data[0].hovertext for t in row]
+    for s in best.stages:
+        mine = [t for t in hovers if f"stage {s.index}:" in t]
+        assert mine and all((f"memory levers (predicted): {stage_levers(s)}" in t) == s.levers
+                            for t in mine)
     # ZeRO's optimizer-state sharding is in the breakdown: less than the specs alone hold
     rows = memory_breakdown(best)
     plain = memory_breakdown(best.with_(stages=tuple(
