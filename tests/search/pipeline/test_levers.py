@@ -298,3 +298,16 @@ def test_search_and_the_command_line_can_turn_the_levers_off(least):
         autoplan.search(wl, "cpu:8", memory_levers=1)
     with pytest.raises(autoplan.SearchError, match="memory_levers=False sets pipeline plans"):
         autoplan.search(wl, "cpu:8", pipeline=False, memory_levers=False)
+
+
+def test_the_dag_stage_ilps_groups_fit_with_levers():
+    """U-Net (skip connections): TePDist's stage groups get the levers too."""
+    wl = models.get("unet", "tiny", batch=64)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", devices_per_node=4)
+    free = quiet(pipeline_search, wl, cluster, microbatches=2, levers=False)
+    assert free.stats["stage_algorithm"] == "ilp"
+    budget = 0.5 * min(p.predicted.memory_per_device for p in free.plans)
+    with pytest.raises(autoplan.InfeasiblePlanError):
+        quiet(pipeline_search, wl, cluster, microbatches=2, levers=False, memory_budget=budget)
+    best = quiet(pipeline_search, wl, cluster, microbatches=2, memory_budget=budget).plans[0]
+    assert best.predicted.memory_per_device <= budget and any(s.levers for s in best.stages)
