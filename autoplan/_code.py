@@ -287,6 +287,32 @@ def _mesh_code(name: str, device_ids: Sequence[int], shape: Sequence[int],
     return f"{name} = Mesh({pick}.reshape({shape_txt}), ({axes}), axis_types={types})"
 
 
+def levers_code(plan: Any) -> list[str]:
+    """The lines of a plan's memory levers: ``REMAT_LAYERS`` (the rematerialised layers' names,
+    the scopes of their operators) with ``remat(name, fn)``, which wraps a layer's function in
+    ``jax.checkpoint`` (saving nothing inside it) when the plan rematerialises that layer, and
+    ``ZERO`` (per stage, its ZeRO level and the mesh axes it shards over)."""
+    remat = [name for s in plan.stages for name in s.remat_layers]
+    zero = {s.index: (s.zero, tuple(s.zero_axes)) for s in plan.stages if s.zero}
+    lines = ["", "", "# memory levers the search chose (predictions: autoplan's stage executor does not "
+             "apply them yet)", "# layers whose forward is recomputed in the backward "
+             "(jax.checkpoint), by layer name", "REMAT_LAYERS = frozenset({"]
+    lines += [f"    {name!r}," for name in remat]
+    lines += ["})", "", "",
+              "def remat(name, fn):",
+              '    """`fn` (a layer\'s function) rematerialised when the plan says so: wrap each',
+              '    layer as `x = remat("layers_3", block)(params, x)`."""',
+              "    if name in REMAT_LAYERS:",
+              "        return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)",
+              "    return fn",
+              "",
+              "",
+              "# stage -> (ZeRO level, mesh axes it shards over): 1 the optimizer state, 2 also "
+              "the gradients, 3 also the parameters",
+              "ZERO = {" + ", ".join(f"{k}: ({z}, {axes!r})" for k, (z, axes) in zero.items()) + "}"]
+    return lines
+
+
 def plan_to_code(plan: Any, *, logical_axis_rules: bool | None = None) -> str:
     """The snippet of :meth:`autoplan.Plan.to_code` (see the module docstring)."""
     pipeline = len(plan.stages) > 1
@@ -363,6 +389,8 @@ def plan_to_code(plan: Any, *, logical_axis_rules: bool | None = None) -> str:
             "# step = jax.jit(train_step, in_shardings=in_shardings)",
             f"# {args} = jax.device_put(({args}), in_shardings)",
         ]
+    if any(s.levers for s in plan.stages):
+        lines += levers_code(plan)
     if logical_axis_rules is None:
         logical_axis_rules = any("flax" in t for types in plan.arg_types for t in types)
     if logical_axis_rules:

@@ -239,6 +239,16 @@ class Stage:
         forward_time, backward_time: predicted seconds per micro-batch.
         memory: predicted peak bytes per device.
         comm_bytes: predicted communication bytes per device by collective kind (one step).
+        zero: the stage's ZeRO level (0: none; 1 optimizer state, 2 also gradients, 3 also
+            parameters sharded over ``zero_axes``, the mesh axes its gradients are synchronised
+            over), as the pipeline search chose it to fit the memory limit.
+        zero_axes: the mesh axes ZeRO shards over (empty at level 0).
+        remat_layers: the stage's layers whose forward is rematerialised in the backward
+            (``jax.checkpoint``), a subset of ``layers``.
+
+    The three lever fields are written to a plan file only when set (see
+    :mod:`autoplan._planfile`); the stage executor does not apply them yet (a plan that uses
+    them says so in its notes).
     """
 
     index: int
@@ -253,9 +263,17 @@ class Stage:
     backward_time: float = 0.0
     memory: float = 0.0
     comm_bytes: Mapping[str, float] = field(default_factory=FrozenDict)
+    zero: int = field(default=0, metadata={"omit_default": True})
+    zero_axes: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
+    remat_layers: tuple[str, ...] = field(default=(), metadata={"omit_default": True})
 
     def __post_init__(self) -> None:
         freeze_fields(self)
+
+    @property
+    def levers(self) -> bool:
+        """Whether the stage uses a memory lever (a ZeRO level or rematerialised layers)."""
+        return bool(self.zero or self.remat_layers)
 
     @property
     def num_devices(self) -> int:

@@ -12,12 +12,13 @@ from typing import Any
 
 from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE
 
-__all__ = ["describe", "summary", "plan_html"]
+__all__ = ["describe", "summary", "plan_html", "stage_levers"]
 
 #: inputs listed in a plan's HTML table; the rest are counted
 HTML_INPUTS = 200
-#: notes the summary shows: what running the plan changes about the step
-_CAVEATS = (RANDOM_NOTE, MIXING_NOTE)
+#: notes the summary shows: what running the plan changes about the step, and what the executor
+#: does not apply
+_CAVEATS = (RANDOM_NOTE, MIXING_NOTE, "memory levers:")
 
 #: the summary's line on the schedules beyond GPipe and 1F1B
 _SCHEDULE_NOTES = {
@@ -86,11 +87,29 @@ def summary(plan: Any) -> str:
                      f"{'x'.join(map(str, s.mesh_shape)):<7}  {s.num_devices:>7}  "
                      f"{s.forward_time * 1e3:>7.3f}  {s.backward_time * 1e3:>7.3f}  "
                      f"{s.memory / mem_u:>7.3g}")
+    lines += [f"  stage {s.index} levers : {stage_levers(s)}" for s in plan.stages if s.levers]
     params = [i for i in plan.inputs if i.kind == "parameter"]
     sharded = sum(1 for i in params if any(i.spec))
     lines.append(f"  parameters      : {len(params)} leaves, {sharded} sharded")
     lines += [f"  note            : {n}" for n in plan.notes if n.startswith(_CAVEATS)]
     return "\n".join(lines)
+
+
+#: what each ZeRO level shards
+ZERO_SHARDS = {1: "optimizer state", 2: "optimizer state and gradients",
+               3: "optimizer state, gradients and parameters"}
+
+
+def stage_levers(stage: Any) -> str:
+    """A stage's memory levers in words: ``ZeRO-2 (optimizer state and gradients sharded over
+    x); remat layers_0, layers_1``; ``none`` without any."""
+    parts = []
+    if stage.zero:
+        parts.append(f"ZeRO-{stage.zero} ({ZERO_SHARDS[stage.zero]} sharded over "
+                     f"{', '.join(stage.zero_axes)})")
+    if stage.remat_layers:
+        parts.append("remat " + ", ".join(stage.remat_layers))
+    return "; ".join(parts) or "none"
 
 
 def plan_html(plan: Any) -> str:

@@ -30,6 +30,10 @@ the value found, and the fix. What is checked:
   ranges ``[start, end)`` cover ``0 .. L - 1`` with no gap (``L`` the largest end), there are at
   least ``L`` layer names (each layer has a name), and no stage's first or last layer is another
   stage's (TePDist's DAG stages may be non-contiguous, so ranges may nest, but never share an end).
+* **Memory levers.** A stage's ``zero`` is 0 .. 3, its ``zero_axes`` distinct axes of its mesh
+  (some when ``zero`` > 0, none at 0), its ``remat_layers`` distinct names of its ``layers``.
+  The three are written only when set (a field marked ``omit_default``), so plans without
+  levers are written as before.
 * **Inputs.** ``(arg, path)`` pairs are unique, one argument has one name, the paths of one
   argument form a tree (no leaf inside another leaf), and ``stage`` is a stage of the plan.
 * **Schedule.** ``num_stages`` is the number of stages; the kind is ``none`` (one stage),
@@ -103,8 +107,9 @@ def plan_to_dict(plan: Any, schema_version: int, skip: frozenset[str] = frozense
 
 
 def _jsonable(v: Any) -> Any:
-    if is_dataclass(v):
-        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)}
+    if is_dataclass(v):  # (fields marked ``omit_default`` are written only when set)
+        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)
+                if not (f.metadata.get("omit_default") and getattr(v, f.name) == f.default)}
     if isinstance(v, Mapping):
         return {str(k): _jsonable(x) for k, x in v.items()}
     if isinstance(v, tuple | list):
@@ -338,8 +343,32 @@ class _Checker:
             self.number_map(st["comm_bytes"], f"{path}.comm_bytes")
         for k, o in enumerate(self.array(st.get("ops", []), f"{path}.ops", "operator records")):
             self.op(o, f"{path}.ops[{k}]", sizes, where)
+        self.levers(st, path, sizes, where)
         return {"ids": ids, "sizes": sizes, "where": where, "layers": st["layers"],
                 "range": (lo, hi)}
+
+    def levers(self, st: Mapping[str, Any], path: str, sizes: Mapping[str, int], where: str
+               ) -> None:
+        """A stage's memory levers: ``zero`` 0 .. 3, ``zero_axes`` distinct axes of its mesh
+        (some when ``zero`` > 0, none at 0), ``remat_layers`` distinct layers of the stage."""
+        zero = st.get("zero", 0)
+        if isinstance(zero, bool) or not isinstance(zero, int) or not 0 <= zero <= 3:
+            self.fail(f"{path}.zero", "a ZeRO level 0, 1, 2 or 3", zero)
+        axes = self.strings(st.get("zero_axes", []), f"{path}.zero_axes")
+        for j, a in enumerate(axes):
+            if a not in sizes or a in axes[:j]:
+                self.fail(f"{path}.zero_axes[{j}]", f"a mesh axis of {where} "
+                          f"({', '.join(sizes)}) listed once", a)
+        if bool(zero) != bool(axes):
+            self.fail(f"{path}.zero_axes", f"the mesh axes ZeRO level {zero} shards over (some "
+                      "axes for a level above 0, none at 0)", list(axes),
+                      "give zero_axes with zero > 0, or neither")
+        layers = st["layers"]
+        remat = self.strings(st.get("remat_layers", []), f"{path}.remat_layers")
+        for j, name in enumerate(remat):
+            if name not in layers or name in remat[:j]:
+                self.fail(f"{path}.remat_layers[{j}]", "a layer of this stage's layers, listed "
+                          "once", name, "name layers of the stage's 'layers'")
 
     def op(self, o: Any, path: str, sizes: Mapping[str, int], where: str) -> None:
         op = self.obj(o, path, "operator")

@@ -210,6 +210,8 @@ def _check_plan_options(args: argparse.Namespace) -> None:
             ("--microbatches", args.microbatches), ("--schedule", args.schedule),
             ("--submesh-hosts", args.submesh_hosts), ("--num-layers", args.num_layers),
             ("--stage-algorithm", args.stage_algorithm)) if val is not None]
+        if getattr(args, "no_memory_levers", False):
+            given.append("--no-memory-levers")
         if given:
             raise SearchError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, "
                               "but --pipeline no makes intra-operator plans only, so "
@@ -302,7 +304,8 @@ def _search(args):
           "submesh_hosts": args.submesh_hosts or "auto", "num_layers": args.num_layers,
           "stage_algorithm": args.stage_algorithm or "auto", "progress": _RUN.check,
           "workers": args.workers, "cache": not args.no_cache,
-          "allow_microbatching_mixed": getattr(args, "allow_microbatching_mixed", False)}
+          "allow_microbatching_mixed": getattr(args, "allow_microbatching_mixed", False),
+          "memory_levers": not getattr(args, "no_memory_levers", False)}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
     from ._cluster import Cluster  # noqa: PLC0415
@@ -539,6 +542,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="search micro-batched plans (gradient accumulation, pipelines) even "
                              "for a loss that mixes examples across the batch (batch norm, "
                              "in-batch negatives), whose value micro-batching changes")
+        sp.add_argument("--no-memory-levers", action="store_true",
+                        help="pipeline stages that do not fit get no ZeRO level or "
+                             "rematerialised layers (the executor does not apply those yet)")
 
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
     model_args(sp)

@@ -265,7 +265,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
            submesh_hosts: str = "auto", workers: int | None = None, cache: bool = True,
            progress: Callable[[str, float], None] | None = None,
            partial: Callable[[SearchResult], None] | None = None,
-           allow_microbatching_mixed: bool = False,
+           allow_microbatching_mixed: bool = False, memory_levers: bool = True,
            options: SearchOptions | None = None,
            pin: Mapping[Any, Any] | None = None) -> SearchResult:
     """Search parallelisation plans for a training step on a cluster.
@@ -334,6 +334,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
             note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
             microbatches=1`` searches such pipelines without it.
+        memory_levers: let pipeline stages that do not fit the memory limit use a ZeRO level
+            and rematerialised layers (:mod:`autoplan.search.pipeline._levers`; default True).
         options: every option above but ``progress`` and ``partial`` as one
             :class:`autoplan.SearchOptions` (frozen, validated when made, reusable); the
             keywords it holds are then left at their defaults.
@@ -369,7 +371,8 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                  mesh_shape=mesh_shape, memory_budget=memory_budget, pins=pins,
                  time_limit=time_limit, baselines=baselines, num_layers=num_layers,
                  stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts, workers=workers,
-                 cache=cache, allow_microbatching_mixed=allow_microbatching_mixed)
+                 cache=cache, allow_microbatching_mixed=allow_microbatching_mixed,
+                 memory_levers=memory_levers)
     opts = _options(options, given)
     cluster = _check_cluster(cluster)
     check_callback("search", "progress", progress, SearchError)
@@ -561,7 +564,8 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
             level="exhaustive" if level == "auto" else level, memory_budget=memory_budget,
             time_limit=time_limit, num_layers=options.num_layers,
             stage_algorithm=options.stage_algorithm, submesh_hosts=options.submesh_hosts,
-            pins=pins_by_name(graph, options.pins), workers=n_workers),
+            pins=pins_by_name(graph, options.pins), workers=n_workers,
+            levers=options.memory_levers),
             label="pipeline search", local=True))
     mesh_kw = dict(level=level, memory_budget=memory_budget, pins=options.pins,
                    time_limit=time_limit, config=config)

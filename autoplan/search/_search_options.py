@@ -28,7 +28,8 @@ NOT_IN_KEY = frozenset({"workers", "cache"})
 
 
 def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches: Any, schedule: str,
-                            num_layers: Any, stage_algorithm: str, submesh_hosts: str) -> None:
+                            num_layers: Any, stage_algorithm: str, submesh_hosts: str,
+                            memory_levers: Any = True) -> None:
     """Refuse options that the chosen ``pipeline`` mode would ignore."""
     if pipeline is True and mesh_shape is not None:
         raise SearchError(
@@ -39,7 +40,8 @@ def _check_pipeline_options(pipeline: bool | str, mesh_shape: Any, microbatches:
         given = [f"{k}={v!r}" for k, v, default in (
             ("microbatches", microbatches, None), ("schedule", schedule, "1f1b"),
             ("num_layers", num_layers, None), ("stage_algorithm", stage_algorithm, "auto"),
-            ("submesh_hosts", submesh_hosts, "auto")) if v != default]
+            ("submesh_hosts", submesh_hosts, "auto"), ("memory_levers", memory_levers, True))
+            if v != default]
         if given:
             raise SearchError(
                 f"search: {', '.join(given)} set{'s' if len(given) == 1 else ''} pipeline plans, but "
@@ -77,6 +79,7 @@ class SearchOptions:
     workers: int | None = None
     cache: bool = True
     allow_microbatching_mixed: bool = False
+    memory_levers: bool = True
 
     def __post_init__(self) -> None:
         level, pipeline, schedule = self.level, self.pipeline, self.schedule
@@ -106,7 +109,12 @@ class SearchOptions:
         check_microbatches(microbatches)
         _check_pipeline_options(pipeline, self.mesh_shape,
                                 None if microbatches == "auto" else microbatches, schedule,
-                                self.num_layers, self.stage_algorithm, self.submesh_hosts)
+                                self.num_layers, self.stage_algorithm, self.submesh_hosts,
+                                self.memory_levers)
+        if not isinstance(self.memory_levers, bool):
+            raise SearchError(f"search: memory_levers should be True or False. Got "
+                              f"{self.memory_levers!r}. Fix: memory_levers=False searches "
+                              "pipeline plans without ZeRO levels and rematerialisation.")
         check_memory_budget("search", self.memory_budget, SearchError)
         shape = check_mesh_shape("search", self.mesh_shape, SearchError)
         if self.stage_algorithm not in ("auto", "dp", "ilp"):

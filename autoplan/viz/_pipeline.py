@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 
 from .._dtype import dtype_bytes
 from .._plan import Plan, Stage, require_plan
+from .._plan_text import stage_levers
 from ._style import (
     IDLE_COLOR,
     TEMPLATE,
@@ -119,6 +120,8 @@ def stage_figure(plan: Plan) -> go.Figure:
         text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
                 f"submesh {s.submesh_shape[0]}x{s.submesh_shape[1]}, logical mesh {_mesh_text(s)}<br>"
                 f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
+        if s.levers:  # (predicted: the executor does not apply them yet)
+            text += f"<br>memory levers (predicted): {escape(stage_levers(s))}"
         if len(stages) > 1:
             text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
         hover[r][c] = text
@@ -444,23 +447,32 @@ def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:
         ``batch`` (batch and other inputs), ``activations`` (the rest of the stage's predicted
         memory: activations saved for the backward pass, for the micro-batches in flight in a
         pipeline, and gradient buffers; never negative), ``total`` (the stage's predicted memory
-        per device, or the inputs' bytes when larger) and ``capacity`` (the device's memory).
+        per device, or the inputs' bytes when larger), ``capacity`` (the device's memory),
+        ``zero`` (the stage's ZeRO level: its optimizer state, from level 1, and parameters, at
+        level 3, are counted as sharded over its ``zero_axes``) and ``remat_layers`` (its
+        rematerialised layers, whose saved activations are in ``activations`` no more).
     """
     plan = require_plan(plan, "memory_breakdown")
     out = []
     for s in plan.stages:
         parts = {"parameter": 0.0, "optimizer_state": 0.0, "batch": 0.0}
+        sizes = dict(zip(s.axis_names, s.mesh_shape))
         for i in plan.inputs:
             if len(plan.stages) > 1 and i.stage != s.index:
                 continue
             nbytes = math.prod(i.shape) * dtype_bytes(i.dtype) / i.spec.tiles(s.mesh_shape, s.axis_names)
+            if (i.kind == "optimizer_state" and s.zero >= 1) or (i.kind == "parameter"
+                                                                  and s.zero == 3):
+                used = {a for e in i.spec if e for a in e}
+                nbytes /= math.prod(sizes[a] for a in s.zero_axes if a not in used)
             parts[i.kind if i.kind in parts else "batch"] += nbytes
         held = sum(parts.values())
         total = max(s.memory if len(plan.stages) > 1 else plan.predicted.memory_per_device, held)
         out.append({"stage": s.index, "devices": list(s.device_ids),
                     "parameters": parts["parameter"], "optimizer_state": parts["optimizer_state"],
                     "batch": parts["batch"], "activations": max(0.0, total - held),
-                    "total": total, "capacity": plan.cluster.device_memory})
+                    "total": total, "capacity": plan.cluster.device_memory, "zero": s.zero,
+                    "remat_layers": list(s.remat_layers)})
     return out
 
 
@@ -470,13 +482,23 @@ _MEMORY_PARTS = (("parameters", "parameters", "#4c78a8"),
                  ("activations", "activations in flight (the rest)", "#b279a2"))
 
 
+def _levers_text(row: dict[str, Any]) -> str:
+    """A stage's memory levers over its bar: ``ZeRO-2 · remat 3 layers`` (empty without)."""
+    parts = ([f"ZeRO-{row['zero']}"] if row["zero"] else []) + (
+        [f"remat {len(row['remat_layers'])} layer{'s' if len(row['remat_layers']) > 1 else ''}"]
+        if row["remat_layers"] else [])
+    return " · ".join(parts)
+
+
 def memory_figure(plan: Plan) -> go.Figure:
     """Memory per device of each stage, stacked by what it holds, against the device's capacity.
 
     One bar per stage (its devices all hold the same: every spec splits evenly), stacked as
     :func:`memory_breakdown` says, with a dotted line at the device's memory; a stage over it
-    is marked "does not fit". The axis is in one unit (GiB, MiB or KiB, chosen by the largest
-    bar or the capacity when they are close).
+    is marked "does not fit". A stage with memory levers has them written above its bar
+    (an annotation named ``levers of stage <s>``: ``ZeRO-2 · remat 3 layers``; the subtitle
+    says the executor does not apply them yet). The axis is in one unit (GiB, MiB or KiB,
+    chosen by the largest bar or the capacity when they are close).
 
     Args:
         plan: the plan to draw.
@@ -510,15 +532,27 @@ def memory_figure(plan: Plan) -> go.Figure:
         annotations.append({"xref": "paper", "x": 1, "y": cap / scale, "xanchor": "right",
                             "yanchor": "bottom", "showarrow": False, "font": {"size": 10},
                             "text": f"device memory {fmt_bytes(cap)}"})
+    for r, lab in zip(rows, labels):  # the stage's memory levers, above its bar
+        said = _levers_text(r)
+        if said:
+            annotations.append({"x": lab, "y": r["total"] / scale, "yanchor": "bottom",
+                                "yshift": 14 if r["total"] > cap else 0, "showarrow": False,
+                                "text": said, "font": {"size": 9},
+                                "name": f"levers of stage {r['stage']}"})
     over = [r for r in rows if r["total"] > cap]
     for r, lab in zip(rows, labels):
         if r["total"] > cap:
             annotations.append({"x": lab, "y": r["total"] / scale, "yanchor": "bottom",
                                 "showarrow": False, "text": "<b>does not fit</b>",
                                 "font": {"color": "#d62728", "size": 10}})
+    if any(_levers_text(r) for r in rows):
+        sub_levers = "; levers predicted, not yet applied by the executor"
+    else:
+        sub_levers = ""
     sub = (f"per device of each stage; device memory {fmt_bytes(cap)}"
            + (f"; {len(over)} stage(s) over it" if over else
-              ("" if show_cap else f" (largest stage uses {top / cap * 100:.2g}% of it)")))
+              ("" if show_cap else f" (largest stage uses {top / cap * 100:.2g}% of it)"))
+           + sub_levers)
     layout = {
         "template": TEMPLATE, "barmode": "stack",
         "title": {"text": f"Memory per device of {escape(plan.model)} [{escape(plan.label)}]"

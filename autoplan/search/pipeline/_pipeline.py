@@ -39,7 +39,9 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    non-chain. For a true DAG (U-Net skips, two towers) TePDist's stage ILP
    (:func:`~autoplan.search.pipeline._stage_ilp.stage_ilp`) assigns layers to ``S`` stages for
    each stage count, and the same DP over those fixed stages picks their submeshes (Alpa's
-   shapes) and logical meshes within the same memory limit.
+   shapes) and logical meshes within the same memory limit. Stages that do not fit may use a
+   ZeRO level and rematerialised layers (:mod:`~autoplan.search.pipeline._levers`: a separate DP
+   run sees them as extra configurations; the simulation chooses each stage's).
 6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
    several caps on the number of stages) are simulated under the schedule asked for
    (:func:`~autoplan._schedule.schedule_events`: GPipe, 1F1B, interleaved 1F1B on the layout's
@@ -810,6 +812,7 @@ class _Context:
         self.solves = 0
         self.timed_out = 0  # layer ILPs stopped at their time limit
         self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
+        self.levers = True  # ZeRO levels and rematerialisation where a stage does not fit
 
     def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
         key = (k, tuple(shape))
@@ -1304,6 +1307,7 @@ class _Eval:
     dp_latency: float | None = None
     kind: str = "1f1b"
     virtual_stages: int = 1
+    levers: tuple | None = None  # per stage, its StageLevers (:mod:`._levers`), when applied
 
     @property
     def meshes(self) -> int:
@@ -1376,7 +1380,8 @@ def _evaluate(table: _Table, layout: Layout, ratio: float = 1.0, B: int | None =
 
 
 def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: float = 1.0,
-                   B: int | None = None, dp_latency: float | None = None) -> _Eval | None:
+                   B: int | None = None, dp_latency: float | None = None,
+                   levers: tuple | None = None) -> _Eval | None:
     """Simulate ``layout`` under schedule ``kind`` with ``v`` virtual stages (see the module
     docstring, step 6); None when a stage's plans do not divide the micro-batch, the submeshes
     cannot be placed, or an interleaved schedule does not apply (:func:`_chunks`, and ``B`` a
@@ -1394,7 +1399,11 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
     * ZB-H1's ``W`` of a stage is its layers' backward times their weight-gradient FLOP share
       (:meth:`_Table.weight_share`), its ``B`` the rest;
     * interleaved pays a transfer between every pair of consecutive chunks (mesh ``P - 1``
-      hands back to mesh 0) and a program launch per chunk task.
+      hands back to mesh 0) and a program launch per chunk task;
+    * a layout that does not fit gets the memory levers its stages need
+      (:func:`~autoplan.search.pipeline._levers.choose`: a ZeRO level, rematerialised layers)
+      at the in-flight counts simulated, and is simulated again with them (``levers``: the
+      chosen ones, per stage, with their stage terms).
     """
     ctx = table.ctx
     B = B or table.B
@@ -1411,6 +1420,8 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
         if tt is None:
             return None
         stages.append(tt)
+    if levers is not None:
+        stages = [lv[1] for lv in levers]
     try:
         on_mesh = place_submeshes([ctx.submeshes[k] for _, k, _ in layout], ctx.num_hosts,
                                   ctx.devices_per_host)
@@ -1458,8 +1469,16 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
         memory = [x.resident + (min(S - s, B) if kind == "1f1b" else B) * x.activation
                   for s, x in enumerate(stages)]
     fits = max(memory) <= ctx.budget * (1 + 1e-9)
+    if not fits and levers is None and ctx.levers:
+        from autoplan.search.pipeline._levers import fit_layout  # noqa: PLC0415
+
+        chosen = fit_layout(table, chunks, stages, kind, P, stats, ratio, B)
+        if chosen is not None:
+            again = _evaluate_kind(table, layout, kind, v, ratio, B, dp_latency, chosen)
+            if again is not None and again.fits:
+                return again
     return _Eval(chunks, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
-                 dp_latency, kind, v)
+                 dp_latency, kind, v, None if levers is None else tuple(lv[0] for lv in levers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1511,7 +1530,7 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     leasts: dict[int, float | None] = {}
     todo = list(range(len(items)))
     for memory in (True, False):
-        jobs = [(i, r, lo, hi) for i in todo for r, (_, counts, _) in enumerate(runs[i])
+        jobs = [(i, r, lo, hi) for i in todo for r, (_, counts, _, _) in enumerate(runs[i])
                 for lo, hi in counts]
         tasks = [Task(_stage_dp_run, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
                                             ctx.devices_per_host, items[i][1], lo, hi,
@@ -1523,12 +1542,14 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
         empty_runs: dict[int, list[int]] = {i: [] for i in todo}
         n = 0
         for i in todo:
-            for r, (_, counts, members) in enumerate(runs[i]):
+            for r, (_, counts, members, levered) in enumerate(runs[i]):
                 got_any = False
                 for _ in counts:
                     for total, stages in results[n]:
-                        found[i].setdefault(tuple((members(a, b), k, c) for a, b, k, c in stages),
-                                            total)
+                        if levered and all(c < ctx.C for _, _, _, c in stages):
+                            continue  # (a lever run's layouts without a lever: the base run's)
+                        found[i].setdefault(tuple((members(a, b), k, c % ctx.C)
+                                                  for a, b, k, c in stages), total)
                         got_any = True
                     n += 1
                 if not got_any:
@@ -1597,7 +1618,9 @@ def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool
         def members(a: int, b: int) -> tuple[int, ...]:
             return tuple(range(a, b))
 
-        return [(_chain_inputs(table, ratio, B), counts, members)]
+        base = _chain_inputs(table, ratio, B)
+        return [(base, counts, members, False)] + _lever_runs(table, [(base, counts, members)],
+                                                               None, ratio, B)
     from autoplan.search.pipeline._stage_ilp import stage_ilp  # noqa: PLC0415
 
     if ctx.groupings is None:
@@ -1612,9 +1635,28 @@ def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool
             groups = [sorted(v for v, s in r.assignment.items() if s == st) for st in range(S)]
             if all(groups):
                 ctx.groupings.append(groups)
-    return [(_group_inputs(table, groups, ratio, B), [(1, None)],
-             lambda a, b, g=groups: tuple(li for x in range(a, b) for li in g[x]))
-            for groups in ctx.groupings]
+    out = []
+    for groups in ctx.groupings:
+        run = (_group_inputs(table, groups, ratio, B), [(1, None)],
+               lambda a, b, g=groups: tuple(li for x in range(a, b) for li in g[x]))
+        out += [(*run, False)] + _lever_runs(table, [run], groups, ratio, B)
+    return out
+
+
+def _lever_runs(table: _Table, runs: list, groups: list[list[int]] | None, ratio: float,
+                B: int) -> list:
+    """The lever runs (:func:`~autoplan.search.pipeline._levers.lever_run`) beside base runs:
+    their layouts are kept only where they use a lever configuration."""
+    if not table.ctx.levers:
+        return []
+    from autoplan.search.pipeline._levers import lever_run  # noqa: PLC0415
+
+    out = []
+    for inputs, counts, members in runs:
+        lever = lever_run(table, inputs, groups, ratio, B)
+        if lever is not None:
+            out.append((lever, counts, members, True))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1700,11 +1742,15 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                 _add(comm_bytes, "all-gather", B * ag)
             _add(comm_time, "send-recv", B * t)
         names = tuple(nm for li in members for nm in table.layers[li].names)
+        lever = {}
+        if ev.levers is not None and ev.levers[si]:
+            lever, compute = _lever_fields(table, members, k, c, ev.levers[si], B, comm_bytes,
+                                           compute)
         stages.append(Stage(
             index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh_shape=(n, m),
             device_ids=tuple(ev.placed[si]), mesh_shape=tuple(shape), axis_names=mesh.axis_names,
             ops=tuple(op_shardings), forward_time=terms.forward, backward_time=terms.backward,
-            memory=ev.memory[si], comm_bytes=comm_bytes))
+            memory=ev.memory[si], comm_bytes=comm_bytes, **lever))
         per_stage.append((compute, comm_time, comm_bytes, by_axis))
     busy = ev.stats.busy
     hot = int(np.argmax(busy))
@@ -1721,6 +1767,10 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
                       for ax in sorted({ax for p in per_stage for ax in p[3]})},
         comm_time_by_kind=dict(per_stage[hot][1]), bubble_fraction=ev.stats.bubble_fraction,
         mfu=full.flops / (step * devices * ctx.cluster.peak_flops) if step > 0 else 0.0)
+    if any(st.levers for st in stages):
+        from autoplan.search.pipeline._levers import EXEC_NOTE  # noqa: PLC0415
+
+        notes = (*notes, EXEC_NOTE)
     table_rows = schedule_table(ev.kind, S, B, ev.virtual_stages)
     return Plan(
         model=full.name, fingerprint=full.fingerprint, cluster=ctx.cluster, stages=tuple(stages),
@@ -1734,6 +1784,19 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
         label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
         config=dict(workload.config), jax_version=jax.__version__,
         notes=notes)
+
+
+def _lever_fields(table: _Table, members: Sequence[int], k: int, c: int, lv: Any, B: int,
+                  comm_bytes: dict[str, float], compute: float) -> tuple[dict[str, Any], float]:
+    """A stage's lever fields (``zero``, ``zero_axes``, ``remat_layers``) and its compute with
+    the recomputed forwards; ``comm_bytes`` gets ZeRO's collectives (none below zero)."""
+    from autoplan.search.pipeline._levers import stage_extras  # noqa: PLC0415
+
+    more, nbytes = stage_extras(table, members, k, c, lv, B)
+    for kind, b in nbytes.items():
+        comm_bytes[kind] = max(0.0, comm_bytes.get(kind, 0.0) + b)
+    remat = tuple(nm for li in members if li in lv.remat for nm in table.layers[li].names)
+    return {"zero": lv.zero, "zero_axes": lv.axes, "remat_layers": remat}, compute + more
 
 
 def _complete_inputs(full: OpGraph, inputs: dict[str, InputSpec]) -> list[InputSpec]:
@@ -1761,8 +1824,8 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
                     max_candidates: int = 3, megatron: bool | str = False,
                     inter_only: bool = False,
                     submesh_hosts: str = "auto", pins: Mapping[str, Any] | None = None,
-                    workers: int | None = None, pin: Mapping[str, Any] | None = None
-                    ) -> PipelineResult:
+                    workers: int | None = None, levers: bool = True,
+                    pin: Mapping[str, Any] | None = None) -> PipelineResult:
     """Search pipeline plans (see the module docstring).
 
     Args:
@@ -1803,6 +1866,10 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         workers: processes that solve the layer ILPs (independent tasks of
             :func:`~autoplan.search._parallel.run_tasks`, with the same results as one process);
             None: every core for a large step (as :func:`autoplan.search`).
+        levers: let stages that do not fit the memory limit use a ZeRO level and
+            rematerialised layers (:mod:`~autoplan.search.pipeline._levers`); a search whose
+            layouts fit is the same either way. The executor does not apply them yet: plans
+            that use them say so in their notes.
         pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 
     Returns:
@@ -1836,6 +1903,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     check_microbatches(microbatches)
     check_submesh_hosts(submesh_hosts)
     check_workers(workers)
+    if not isinstance(levers, bool):
+        raise SearchError(f"pipeline: levers should be True or False. Got {levers!r}. Fix: "
+                          "levers=False searches without ZeRO levels and rematerialisation.")
     t0 = time.perf_counter()
     full = traced(workload)
     for pattern in pins or {}:
@@ -1868,6 +1938,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
     ctx = _Context(cluster, full, subs, schedule, budget,
                    time_limit, megatron, pins)
+    ctx.levers = levers
     table = _Table(ctx, graph, layers, B0)
     n_workers = resolve_workers(workers, len(full))
 

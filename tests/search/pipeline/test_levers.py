@@ -1,0 +1,313 @@
+"""Memory levers of the pipeline search: a ZeRO level per stage and rematerialised layers, chosen
+under the memory limit; the plan file, summary, memory figure and code snippet show them."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autoplan
+from autoplan import models
+from autoplan.search import pipeline_search
+from autoplan.search.pipeline import _levers as lv
+from autoplan.search.pipeline import _pipeline as pp
+
+MICROBATCHES = 4
+
+
+def quiet(fn, *args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kw)
+
+
+def search(budget=None, levers=True):
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    return quiet(pipeline_search, wl, autoplan.Cluster.parse("cpu:8"), microbatches=MICROBATCHES,
+                 memory_budget=budget, levers=levers)
+
+
+@pytest.fixture(scope="module")
+def unlimited():
+    """GPT tiny (4 layers, batch 32) on cpu:8 without a memory budget: nothing needs a lever."""
+    return search()
+
+
+@pytest.fixture(scope="module")
+def least(unlimited):
+    """The least memory of the plans that need no lever."""
+    return min(p.predicted.memory_per_device for p in unlimited.plans)
+
+
+@pytest.fixture(scope="module")
+def tight(least):
+    """A budget at half of that: the stages need ZeRO and rematerialised layers."""
+    return search(0.5 * least), 0.5 * least
+
+
+# ------------------------------------------------------------------------------------------
+# the search
+# ------------------------------------------------------------------------------------------
+
+
+def test_plans_that_fit_are_the_same_with_and_without_levers(unlimited):
+    plain = search(levers=False)
+    assert [p.to_dict() for p in unlimited.plans] == [p.to_dict() for p in plain.plans]
+    assert not any(s.levers for p in unlimited.plans for s in p.stages)
+    assert not any(n.startswith("memory levers") for p in unlimited.plans for n in p.notes)
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.5, 0.35])
+def test_levers_make_a_plan_fit_that_did_not(least, fraction):
+    budget = fraction * least
+    with pytest.raises(autoplan.InfeasiblePlanError):
+        search(budget, levers=False)
+    res = search(budget)
+    best = res.plans[0]
+    assert res.stats["fits"] and best.predicted.memory_per_device <= budget
+    assert any(s.levers for s in best.stages)
+    assert lv.EXEC_NOTE in best.notes
+    for s in best.stages:
+        assert s.memory <= budget * (1 + 1e-9)
+        assert set(s.remat_layers) <= set(s.layers)
+        assert (s.zero > 0) == bool(s.zero_axes) and set(s.zero_axes) <= set(s.axis_names)
+
+
+def test_levers_lower_the_predicted_step_under_a_budget(least):
+    """At 90% of the leanest lever-free plan's memory, the best plan without levers is slower
+    than the pipeline the levers let fit."""
+    budget = 0.9 * least
+    plain, levered = search(budget, levers=False).plans[0], search(budget).plans[0]
+    assert levered.predicted.step_time < plain.predicted.step_time
+    assert levered.predicted.memory_per_device <= budget
+    assert any(s.levers for s in levered.stages)
+
+
+def test_a_tight_budget_rematerialises_and_shards(tight):
+    res, budget = tight
+    best = res.plans[0]
+    assert any(s.remat_layers for s in best.stages) and any(s.zero for s in best.stages)
+    assert best.predicted.memory_per_device <= budget
+
+
+def test_levers_must_be_a_bool():
+    with pytest.raises(autoplan.SearchError, match="levers should be True or False"):
+        search(levers="yes")
+
+
+# ------------------------------------------------------------------------------------------
+# the choice, by hand
+# ------------------------------------------------------------------------------------------
+
+
+def layer(saving, recompute, zero=(0.0, 0.0, 0.0, 0.0), time=0.0):
+    return lv.LayerLevers(recompute, recompute, saving, zero, 0.0,
+                          ((0.0, 0.0, 0.0),) + ((0.0, 0.0, time),) * 3,
+                          (({}, {}),) * 4, ("x",) if any(zero) else ())
+
+
+def test_greedy_remat_takes_most_bytes_per_second_first():
+    terms = pp._Terms(1.0, 2.0, 0.5, 100.0, 90.0)
+    levs = [layer(30.0, 3.0), layer(30.0, 1.0), layer(10.0, 0.1)]  # 10, 30 and 100 bytes/s
+    # 100 + 2 x 90 = 280; budget 230: drop 25+ per micro-batch in flight
+    (z, remat, ts), = lv.choose([([terms], [levs], [[7, 8, 9]], 2.0)], 230.0, 4)
+    assert z == 0 and remat == ((8, 9),)  # layer 9 (10 bytes) is not enough alone, then 8
+    t = ts[0]
+    assert t.backward == pytest.approx(2.0 + 1.0 + 0.1)
+    assert t.activation == pytest.approx(50.0) and t.resident == pytest.approx(130.0)  # + peak 30
+    assert t.resident + 2 * t.activation <= 230.0
+
+
+def test_zero_is_chosen_when_it_is_cheaper_than_recomputing():
+    terms = pp._Terms(1.0, 2.0, 0.5, 100.0, 10.0)
+    levs = [layer(10.0, 5.0, zero=(0.0, 40.0, 50.0, 60.0), time=0.01)]
+    (z, remat, ts), = lv.choose([([terms], [levs], [[0]], 1.0)], 75.0, 4)
+    assert z == 1 and remat == ((),) and ts[0].resident == pytest.approx(60.0)
+    assert lv.choose([([terms], [levs], [[0]], 1.0)], 20.0, 4) is None  # nothing fits
+
+
+# ------------------------------------------------------------------------------------------
+# the plan file, the summary, the memory figure and the code snippet
+# ------------------------------------------------------------------------------------------
+
+
+def test_plan_file_round_trip_and_validation(tight, unlimited):
+    best = tight[0].plans[0]
+    back = autoplan.Plan.from_json(best.to_json())
+    assert back == best
+    assert [(s.zero, s.zero_axes, s.remat_layers) for s in back.stages] == [
+        (s.zero, s.zero_axes, s.remat_layers) for s in best.stages]
+    # a plan without levers writes no lever field (files stay as before)
+    assert not any(k in st for k in ("zero", "zero_axes", "remat_layers")
+                   for st in unlimited.plans[0].to_dict()["stages"])
+    d = json.loads(best.to_json())
+    s = next(i for i, st in enumerate(d["stages"]) if st.get("remat_layers"))
+    z = next(i for i, st in enumerate(d["stages"]) if st.get("zero"))
+    for path, value, field in ((("stages", z, "zero"), 4, f"stages[{z}].zero"),
+                               (("stages", z, "zero_axes"), ["nope"], f"stages[{z}].zero_axes[0]"),
+                               (("stages", z, "zero_axes"), [], f"stages[{z}].zero_axes"),
+                               (("stages", s, "remat_layers"), ["nope"],
+                                f"stages[{s}].remat_layers[0]")):
+        bad = json.loads(best.to_json())
+        bad[path[0]][path[1]][path[2]] = value
+        with pytest.raises(autoplan.PlanFileError) as err:
+            autoplan.Plan.from_dict(bad)
+        assert err.value.field == field
+
+
+def test_summary_shows_each_stages_levers(tight):
+    best = tight[0].plans[0]
+    text = best.summary()
+    said = dict(re.findall(r"^  stage (\d+) levers : (.*)$", text, flags=re.M))
+    assert set(said) == {str(s.index) for s in best.stages if s.levers}
+    for s in best.stages:
+        if not s.levers:
+            continue
+        line = said[str(s.index)]
+        m = re.search(r"ZeRO-(\d) \((.*) sharded over (.*?)\)", line)
+        assert (int(m.group(1)), tuple(m.group(3).split(", "))) == (s.zero, s.zero_axes) if s.zero \
+            else m is None
+        r = re.search(r"remat (.*)$", line)
+        assert (tuple(r.group(1).split(", ")) if r else ()) == s.remat_layers
+    assert "does not apply them yet" in text
+
+
+def test_memory_figure_shows_the_levers(tight):
+    from autoplan.viz import memory_figure
+    from autoplan.viz._pipeline import memory_breakdown
+
+    best = tight[0].plans[0]
+    fig = memory_figure(best)
+    shown = {a.name: a.text for a in fig.layout.annotations if (a.name or "").startswith("levers")}
+    for s in best.stages:
+        text = shown.get(f"levers of stage {s.index}", "")
+        zero = re.search(r"ZeRO-(\d)", text)
+        remat = re.search(r"remat (\d+) layer", text)
+        assert (int(zero.group(1)) if zero else 0) == s.zero
+        assert (int(remat.group(1)) if remat else 0) == len(s.remat_layers)
+    assert "not yet applied by the executor" in fig.layout.title.text
+    # the stage figure's devices name their stage's levers on hover
+    from autoplan._plan_text import stage_levers
+    from autoplan.viz import stage_figure
+
+    hovers = [t for row in stage_figure(best).data[0].hovertext for t in row]
+    for s in best.stages:
+        mine = [t for t in hovers if f"stage {s.index}:" in t]
+        assert mine and all((f"memory levers (predicted): {stage_levers(s)}" in t) == s.levers
+                            for t in mine)
+    # ZeRO's optimizer-state sharding is in the breakdown: less than the specs alone hold
+    rows = memory_breakdown(best)
+    plain = memory_breakdown(best.with_(stages=tuple(
+        s.__class__(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "zero": 0,
+                       "zero_axes": ()}) for s in best.stages)))
+    for s, r, q in zip(best.stages, rows, plain):
+        if s.zero:
+            assert r["optimizer_state"] < q["optimizer_state"]
+        assert r["total"] == pytest.approx(q["total"])
+
+
+def test_to_code_names_the_remat_layers_and_zero_levels(tight):
+    best = tight[0].plans[0]
+    ns: dict = {}
+    exec(best.to_code(), ns)
+    assert ns["REMAT_LAYERS"] == {n for s in best.stages for n in s.remat_layers}
+    assert ns["ZERO"] == {s.index: (s.zero, tuple(s.zero_axes)) for s in best.stages if s.zero}
+    name = next(iter(ns["REMAT_LAYERS"]))
+
+    def block(w, x):
+        return jnp.tanh(x @ w)
+
+    w, x = jnp.ones((4, 4)) * 0.1, jnp.ones((2, 4))
+    wrapped = ns["remat"](name, block)
+    assert wrapped is not block and ns["remat"]("not a layer", block) is block
+    g1 = jax.grad(lambda w: wrapped(w, x).sum())(w)
+    g2 = jax.grad(lambda w: block(w, x).sum())(w)
+    assert jnp.allclose(g1, g2)
+    assert "nothing_saveable" in str(jax.make_jaxpr(jax.grad(lambda w: wrapped(w, x).sum()))(w))
+
+
+def test_a_plan_with_levers_runs_equal_to_one_device(tight):
+    """The executor does not apply the levers (the plan says so): it runs the stages as they
+    are, and the numbers are those of one device."""
+    from autoplan.exec import run
+
+    best = tight[0].plans[0]
+    wl = models.get("gpt", "tiny", layers=4, batch=32, abstract=False)
+    rep = quiet(run, best, wl, steps=1,
+                compiler_options={"xla_backend_optimization_level": 0,
+                                  "xla_cpu_use_fusion_emitters": False})
+    assert rep.equivalence.matched
+
+
+# ------------------------------------------------------------------------------------------
+# the schedules' in-flight counts
+# ------------------------------------------------------------------------------------------
+
+
+def test_zb_h1_and_gpipe_plans_fit_with_levers(least):
+    for schedule in ("zb-h1", "gpipe"):
+        wl = models.get("gpt", "tiny", layers=4, batch=32)
+        best = quiet(pipeline_search, wl, autoplan.Cluster.parse("cpu:8"),
+                     microbatches=MICROBATCHES, schedule=schedule,
+                     memory_budget=0.4 * least).plans[0]
+        assert best.schedule.kind == schedule and any(s.levers for s in best.stages)
+        assert all(s.memory <= 0.4 * least * (1 + 1e-9) for s in best.stages)
+
+
+def test_interleaved_meshes_share_one_zero_level_and_fit():
+    """Interleaved 1F1B: the levers are chosen per mesh (its chunks), and the mesh's simulated
+    memory then fits."""
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    cluster = autoplan.Cluster.parse("cpu:8")
+    full, graph = pp._traces(wl, MICROBATCHES)
+    layers = pp.group_layers(graph)
+    ctx = pp._Context(cluster, full, pp.submesh_shapes(1, 8), "interleaved",
+                      cluster.device_memory, 60.0, False)
+    table = pp._Table(ctx, graph, layers, MICROBATCHES)
+    k = ctx.submeshes.index((1, 4))
+    c = ctx.configs[k].index(((4, 1), False))
+    half = table.L // 2
+    layout = ((tuple(range(half)), k, c), (tuple(range(half, table.L)), k, c))
+    free = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    assert free.fits and free.levers is None
+    ctx.budget = 0.6 * max(free.memory)
+    got = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    assert got.fits and got.levers is not None and max(got.memory) <= ctx.budget
+    P = len(layout)
+    for s, lev in enumerate(got.levers):
+        assert lev.zero == got.levers[s % P].zero
+    assert any(got.levers)
+    ctx.levers = False
+    assert not quiet(pp._evaluate_kind, table, layout, "interleaved", 2).fits
+
+
+def test_search_and_the_command_line_can_turn_the_levers_off(least):
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    kw = dict(pipeline=True, baselines=False, cache=False, workers=1, microbatches=MICROBATCHES,
+              memory_budget=0.7 * least)
+    best = quiet(autoplan.search, wl, "cpu:8", **kw).best
+    assert any(s.levers for s in best.stages)
+    with pytest.raises(autoplan.InfeasiblePlanError):
+        quiet(autoplan.search, wl, "cpu:8", memory_levers=False, **kw)
+    with pytest.raises(autoplan.SearchError, match="memory_levers should be True or False"):
+        autoplan.search(wl, "cpu:8", memory_levers=1)
+    with pytest.raises(autoplan.SearchError, match="memory_levers=False sets pipeline plans"):
+        autoplan.search(wl, "cpu:8", pipeline=False, memory_levers=False)
+
+
+def test_the_dag_stage_ilps_groups_fit_with_levers():
+    """U-Net (skip connections): TePDist's stage groups get the levers too."""
+    wl = models.get("unet", "tiny", batch=64)
+    cluster = autoplan.Cluster.preset("p3.16xlarge", devices_per_node=4)
+    free = quiet(pipeline_search, wl, cluster, microbatches=2, levers=False)
+    assert free.stats["stage_algorithm"] == "ilp"
+    budget = 0.5 * min(p.predicted.memory_per_device for p in free.plans)
+    with pytest.raises(autoplan.InfeasiblePlanError):
+        quiet(pipeline_search, wl, cluster, microbatches=2, levers=False, memory_budget=budget)
+    best = quiet(pipeline_search, wl, cluster, microbatches=2, memory_budget=budget).plans[0]
+    assert best.predicted.memory_per_device <= budget and any(s.levers for s in best.stages)
