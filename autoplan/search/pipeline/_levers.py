@@ -289,7 +289,7 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     """Per lever variant of :data:`DP_VARIANTS`, the changes ``(t, step, resident, activation)``
     of every stage: over ranges ``(L, L, K, C)`` of a chain (``chain``), or over fixed groups
     ``(S, S, K, C)`` (only ``[g, g]`` used); None when no layer has any lever."""
-    from autoplan.search.pipeline._pipeline import _range_sums  # noqa: PLC0415
+    from autoplan.search.pipeline._stage_dp import range_sums  # noqa: PLC0415
 
     ctx = table.ctx
     K, C = len(ctx.submeshes), ctx.C
@@ -315,7 +315,7 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     if chain:
         out = np.empty((V, 4, L, L, K, C))
         for v in range(V):
-            sums = [_range_sums(per[q, v]) for q in range(4)]
+            sums = [range_sums(per[q, v]) for q in range(4)]
             peaks = _range_max(per[4, v]) + _range_max(per[5, v])
             sums[2] = sums[2] + np.where(np.isfinite(peaks), peaks, 0.0)
             out[v] = np.stack(sums)

@@ -112,7 +112,7 @@ from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
-from autoplan.search.pipeline._stage_dp import place_submeshes, stage_dp, submesh_shapes
+from autoplan.search.pipeline._stage_dp import place_submeshes, range_sums, stage_dp, submesh_shapes
 
 __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workload_args",
            "layer_dag", "batch_size", "layer_cost", "per_step_weighted"]
@@ -1165,21 +1165,6 @@ class _Table:
 # ---------------------------------------------------------------------------------------------
 
 
-def _range_sums(a: np.ndarray) -> np.ndarray:
-    """``out[i, j] = a[i] + ... + a[j]`` along the first axis (``inf`` when any is ``inf``)."""
-    L = a.shape[0]
-    bad = ~np.isfinite(a)
-    z = np.zeros((1,) + a.shape[1:])
-    vals = np.concatenate([z, np.cumsum(np.where(bad, 0.0, a), axis=0)])
-    nbad = np.concatenate([z, np.cumsum(bad, axis=0)])
-    out = np.full((L,) + a.shape, np.inf)
-    for i in range(L):
-        seg = vals[i + 1:] - vals[i]
-        seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
-        out[i, i:] = seg
-    return out
-
-
 def _dp_inputs(t: np.ndarray, step: np.ndarray, pmem: np.ndarray, amem: np.ndarray,
                schedule: str, B: int) -> dict[str, np.ndarray]:
     """The arrays :func:`stage_dp` takes; GPipe keeps all ``B`` micro-batches in flight on every
@@ -1201,7 +1186,7 @@ def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> di
             tt = table.terms(li, k, c, ratio, B)
             if tt is not None:
                 mb[:, li, k, c] = (tt.forward + tt.backward, tt.step, tt.resident, tt.activation)
-    t, step, pmem, amem = (_range_sums(x) for x in mb)
+    t, step, pmem, amem = (range_sums(x) for x in mb)
     # resharding between two layers of a stage: P[lo, hi] charged to every range holding both
     pair_mb, pair_step = np.zeros((L, L, K, C)), np.zeros((L, L, K, C))
     for a, b in table.passing():

@@ -39,7 +39,7 @@ import numpy as np
 
 from autoplan._errors import InfeasiblePlanError, SearchError
 
-__all__ = [
+__all__ = ["range_sums",
     "StageAssignment",
     "StageDPResult",
     "submesh_shapes",
@@ -794,3 +794,18 @@ def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_dev
         "in flight.",
         least_memory=least,
     )
+
+
+def range_sums(a: np.ndarray) -> np.ndarray:
+    """``out[i, j] = a[i] + ... + a[j]`` along the first axis (``inf`` when any is ``inf``)."""
+    L = a.shape[0]
+    bad = ~np.isfinite(a)
+    z = np.zeros((1,) + a.shape[1:])
+    vals = np.concatenate([z, np.cumsum(np.where(bad, 0.0, a), axis=0)])
+    nbad = np.concatenate([z, np.cumsum(bad, axis=0)])
+    out = np.full((L,) + a.shape, np.inf)
+    for i in range(L):
+        seg = vals[i + 1:] - vals[i]
+        seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
+        out[i, i:] = seg
+    return out
