@@ -29,10 +29,11 @@ other than gpt and 175b), from ``benchmarks/public_calls.py``, each in a fresh p
 rows above run the suites' settings, baselines off, in this process.)
 
 With ``--schedules`` it prints instead, for the GPT suite and GPT-3 175B on 16 DGX H100 nodes,
-the best 1F1B plan (``schedule="1f1b"``, the default) beside the best over 1F1B, ZB-H1 and
-interleaved 1F1B (``schedule="auto"``): the schedule, predicted step, bubble and memory per
-device of each, the predicted speed-up and the wall time of the ``"auto"`` search, run first
-and cold (the 1F1B search after it reuses its layer solves, so its time is not shown;
+the best 1F1B plan without memory levers (``schedule="1f1b"``, ``memory_levers=False``) beside
+the best over 1F1B, ZB-H1 and interleaved 1F1B with the memory levers (``schedule="auto"``,
+per-stage ZeRO levels and rematerialised layers where a stage does not fit): the schedule,
+predicted step, bubble and memory per device of each, the levers the second uses, the predicted
+speed-up and the wall time of the ``"auto"`` search, run first and cold (the 1F1B search after it reuses its layer solves, so its time is not shown;
 ``pipeline=True``, ``baselines=False``; predictions, not timings of the plans).
 
 Run: .venv/bin/python benchmarks/pipeline.py [--quick] [--only gpt|moe|wide_resnet|175b]
@@ -107,27 +108,43 @@ def schedule_cell(p: autoplan.Plan) -> str:
             + ("" if p.predicted.memory_per_device <= p.cluster.device_memory else " (NO fit)"))
 
 
+def levers_cell(p: autoplan.Plan) -> str:
+    """The memory levers of a plan's stages: ``ZeRO-k`` and rematerialised layers, per stage
+    that uses them (``-`` for none)."""
+    out = []
+    for st in p.stages:
+        parts = ([f"ZeRO-{st.zero}"] if st.zero else []) + (
+            [f"remat {len(st.remat_layers)}L"] if st.remat_layers else [])
+        if parts:
+            out.append(f"s{st.index}: " + " ".join(parts))
+    if not out:
+        return "-"
+    return "; ".join(out[:3]) + (f"; ... ({len(out)} stages)" if len(out) > 3 else "")
+
+
 def compare_schedules(name: str, size: str, gpus: int, cluster: autoplan.Cluster | str,
                       **over) -> None:
-    """One row: the best 1F1B-only pipeline plan beside the best with the new schedules."""
+    """One row: the best 1F1B-only pipeline plan without memory levers beside the best over the
+    schedules with the levers (per-stage ZeRO level, per-layer rematerialisation)."""
     wl = models.get(name, size=size, **{**SETUP, **over})
     got = {}
-    for kind in ("auto", "1f1b"):  # the second search reuses the first's layer solves
+    # the second search reuses the first's layer solves
+    for key, kind, levers in (("new", "auto", True), ("old", "1f1b", False)):
         t0 = time.perf_counter()
         res = autoplan.search(wl, cluster, pipeline=True, schedule=kind, baselines=False,
-                              cache=False, allow_microbatching_mixed=True)
-        got[kind] = (res.best, time.perf_counter() - t0)
-    old, (new, t_new) = got["1f1b"][0], got["auto"]
+                              cache=False, allow_microbatching_mixed=True, memory_levers=levers)
+        got[key] = (res.best, time.perf_counter() - t0)
+    old, (new, t_new) = got["old"][0], got["new"]
     print(f"| {name} {size} | {gpus} | {schedule_cell(old)} | {schedule_cell(new)} | "
-          f"{old.predicted.step_time / new.predicted.step_time:.3f}x | {t_new:.1f} s |",
-          flush=True)
+          f"{levers_cell(new)} | {old.predicted.step_time / new.predicted.step_time:.3f}x | "
+          f"{t_new:.1f} s |", flush=True)
 
 
 def schedules_section(quick: bool) -> None:
-    print("| model | GPUs | best 1F1B (schedule, meshes x devices, mb) | step | bubble | memory "
-          "| best with ZB-H1 / interleaved (schedule='auto') | step | bubble | memory | speed-up "
-          "| search (auto, cold) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | GPUs | best 1F1B, no memory levers (schedule, meshes x devices, mb) | step "
+          "| bubble | memory | best with ZB-H1 / interleaved and the memory levers | step | bubble "
+          "| memory | levers | speed-up | search (auto, cold) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, gpus in GPT_SUITE[:3] if quick else GPT_SUITE:
         compare_schedules("gpt", size, gpus, cluster_for("p3.16xlarge", gpus))
     if not quick:
