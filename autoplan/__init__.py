@@ -27,8 +27,12 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING
 
-from ._cluster import Cluster as Cluster
-from ._cluster import LogicalMesh as LogicalMesh
+from autoplan.costs._cluster import Cluster as Cluster
+from autoplan.costs._cluster import LogicalMesh as LogicalMesh
+from autoplan.plans._plan import Plan as Plan
+from autoplan.plans._plan_check import PlanContradictionWarning as PlanContradictionWarning
+from autoplan.plans._plan_check import PlatformWarning as PlatformWarning
+
 from ._errors import ArgumentError as ArgumentError
 from ._errors import ArgumentIndexError as ArgumentIndexError
 from ._errors import ArgumentTypeError as ArgumentTypeError
@@ -49,19 +53,17 @@ from ._errors import StateError as StateError
 from ._errors import StepSignatureError as StepSignatureError
 from ._errors import TraceError as TraceError
 from ._errors import WaitTimeoutError as WaitTimeoutError
-from ._plan import Plan as Plan
-from ._plan_check import PlanContradictionWarning as PlanContradictionWarning
-from ._plan_check import PlatformWarning as PlatformWarning
 
 if TYPE_CHECKING:  # loaded on first use, see _LAZY
-    from ._graph import GraphInput as GraphInput
-    from ._graph import OpGraph as OpGraph
-    from ._graph import OpNode as OpNode
-    from ._graph import Tensor as Tensor
-    from ._loader import load_workload as load_workload
-    from ._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
-    from ._trace import trace as trace
-    from ._workload import Workload as Workload
+    from autoplan.tracing._graph import GraphInput as GraphInput
+    from autoplan.tracing._graph import OpGraph as OpGraph
+    from autoplan.tracing._graph import OpNode as OpNode
+    from autoplan.tracing._graph import Tensor as Tensor
+    from autoplan.tracing._loader import load_workload as load_workload
+    from autoplan.tracing._trace import OpaqueControlFlowWarning as OpaqueControlFlowWarning
+    from autoplan.tracing._trace import trace as trace
+    from autoplan.tracing._workload import Workload as Workload
+
     from .search._api import SearchResult as SearchResult
     from .search._api import plan as plan
     from .search._api import search as search
@@ -74,13 +76,13 @@ _LAZY = {"models": ("autoplan.models", None), "algorithms": ("autoplan.algorithm
          "plan": ("autoplan.search._api", "plan"),
          "SearchResult": ("autoplan.search._api", "SearchResult"),
          "SearchOptions": ("autoplan.search._search_options", "SearchOptions"),
-         "trace": ("autoplan._trace", "trace"),
-         "OpaqueControlFlowWarning": ("autoplan._trace", "OpaqueControlFlowWarning"),
-         "GraphInput": ("autoplan._graph", "GraphInput"), "OpGraph": ("autoplan._graph", "OpGraph"),
-         "OpNode": ("autoplan._graph", "OpNode"), "Tensor": ("autoplan._graph", "Tensor"),
-         "Workload": ("autoplan._workload", "Workload"),
-         "load_workload": ("autoplan._loader", "load_workload"),
-         "profile": ("autoplan._cluster", "profile")}
+         "trace": ("autoplan.tracing._trace", "trace"),
+         "OpaqueControlFlowWarning": ("autoplan.tracing._trace", "OpaqueControlFlowWarning"),
+         "GraphInput": ("autoplan.tracing._graph", "GraphInput"), "OpGraph": ("autoplan.tracing._graph", "OpGraph"),
+         "OpNode": ("autoplan.tracing._graph", "OpNode"), "Tensor": ("autoplan.tracing._graph", "Tensor"),
+         "Workload": ("autoplan.tracing._workload", "Workload"),
+         "load_workload": ("autoplan.tracing._loader", "load_workload"),
+         "profile": ("autoplan.costs._cluster", "profile")}
 
 
 def __getattr__(name: str):

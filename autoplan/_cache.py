@@ -230,7 +230,7 @@ def load(key: str) -> dict[str, Any] | None:
     """The stored entry of ``key`` as ``{"plans": [Plan], "best": int, "stats": dict,
     "analysis": dict | None, "warnings": [(category, message)]}``, or None when there is no
     usable entry (missing, unreadable, or corrupt: a corrupt one is removed)."""
-    from autoplan._plan import Plan  # noqa: PLC0415
+    from autoplan.plans._plan import Plan  # noqa: PLC0415
 
     path = _path(key)
     if not _usable(create=False):

@@ -119,7 +119,7 @@ class ExecutionError(AutoplanError):
 
 class StepSignatureError(ExecutionError):
     """A training step returns what no executor can run: a loss that is not a scalar, or new
-    state whose structure does not mirror the step's arguments (see :mod:`autoplan._signature`)."""
+    state whose structure does not mirror the step's arguments (see :mod:`autoplan.tracing._signature`)."""
 
 
 class EquivalenceError(ExecutionError):
@@ -135,7 +135,7 @@ class NonFiniteError(ExecutionError):
 class ScheduleError(SearchError, ExecutionError):
     """A pipeline schedule's kind, counts, times, table or task order is invalid. Both a
     :class:`SearchError` and an :class:`ExecutionError`: the search and the executor share the
-    schedules (:mod:`autoplan._schedule`)."""
+    schedules (:mod:`autoplan.plans._schedule`)."""
 
 
 class LaunchError(ExecutionError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autoplan._planfile import parse_keystr
+from autoplan.plans._planfile import parse_keystr
 
 __all__ = ["unit_name", "split_input_name", "LEAF_KEYS"]
 

@@ -8,7 +8,7 @@ everywhere: each returns the value in its canonical form or raises the caller's
 * :func:`check_mesh_shape`: a logical mesh as a tuple of positive integers (not ``'2x4'``);
 * :func:`check_callback`: ``progress=`` and the like, None or callable;
 * :func:`check_search_cluster`: a cluster the search can plan for in seconds
-  (:data:`~autoplan._cluster.MAX_SEARCH_DEVICES`);
+  (:data:`~autoplan.costs._cluster.MAX_SEARCH_DEVICES`);
 * :func:`cache_max_bytes`: ``$AUTOPLAN_CACHE_MAX_BYTES``, a byte count (``0``: store nothing).
 """
 
@@ -19,7 +19,8 @@ import numbers
 import os
 from typing import Any
 
-from ._cluster import MAX_SEARCH_DEVICES
+from autoplan.costs._cluster import MAX_SEARCH_DEVICES
+
 from ._errors import ArgumentError, ArgumentTypeError, AutoplanError
 
 __all__ = ["check_tolerance", "check_memory_budget", "check_mesh_shape", "check_callback",
@@ -93,7 +94,7 @@ def check_callback(where: str, name: str, v: Any, error: type[AutoplanError] = A
 def check_search_cluster(where: str, cluster: Any, error: type[AutoplanError] = ArgumentError
                          ) -> None:
     """Refuse a cluster whose search would not fit the machine (more than
-    :data:`~autoplan._cluster.MAX_SEARCH_DEVICES` devices)."""
+    :data:`~autoplan.costs._cluster.MAX_SEARCH_DEVICES` devices)."""
     n = cluster.num_devices
     if n > MAX_SEARCH_DEVICES:
         per = cluster.devices_per_node
@@ -131,7 +132,7 @@ def cache_max_bytes(default: int, env: Any = None) -> int:
 
 def require_graph(where: str, graph: Any, name: str = "graph") -> Any:
     """``graph`` itself when it is an :class:`~autoplan.OpGraph`; else ArgumentTypeError."""
-    from ._graph import OpGraph  # noqa: PLC0415
+    from autoplan.tracing._graph import OpGraph  # noqa: PLC0415
 
     if not isinstance(graph, OpGraph):
         hint = (" (a workload: trace it first)" if hasattr(graph, "fn") and hasattr(graph, "args")

@@ -16,15 +16,15 @@ both a module and the function): ``from autoplan.search import <name>`` still wo
 release, with a :class:`DeprecationWarning` naming this module.
 """
 
-from autoplan._schedule import gpipe_table as gpipe_table
-from autoplan._schedule import interleaved_table as interleaved_table
-from autoplan._schedule import one_f_one_b_table as one_f_one_b_table
-from autoplan._schedule import schedule_events as schedule_events
-from autoplan._schedule import schedule_order as schedule_order
-from autoplan._schedule import schedule_stats as schedule_stats
-from autoplan._schedule import schedule_summary as schedule_summary
-from autoplan._schedule import schedule_table as schedule_table
-from autoplan._schedule import zb_h1_table as zb_h1_table
+from autoplan.plans._schedule import gpipe_table as gpipe_table
+from autoplan.plans._schedule import interleaved_table as interleaved_table
+from autoplan.plans._schedule import one_f_one_b_table as one_f_one_b_table
+from autoplan.plans._schedule import schedule_events as schedule_events
+from autoplan.plans._schedule import schedule_order as schedule_order
+from autoplan.plans._schedule import schedule_stats as schedule_stats
+from autoplan.plans._schedule import schedule_summary as schedule_summary
+from autoplan.plans._schedule import schedule_table as schedule_table
+from autoplan.plans._schedule import zb_h1_table as zb_h1_table
 from autoplan.search._api import LEVELS as LEVELS
 from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
 from autoplan.search._api import NoPipelineWarning as NoPipelineWarning
@@ -51,7 +51,7 @@ from autoplan.search.intra._intra import IntraOpResult as IntraOpResult
 from autoplan.search.intra._intra import intra_op_search as intra_op_search
 from autoplan.search.intra._reshard import reshard as reshard
 from autoplan.search.intra._solver import SolverTimeoutWarning as SolverTimeoutWarning
-from autoplan.search.intra._spec import enumerate_specs as enumerate_specs
+from autoplan.search.intra._spec_space import enumerate_specs as enumerate_specs
 from autoplan.search.intra._strategies import Strategy as Strategy
 from autoplan.search.intra._strategies import strategies as strategies
 from autoplan.search.pipeline._pipeline import pipeline_search as pipeline_search

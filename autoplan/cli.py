@@ -14,7 +14,7 @@
     autoplan launch plan.json --model gpt --print-command slurm      the srun line for a cluster
 
 A workload is a zoo name (``autoplan models``) or ``module:function`` (see
-``autoplan._loader``): the function is imported from the current directory or ``PYTHONPATH``
+``autoplan.tracing._loader``): the function is imported from the current directory or ``PYTHONPATH``
 and called with the ``--set KEY=VALUE`` items (and ``--size``/``--batch`` when given) as keyword
 arguments.
 
@@ -54,9 +54,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoplan.plans._plan import LEVELS
+
 from . import _signals
 from ._errors import AutoplanError, InfeasiblePlanError, SearchError
-from ._plan import LEVELS
 
 __all__ = ["main", "run"]
 
@@ -145,10 +146,10 @@ def _output_path(path: str, *inputs: str, example: str = "plan.json") -> str:
 
 
 def _cluster_file(spec: str | None) -> str | None:
-    """The profile file ``--cluster`` reads, if it names one (:func:`autoplan._cluster.profile_file`)."""
+    """The profile file ``--cluster`` reads, if it names one (:func:`autoplan.costs._cluster.profile_file`)."""
     if not spec:
         return None
-    from ._cluster import profile_file  # noqa: PLC0415
+    from autoplan.costs._cluster import profile_file  # noqa: PLC0415
 
     found = profile_file(spec)
     return None if found is None else found[0]
@@ -157,7 +158,7 @@ def _cluster_file(spec: str | None) -> str | None:
 def _inputs(args: argparse.Namespace, plans: Sequence[str] = ()) -> list[tuple[str, str]]:
     """``(what, path)`` of every file the command reads: plan files, the cluster's profile file,
     the workload's source files."""
-    from ._loader import source_files  # noqa: PLC0415
+    from autoplan.tracing._loader import source_files  # noqa: PLC0415
 
     found = [("the plan file", p) for p in plans]
     cluster = _cluster_file(getattr(args, "cluster", None))
@@ -221,7 +222,7 @@ def _check_plan_options(args: argparse.Namespace) -> None:
 
 def _spec(args) -> dict:
     """The workload spec of the model arguments: ``{"model": ..., size, batch, overrides}``."""
-    from ._loader import parse_spec  # noqa: PLC0415
+    from autoplan.tracing._loader import parse_spec  # noqa: PLC0415
 
     overrides = _overrides(args.set)
     for key in ("model", "size", "batch"):
@@ -233,7 +234,7 @@ def _spec(args) -> dict:
 
 
 def _workload(args, abstract=True):
-    from ._loader import load_workload  # noqa: PLC0415
+    from autoplan.tracing._loader import load_workload  # noqa: PLC0415
 
     return load_workload(_spec(args), abstract=abstract)
 
@@ -266,7 +267,7 @@ def cmd_profile(args) -> int:
             raise AutoplanError(f"--cpu-devices: JAX's backend has already started, so the number "
                                 f"of CPU devices is fixed ({err}). Fix: run 'autoplan profile' in a "
                                 "fresh process.") from err
-    from ._cluster import Cluster, profile  # noqa: PLC0415
+    from autoplan.costs._cluster import Cluster, profile  # noqa: PLC0415
 
     t0 = time.perf_counter()
     if args.cache:
@@ -284,7 +285,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from ._trace import trace  # noqa: PLC0415
+    from autoplan.tracing._trace import trace  # noqa: PLC0415
 
     wl = _workload(args)
     t0 = time.perf_counter()
@@ -308,7 +309,7 @@ def _search(args):
           "memory_levers": not getattr(args, "no_memory_levers", False)}
     if args.mesh:
         kw["mesh_shape"] = _mesh_shape(args.mesh)
-    from ._cluster import Cluster  # noqa: PLC0415
+    from autoplan.costs._cluster import Cluster  # noqa: PLC0415
 
     cluster = Cluster.parse(args.cluster)
     from .search._api import PlanDoesNotFitWarning, search  # noqa: PLC0415
@@ -364,7 +365,7 @@ def _write_report(path: str, plans: Any) -> None:
 
 
 def cmd_show(args) -> int:
-    from ._plan import Plan  # noqa: PLC0415
+    from autoplan.plans._plan import Plan  # noqa: PLC0415
 
     plan = Plan.from_json(args.plan)
     print(plan.summary())
@@ -379,7 +380,7 @@ def cmd_report(args) -> int:
     files = [s for s in args.source if os.path.exists(s) and not os.path.isdir(s)]
     if files and len(files) == len(args.source):
         _check_outputs(args, [("-o path", args.output, "report.html")], plans=files)
-        from ._plan import Plan  # noqa: PLC0415
+        from autoplan.plans._plan import Plan  # noqa: PLC0415
 
         plans = [Plan.from_json(f) for f in files]
         _write_report(args.output, plans)
@@ -414,8 +415,9 @@ def _print_launch_result(plan: Any, result: Any, steps: int) -> None:
 
 
 def cmd_launch(args) -> int:
-    from ._plan import Plan  # noqa: PLC0415
-    from ._plan_check import PlanContradictionWarning  # noqa: PLC0415
+    from autoplan.plans._plan import Plan  # noqa: PLC0415
+    from autoplan.plans._plan_check import PlanContradictionWarning  # noqa: PLC0415
+
     from .exec import _launch  # noqa: PLC0415
     from .exec._layout import cluster_command  # noqa: PLC0415
 
@@ -670,7 +672,7 @@ def _internal_error(err: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(err)
     if isinstance(err, ImportError):  # a 'queue.py' of the user's in the current folder?
-        from ._loader import shadowed_stdlib  # noqa: PLC0415
+        from autoplan.tracing._loader import shadowed_stdlib  # noqa: PLC0415
 
         shadows = shadowed_stdlib()
         if shadows:

@@ -58,9 +58,9 @@ from exec_plans import (  # noqa: E402
 )
 
 from autoplan import models  # noqa: E402
-from autoplan._plan import Schedule  # noqa: E402
 from autoplan.exec import run  # noqa: E402
-from autoplan.exec._pipeline import place  # noqa: E402
+from autoplan.exec._stages import place  # noqa: E402
+from autoplan.plans._plan import Schedule  # noqa: E402
 
 SIZES = {
     "gpt": [("tiny", {}), ("medium", dict(batch=16, seq_len=64, hidden=128, layers=4, heads=4,

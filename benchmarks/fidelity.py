@@ -505,7 +505,7 @@ def main() -> None:
     import jax  # noqa: PLC0415
 
     from autoplan import Cluster, models  # noqa: PLC0415
-    from autoplan._cluster import profile  # noqa: PLC0415
+    from autoplan.costs._cluster import profile  # noqa: PLC0415
 
     names = args.models or sorted(models.list_models()) + ["user_mlp"]
     tmp = tempfile.mkdtemp(prefix="autoplan-fidelity-")

@@ -29,8 +29,8 @@ import time
 from dataclasses import astuple
 from pathlib import Path
 
-from autoplan._cluster import Cluster
-from autoplan._plan import (
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import (
     Comm,
     InputSpec,
     OpSharding,
@@ -40,7 +40,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan._schedule import schedule_events
+from autoplan.plans._schedule import schedule_events
 from autoplan.viz import (
     compare_figure,
     graph_figure,

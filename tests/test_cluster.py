@@ -5,7 +5,7 @@ import json
 import pytest
 
 from autoplan import Cluster, ClusterError
-from autoplan._cluster import (
+from autoplan.costs._cluster import (
     PRESETS,
     CollectiveTable,
     ThroughputCurve,

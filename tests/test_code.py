@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import autoplan
 from autoplan import models
-from autoplan._code import path_rules, stage_rules
+from autoplan.plans._code import path_rules, stage_rules
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Device models of the datasheet presets (autoplan._devices, Cluster.peak / flop_time)."""
+"""Device models of the datasheet presets (autoplan.costs._device_models, Cluster.peak / flop_time)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from autoplan import Cluster
-from autoplan._cluster import PRESETS
-from autoplan._devices import SATURATION, precision, saturated_time, saturation_from_profiles
+from autoplan.costs._cluster import PRESETS
+from autoplan.costs._device_models import SATURATION, precision, saturated_time, saturation_from_profiles
 
 PROFILES = Path(__file__).resolve().parents[1] / "docs" / "profiles"
 GPU_PRESETS = [n for n, c in PRESETS.items() if c.saturation]

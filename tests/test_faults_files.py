@@ -22,9 +22,9 @@ import autoplan
 from autoplan import _cache, cli
 from autoplan._errors import ClusterError, OutputError, PlanFileError
 from autoplan._io import atomic_write_bytes, check_output_path, read_input_bytes
-from autoplan._loader import shadowed_stdlib, source_files
 from autoplan.models import get
 from autoplan.search import _parallel
+from autoplan.tracing._loader import shadowed_stdlib, source_files
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = "autoplan-test: ready"

@@ -19,9 +19,12 @@ import pytest
 import autoplan
 from autoplan import Cluster
 from autoplan import algorithms as S
-from autoplan._cluster import MAX_DEVICES, MAX_SEARCH_DEVICES
 from autoplan._options import cache_max_bytes, check_mesh_shape
-from autoplan._plan_check import (
+from autoplan.costs._cluster import MAX_DEVICES, MAX_SEARCH_DEVICES
+from autoplan.exec import run
+from autoplan.exec._probe import _PHASE, _probe_timeout
+from autoplan.models import get
+from autoplan.plans._plan_check import (
     PlanContradictionWarning,
     PlatformWarning,
     WorkloadView,
@@ -30,9 +33,6 @@ from autoplan._plan_check import (
     platform_note,
     workload_contradictions,
 )
-from autoplan.exec import run
-from autoplan.exec._devices import _PHASE, _probe_timeout
-from autoplan.models import get
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"xla_backend_optimization_level": 0}
@@ -55,7 +55,7 @@ def test_presets_and_constructor_share_the_cap():
 
 
 def test_plan_file_checker_reads_the_same_cap(mlp_plan):
-    from autoplan import _planfile
+    from autoplan.plans import _planfile
 
     assert _planfile._MAX_INDEX is MAX_DEVICES
     d = mlp_plan.to_dict()

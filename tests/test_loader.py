@@ -13,7 +13,7 @@ import pytest
 
 import autoplan
 from autoplan import ModelError
-from autoplan._loader import is_function_spec, load_workload, parse_spec, workload_spec
+from autoplan.tracing._loader import is_function_spec, load_workload, parse_spec, workload_spec
 
 USER_MODELS = pathlib.Path(__file__).resolve().parent / "user_models"
 
@@ -195,12 +195,12 @@ def test_zoo_loaded_and_user_workloads_are_one_type_with_their_origin(user_dir):
 def test_there_is_one_arg_kinds():
     import re
 
-    from autoplan._graph import ARG_KINDS
-    from autoplan._workload import ARG_KINDS as workload_kinds
+    from autoplan.tracing._graph import ARG_KINDS
+    from autoplan.tracing._workload import ARG_KINDS as workload_kinds
 
     assert workload_kinds is ARG_KINDS
     root = pathlib.Path(autoplan.__file__).parent
     defined = [p.relative_to(root).as_posix() for p in root.rglob("*.py")
                if re.search(r"^ARG_KINDS\b[^=\n]*=", p.read_text(), re.M)]
-    assert defined == ["_graph.py"]
+    assert defined == ["tracing/_graph.py"]
     assert set(autoplan.models.get("mlp").arg_kinds) <= set(ARG_KINDS)

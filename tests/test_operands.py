@@ -3,7 +3,7 @@
 import pytest
 
 import autoplan
-from autoplan._operands import operand_arrays
+from autoplan.tracing._operands import operand_arrays
 
 
 @pytest.mark.parametrize("name", ["gpt", "wide_resnet", "mlp"])

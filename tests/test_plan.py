@@ -10,9 +10,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import autoplan
 from autoplan import PlanFileError, PlanMismatchError
-from autoplan._plan import Plan
-from autoplan._spec import Spec
 from autoplan.models import get
+from autoplan.plans._plan import Plan
+from autoplan.plans._spec import Spec
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +167,8 @@ def test_files_with_mesh_axis_types_still_load(tiny):
 
 
 def test_records_freeze_what_their_constructors_are_given():
-    from autoplan._frozen import FrozenDict
-    from autoplan._plan import Comm, Stage, TensorSharding
+    from autoplan.plans._frozen import FrozenDict
+    from autoplan.plans._plan import Comm, Stage, TensorSharding
 
     assert Comm("all-reduce", 8.0, ["x"], 1e-6).axes == ("x",)
     t = TensorSharding("w", "weight", [4, 8], "float32", [["x"], None])
@@ -183,9 +183,9 @@ def test_records_freeze_what_their_constructors_are_given():
 def test_frozen_records_and_specs_are_kept_as_they_are():
     # a record that froze its own fields, a spec, and a tuple of them are immutable already:
     # freezing keeps the very objects (no copy), while a list holding them still becomes a tuple
-    from autoplan._frozen import freeze
-    from autoplan._plan import OpSharding, TensorSharding
-    from autoplan._spec import Spec
+    from autoplan.plans._frozen import freeze
+    from autoplan.plans._plan import OpSharding, TensorSharding
+    from autoplan.plans._spec import Spec
 
     spec = Spec("x", None)
     t = TensorSharding("w", "weight", (4, 8), "float32", spec)
@@ -202,7 +202,7 @@ def test_record_maker_fills_any_field_names_in_order():
     names of the maker's own locals included."""
     from dataclasses import dataclass
 
-    from autoplan._plan import record_maker
+    from autoplan.plans._plan import record_maker
 
     @dataclass(frozen=True)
     class Rec:

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import autoplan
 from autoplan import PlanFileError, PlanMismatchError
-from autoplan._plan import Plan
 from autoplan.cli import main
 from autoplan.models import get
+from autoplan.plans._plan import Plan
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 
 import autoplan
 from autoplan import PlanFileError
-from autoplan._plan import Plan
 from autoplan.models import get
+from autoplan.plans._plan import Plan
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The primitive registry (``autoplan._primitives``): the sets the package read before the registry
+"""The primitive registry (``autoplan.tracing._primitives``): the sets the package read before the registry
 existed, each kept member for member by a view of it; the follower rules ``_follow`` dispatches to,
 table-driven against the results of the if-chain they replaced; the default rule of a primitive the
 table does not list."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan import _primitives as P
-from autoplan._graph import OpNode
 from autoplan.search.fold import _graphnodes, _layers
 from autoplan.search.intra import _strategies
+from autoplan.tracing import _primitives as P
+from autoplan.tracing._graph import OpNode
 
 _SCATTERS = ("scatter scatter-add scatter_add scatter-mul scatter_mul scatter-min scatter_min "
              "scatter-max scatter_max")

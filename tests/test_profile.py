@@ -14,9 +14,9 @@ import pytest
 
 import autoplan
 from autoplan import Cluster, ClusterError
-from autoplan._cluster import COLLECTIVES, CollectiveTable, ThroughputCurve
-from autoplan._profile import cache_key
 from autoplan.cli import main
+from autoplan.costs._cluster import COLLECTIVES, CollectiveTable, ThroughputCurve
+from autoplan.costs._profile import cache_key
 from autoplan.search.intra._strategies import compute_time, fusion_context, strategies
 
 
@@ -76,7 +76,7 @@ def test_detect_profiles_once_then_reads_the_cache(measured, tmp_path, monkeypat
         calls.append(quick)
         return measured
 
-    monkeypatch.setattr(autoplan._cluster, "profile", fake_profile)
+    monkeypatch.setattr(autoplan.costs._cluster, "profile", fake_profile)
     assert Cluster.detect(quick=True, progress=False) == measured
     assert calls == [True]
     assert (tmp_path / f"{cache_key()}-quick.json").is_file()
@@ -89,7 +89,7 @@ def test_detect_profiles_once_then_reads_the_cache(measured, tmp_path, monkeypat
 
 
 def test_cli_profile_then_plan_with_the_file(measured, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(autoplan._cluster, "profile", lambda *a, **k: measured)
+    monkeypatch.setattr(autoplan.costs._cluster, "profile", lambda *a, **k: measured)
     path = tmp_path / "cluster.json"
     assert main(["profile", "--quick", "--no-progress", "-o", str(path)]) == 0
     out = capsys.readouterr().out

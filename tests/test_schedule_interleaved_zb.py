@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan import ExecutionError
-from autoplan._schedule import (
+from autoplan.plans._schedule import (
     StagePass,
     interleaved_table,
     order_from_table,

@@ -1,5 +1,5 @@
-"""The Spec value (autoplan._spec): canonical form, PartitionSpec round trip, tiles, divisibility,
-printing, pickling, and the deprecated converters of autoplan._plan."""
+"""The Spec value (autoplan.plans._spec): canonical form, PartitionSpec round trip, tiles, divisibility,
+printing, pickling, and the deprecated converters of autoplan.plans._plan."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from autoplan import ArgumentError, ArgumentTypeError
-from autoplan._spec import Spec, split_error, tile_count
+from autoplan.plans._spec import Spec, split_error, tile_count
 
 MESH, NAMES = (2, 4), ("x", "y")
 
@@ -116,7 +116,7 @@ def test_pickle_and_copy_keep_the_type():
 
 
 def test_plans_store_specs():
-    from autoplan._plan import InputSpec, TensorSharding
+    from autoplan.plans._plan import InputSpec, TensorSharding
 
     t = TensorSharding("w", "weight", (8, 4), "float32", [["x"], None])
     i = InputSpec(0, "params", "['w']", "parameter", (8, 4), "float32", (None, ("y",)))
@@ -130,7 +130,7 @@ def test_plans_store_specs():
     ("spec_str", ((("x",), None),), "S(x)R", "str(Spec)"),
 ])
 def test_deprecated_converters_warn_and_still_work(name, args, expected, new):
-    import autoplan._plan as plan_module
+    import autoplan.plans._plan as plan_module
 
     with pytest.warns(DeprecationWarning, match=f"{name} is deprecated.*{new.replace('(', '.').replace(')', '.')}"):
         assert getattr(plan_module, name)(*args) == expected

@@ -11,8 +11,6 @@ multi-process launcher through ``jax.distributed``.
 This package only reads plans; it does not import :mod:`autoplan.viz`.
 """
 
-from autoplan.exec._devices import DeviceInfo as DeviceInfo
-from autoplan.exec._devices import detect_devices as detect_devices
 from autoplan.exec._hlo import Collective as Collective
 from autoplan.exec._hlo import MemoryStats as MemoryStats
 from autoplan.exec._hlo import collectives as collectives
@@ -24,6 +22,8 @@ from autoplan.exec._launch import LaunchResult as LaunchResult
 from autoplan.exec._launch import describe_workload as describe_workload
 from autoplan.exec._launch import launch as launch
 from autoplan.exec._layout import cluster_command as cluster_command
+from autoplan.exec._probe import DeviceInfo as DeviceInfo
+from autoplan.exec._probe import detect_devices as detect_devices
 from autoplan.exec._run import EquivalenceResult as EquivalenceResult
 from autoplan.exec._run import RunReport as RunReport
 from autoplan.exec._run import check_equivalence as check_equivalence
@@ -59,7 +59,7 @@ def __getattr__(name: str):
     if name in _MOVED:
         import warnings  # noqa: PLC0415
 
-        from autoplan import _schedule  # noqa: PLC0415
+        from autoplan.plans import _schedule  # noqa: PLC0415
 
         warnings.warn(f"autoplan.exec.{name} is deprecated; use autoplan.algorithms.{name} (the same "
                       "function).", DeprecationWarning, stacklevel=2)

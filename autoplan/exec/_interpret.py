@@ -1,7 +1,7 @@
 """Re-evaluating a training step op by op, numbered exactly as :func:`autoplan.trace` numbers it.
 
 :func:`flatten` takes the jaxpr of the function (``jax.make_jaxpr``, as the trace does) and
-flattens it with :func:`autoplan._jaxpr.walk_jaxpr`, the walk :func:`autoplan.trace` builds its
+flattens it with :func:`autoplan.tracing._jaxpr.walk_jaxpr`, the walk :func:`autoplan.trace` builds its
 graph from: containers (jit/pjit, remat, custom_jvp/custom_vjp calls, ...) inlined, short
 ``scan`` s unrolled into synthetic ``scan_slice`` / ``scan_stack`` operators around each
 iteration's body, and every other equation (``while``/``cond``, longer scans, any primitive) bound
@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from autoplan._errors import ExecutionError
-from autoplan._jaxpr import Lit, Ref, Walk, WalkOp, step_jaxpr, walk_jaxpr
+from autoplan.tracing._jaxpr import Lit, Ref, Walk, WalkOp, step_jaxpr, walk_jaxpr
 
 __all__ = ["Lit", "FlatOp", "FlatProgram", "flatten", "sharding_hook"]
 

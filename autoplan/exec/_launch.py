@@ -2,9 +2,9 @@
 
 :func:`launch` checks everything it can before a worker starts, then supervises the workers:
 
-1. **Preflight.** The workload is named by a spec (:mod:`autoplan._loader`: a zoo model with
+1. **Preflight.** The workload is named by a spec (:mod:`autoplan.tracing._loader`: a zoo model with
    its size and overrides, or a user's ``module:function``) because a training step cannot be
-   sent to another process. A probe subprocess (:mod:`autoplan.exec._devices`) finds the
+   sent to another process. A probe subprocess (:mod:`autoplan.exec._probe`) finds the
    attached devices (a notebook kernel that already started JAX is not disturbed) and traces
    the workload abstractly: a plan whose fingerprint differs (another model, a changed
    ``--set``) is refused with :class:`~autoplan.PlanMismatchError` before any worker starts.
@@ -64,9 +64,6 @@ from typing import Any
 
 from autoplan import _signals
 from autoplan._errors import LaunchError, NonFiniteError, PlanMismatchError
-from autoplan._loader import workload_spec
-from autoplan._workload import Workload
-from autoplan.exec._devices import DeviceInfo, preflight
 from autoplan.exec._layout import (
     CLUSTER_KINDS,
     WorkerLayout,
@@ -75,6 +72,9 @@ from autoplan.exec._layout import (
     local_worker_command,
     worker_pythonpath,
 )
+from autoplan.exec._probe import DeviceInfo, preflight
+from autoplan.tracing._loader import workload_spec
+from autoplan.tracing._workload import Workload
 
 __all__ = ["launch", "LaunchHandle", "LaunchResult", "LaunchInterrupted", "describe_workload",
            "free_port", "spec_arguments", "raise_on_signals", "Watchdog", "HANG_FLOOR",
@@ -735,12 +735,12 @@ def raise_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP))
 
 # ---- the entry point --------------------------------------------------------------------------
 def _plan_of(plan: Any) -> tuple[Any, str | None]:
-    from autoplan._plan import Plan  # noqa: PLC0415
+    from autoplan.plans._plan import Plan  # noqa: PLC0415
 
     if isinstance(plan, Plan):
         return plan, None
     if isinstance(plan, (str, os.PathLike)):
-        from autoplan._plan_check import PlanContradictionWarning  # noqa: PLC0415
+        from autoplan.plans._plan_check import PlanContradictionWarning  # noqa: PLC0415
 
         with warnings.catch_warnings():  # a contradiction is refused below: said once, as an error
             warnings.simplefilter("ignore", PlanContradictionWarning)
@@ -750,11 +750,11 @@ def _plan_of(plan: Any) -> tuple[Any, str | None]:
 
 
 def _fingerprint_here(workload: Workload) -> tuple[str, Any]:
-    """The fingerprint and :class:`~autoplan._plan_check.WorkloadView` of a workload object
+    """The fingerprint and :class:`~autoplan.plans._plan_check.WorkloadView` of a workload object
     (one with a spec: a zoo or ``module:function`` :class:`~autoplan.Workload`)."""
     from autoplan._memo import memo  # noqa: PLC0415
-    from autoplan._plan_check import WorkloadView  # noqa: PLC0415
-    from autoplan._trace import trace  # noqa: PLC0415
+    from autoplan.plans._plan_check import WorkloadView  # noqa: PLC0415
+    from autoplan.tracing._trace import trace  # noqa: PLC0415
 
     def make() -> tuple[str, Any]:
         with warnings.catch_warnings():
@@ -828,7 +828,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         plan: a :class:`~autoplan.Plan` or the path of a plan file.
         workload: a spec (a zoo name such as ``"gpt"``, ``"module:function"``, or a dict
             ``{"model": ..., **kwargs}``), or an :class:`autoplan.Workload` from the zoo or
-            loaded from ``"module:function"`` (see :mod:`autoplan._loader`).
+            loaded from ``"module:function"`` (see :mod:`autoplan.tracing._loader`).
         num_processes: worker processes (None: chosen, see :mod:`autoplan.exec._layout`).
         devices_per_process: devices of each (None: chosen); the product must be the plan's
             device count.
@@ -865,7 +865,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         ModelError: the workload spec cannot be loaded (reported by the preflight).
     """
     _check_launch_arguments(steps, timeout, heartbeat, hang_timeout, port)
-    from autoplan._plan_check import (  # noqa: PLC0415
+    from autoplan.plans._plan_check import (  # noqa: PLC0415
         PlatformWarning,
         WorkloadView,
         platform_note,
@@ -882,7 +882,7 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
     fingerprint, view = (None, None) if isinstance(workload, (str, Mapping)) else \
         _fingerprint_here(workload)
     if fingerprint is not None:  # (a spec's step is checked by the probe)
-        from autoplan._signature import workload_signature  # noqa: PLC0415
+        from autoplan.tracing._signature import workload_signature  # noqa: PLC0415
 
         workload_signature(workload)  # a step no executor can run: refused before any worker
     wenv = _worker_env(env)

@@ -1,6 +1,6 @@
 """How a plan's devices map onto worker processes: on this machine, or on a cluster.
 
-On this machine (:func:`choose_layout`), from what :mod:`autoplan.exec._devices` found:
+On this machine (:func:`choose_layout`), from what :mod:`autoplan.exec._probe` found:
 
 * **GPUs**: one worker per GPU (JAX's convention for ``jax.distributed``): worker ``i`` sees only
   its own GPU, ``CUDA_VISIBLE_DEVICES`` (``ROCR_VISIBLE_DEVICES`` on ROCm) set to the ``i``-th
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan._errors import LaunchError, PlanMismatchError
-from autoplan.exec._devices import DeviceInfo
+from autoplan.exec._probe import DeviceInfo
 
 __all__ = ["WorkerLayout", "choose_layout", "cluster_command", "local_worker_command",
            "worker_args", "worker_pythonpath", "VISIBLE_DEVICES", "CLUSTER_KINDS"]
@@ -103,7 +103,7 @@ def choose_layout(num_devices: int, devices: DeviceInfo, num_processes: int | No
 
     Args:
         num_devices: the plan's device count.
-        devices: the attached devices (:func:`~autoplan.exec._devices.detect_devices`); a
+        devices: the attached devices (:func:`~autoplan.exec._probe.detect_devices`); a
             ``"cpu"`` platform means emulated devices.
         num_processes, devices_per_process: fixed by the caller, or None to choose (one of them
             may be given: the other is the quotient).

@@ -9,7 +9,7 @@
   trace numbers it) with ``with_sharding_constraint`` on the result of every operator the plan
   lists in its ``OpSharding`` entries;
 * a pipeline plan (several stages), or a one-stage plan over several micro-batches (gradient
-  accumulation), runs on the stage executor of :mod:`autoplan.exec._pipeline`.
+  accumulation), runs on the stage executor of :mod:`autoplan.exec._stages`.
 
 With ``check=True`` every executed step is re-run unsharded on one device from the same inputs
 (see :func:`check_equivalence`): the loss, the gradients handed to the optimizer, and the new
@@ -21,7 +21,7 @@ differing tensor by its pytree path, with the largest difference and the toleran
 Nothing the executor does ends the caller's process: every step is one dispatched program
 (intra-operator and gradient accumulation) or one program per pipeline task, with no two programs
 with collectives in flight on the same devices of the CPU backend (see
-:mod:`autoplan.exec._pipeline`); an XLA runtime error becomes :class:`~autoplan.ExecutionError`
+:mod:`autoplan.exec._stages`); an XLA runtime error becomes :class:`~autoplan.ExecutionError`
 naming the program; and a step that calls back into Python is first run on one device, because
 a callback failing inside a sharded program with collectives leaves the other devices waiting,
 and XLA ends the process when its rendezvous times out.
@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from autoplan._batchflow import MIXING_NOTE, mixing, random_draws
 from autoplan._errors import (
     ArgumentTypeError,
     EquivalenceError,
@@ -57,13 +56,9 @@ from autoplan._errors import (
 )
 from autoplan._memo import memo
 from autoplan._options import check_callback, check_tolerance
-from autoplan._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
-from autoplan._signature import StepSignature, step_signature
-from autoplan._trace import OpaqueControlFlowWarning, trace
-from autoplan._workload import Workload, _param_names, as_workload
 from autoplan.exec._hlo import KINDS, Collective, MemoryStats, collectives, comm_bytes, memory_stats
 from autoplan.exec._interpret import Lit, flatten, sharding_hook
-from autoplan.exec._pipeline import (
+from autoplan.exec._stages import (
     StepRecord,
     _microbatch_abstract,
     abstract_value,
@@ -76,6 +71,11 @@ from autoplan.exec._pipeline import (
     run_pipeline,
     run_program,
 )
+from autoplan.plans._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
+from autoplan.tracing._batchflow import MIXING_NOTE, mixing, random_draws
+from autoplan.tracing._signature import StepSignature, step_signature
+from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
+from autoplan.tracing._workload import Workload, _param_names, as_workload
 
 __all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
 
@@ -296,7 +296,7 @@ def _abstract(host_args: Any) -> Any:
 
 
 def signature_of(r: _Resolved) -> StepSignature:
-    """How the workload's step returns its loss and next state (:mod:`autoplan._signature`),
+    """How the workload's step returns its loss and next state (:mod:`autoplan.tracing._signature`),
     read once per workload from its abstract result; refuses a step no executor can run.
 
     Raises:
@@ -859,7 +859,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             ``fn``, ``args``, ``arg_kinds``.
         steps: training steps; each starts from what the previous step returned for its
             arguments (new parameters, optimizer state, a key or counter it returns; the others
-            unchanged), on the same batch. Every step form of :mod:`autoplan._signature` runs
+            unchanged), on the same batch. Every step form of :mod:`autoplan.tracing._signature` runs
             here: ``(loss, params)``, ``(loss, params, opt_state)``, extra inputs, ``(loss,
             aux)`` and ``((loss, aux), params, ...)``. ``0`` compiles only (a pipeline runs its warm-up step,
             which compiles its tasks): the report then has the collectives and memory, no
@@ -891,7 +891,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
             scalar, results that do not mirror its arguments), before any work.
         PlanMismatchError: the plan was made for another model, argument structure or number of
             devices, or contradicts the workload (its model, config, inputs' kinds, shapes and
-            dtypes, its stages' layers: see :mod:`autoplan._plan_check`).
+            dtypes, its stages' layers: see :mod:`autoplan.plans._plan_check`).
         PlanFileError: the plan contradicts itself (inputs changed after it was made, a
             schedule kind over another kind's table, a cluster of another device count...).
         EquivalenceError: ``check`` and the results differ from single-device execution.

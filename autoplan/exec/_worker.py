@@ -2,7 +2,7 @@
 
 The worker configures JAX before anything touches a backend (its platform, ``K`` emulated CPU
 devices and gloo collectives when there is no accelerator), joins the job with
-``jax.distributed.initialize``, loads the workload from its spec (:mod:`autoplan._loader`: a zoo
+``jax.distributed.initialize``, loads the workload from its spec (:mod:`autoplan.tracing._loader`: a zoo
 name with overrides, or a user's ``module:function``; a training step cannot be pickled), reads
 the plan, runs it over the global devices with :func:`autoplan.exec.run` (each process checks the
 shards it holds against a single-device run computed locally) and streams JSON lines on stdout::
@@ -23,7 +23,7 @@ Two ways to start:
 * **Local** (the launcher): ``--coordinator 127.0.0.1:PORT --process-id i --num-processes N
   --loopback --launcher-pipe --plan - --heartbeat 2``. The plan arrives as the first line on
   stdin, and stdin stays open: when it closes (the launcher died, even by SIGKILL) the worker
-  ends itself and its process group (:func:`~autoplan.exec._devices.exit_with_launcher`).
+  ends itself and its process group (:func:`~autoplan.exec._probe.exit_with_launcher`).
   Everything listens on loopback only: process 0 binds the coordination service to
   ``127.0.0.1:PORT`` (``coordinator_bind_address``; JAX's default is every interface) after
   checking the port is free (a taken port is reported as ``CoordinatorPortTaken``, and the
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan_text = _read_plan(args)  # before watching the pipe: the watcher reads the rest
         if args.launcher_pipe:
-            from autoplan.exec._devices import exit_with_launcher  # noqa: PLC0415
+            from autoplan.exec._probe import exit_with_launcher  # noqa: PLC0415
 
             exit_with_launcher(f"autoplan worker {events.process}")
         import jax  # noqa: PLC0415 - configured before the backend starts
@@ -425,9 +425,9 @@ def main(argv: list[str] | None = None) -> int:
                     pid=os.getpid(), coordinator_bind=bind)
 
         progress.set("loading")
-        from autoplan._loader import load_workload  # noqa: PLC0415
-        from autoplan._plan import Plan  # noqa: PLC0415
         from autoplan.exec._run import run  # noqa: PLC0415
+        from autoplan.plans._plan import Plan  # noqa: PLC0415
+        from autoplan.tracing._loader import load_workload  # noqa: PLC0415
 
         text = args.workload.strip()
         spec = json.loads(text) if text.startswith("{") else text

@@ -11,8 +11,8 @@ Models: ``gpt`` (Alpa's GPT sizes up to GPT-3 175B), ``moe`` (GShard MoE), ``wid
 that runs in about a second on CPU.
 """
 
+from autoplan.models._build import Workload as Workload
 from autoplan.models._registry import get as get
 from autoplan.models._registry import list_models as list_models
-from autoplan.models._workload import Workload as Workload
 
 __all__ = ["get", "list_models", "Workload"]

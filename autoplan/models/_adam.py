@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import scope
+from autoplan.models._blocks import scope
 
 __all__ = ["adam_init", "adam_update", "MASTER_WEIGHTS", "uses_master"]
 

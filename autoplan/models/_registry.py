@@ -6,7 +6,7 @@ from typing import Any
 
 from autoplan._errors import ModelError
 from autoplan.models import gpt, mlp, moe, two_tower, unet, wide_resnet
-from autoplan.models._workload import ModelDef, Workload, build, resolve_config
+from autoplan.models._build import ModelDef, Workload, build, resolve_config
 
 __all__ = ["get", "list_models"]
 

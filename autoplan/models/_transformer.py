@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import (
+from autoplan.models._blocks import (
     KeyGen,
     dense,
     dense_init,

@@ -32,7 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from autoplan.models._layers import KeyGen, layer_norm, norm_init, remat, scope
+from autoplan.models._blocks import KeyGen, layer_norm, norm_init, remat, scope
+from autoplan.models._build import ModelDef
 from autoplan.models._transformer import (
     attention,
     attn_init,
@@ -45,7 +46,6 @@ from autoplan.models._transformer import (
     mlp_init,
     token_batch,
 )
-from autoplan.models._workload import ModelDef
 
 __all__ = ["MODEL", "SIZES", "alpa_flops", "param_count"]
 

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from autoplan.models._layers import KeyGen, dense, dense_init, remat, scope, softmax_cross_entropy
-from autoplan.models._workload import ModelDef
+from autoplan.models._blocks import KeyGen, dense, dense_init, remat, scope, softmax_cross_entropy
+from autoplan.models._build import ModelDef
 
 __all__ = ["MODEL", "SIZES", "param_count"]
 

@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import KeyGen, einsum, layer_norm, norm_init, remat, scope
+from autoplan.models._blocks import KeyGen, einsum, layer_norm, norm_init, remat, scope
+from autoplan.models._build import ModelDef
 from autoplan.models._transformer import (
     attention,
     attn_init,
@@ -55,7 +56,6 @@ from autoplan.models._transformer import (
     mlp_init,
     token_batch,
 )
-from autoplan.models._workload import ModelDef
 
 __all__ = ["MODEL", "SIZES", "capacity", "is_moe_layer", "alpa_flops", "param_count"]
 

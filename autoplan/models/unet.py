@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import KeyGen, conv, conv_init, max_pool, remat, scope
-from autoplan.models._workload import ModelDef
+from autoplan.models._blocks import KeyGen, conv, conv_init, max_pool, remat, scope
+from autoplan.models._build import ModelDef
 
 __all__ = ["MODEL", "SIZES", "param_count"]
 

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from autoplan._errors import ModelError
-from autoplan.models._layers import (
+from autoplan.models._blocks import (
     KeyGen,
     batch_norm,
     conv,
@@ -50,7 +50,7 @@ from autoplan.models._layers import (
     scope,
     softmax_cross_entropy,
 )
-from autoplan.models._workload import ModelDef
+from autoplan.models._build import ModelDef
 
 __all__ = ["MODEL", "SIZES", "STAGES", "param_count", "block_layout"]
 

@@ -33,18 +33,15 @@ from typing import Any
 
 from autoplan import _cache
 from autoplan._analysis import FoldingAnalysis
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
-from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError, InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
-from autoplan._graph import OpGraph
 from autoplan._options import (
     cache_max_bytes,
     check_callback,
     check_search_cluster,
 )
-from autoplan._plan import LEVELS, Plan
-from autoplan._workload import as_workload, is_workload_like
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import LEVELS, Plan
 from autoplan.search._parallel import (
     AUTO_PARALLEL_OPS,
     Task,
@@ -58,6 +55,9 @@ from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import pin_specs, pins_by_name, renamed_pin, resolve_pins
+from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._workload import as_workload, is_workload_like
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning",
            "NoPipelineWarning", "GRAPH_ONLY_NOTE"]
@@ -105,7 +105,7 @@ class SearchResult:
             given a graph alone (``"pipeline plans need the workload: pass
             autoplan.Workload(fn, args)"``).
         mixing: where the step's forward pass mixes examples of its batch
-            (:class:`autoplan._batchflow.Mixing`), or None when its loss is a sum or mean of
+            (:class:`autoplan.tracing._batchflow.Mixing`), or None when its loss is a sum or mean of
             per-example terms.
     """
 
@@ -329,7 +329,7 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
         allow_microbatching_mixed: search micro-batched plans (gradient accumulation,
             pipelines over several micro-batches) for a step whose loss mixes examples across
             the batch (batch statistics such as batch norm, in-batch negatives, any reduction
-            over the batch before the loss's final one: :func:`autoplan._batchflow.mixing`).
+            over the batch before the loss's final one: :func:`autoplan.tracing._batchflow.mixing`).
             Micro-batching changes what such a loss computes, so by default they are left out
             and ``result.notes`` says why; ``True`` accepts the change (the plans then carry the
             note). A pipeline of one micro-batch does not micro-batch: ``pipeline=True,
@@ -694,8 +694,8 @@ def _finish_plans(plans: list[Plan], graph: OpGraph, stats: Mapping[str, Any],
     analysis_of`, :meth:`~autoplan._analysis.FoldingAnalysis.to_dict`) with the ILPs and level of the search that made it: an intra-operator
     candidate's mesh, the pipeline search's layer solves; None for a baseline. A micro-batched
     plan gets the notes of what micro-batching changes: its random draws
-    (:data:`~autoplan._batchflow.RANDOM_NOTE`), a loss that mixes examples
-    (:data:`~autoplan._batchflow.MIXING_NOTE`)."""
+    (:data:`~autoplan.tracing._batchflow.RANDOM_NOTE`), a loss that mixes examples
+    (:data:`~autoplan.tracing._batchflow.MIXING_NOTE`)."""
     if graph.arg_trees is not None:
         types = tuple(t.types for t in graph.arg_trees)
         plans = [p.with_(arg_types=types, arg_trees=graph.arg_trees) for p in plans]

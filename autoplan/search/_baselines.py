@@ -37,13 +37,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from autoplan._cluster import Cluster
 from autoplan._errors import AutoplanError
-from autoplan._graph import OpGraph
 from autoplan._options import require_graph, require_instance
-from autoplan._plan import Plan
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import Plan
 from autoplan.search._parallel import Task, resolve_workers, run_tasks
 from autoplan.search.intra._pins import INTRA_BASELINES, baseline_pins, megatron_pins
+from autoplan.tracing._graph import OpGraph
 
 __all__ = ["baseline_plans", "baseline_tasks", "solve_baseline", "megatron_pipeline_baseline",
            "inter_op_baseline", "pipeline_baselines", "INTRA_BASELINES"]

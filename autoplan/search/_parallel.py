@@ -56,10 +56,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autoplan._errors import SearchError
-from autoplan._graph import OpGraph
-from autoplan._loader import shadowed_stdlib
 from autoplan._memo import per_owner
 from autoplan.search._warn import user_stacklevel
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._loader import shadowed_stdlib
 
 __all__ = ["Task", "Outcome", "ParallelWarning", "run_tasks", "resolve_workers", "check_workers",
            "cpu_count", "shutdown", "cannot_spawn"]

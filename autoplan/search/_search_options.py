@@ -17,9 +17,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autoplan._errors import SearchError
-from autoplan._frozen import FrozenDict
 from autoplan._options import check_memory_budget, check_mesh_shape
-from autoplan._plan import LEVELS
+from autoplan.plans._frozen import FrozenDict
+from autoplan.plans._plan import LEVELS
 
 __all__ = ["SearchOptions", "NOT_IN_KEY"]
 

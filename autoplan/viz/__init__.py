@@ -8,16 +8,17 @@ its controls change, a launch from its Launch button); it reaches them through `
 call time.
 """
 
+from autoplan.viz._graph_figure import graph_figure as graph_figure
+from autoplan.viz._timeline import memory_breakdown as memory_breakdown
+from autoplan.viz._timeline import memory_figure as memory_figure
+from autoplan.viz._timeline import stage_figure as stage_figure
+from autoplan.viz._timeline import timeline_events as timeline_events
+from autoplan.viz._timeline import timeline_figure as timeline_figure
+
 from ._compare import compare_figure as compare_figure
 from ._compare import pareto_front as pareto_front
 from ._explorer import Explorer as Explorer
-from ._graph import graph_figure as graph_figure
 from ._notebook import set_notebook_renderer as set_notebook_renderer
-from ._pipeline import memory_breakdown as memory_breakdown
-from ._pipeline import memory_figure as memory_figure
-from ._pipeline import stage_figure as stage_figure
-from ._pipeline import timeline_events as timeline_events
-from ._pipeline import timeline_figure as timeline_figure
 from ._report import report_html as report_html
 from ._sharding import op_layers as op_layers
 from ._sharding import sharding_figure as sharding_figure

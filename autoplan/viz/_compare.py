@@ -20,9 +20,10 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .._cluster import COLLECTIVES
+from autoplan.costs._cluster import COLLECTIVES
+from autoplan.plans._plan import Plan, Stage
+
 from .._errors import ArgumentError, ArgumentTypeError
-from .._plan import Plan, Stage
 from ._style import TEMPLATE, axis_ticks, escape, fmt_bytes, fmt_in_unit, time_unit
 
 __all__ = ["compare_figure", "as_plans", "pareto_front", "equivalent_groups", "short_label",

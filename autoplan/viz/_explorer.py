@@ -69,8 +69,12 @@ from typing import Any
 import ipywidgets as widgets
 
 import autoplan
+from autoplan.costs._cluster import PRESETS, Cluster
+from autoplan.plans._plan import LEVELS, Plan
+from autoplan.plans._spec import Spec
+from autoplan.viz._graph_figure import graph_figure
+from autoplan.viz._timeline import memory_figure, stage_figure, timeline_figure
 
-from .._cluster import PRESETS, Cluster
 from .._errors import (
     ArgumentError,
     ArgumentIndexError,
@@ -80,11 +84,7 @@ from .._errors import (
     StateError,
     WaitTimeoutError,
 )
-from .._plan import LEVELS, Plan
-from .._spec import Spec
 from ._compare import compare_figure, cost_parts, equivalent_groups
-from ._graph import graph_figure
-from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import op_layers, sharding_figure
 from ._style import TEMPLATE, axis_ticks, fmt_bytes, fmt_in_unit, fmt_sig, id_span, time_unit
 from ._widget import CodeView, PlotView
@@ -278,7 +278,7 @@ def _loss(v: Any) -> str:
 
 
 def _is_graph(obj: Any) -> bool:
-    from .._graph import OpGraph  # noqa: PLC0415
+    from autoplan.tracing._graph import OpGraph  # noqa: PLC0415
 
     return isinstance(obj, OpGraph)
 
@@ -288,7 +288,7 @@ def spec_choices(shape: Sequence[int], mesh_shape: Sequence[int], axis_names: Se
     """Every spec of a tensor of ``shape`` on the mesh, replicated first: each mesh axis of more
     than one device unused or splitting one dimension it divides (several axes on a dimension in
     mesh order); as the search enumerates them."""
-    from autoplan.search.intra._spec import enumerate_specs  # noqa: PLC0415
+    from autoplan.search.intra._spec_space import enumerate_specs  # noqa: PLC0415
 
     cl = Cluster.preset("cpu", 1, devices_per_node=max(1, math.prod(mesh_shape)))
     mesh = cl.logical_mesh(tuple(mesh_shape))
@@ -302,9 +302,9 @@ def _checked_arguments(workload: Any, model: str, size: str, level: str, schedul
                        ) -> tuple[dict[str, list[str]], Any, str, str]:
     """The Explorer's arguments checked: the zoo's models, the workload (a spec loaded), and the
     model and size to show (a workload's own name and zoo size when given one)."""
-    from autoplan._loader import is_function_spec, load_workload  # noqa: PLC0415
-    from autoplan._workload import as_workload  # noqa: PLC0415
     from autoplan.models import list_models  # noqa: PLC0415
+    from autoplan.tracing._loader import is_function_spec, load_workload  # noqa: PLC0415
+    from autoplan.tracing._workload import as_workload  # noqa: PLC0415
 
     models = list_models()
     if isinstance(workload, (str, Mapping)):
@@ -365,7 +365,7 @@ class Explorer:
 
     Args:
         workload: what to plan: a spec (a zoo name, a user's ``"module:function"``, or a dict
-            ``{"model": ..., **kwargs}``, see :mod:`autoplan._loader`), a workload object (an
+            ``{"model": ..., **kwargs}``, see :mod:`autoplan.tracing._loader`), a workload object (an
             :class:`autoplan.Workload`: a zoo one, whose name, size and config overrides are
             kept, one loaded from ``"module:function"``, or a user's), or an
             :class:`autoplan.OpGraph` from :func:`autoplan.trace` (intra-operator plans only;
@@ -752,7 +752,7 @@ class Explorer:
     def _get_workload(self) -> Any:
         if self._workload is not None:
             return self._workload
-        from autoplan._loader import is_function_spec, load_workload  # noqa: PLC0415
+        from autoplan.tracing._loader import is_function_spec, load_workload  # noqa: PLC0415
 
         name = str(self._model.value or "").strip()
         if name not in self._models and not is_function_spec(name):
@@ -810,7 +810,7 @@ class Explorer:
         self._status.value = f"{message} ({fraction * 100:.0f}%)"
 
     def _workload_key(self, wl: Any) -> tuple:
-        from autoplan._loader import workload_spec  # noqa: PLC0415
+        from autoplan.tracing._loader import workload_spec  # noqa: PLC0415
 
         if _is_graph(wl):
             return ("graph", wl.fingerprint, id(wl))

@@ -18,12 +18,13 @@ from typing import Any
 import plotly.graph_objects as go
 import plotly.offline
 
+from autoplan.plans._plan import Plan
+from autoplan.viz._graph_figure import graph_figure
+from autoplan.viz._timeline import memory_figure, stage_figure, timeline_figure
+
 from .._dtype import dtype_bytes
 from .._io import atomic_write_text
-from .._plan import Plan
 from ._compare import as_plans, compare_figure, equivalent_groups
-from ._graph import graph_figure
-from ._pipeline import memory_figure, stage_figure, timeline_figure
 from ._sharding import sharding_figure
 from ._style import fmt_bytes, fmt_seconds
 

@@ -42,12 +42,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from autoplan.plans._plan import OpSharding, Plan, Stage, TensorSharding, require_plan
+from autoplan.plans._planfile import parse_keystr
+from autoplan.plans._spec import Spec
+
 from .._dtype import dtype_bytes
 from .._errors import ArgumentError
 from .._names import split_input_name, unit_name
-from .._plan import OpSharding, Plan, Stage, TensorSharding, require_plan
-from .._planfile import parse_keystr
-from .._spec import Spec
 from ._style import (
     PARTIAL_PATTERN,
     REPLICATED_COLOR,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from autoplan.viz._timeline import memory_breakdown
+
 from ._compare import cost_parts
-from ._pipeline import memory_breakdown
 from ._style import fmt_bytes, fmt_in_unit, id_span, time_unit
 
 __all__ = ["explorer_snapshot"]

@@ -22,8 +22,8 @@ import numpy as np
 
 import autoplan
 from autoplan._dtype import dtype_bytes
-from autoplan._plan import InputSpec, OpSharding, Plan, Predicted, Schedule, Stage, TensorSharding
 from autoplan.algorithms import schedule_table
+from autoplan.plans._plan import InputSpec, OpSharding, Plan, Predicted, Schedule, Stage, TensorSharding
 
 __all__ = ["data_parallel_plan", "tensor_parallel_plan", "pipeline_plan", "traced"]
 

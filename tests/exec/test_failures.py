@@ -23,9 +23,9 @@ from exec_cases import plan, workload
 from exec_plans import data_parallel_plan, traced
 
 from autoplan import EquivalenceError, ExecutionError, NonFiniteError
-from autoplan._plan import Schedule
 from autoplan.exec import run
 from autoplan.exec._run import _compare, nonfinite_leaves
+from autoplan.plans._plan import Schedule
 
 
 @dataclasses.dataclass

@@ -87,7 +87,7 @@ def test_hlo_element_types_have_the_sizes_of_their_numpy_dtypes():
     import numpy as np
 
     from autoplan._dtype import dtype_bytes
-    from autoplan._hlotext import dtype_size, numpy_dtype_name
+    from autoplan.costs._hlotext import dtype_size, numpy_dtype_name
 
     cases = {"pred": "bool", "s8": "int8", "u16": "uint16", "s32": "int32", "u64": "uint64",
              "f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",

@@ -8,8 +8,8 @@ from exec_cases import MODELS, graph, workload
 from jax.extend import core as jcore
 
 import autoplan
-from autoplan._jaxpr import INLINE
 from autoplan.exec import flatten
+from autoplan.tracing._jaxpr import INLINE
 
 
 @pytest.mark.parametrize("name", MODELS)

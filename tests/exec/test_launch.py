@@ -186,7 +186,7 @@ def test_workers_that_build_different_data_stop_the_launch(tmp_path, monkeypatch
         """))
     monkeypatch.chdir(tmp_path)  # the module is found through the current directory
     monkeypatch.setattr(sys, "path", list(sys.path))
-    from autoplan._loader import load_workload
+    from autoplan.tracing._loader import load_workload
 
     wl = load_workload("unseeded:workload")
     with pytest.raises(LaunchError) as info:

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from autoplan import LaunchError, PlanMismatchError
-from autoplan.exec._devices import DeviceInfo
 from autoplan.exec._launch import HANG_FACTOR, HANG_FLOOR, Watchdog, spec_arguments
 from autoplan.exec._layout import (
     choose_layout,
@@ -19,6 +18,7 @@ from autoplan.exec._layout import (
     local_worker_command,
     worker_pythonpath,
 )
+from autoplan.exec._probe import DeviceInfo
 from autoplan.exec._worker import _scheduler_bind, cluster_kind
 
 CPU = DeviceInfo("cpu", "cpu", 1, "cpu")
@@ -220,7 +220,8 @@ def test_workers_read_their_scheduler_as_jax_does():
 def test_the_attached_devices_are_found_by_a_probe_process(monkeypatch):
     import os
 
-    from autoplan.exec import _devices, detect_devices
+    from autoplan.exec import _probe as _devices
+    from autoplan.exec import detect_devices
 
     monkeypatch.setattr(_devices, "_DETECTED", {})
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}

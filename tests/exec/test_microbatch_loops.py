@@ -16,10 +16,10 @@ from exec_plans import pipeline_plan
 
 import autoplan
 from autoplan import models
-from autoplan._plan import Schedule
 from autoplan.algorithms import schedule_order
 from autoplan.exec import run
-from autoplan.exec._pipeline import executions_per_run
+from autoplan.exec._stages import executions_per_run
+from autoplan.plans._plan import Schedule
 
 
 def _accumulated(p, microbatches: int):
@@ -87,8 +87,8 @@ def test_three_stages_on_unequal_submeshes_match(schedule, fast):
 
 
 def test_accumulators_are_float32_for_half_precision_and_laid_out_like_their_parameter():
-    from autoplan.exec._pipeline import _acc_dtype, _Split
     from autoplan.exec._run import resolve_workload
+    from autoplan.exec._stages import _acc_dtype, _Split
 
     assert _acc_dtype("bfloat16") == np.float32 and _acc_dtype("float16") == np.float32
     assert _acc_dtype("float32") == np.float32

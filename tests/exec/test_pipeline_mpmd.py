@@ -14,7 +14,8 @@ import pytest
 from exec_cases import FAST, plan, workload
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from autoplan.exec import _pipeline, _transfer, launch, run
+from autoplan.exec import _stages as _pipeline
+from autoplan.exec import _transfer, launch, run
 from autoplan.exec._transfer import transfer
 
 

@@ -55,7 +55,7 @@ def test_interleaved_runs_chunks_on_shared_meshes_and_matches_single_device(fast
 
 
 def test_a_weight_pass_before_its_input_gradient_is_refused():
-    from autoplan._schedule import order_from_table
+    from autoplan.plans._schedule import order_from_table
 
     wl, plan = _searched("zb-h1", 3)
     table = [list(row) for row in plan.schedule.table]

@@ -14,8 +14,8 @@ import pytest
 from exec_cases import FAST
 
 import autoplan
-from autoplan._batchflow import RANDOM_NOTE
 from autoplan.exec import run
+from autoplan.tracing._batchflow import RANDOM_NOTE
 
 B, F, H = 16, 8, 16
 

@@ -156,7 +156,7 @@ def test_every_signature_runs_in_every_executor(name, mode):
 
 
 def test_signature_forms():
-    from autoplan._signature import step_signature
+    from autoplan.tracing._signature import step_signature
 
     forms = {}
     for name, fn in STEPS_BY_NAME.items():

@@ -19,7 +19,7 @@ from autoplan.models import moe as moe_mod
 from autoplan.models import two_tower as two_tower_mod
 from autoplan.models import unet as unet_mod
 from autoplan.models import wide_resnet as wrn_mod
-from autoplan.models._layers import KeyGen
+from autoplan.models._blocks import KeyGen
 
 MODULES = {
     "gpt": gpt_mod,

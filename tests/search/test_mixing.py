@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import autoplan
-from autoplan._batchflow import MIXING_NOTE, mixing
+from autoplan.tracing._batchflow import MIXING_NOTE, mixing
 
 B, F, H = 8, 6, 4
 

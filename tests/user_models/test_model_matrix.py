@@ -19,8 +19,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import autoplan
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE
 from autoplan.exec import run
+from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE
 
 FAST = {"xla_backend_optimization_level": 0}
 ROWS = list(matrix_steps.MAKERS)

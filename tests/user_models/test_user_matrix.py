@@ -130,7 +130,7 @@ def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     """A plain-JAX 6-layer MLP (a Python loop, no named scopes): its layers come from mining,
     named from the parameters they read, and the pipeline search offers 2-stage plans the
     executor runs, each stage running the forward operators of its own layers."""
-    from autoplan.exec._pipeline import (  # noqa: PLC0415
+    from autoplan.exec._stages import (  # noqa: PLC0415
         _layer_stage,
         _microbatch_abstract,
         _unit_starts,

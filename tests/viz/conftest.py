@@ -15,8 +15,8 @@ from dataclasses import astuple
 
 import pytest
 
-from autoplan._cluster import Cluster
-from autoplan._plan import (
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import (
     Comm,
     InputSpec,
     OpSharding,
@@ -26,7 +26,7 @@ from autoplan._plan import (
     Stage,
     TensorSharding,
 )
-from autoplan._schedule import schedule_events, schedule_table
+from autoplan.plans._schedule import schedule_events, schedule_table
 
 X, Y, XY = ("x",), ("y",), ("x", "y")
 

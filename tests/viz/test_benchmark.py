@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from autoplan._plan import Plan
+from autoplan.plans._plan import Plan
 from autoplan.viz import (
     compare_figure,
     graph_figure,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoplan._plan import Stage
+from autoplan.plans._plan import Stage
 from autoplan.viz import compare_figure, pareto_front
 from autoplan.viz._compare import _label_positions, cost_parts, equivalent_groups
 

@@ -18,8 +18,8 @@ import autoplan
 from autoplan.viz import compare_figure, memory_figure, timeline_figure
 from autoplan.viz._compare import cost_parts
 from autoplan.viz._explorer import Explorer, LaunchRecord
-from autoplan.viz._pipeline import memory_breakdown
 from autoplan.viz._style import fmt_in_unit, fmt_sig
+from autoplan.viz._timeline import memory_breakdown
 from autoplan.viz._widget import figure_json
 
 UNITS = ("s", "ms", "\u00b5s", "B", "KiB", "MiB", "GiB")

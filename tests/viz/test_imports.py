@@ -18,7 +18,7 @@ def test_viz_imports_neither_exec_nor_search():
 
 
 # the figure and report modules; the explorer widget (_explorer.py) is checked by its own tests
-FIGURE_MODULES = ("__init__", "_style", "_sharding", "_pipeline", "_compare", "_graph", "_report",
+FIGURE_MODULES = ("__init__", "_style", "_sharding", "_timeline", "_compare", "_graph_figure", "_report",
                   "_notebook")
 
 

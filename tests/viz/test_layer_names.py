@@ -21,7 +21,7 @@ import pytest
 
 import autoplan
 from autoplan._names import split_input_name
-from autoplan._planfile import parse_keystr
+from autoplan.plans._planfile import parse_keystr
 from autoplan.search.fold._layers import layer_order
 from autoplan.viz import graph_figure, op_layers, report_html, stage_figure, timeline_figure
 from autoplan.viz._sharding import sharding_columns

@@ -26,7 +26,7 @@ def test_figures_stay_small_and_survive_nbconvert(pipeline_plan, tmp_path):
     path = tmp_path / "plan.json"
     pipeline_plan.to_json(str(path))
     nb, html = run([
-        "from autoplan._plan import Plan\nfrom autoplan.viz import set_notebook_renderer, timeline_figure\n"
+        "from autoplan.plans._plan import Plan\nfrom autoplan.viz import set_notebook_renderer, timeline_figure\n"
         f"plan = Plan.from_json({str(path)!r})",
         "timeline_figure(plan).show()",  # plotly's default under ipykernel
         "print(set_notebook_renderer())",

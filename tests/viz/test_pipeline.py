@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from autoplan._cluster import Cluster
-from autoplan._plan import Plan, Predicted, Schedule, Stage
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import Plan, Predicted, Schedule, Stage
 from autoplan.viz import (
     memory_breakdown,
     memory_figure,
@@ -16,7 +16,7 @@ from autoplan.viz import (
     timeline_events,
     timeline_figure,
 )
-from autoplan.viz._pipeline import GROUP_EVENTS
+from autoplan.viz._timeline import GROUP_EVENTS
 
 from .conftest import make_pipeline_plan
 

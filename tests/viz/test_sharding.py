@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoplan._cluster import Cluster
-from autoplan._plan import Plan, Predicted, Schedule, Stage
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import Plan, Predicted, Schedule, Stage
 from autoplan.viz import (
     REPLICATED_COLOR,
     mesh_color,

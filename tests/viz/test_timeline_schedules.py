@@ -7,10 +7,10 @@ from dataclasses import astuple, replace
 
 import pytest
 
-from autoplan._plan import Schedule
-from autoplan._schedule import schedule_events, schedule_table
+from autoplan.plans._plan import Schedule
+from autoplan.plans._schedule import schedule_events, schedule_table
 from autoplan.viz import timeline_figure
-from autoplan.viz._pipeline import GROUP_EVENTS, kind_color
+from autoplan.viz._timeline import GROUP_EVENTS, kind_color
 
 from .conftest import make_pipeline_plan
 

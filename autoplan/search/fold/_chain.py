@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoplan._graph import OpGraph
 from autoplan._memo import per_owner
-from autoplan._operands import operand_arrays
 from autoplan.search.fold._layers import _forward, _signature, group_layers
 from autoplan.search.fold._mine import mining_of
 from autoplan.search.intra._ilp import _free_tensors, _updated_pairs
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import operand_arrays
 
 if TYPE_CHECKING:
     from autoplan.search.fold._cones import Segment

@@ -59,14 +59,14 @@ import networkx as nx
 import numpy as np
 
 from autoplan._errors import ArgumentError
-from autoplan._graph import OpGraph
-from autoplan._operands import operand_arrays
 from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import (
     batch_inputs,
     data_dependent,
     dependence_masks,
 )
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import operand_arrays
 
 __all__ = [
     "Cone",

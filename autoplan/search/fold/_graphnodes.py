@@ -41,11 +41,11 @@ from typing import Any, NamedTuple
 import networkx as nx
 import numpy as np
 
-from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
-from autoplan._operands import index_in_run, operand_arrays
 from autoplan._options import require_graph
-from autoplan._primitives import GRAPHNODE_ANCHORS, GRAPHNODE_HEAVY, GRAPHNODE_REDUCTIONS
+from autoplan.tracing._graph import OpGraph, OpNode
+from autoplan.tracing._operands import index_in_run, operand_arrays
+from autoplan.tracing._primitives import GRAPHNODE_ANCHORS, GRAPHNODE_HEAVY, GRAPHNODE_REDUCTIONS
 
 __all__ = [
     "GraphNode",
@@ -62,7 +62,7 @@ __all__ = [
     "OpLabeler",
 ]
 
-# views of the primitive registry (:mod:`autoplan._primitives` says where they differ from the
+# views of the primitive registry (:mod:`autoplan.tracing._primitives` says where they differ from the
 # intra-operator search's and the layers' views)
 #: compute-heavy primitives: each starts its own GraphNode
 HEAVY = GRAPHNODE_HEAVY

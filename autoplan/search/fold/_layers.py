@@ -58,13 +58,13 @@ from typing import Any
 import numpy as np
 
 from autoplan._errors import SearchError
-from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._names import unit_name
-from autoplan._operands import operand_arrays, runs
 from autoplan._options import require_graph
-from autoplan._primitives import LAYER_HEAVY
 from autoplan.search.fold._graphnodes import op_labels
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import operand_arrays, runs
+from autoplan.tracing._primitives import LAYER_HEAVY
 
 _ROLE_KEY = {"forward": "f", "backward": "b", "update": "u"}
 _ROLE_CODE = {"forward": 0, "backward": 1, "update": 2}

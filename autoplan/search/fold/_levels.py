@@ -94,12 +94,10 @@ from typing import Any
 import numpy as np
 
 from autoplan._analysis import FoldingAnalysis
-from autoplan._cluster import Cluster
 from autoplan._gc import gc_paused
-from autoplan._graph import OpGraph
-from autoplan._operands import operand_arrays
 from autoplan._options import check_memory_budget, require_graph, require_instance
-from autoplan._plan import Plan
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._plan import Plan
 from autoplan.search.fold._chain import segment_facts_of, segment_index_of, segments_of
 from autoplan.search.fold._layers import layer_order, op_layer_names
 from autoplan.search.fold._mine import mining_of
@@ -112,7 +110,9 @@ from autoplan.search.intra._ilp import (
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import pin_specs, renamed_pin, resolve_pins
 from autoplan.search.intra._reshard import reshard
-from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check, tiles
+from autoplan.search.intra._spec_space import enumerate_specs, pruned_by_shape_check, tiles
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import operand_arrays
 
 __all__ = ["LevelResult", "level_search", "choose_level"]
 

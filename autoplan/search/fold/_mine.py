@@ -60,11 +60,11 @@ from typing import Any
 import numpy as np
 
 from autoplan._gc import gc_paused
-from autoplan._graph import OpGraph
 from autoplan._memo import per_owner
-from autoplan._operands import index_in_run, operand_arrays, runs
 from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import GraphNodeGraph, OpLabeler, group_graphnodes
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import index_in_run, operand_arrays, runs
 
 __all__ = ["RepeatedClass", "MiningResult", "mine", "canonical_hash"]
 

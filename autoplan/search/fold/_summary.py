@@ -14,9 +14,9 @@ second even for GPT-3-sized graphs. :func:`analysis_of` is the graph's memoised 
 from __future__ import annotations
 
 from autoplan._analysis import ANALYSIS_VERSION, FoldingAnalysis, SegmentSummary
-from autoplan._graph import OpGraph
 from autoplan._memo import per_owner
-from autoplan._primitives import LAYER_HEAVY
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._primitives import LAYER_HEAVY
 
 __all__ = ["folding_analysis", "analysis_of", "SUMMARY_VERSION"]
 

@@ -87,19 +87,17 @@ from typing import Any
 
 import numpy as np
 
-from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import InfeasiblePlanError, SearchError
-from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._operands import operand_arrays, runs
 from autoplan._options import check_memory_budget, require_graph, require_instance
-from autoplan._plan import Comm
-from autoplan._spec import Spec, tile_count
+from autoplan.costs._cluster import LogicalMesh
+from autoplan.plans._plan import Comm
+from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._pins import pin_specs
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
-from autoplan.search.intra._spec import checked_spec, enumerate_specs, replicated, tiles
+from autoplan.search.intra._spec_space import checked_spec, enumerate_specs, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
     _derive,
@@ -112,6 +110,8 @@ from autoplan.search.intra._strategies import (
     leader_operand,
     strategies,
 )
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._operands import operand_arrays, runs
 
 __all__ = [
     "ILPSolution",

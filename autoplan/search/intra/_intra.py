@@ -21,13 +21,12 @@ from typing import Any
 
 import jax
 
-from autoplan._cluster import Cluster, LogicalMesh, default_axis_names
 from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
-from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._options import check_memory_budget
-from autoplan._plan import (
+from autoplan.costs._cluster import Cluster, LogicalMesh, default_axis_names
+from autoplan.plans._plan import (
     Comm,
     InputSpec,
     OpSharding,
@@ -38,8 +37,7 @@ from autoplan._plan import (
     TensorSharding,
     record_maker,
 )
-from autoplan._primitives import PLAN_RECORDED
-from autoplan._spec import Spec
+from autoplan.plans._spec import Spec
 from autoplan.search.intra._ilp import (
     ILPProblem,
     ILPSolution,
@@ -49,8 +47,10 @@ from autoplan.search.intra._ilp import (
     solve_ilp,
 )
 from autoplan.search.intra._pins import renamed_pin
-from autoplan.search.intra._spec import replicated
+from autoplan.search.intra._spec_space import replicated
 from autoplan.search.intra._strategies import combined_latency
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._primitives import PLAN_RECORDED
 
 __all__ = ["IntraOpResult", "intra_op_search", "intra_op_result", "default_mesh_shape",
            "make_logical_mesh", "mesh_shapes_for", "plan_from_solution"]
@@ -167,7 +167,7 @@ def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float],
 
 def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
     """Per operator: whether it is a forward operator, and whether its primitive is one a plan
-    always lists (:data:`autoplan._primitives.PLAN_RECORDED`); once per graph."""
+    always lists (:data:`autoplan.tracing._primitives.PLAN_RECORDED`); once per graph."""
     return memo(graph, "plan_op_kinds", lambda: (
         [op.role == "forward" for op in graph.ops],
         [op.primitive in PLAN_RECORDED for op in graph.ops]))

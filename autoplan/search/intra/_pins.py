@@ -9,7 +9,7 @@ resolved:
 
 * :func:`resolve_pins` turns either kind of key into ``{input tensor id: PartitionSpec}`` once per
   graph (:func:`pinned_by` with the key that pinned each input);
-* :func:`pin_specs` turns those into checked :class:`~autoplan._spec.Spec` s on a logical mesh,
+* :func:`pin_specs` turns those into checked :class:`~autoplan.plans._spec.Spec` s on a logical mesh,
   once per graph, mesh and pins (what the ILP fixes);
 * :func:`pins_by_name` rewrites tensor-id keys as their inputs' names, for a graph traced again
   (the pipeline search's micro-batch graph, whose tensor ids differ);
@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING, Any
 from jax.sharding import PartitionSpec as P
 
 from autoplan._errors import SearchError
-from autoplan._graph import OpGraph
 from autoplan._memo import memo
-from autoplan._spec import Spec
-from autoplan.search.intra._spec import checked_spec, replicated
+from autoplan.plans._spec import Spec
+from autoplan.search.intra._spec_space import checked_spec, replicated
+from autoplan.tracing._graph import OpGraph
 
 if TYPE_CHECKING:
-    from autoplan._cluster import Cluster, LogicalMesh
+    from autoplan.costs._cluster import Cluster, LogicalMesh
 
 __all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by",
            "pins_key", "pin_specs", "pins_by_name", "baseline_pins", "renamed_pin",

@@ -29,11 +29,11 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
-from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._memo import per_owner
-from autoplan._plan import Comm
-from autoplan._spec import Spec
+from autoplan.costs._cluster import LogicalMesh
+from autoplan.plans._plan import Comm
+from autoplan.plans._spec import Spec
 
 __all__ = ["reshard", "reshard_time"]
 

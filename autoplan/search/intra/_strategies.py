@@ -83,17 +83,17 @@ from typing import Any
 
 import numpy as np
 
-from autoplan import _primitives
-from autoplan._cluster import COMBINE_THRESHOLD, LogicalMesh
 from autoplan._dtype import dtype_bytes, is_partitionable_key
-from autoplan._graph import OpGraph, OpNode
 from autoplan._memo import memo
-from autoplan._operands import operand_arrays
 from autoplan._options import require_instance
-from autoplan._plan import Comm
-from autoplan._spec import Spec, tile_count
+from autoplan.costs._cluster import COMBINE_THRESHOLD, LogicalMesh
+from autoplan.plans._plan import Comm
+from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._reshard import mesh_id
-from autoplan.search.intra._spec import enumerate_specs, replicated
+from autoplan.search.intra._spec_space import enumerate_specs, replicated
+from autoplan.tracing import _primitives
+from autoplan.tracing._graph import OpGraph, OpNode
+from autoplan.tracing._operands import operand_arrays
 
 __all__ = [
     "Strategy",
@@ -167,7 +167,7 @@ class Strategy:
 # primitive classes
 # ---------------------------------------------------------------------------------------------
 
-# The classes are views of the primitive registry (:mod:`autoplan._primitives`), which says
+# The classes are views of the primitive registry (:mod:`autoplan.tracing._primitives`), which says
 # what each primitive is and holds the follower rules :func:`_follow` dispatches to.
 ELEMENTWISE = _primitives.ELEMENTWISE
 #: primitives whose strategy is inferred from one operand's spec (merged into it by the ILP)
@@ -507,7 +507,7 @@ def leader_operand(op: OpNode, candidates: Sequence[int] | None = None,
 def _follow(op: OpNode, k: int, spec: Spec, sizes: dict[str, int]
             ) -> tuple[tuple, tuple, list, int | None] | None:
     """``(in_specs, out_specs, comms, work)`` when operand ``k`` has ``spec``; None if no rule
-    (the primitive's follower rule in the registry, :data:`autoplan._primitives.RULES`)."""
+    (the primitive's follower rule in the registry, :data:`autoplan.tracing._primitives.RULES`)."""
     outs_shapes = op.out_shapes
     if not outs_shapes:
         return None

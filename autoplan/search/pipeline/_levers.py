@@ -8,7 +8,7 @@ two levers of large-model training, chosen here per stage inside the stage costs
   synchronised over (its data-parallel axes, of ``D`` devices; per tensor the ``d`` of them its
   spec does not split already): ``z >= 1`` shards the optimizer state (``/ d``), ``z >= 2`` the
   gradient accumulation buffers (``/ D``), ``z = 3`` the parameters (``/ d``). Communication,
-  from the cluster's collective costs (:meth:`~autoplan._cluster.LogicalMesh.collective_time`):
+  from the cluster's collective costs (:meth:`~autoplan.costs._cluster.LogicalMesh.collective_time`):
   ZeRO-1 replaces each gradient all-reduce by a reduce-scatter of the same bytes and
   all-gathers the updated parameters once per step; ZeRO-2 also keeps the accumulated gradient
   sharded, so the reduce-scatter runs after every micro-batch's backward (discounted by the
@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from autoplan._spec import tile_count
-from autoplan.search.intra._spec import tiles
+from autoplan.plans._spec import tile_count
+from autoplan.search.intra._spec_space import tiles
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "DP_VARIANTS",
            "EXEC_NOTE", "ZERO_LEVELS"]
@@ -371,7 +371,7 @@ def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], sta
     ``(StageLevers, its terms with them)``; None when no choice fits. The micro-batches in
     flight are the schedule's: GPipe ``B``, 1F1B ``min(S - s, B)``, the simulated peaks of
     ZB-H1 (per stage) and of interleaved 1F1B (per mesh, over its chunks)."""
-    from autoplan._schedule import SPLIT_KINDS  # noqa: PLC0415
+    from autoplan.plans._schedule import SPLIT_KINDS  # noqa: PLC0415
 
     S = len(chunks)
     levs = []

@@ -44,7 +44,7 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    run sees them as extra configurations; the simulation chooses each stage's).
 6. **Ranking by simulation.** The DP's best few layouts (each ``t_max`` optimum it met, under
    several caps on the number of stages) are simulated under the schedule asked for
-   (:func:`~autoplan._schedule.schedule_events`: GPipe, 1F1B, interleaved 1F1B on the layout's
+   (:func:`~autoplan.plans._schedule.schedule_events`: GPipe, 1F1B, interleaved 1F1B on the layout's
    layers cut into ``v`` chunks per mesh, ZB-H1 with each backward split into its input- and
    weight-gradient parts; ``"auto"`` weighs each layout under all but GPipe and keeps the best,
    see :func:`_evaluate_kind`), with the stages' forward and
@@ -81,23 +81,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoplan._cluster import Cluster, LogicalMesh, send_recv_time
 from autoplan._errors import InfeasiblePlanError, SearchError, TraceError
-from autoplan._graph import OpGraph
 from autoplan._memo import memo
 from autoplan._options import check_memory_budget, require_workload
-from autoplan._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
-from autoplan._primitives import STOP_REDUCTIONS
-from autoplan._schedule import (
+from autoplan.costs._cluster import Cluster, LogicalMesh, send_recv_time
+from autoplan.plans._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan.plans._schedule import (
     SPLIT_KINDS,
     ScheduleStats,
     schedule_events,
     schedule_summary,
     schedule_table,
 )
-from autoplan._spec import tile_count
-from autoplan._trace import trace
-from autoplan._workload import Workload, as_workload
+from autoplan.plans._spec import tile_count
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._layers import LayerGroup, group_layers, op_layer_names
 from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
@@ -110,9 +106,13 @@ from autoplan.search.intra._intra import (
 )
 from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._reshard import reshard
-from autoplan.search.intra._spec import replicated, tiles
+from autoplan.search.intra._spec_space import replicated, tiles
 from autoplan.search.intra._strategies import HEAVY, combined_latency
 from autoplan.search.pipeline._stage_dp import place_submeshes, range_sums, stage_dp, submesh_shapes
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._primitives import STOP_REDUCTIONS
+from autoplan.tracing._trace import trace
+from autoplan.tracing._workload import Workload, as_workload
 
 __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workload_args",
            "layer_dag", "batch_size", "layer_cost", "per_step_weighted"]
@@ -1301,7 +1301,7 @@ class _Eval:
 
     @property
     def events(self) -> list:
-        """The simulated schedule's events (:func:`~autoplan._schedule.schedule_events`)."""
+        """The simulated schedule's events (:func:`~autoplan.plans._schedule.schedule_events`)."""
         return schedule_events(*self.timing[0], **self.timing[1])
 
     @property

@@ -20,7 +20,7 @@ run before it; with ``step_cost`` the DP minimises
     T = \\sum_{s=1}^{S} t_s + (B - 1) \\max_s t_s + u_1,
 
 exact whenever ``u_s <= u_1 + (backward time of the stages before s)``; the pipeline search
-simulates its best few layouts to rank them (:mod:`autoplan._schedule`). The
+simulates its best few layouts to rank them (:mod:`autoplan.plans._schedule`). The
 module is pure: numpy in, a frozen dataclass out.
 
 References:

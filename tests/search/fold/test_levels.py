@@ -108,7 +108,7 @@ def test_search_reports_level_statistics():
 
 
 def test_symbolic_shape_check_counts_invalid_assignments():
-    from autoplan.search.intra._spec import enumerate_specs, pruned_by_shape_check
+    from autoplan.search.intra._spec_space import enumerate_specs, pruned_by_shape_check
 
     mesh = autoplan.Cluster.parse("cpu:8").logical_mesh((2, 4))
     # dim of 6 on axes of 2 and 4: x alone divides it; y, and x with y, do not

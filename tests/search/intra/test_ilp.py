@@ -29,7 +29,7 @@ from autoplan.search.intra._ilp import (
     updated_input_pairs,
 )
 from autoplan.search.intra._solver import SolverTimeoutWarning
-from autoplan.search.intra._spec import enumerate_specs
+from autoplan.search.intra._spec_space import enumerate_specs
 
 CL = Cluster.preset("p3.16xlarge")
 S = jax.ShapeDtypeStruct

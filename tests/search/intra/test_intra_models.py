@@ -188,8 +188,8 @@ def test_the_plans_records_equal_their_checked_construction(gpt):
     the same fields, with canonical specs and tuples."""
     from dataclasses import fields
 
-    from autoplan._plan import InputSpec, OpSharding, TensorSharding, canonical_record
-    from autoplan._spec import Spec
+    from autoplan.plans._plan import InputSpec, OpSharding, TensorSharding, canonical_record
+    from autoplan.plans._spec import Spec
 
     _, graph = gpt
     plan = intra_op_search(graph, P3, (2, 4), label="records").plan

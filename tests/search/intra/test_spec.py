@@ -1,4 +1,4 @@
-"""Sharding specs over a logical mesh (autoplan.search.intra._spec) and resharding costs (_reshard)."""
+"""Sharding specs over a logical mesh (autoplan.search.intra._spec_space) and resharding costs (_reshard)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from autoplan import Cluster, SearchError
-from autoplan._spec import Spec
+from autoplan.plans._spec import Spec
 from autoplan.search.intra._reshard import reshard
-from autoplan.search.intra._spec import (
+from autoplan.search.intra._spec_space import (
     alpa_name,
     bytes_per_device,
     check_spec,

@@ -10,8 +10,7 @@ import pytest
 
 import autoplan
 from autoplan import Cluster
-from autoplan._graph import OpNode
-from autoplan._spec import Spec
+from autoplan.plans._spec import Spec
 from autoplan.search.intra._strategies import (
     Strategy,
     combined_latency,
@@ -20,6 +19,7 @@ from autoplan.search.intra._strategies import (
     leader_operand,
     strategies,
 )
+from autoplan.tracing._graph import OpNode
 
 CL = Cluster.preset("p3.16xlarge")
 M18 = CL.logical_mesh((1, 8))

@@ -179,7 +179,7 @@ def test_summary_shows_each_stages_levers(tight):
 
 def test_memory_figure_shows_the_levers(tight):
     from autoplan.viz import memory_figure
-    from autoplan.viz._pipeline import memory_breakdown
+    from autoplan.viz._timeline import memory_breakdown
 
     best = tight[0].plans[0]
     fig = memory_figure(best)
@@ -192,7 +192,7 @@ def test_memory_figure_shows_the_levers(tight):
         assert (int(remat.group(1)) if remat else 0) == len(s.remat_layers)
     assert "not yet applied by the executor" in fig.layout.title.text
     # the stage figure's devices name their stage's levers on hover
-    from autoplan._plan_text import stage_levers
+    from autoplan.plans._plan_text import stage_levers
     from autoplan.viz import stage_figure
 
     hovers = [t for row in stage_figure(best).data[0].hovertext for t in row]

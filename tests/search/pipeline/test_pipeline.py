@@ -6,8 +6,8 @@ import pytest
 
 import autoplan
 from autoplan import models
-from autoplan._plan import Plan
 from autoplan.algorithms import group_layers, pipeline_search
+from autoplan.plans._plan import Plan
 from autoplan.search.pipeline._pipeline import _is_chain, layer_dag
 
 

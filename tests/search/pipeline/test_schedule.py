@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplan._errors import SearchError
-from autoplan._schedule import (
+from autoplan.plans._schedule import (
     StagePass,
     gpipe_table,
     one_f_one_b_table,

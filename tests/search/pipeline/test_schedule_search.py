@@ -10,7 +10,7 @@ import pytest
 
 import autoplan
 from autoplan import models
-from autoplan._schedule import schedule_summary, schedule_table
+from autoplan.plans._schedule import schedule_summary, schedule_table
 
 
 @pytest.fixture(scope="module")

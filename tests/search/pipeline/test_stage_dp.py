@@ -436,7 +436,7 @@ def test_first_stage_config_trades_time_for_per_step_work():
 def test_dp_latency_of_balanced_stages_equals_the_simulated_step():
     """Alpa's Eq. 2 plus the first stage's per-step work is the 1F1B and GPipe makespan plus
     the last update when stages are balanced and transfers free."""
-    from autoplan._schedule import schedule_events, schedule_stats
+    from autoplan.plans._schedule import schedule_events, schedule_stats
 
     L, N, M = 4, 1, 4
     shapes = submesh_shapes(N, M)

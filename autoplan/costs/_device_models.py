@@ -1,6 +1,6 @@
 """Device models for the datasheet presets: per-precision peak rates and measured saturation.
 
-A datasheet preset (:data:`autoplan._cluster.PRESETS`) cannot time its devices, so it models
+A datasheet preset (:data:`autoplan.costs._cluster.PRESETS`) cannot time its devices, so it models
 them: the datasheet's peak rate for each precision the device runs (``float64``, ``float32`` on
 the vector units, ``tf32``, ``float16`` and ``bfloat16`` on the tensor cores, ``float8``), its
 memory bandwidth, and how close to those peaks an operation of a given size gets.
@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 
-from ._fit import Curve
+from autoplan.costs._fit import Curve
 
 __all__ = ["PRECISIONS", "SATURATION", "REFERENCE_PROFILES", "precision", "saturated_time",
            "saturation_from_profiles"]

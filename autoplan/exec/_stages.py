@@ -99,14 +99,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from autoplan._dtype import dtype_bytes, is_key_dtype
 from autoplan._errors import ExecutionError
-from autoplan._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
-from autoplan._signature import step_signature
-from autoplan._trace import OpaqueControlFlowWarning, trace
-from autoplan._workload import is_key_leaf
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
 from autoplan.exec._transfer import move, replicated_on, transfer
+from autoplan.plans._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
+from autoplan.tracing._signature import step_signature
+from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
+from autoplan.tracing._workload import is_key_leaf
 
 __all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "transfer", "executions_per_run",
            "error_summary", "first_scalar"]
@@ -614,7 +614,7 @@ class _Split:
     # ---- layout of accumulators and new state ------------------------------------------
     def _state_inputs(self) -> dict[int, int]:
         """Result tensor -> the non-batch input it replaces next step (as the step's
-        :class:`~autoplan._signature.StepSignature` maps its results onto its arguments)."""
+        :class:`~autoplan.tracing._signature.StepSignature` maps its results onto its arguments)."""
         prog = self.prog
         out: dict[int, int] = {}
         for i, j in self.signature.state:

@@ -20,10 +20,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .._dtype import dtype_bytes
-from .._plan import Plan, Stage, require_plan
-from .._plan_text import stage_levers
-from ._style import (
+from autoplan._dtype import dtype_bytes
+from autoplan.plans._plan import Plan, Stage, require_plan
+from autoplan.plans._plan_text import stage_levers
+from autoplan.viz._style import (
     IDLE_COLOR,
     TEMPLATE,
     UNUSED_COLOR,

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autoplan._graph import OpGraph
 from autoplan._memo import per_owner
+from autoplan.tracing._graph import OpGraph
 
 __all__ = ["OperandArrays", "operand_arrays", "index_in_run", "runs"]
 

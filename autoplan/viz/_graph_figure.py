@@ -20,9 +20,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .._analysis import FoldingAnalysis, SegmentSummary
-from .._errors import ArgumentError
-from ._style import TEMPLATE, class_color, escape, legend_swatch
+from autoplan._analysis import FoldingAnalysis, SegmentSummary
+from autoplan._errors import ArgumentError
+from autoplan.viz._style import TEMPLATE, class_color, escape, legend_swatch
 
 __all__ = ["graph_figure"]
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from autoplan._errors import ModelError
 
 if TYPE_CHECKING:
-    from autoplan._workload import Workload
+    from autoplan.tracing._workload import Workload
 
 __all__ = ["load_workload", "workload_spec", "parse_spec", "is_function_spec",
            "source_files", "shadowed_stdlib"]
@@ -109,14 +109,14 @@ def __getattr__(name: str) -> Any:
     (the one workload type; its ``origin`` says ``"function"`` for a ``module:function``),
     imported on first use (this module loads without JAX)."""
     if name == "LoadedWorkload":
-        from autoplan._workload import Workload  # noqa: PLC0415
+        from autoplan.tracing._workload import Workload  # noqa: PLC0415
 
         return Workload
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_workload_like(obj: Any) -> bool:
-    from autoplan._workload import is_workload_like  # noqa: PLC0415
+    from autoplan.tracing._workload import is_workload_like  # noqa: PLC0415
 
     return is_workload_like(obj)
 
@@ -210,7 +210,7 @@ def workload_spec(workload: Any) -> dict[str, Any] | None:
     """
     if isinstance(workload, (str, Mapping)):
         return parse_spec(workload)
-    from autoplan._workload import Workload  # noqa: PLC0415
+    from autoplan.tracing._workload import Workload  # noqa: PLC0415
 
     if isinstance(workload, Workload):
         spec = workload.spec
@@ -357,7 +357,7 @@ def _as_workload(obj: Any, spec: dict[str, Any] | None, abstract: bool | None,
     ``abstract`` None: the function already chose (it took an ``abstract`` argument). True: keep
     what the object gives. False: make concrete arrays when the object gives shapes.
     """
-    from autoplan._workload import Origin, Workload, as_workload  # noqa: PLC0415
+    from autoplan.tracing._workload import Origin, Workload, as_workload  # noqa: PLC0415
 
     label = spec["model"] if spec is not None else None
     wl = as_workload(obj, f"workload {label!r}" if label else "workload")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ._dtype import dtype_bytes, is_key_dtype
+from autoplan._dtype import dtype_bytes, is_key_dtype
 
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
 
@@ -171,7 +171,7 @@ class OpGraph:
     warnings: list[str] = field(default_factory=list)
     origin: list[int] | None = field(default=None, repr=False)
     #: the pytree structure of each positional argument of the traced step
-    #: (:class:`autoplan._workload.ArgTree`), when traced from arguments
+    #: (:class:`autoplan.tracing._workload.ArgTree`), when traced from arguments
     arg_trees: tuple[Any, ...] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:

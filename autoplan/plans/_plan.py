@@ -5,16 +5,16 @@ an intra-operator-only plan), each stage's submesh and logical mesh, the Partiti
 graph input (parameters, optimizer state, batch) keyed by pytree path, the sharding of the heavy
 operators (dot/conv: their strategy and tensor specs), the schedule, and the predictions.
 
-Specs are stored as :class:`autoplan._spec.Spec` values, one entry per tensor dimension: ``None``
+Specs are stored as :class:`autoplan.plans._spec.Spec` values, one entry per tensor dimension: ``None``
 (replicated along that dimension) or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``), the
 same information as a ``jax.sharding.PartitionSpec``; the JSON writes each as a list of entries.
 ``Plan.to_json()``/``Plan.from_json()`` round-trip exactly.
 
-Every record is immutable all the way down (its mappings are :class:`~autoplan._frozen.FrozenDict`,
+Every record is immutable all the way down (its mappings are :class:`~autoplan.plans._frozen.FrozenDict`,
 its sequences tuples, whatever its constructor was given) and hashable. What a plan does lives in
 functions of their own, which the methods call: the JAX views and checks in
-:mod:`autoplan._plan_jax`, the texts in :mod:`autoplan._plan_text`, the file format in
-:mod:`autoplan._planfile`, the code snippet in :mod:`autoplan._code`.
+:mod:`autoplan.plans._plan_jax`, the texts in :mod:`autoplan.plans._plan_text`, the file format in
+:mod:`autoplan.plans._planfile`, the code snippet in :mod:`autoplan.plans._code`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ._cluster import Cluster
-from ._errors import ArgumentError, ArgumentTypeError
-from ._frozen import FrozenDict, freeze_fields, immutable_type
-from ._plan_check import warn_contradictions
-from ._plan_jax import check_matches, input_trees, logical_axis_rules, named_shardings, stage_mesh
-from ._plan_text import describe, plan_html, summary
-from ._planfile import field_sets, plan_to_dict, read_plan_json, validate_plan_dict, write_plan_json
-from ._spec import Spec
+from autoplan._errors import ArgumentError, ArgumentTypeError
+from autoplan.costs._cluster import Cluster
+from autoplan.plans._frozen import FrozenDict, freeze_fields, immutable_type
+from autoplan.plans._plan_check import warn_contradictions
+from autoplan.plans._plan_jax import (
+    check_matches,
+    input_trees,
+    logical_axis_rules,
+    named_shardings,
+    stage_mesh,
+)
+from autoplan.plans._plan_text import describe, plan_html, summary
+from autoplan.plans._planfile import (
+    field_sets,
+    plan_to_dict,
+    read_plan_json,
+    validate_plan_dict,
+    write_plan_json,
+)
+from autoplan.plans._spec import Spec
 
 __all__ = ["SCHEMA_VERSION", "LEVELS", "Spec", "TensorSharding", "Comm", "OpSharding", "InputSpec", "Stage",
            "Schedule", "Predicted", "Plan", "require_plan", "spec_to_pspec", "pspec_to_spec", "spec_str"]
@@ -46,24 +58,24 @@ picks one of the other three (see :mod:`autoplan.search.fold._levels`)."""
 def _deprecated(old: str, new: str) -> None:
     import warnings  # noqa: PLC0415
 
-    warnings.warn(f"autoplan._plan.{old} is deprecated and will be removed in the next release; "
+    warnings.warn(f"autoplan.plans._plan.{old} is deprecated and will be removed in the next release; "
                   f"use {new}.", DeprecationWarning, stacklevel=3)
 
 
 def spec_to_pspec(spec: Sequence[Any]) -> Any:
-    """Deprecated: use ``Spec.of(spec).to_pspec()`` (:meth:`autoplan._spec.Spec.to_pspec`)."""
-    _deprecated("spec_to_pspec", "autoplan._spec.Spec.to_pspec")
+    """Deprecated: use ``Spec.of(spec).to_pspec()`` (:meth:`autoplan.plans._spec.Spec.to_pspec`)."""
+    _deprecated("spec_to_pspec", "autoplan.plans._spec.Spec.to_pspec")
     return Spec.of(spec).to_pspec()
 
 
 def pspec_to_spec(pspec: Any, ndim: int) -> Spec:
-    """Deprecated: use :meth:`autoplan._spec.Spec.from_pspec`."""
-    _deprecated("pspec_to_spec", "autoplan._spec.Spec.from_pspec")
+    """Deprecated: use :meth:`autoplan.plans._spec.Spec.from_pspec`."""
+    _deprecated("pspec_to_spec", "autoplan.plans._spec.Spec.from_pspec")
     return Spec.from_pspec(tuple(pspec)[:ndim], ndim)
 
 
 def spec_str(spec: Sequence[Any]) -> str:
-    """Deprecated: use ``str(spec)`` of a :class:`autoplan._spec.Spec`."""
+    """Deprecated: use ``str(spec)`` of a :class:`autoplan.plans._spec.Spec`."""
     _deprecated("spec_str", "str(Spec)")
     return str(Spec.of(spec))
 
@@ -78,7 +90,7 @@ class TensorSharding:
         role: ``"input"``, ``"weight"`` or ``"output"``.
         shape: global shape.
         dtype: dtype name.
-        spec: per-dimension mesh axes (:class:`autoplan._spec.Spec`).
+        spec: per-dimension mesh axes (:class:`autoplan.plans._spec.Spec`).
     """
 
     name: str
@@ -93,7 +105,7 @@ class TensorSharding:
         freeze_fields(self)
 
     def tiles(self, mesh_shape: Sequence[int], axis_names: Sequence[str]) -> int:
-        """How many tiles the tensor is cut into (:meth:`autoplan._spec.Spec.tiles`)."""
+        """How many tiles the tensor is cut into (:meth:`autoplan.plans._spec.Spec.tiles`)."""
         return self.spec.tiles(mesh_shape, axis_names)
 
 
@@ -155,7 +167,7 @@ class InputSpec:
         arg: positional argument index; ``arg_name`` its name; ``path`` its ``keystr`` in it.
         kind: ``parameter``, ``optimizer_state``, ``batch`` or ``input``.
         shape, dtype: the leaf's.
-        spec: per-dimension mesh axes (:class:`autoplan._spec.Spec`).
+        spec: per-dimension mesh axes (:class:`autoplan.plans._spec.Spec`).
         stage: the pipeline stage that holds it (0 for intra-op plans).
     """
 
@@ -247,7 +259,7 @@ class Stage:
             (``jax.checkpoint``), a subset of ``layers``.
 
     The three lever fields are written to a plan file only when set (see
-    :mod:`autoplan._planfile`); the stage executor does not apply them yet (a plan that uses
+    :mod:`autoplan.plans._planfile`); the stage executor does not apply them yet (a plan that uses
     them says so in its notes).
     """
 
@@ -372,7 +384,7 @@ class Plan:
         notes: remarks of the search (the level used and why, fallbacks).
         arg_types: per positional argument of the step, the container types its pytree holds
             that the recorded paths cannot rebuild (``"flax.nnx.statelib.State"``, ``"None"``,
-            ``"tuple"``, ...; see :class:`autoplan._workload.ArgTree`); empty for nested dicts
+            ``"tuple"``, ...; see :class:`autoplan.tracing._workload.ArgTree`); empty for nested dicts
             and lists. Written to the plan file.
         analysis: the folding analysis of the graph the plan was searched on, as plain data
             (segments in model order with their mined classes, critical nodes, fold ratio, the
@@ -519,7 +531,7 @@ class Plan:
         returns ``NamedSharding`` pytrees mirroring the train step's positional arguments, in
         their own container types: ready for ``jax.jit(step, in_shardings=...)`` and
         ``jax.device_put``. The specs are written as a few rules over the leaves' paths (one
-        per kind of leaf, repeated layers sharing a rule; see :mod:`autoplan._code`), checked to
+        per kind of leaf, repeated layers sharing a rule; see :mod:`autoplan.plans._code`), checked to
         reproduce every input's spec; ``shardings_for(args)`` equals
         ``plan.named_shardings(like=args)``.
 
@@ -540,7 +552,7 @@ class Plan:
             >>> step = jax.jit(wl.fn, in_shardings=ns["shardings_for"](wl.args))
             >>> loss = step(*wl.args)[0]
         """
-        from ._code import plan_to_code  # noqa: PLC0415
+        from autoplan.plans._code import plan_to_code  # noqa: PLC0415
 
         return plan_to_code(self, logical_axis_rules=logical_axis_rules)
 
@@ -563,7 +575,7 @@ class Plan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
         """A plan from its dict (``Plan.to_dict()``, or a parsed plan file), validated as a whole
-        (see :mod:`autoplan._planfile` for every check).
+        (see :mod:`autoplan.plans._planfile` for every check).
 
         Raises:
             PlanFileError: not a plan, another schema version, or a field that is missing, of the
@@ -573,7 +585,7 @@ class Plan:
         Warns:
             PlanContradictionWarning: a well-formed plan that contradicts itself (inputs changed
                 after it was made, a stage holding other layers than its range, a schedule kind
-                over another kind's table...; see :mod:`autoplan._plan_check`): it can be looked
+                over another kind's table...; see :mod:`autoplan.plans._plan_check`): it can be looked
                 at, but ``exec.run`` and ``launch`` refuse it.
         """
         plan = cls._from_checked(d, "Plan.from_dict")

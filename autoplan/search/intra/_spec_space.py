@@ -1,8 +1,8 @@
-"""Sharding specs over a logical device mesh: the search's side of :class:`autoplan._spec.Spec`.
+"""Sharding specs over a logical device mesh: the search's side of :class:`autoplan.plans._spec.Spec`.
 
 A spec says, for each dimension of a tensor, which mesh axes it is split over: ``None`` for a
 replicated dimension, or a tuple of mesh-axis names (``("x",)``, ``("x", "y")``); the value type
-is :class:`autoplan._spec.Spec`, which plans store too. In Alpa's notation, on a 2-D mesh with
+is :class:`autoplan.plans._spec.Spec`, which plans store too. In Alpa's notation, on a 2-D mesh with
 axes ``(x, y)``, a matrix spec ``(("x",), None)`` is ``S^0R``, ``(None, ("y",))`` is ``RS^1`` and
 ``(("x", "y"), None)`` is ``S^{01}R``. This module enumerates the valid specs of a shape on a
 mesh and validates user-given ones.
@@ -24,11 +24,11 @@ from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import Any
 
-from autoplan._cluster import LogicalMesh
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
 from autoplan._options import require_instance
-from autoplan._spec import Spec, split_error, tile_count
+from autoplan.costs._cluster import LogicalMesh
+from autoplan.plans._spec import Spec, split_error, tile_count
 
 __all__ = [
     "Spec",
@@ -159,7 +159,7 @@ def enumerate_specs(shape: Sequence[int], mesh: LogicalMesh,
         max_split_dims: at most this many dimensions split (None: no limit).
 
     Returns:
-        The specs (:class:`~autoplan._spec.Spec`, one entry per dimension).
+        The specs (:class:`~autoplan.plans._spec.Spec`, one entry per dimension).
 
     Examples:
         >>> from autoplan import Cluster
@@ -187,7 +187,7 @@ def alpa_name(spec: Spec, mesh: LogicalMesh) -> str:
 
 
 def checked_spec(pspec: Any, shape: Sequence[int], mesh: LogicalMesh | None = None) -> Spec:
-    """A ``PartitionSpec`` (or a spec tuple) as the :class:`~autoplan._spec.Spec` of ``shape``,
+    """A ``PartitionSpec`` (or a spec tuple) as the :class:`~autoplan.plans._spec.Spec` of ``shape``,
     validated on ``mesh``: the form pins and fixed specs take in the search.
 
     Raises:

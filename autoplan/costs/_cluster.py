@@ -64,17 +64,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ._devices import PRECISIONS as _PRECISIONS
-from ._devices import peak_rate as _peak_rate
-from ._devices import precision as _precision
-from ._devices import saturated_time as _saturated_time
-from ._errors import ClusterError
-from ._fit import fit_line as fit_line
-from ._fit import interpolate as _interpolate
-from ._fit import running_max as _running_max
-from ._io import cache_dir as _cache_folder
-from ._io import private_folder, read_input_bytes
-from ._memo import memo
+from autoplan._errors import ClusterError
+from autoplan._io import cache_dir as _cache_folder
+from autoplan._io import private_folder, read_input_bytes
+from autoplan._memo import memo
+from autoplan.costs._device_models import PRECISIONS as _PRECISIONS
+from autoplan.costs._device_models import peak_rate as _peak_rate
+from autoplan.costs._device_models import precision as _precision
+from autoplan.costs._device_models import saturated_time as _saturated_time
+from autoplan.costs._fit import fit_line as fit_line
+from autoplan.costs._fit import interpolate as _interpolate
+from autoplan.costs._fit import running_max as _running_max
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
            "PRESETS", "COMBINE_THRESHOLD", "MAX_DEVICES", "MAX_SEARCH_DEVICES", "cache_dir",
@@ -255,14 +255,14 @@ class Cluster:
         platform: the JAX platform the profile was measured on (``cpu``, ``gpu``, ``tpu``).
         quick: the profile was measured with ``quick=True`` (fewer sizes).
         peak_rates: a datasheet device model's peak FLOP/s per precision (``(precision, rate)``
-            pairs over :data:`autoplan._devices.PRECISIONS`); an operator runs at the rate of
-            its dtype (see :mod:`autoplan._devices`). Empty: every dtype at ``peak_flops``.
+            pairs over :data:`autoplan.costs._device_models.PRECISIONS`); an operator runs at the rate of
+            its dtype (see :mod:`autoplan.costs._device_models`). Empty: every dtype at ``peak_flops``.
         float32_dot: the platform's default precision for float32 dots and convolutions:
             ``"tf32"`` where XLA runs them on TF32 tensor cores (NVIDIA Ampere and later), else
             ``"float32"``.
         saturation: ``"gpu"`` to charge operations the achievable fraction of their peak that
             the saturation curves measured on real GPUs give at their size
-            (:data:`autoplan._devices.SATURATION`); empty for a flat rate.
+            (:data:`autoplan.costs._device_models.SATURATION`); empty for a flat rate.
         sources: where each datasheet number comes from (``(field, source)`` pairs).
         nvlinks: the links between the devices of a node where they are not all equally
             connected, ``(device a, device b, links)`` per linked pair (local ids); empty where
@@ -459,7 +459,7 @@ class Cluster:
         Returns:
             The measured :class:`Cluster`.
         """
-        from ._profile import cache_key  # noqa: PLC0415
+        from autoplan.costs._profile import cache_key  # noqa: PLC0415
 
         key = cache_key(devices)
         base = cache_dir()
@@ -474,7 +474,7 @@ class Cluster:
         cluster = profile(devices, quick=quick, progress=progress)
         from pathlib import Path  # noqa: PLC0415
 
-        from ._io import atomic_write_bytes  # noqa: PLC0415
+        from autoplan._io import atomic_write_bytes  # noqa: PLC0415
 
         named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))  # (0700 when made, the entry 0600)
         if private_folder(Path(base), create=True, own=not named):
@@ -537,7 +537,7 @@ class Cluster:
         """
         text = json.dumps({"schema": "autoplan.cluster", **self.to_dict()}, indent=indent)
         if path is not None:
-            from ._io import atomic_write_text  # noqa: PLC0415
+            from autoplan._io import atomic_write_text  # noqa: PLC0415
 
             atomic_write_text(path, text)
         return text
@@ -850,7 +850,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
             progress: bool = True) -> Cluster:
     """Profile the attached devices: a measured :class:`Cluster` named ``local``.
 
-    Runs the micro-benchmarks of :mod:`autoplan._profile` on every device at once (the way a plan
+    Runs the micro-benchmarks of :mod:`autoplan.costs._profile` on every device at once (the way a plan
     runs): matmul and convolution throughput by size for each dtype the platform runs, memory
     bandwidth, launch and kernel overheads, and all-reduce, all-gather, reduce-scatter,
     all-to-all and send/recv over every mesh-axis geometry of the search's 2-D meshes over a
@@ -876,7 +876,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         >>> cluster.describe_profile()                          # doctest: +SKIP
         'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
     """
-    from ._profile import measure  # noqa: PLC0415
+    from autoplan.costs._profile import measure  # noqa: PLC0415
 
     m = measure(devices, quick=quick, progress=progress)
     curves = tuple(ThroughputCurve.from_measurements(op, dt, f, t) for op, dt, f, t in m.curves)
@@ -1096,7 +1096,7 @@ _V100_SOURCES = (("peak_rates", f"{_V100}: FP64 7.8, FP32 15.7, tensor (FP16) 12
                  ("memory_bandwidth", f"{_V100}: HBM2 900 GB/s"),
                  ("intra_bandwidth", f"{_V100}: NVLink 300 GB/s per GPU (both directions); "
                                      "150 GB/s used, one direction"),
-                 ("saturation", "autoplan._devices.SATURATION: measured on an H100 and an H200 "
+                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on an H100 and an H200 "
                                 "(docs/profiles/), scaled to these peaks"))
 #: the NVLink links of an 8 x V100 SXM2 board, the hybrid cube-mesh of NVIDIA's DGX-1 (NVIDIA
 #: DGX-1 System Architecture white paper, WP-08437-001: six NVLinks per V100, each 25 GB/s per
@@ -1151,7 +1151,7 @@ PRESETS: dict[str, Cluster] = {
                  ("intra_bandwidth", f"{_A100}: NVLink 600 GB/s per GPU (both directions)"),
                  ("inter_bandwidth", "NVIDIA DGX A100 datasheet: 8 x 200 Gb/s HDR InfiniBand"),
                  ("float32_dot", "JAX/XLA default matmul precision on Ampere: TF32"),
-                 ("saturation", "autoplan._devices.SATURATION: measured on an H100 and an H200 "
+                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on an H100 and an H200 "
                                 "(docs/profiles/), scaled to these peaks"))),
     # NVIDIA DGX H100: 8 x H100 80 GB (3.35 TB/s HBM3), NVLink 450 GB/s per direction, 8 x 400 Gbps
     # InfiniBand.
@@ -1168,7 +1168,7 @@ PRESETS: dict[str, Cluster] = {
                  ("intra_bandwidth", f"{_H100}: NVLink 900 GB/s per GPU (both directions)"),
                  ("inter_bandwidth", "NVIDIA DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7"),
                  ("float32_dot", "JAX/XLA default matmul precision on Hopper: TF32"),
-                 ("saturation", "autoplan._devices.SATURATION: measured on this device and an "
+                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on this device and an "
                                 "H200 (docs/profiles/)"))),
     # Emulated CPU devices (jax_num_cpu_devices): one host, shared memory. Uncalibrated round
     # numbers; profile the machine (autoplan.profile) for costs that match it.

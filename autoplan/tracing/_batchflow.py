@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._memo import per_owner
+from autoplan._memo import per_owner
 
 __all__ = ["Mixing", "mixing", "mixing_of", "batch_axes", "random_draws", "MIXING_NOTE", "RANDOM_NOTE"]
 

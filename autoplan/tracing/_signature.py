@@ -239,7 +239,7 @@ def workload_signature(workload: Any) -> StepSignature:
     """
     import jax  # noqa: PLC0415
 
-    from autoplan._workload import _param_names, as_workload  # noqa: PLC0415
+    from autoplan.tracing._workload import _param_names, as_workload  # noqa: PLC0415
 
     wl = as_workload(workload)
     args = jax.tree_util.tree_map(

@@ -1,6 +1,6 @@
 """Plans that contradict themselves or their workload.
 
-:mod:`autoplan._planfile` checks that a plan file is well formed, field by field and against
+:mod:`autoplan.plans._planfile` checks that a plan file is well formed, field by field and against
 the cluster; a file edited by hand can pass it and still say two things at once. This module
 finds those contradictions, wherever a plan is read:
 
@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import PlanFileError, PlanMismatchError
-from ._graph import ARG_KINDS
+from autoplan._errors import PlanFileError, PlanMismatchError
+from autoplan.tracing._graph import ARG_KINDS
 
 __all__ = ["PlanContradictionWarning", "PlatformWarning", "Contradiction", "WorkloadView",
            "plan_contradictions", "workload_contradictions", "warn_contradictions",
@@ -195,7 +195,7 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
     # of neither is left to the file checker and the executor, which say what is wrong with it)
     sd = plan.schedule
     if sd.table and sd.kind in ("gpipe", "1f1b"):
-        from ._schedule import schedule_table  # noqa: PLC0415
+        from autoplan.plans._schedule import schedule_table  # noqa: PLC0415
 
         other = "1f1b" if sd.kind == "gpipe" else "gpipe"
         got = [[_task(t) for t in row] for row in sd.table]

@@ -9,7 +9,7 @@ Reading works as with a dict (``plan.config["batch"]``, ``.get``, ``.items()``, 
 ``dict(...)``); writing raises ``TypeError``, as for any read-only mapping (``plan.to_dict()``
 gives plain dicts and lists again):
 
-    >>> from autoplan._frozen import freeze
+    >>> from autoplan.plans._frozen import freeze
     >>> d = freeze({"batch": 8, "dims": [2, 4], "sub": {"k": 1}})
     >>> d["batch"], d["dims"], d["sub"]["k"]
     (8, (2, 4), 1)

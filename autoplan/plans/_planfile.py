@@ -16,7 +16,7 @@ the value found, and the fix. What is checked:
   no unknown ones, and values of the right type: integers where counts and ids go, finite
   non-negative numbers for times, bytes and FLOPs, strings for names.
 * **Cluster.** A valid :class:`~autoplan.Cluster` (positive sizes, bandwidths, fractions in (0, 1]),
-  of at most :data:`~autoplan._cluster.MAX_DEVICES` devices.
+  of at most :data:`~autoplan.costs._cluster.MAX_DEVICES` devices.
 * **Stages and meshes.** ``index`` is the stage's position; ``submesh_shape`` ``(hosts, devices
   per host)`` fits the cluster (files written before the field had that name say ``submesh``);
   ``device_ids`` are ``hosts x devices per host`` distinct cluster device ids, on ``hosts`` hosts
@@ -60,10 +60,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, NoReturn
 
-from ._cluster import MAX_DEVICES, Cluster
-from ._errors import ClusterError, PlanFileError
-from ._io import atomic_write_text, read_input_bytes
-from ._schedule import task_deps
+from autoplan._errors import ClusterError, PlanFileError
+from autoplan._io import atomic_write_text, read_input_bytes
+from autoplan.costs._cluster import MAX_DEVICES, Cluster
+from autoplan.plans._schedule import task_deps
 
 __all__ = ["read_plan_json", "validate_plan_dict", "FieldSets", "field_sets", "plan_to_dict",
            "write_plan_json"]

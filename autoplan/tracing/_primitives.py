@@ -16,7 +16,7 @@ per-primitive rules in tables keyed by primitive. A rule holds:
   **FLOPs** (``flops``: ``"none"`` for data movement, ``"operand"`` for one per element read,
   ``"updates"`` for one per update of a scatter, ``"output"`` for one per element written; a
   matmul's, convolution's, sort's and ``random_bits``' own formulas are in
-  :func:`autoplan._trace.op_flops`).
+  :func:`autoplan.tracing._trace.op_flops`).
 
 A primitive not in the table gets :data:`DEFAULT` (:func:`rule_of`): kind ``other``, no follower
 rule (the search plans it replicated and names it once per search), not fusible, one FLOP per
@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._dtype import dtype_bytes
-from ._spec import Spec, tile_count
+from autoplan._dtype import dtype_bytes
+from autoplan.plans._spec import Spec, tile_count
 
 if TYPE_CHECKING:
-    from ._graph import OpNode
+    from autoplan.tracing._graph import OpNode
 
 __all__ = ["PrimitiveRule", "RULES", "DEFAULT", "KINDS", "rule_of", "of_kind"]
 

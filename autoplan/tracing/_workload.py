@@ -28,7 +28,7 @@ from typing import Any
 import jax
 
 from autoplan._errors import ModelError
-from autoplan._graph import ARG_KINDS
+from autoplan.tracing._graph import ARG_KINDS
 
 __all__ = ["Workload", "Origin", "ORIGIN_KINDS", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
            "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like"]
@@ -427,7 +427,7 @@ class Workload:
         if origin is None:
             origin = Origin("object", name or "workload")
         elif not isinstance(origin, Origin):
-            raise ModelError(f"Workload: origin should be an autoplan._workload.Origin. Got "
+            raise ModelError(f"Workload: origin should be an autoplan.tracing._workload.Origin. Got "
                              f"{type(origin).__name__}. Fix: leave it out (a workload built in "
                              "this process).")
         cfg = dict(config or {})

@@ -2,7 +2,7 @@
 
 :func:`trace` takes the jaxpr of the whole function (``jax.make_jaxpr``; abstract
 ``jax.ShapeDtypeStruct`` arguments work, so nothing is allocated) and flattens it with
-:func:`autoplan._jaxpr.walk_jaxpr`, the walk the executor evaluates too:
+:func:`autoplan.tracing._jaxpr.walk_jaxpr`, the walk the executor evaluates too:
 
 * containers are inlined: ``jit``/``pjit``, ``closed_call``, ``remat``/``checkpoint``,
   ``custom_jvp_call``, ``custom_vjp_call``; their named scopes are prefixed by the enclosing
@@ -19,7 +19,7 @@
 PRNG keys are values like any other: a typed key's tensor has the dtype ``key<impl>``
 (``key<fry>``, 8 bytes) and the key primitives (``random_seed``, ``random_wrap``,
 ``random_split``, ``random_fold_in``, ...) are operators; arguments holding keys get the kind
-``key`` (:func:`autoplan._workload.infer_arg_kinds`).
+``key`` (:func:`autoplan.tracing._workload.infer_arg_kinds`).
 
 Each operator records its primitive, sharding-relevant params, shapes, dtypes, FLOPs, bytes, its
 ``jax.named_scope`` path and its role: ``forward`` (under ``jvp``), ``backward`` (under
@@ -38,12 +38,12 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from ._errors import ModelError, TraceError
-from ._gc import gc_paused
-from ._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
-from ._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
-from ._primitives import rule_of
-from ._workload import (
+from autoplan._errors import ModelError, TraceError
+from autoplan._gc import gc_paused
+from autoplan.tracing._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
+from autoplan.tracing._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
+from autoplan.tracing._primitives import rule_of
+from autoplan.tracing._workload import (
     ARG_KINDS,
     arg_trees,
     as_workload,
@@ -125,7 +125,7 @@ def op_flops(primitive: str, params: dict[str, Any], in_shapes: list, out_shapes
     ``random_wrap``, ...: a few words per key): 0; ``scatter``/``scatter-add``: |updates|;
     ``random_bits``: :data:`THREEFRY_OPS` integer operations per 32-bit word drawn; every other
     (elementwise) op: |out|. Which primitives count which way is the ``flops`` of their rule in
-    the primitive registry (:mod:`autoplan._primitives`).
+    the primitive registry (:mod:`autoplan.tracing._primitives`).
     """
     out = sum(math.prod(s) for s in out_shapes)
     if primitive == "random_bits":
@@ -250,7 +250,7 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
         *args: its positional arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees.
         arg_kinds: the kind of each positional argument (``"parameter"``,
             ``"optimizer_state"``, ``"batch"``, ``"key"``, ``"input"``). Default: read off the arguments
-            and the signature by :func:`autoplan._workload.infer_arg_kinds` (an optax state is
+            and the signature by :func:`autoplan.tracing._workload.infer_arg_kinds` (an optax state is
             the optimizer state; ``params``, ``opt_state``, ``batch`` and similar names; else
             three arguments are (parameter, optimizer_state, batch), two (parameter, batch)).
         name: a name for the graph (default the function's name).

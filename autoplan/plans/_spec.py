@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._errors import ArgumentError, ArgumentTypeError
-from ._frozen import immutable_type
+from autoplan._errors import ArgumentError, ArgumentTypeError
+from autoplan.plans._frozen import immutable_type
 
 __all__ = ["Spec", "tile_count", "split_error"]
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ._spec import Spec
+from autoplan.plans._spec import Spec
 
 __all__ = ["plan_to_code", "path_rules"]
 

@@ -1,7 +1,7 @@
 """Reading a compiled HLO module's text: element sizes, shape bytes, the entry's instructions.
 
 Shared by the executor's collective parser (:mod:`autoplan.exec._hlo`) and the profiler
-(:mod:`autoplan._profile`, which counts a reference step's kernels and the bytes they move).
+(:mod:`autoplan.costs._profile`, which counts a reference step's kernels and the bytes they move).
 
 Example:
     >>> shape_bytes("(f32[16,8]{1,0}, s32[4])")
@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ._dtype import dtype_bytes
+from autoplan._dtype import dtype_bytes
 
 __all__ = ["Instruction", "dtype_size", "numpy_dtype_name", "shape_bytes", "split_shape",
            "parse_instruction", "entry_instructions", "kernel_traffic", "NOT_KERNELS"]

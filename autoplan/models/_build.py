@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoplan._errors import ModelError
-from autoplan._workload import Origin, Workload
 from autoplan.models._adam import MASTER_WEIGHTS, adam_init, adam_update
-from autoplan.models._layers import KeyGen
+from autoplan.models._blocks import KeyGen
+from autoplan.tracing._workload import Origin, Workload
 
 __all__ = ["Workload", "ModelDef", "DTYPES", "resolve_config", "build"]
 

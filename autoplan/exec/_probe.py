@@ -2,7 +2,7 @@
 
 A process that has started JAX cannot look at other platforms (and one that has not should not
 start it only to look: on a GPU it would take the memory the workers need), so the launcher asks
-a short-lived subprocess, ``python -m autoplan.exec._devices``, started with the workers'
+a short-lived subprocess, ``python -m autoplan.exec._probe``, started with the workers'
 environment. It prints one JSON line: the platform of ``jax.local_devices()`` (``cpu`` when no
 accelerator is attached), the runtime ``JAX_PLATFORMS`` names (``cuda``, ``rocm``, ``tpu``,
 ``cpu``), the number of local devices and their kind; given a workload spec it also loads the
@@ -101,7 +101,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
     """Run the probe subprocess: the attached devices, and the workload's trace when given.
 
     Args:
-        workload: a JSON workload spec (see :mod:`autoplan._loader`), or None.
+        workload: a JSON workload spec (see :mod:`autoplan.tracing._loader`), or None.
         platform: one of :data:`PLATFORMS` to look at that platform only; None: what JAX picks.
         env: the probe's environment (the workers' one; default ``os.environ``).
         python: the Python executable (default this one).
@@ -109,7 +109,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
 
     Returns:
         ``(DeviceInfo, {"fingerprint": ..., "model": ..., "view": ...} or None)``, the view a
-        :meth:`autoplan._plan_check.WorkloadView.to_dict`.
+        :meth:`autoplan.plans._plan_check.WorkloadView.to_dict`.
 
     Raises:
         AutoplanError: the subclass the probe reported (e.g. :class:`~autoplan.ModelError` for a
@@ -117,7 +117,7 @@ def preflight(workload: Mapping[str, Any] | None = None, platform: str | None = 
             otherwise, runs out of time, or the platform asked for has no devices.
     """
     _check_platform(platform)
-    cmd = [python or sys.executable, "-m", "autoplan.exec._devices", "--launcher-pipe"]
+    cmd = [python or sys.executable, "-m", "autoplan.exec._probe", "--launcher-pipe"]
     if platform:
         cmd += ["--platform", platform]
     if workload is not None:
@@ -283,7 +283,7 @@ def _events_out() -> TextIO:
 
 def main(argv: list[str] | None = None) -> int:
     """The probe: print ``{"devices": {...}, "workload": {...}}`` or ``{"error": {...}}``."""
-    p = argparse.ArgumentParser(prog="python -m autoplan.exec._devices",
+    p = argparse.ArgumentParser(prog="python -m autoplan.exec._probe",
                                 description="Report the attached JAX devices (and trace a workload).")
     p.add_argument("--platform", default=None, choices=sorted(PLATFORMS))
     p.add_argument("--workload", default=None, help="JSON workload spec to trace")
@@ -324,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         rec: dict[str, Any] = {"devices": asdict(DeviceInfo(platform, runtime, len(devices),
                                                             str(getattr(d, "device_kind", platform))))}
         if args.workload is not None:
-            from autoplan._loader import load_workload  # noqa: PLC0415
-            from autoplan._trace import trace  # noqa: PLC0415
+            from autoplan.tracing._loader import load_workload  # noqa: PLC0415
+            from autoplan.tracing._trace import trace  # noqa: PLC0415
 
             phase("loading the workload (calling its function)")
             wl = load_workload(json.loads(args.workload), abstract=True)
@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 graph = trace(wl)
-            from autoplan._plan_check import WorkloadView  # noqa: PLC0415
-            from autoplan._signature import workload_signature  # noqa: PLC0415
+            from autoplan.plans._plan_check import WorkloadView  # noqa: PLC0415
+            from autoplan.tracing._signature import workload_signature  # noqa: PLC0415
 
             workload_signature(wl)  # a step no executor can run: refused before any worker
             rec["workload"] = {"fingerprint": graph.fingerprint, "model": graph.name,

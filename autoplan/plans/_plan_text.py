@@ -10,7 +10,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from autoplan._batchflow import MIXING_NOTE, RANDOM_NOTE
+from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE
 
 __all__ = ["describe", "summary", "plan_html", "stage_levers"]
 

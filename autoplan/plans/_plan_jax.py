@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._errors import PlanMismatchError
-from ._planfile import parse_keystr
+from autoplan._errors import PlanMismatchError
+from autoplan.plans._planfile import parse_keystr
 
 __all__ = ["input_trees", "stage_mesh", "named_shardings", "logical_axis_rules", "check_matches"]
 
@@ -74,8 +74,8 @@ def input_trees(plan: Any, leaf: Callable[[Any], Any], like: Any = None) -> tupl
 
 def _like_trees(plan: Any, like: Any, nargs: int, by_key: Mapping[tuple[int, str], Any]
                 ) -> tuple[Any, ...]:
-    """The :class:`autoplan._workload.ArgTree` of ``like``, checked against the plan."""
-    from ._workload import arg_trees  # noqa: PLC0415
+    """The :class:`autoplan.tracing._workload.ArgTree` of ``like``, checked against the plan."""
+    from autoplan.tracing._workload import arg_trees  # noqa: PLC0415
 
     if hasattr(like, "fn") and hasattr(like, "args"):
         like = like.args
