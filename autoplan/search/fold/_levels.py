@@ -48,7 +48,7 @@ other path can be cheaper, and the result is the full DP's.
 
 A boundary tensor fixed to spec ``a`` is charged, in the segment producing it, the resharding
 from its producer's spec to ``a`` once per use in the other segments (``fixed_uses`` of
-:func:`~autoplan.search.intra._ilp.build_problem`), and each consumer there ``a`` -> its own spec: the
+:func:`~autoplan.search.intra._ilp_problem.build_problem`), and each consumer there ``a`` -> its own spec: the
 stitched plan is costed per consumer (producer's spec -> consumer's), so when the consumers read
 ``a`` (or the producer makes ``a``) the segments' objectives sum to exactly the stitched plan's.
 Charged once, a Wide-ResNet activation read by a convolution, a residual add and a shortcut
@@ -68,7 +68,7 @@ the exhaustive ILP to 1.1% (size ``large``) and from 10.5% to 5.9% (``base``), f
 ILPs. The assignment is one spec for all long-range tensors, not one per tensor.
 
 The chosen per-segment strategies are stitched into one plan of the whole graph and costed as
-chosen by :func:`~autoplan.search.intra._ilp.cost_strategies`: every operator with its segment's
+chosen by :func:`~autoplan.search.intra._ilp_cost.cost_strategies`: every operator with its segment's
 strategy, every operand charged the resharding from its producer's spec to the spec its consumer
 needs (tensors that cross more than one boundary included), with the same cost terms as the
 exhaustive ILP's objective (an exhaustive plan costed this way gets exactly its ILP objective).
@@ -102,11 +102,8 @@ from autoplan.search.fold._chain import segment_facts_of, segment_index_of, segm
 from autoplan.search.fold._layers import layer_order, op_layer_names
 from autoplan.search.fold._mine import mining_of
 from autoplan.search.fold._summary import analysis_of
-from autoplan.search.intra._ilp import (
-    ILPSolution,
-    cost_strategies,
-    solve_ilp,
-)
+from autoplan.search.intra._ilp_cost import cost_strategies
+from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import pin_specs, renamed_pin, resolve_pins
 from autoplan.search.intra._reshard import reshard

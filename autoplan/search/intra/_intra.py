@@ -1,7 +1,7 @@
 """The intra-operator pass as a plan: solve Alpa's ILP on one logical mesh, return a :class:`Plan`.
 
 :func:`intra_op_search` views the whole cluster as one logical mesh (default ``(1, n)`` on one
-node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp.solve_ilp`
+node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp_solve.solve_ilp`
 and turns the solution into a single-stage :class:`autoplan.Plan`: the spec of every graph
 input, the strategy of every heavy operator (dot, convolution, gather, scatter), and the
 predicted step time, memory and communication.
@@ -38,14 +38,9 @@ from autoplan.plans._plan import (
     record_maker,
 )
 from autoplan.plans._spec import Spec
-from autoplan.search.intra._ilp import (
-    ILPProblem,
-    ILPSolution,
-    _updated_pairs,
-    build_problem,
-    shared_reshards,
-    solve_ilp,
-)
+from autoplan.search.intra._ilp_cost import shared_reshards
+from autoplan.search.intra._ilp_problem import ILPProblem, _updated_pairs, build_problem
+from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._spec_space import replicated
 from autoplan.search.intra._strategies import combined_latency
@@ -182,7 +177,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     ``predicted.step_time`` is the solution's compute plus communication (gradient collectives of
     backward operators already discounted by the cluster's gamma; the small input penalty is not
     included), less the repeats of a resharding several operators need (XLA does it once:
-    :func:`~autoplan.search.intra._ilp.shared_reshards`), plus what a step costs once:
+    :func:`~autoplan.search.intra._ilp_cost.shared_reshards`), plus what a step costs once:
     launching its executable
     (:meth:`~autoplan.Cluster.step_overhead` of the graph's inputs, counted as compute) and the
     latency of the collectives XLA combines (once per combined group, counted as communication:
@@ -353,9 +348,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             pipeline search, which solves hundreds of layer ILPs, skips it).
         mip_gap: relative optimality gap the ILP may stop at (default: exact up to rounding).
         memory_weight: seconds charged per byte of live memory (see
-            :func:`~autoplan.search.intra._ilp.solve_ilp`); trades step time for memory without a
+            :func:`~autoplan.search.intra._ilp_solve.solve_ilp`); trades step time for memory without a
             hard budget.
-        problem: a prebuilt :func:`~autoplan.search.intra._ilp.build_problem` of ``graph`` on this
+        problem: a prebuilt :func:`~autoplan.search.intra._ilp_problem.build_problem` of ``graph`` on this
             mesh with these pins (reused across solves that differ only in weights or budget).
         pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 

@@ -96,7 +96,8 @@ from autoplan.plans._schedule import (
 from autoplan.plans._spec import tile_count
 from autoplan.search._parallel import Task, check_workers, resolve_workers, run_tasks
 from autoplan.search.fold._layers import LayerGroup, group_layers, op_layer_names
-from autoplan.search.intra._ilp import ILPProblem, ILPSolution, build_problem, solve_ilp
+from autoplan.search.intra._ilp_problem import ILPProblem, build_problem
+from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._intra import (
     IntraOpResult,
     _comm_by_axis,
