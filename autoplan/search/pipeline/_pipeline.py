@@ -86,7 +86,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -96,7 +96,7 @@ from autoplan._options import check_memory_budget, require_workload
 from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
 from autoplan.search._parallel import check_workers, resolve_workers
-from autoplan.search.fold._layers import group_layers
+from autoplan.search.fold._layers import LayerGroup, group_layers
 from autoplan.search.intra._ilp import build_problem as build_problem
 from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.pipeline._compose import _compose
@@ -128,7 +128,8 @@ from autoplan.search.pipeline._microbatches import (
 from autoplan.search.pipeline._simulate import SCHEDULES, _Eval, _evaluate
 from autoplan.search.pipeline._simulate import _evaluate_kind as _evaluate_kind
 from autoplan.search.pipeline._stage_dp import submesh_shapes
-from autoplan.tracing._workload import as_workload
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._workload import Workload, as_workload
 
 # (``build_problem``, ``_lean_plan``, ``_chain_inputs``, ``_Terms`` and ``_evaluate_kind`` are
 # imported under their own names for the tests that reach them through this module.)
@@ -173,6 +174,251 @@ def check_submesh_hosts(value: Any) -> None:
         raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
                           f"{value!r}. Fix: 'all' is Alpa's full set of multi-host submeshes, "
                           "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
+
+
+def _check_options(schedule: str, microbatches: Any, stage_algorithm: str, submesh_hosts: str,
+                   workers: Any, levers: Any) -> None:
+    """Raise :class:`SearchError` on an option :func:`pipeline_search` does not take."""
+    if stage_algorithm not in ("auto", "dp", "ilp"):
+        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
+                          f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
+                          "'auto'.")
+    if schedule not in SCHEDULES:
+        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
+                          f"Got {schedule!r}.")
+    check_microbatches(microbatches)
+    check_submesh_hosts(submesh_hosts)
+    check_workers(workers)
+    if not isinstance(levers, bool):
+        raise SearchError(f"pipeline: levers should be True or False. Got {levers!r}. Fix: "
+                          "levers=False searches without ZeRO levels and rematerialisation.")
+
+
+def _check_pins(full: OpGraph, pins: Mapping[str, Any] | None) -> None:
+    """Raise :class:`SearchError` unless every pin is a regular expression matching an input."""
+    for pattern in pins or {}:
+        try:
+            hit = full.find_inputs(pattern, names_only=True)
+        except re.error as err:
+            raise SearchError(f"pipeline: the pin {pattern!r} should be a regular expression. Got "
+                              f"the error {err}. Fix: escape its brackets.") from err
+        if not hit:
+            raise SearchError(f"pipeline: the pin {pattern!r} should match an input name. Got no "
+                              f"match among {len(full.inputs)} inputs such as "
+                              f"{full.inputs[0].name!r}. Fix: re.search must find it in a name.")
+
+
+# ---------------------------------------------------------------------------------------------
+# the search's steps
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One pipeline search under way: its inputs and what its steps have found so far.
+
+    Attributes:
+        table: the default count's layer costs (``B0`` micro-batches); ``tables`` holds it and
+            those of the counts costed exactly.
+        evals: the simulated layouts of the counts costed exactly.
+        candidates: ``{count: its best fitting step time}`` (the ``microbatch_candidates``
+            statistic); exact: the counts costed exactly.
+        simulated: layouts simulated; seconds: per phase (``trace``, ``cost``, ``dp``).
+    """
+
+    workload: Workload
+    ctx: _Context
+    table: _Table
+    layers: list[LayerGroup]
+    dag: Any
+    use_ilp: bool
+    batch: int
+    B0: int
+    search_mb: bool
+    workers: int
+    memory_budget: float | None
+    seconds: dict[str, float]
+    evals: list[_Eval] = field(default_factory=list)
+    candidates: dict[int, float | None] = field(default_factory=dict)
+    exact: list[int] = field(default_factory=list)
+    tables: dict[int, _Table] = field(default_factory=dict)
+    simulated: int = 0
+
+
+def _start(workload: Workload, cluster: Cluster, *, schedule: str, microbatches: Any,
+           memory_budget: float | None, time_limit: float, num_layers: int | None,
+           stage_algorithm: str, megatron: bool | str, inter_only: bool, submesh_hosts: str,
+           pins: Mapping[str, Any] | None, workers: int | None, levers: bool) -> _Run:
+    """The search's inputs: the step traced at full and at the default micro-batch size, its
+    layers and their DAG, the stage algorithm, the submeshes, and the default count's (empty)
+    table of layer costs."""
+    t0 = time.perf_counter()
+    full = traced(workload)
+    _check_pins(full, pins)
+    batch = batch_size(full)
+    num_hosts, devices_per_host = cluster.nodes, cluster.devices_per_node
+    fixed = isinstance(microbatches, int | np.integer)
+    B0 = int(microbatches) if fixed else _default_microbatches(batch, num_hosts * devices_per_host)
+    if batch % B0:
+        raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
+                          f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
+                          f"{batch} or microbatches='auto'.")
+    full, graph = _traces(workload, B0)
+    t_trace = time.perf_counter() - t0
+    layers = group_layers(graph, num_layers)
+    dag = layer_dag(graph, layers)
+    use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
+    hosts = (submesh_hosts if submesh_hosts != "auto"
+             else ("all" if num_hosts <= AUTO_ALL_HOSTS else "pow2"))
+    budget = float(memory_budget or cluster.device_memory)
+    subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
+    ctx = _Context(cluster, full, subs, schedule, budget, time_limit, megatron, pins)
+    ctx.levers = levers
+    return _Run(workload, ctx, _Table(ctx, graph, layers, B0), layers, dag, use_ilp, batch, B0,
+                not fixed and megatron is not True, resolve_workers(workers, len(full)),
+                memory_budget, {"trace": t_trace})
+
+
+def _cost_default(run: _Run) -> None:
+    """The default count costed exactly: every layer kind on every cell (the Megatron baseline's
+    only on the cells its layouts use, solved when they are simulated)."""
+    t1 = time.perf_counter()
+    table, ctx = run.table, run.ctx
+    if not ctx.megatron:
+        table.solve_cells(((li, k, c) for li in table.rep.values() for k, c in ctx.cells()),
+                          run.workers)
+        for li in table.rep.values():
+            for k, c in ctx.cells():
+                table.cost(li, k, c)
+    run.seconds["cost"] = time.perf_counter() - t1
+
+
+def _counts(run: _Run) -> tuple[list[int], list[int]]:
+    """``(the counts searched, those screened in the first round)``: the default alone when the
+    count is fixed; else the divisors of the batch within the window of the default, the first
+    round the default's power-of-two multiples and fractions (the second, :func:`finer_counts`,
+    the other divisors between the best of those and its neighbours)."""
+    B0 = run.B0
+    if not (run.search_mb and run.table.screenable):
+        return [B0], []
+    window = MICROBATCH_WINDOW if run.ctx.num_hosts <= AUTO_ALL_HOSTS else 2
+    counts = microbatch_counts(run.batch, B0, window)
+    others = [B for B in counts if B != B0 and max(B, B0) % min(B, B0) == 0
+              and (r := max(B, B0) // min(B, B0)) & (r - 1) == 0]
+    return counts, others
+
+
+def _no_fit(run: _Run) -> tuple[str, float | None]:
+    """Why no layout of the default count fits, with the least memory that would (sought only
+    when said: it takes a bisection of DP runs)."""
+    table, ctx = run.table, run.ctx
+    least = _layouts(table, run.dag, run.use_ilp, explain=True, workers=run.workers)[2]
+    return (f"pipeline: no stage layout fits {ctx.budget:.4g} bytes per device ({table.L} layers, "
+            f"{len(ctx.submeshes)} submesh shapes, {run.B0} micro-batches)."
+            + (f" The least memory with which one would fit is {least:.4g} bytes." if least
+               else "")), least
+
+
+def _simulate_default(run: _Run, found: dict[Layout, float]) -> None:
+    """The default count's layouts (with their DP latencies) solved and simulated."""
+    run.table.solve_cells(_cells(found), run.workers)
+    run.evals = [ev for ev in (_evaluate(run.table, lay, dp_latency=v) for lay, v in found.items())
+                 if ev]
+    run.simulated = len(found)
+    run.candidates = {run.B0: min((ev.step for ev in run.evals if ev.fits), default=None)}
+    run.exact = [run.B0]
+    run.tables = {run.B0: run.table}
+
+
+def _screen(run: _Run, Bs: list[int], outs: list, screened: list) -> None:
+    """Counts ``Bs`` screened: their layouts (``outs``, from :func:`_layouts_of`) simulated on
+    the default's plans re-timed; each count's best step is a candidate, and its best
+    :data:`EXACT_LAYOUTS` layouts go to ``screened`` with their ranking key."""
+    for B, (lays, ok, _, _) in zip(Bs, outs):
+        ratio = run.B0 / B
+        got = sorted((ev for ev in (_evaluate(run.table, lay, ratio, B) for lay in lays)
+                      if ev), key=lambda ev: ev.key)
+        run.simulated += len(lays)
+        run.candidates[B] = got[0].step if got and ok and got[0].fits else None
+        if got:
+            screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
+
+
+def _other_counts(run: _Run, counts: list[int], others: list[int], outs: list) -> None:
+    """The other counts: screened on the default's plans re-timed (``others`` first, whose
+    layouts are ``outs``, then :func:`finer_counts`), the best
+    :data:`EXACT_MICROBATCH_COUNTS` costed exactly where they beat the default by more than
+    :data:`SCREEN_MARGIN`."""
+    t2 = time.perf_counter()
+    screened: list[tuple[tuple[bool, float, float], int, list[Layout]]] = []
+    _screen(run, others, outs, screened)
+    best_now = min(ev.key for ev in run.evals)
+    lead = min([(k, B) for k, B, _ in screened] + [(best_now, run.B0)])[1]
+    finer = finer_counts(counts, sorted(set(others) | {run.B0}), lead)
+    if finer:
+        # (a few short DP runs: in this process, cheaper than handing them to workers)
+        _screen(run, finer, _layouts_of(run.table, run.dag, run.use_ilp,
+                                        [(run.B0 / B, B, False) for B in finer]), screened)
+    run.seconds["dp"] += time.perf_counter() - t2
+    for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
+        if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
+            continue  # not faster than the default by more than the screening can resolve
+        _cost_exactly(run, B, lays)
+
+
+def _cost_exactly(run: _Run, B: int, lays: list[Layout]) -> None:
+    """Count ``B`` costed exactly: the step traced at its micro-batch size, the layer ILPs of
+    ``lays`` solved there and the layouts simulated (nothing where the step does not trace at
+    that size, or its trace does not line up with the default's)."""
+    try:
+        gB = _traces(run.workload, B)[1]
+    except TraceError:
+        return  # the step does not trace at this micro-batch size (a model's constraint)
+    if not _aligned(gB, run.table.graph):
+        return
+    run.tables[B] = tB = _Table(run.ctx, gB, run.layers, B)
+    tB.solve_cells(_cells(lays), run.workers)
+    run.evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
+    run.exact.append(B)
+
+
+def _chosen(run: _Run, max_candidates: int) -> list[_Eval]:
+    """The best layout per stage count (the one-stage layout kept), best first."""
+    run.evals.sort(key=lambda ev: ev.key)
+    best_of: dict[int, _Eval] = {}
+    for ev in run.evals:
+        best_of.setdefault(ev.meshes, ev)
+    chosen = sorted(best_of.values(), key=lambda ev: ev.key)[:max(1, max_candidates)]
+    if 1 in best_of and best_of[1] not in chosen:
+        chosen.append(best_of[1])
+    return chosen
+
+
+def _plan(run: _Run, ev: _Eval, level: str) -> Plan:
+    """The plan of a chosen layout, its notes saying how it was found."""
+    alg = "TePDist DAG ILP + Alpa stage DP for submeshes" if run.use_ilp else "Alpa stage DP"
+    dp = "" if ev.dp_latency is None or math.isnan(ev.dp_latency) else \
+        f"; stage DP latency {ev.dp_latency:.6g} s"
+    notes = (f"stage algorithm: {alg}",
+             f"{ev.B} micro-batches" + (" (searched)" if run.search_mb else "")
+             + f"; simulated step {ev.step:.6g} s{dp}")
+    return _compose(run.tables[ev.B], ev, workload=run.workload, level=level, notes=notes)
+
+
+def _stats(run: _Run, chosen: list[_Eval]) -> dict[str, Any]:
+    """The search's statistics (see :func:`pipeline_search`)."""
+    ctx, seconds = run.ctx, run.seconds
+    stats = {"layers": len(run.layers), "microbatches": chosen[0].B, "microbatches_default": run.B0,
+             "microbatch_candidates": run.candidates, "microbatches_exact": run.exact,
+             "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
+             "layer_solves_at_time_limit": ctx.timed_out,
+             "unique_layer_kinds": len(run.table.rep), "layouts_simulated": run.simulated,
+             "trace_seconds": seconds["trace"], "cost_seconds": seconds["cost"],
+             "dp_seconds": seconds["dp"], "stage_algorithm": "ilp" if run.use_ilp else "dp",
+             "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
+    if not chosen[0].fits:  # (no count's layout fits: the default count's says why)
+        stats["infeasible"] = _no_fit(run)[0] + " Its fastest layouts are returned, marked as not fitting."
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,169 +502,29 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
     pins = renamed_pin("pipeline_search", pins, pin)
     memory_budget = check_memory_budget("pipeline_search", memory_budget)
     workload = as_workload(require_workload("pipeline_search", workload), "pipeline_search")
-    if stage_algorithm not in ("auto", "dp", "ilp"):
-        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
-                          f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
-                          "'auto'.")
-    if schedule not in SCHEDULES:
-        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
-                          f"Got {schedule!r}.")
-    check_microbatches(microbatches)
-    check_submesh_hosts(submesh_hosts)
-    check_workers(workers)
-    if not isinstance(levers, bool):
-        raise SearchError(f"pipeline: levers should be True or False. Got {levers!r}. Fix: "
-                          "levers=False searches without ZeRO levels and rematerialisation.")
-    t0 = time.perf_counter()
-    full = traced(workload)
-    for pattern in pins or {}:
-        try:
-            hit = full.find_inputs(pattern, names_only=True)
-        except re.error as err:
-            raise SearchError(f"pipeline: the pin {pattern!r} should be a regular expression. Got "
-                              f"the error {err}. Fix: escape its brackets.") from err
-        if not hit:
-            raise SearchError(f"pipeline: the pin {pattern!r} should match an input name. Got no "
-                              f"match among {len(full.inputs)} inputs such as "
-                              f"{full.inputs[0].name!r}. Fix: re.search must find it in a name.")
-    batch = batch_size(full)
-    num_hosts, devices_per_host = cluster.nodes, cluster.devices_per_node
-    fixed = isinstance(microbatches, int | np.integer)
-    B0 = int(microbatches) if fixed else _default_microbatches(batch, num_hosts * devices_per_host)
-    if batch % B0:
-        raise SearchError(f"pipeline: microbatches should divide the batch ({batch}, the leading "
-                          f"dimension of the batch arguments). Got {B0}. Fix: pass a divisor of "
-                          f"{batch} or microbatches='auto'.")
-    search_mb = not fixed and megatron is not True
-    full, graph = _traces(workload, B0)
-    t_trace = time.perf_counter() - t0
-    layers = group_layers(graph, num_layers)
-    dag = layer_dag(graph, layers)
-    use_ilp = stage_algorithm == "ilp" or (stage_algorithm == "auto" and not _is_chain(dag))
-    hosts = (submesh_hosts if submesh_hosts != "auto"
-             else ("all" if num_hosts <= AUTO_ALL_HOSTS else "pow2"))
-    budget = float(memory_budget or cluster.device_memory)
-    subs = [(1, 1)] if inter_only else submesh_shapes(num_hosts, devices_per_host, hosts)
-    ctx = _Context(cluster, full, subs, schedule, budget,
-                   time_limit, megatron, pins)
-    ctx.levers = levers
-    table = _Table(ctx, graph, layers, B0)
-    n_workers = resolve_workers(workers, len(full))
-
-    # the default count, costed exactly: every layer kind on every cell, then the layouts
-    t1 = time.perf_counter()
-    if not megatron:
-        table.solve_cells(((li, k, c) for li in table.rep.values() for k, c in ctx.cells()),
-                          n_workers)
-        for li in table.rep.values():
-            for k, c in ctx.cells():
-                table.cost(li, k, c)
-    t_costs = time.perf_counter() - t1
+    _check_options(schedule, microbatches, stage_algorithm, submesh_hosts, workers, levers)
+    run = _start(workload, cluster, schedule=schedule, microbatches=microbatches,
+                 memory_budget=memory_budget, time_limit=time_limit, num_layers=num_layers,
+                 stage_algorithm=stage_algorithm, megatron=megatron, inter_only=inter_only,
+                 submesh_hosts=submesh_hosts, pins=pins, workers=workers, levers=levers)
+    _cost_default(run)
     # the default count's layouts and the other counts' screening (the default's plans re-timed):
     # the stage-DP runs of both in one batch of tasks
-    others: list[int] = []
-    counts: list[int] = [B0]
-    if search_mb and table.screenable:
-        window = MICROBATCH_WINDOW if num_hosts <= AUTO_ALL_HOSTS else 2
-        counts = microbatch_counts(batch, B0, window)
-        # screened in two rounds: the default's power-of-two multiples and fractions first,
-        # then the other divisors between the best of those and its neighbours (finer_counts)
-        others = [B for B in counts if B != B0 and max(B, B0) % min(B, B0) == 0
-                  and (r := max(B, B0) // min(B, B0)) & (r - 1) == 0]
-    outs = _layouts_of(table, dag, use_ilp, [(1.0, B0, True)] + [(B0 / B, B, False)
-                                                                  for B in others],
-                       workers=n_workers)
-    found, fits, _, t_dp = outs[0]
-
-    def no_fit() -> tuple[str, float | None]:
-        """Why no layout of the default count fits, with the least memory that would (sought
-        only when said: it takes a bisection of DP runs)."""
-        least = _layouts(table, dag, use_ilp, explain=True, workers=n_workers)[2]
-        return (f"pipeline: no stage layout fits {budget:.4g} bytes per device ({table.L} layers, "
-                f"{len(ctx.submeshes)} submesh shapes, {B0} micro-batches)."
-                + (f" The least memory with which one would fit is {least:.4g} bytes." if least
-                   else "")), least
-
+    counts, others = _counts(run)
+    items = [(1.0, run.B0, True)] + [(run.B0 / B, B, False) for B in others]
+    outs = _layouts_of(run.table, run.dag, run.use_ilp, items, workers=run.workers)
+    found, fits, _, run.seconds["dp"] = outs[0]
     if not found or (not fits and memory_budget is not None):
-        why, least = no_fit()
+        why, least = _no_fit(run)
         raise InfeasiblePlanError(why + " Fix: use more or larger devices, enable "
                                   "rematerialisation, or raise the memory budget.", least)
-    table.solve_cells(_cells(found), n_workers)
-    evals = [ev for ev in (_evaluate(table, lay, dp_latency=v) for lay, v in found.items()) if ev]
-    simulated = len(found)
-    candidates: dict[int, float | None] = {B0: min((ev.step for ev in evals if ev.fits),
-                                                   default=None)}
-    exact = [B0]
-    tables = {B0: table}
-
-    # other counts: screened on the default's plans re-timed, the best costed exactly
-    if len(counts) > 1 and evals:
-        t2 = time.perf_counter()
-        screened: list[tuple[tuple[bool, float], int, list[Layout]]] = []
-
-        def screen(Bs: list[int], outs_B: list) -> None:
-            nonlocal simulated
-            for B, (lays, ok, _, _) in zip(Bs, outs_B):
-                ratio = B0 / B
-                got = sorted((ev for ev in (_evaluate(table, lay, ratio, B) for lay in lays)
-                              if ev), key=lambda ev: ev.key)
-                simulated += len(lays)
-                candidates[B] = got[0].step if got and ok and got[0].fits else None
-                if got:
-                    screened.append((got[0].key, B, [ev.layout for ev in got[:EXACT_LAYOUTS]]))
-
-        screen(others, outs[1:])
-        best_now = min(ev.key for ev in evals)
-        lead = min([(k, B) for k, B, _ in screened] + [(best_now, B0)])[1]
-        finer = finer_counts(counts, sorted(set(others) | {B0}), lead)
-        if finer:
-            # (a few short DP runs: in this process, cheaper than handing them to workers)
-            screen(finer, _layouts_of(table, dag, use_ilp, [(B0 / B, B, False) for B in finer]))
-        t_dp += time.perf_counter() - t2
-        for key, B, lays in sorted(screened, key=lambda x: (x[0], x[1]))[:EXACT_MICROBATCH_COUNTS]:
-            if key[:2] >= (best_now[0], best_now[1] * (1 - SCREEN_MARGIN)):
-                continue  # not faster than the default by more than the screening can resolve
-            try:
-                gB = _traces(workload, B)[1]
-            except TraceError:
-                continue  # the step does not trace at this micro-batch size (a model's constraint)
-            if not _aligned(gB, graph):
-                continue
-            tables[B] = tB = _Table(ctx, gB, layers, B)
-            tB.solve_cells(_cells(lays), n_workers)
-            evals += [ev for ev in (_evaluate(tB, lay) for lay in lays) if ev]
-            exact.append(B)
-    if not evals:  # (the Megatron grid, whose pins may divide on none of its meshes)
+    _simulate_default(run, found)
+    if len(counts) > 1 and run.evals:
+        _other_counts(run, counts, others, outs[1:])
+    if not run.evals:  # (the Megatron grid, whose pins may divide on none of its meshes)
         raise InfeasiblePlanError(f"pipeline: none of the {len(found)} stage layouts can be "
                                   "placed with plans on their meshes. Fix: use a batch that "
                                   "divides over the devices, or fewer devices.")
-    evals.sort(key=lambda ev: ev.key)
-
-    # the best plan per stage count (the one-stage layout kept), best first
-    best_of: dict[int, _Eval] = {}
-    for ev in evals:
-        best_of.setdefault(ev.meshes, ev)
-    chosen = sorted(best_of.values(), key=lambda ev: ev.key)[:max(1, max_candidates)]
-    if 1 in best_of and best_of[1] not in chosen:
-        chosen.append(best_of[1])
-    plans = []
-    alg = "TePDist DAG ILP + Alpa stage DP for submeshes" if use_ilp else "Alpa stage DP"
-    for ev in chosen:
-        tb = tables[ev.B]
-        dp = "" if ev.dp_latency is None or math.isnan(ev.dp_latency) else \
-            f"; stage DP latency {ev.dp_latency:.6g} s"
-        notes = (f"stage algorithm: {alg}",
-                 f"{ev.B} micro-batches" + (" (searched)" if search_mb else "")
-                 + f"; simulated step {ev.step:.6g} s{dp}")
-        plans.append(_compose(tb, ev, workload=workload, level=level, notes=notes))
-    stats = {"layers": len(layers), "microbatches": chosen[0].B, "microbatches_default": B0,
-             "microbatch_candidates": candidates, "microbatches_exact": exact,
-             "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
-             "layer_solves_at_time_limit": ctx.timed_out,
-             "unique_layer_kinds": len(table.rep), "layouts_simulated": simulated,
-             "trace_seconds": t_trace, "cost_seconds": t_costs, "dp_seconds": t_dp,
-             "stage_algorithm": "ilp" if use_ilp else "dp",
-             "dp_latency": chosen[0].dp_latency, "fits": chosen[0].fits}
-    if not chosen[0].fits:  # (no count's layout fits: the default count's says why)
-        stats["infeasible"] = no_fit()[0] + " Its fastest layouts are returned, marked as not fitting."
-    return PipelineResult(plans=plans, stats=stats)
+    chosen = _chosen(run, max_candidates)
+    plans = [_plan(run, ev, level) for ev in chosen]
+    return PipelineResult(plans=plans, stats=_stats(run, chosen))
