@@ -174,7 +174,7 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
     if is_workload_like(workload_or_graph):
-        from autoplan.search.pipeline._pipeline import traced  # noqa: PLC0415
+        from autoplan.search.pipeline._microbatches import traced  # noqa: PLC0415
 
         workload = as_workload(workload_or_graph, "search")
         g = traced(workload)
