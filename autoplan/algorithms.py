@@ -43,10 +43,10 @@ from autoplan.search.fold._layers import group_layers as group_layers
 from autoplan.search.fold._levels import level_search as level_search
 from autoplan.search.fold._mine import MiningResult as MiningResult
 from autoplan.search.fold._mine import mine as mine
-from autoplan.search.intra._ilp import ILPSolution as ILPSolution
-from autoplan.search.intra._ilp import UnsupportedPrimitiveWarning as UnsupportedPrimitiveWarning
-from autoplan.search.intra._ilp import evaluate as evaluate
-from autoplan.search.intra._ilp import solve_ilp as solve_ilp
+from autoplan.search.intra._ilp_cost import evaluate as evaluate
+from autoplan.search.intra._ilp_solve import ILPSolution as ILPSolution
+from autoplan.search.intra._ilp_solve import UnsupportedPrimitiveWarning as UnsupportedPrimitiveWarning
+from autoplan.search.intra._ilp_solve import solve_ilp as solve_ilp
 from autoplan.search.intra._intra import IntraOpResult as IntraOpResult
 from autoplan.search.intra._intra import intra_op_search as intra_op_search
 from autoplan.search.intra._reshard import reshard as reshard

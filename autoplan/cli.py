@@ -468,14 +468,69 @@ def cmd_launch(args) -> int:
     return 0 if result.matched else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for JAX training steps.")
-    p.add_argument("--debug", action="store_true",
-                   help="print the full traceback of an error (also accepted after the command)")
-    sub = p.add_subparsers(dest="command", required=True)
+def _model_args(sp: argparse.ArgumentParser, flag: bool = False) -> None:
+    """The workload arguments: the model (positional, or ``--model`` when ``flag``), its size,
+    batch and config overrides."""
+    help_ = ("zoo model name (see 'autoplan models') or module:function, a function "
+             "returning the user's workload (found in the current directory or PYTHONPATH)")
+    if flag:
+        sp.add_argument("--model", required=True, help=help_)
+    else:
+        sp.add_argument("model", help=help_)
+    sp.add_argument("--size", default=None,
+                    help="model size (zoo default tiny; passed to a function as size=)")
+    sp.add_argument("--batch", type=int, default=None,
+                    help="global batch (default: the size's; passed to a function as batch=)")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config field (zoo) or pass a keyword argument "
+                         "(function), e.g. --set layers=4")
 
-    sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
 
+def _search_args(sp: argparse.ArgumentParser) -> None:
+    """The search options shared by ``plan`` and ``report``."""
+    sp.add_argument("--cluster", default="cpu:8",
+                    help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan "
+                         "profile -o' (cluster.json), or 'local' (the attached devices, "
+                         "profiled once and cached); default cpu:8")
+    sp.add_argument("--level", default="auto",
+                    choices=list(LEVELS),
+                    help="search level (default auto: exhaustive where it is the fast path, "
+                         "else folded)")
+    sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
+    sp.add_argument("--schedule", default=None,
+                    choices=["1f1b", "gpipe", "interleaved", "zb-h1", "auto"],
+                    help="pipeline schedule (default 1f1b; interleaved: v virtual stages per "
+                         "mesh; zb-h1: backward split into input and weight gradients; "
+                         "auto: the best of 1f1b, zb-h1 and interleaved for each layout)")
+    sp.add_argument("--microbatches", type=_microbatches, default=None, metavar="auto|N",
+                    help="micro-batches of pipeline plans: auto (searched, the default) or a "
+                         "count dividing the batch")
+    sp.add_argument("--num-layers", type=int, default=None, metavar="N",
+                    help="layers the pipeline search clusters the operators into (default: "
+                         "one per named scope, at most 64)")
+    sp.add_argument("--stage-algorithm", default=None, choices=["auto", "dp", "ilp"],
+                    help="pipeline stages: dp (Alpa's stage DP), ilp (TePDist's DAG stage "
+                         "ILP), auto (the ILP when the layer graph is not a chain; the default)")
+    sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
+                    help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, "
+                         "... and N hosts), auto (all up to 16 hosts; the default)")
+    sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
+    sp.add_argument("--workers", type=int, default=None,
+                    help="processes solving independent searches at once (default: every CPU "
+                         "for large graphs; 1: this process alone)")
+    sp.add_argument("--no-cache", action="store_true",
+                    help="search even when the plan cache holds this search, and store nothing")
+    sp.add_argument("--allow-microbatching-mixed", action="store_true",
+                    help="search micro-batched plans (gradient accumulation, pipelines) even "
+                         "for a loss that mixes examples across the batch (batch norm, "
+                         "in-batch negatives), whose value micro-batching changes")
+    sp.add_argument("--no-memory-levers", action="store_true",
+                    help="pipeline stages that do not fit get no ZeRO level or "
+                         "rematerialised layers (the executor does not apply those yet)")
+
+
+def _profile_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``profile`` command's arguments."""
     sp = sub.add_parser("profile", help="measure the attached devices: compute, memory, overheads "
                         "and collectives (a cluster file for --cluster)")
     sp.add_argument("-o", "--output", default=None, help="write the cluster as JSON (cluster.json)")
@@ -488,69 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="on the CPU platform, emulate N devices (jax_num_cpu_devices), e.g. 8")
     sp.set_defaults(func=cmd_profile)
 
-    def model_args(sp, flag=False):
-        help_ = ("zoo model name (see 'autoplan models') or module:function, a function "
-                 "returning the user's workload (found in the current directory or PYTHONPATH)")
-        if flag:
-            sp.add_argument("--model", required=True, help=help_)
-        else:
-            sp.add_argument("model", help=help_)
-        sp.add_argument("--size", default=None,
-                        help="model size (zoo default tiny; passed to a function as size=)")
-        sp.add_argument("--batch", type=int, default=None,
-                        help="global batch (default: the size's; passed to a function as batch=)")
-        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config field (zoo) or pass a keyword argument "
-                             "(function), e.g. --set layers=4")
 
-    sp = sub.add_parser("trace", help="trace a workload's train step and print its graph")
-    model_args(sp)
-    sp.set_defaults(func=cmd_trace)
-
-    def search_args(sp):
-        sp.add_argument("--cluster", default="cpu:8",
-                        help="preset[:nodes] (p3.16xlarge:8), a profile file from 'autoplan "
-                             "profile -o' (cluster.json), or 'local' (the attached devices, "
-                             "profiled once and cached); default cpu:8")
-        sp.add_argument("--level", default="auto",
-                        choices=list(LEVELS),
-                        help="search level (default auto: exhaustive where it is the fast path, "
-                             "else folded)")
-        sp.add_argument("--pipeline", default="auto", choices=["auto", "yes", "no"])
-        sp.add_argument("--schedule", default=None,
-                        choices=["1f1b", "gpipe", "interleaved", "zb-h1", "auto"],
-                        help="pipeline schedule (default 1f1b; interleaved: v virtual stages per "
-                             "mesh; zb-h1: backward split into input and weight gradients; "
-                             "auto: the best of 1f1b, zb-h1 and interleaved for each layout)")
-        sp.add_argument("--microbatches", type=_microbatches, default=None, metavar="auto|N",
-                        help="micro-batches of pipeline plans: auto (searched, the default) or a "
-                             "count dividing the batch")
-        sp.add_argument("--num-layers", type=int, default=None, metavar="N",
-                        help="layers the pipeline search clusters the operators into (default: "
-                             "one per named scope, at most 64)")
-        sp.add_argument("--stage-algorithm", default=None, choices=["auto", "dp", "ilp"],
-                        help="pipeline stages: dp (Alpa's stage DP), ilp (TePDist's DAG stage "
-                             "ILP), auto (the ILP when the layer graph is not a chain; the default)")
-        sp.add_argument("--submesh-hosts", default=None, choices=["auto", "all", "pow2"],
-                        help="multi-host stage submeshes: all (Alpa's 2..N hosts), pow2 (2, 4, 8, "
-                             "... and N hosts), auto (all up to 16 hosts; the default)")
-        sp.add_argument("--mesh", default=None, help="logical mesh for an intra-op plan, e.g. 2x4")
-        sp.add_argument("--workers", type=int, default=None,
-                        help="processes solving independent searches at once (default: every CPU "
-                             "for large graphs; 1: this process alone)")
-        sp.add_argument("--no-cache", action="store_true",
-                        help="search even when the plan cache holds this search, and store nothing")
-        sp.add_argument("--allow-microbatching-mixed", action="store_true",
-                        help="search micro-batched plans (gradient accumulation, pipelines) even "
-                             "for a loss that mixes examples across the batch (batch norm, "
-                             "in-batch negatives), whose value micro-batching changes")
-        sp.add_argument("--no-memory-levers", action="store_true",
-                        help="pipeline stages that do not fit get no ZeRO level or "
-                             "rematerialised layers (the executor does not apply those yet)")
-
+def _plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``plan`` command's arguments."""
     sp = sub.add_parser("plan", help="search plans for a workload on a cluster")
-    model_args(sp)
-    search_args(sp)
+    _model_args(sp)
+    _search_args(sp)
     sp.add_argument("-o", "--output", default=None, help="write the best plan as JSON")
     sp.add_argument("--report", default=None, metavar="PATH",
                     help="write the search's self-contained HTML report (every plan and their "
@@ -560,11 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "devices' memory (otherwise an error, exit status 2)")
     sp.set_defaults(func=cmd_plan)
 
-    sp = sub.add_parser("show", help="print a plan file")
-    sp.add_argument("plan")
-    sp.add_argument("--specs", action="store_true", help="list every input's PartitionSpec")
-    sp.set_defaults(func=cmd_show)
 
+def _report_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``report`` command's arguments."""
     sp = sub.add_parser("report", help="write a self-contained HTML report of plan files, or of a "
                                        "search of a workload (every plan and their comparison)")
     sp.add_argument("source", nargs="+",
@@ -574,14 +570,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch", type=int, default=None, help="(a workload) global batch")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="(a workload) override a config field or pass a keyword argument")
-    search_args(sp)
+    _search_args(sp)
     sp.add_argument("-o", "--output", default="report.html")
     sp.set_defaults(func=cmd_report)
 
+
+def _launch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``launch`` command's arguments."""
     sp = sub.add_parser("launch", help="run a plan on the devices attached (workers joined by "
                                        "jax.distributed), or print the command for a cluster")
     sp.add_argument("plan")
-    model_args(sp, flag=True)
+    _model_args(sp, flag=True)
     sp.add_argument("--platform", default=None, choices=["cpu", "gpu", "cuda", "rocm", "tpu"],
                     help="default: detected (emulated CPU devices only when no accelerator is "
                          "attached)")
@@ -610,6 +609,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="accept a run whose loss or gradients are NaN or infinite (otherwise an "
                          "error, exit status 2, saying whether one device computes the same)")
     sp.set_defaults(func=cmd_launch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``autoplan`` command's parser: its sub-commands, and ``--debug`` before or after one."""
+    p = argparse.ArgumentParser(prog="autoplan", description="Auto-parallel planner for JAX training steps.")
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an error (also accepted after the command)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("models", help="list workloads and sizes").set_defaults(func=cmd_models)
+    _profile_parser(sub)
+
+    sp = sub.add_parser("trace", help="trace a workload's train step and print its graph")
+    _model_args(sp)
+    sp.set_defaults(func=cmd_trace)
+
+    _plan_parser(sub)
+
+    sp = sub.add_parser("show", help="print a plan file")
+    sp.add_argument("plan")
+    sp.add_argument("--specs", action="store_true", help="list every input's PartitionSpec")
+    sp.set_defaults(func=cmd_show)
+
+    _report_parser(sub)
+    _launch_parser(sub)
+
     for command in sub.choices.values():  # --debug after the command name too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="print the full traceback of an error")

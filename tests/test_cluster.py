@@ -9,10 +9,10 @@ from autoplan.costs._cluster import (
     PRESETS,
     CollectiveTable,
     ThroughputCurve,
-    canonical_group,
-    fit_line,
     send_recv_time,
 )
+from autoplan.costs._fit import fit_line
+from autoplan.costs._measured import canonical_group
 
 
 def test_presets_and_parse():

@@ -50,11 +50,15 @@ all-reduce, all-gather and reduce-scatter combiners): the gradient all-reduces o
 step run as one all-reduce of every gradient. :meth:`LogicalMesh.collective_time` with
 ``latency=False`` gives the transfer part of a collective that is combined with others; the
 latency is charged once per combined group (:data:`COMBINE_THRESHOLD` bytes each).
+
+This module holds the :class:`Cluster` (its fields, their checks and its file form) with its
+cost model, and :class:`LogicalMesh`. The measured tables are in :mod:`autoplan.costs._measured`,
+the datasheet presets' numbers in :mod:`autoplan.costs._presets`, and the attached devices'
+measured profile and its cache on disk in :mod:`autoplan.costs._local`.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
@@ -65,16 +69,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autoplan._errors import ClusterError
-from autoplan._io import cache_dir as _cache_folder
-from autoplan._io import private_folder, read_input_bytes
+from autoplan._io import read_input_bytes
 from autoplan._memo import memo
 from autoplan.costs._device_models import PRECISIONS as _PRECISIONS
 from autoplan.costs._device_models import peak_rate as _peak_rate
 from autoplan.costs._device_models import precision as _precision
 from autoplan.costs._device_models import saturated_time as _saturated_time
-from autoplan.costs._fit import fit_line as fit_line
-from autoplan.costs._fit import interpolate as _interpolate
-from autoplan.costs._fit import running_max as _running_max
+from autoplan.costs._local import cache_dir, measured_fields, profile_cache_paths, store_profile
+from autoplan.costs._measured import CollectiveTable, ThroughputCurve, canonical_group
+from autoplan.costs._presets import PRESET_FIELDS
 
 __all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
            "PRESETS", "COMBINE_THRESHOLD", "MAX_DEVICES", "MAX_SEARCH_DEVICES", "cache_dir",
@@ -90,7 +93,6 @@ CURVE_OPS = ("matmul", "conv", "memory")
 #: threshold, 30 MiB)
 COMBINE_THRESHOLD = 30 * 2**20
 
-GiB = 1024**3
 #: the most devices a cluster may have (``Cluster``, ``Cluster.parse``, the presets and the plan
 #: file's checker all refuse more): 2^20, far beyond any machine built, so that a typo such as
 #: ``cpu:99999999999999999999`` is an error at once instead of a search that never ends
@@ -100,123 +102,6 @@ MAX_DEVICES = 2**20
 #: 65,536 devices (p3.16xlarge:8192) took 5 s and 0.6 GB for the tiny MLP on 2 cores, while
 #: p3.16xlarge:100000 (800,000 devices) searched for minutes without a word
 MAX_SEARCH_DEVICES = 2**16
-
-
-# ---------------------------------------------------------------------------------------------
-# measured tables
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CollectiveTable:
-    """Measured times of one collective kind on one device-group geometry.
-
-    Attributes:
-        kind: one of :data:`COLLECTIVES`.
-        group: the group's geometry as ``((size, stride), ...)`` in device order, innermost
-            first: ``((4, 1),)`` is 4 neighbouring devices, ``((2, 4),)`` devices 4 apart. Every
-            group of the mesh axis runs at once when it is measured, as in a plan.
-        nbytes: message sizes measured (``B`` of the formulas above), increasing.
-        seconds: the measured time of each size (made non-decreasing).
-        alpha: fitted latency (s); ``beta`` fitted seconds per byte of ``B``.
-    """
-
-    kind: str
-    group: tuple[tuple[int, int], ...]
-    nbytes: tuple[float, ...]
-    seconds: tuple[float, ...]
-    alpha: float
-    beta: float
-
-    @property
-    def size(self) -> int:
-        """Devices in one group."""
-        return math.prod(s for s, _ in self.group)
-
-    def time(self, nbytes: float) -> float:
-        """Seconds for a collective of ``nbytes`` (``B``) on this group."""
-        if nbytes <= 0:
-            return 0.0
-        return _interpolate(self.nbytes, self.seconds, self.alpha, self.beta, float(nbytes))
-
-    @classmethod
-    def from_measurements(cls, kind: str, group: Sequence[Sequence[int]], nbytes: Sequence[float],
-                          seconds: Sequence[float]) -> CollectiveTable:
-        """A table from raw measurements: sorted by size, made non-decreasing, fitted."""
-        pts = sorted(zip(map(float, nbytes), map(float, seconds)))
-        xs = tuple(x for x, _ in pts)
-        ts = tuple(_running_max(t for _, t in pts))
-        a, b = fit_line(xs, ts)
-        return cls(kind, tuple((int(s), int(d)) for s, d in group), xs, ts, a, b)
-
-
-@dataclass(frozen=True)
-class ThroughputCurve:
-    """Measured throughput of one operation by size: the achievable fraction of peak.
-
-    Attributes:
-        op: ``"matmul"`` or ``"conv"`` (sizes in FLOPs per device), or ``"memory"`` (sizes in
-            bytes a kernel reads and writes per device: the bandwidth a kernel of that size
-            sees, higher for small ones that stay in caches).
-        dtype: the operands' dtype name.
-        sizes: the work of one operation per device, increasing.
-        seconds: measured seconds per operation (all devices running one each at once, without
-            the per-kernel overhead ``Cluster.op_overhead``), non-decreasing.
-        peak: fitted asymptotic rate per device (FLOP/s, or bytes/s); ``half``: fitted size at
-            which half of it is reached (the fit is ``t(W) = (W + half) / peak``).
-    """
-
-    op: str
-    dtype: str
-    sizes: tuple[float, ...]
-    seconds: tuple[float, ...]
-    peak: float
-    half: float
-
-    def time(self, work: float) -> float:
-        """Seconds per device for an operation of ``work`` (FLOPs or bytes) per device."""
-        if work <= 0:
-            return 0.0
-        if self.peak <= 0:
-            return _interpolate(self.sizes, self.seconds, 0.0, 0.0, float(work))
-        return _interpolate(self.sizes, self.seconds, self.half / self.peak, 1.0 / self.peak,
-                            float(work))
-
-    def efficiency(self, work: float, peak: float) -> float:
-        """The achieved fraction of ``peak`` at this size."""
-        t = self.time(work)
-        return work / (t * peak) if t > 0 and peak > 0 else 0.0
-
-    @classmethod
-    def from_measurements(cls, op: str, dtype: str, sizes: Sequence[float],
-                          seconds: Sequence[float]) -> ThroughputCurve:
-        """A curve from raw measurements: sorted, made non-decreasing, fitted."""
-        pts = sorted(zip(map(float, sizes), map(float, seconds)))
-        xs = tuple(x for x, _ in pts)
-        ts = tuple(_running_max(t for _, t in pts))
-        a, b = fit_line(xs, ts)
-        peak = 1.0 / b if b > 0 else (xs[-1] / ts[-1] if ts and ts[-1] > 0 else 0.0)
-        return cls(op, dtype, xs, ts, peak, a * peak)
-
-
-def canonical_group(sizes: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    """The geometry of a device group spanned by mesh axes of ``sizes`` and ``strides`` (in
-    devices): innermost first, with an axis merged into the next inner one when together they are
-    one run of devices (``(2, 4)`` and ``(4, 1)`` are the 8 devices ``((8, 1),)``).
-
-    Examples:
-        >>> canonical_group([2, 4], [4, 1])
-        ((8, 1),)
-        >>> canonical_group([2], [4])
-        ((2, 4),)
-    """
-    dims = sorted((int(st), int(sz)) for sz, st in zip(sizes, strides) if sz > 1)
-    out: list[tuple[int, int]] = []
-    for st, sz in dims:
-        if out and out[-1][0] * out[-1][1] == st:
-            out[-1] = (out[-1][0] * sz, out[-1][1])
-        else:
-            out.append((sz, st))
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,11 +344,7 @@ class Cluster:
         Returns:
             The measured :class:`Cluster`.
         """
-        from autoplan.costs._profile import cache_key  # noqa: PLC0415
-
-        key = cache_key(devices)
-        base = cache_dir()
-        full, fast = os.path.join(base, f"{key}.json"), os.path.join(base, f"{key}-quick.json")
+        full, fast = profile_cache_paths(devices)
         if not refresh:
             for path in ((full, fast) if quick else (full,)):
                 if os.path.isfile(path):
@@ -472,13 +353,7 @@ class Cluster:
                     except ClusterError:
                         pass  # an unreadable cache entry: profile again
         cluster = profile(devices, quick=quick, progress=progress)
-        from pathlib import Path  # noqa: PLC0415
-
-        from autoplan._io import atomic_write_bytes  # noqa: PLC0415
-
-        named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))  # (0700 when made, the entry 0600)
-        if private_folder(Path(base), create=True, own=not named):
-            atomic_write_bytes(fast if quick else full, cluster.to_json().encode(), mode=0o600)
+        store_profile(fast if quick else full, cluster.to_json())
         return cluster
 
     def with_nodes(self, nodes: int) -> Cluster:
@@ -876,26 +751,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         >>> cluster.describe_profile()                          # doctest: +SKIP
         'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
     """
-    from autoplan.costs._profile import measure  # noqa: PLC0415
-
-    m = measure(devices, quick=quick, progress=progress)
-    curves = tuple(ThroughputCurve.from_measurements(op, dt, f, t) for op, dt, f, t in m.curves)
-    tables = tuple(CollectiveTable.from_measurements(k, (g,), b, t) for k, g, b, t in m.collectives)
-    # the best sustained rate: the matmul curves' fitted asymptotes (a single noisy point never
-    # sets it)
-    peak = max((c.peak for c in curves if c.op == "matmul" and c.peak > 0), default=1e9)
-    lat, bw = 1e-5, 1e10
-    ring = next((t for t in tables if t.kind == "all-gather" and t.group == ((m.num_devices, 1),)),
-                None)
-    if ring is not None and ring.beta > 0:
-        lat, bw = ring.alpha, (m.num_devices - 1) / m.num_devices / ring.beta
-    return Cluster(
-        name="local", nodes=1, devices_per_node=m.num_devices, device_memory=m.device_memory,
-        peak_flops=peak, intra_bandwidth=bw, inter_bandwidth=bw, intra_latency=lat,
-        inter_latency=lat, compute_efficiency=1.0, device_kind=m.device_kind,
-        memory_bandwidth=m.memory_bandwidth, op_overhead=m.op_overhead,
-        launch_overhead=m.launch_overhead, arg_overhead=m.arg_overhead, curves=curves,
-        collectives=tables, profiled=utc_now(), platform=m.platform, quick=quick)
+    return Cluster(**measured_fields(devices, quick=quick, progress=progress))
 
 
 #: a profile file's spec: ``x.json`` or ``x.json:N``
@@ -933,17 +789,6 @@ def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
         exact[(t.kind, t.group)] = t
         by_size.setdefault((t.kind, t.size), []).append(t)
     return {"exact": exact, "by_size": by_size}
-
-
-def cache_dir() -> str:
-    """Where measured profiles are cached: autoplan's cache folder (:func:`autoplan._io.cache_dir`,
-    the plan cache's too), as a string."""
-    return str(_cache_folder())
-
-
-def utc_now() -> str:
-    """The current time as ISO 8601 (UTC, seconds)."""
-    return _dt.datetime.now(_dt.UTC).replace(microsecond=0, tzinfo=None).isoformat()
 
 
 def default_axis_names(ndim: int) -> tuple[str, ...]:
@@ -1089,90 +934,6 @@ def send_recv_time(cluster: Cluster, nbytes: float, cross_node: bool) -> float:
     return cluster.intra_latency + nbytes / cluster.intra_bandwidth
 
 
-_V100 = "NVIDIA Tesla V100 datasheet (SXM2)"
-_V100_RATES = (("float64", 7.8e12), ("float32", 15.7e12), ("float16", 125e12))
-_V100_SOURCES = (("peak_rates", f"{_V100}: FP64 7.8, FP32 15.7, tensor (FP16) 125 TFLOP/s; no "
-                                "TF32 or BF16 (XLA runs float32 dots at the FP32 rate)"),
-                 ("memory_bandwidth", f"{_V100}: HBM2 900 GB/s"),
-                 ("intra_bandwidth", f"{_V100}: NVLink 300 GB/s per GPU (both directions); "
-                                     "150 GB/s used, one direction"),
-                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on an H100 and an H200 "
-                                "(docs/profiles/), scaled to these peaks"))
-#: the NVLink links of an 8 x V100 SXM2 board, the hybrid cube-mesh of NVIDIA's DGX-1 (NVIDIA
-#: DGX-1 System Architecture white paper, WP-08437-001: six NVLinks per V100, each 25 GB/s per
-#: direction; two fully connected halves 0-3 and 4-7 and links 0-4, 1-5, 2-6, 3-7, some pairs
-#: with two links, as its ``nvidia-smi topo -m`` lists them: NV1/NV2 per pair)
-_DGX1_NVLINKS = ((0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2),
-                 (2, 3, 2), (2, 6, 1), (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2),
-                 (5, 7, 1), (6, 7, 2))
-_V100_LINKS = {"nvlinks": _DGX1_NVLINKS, "link_bandwidth": 25e9, "pcie_bandwidth": 16e9}
-_V100_LINK_SOURCES = (
-    ("nvlinks", "NVIDIA DGX-1 System Architecture white paper: hybrid cube-mesh of 8 V100 SXM2 "
-                "(the board of p3.16xlarge), 6 NVLinks per GPU"),
-    ("link_bandwidth", f"{_V100}: NVLink 2.0, 25 GB/s per link and direction (300 GB/s over "
-                       "6 links, both directions)"),
-    ("pcie_bandwidth", f"{_V100}: PCIe Gen3 32 GB/s (both directions)"))
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5, dense rates)"
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB, dense rates)"
-
-def _v100_node(name: str, memory_gb: int, network_bits: float, inter_latency: float,
-               network_source: str) -> Cluster:
-    """A node of 8 V100 SXM2 (the DGX-1 board: NVLink cube-mesh, 900 GB/s HBM2) with
-    ``memory_gb`` GB each, joined to the other nodes by ``network_bits`` bit/s."""
-    return Cluster(
-        name, 1, 8, memory_gb * GiB, 125e12, 150e9, network_bits / 8, intra_latency=5e-6,
-        inter_latency=inter_latency, device_kind=f"V100-SXM2-{memory_gb}GB",
-        memory_bandwidth=900e9, peak_rates=_V100_RATES, saturation="gpu", **_V100_LINKS,
-        sources=_V100_SOURCES + _V100_LINK_SOURCES + (
-            ("device_memory", f"{_V100}: {memory_gb} GB HBM2"),
-            ("inter_bandwidth", network_source)))
-
-
-PRESETS: dict[str, Cluster] = {
-    # AWS p3.16xlarge (Alpa's testbed): 8 x V100 16 GB (900 GB/s HBM2), NVLink, 25 Gbps between
-    # nodes.
-    "p3.16xlarge": _v100_node("p3.16xlarge", 16, 25e9, 3e-5,
-                              "AWS EC2 P3 instance types: p3.16xlarge, 25 Gbps network"),
-    # TAPAS / TePDist testbed: 8 x V100 32 GB, NVLink, 100 Gbps between nodes.
-    "v100-32g-100gbe": _v100_node("v100-32g-100gbe", 32, 100e9, 2e-5,
-                                  "TAPAS and TePDist papers' testbed: 100 Gbps between nodes"),
-    # NVIDIA DGX A100: 8 x A100 80 GB (2.04 TB/s HBM2e), NVLink 300 GB/s per direction, 8 x 200
-    # Gbps InfiniBand.
-    "dgx-a100": Cluster(
-        "dgx-a100", 1, 8, 80e9, 312e12, 300e9, 8 * 200e9 / 8, intra_latency=3e-6,
-        inter_latency=1e-5, device_kind="A100-SXM4-80GB", memory_bandwidth=2.039e12,
-        peak_rates=(("float64", 9.7e12), ("float32", 19.5e12), ("tf32", 156e12),
-                    ("float16", 312e12), ("bfloat16", 312e12)),
-        float32_dot="tf32", saturation="gpu",
-        sources=(("peak_rates", f"{_A100}: FP64 9.7, FP32 19.5, TF32 156, BF16/FP16 312 "
-                                "TFLOP/s; no FP8"),
-                 ("memory_bandwidth", f"{_A100}: HBM2e 2,039 GB/s"),
-                 ("device_memory", f"{_A100}: 80 GB"),
-                 ("intra_bandwidth", f"{_A100}: NVLink 600 GB/s per GPU (both directions)"),
-                 ("inter_bandwidth", "NVIDIA DGX A100 datasheet: 8 x 200 Gb/s HDR InfiniBand"),
-                 ("float32_dot", "JAX/XLA default matmul precision on Ampere: TF32"),
-                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on an H100 and an H200 "
-                                "(docs/profiles/), scaled to these peaks"))),
-    # NVIDIA DGX H100: 8 x H100 80 GB (3.35 TB/s HBM3), NVLink 450 GB/s per direction, 8 x 400 Gbps
-    # InfiniBand.
-    "dgx-h100": Cluster(
-        "dgx-h100", 1, 8, 80e9, 989.4e12, 450e9, 8 * 400e9 / 8, intra_latency=3e-6,
-        inter_latency=1e-5, device_kind="H100-SXM5-80GB", memory_bandwidth=3.35e12,
-        peak_rates=(("float64", 33.5e12), ("float32", 66.9e12), ("tf32", 494.7e12),
-                    ("float16", 989.4e12), ("bfloat16", 989.4e12), ("float8", 1978.9e12)),
-        float32_dot="tf32", saturation="gpu",
-        sources=(("peak_rates", f"{_H100}: FP64 33.5, FP32 66.9, TF32 494.7, BF16/FP16 989.4, "
-                                "FP8 1,978.9 TFLOP/s"),
-                 ("memory_bandwidth", f"{_H100}: HBM3 3.35 TB/s"),
-                 ("device_memory", f"{_H100}: 80 GB"),
-                 ("intra_bandwidth", f"{_H100}: NVLink 900 GB/s per GPU (both directions)"),
-                 ("inter_bandwidth", "NVIDIA DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7"),
-                 ("float32_dot", "JAX/XLA default matmul precision on Hopper: TF32"),
-                 ("saturation", "autoplan.costs._device_models.SATURATION: measured on this device and an "
-                                "H200 (docs/profiles/)"))),
-    # Emulated CPU devices (jax_num_cpu_devices): one host, shared memory. Uncalibrated round
-    # numbers; profile the machine (autoplan.profile) for costs that match it.
-    "cpu": Cluster("cpu", 1, 8, 2 * GiB, 5e10, 5e9, 5e9, intra_latency=2e-5,
-                   inter_latency=2e-5, compute_efficiency=1.0, device_kind="cpu",
-                   memory_bandwidth=2e10),
-}
+#: the datasheet presets (:mod:`autoplan.costs._presets`), one node each
+PRESETS: dict[str, Cluster] = {name: Cluster(name=name, **fields)
+                               for name, fields in PRESET_FIELDS.items()}

@@ -10,7 +10,7 @@ contention, and devices with their own hardware (GPUs) show their own speed.
 * **Compute**: matmul throughput for each dtype the zoo uses that the platform runs (float32,
   bfloat16, float16), over a sweep of sizes (square ``n x n`` products per device, ``n``
   doubling from 32 until the rate stops growing or one product takes too long), kept as a curve
-  of seconds by FLOPs (:class:`~autoplan.costs._cluster.ThroughputCurve`, with the fit
+  of seconds by FLOPs (:class:`~autoplan.costs._measured.ThroughputCurve`, with the fit
   ``t(F) = (F + F_half) / R_max``: the achievable fraction of peak by size); convolution
   throughput the same way (3x3 NHWC convolutions, channels doubling). Each size is timed as the
   difference between a chain of ``1 + k`` dependent operations and one, over ``k`` (the launch
@@ -32,13 +32,13 @@ contention, and devices with their own hardware (GPUs) show their own speed.
   and 1x8), over a sweep of message sizes; every group of the axis runs at once. Each size is
   timed the same way, as the slope of a chain of dependent collectives (for all-gather and
   reduce-scatter less the estimated cost of the slice or tile that chains them). The result
-  is Alpa's profiling database: a :class:`~autoplan.costs._cluster.CollectiveTable` per kind and
+  is Alpa's profiling database: a :class:`~autoplan.costs._measured.CollectiveTable` per kind and
   geometry, interpolated inside the measured sizes and extended outside by its fitted
   ``alpha + beta B``.
 
 ``quick=True`` measures fewer sizes (well under a minute on a 2-core machine with 8 emulated
 devices); the full profile takes a few minutes. :meth:`autoplan.Cluster.detect` caches the result
-on disk. This module returns plain measurements (:class:`Measurements`); :mod:`autoplan.costs._cluster`
+on disk. This module returns plain measurements (:class:`Measurements`); :mod:`autoplan.costs._local`
 turns them into the cluster's fitted tables.
 """
 

@@ -174,7 +174,7 @@ def _graph_and_workload(workload_or_graph: Any) -> tuple[OpGraph, Any, float]:
     if isinstance(workload_or_graph, OpGraph):
         return workload_or_graph, None, 0.0
     if is_workload_like(workload_or_graph):
-        from autoplan.search.pipeline._pipeline import traced  # noqa: PLC0415
+        from autoplan.search.pipeline._microbatches import traced  # noqa: PLC0415
 
         workload = as_workload(workload_or_graph, "search")
         g = traced(workload)
@@ -373,6 +373,16 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                  stage_algorithm=stage_algorithm, submesh_hosts=submesh_hosts, workers=workers,
                  cache=cache, allow_microbatching_mixed=allow_microbatching_mixed,
                  memory_levers=memory_levers)
+    opts, cluster = _resolved_options(options, given, cluster, progress, partial)
+    return _run_search(workload_or_graph, cluster, opts, progress, partial)
+
+
+def _resolved_options(options: SearchOptions | None, given: dict[str, Any], cluster: Cluster | str,
+                      progress: Callable[[str, float], None] | None,
+                      partial: Callable[[SearchResult], None] | None
+                      ) -> tuple[SearchOptions, Cluster]:
+    """The search's options and cluster, checked (with the callbacks and the cache's size limit)
+    before any work."""
     opts = _options(options, given)
     cluster = _check_cluster(cluster)
     check_callback("search", "progress", progress, SearchError)
@@ -380,11 +390,60 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
     if opts.cache:
         cache_max_bytes(_cache.MAX_BYTES)  # a bad $AUTOPLAN_CACHE_MAX_BYTES: said before any work
     check_not_bootstrapping()
+    return opts, cluster
+
+
+def _run_search(workload_or_graph: Any, cluster: Cluster, opts: SearchOptions,
+                progress: Callable[[str, float], None] | None,
+                partial: Callable[[SearchResult], None] | None) -> SearchResult:
+    """:func:`search` once its options are checked: trace, look the result up in the plan cache,
+    else search, rank and store."""
     report = progress or (lambda msg, frac: None)
     t_start = time.perf_counter()
     report("tracing", 0.0)
     single = opts.mesh_shape is not None or len(mesh_shapes_for(
         cluster.num_devices, cluster.nodes, cluster.devices_per_node)) == 1
+    graph, workload, t_trace = _trace_for_search(workload_or_graph, opts, single)
+    found_mixing = mixing_of(graph)
+    notes, microbatching = _search_notes(graph, workload, opts, found_mixing)
+    n_workers = resolve_workers(opts.workers, len(graph))
+    if opts.workers is None and single and (opts.pipeline is False or workload is None):
+        # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
+        # analyses, which costs more than the baselines it would take off this process
+        n_workers = 1
+    config = _batch_config(graph, workload)
+    key = None
+    if opts.cache:
+        # (the pipeline search needs a workload: a graph alone cannot share a pipeline result)
+        key = _cache.search_key(graph, cluster, opts, config, workload=workload is not None,
+                                microbatching=microbatching)
+        hit = _cached_result(key, graph, opts, notes, found_mixing)
+        if hit is not None:
+            report("done (from the plan cache)", 1.0)
+            return hit
+    found = _search_plans(graph, workload, cluster, opts, microbatching, config, n_workers,
+                          report, partial)
+    plans, stats, recorded = found
+    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": opts.level,
+                  "workers": n_workers})
+    analysis = analysis_of(graph)
+    plans = _finish_plans(plans, graph, stats, found_mixing)
+    stats["search_seconds"] = time.perf_counter() - t_start - t_trace
+    ranked, i = _ranked_with_best(plans, stats, opts.memory_budget)
+    stats["cache"] = "off"
+    if key is not None:
+        stats["cache"] = "stored"
+        if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
+            stats["cache"] = "not stored"
+    report("done", 1.0)
+    return _result(graph, ranked, i, stats, analysis, recorded, opts.memory_budget, notes,
+                   found_mixing)
+
+
+def _trace_for_search(workload_or_graph: Any, opts: SearchOptions, single: bool
+                      ) -> tuple[OpGraph, Any, float]:
+    """``(graph, workload or None, trace seconds)``; a large workload's worker processes start
+    while it traces (unless one logical mesh is searched in this process alone)."""
     if _large_workload(workload_or_graph) and not (opts.workers is None and single
                                                    and opts.pipeline is False):
         # (they start while it traces, importing what the tasks run)
@@ -395,49 +454,40 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
                           "from it), not an OpGraph. Got an OpGraph. Fix: "
                           f"{GRAPH_ONLY_NOTE.replace('pipeline plans need the workload: ', '')}"
                           " (or a zoo workload), or use pipeline=False.")
-    found_mixing = mixing_of(graph)
-    notes, microbatching = _search_notes(graph, workload, opts, found_mixing)
-    n_workers = resolve_workers(opts.workers, len(graph))
-    if opts.workers is None and single and (opts.pipeline is False or workload is None):
-        # one logical mesh and its baselines: a worker would first unpickle the graph and redo its
-        # analyses, which costs more than the baselines it would take off this process
-        n_workers = 1
+    return graph, workload, t_trace
+
+
+def _batch_config(graph: OpGraph, workload: Any) -> dict[str, Any]:
+    """The workload's config; for an OpGraph, the batch inputs' leading dimension as its
+    ``batch``, when they agree."""
     config = dict(getattr(workload, "config", {}) or {})
     if "batch" not in config:  # an OpGraph: the batch inputs' leading dimension, when they agree
         lead = {graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
                 if gi.kind == "batch" and graph.tensors[gi.tensor].shape}
         if len(lead) == 1:
             config["batch"] = lead.pop()
-    key = None
-    if opts.cache:
-        # (the pipeline search needs a workload: a graph alone cannot share a pipeline result)
-        key = _cache.search_key(graph, cluster, opts, config, workload=workload is not None,
-                                microbatching=microbatching)
-        hit = _cache.load(key)
-        if hit is not None:
-            report("done (from the plan cache)", 1.0)
-            return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
-                           FoldingAnalysis.from_dict(hit["analysis"]), hit["warnings"],
-                           opts.memory_budget, notes, found_mixing)
-    found = _search_plans(graph, workload, cluster, opts, microbatching, config, n_workers,
-                          report, partial)
-    plans, stats, recorded = found
-    stats.update({"operators": len(graph), "trace_seconds": t_trace, "level": opts.level,
-                  "workers": n_workers})
-    analysis = analysis_of(graph)
-    plans = _finish_plans(plans, graph, stats, found_mixing)
-    stats["search_seconds"] = time.perf_counter() - t_start - t_trace
-    ranked, i = _rank_and_pick(plans, opts.memory_budget)
+    return config
+
+
+def _cached_result(key: str, graph: OpGraph, opts: SearchOptions, notes: list[str],
+                   found_mixing: Any) -> SearchResult | None:
+    """The search's result from the plan cache (``stats["cache"] == "hit"``), or None."""
+    hit = _cache.load(key)
+    if hit is None:
+        return None
+    return _result(graph, hit["plans"], hit["best"], {**hit["stats"], "cache": "hit"},
+                   FoldingAnalysis.from_dict(hit["analysis"]), hit["warnings"],
+                   opts.memory_budget, notes, found_mixing)
+
+
+def _ranked_with_best(plans: list[Plan], stats: dict[str, Any], memory_budget: float | None
+                      ) -> tuple[list[Plan], int]:
+    """The plans ranked and the index of the best (:func:`_rank_and_pick`), which carries the
+    search's seconds; ``stats["best_label"]`` says where it came from."""
+    ranked, i = _rank_and_pick(plans, memory_budget)
     ranked[i] = ranked[i].with_(search_seconds=stats["search_seconds"])
     stats["best_label"] = ranked[i].label
-    stats["cache"] = "off"
-    if key is not None:
-        stats["cache"] = "stored"
-        if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
-            stats["cache"] = "not stored"
-    report("done", 1.0)
-    return _result(graph, ranked, i, stats, analysis, recorded, opts.memory_budget, notes,
-                   found_mixing)
+    return ranked, i
 
 
 def _options(options: Any, given: dict[str, Any]) -> SearchOptions:

@@ -89,7 +89,8 @@ def megatron_pipeline_baseline(workload: Any, cluster: Cluster, *, schedule: str
     """The Megatron TP x PP baseline: the best of its grid on clusters of several devices, or
     without ``grid`` its one layout on clusters of several nodes (None where it does not apply
     or cannot be made), its layer ILPs solved on ``workers`` processes."""
-    from autoplan.search.pipeline._pipeline import pipeline_search, traced  # noqa: PLC0415
+    from autoplan.search.pipeline._microbatches import traced  # noqa: PLC0415
+    from autoplan.search.pipeline._pipeline import pipeline_search  # noqa: PLC0415
 
     graph = traced(workload)
     if (cluster.num_devices if grid else cluster.nodes) <= 1 or megatron_pins(graph, min(cluster.devices_per_node,

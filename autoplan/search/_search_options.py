@@ -90,11 +90,9 @@ class SearchOptions:
         if pipeline not in (True, False, "auto"):
             raise SearchError(f"search: pipeline should be True, False or 'auto'. Got "
                               f"{pipeline!r}.")
-        from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
-            SCHEDULES,
-            check_microbatches,
-            check_submesh_hosts,
-        )
+        from autoplan.search.pipeline._microbatches import check_microbatches  # noqa: PLC0415
+        from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
+        from autoplan.search.pipeline._simulate import SCHEDULES  # noqa: PLC0415
 
         if schedule not in SCHEDULES:
             raise SearchError(f"search: schedule should be one of "

@@ -120,6 +120,49 @@ def graph_figure(layers: Any,
         ArgumentError: a layer lacks a name, a reference names no layer, or a plan or search
             result carries no folding analysis.
     """
+    layers, edges, critical, fold_ratio, title, ilps, level = _unpack(layers, critical, fold_ratio,
+                                                                       title)
+    segs = [_segment(lay, i) for i, lay in enumerate(layers)]
+    n = len(segs)
+    names = {s.name: i for i, s in enumerate(segs)}
+    cls = _layer_classes(segs, classes, names)
+    ops = [s.ops for s in segs]
+    top = max((s.flops for s in segs), default=0.0)
+    heights = [0.25 + 0.75 * math.sqrt(s.flops / top) if top > 0 else 1.0 for s in segs]
+    crit = sorted({_resolve(c, names, n, "critical") for c in (critical or ())})
+    bounds = _boundaries(segments or (), names, n)
+    traces = _layer_traces(segs, cls, heights, crit)
+    edge_trace = _edge_trace(edges, names, heights)
+    n_skip = edge_trace["meta"]["count"] if edge_trace else 0
+    if edge_trace:
+        traces.append(edge_trace)
+    counts: dict[int | None, int] = {}
+    for c in cls:
+        counts[c] = counts.get(c, 0) + 1
+    for c in sorted(counts, key=lambda c: (c is None, c if c is not None else 0)):
+        label = f"class {c} ({counts[c]} layers)" if c is not None else f"no class ({counts[c]})"
+        traces.append(legend_swatch(label, class_color(c), group=f"class{c}", cls=c))
+    n_cls = len([c for c in counts if c is not None])
+    head = escape(title) if title else f"Operator graph by layer: {n} layers, {sum(ops)} ops"
+    notes = [f"{n_cls} classes (same colour = same structure: solved once when folded)"]
+    if bounds:
+        notes.append(f"{len(bounds) + 1} segments (dashed boundaries)")
+    if crit:
+        notes.append(f"{len(crit)} end at a critical node (red: TePDist's cut points)")
+    if fold_ratio is not None:
+        head += f"; fold ratio {fold_ratio:.3g}x"
+    if ilps is not None:
+        head += f"; {ilps} ILP{'s' if ilps != 1 else ''}" + (f" ({escape(level)})" if level else "")
+    title_text = f"{head}<br><sup>{'; '.join(notes)}; box height ~ sqrt(FLOPs)</sup>"
+    return go.Figure(data=traces, layout=_layout(segs, bounds, title_text, n_skip))
+
+
+def _unpack(layers: Any, critical: Sequence[Any] | None, fold_ratio: float | None,
+            title: str | None) -> tuple[Any, Sequence[Any], Sequence[Any] | None, float | None,
+                                        str | None, int | None, str | None]:
+    """``graph_figure``'s input as ``(layers, edges, critical, fold_ratio, title, ilps, level)``:
+    a plan, search result or folding analysis gives its segments, and the critical nodes, fold
+    ratio and title the caller left out; a ``{"layers", "edges"}`` mapping gives both."""
     edges: Sequence[Any] = ()
     ilps = level = None
     if not isinstance(layers, Mapping | Sequence) or isinstance(layers, str):
@@ -135,9 +178,15 @@ def graph_figure(layers: Any,
     if isinstance(layers, Mapping):
         edges = layers.get("edges", ()) or ()
         layers = layers["layers"]
-    segs = [_segment(lay, i) for i, lay in enumerate(layers)]
+    return layers, edges, critical, fold_ratio, title, ilps, level
+
+
+def _layer_classes(segs: list[SegmentSummary],
+                   classes: Sequence[int | None] | Mapping[Any, int | None] | None,
+                   names: dict[str, int]) -> list[int | None]:
+    """Each layer's class: its own, overridden by ``classes`` (a list, or a mapping from layer
+    index or name)."""
     n = len(segs)
-    names = {s.name: i for i, s in enumerate(segs)}
     cls: list[int | None] = [s.cls for s in segs]
     if classes is not None:
         if isinstance(classes, Mapping):
@@ -148,26 +197,25 @@ def graph_figure(layers: Any,
                 raise ArgumentError(f"graph_figure: classes should have one entry per layer ({n}). "
                                     f"Got {len(classes)}. Fix: one class (or None) per layer.")
             cls = list(classes)
-    planned = [list(s.planned) for s in segs]
-    flops = [s.flops for s in segs]
-    ops = [s.ops for s in segs]
-    top = max(flops, default=0.0)
-    heights = [0.25 + 0.75 * math.sqrt(f / top) if top > 0 else 1.0 for f in flops]
-    crit = sorted({_resolve(c, names, n, "critical") for c in (critical or ())})
-    bounds = _boundaries(segments or (), names, n)
-    colors = [class_color(c) for c in cls]
+    return cls
+
+
+def _layer_traces(segs: list[SegmentSummary], cls: list[int | None], heights: list[float],
+                  crit: list[int]) -> list[dict[str, Any]]:
+    """The bar trace of the layers, and the markers of the critical ones (when there are)."""
+    n = len(segs)
     traces: list[dict[str, Any]] = [{
         "type": "bar", "x": list(range(n)), "y": heights, "width": 0.86,
-        "marker": {"color": colors,
+        "marker": {"color": [class_color(c) for c in cls],
                    "line": {"color": ["#d62728" if i in crit else "#555555" for i in range(n)],
                             "width": [3 if i in crit else 0.5 for i in range(n)]}},
-        "customdata": [[s.name, flops[i], ops[i], "-" if cls[i] is None else cls[i]]
+        "customdata": [[s.name, s.flops, s.ops, "-" if cls[i] is None else cls[i]]
                        for i, s in enumerate(segs)],
         "hovertemplate": ("<b>%{customdata[0]}</b> (layer %{x})<br>%{customdata[1]:.3~s}FLOP, "
                           "%{customdata[2]} ops<br>class %{customdata[3]}<extra></extra>"),
         "showlegend": False, "name": "layers",
         "meta": {"kind": "layers", "classes": cls, "names": [s.name for s in segs],
-                 "planned": planned},
+                 "planned": [list(s.planned) for s in segs]},
     }]
     if crit:
         traces.append({
@@ -177,6 +225,13 @@ def graph_figure(layers: Any,
             "hovertemplate": "critical node %{text}<extra></extra>",
             "meta": {"kind": "critical", "layers": crit},
         })
+    return traces
+
+
+def _edge_trace(edges: Sequence[Any], names: dict[str, int],
+                heights: list[float]) -> dict[str, Any] | None:
+    """The arcs of the edges that skip a layer (``None`` when none does)."""
+    n = len(heights)
     ex: list[float | None] = []
     ey: list[float | None] = []
     n_skip = 0
@@ -194,16 +249,17 @@ def graph_figure(layers: Any,
             ey.append(base + 0.35 * math.sin(math.pi * u) * min(1.0, 0.3 + (hi - lo) / 8))
         ex.append(None)
         ey.append(None)
-    if n_skip:
-        traces.append({"type": "scatter", "x": ex, "y": ey, "mode": "lines",
-                       "line": {"color": "#777777", "width": 1}, "hoverinfo": "skip",
-                       "name": "skip edge", "meta": {"kind": "edges", "count": n_skip}})
-    counts: dict[int | None, int] = {}
-    for c in cls:
-        counts[c] = counts.get(c, 0) + 1
-    for c in sorted(counts, key=lambda c: (c is None, c if c is not None else 0)):
-        label = f"class {c} ({counts[c]} layers)" if c is not None else f"no class ({counts[c]})"
-        traces.append(legend_swatch(label, class_color(c), group=f"class{c}", cls=c))
+    if not n_skip:
+        return None
+    return {"type": "scatter", "x": ex, "y": ey, "mode": "lines",
+            "line": {"color": "#777777", "width": 1}, "hoverinfo": "skip",
+            "name": "skip edge", "meta": {"kind": "edges", "count": n_skip}}
+
+
+def _layout(segs: list[SegmentSummary], bounds: list[int], title: str,
+            n_skip: int) -> dict[str, Any]:
+    """The figure's layout: the layer axis, the dashed segment boundaries and their labels."""
+    n = len(segs)
     shapes = [{"type": "line", "x0": b - 0.5, "x1": b - 0.5, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"color": "#333333", "dash": "dash", "width": 1.2}} for b in bounds]
     starts = [0] + bounds
@@ -212,22 +268,10 @@ def graph_figure(layers: Any,
         {"x": (lo + hi - 1) / 2, "y": 1.0, "yref": "paper", "yanchor": "bottom", "showarrow": False,
          "text": f"segment {k}", "font": {"size": 10}}
         for k, (lo, hi) in enumerate(zip(starts, ends))]
-    n_cls = len([c for c in counts if c is not None])
-    head = escape(title) if title else f"Operator graph by layer: {n} layers, {sum(ops)} ops"
-    notes = [f"{n_cls} classes (same colour = same structure: solved once when folded)"]
-    if bounds:
-        notes.append(f"{len(bounds) + 1} segments (dashed boundaries)")
-    if crit:
-        notes.append(f"{len(crit)} end at a critical node (red: TePDist's cut points)")
-    if fold_ratio is not None:
-        head += f"; fold ratio {fold_ratio:.3g}x"
-    if ilps is not None:
-        head += f"; {ilps} ILP{'s' if ilps != 1 else ''}" + (f" ({escape(level)})" if level else "")
     ticktext = [escape(s.name) for s in segs]
-    layout = {
+    return {
         "template": TEMPLATE, "bargap": 0.1, "hovermode": "closest",
-        "title": {"text": f"{head}<br><sup>{'; '.join(notes)}; box height ~ sqrt(FLOPs)</sup>",
-                  "x": 0.01, "xanchor": "left"},
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},
         "xaxis": {"tickvals": list(range(0, n, max(1, n // 40))),
                   "ticktext": ticktext[::max(1, n // 40)], "tickangle": -45 if n > 8 else 0,
                   "tickfont": {"size": 9}, "range": [-0.6, n - 0.4], "showgrid": False,
@@ -237,4 +281,3 @@ def graph_figure(layers: Any,
         "margin": {"t": 100, "l": 30, "r": 20, "b": 60}, "legend": {"title": {"text": "class"}},
         "meta": {"kind": "graph"},
     }
-    return go.Figure(data=traces, layout=layout)

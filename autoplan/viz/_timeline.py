@@ -21,7 +21,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from autoplan._dtype import dtype_bytes
-from autoplan.plans._plan import Plan, Stage, require_plan
+from autoplan.plans._plan import Plan, Schedule, Stage, require_plan
 from autoplan.plans._plan_text import stage_levers
 from autoplan.viz._style import (
     IDLE_COLOR,
@@ -300,32 +300,64 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
     # an interleaved schedule runs v stages (chunks) per mesh: one row per mesh, not per stage
     P = sch.num_meshes if sch.virtual_stages > 1 else len(plan.stages)
     meshes = max([e[2] for e in events] + [P - 1, 0]) + 1
-    names = _KIND_NAMES.get(sch.kind, {})
     end = max([e[1] for e in events], default=0.0)
     scale, uname = time_unit(end) if unit == "s" else (1.0, "tick")
     u = (scale, uname)
     keep = 2 * len(plan.stages) + 2
     grouped = (len(events) > GROUP_EVENTS) if group is None else bool(group)
     shown, steady = _split_steady(events, meshes, keep) if grouped else (list(events), [])
-    groups: dict[tuple[int, str], list[Event]] = {}
-    for e in shown:
-        groups.setdefault((e[4], e[5]), []).append(e)
-    kind_rank = {"forward": 0, "backward": 1}
     traces: list[dict[str, Any]] = []
     gaps = _idle(events, meshes, end) if not grouped else _idle(
         shown + [(min(s[0] for s in evs), max(s[1] for s in evs), m, -1, -1, "steady")
                  for m, evs in steady], meshes, end)
     if gaps:
-        traces.append({
-            "type": "bar", "orientation": "h", "y": [g[0] for g in gaps],
-            "base": [g[1] / scale for g in gaps], "x": [(g[2] - g[1]) / scale for g in gaps],
-            "marker": {"color": IDLE_COLOR, "line": {"width": 0}}, "width": 0.8,
-            "name": "idle (bubble)", "legendgroup": "idle",
-            "customdata": [[fmt_in_unit(g[1], u), fmt_in_unit(g[2], u), g[0]] for g in gaps],
-            "hovertemplate": ("idle on mesh %{customdata[2]}<br>%{customdata[0]} to "
-                              "%{customdata[1]}<extra></extra>"),
-            "meta": {"kind": "idle"},
-        })
+        traces.append(_idle_trace(gaps, u))
+    traces += _event_traces(shown, sch, P, u)
+    if steady:
+        traces.append(_steady_trace(steady, sch, u))
+    xaxis, updatemenus = _time_axis(end, unit, u, steady)
+    layout = {
+        "template": TEMPLATE, "barmode": "overlay", "bargap": 0.2,
+        "title": {"text": _title(plan, events, meshes, end, unit, u, bool(steady)), "x": 0.01,
+                  "xanchor": "left", "font": {"size": 14}},
+        "xaxis": xaxis,
+        "yaxis": {"tickvals": list(range(meshes)), "ticktext": _row_names(plan, meshes, P),
+                  "range": [meshes - 0.5, -0.5], "zeroline": False},
+        "height": int(min(900, 220 + 40 * meshes)),
+        "margin": {"t": 100, "l": 100, "r": 20, "b": 50},
+        "uniformtext": {"minsize": 7, "mode": "hide"}, "hovermode": "closest",
+        "updatemenus": updatemenus,
+        "meta": {"kind": "timeline", "unit": uname, "grouped": bool(steady)},
+    }
+    return go.Figure(data=traces, layout=layout)
+
+
+def _idle_trace(gaps: list[tuple[int, float, float]], u: tuple[float, str]) -> dict[str, Any]:
+    """The light grey bars of the meshes' idle gaps ``(mesh, start, end)``."""
+    scale = u[0]
+    return {
+        "type": "bar", "orientation": "h", "y": [g[0] for g in gaps],
+        "base": [g[1] / scale for g in gaps], "x": [(g[2] - g[1]) / scale for g in gaps],
+        "marker": {"color": IDLE_COLOR, "line": {"width": 0}}, "width": 0.8,
+        "name": "idle (bubble)", "legendgroup": "idle",
+        "customdata": [[fmt_in_unit(g[1], u), fmt_in_unit(g[2], u), g[0]] for g in gaps],
+        "hovertemplate": ("idle on mesh %{customdata[2]}<br>%{customdata[0]} to "
+                          "%{customdata[1]}<extra></extra>"),
+        "meta": {"kind": "idle"},
+    }
+
+
+def _event_traces(shown: list[Event], sch: Schedule, P: int,
+                  u: tuple[float, str]) -> list[dict[str, Any]]:
+    """One horizontal bar trace per (stage, kind) of the events drawn one by one, by stage and
+    then forward, backward and the other kinds."""
+    scale = u[0]
+    names = _KIND_NAMES.get(sch.kind, {})
+    groups: dict[tuple[int, str], list[Event]] = {}
+    for e in shown:
+        groups.setdefault((e[4], e[5]), []).append(e)
+    kind_rank = {"forward": 0, "backward": 1}
+    traces: list[dict[str, Any]] = []
     for (st, kind) in sorted(groups, key=lambda k: (k[0], kind_rank.get(k[1], 2), k[1])):
         evs = groups[(st, kind)]
         what = names.get(kind, kind)
@@ -347,60 +379,87 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
                               "%{customdata[2]}: %{customdata[6]} to %{customdata[7]}<extra></extra>"),
             "meta": {"kind": "events", "stage": st, "event_kind": kind},
         })
-    if steady:
-        xs, bases, ys, texts, cds, colors = [], [], [], [], [], []
-        for m, evs in steady:
-            a, b = min(e[0] for e in evs), max(e[1] for e in evs)
-            mbs = sorted({e[3] for e in evs})
-            nf = sum(1 for e in evs if e[5] == "forward")
-            nw = sum(1 for e in evs if e[5] == "weight")
-            busy = sum(e[1] - e[0] for e in evs)
-            st = evs[0][4]
-            xs.append((b - a) / scale)
-            bases.append(a / scale)
-            ys.append(m)
-            texts.append(f"micro-batches {mbs[0]}-{mbs[-1]}: {nf} F + {len(evs) - nf - nw} B"
-                         + (f" + {nw} W" if nw else "")
-                         + (f" over {len({e[4] for e in evs})} chunks" if sch.virtual_stages > 1
-                            else ""))
-            cds.append([a, b, m, len(mbs), st, "steady", fmt_in_unit(a, u), fmt_in_unit(b, u),
-                        nf, len(evs) - nf, f"{(1 - busy / (b - a)) * 100:.1f}%" if b > a else "0%",
-                        mbs[0], mbs[-1]])
-            colors.append(tint(stage_color(st), 0.25))
-        traces.append({
-            "type": "bar", "orientation": "h", "y": ys, "base": bases, "x": xs, "width": 0.8,
-            "text": texts, "textposition": "inside", "insidetextanchor": "middle", "textangle": 0,
-            "marker": {"color": colors, "line": {"color": "white", "width": 0.5}},
-            "name": "steady state (grouped)", "customdata": cds,
-            "hovertemplate": ("steady state on mesh %{customdata[2]}: micro-batches "
-                              "%{customdata[11]}-%{customdata[12]}<br>%{customdata[8]} forward + "
-                              "%{customdata[9]} backward, idle %{customdata[10]}<br>"
-                              "%{customdata[6]} to %{customdata[7]}<extra></extra>"),
-            "meta": {"kind": "steady"},
-        })
-    busy = sum(e[1] - e[0] for e in events)
-    bubble = 1 - busy / (meshes * end) if end > 0 else 0.0
-    per_mesh = [sum(e[1] - e[0] for e in events if e[2] == m) for m in range(meshes)]
+    return traces
+
+
+def _steady_trace(steady: list[tuple[int, list[Event]]], sch: Schedule,
+                  u: tuple[float, str]) -> dict[str, Any]:
+    """One bar per mesh for the events of its steady state, labelled with the micro-batches and
+    the counts it holds."""
+    scale = u[0]
+    xs, bases, ys, texts, cds, colors = [], [], [], [], [], []
+    for m, evs in steady:
+        a, b = min(e[0] for e in evs), max(e[1] for e in evs)
+        mbs = sorted({e[3] for e in evs})
+        nf = sum(1 for e in evs if e[5] == "forward")
+        nw = sum(1 for e in evs if e[5] == "weight")
+        busy = sum(e[1] - e[0] for e in evs)
+        st = evs[0][4]
+        xs.append((b - a) / scale)
+        bases.append(a / scale)
+        ys.append(m)
+        texts.append(f"micro-batches {mbs[0]}-{mbs[-1]}: {nf} F + {len(evs) - nf - nw} B"
+                     + (f" + {nw} W" if nw else "")
+                     + (f" over {len({e[4] for e in evs})} chunks" if sch.virtual_stages > 1
+                        else ""))
+        cds.append([a, b, m, len(mbs), st, "steady", fmt_in_unit(a, u), fmt_in_unit(b, u),
+                    nf, len(evs) - nf, f"{(1 - busy / (b - a)) * 100:.1f}%" if b > a else "0%",
+                    mbs[0], mbs[-1]])
+        colors.append(tint(stage_color(st), 0.25))
+    return {
+        "type": "bar", "orientation": "h", "y": ys, "base": bases, "x": xs, "width": 0.8,
+        "text": texts, "textposition": "inside", "insidetextanchor": "middle", "textangle": 0,
+        "marker": {"color": colors, "line": {"color": "white", "width": 0.5}},
+        "name": "steady state (grouped)", "customdata": cds,
+        "hovertemplate": ("steady state on mesh %{customdata[2]}: micro-batches "
+                          "%{customdata[11]}-%{customdata[12]}<br>%{customdata[8]} forward + "
+                          "%{customdata[9]} backward, idle %{customdata[10]}<br>"
+                          "%{customdata[6]} to %{customdata[7]}<extra></extra>"),
+        "meta": {"kind": "steady"},
+    }
+
+
+def _row_names(plan: Plan, meshes: int, P: int) -> list[str]:
+    """Each mesh row's label: its mesh shape and, interleaved, the stages (chunks) it runs."""
+    sch = plan.schedule
     row_names = []
     for m in range(meshes):
         s = next((x for x in plan.stages if x.index == m), None)
         row_names.append(f"mesh {m}" + (f" ({'x'.join(map(str, s.mesh_shape))})" if s else "")
                          + (f"<br>stages {', '.join(str(c) for c in range(m, len(plan.stages), P))}"
                             if sch.virtual_stages > 1 else ""))
+    return row_names
+
+
+def _title(plan: Plan, events: list[Event], meshes: int, end: float, unit: str,
+           u: tuple[float, str], grouped: bool) -> str:
+    """The title: the schedule, stages, micro-batches, the step's span and the meshes' idle
+    share."""
+    sch = plan.schedule
+    busy = sum(e[1] - e[0] for e in events)
+    bubble = 1 - busy / (meshes * end) if end > 0 else 0.0
+    per_mesh = [sum(e[1] - e[0] for e in events if e[2] == m) for m in range(meshes)]
     kind = sch.kind if sch.kind and sch.kind != "none" else "single stage"
     if sch.virtual_stages > 1:
         kind += f" (v={sch.virtual_stages} stages per mesh on {meshes} meshes)"
     mb = max(sch.microbatches, len({e[3] for e in events}))
     span = fmt_in_unit(end, u) if unit == "s" else f"{end:g} clock ticks"
-    title = (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
-             f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, {mb} micro-batch"
-             f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}% of the meshes' time"
-             + (f" (the busiest mesh waits {fmt_in_unit(end - max(per_mesh), u)})"
-                if unit == "s" and per_mesh and meshes > 1 else "")
-             + "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
-             "its number" + _KIND_NOTES.get(sch.kind, "") + "; grey = idle"
-             + ("; the steady state of each mesh is one bar "
-                                          "(hover for its counts)" if steady else "") + "</sup>")
+    return (f"Pipeline timeline of {escape(plan.model)} [{escape(plan.label)}]: {escape(kind)}, "
+            f"{len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, {mb} micro-batch"
+            f"{'es' if mb != 1 else ''}, {span}, idle {bubble * 100:.1f}% of the meshes' time"
+            + (f" (the busiest mesh waits {fmt_in_unit(end - max(per_mesh), u)})"
+               if unit == "s" and per_mesh and meshes > 1 else "")
+            + "<br><sup>bars = forward (light) and backward (dark) of each micro-batch, labelled with "
+            "its number" + _KIND_NOTES.get(sch.kind, "") + "; grey = idle"
+            + ("; the steady state of each mesh is one bar "
+               "(hover for its counts)" if grouped else "") + "</sup>")
+
+
+def _time_axis(end: float, unit: str, u: tuple[float, str],
+               steady: list[tuple[int, list[Event]]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The time axis, and with a grouped steady state the buttons that zoom to the whole step,
+    the ramp-up and the ramp-down."""
+    scale, uname = u
 
     def view(lo: float, hi: float) -> dict[str, Any]:  # a range of the time axis and its ticks
         return {"range": [lo, hi], **axis_ticks(lo, hi)}
@@ -423,19 +482,7 @@ def timeline_figure(plan: Plan, group: bool | None = None) -> go.Figure:
                                       ("ramp-up", 0, (up_to + pad) / scale),
                                       ("ramp-down", (down_from - pad) / scale, end / scale * 1.01))
             ]}]
-    layout = {
-        "template": TEMPLATE, "barmode": "overlay", "bargap": 0.2,
-        "title": {"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
-        "xaxis": xaxis,
-        "yaxis": {"tickvals": list(range(meshes)), "ticktext": row_names,
-                  "range": [meshes - 0.5, -0.5], "zeroline": False},
-        "height": int(min(900, 220 + 40 * meshes)),
-        "margin": {"t": 100, "l": 100, "r": 20, "b": 50},
-        "uniformtext": {"minsize": 7, "mode": "hide"}, "hovermode": "closest",
-        "updatemenus": updatemenus,
-        "meta": {"kind": "timeline", "unit": uname, "grouped": bool(steady)},
-    }
-    return go.Figure(data=traces, layout=layout)
+    return xaxis, updatemenus
 
 
 def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:

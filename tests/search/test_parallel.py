@@ -249,17 +249,19 @@ def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     """The pipeline search's layer ILPs are tasks of the worker pool: two processes give the
     plans and statistics of one, the layer ILPs going to the pool as batches of several tasks
     (the Megatron TP x PP baseline's too, solved for its one layout)."""
-    from autoplan.search.pipeline import _pipeline
+    from autoplan.search.pipeline import _cost_table, _layouts
 
     ran: list[tuple[int, int]] = []
-    real = _pipeline.run_tasks
+    real = _cost_table.run_tasks
 
     def counting(tasks, *, workers, report=None):
         outs = real(tasks, workers=workers, report=report)
         ran.append((workers, len(tasks)))
         return outs
 
-    monkeypatch.setattr(_pipeline, "run_tasks", counting)
+    # (the layer ILPs' batches and the stage-DP runs')
+    monkeypatch.setattr(_cost_table, "run_tasks", counting)
+    monkeypatch.setattr(_layouts, "run_tasks", counting)
     wl = models.get("gpt", size="tiny", layers=2)
     cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=4)
     out = {}

@@ -18,7 +18,7 @@ import numpy as np
 from autoplan._memo import per_owner
 from autoplan.search.fold._layers import _forward, _signature, group_layers
 from autoplan.search.fold._mine import mining_of
-from autoplan.search.intra._ilp import _free_tensors, _updated_pairs
+from autoplan.search.intra._ilp_problem import _free_tensors, _updated_pairs
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._operands import operand_arrays
 

@@ -48,7 +48,7 @@ other path can be cheaper, and the result is the full DP's.
 
 A boundary tensor fixed to spec ``a`` is charged, in the segment producing it, the resharding
 from its producer's spec to ``a`` once per use in the other segments (``fixed_uses`` of
-:func:`~autoplan.search.intra._ilp.build_problem`), and each consumer there ``a`` -> its own spec: the
+:func:`~autoplan.search.intra._ilp_problem.build_problem`), and each consumer there ``a`` -> its own spec: the
 stitched plan is costed per consumer (producer's spec -> consumer's), so when the consumers read
 ``a`` (or the producer makes ``a``) the segments' objectives sum to exactly the stitched plan's.
 Charged once, a Wide-ResNet activation read by a convolution, a residual add and a shortcut
@@ -68,7 +68,7 @@ the exhaustive ILP to 1.1% (size ``large``) and from 10.5% to 5.9% (``base``), f
 ILPs. The assignment is one spec for all long-range tensors, not one per tensor.
 
 The chosen per-segment strategies are stitched into one plan of the whole graph and costed as
-chosen by :func:`~autoplan.search.intra._ilp.cost_strategies`: every operator with its segment's
+chosen by :func:`~autoplan.search.intra._ilp_cost.cost_strategies`: every operator with its segment's
 strategy, every operand charged the resharding from its producer's spec to the spec its consumer
 needs (tensors that cross more than one boundary included), with the same cost terms as the
 exhaustive ILP's objective (an exhaustive plan costed this way gets exactly its ILP objective).
@@ -102,11 +102,8 @@ from autoplan.search.fold._chain import segment_facts_of, segment_index_of, segm
 from autoplan.search.fold._layers import layer_order, op_layer_names
 from autoplan.search.fold._mine import mining_of
 from autoplan.search.fold._summary import analysis_of
-from autoplan.search.intra._ilp import (
-    ILPSolution,
-    cost_strategies,
-    solve_ilp,
-)
+from autoplan.search.intra._ilp_cost import cost_strategies
+from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import pin_specs, renamed_pin, resolve_pins
 from autoplan.search.intra._reshard import reshard
@@ -265,83 +262,168 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     mining = mining_of(graph)
     t_mine = time.perf_counter() - t0
     t1 = time.perf_counter()
-    segs = segments_of(graph)
-    seg_of, position = segment_index_of(graph)
-    K = len(segs)
-    pinned = resolve_pins(graph, pins)  # {input tensor: PartitionSpec}
-    # (the same for every search of this graph's segments: the baselines share them)
-    boundaries, long_range, shared, pair_out, outside_uses, sig = segment_facts_of(graph)
-    # each segment's pinned operands (operator position, operand index, spec): instances of a
-    # class pinned alike share its solves
-    pin_key = _pin_keys(graph, seg_of, position, pinned, K) if pinned else []
+    search = _ChainSearch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
+                          max_ilps=max_ilps, bound_auto=bound_auto)
     t_seg = time.perf_counter() - t1
-    if bound_auto:
-        max_ilps = max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(sig)))
 
-    solves = 0
-    variables = 0
-    t_solve = 0.0
-    cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
-    # per segment, the specs fixed on the tensors it shares with segments it does not border
-    # (long-range tensors, graph inputs read by several segments): {tensor: spec}, set per
-    # assignment tried by run_chain
-    fixed_specs: list[dict[int, Any]] = [{} for _ in range(K)]
-    rep_of: dict[str, int] = {}
-    view_cache: dict[tuple, Any] = {}  # what the segments' views share (see _SegmentView)
-    act_least: dict[str, float] = {}  # class key -> least saved-activation memory
-    unknown: set[str] = set()
+    # 1. free solves (nothing fixed), and the assignments of the long-range and shared tensors
+    unfixed_solves = [search.solve_segment(i, None, None) for i in range(search.K)]
+    assigns = search.assignments(unfixed_solves)
+    t2 = time.perf_counter()
+    runs = [search.run_chain(a, unfixed_solves) for a in assigns]
+    t_dp = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    run, bd, mismatches = search.stitch_best(runs)
+    seg_class = search.segment_classes()
+    t_stitch = time.perf_counter() - t3
+    total = time.perf_counter() - t0
 
-    def class_key(i: int) -> str:
+    sol = search.stitched_solution(bd)
+    K, agree = search.K, run.agree
+    if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
+        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
+                              time_limit=time_limit, label=label, level=level, config=config)
+        plan = res.plan.with_(notes=res.plan.notes + (
+            f"the {level} plan needed {sol.memory_per_device:.4g} bytes per device, over the "
+            "budget; the exhaustive search with the memory constraint was used",))
+        sol = res.solution
+    else:
+        plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
+                                  search_seconds=total)
+        n_unique = len(set(seg_class))
+        plan = plan.with_(notes=(
+            f"{level}: {K} segments, {n_unique} solved ({search.solves} ILPs, "
+            f"{search.variables} variables); {sum(1 for x in agree if not x)} boundaries needed "
+            f"pair ILPs; fold ratio {mining.fold_ratio:.2f}",))
+    analysis = analysis_of(graph)
+    stats = {
+        "operators": len(graph), "graphnodes": len(mining.graphnodes.nodes)
+        if hasattr(mining.graphnodes, "nodes") else 0,
+        "segments": K, "unique_classes": len(set(seg_class)), "mined_classes": len(mining.classes),
+        "fold_ratio": mining.fold_ratio, "ilps_solved": search.solves,
+        "ilp_variables": search.variables,
+        "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
+        "specs_pruned_by_shape_check": search.specs_pruned(seg_class),
+        "mine_seconds": t_mine, "segment_seconds": t_seg, "solve_seconds": search.t_solve,
+        "dp_seconds": t_dp, "stitch_seconds": t_stitch, "total_seconds": total,
+        "objective": sol.objective, "dp_value": run.dp_value,
+    }
+    return LevelResult(plan, stats, analysis, sol)
+
+
+@dataclass
+class _ChainRun:
+    """The chain DP's result for one assignment of the long-range and shared tensors."""
+
+    dp_value: float  # the DP's optimum: the sum of the chosen solves' objectives
+    path: list[tuple[tuple | None, tuple | None]]  # per segment, its (incoming, outgoing) states
+    free: list  # per segment, its free solve under this assignment: (objective, _SegmentView)
+    fixed_specs: list[dict[int, Any]]  # per segment, the specs the assignment fixed in it
+    cands: list[list[tuple]]  # per boundary, its candidate states
+    agree: list[bool]  # per boundary, whether its sides' free solves agree (no pair ILPs)
+
+
+class _ChainSearch:
+    """One hierarchical or folded search of a graph cut into a chain of segments (see the module
+    docstring): the segments' ILPs, solved once per class key and boundary states and counted
+    against the ILP bound, the chain DP over boundary states, and the stitching of the chosen
+    solves into one plan of the whole graph."""
+
+    def __init__(self, graph: OpGraph, mesh, *, level: str, pins: Mapping[str, Any] | None,
+                 time_limit: float, max_ilps: int | None, bound_auto: bool):
+        self.graph, self.mesh, self.level = graph, mesh, level
+        self.pins, self.time_limit = pins, time_limit
+        self.segs = segments_of(graph)
+        self.seg_of, position = segment_index_of(graph)
+        self.K = K = len(self.segs)
+        self.pinned = resolve_pins(graph, pins)  # {input tensor: PartitionSpec}
+        # (the same for every search of this graph's segments: the baselines share them)
+        (self.boundaries, self.long_range, self.shared, self.pair_out, self.outside_uses,
+         self.sig) = segment_facts_of(graph)
+        # each segment's pinned operands (operator position, operand index, spec): instances of a
+        # class pinned alike share its solves
+        self.pin_key = (_pin_keys(graph, self.seg_of, position, self.pinned, K) if self.pinned
+                        else [])
+        self.max_ilps = (max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS * len(set(self.sig)))
+                         if bound_auto else max_ilps)
+        self.solves = 0  # ILPs solved
+        self.variables = 0  # their variables after merging
+        self.t_solve = 0.0  # seconds spent solving them
+        # (class key, incoming state, outgoing state) -> (objective, strategies, specs)
+        self.cache: dict[tuple, tuple[float, dict[int, Any], dict[int, Any]]] = {}
+        # per segment, the specs fixed on the tensors it shares with segments it does not border
+        # (long-range tensors, graph inputs read by several segments): {tensor: spec}, set per
+        # assignment tried by run_chain
+        self.fixed_specs: list[dict[int, Any]] = [{} for _ in range(K)]
+        self.rep_of: dict[str, int] = {}  # class key -> its representative (first) segment
+        self.view_cache: dict[tuple, Any] = {}  # what the segments' views share (see _SegmentView)
+        self.act_least: dict[str, float] = {}  # class key -> least saved-activation memory
+        self.unknown: set[str] = set()
+        self.long_range_tensors = list(dict.fromkeys(t for lst in self.long_range for t in lst))
+        self.adjacent = {t for bt in self.boundaries for t in bt}
+        self._valid: dict[tuple[int, ...], set] = {}  # shape -> its valid specs
+
+    # -- the segments' solves ----------------------------------------------------------------
+
+    def class_key(self, i: int) -> str:
         """Segments with equal keys are solved once when folding."""
-        key = sig[i]
-        if pinned:  # the pinned operands' positions and specs (equal pins, one solve)
-            key += "|" + pin_key[i]
-        if fixed_specs[i]:
-            pos = {o: p for p, o in enumerate(segs[i].ops)}
+        graph, seg_fixed = self.graph, self.fixed_specs[i]
+        key = self.sig[i]
+        if self.pinned:  # the pinned operands' positions and specs (equal pins, one solve)
+            key += "|" + self.pin_key[i]
+        if seg_fixed:
+            pos = {o: p for p, o in enumerate(self.segs[i].ops)}
             key += "|" + repr(sorted(
                 [(pos[c], graph.ops[c].inputs.index(t), spec)
-                 for t, spec in fixed_specs[i].items() for c in graph.consumers[t] if c in pos]
+                 for t, spec in seg_fixed.items() for c in graph.consumers[t] if c in pos]
                 + [(pos[p], -1 - graph.ops[p].outputs.index(t), spec)
-                   for t, spec in fixed_specs[i].items()
+                   for t, spec in seg_fixed.items()
                    if (p := graph.tensors[t].producer) in pos]))
-        return key if level == "folded" else f"{key}#{i}"
+        return key if self.level == "folded" else f"{key}#{i}"
 
-    def solve_segment(i: int, a: tuple | None, b: tuple | None):
+    def solve_segment(self, i: int, a: tuple | None, b: tuple | None):
         """c_i(a, b) with the strategies and specs of segment i (mapped from its class's
         representative when folding)."""
-        nonlocal solves, variables, t_solve
-        ck = class_key(i)
-        rep = rep_of.setdefault(ck, i)
+        ck = self.class_key(i)
+        rep = self.rep_of.setdefault(ck, i)
         key = (ck, a, b)
-        if key not in cache:
-            if max_ilps is not None and solves >= max_ilps:
-                raise _ILPBoundReached(solves)
-            fixed = dict(fixed_specs[rep])
-            if a is not None and rep > 0:
-                fixed.update(dict(zip(boundaries[rep - 1], a)))
-            if b is not None and rep < K - 1:
-                fixed.update(dict(zip(boundaries[rep], b)))
-            ts = time.perf_counter()
-            sol = solve_ilp(graph, mesh, ops=segs[rep].ops, fixed=fixed or None, pins=pins,
-                            time_limit=time_limit)
-            t_solve += time.perf_counter() - ts
-            solves += 1
-            variables += sol.vars_after_merging
-            unknown.update(sol.unknown_primitives)
-            if a is None and b is None and sol.problem is not None:
-                act_least[ck] = float(sum(n.memory.min() for n in sol.problem.nodes
-                                          if n.kind == "op"))
-            cache[key] = (sol.objective, sol.strategies, sol.specs)
-        obj, strats, specs = cache[key]
-        if i != rep and outside_uses[i] != outside_uses[rep]:
-            obj += extra_uses(i, rep, a, b, specs)
-        return obj, _SegmentView(graph, segs[rep].ops, segs[i].ops, strats, specs, view_cache)
+        if key not in self.cache:
+            self.cache[key] = self._solve(rep, ck, a, b)
+        obj, strats, specs = self.cache[key]
+        if i != rep and self.outside_uses[i] != self.outside_uses[rep]:
+            obj += self.extra_uses(i, rep, a, b, specs)
+        return obj, _SegmentView(self.graph, self.segs[rep].ops, self.segs[i].ops, strats, specs,
+                                 self.view_cache)
 
-    def extra_uses(i: int, rep: int, a: tuple | None, b: tuple | None, specs) -> float:
+    def _solve(self, rep: int, ck: str, a: tuple | None, b: tuple | None
+               ) -> tuple[float, dict[int, Any], dict[int, Any]]:
+        """The ILP of segment ``rep`` (a class representative) with its incoming boundary fixed
+        to ``a`` and its outgoing one to ``b`` (None: free), counted against the ILP bound."""
+        if self.max_ilps is not None and self.solves >= self.max_ilps:
+            raise _ILPBoundReached(self.solves)
+        fixed = dict(self.fixed_specs[rep])
+        if a is not None and rep > 0:
+            fixed.update(dict(zip(self.boundaries[rep - 1], a)))
+        if b is not None and rep < self.K - 1:
+            fixed.update(dict(zip(self.boundaries[rep], b)))
+        ts = time.perf_counter()
+        sol = solve_ilp(self.graph, self.mesh, ops=self.segs[rep].ops, fixed=fixed or None,
+                        pins=self.pins, time_limit=self.time_limit)
+        self.t_solve += time.perf_counter() - ts
+        self.solves += 1
+        self.variables += sol.vars_after_merging
+        self.unknown.update(sol.unknown_primitives)
+        if a is None and b is None and sol.problem is not None:
+            self.act_least[ck] = float(sum(n.memory.min() for n in sol.problem.nodes
+                                           if n.kind == "op"))
+        return sol.objective, sol.strategies, sol.specs
+
+    def extra_uses(self, i: int, rep: int, a: tuple | None, b: tuple | None, specs) -> float:
         """What segment i's fixed boundaries cost beyond its class representative's solve: a
         boundary tensor made inside and fixed to a spec is charged the resharding to it once per
         use outside, and the representative's solve counted its own uses (the last GPT layer's
         output, say, is read by the final norm, not by a next layer)."""
+        K, boundaries, outside_uses = self.K, self.boundaries, self.outside_uses
         if len(outside_uses[i]) != len(outside_uses[rep]):
             return 0.0
         extra, k = 0.0, 0
@@ -356,223 +438,237 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
                 t = boundaries[br][m]
                 src = specs.get(t)
                 if src is not None and src != fixed[m]:
-                    ten = graph.tensors[t]
-                    extra += (ui - ur) * reshard(src, fixed[m], ten.shape, ten.dtype, mesh)[0]
+                    ten = self.graph.tensors[t]
+                    extra += (ui - ur) * reshard(src, fixed[m], ten.shape, ten.dtype, self.mesh)[0]
         return extra
 
-    # 1. free solves; a tensor that skips segments (long-range) is fixed to one spec in its
-    # producer's segment and in its consumers' (so the segments' objectives still sum to the
-    # stitched plan's cost): its producer's free spec, or one spec of the chain's vocabulary given
-    # to every long-range tensor it fits; the chain DP is run for each such assignment and the
-    # cheapest kept
-    unfixed_solves = [solve_segment(i, None, None) for i in range(K)]  # nothing fixed
-    long_range_tensors = list(dict.fromkeys(t for lst in long_range for t in lst))
-    adjacent = {t for bt in boundaries for t in bt}
+    # -- boundary specs ------------------------------------------------------------------------
 
-    def vocabulary(free: list) -> list:
+    def vocabulary(self, free: list) -> list:
         """The chain's spec vocabulary: every spec a free solve gave a boundary tensor it
         makes."""
+        graph, seg_of = self.graph, self.seg_of
         return list(dict.fromkeys(
-            sp for bt in boundaries for t in bt
+            sp for bt in self.boundaries for t in bt
             if (sp := free[seg_of[graph.tensors[t].producer]][1].spec(t)) is not None))
 
-    valid: dict[tuple[int, ...], set] = {}  # shape -> its valid specs
+    def fits(self, spec, shape: tuple[int, ...]) -> bool:
+        """Whether ``spec`` is a valid spec of a tensor of ``shape`` on the mesh."""
+        if shape not in self._valid:
+            self._valid[shape] = set(enumerate_specs(shape, self.mesh))
+        return spec in self._valid[shape]
 
-    def fits(spec, shape: tuple[int, ...]) -> bool:
-        if shape not in valid:
-            valid[shape] = set(enumerate_specs(shape, mesh))
-        return spec in valid[shape]
+    def assignments(self, unfixed_solves: list) -> list[dict[int, Any]]:
+        """The assignments of specs to the long-range and shared tensors that the chain DP is run
+        for. A tensor that skips segments (long-range) is fixed to one spec in its producer's
+        segment and in its consumers' (so the segments' objectives still sum to the stitched
+        plan's cost): its producer's free spec, or one spec of the chain's vocabulary given to
+        every long-range tensor it fits. A graph input read by several segments takes one spec in
+        all of them: its first reader's free choice, or replicated (pinned inputs keep their
+        pin)."""
+        graph = self.graph
+        if self.long_range_tensors:  # their producers' specs in the unfixed solves
+            producer_specs = {t: unfixed_solves[self.seg_of[graph.tensors[t].producer]][1].spec(t)
+                              for t in self.long_range_tensors}
+            producer_specs = {t: sp for t, sp in producer_specs.items() if sp is not None}
+            unfixed_vocab = self.vocabulary(unfixed_solves)
+            unfixed_vocab += [sp for sp in producer_specs.values() if sp not in unfixed_vocab]
+            assigns = [producer_specs] + [
+                {t: v if self.fits(v, graph.tensors[t].shape) else sp
+                 for t, sp in producer_specs.items()} for v in unfixed_vocab]
+            assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
+        else:
+            assigns = [{}]
+        if self.shared:
+            own = {t: unfixed_solves[r[0]][1].spec(t) for t, r in self.shared.items()}
+            own = {t: sp for t, sp in own.items() if sp is not None}
+            replicated_inputs = {t: (None,) * len(graph.tensors[t].shape) for t in own
+                                 if t not in self.pinned}
+            assigns = ([{**a, **own} for a in assigns]
+                       + [{**assigns[0], **own, **replicated_inputs}])
+            assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
+        return assigns
 
-    def run_chain(assign: dict[int, Any]):
-        for i in range(K):
-            fixed_specs[i] = {t: assign[t] for t in long_range[i] if t in assign}
+    def _fix(self, assign: dict[int, Any]) -> None:
+        """Sets each segment's fixed specs from an assignment of the long-range and shared
+        tensors."""
+        graph, fixed_specs = self.graph, self.fixed_specs
+        for i in range(self.K):
+            fixed_specs[i] = {t: assign[t] for t in self.long_range[i] if t in assign}
         for t, spec in assign.items():
-            if t in shared:  # a graph input: fixed wherever it is read, and its update's result
-                for r in shared[t]:
+            if t in self.shared:  # a graph input: fixed wherever it is read, and its update's result
+                for r in self.shared[t]:
                     fixed_specs[r][t] = spec
-                for o, p in pair_out.get(t, ()):
+                for o, p in self.pair_out.get(t, ()):
                     fixed_specs[p][o] = spec
-            elif t not in adjacent:
-                fixed_specs[seg_of[graph.tensors[t].producer]][t] = spec
-        free = [solve_segment(i, None, None) if fixed_specs[i] else unfixed_solves[i]
-                for i in range(K)]
-        # 2. boundary candidates where the free solves disagree (see the module docstring)
-        vocab = vocabulary(free)
+            elif t not in self.adjacent:
+                fixed_specs[self.seg_of[graph.tensors[t].producer]][t] = spec
+
+    def boundary_candidates(self, free: list) -> list[list[tuple]]:
+        """2. Per boundary, its candidate states where the free solves disagree (one state, the
+        agreed one, where they agree; see the module docstring)."""
+        graph = self.graph
+        vocab = self.vocabulary(free)
         cands: list[list[tuple]] = []
-        for i in range(K - 1):
-            bt = boundaries[i]
+        for i in range(self.K - 1):
+            bt = self.boundaries[i]
             shapes = [graph.tensors[t].shape for t in bt]
-            rep = tuple((None,) * len(sh) for sh in shapes)
+            replicated = tuple((None,) * len(sh) for sh in shapes)
             left = tuple(free[i][1].spec(t) for t in bt)
             right = tuple(free[i + 1][1].spec(t) for t in bt)
             # a side whose ILP does not decide a tensor's spec (it reads it only in operators
             # that are not decided, or not at all) takes the other side's, or replicated
             left, right = (tuple(x if x is not None else y if y is not None else r
-                                 for x, y, r in zip(p, q, rep))
+                                 for x, y, r in zip(p, q, replicated))
                            for p, q in ((left, right), (right, left)))
             opts = [left]
             if left != right:
-                prod = tuple(free[seg_of[graph.tensors[t].producer]][1].spec(t) or x
+                prod = tuple(free[self.seg_of[graph.tensors[t].producer]][1].spec(t) or x
                              for t, x in zip(bt, left))
-                opts += [right, rep, prod] + [
+                opts += [right, replicated, prod] + [
                     tuple(sj if shapes[m] == shapes[j] else prod[m] for m in range(len(bt)))
                     for j, sj in enumerate(prod)]
-                opts += [tuple(v if fits(v, shapes[m]) else prod[m] for m in range(len(bt)))
+                opts += [tuple(v if self.fits(v, shapes[m]) else prod[m] for m in range(len(bt)))
                          for v in vocab]
             cands.append(list(dict.fromkeys(o for o in opts if all(x is not None for x in o))))
-        # 3. chain DP over boundary states (state None: free, where both sides agree)
+        return cands
+
+    # -- the chain DP ----------------------------------------------------------------------------
+
+    def run_chain(self, assign: dict[int, Any], unfixed_solves: list) -> _ChainRun:
+        """The chain DP for one assignment of the long-range and shared tensors."""
+        self._fix(assign)
+        free = [self.solve_segment(i, None, None) if self.fixed_specs[i] else unfixed_solves[i]
+                for i in range(self.K)]
+        cands = self.boundary_candidates(free)
+        dp_value, path, agree = self.chain_dp(free, cands)
+        return _ChainRun(dp_value, path, free, [dict(x) for x in self.fixed_specs], cands, agree)
+
+    def chain_dp(self, free: list, cands: list[list[tuple]]):
+        """3. The chain DP over boundary states (state None: free, where both sides agree), run
+        on lower bounds and tightened along its optimal path until that path is exact:
+        ``(value, path, agree)``."""
         agree = [len(c) == 1 for c in cands]  # (left == right: the options hold both else)
-
-        def state_options(i: int) -> list[tuple | None]:
-            return [None] if agree[i] else list(cands[i])
-
-        ckey = [class_key(i) for i in range(K)]  # fixed from here on (fixed_specs is)
-
-        def solved(i: int, a: tuple | None, b: tuple | None) -> bool:
-            return (a is None and b is None) or (ckey[i], a, b) in cache
-
-        def exact(i: int, a: tuple | None, b: tuple | None) -> float:
-            return free[i][0] if a is None and b is None else solve_segment(i, a, b)[0]
-
-        def bound(i: int, a: tuple | None, b: tuple | None) -> float:
-            """c_i(a, b) when solved, else its best lower bound solved so far (fixing more boundary
-            tensors never lowers a segment's optimum: c_i(a, b) >= c_i(a, free), c_i(free, b)).
-            An instance valued from its representative with other use counts (see extra_uses)
-            takes its representative's one-sided optima as bounds only where it has at least as
-            many uses as the representative (it then pays at least as much for any plan), else
-            its free solve alone."""
-            if a is None or b is None or solved(i, a, b):
-                return exact(i, a, b)
-            ui, ur = outside_uses[i], outside_uses[rep_of[ckey[i]]]
-            if ui == ur:
-                one_sided = [exact(i, x, y) for x, y in ((a, None), (None, b)) if solved(i, x, y)]
-            elif len(ui) == len(ur) and all(u >= v for u, v in zip(ui, ur) if min(u, v) >= 0):
-                one_sided = [cache[(ckey[i], x, y)][0] for x, y in ((a, None), (None, b))
-                             if solved(i, x, y)]
-            else:
-                one_sided = []
-            return max([free[i][0]] + one_sided)
-
+        options = [[None] if agree[i] else list(cands[i]) for i in range(self.K - 1)]
+        ckey = [self.class_key(i) for i in range(self.K)]  # fixed from here on (fixed_specs is)
         while True:
-            best: dict[Any, tuple[float, list]] = {}
-            for b in (state_options(0) if K > 1 else [None]):
-                best[b] = (bound(0, None, b), [(None, b)])
-            for i in range(1, K):
-                nxt: dict[Any, tuple[float, list]] = {}
-                outs = state_options(i) if i < K - 1 else [None]
-                for a, (acc, path) in best.items():
-                    for b in outs:
-                        v = acc + bound(i, a, b)
-                        if b not in nxt or v < nxt[b][0]:
-                            nxt[b] = (v, path + [(a, b)])
-                best = nxt
-            dp_value, path = min(best.values(), key=lambda x: x[0])
-            todo = [(i, a, b) for i, (a, b) in enumerate(path) if not solved(i, a, b)]
+            dp_value, path = self._dp_over_bounds(free, options, ckey)
+            todo = [(i, a, b) for i, (a, b) in enumerate(path) if not self._solved(ckey, i, a, b)]
             if not todo:  # the optimum over bounds is made of exact values: it is the optimum
-                break
+                return dp_value, path, agree
             for i, a, b in todo:  # tighten: one-sided solves first, then the pair itself
-                if solved(i, a, None) and solved(i, None, b):
-                    exact(i, a, b)
+                if self._solved(ckey, i, a, None) and self._solved(ckey, i, None, b):
+                    self._exact(free, i, a, b)
                 else:
-                    exact(i, a, None)
-                    exact(i, None, b)
-        return dp_value, path, free, [dict(x) for x in fixed_specs], cands, agree
+                    self._exact(free, i, a, None)
+                    self._exact(free, i, None, b)
 
-    if long_range_tensors:  # their producers' specs in the unfixed solves
-        producer_specs = {t: unfixed_solves[seg_of[graph.tensors[t].producer]][1].spec(t)
-                          for t in long_range_tensors}
-        producer_specs = {t: sp for t, sp in producer_specs.items() if sp is not None}
-        unfixed_vocab = vocabulary(unfixed_solves)
-        unfixed_vocab += [sp for sp in producer_specs.values() if sp not in unfixed_vocab]
-        assigns = [producer_specs] + [{t: v if fits(v, graph.tensors[t].shape) else sp
-                                       for t, sp in producer_specs.items()} for v in unfixed_vocab]
-        assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
-    else:
-        assigns = [{}]
-    if shared:
-        # a graph input read by several segments takes one spec in all of them: its first
-        # reader's free choice, or replicated (pinned inputs keep their pin)
-        own = {t: unfixed_solves[r[0]][1].spec(t) for t, r in shared.items()}
-        own = {t: sp for t, sp in own.items() if sp is not None}
-        rep_all = {t: (None,) * len(graph.tensors[t].shape) for t in own if t not in pinned}
-        assigns = [{**a, **own} for a in assigns] + [{**assigns[0], **own, **rep_all}]
-        assigns = list({repr(sorted(a.items())): a for a in assigns}.values())
-    t2 = time.perf_counter()
-    runs = [run_chain(a) for a in assigns]
-    t_dp = time.perf_counter() - t2
+    def _dp_over_bounds(self, free: list, options: list[list[tuple | None]], ckey: list[str]
+                        ) -> tuple[float, list[tuple[tuple | None, tuple | None]]]:
+        """One pass of C(i, b) = min over a of C(i-1, a) + c_i(a, b) with each c_i its best bound
+        so far: the optimum and its path."""
+        K = self.K
+        best: dict[Any, tuple[float, list]] = {}
+        for b in (options[0] if K > 1 else [None]):
+            best[b] = (self._bound(free, ckey, 0, None, b), [(None, b)])
+        for i in range(1, K):
+            nxt: dict[Any, tuple[float, list]] = {}
+            outs = options[i] if i < K - 1 else [None]
+            for a, (acc, path) in best.items():
+                for b in outs:
+                    v = acc + self._bound(free, ckey, i, a, b)
+                    if b not in nxt or v < nxt[b][0]:
+                        nxt[b] = (v, path + [(a, b)])
+            best = nxt
+        return min(best.values(), key=lambda x: x[0])
 
-    # 4. stitch the segments' strategies and cost them as chosen on the whole graph (with
-    # several assignments of the long-range and shared tensors, the cheapest stitched plan wins)
-    def stitch(run) -> tuple[Any, int]:
-        _, path, free, run_fixed_specs = run[:4]
-        for i in range(K):
-            fixed_specs[i] = run_fixed_specs[i]
+    def _solved(self, ckey: list[str], i: int, a: tuple | None, b: tuple | None) -> bool:
+        return (a is None and b is None) or (ckey[i], a, b) in self.cache
+
+    def _exact(self, free: list, i: int, a: tuple | None, b: tuple | None) -> float:
+        return free[i][0] if a is None and b is None else self.solve_segment(i, a, b)[0]
+
+    def _bound(self, free: list, ckey: list[str], i: int, a: tuple | None, b: tuple | None
+               ) -> float:
+        """c_i(a, b) when solved, else its best lower bound solved so far (fixing more boundary
+        tensors never lowers a segment's optimum: c_i(a, b) >= c_i(a, free), c_i(free, b)).
+        An instance valued from its representative with other use counts (see extra_uses)
+        takes its representative's one-sided optima as bounds only where it has at least as
+        many uses as the representative (it then pays at least as much for any plan), else
+        its free solve alone."""
+        if a is None or b is None or self._solved(ckey, i, a, b):
+            return self._exact(free, i, a, b)
+        ui, ur = self.outside_uses[i], self.outside_uses[self.rep_of[ckey[i]]]
+        one_sided_states = ((a, None), (None, b))
+        if ui == ur:
+            one_sided = [self._exact(free, i, x, y) for x, y in one_sided_states
+                         if self._solved(ckey, i, x, y)]
+        elif len(ui) == len(ur) and all(u >= v for u, v in zip(ui, ur) if min(u, v) >= 0):
+            one_sided = [self.cache[(ckey[i], x, y)][0] for x, y in one_sided_states
+                         if self._solved(ckey, i, x, y)]
+        else:
+            one_sided = []
+        return max([free[i][0]] + one_sided)
+
+    # -- the stitched plan -----------------------------------------------------------------------
+
+    def stitch(self, run: _ChainRun) -> tuple[Any, int]:
+        """4. A run's segment strategies stitched and costed as chosen on the whole graph:
+        ``(breakdown, mismatches)`` of :func:`~autoplan.search.intra._ilp.cost_strategies`."""
+        for i in range(self.K):
+            self.fixed_specs[i] = run.fixed_specs[i]
         op_strat: dict[int, Any] = {}
         in_spec: dict[int, Any] = {}
-        for i, (a, b) in enumerate(path):
-            view = free[i][1] if a is None and b is None else solve_segment(i, a, b)[1]
+        for i, (a, b) in enumerate(run.path):
+            view = run.free[i][1] if a is None and b is None else self.solve_segment(i, a, b)[1]
             op_strat.update(view.strategies())
             for t, sp in view.input_specs():
                 in_spec.setdefault(t, sp)
-        return cost_strategies(graph, mesh, op_strat, in_spec, pins=pins)
+        return cost_strategies(self.graph, self.mesh, op_strat, in_spec, pins=self.pins)
 
-    t3 = time.perf_counter()
-    if len(runs) == 1:
-        k_best, (bd, mismatches) = 0, stitch(runs[0])
-    else:
-        stitched = [stitch(r) for r in runs]
-        k_best = min(range(len(runs)), key=lambda k: (stitched[k][0].objective, runs[k][0]))
-        bd, mismatches = stitched[k_best]
-    dp_value, path, free, best_fixed_specs, cands, agree = runs[k_best]
-    for i in range(K):
-        fixed_specs[i] = best_fixed_specs[i]
-    seg_class = [list(rep_of).index(class_key(i)) if class_key(i) in rep_of else -1
-                 for i in range(K)]
-    t_stitch = time.perf_counter() - t3
-    total = time.perf_counter() - t0
-    n_ops = len(bd.op_strategy)
-    sol = ILPSolution(
-        choice={}, strategies=bd.op_strategy,
-        specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
-        penalty=bd.penalty, memory_per_device=bd.memory,
-        least_memory=sum(act_least[class_key(i)] for i in range(K)) + _least_input_memory(
-            graph, mesh, pins),
-        comms=tuple(bd.comms), vars_before_merging=0, vars_after_merging=variables,
-        num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=n_ops,
-        num_ops=n_ops, build_seconds=0.0, solve_seconds=t_solve,
-        status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(unknown)),
-        reshard_readers=bd.reshard_readers)
-    if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
-        res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
-                              time_limit=time_limit, label=label, level=level, config=config)
-        plan = res.plan.with_(notes=res.plan.notes + (
-            f"the {level} plan needed {sol.memory_per_device:.4g} bytes per device, over the "
-            "budget; the exhaustive search with the memory constraint was used",))
-        sol = res.solution
-    else:
-        plan = plan_from_solution(graph, mesh, sol, label=label, level=level, config=config,
-                                  search_seconds=total)
-        n_unique = len(set(seg_class))
-        plan = plan.with_(notes=(
-            f"{level}: {K} segments, {n_unique} solved ({solves} ILPs, {variables} variables); "
-            f"{sum(1 for x in agree if not x)} boundaries needed pair ILPs; fold ratio "
-            f"{mining.fold_ratio:.2f}",))
-    analysis = analysis_of(graph)
-    stats = {
-        "operators": len(graph), "graphnodes": len(mining.graphnodes.nodes)
-        if hasattr(mining.graphnodes, "nodes") else 0,
-        "segments": K, "unique_classes": len(set(seg_class)), "mined_classes": len(mining.classes),
-        "fold_ratio": mining.fold_ratio, "ilps_solved": solves, "ilp_variables": variables,
-        "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
-        "specs_pruned_by_shape_check": pruned_by_shape_check(
-            [graph.tensors[t].shape for s in segs if seg_class[s.id] >= 0
-             and rep_of.get(class_key(s.id)) == s.id for o in s.ops for t in graph.ops[o].outputs],
-            mesh),
-        "mine_seconds": t_mine, "segment_seconds": t_seg, "solve_seconds": t_solve,
-        "dp_seconds": t_dp, "stitch_seconds": t_stitch, "total_seconds": total,
-        "objective": sol.objective, "dp_value": dp_value,
-    }
-    return LevelResult(plan, stats, analysis, sol)
+    def stitch_best(self, runs: list[_ChainRun]) -> tuple[_ChainRun, Any, int]:
+        """The run whose stitched plan is cheapest (ties: the lower DP value, then the first),
+        with its breakdown and mismatches; the segments' fixed specs are left as that run's."""
+        if len(runs) == 1:
+            k_best, (bd, mismatches) = 0, self.stitch(runs[0])
+        else:
+            stitched = [self.stitch(r) for r in runs]
+            k_best = min(range(len(runs)),
+                         key=lambda k: (stitched[k][0].objective, runs[k].dp_value))
+            bd, mismatches = stitched[k_best]
+        run = runs[k_best]
+        for i in range(self.K):
+            self.fixed_specs[i] = run.fixed_specs[i]
+        return run, bd, mismatches
+
+    def segment_classes(self) -> list[int]:
+        """Per segment, the index of its class among the classes solved (-1: none)."""
+        keys = [self.class_key(i) for i in range(self.K)]
+        return [list(self.rep_of).index(k) if k in self.rep_of else -1 for k in keys]
+
+    def specs_pruned(self, seg_class: list[int]) -> int:
+        """The specs the shape check pruned from the outputs of the solved representatives."""
+        graph = self.graph
+        return pruned_by_shape_check(
+            [graph.tensors[t].shape for s in self.segs if seg_class[s.id] >= 0
+             and self.rep_of.get(self.class_key(s.id)) == s.id
+             for o in s.ops for t in graph.ops[o].outputs],
+            self.mesh)
+
+    def stitched_solution(self, bd) -> ILPSolution:
+        """The stitched plan's breakdown as the solution of the whole graph."""
+        n_ops = len(bd.op_strategy)
+        least = (sum(self.act_least[self.class_key(i)] for i in range(self.K))
+                 + _least_input_memory(self.graph, self.mesh, self.pins))
+        return ILPSolution(
+            choice={}, strategies=bd.op_strategy,
+            specs=bd.specs, objective=bd.objective, compute_time=bd.compute, comm_time=bd.comm,
+            penalty=bd.penalty, memory_per_device=bd.memory, least_memory=least,
+            comms=tuple(bd.comms), vars_before_merging=0, vars_after_merging=self.variables,
+            num_binaries=0, num_edge_vars=0, num_constraints=0, num_nodes=n_ops,
+            num_ops=n_ops, build_seconds=0.0, solve_seconds=self.t_solve,
+            status="optimal", solver="HiGHS", unknown_primitives=tuple(sorted(self.unknown)),
+            reshard_readers=bd.reshard_readers)
 
 
 def _pin_keys(graph: OpGraph, seg_of: list[int], position: list[int],

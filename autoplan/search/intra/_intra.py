@@ -1,7 +1,7 @@
 """The intra-operator pass as a plan: solve Alpa's ILP on one logical mesh, return a :class:`Plan`.
 
 :func:`intra_op_search` views the whole cluster as one logical mesh (default ``(1, n)`` on one
-node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp.solve_ilp`
+node, ``(nodes, devices_per_node)`` on several), solves :func:`autoplan.search.intra._ilp_solve.solve_ilp`
 and turns the solution into a single-stage :class:`autoplan.Plan`: the spec of every graph
 input, the strategy of every heavy operator (dot, convolution, gather, scatter), and the
 predicted step time, memory and communication.
@@ -38,14 +38,9 @@ from autoplan.plans._plan import (
     record_maker,
 )
 from autoplan.plans._spec import Spec
-from autoplan.search.intra._ilp import (
-    ILPProblem,
-    ILPSolution,
-    _updated_pairs,
-    build_problem,
-    shared_reshards,
-    solve_ilp,
-)
+from autoplan.search.intra._ilp_cost import shared_reshards
+from autoplan.search.intra._ilp_problem import ILPProblem, _updated_pairs, build_problem
+from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._pins import renamed_pin
 from autoplan.search.intra._spec_space import replicated
 from autoplan.search.intra._strategies import combined_latency
@@ -182,7 +177,7 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     ``predicted.step_time`` is the solution's compute plus communication (gradient collectives of
     backward operators already discounted by the cluster's gamma; the small input penalty is not
     included), less the repeats of a resharding several operators need (XLA does it once:
-    :func:`~autoplan.search.intra._ilp.shared_reshards`), plus what a step costs once:
+    :func:`~autoplan.search.intra._ilp_cost.shared_reshards`), plus what a step costs once:
     launching its executable
     (:meth:`~autoplan.Cluster.step_overhead` of the graph's inputs, counted as compute) and the
     latency of the collectives XLA combines (once per combined group, counted as communication:
@@ -204,90 +199,11 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     operators pinned).
     """
     cluster = mesh.cluster
-    graph_ops, graph_tensors, specs = graph.ops, graph.tensors, sol.specs
-    input_of = graph.input_of_tensor
-    # (records made by their unchecked makers: a deep model's plan holds tens of thousands)
-    input_record = record_maker(InputSpec)
-    tensor_record = record_maker(TensorSharding)
-    op_record = record_maker(OpSharding)
-    spec_of = Spec.of
-    inputs = []
-    for gi in graph.inputs:
-        ten = graph_tensors[gi.tensor]
-        spec = specs[gi.tensor] if gi.tensor in specs else replicated(len(ten.shape))
-        inputs.append(input_record(gi.arg, gi.arg_name, gi.path, gi.kind, ten.shape, ten.dtype,
-                                   spec_of(spec), 0))
-    op_comm: dict[int, list[Comm]] = {}
-    for i, c in sol.comms:
-        if i is not None and c.where != "reshard":
-            op_comm.setdefault(i, []).append(c)
-    # one pass over the strategies: the operators the plan lists, and each operator's compute
-    # time on its side of the step (added after the collectives below, in this order)
-    forward, listed = _op_kinds(graph)
-    ids = list(sol.strategies)
-    times = list(map(attrgetter("compute_time"), sol.strategies.values()))
-    is_forward = list(map(forward.__getitem__, ids))
-    fwd_compute = list(compress(times, is_forward))
-    bwd_compute = list(compress(times, map(operator.not_, is_forward)))
-    planned_set = set(compress(ids, map(listed.__getitem__, ids)))
-    # both ends of every resharding, and the repeats of a resharding several operators need
-    # (XLA does it once: they come off below), in one pass
-    repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set,
-                              readers=sol.reshard_readers)
-    for o, inp in _updated_pairs(graph):
-        p = graph_tensors[o].producer
-        if p in sol.strategies and o in specs and inp in specs and specs[o] != specs[inp]:
-            planned_set.add(p)
-    planned = sorted(i for i in planned_set
-                     if i in sol.strategies and len(graph_ops[i].outputs) == 1)
-    ops = []
-    layer_names = graph.layer_names
-    for i in planned:
-        op, st = graph_ops[i], sol.strategies[i]
-        tensors = []
-        for t, spec in zip(op.inputs, st.in_specs):
-            if t is None:
-                continue
-            ten = graph_tensors[t]
-            gi = input_of.get(t)
-            if gi is None:
-                name, role = f"%{t}", "input"
-            else:
-                name, role = gi.name, "weight" if gi.kind == "parameter" else "input"
-            if spec is None:
-                spec = replicated(len(ten.shape))
-            tensors.append(tensor_record(name, role, ten.shape, ten.dtype, spec_of(spec)))
-        for t, spec in zip(op.outputs, st.out_specs):
-            ten = graph_tensors[t]
-            tensors.append(tensor_record(f"%{t}", "output", ten.shape, ten.dtype, spec_of(spec)))
-        layer = layer_names[i] or (op.scope[0] if op.scope else "(root)")
-        ops.append(op_record(i, op.primitive, op.scope_name, layer, op.role, st.name,
-                             tuple(tensors), tuple(op_comm.get(i, ())), op.flops))
-
-    comm_bytes: dict[str, float] = {}
-    comm_time_by_kind: dict[str, float] = {}
-    comm_by_axis: dict[str, float] = {}
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
-    fwd = bwd = 0.0
-    for i, c in sol.comms:
-        comm_bytes[c.kind] = comm_bytes.get(c.kind, 0.0) + c.bytes
-        comm_time_by_kind[c.kind] = comm_time_by_kind.get(c.kind, 0.0) + c.time
-        _comm_by_axis(c, mesh, comm_by_axis, sizes)
-        if i is not None and graph_ops[i].role == "forward":
-            fwd += c.time
-        else:
-            bwd += c.time
-    # a resharding several operators need is done once (XLA shares it): its repeats come off
-    shared = 0.0
-    for i, c in repeats:
-        comm_bytes[c.kind] -= c.bytes
-        comm_time_by_kind[c.kind] -= c.time
-        _comm_by_axis(replace(c, bytes=-c.bytes), mesh, comm_by_axis, sizes)
-        shared += c.time
-        if graph_ops[i].role == "forward":
-            fwd -= c.time
-        else:
-            bwd -= c.time
+    inputs = _input_records(graph, sol.specs)
+    planned, repeats, fwd_compute, bwd_compute = _planned_ops(graph, mesh, sol)
+    ops = _op_records(graph, sol, planned)
+    comm_bytes, comm_time_by_kind, comm_by_axis, fwd, bwd, shared = _comm_totals(graph, mesh, sol,
+                                                                                 repeats)
     # once per step: the executable's launch, and the latency of each combined collective group
     launch = cluster.step_overhead(len(graph.inputs))
     combined = combined_latency(graph, mesh, sol.comms)
@@ -317,9 +233,125 @@ def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,
     if sol.unknown_primitives:
         notes.append("replicated for lack of a sharding rule: " + ", ".join(sol.unknown_primitives))
     return Plan(model=graph.name, fingerprint=graph.fingerprint, cluster=cluster, stages=(stage,),
-                inputs=tuple(inputs), schedule=Schedule("none", 1, 1), predicted=predicted, label=label,
+                inputs=inputs, schedule=Schedule("none", 1, 1), predicted=predicted, label=label,
                 level=level, config=dict(config or {}), search_seconds=search_seconds,
                 jax_version=jax.__version__, notes=tuple(notes))
+
+
+def _input_records(graph: OpGraph, specs: Mapping[int, Spec]) -> tuple[InputSpec, ...]:
+    """The spec of every graph input (replicated where the solution has none)."""
+    graph_tensors = graph.tensors
+    # (records made by their unchecked makers: a deep model's plan holds tens of thousands)
+    input_record = record_maker(InputSpec)
+    spec_of = Spec.of
+    inputs = []
+    for gi in graph.inputs:
+        ten = graph_tensors[gi.tensor]
+        spec = specs[gi.tensor] if gi.tensor in specs else replicated(len(ten.shape))
+        inputs.append(input_record(gi.arg, gi.arg_name, gi.path, gi.kind, ten.shape, ten.dtype,
+                                   spec_of(spec), 0))
+    return tuple(inputs)
+
+
+def _planned_ops(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution
+                 ) -> tuple[list[int], list[tuple[int, Comm]], list[float], list[float]]:
+    """``(planned, repeats, forward compute, backward compute)``: the operators the plan lists
+    (those a plan always lists, both ends of every resharding, and the makers of updated inputs
+    in another spec than their input's), the repeats of a resharding several operators need, and
+    the compute times of the forward and the backward operators in the solution's order."""
+    graph_ops, graph_tensors, specs = graph.ops, graph.tensors, sol.specs
+    # one pass over the strategies: the operators the plan lists, and each operator's compute
+    # time on its side of the step (added after the collectives, in this order)
+    forward, listed = _op_kinds(graph)
+    ids = list(sol.strategies)
+    times = list(map(attrgetter("compute_time"), sol.strategies.values()))
+    is_forward = list(map(forward.__getitem__, ids))
+    fwd_compute = list(compress(times, is_forward))
+    bwd_compute = list(compress(times, map(operator.not_, is_forward)))
+    planned_set = set(compress(ids, map(listed.__getitem__, ids)))
+    # both ends of every resharding, and the repeats of a resharding several operators need
+    # (XLA does it once: they come off the totals), in one pass
+    repeats = shared_reshards(graph, mesh, sol.strategies, specs, ends=planned_set,
+                              readers=sol.reshard_readers)
+    for o, inp in _updated_pairs(graph):
+        p = graph_tensors[o].producer
+        if p in sol.strategies and o in specs and inp in specs and specs[o] != specs[inp]:
+            planned_set.add(p)
+    planned = sorted(i for i in planned_set
+                     if i in sol.strategies and len(graph_ops[i].outputs) == 1)
+    return planned, repeats, fwd_compute, bwd_compute
+
+
+def _op_records(graph: OpGraph, sol: ILPSolution, planned: list[int]) -> list[OpSharding]:
+    """The sharding of each planned operator: its strategy, the specs of its operands and
+    results, and its collectives (reshardings left out)."""
+    graph_ops, graph_tensors = graph.ops, graph.tensors
+    input_of = graph.input_of_tensor
+    tensor_record = record_maker(TensorSharding)
+    op_record = record_maker(OpSharding)
+    spec_of = Spec.of
+    op_comm: dict[int, list[Comm]] = {}
+    for i, c in sol.comms:
+        if i is not None and c.where != "reshard":
+            op_comm.setdefault(i, []).append(c)
+    ops = []
+    layer_names = graph.layer_names
+    for i in planned:
+        op, st = graph_ops[i], sol.strategies[i]
+        tensors = []
+        for t, spec in zip(op.inputs, st.in_specs):
+            if t is None:
+                continue
+            ten = graph_tensors[t]
+            gi = input_of.get(t)
+            if gi is None:
+                name, role = f"%{t}", "input"
+            else:
+                name, role = gi.name, "weight" if gi.kind == "parameter" else "input"
+            if spec is None:
+                spec = replicated(len(ten.shape))
+            tensors.append(tensor_record(name, role, ten.shape, ten.dtype, spec_of(spec)))
+        for t, spec in zip(op.outputs, st.out_specs):
+            ten = graph_tensors[t]
+            tensors.append(tensor_record(f"%{t}", "output", ten.shape, ten.dtype, spec_of(spec)))
+        layer = layer_names[i] or (op.scope[0] if op.scope else "(root)")
+        ops.append(op_record(i, op.primitive, op.scope_name, layer, op.role, st.name,
+                             tuple(tensors), tuple(op_comm.get(i, ())), op.flops))
+    return ops
+
+
+def _comm_totals(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution,
+                 repeats: list[tuple[int, Comm]]
+                 ) -> tuple[dict[str, float], dict[str, float], dict[str, float], float, float, float]:
+    """``(bytes by kind, time by kind, bytes by axis, forward time, backward time, shared)``
+    of the solution's collectives, less the repeats of a resharding several operators need
+    (``shared``: their time)."""
+    graph_ops = graph.ops
+    comm_bytes: dict[str, float] = {}
+    comm_time_by_kind: dict[str, float] = {}
+    comm_by_axis: dict[str, float] = {}
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    fwd = bwd = 0.0
+    for i, c in sol.comms:
+        comm_bytes[c.kind] = comm_bytes.get(c.kind, 0.0) + c.bytes
+        comm_time_by_kind[c.kind] = comm_time_by_kind.get(c.kind, 0.0) + c.time
+        _comm_by_axis(c, mesh, comm_by_axis, sizes)
+        if i is not None and graph_ops[i].role == "forward":
+            fwd += c.time
+        else:
+            bwd += c.time
+    # a resharding several operators need is done once (XLA shares it): its repeats come off
+    shared = 0.0
+    for i, c in repeats:
+        comm_bytes[c.kind] -= c.bytes
+        comm_time_by_kind[c.kind] -= c.time
+        _comm_by_axis(replace(c, bytes=-c.bytes), mesh, comm_by_axis, sizes)
+        shared += c.time
+        if graph_ops[i].role == "forward":
+            fwd -= c.time
+        else:
+            bwd -= c.time
+    return comm_bytes, comm_time_by_kind, comm_by_axis, fwd, bwd, shared
 
 
 @gc_paused
@@ -353,9 +385,9 @@ def intra_op_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] 
             pipeline search, which solves hundreds of layer ILPs, skips it).
         mip_gap: relative optimality gap the ILP may stop at (default: exact up to rounding).
         memory_weight: seconds charged per byte of live memory (see
-            :func:`~autoplan.search.intra._ilp.solve_ilp`); trades step time for memory without a
+            :func:`~autoplan.search.intra._ilp_solve.solve_ilp`); trades step time for memory without a
             hard budget.
-        problem: a prebuilt :func:`~autoplan.search.intra._ilp.build_problem` of ``graph`` on this
+        problem: a prebuilt :func:`~autoplan.search.intra._ilp_problem.build_problem` of ``graph`` on this
             mesh with these pins (reused across solves that differ only in weights or budget).
         pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 

@@ -335,7 +335,7 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
 def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequence[int]] | None,
               ratio: float, B: int) -> dict[str, np.ndarray] | None:
     """The stage-DP inputs of the lever run beside a base run's ``base`` inputs (its arrays
-    ``t, step, pmem, amem`` after :func:`~autoplan.search.pipeline._pipeline._dp_inputs`):
+    ``t, step, pmem, amem`` after :func:`~autoplan.search.pipeline._layouts._dp_inputs`):
     configurations ``c + C v`` for the variants ``v >= 1`` of :data:`DP_VARIANTS` (``C`` the
     search's configurations per submesh), finite only where the base configuration does not fit
     the memory limit at the deepest pipeline position, and never faster than it. None when no

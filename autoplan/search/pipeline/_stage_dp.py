@@ -34,6 +34,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -359,6 +360,16 @@ def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: 
     return float(vals[w, q, c]), (int(w), int(q), int(c))
 
 
+class _MergedTail(NamedTuple):
+    """The self-referential table of the positions from ``P`` on (any number of further stages):
+    ``H[k, d]`` the best cost of layers ``k ..`` on ``d`` devices, ``argH[k, d]`` its first
+    stage's choice ``q * W + w``, and ``flag[k, d]`` whether ``H`` beats the exact tail there."""
+
+    H: np.ndarray
+    argH: np.ndarray
+    flag: np.ndarray
+
+
 def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
         merged_tail: bool, min_stages: int = 1):
     """One run of Alpa's Eq. 3 for a fixed ``t_max``, over ``D`` devices (the cluster's ``N M``:
@@ -371,35 +382,33 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
     Returns ``(F, stages)`` with ``stages`` a list of ``(start, end, q, c)`` in pipeline order
     (``c`` None where the config is the position's cheapest, ``prep.cfg``), or ``(inf, None)``.
     """
-    P = prep.P
-    L = prep.tb.shape[1]
-    K = len(sizes)
     ok_w = np.nonzero(prep.min_by_width <= t_max)[0]
     if ok_w.size == 0:
         return math.inf, None
     W = int(ok_w[-1]) + 1
     tb = prep.tb[:, :, :W, :]
     tb = np.where(tb <= t_max, tb, np.inf)  # (P, L, W, K)
-    INF = np.inf
-    # shift index: Z[q, r, d] = Y[r, d - size_q], reading an extra inf column where d < size_q
-    dcol = np.arange(D + 1)[None, :] - sizes[:, None]
-    shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1)
+    F = _exact_tables(tb, prep.P, sizes, D, n_exact)
+    merged = _merged_table(tb[prep.P - 1], F[n_exact], sizes, D) if merged_tail else None
+    best, where, first = _best_stage_count(prep, t_max, F, merged, sizes, D, W, min_stages)
+    if where is None:
+        return np.inf, None
+    return float(best), _stages(prep.P, tb, F, merged, where, first, sizes, D)
 
-    def shifted(Y: np.ndarray) -> np.ndarray:
-        """Y (R, D+1) -> (K, R + W, D+1) with rows past R padded with inf."""
-        ext = np.concatenate([Y, np.full((Y.shape[0], 1), INF)], axis=1)
-        Z = np.full((K, Y.shape[0] + W, D + 1), INF)
-        Z[:, : Y.shape[0], :] = ext[:, shift_idx].transpose(1, 0, 2)
-        return Z
 
-    F = [np.full((L + 1, D + 1), INF)]
+def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: int
+                  ) -> list[np.ndarray]:
+    """``F(s, k, d)`` for ``s = 0 .. n_exact`` stages: the best cost of layers ``k ..`` in ``s``
+    stages on exactly ``d`` devices, from the stage costs ``tb`` (band form, inf past ``t_max``)."""
+    L, W = tb.shape[1], tb.shape[2]
+    F = [np.full((L + 1, D + 1), np.inf)]
     F[0][L, 0] = 0.0
     finite_tb = np.isfinite(tb)  # (P, L, W, K)
     tmp = np.empty((L, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
         Y = F[s - 1]
-        Fs = np.full((L + 1, D + 1), INF)
+        Fs = np.full((L + 1, D + 1), np.inf)
         F.append(Fs)
         rows = np.flatnonzero(np.isfinite(Y).any(axis=1))
         cols = np.flatnonzero(np.isfinite(Y).any(axis=0))
@@ -409,7 +418,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
         # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
         # is one addition, so taking the minimum over the finite terms only, in any order, gives
         # the same value as over all of them (an infinite term never wins)
-        for q in range(K):
+        for q in range(len(sizes)):
             size = int(sizes[q])
             lo, hi = c_lo + size, min(c_hi + size, D + 1)  # columns d whose d - size is finite
             if lo >= hi:
@@ -426,38 +435,62 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
                 np.add(tb[p, k0:k1, w, q, None], Y[k0 + w + 1 : k1 + w + 1, lo - size : hi - size],
                        out=out)
                 np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])
+    return F
 
-    H = argH = flag = None
-    if merged_tail:
-        tail = F[n_exact]
-        tlast = tb[P - 1].transpose(0, 2, 1)  # (L, K, W)
-        H = np.full((L + 1, D + 1), INF)
-        argH = np.zeros((L, D + 1), dtype=np.int64)
-        Y = tail.copy()  # min(tail, H); H[L] = inf
-        flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
-        Z = shifted(Y)
-        cols = np.arange(D + 1)
-        for k in range(L - 1, -1, -1):
-            # the candidates q * W + w whose stage is finite, in that order: the first minimum
-            # among them is the first among all (an infinite candidate never is the minimum)
-            tk = tlast[k].ravel()
-            idx = np.flatnonzero(np.isfinite(tk))
-            if idx.size == 0:
-                continue  # H[k] stays inf, argH[k] 0 (as the argmin of infinite candidates)
-            qs, ws = np.divmod(idx, W)
-            cand = tk[idx][:, None] + Z[qs, k + 1 + ws, :]
-            a_in = cand.argmin(axis=0)
-            h = cand[a_in, cols]
-            a = np.where(np.isfinite(h), idx[a_in], 0)
-            H[k] = h
-            argH[k] = a
-            better = h < tail[k]
-            flag[k] = better
-            yk = np.where(better, h, tail[k])
-            Z[:, k, :] = np.append(yk, INF)[shift_idx]
 
-    # pick the best number of stages (the first stage: per position, or with its per-step cost)
-    best, where, first = INF, None, None
+def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: int
+                  ) -> _MergedTail:
+    """The merged tail's table from the last position's stage costs ``tb_last`` (L, W, K) and
+    the exact table ``tail`` of ``n_exact`` stages."""
+    L, W = tb_last.shape[0], tb_last.shape[1]
+    # shift index: Z[q, r, d] = Y[r, d - size_q], reading an extra inf column where d < size_q
+    dcol = np.arange(D + 1)[None, :] - sizes[:, None]
+    shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1)
+    tlast = tb_last.transpose(0, 2, 1)  # (L, K, W)
+    H = np.full((L + 1, D + 1), np.inf)
+    argH = np.zeros((L, D + 1), dtype=np.int64)
+    flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
+    Z = _shifted(tail, shift_idx, W)  # of min(tail, H), updated row by row; H[L] = inf
+    cols = np.arange(D + 1)
+    for k in range(L - 1, -1, -1):
+        # the candidates q * W + w whose stage is finite, in that order: the first minimum
+        # among them is the first among all (an infinite candidate never is the minimum)
+        tk = tlast[k].ravel()
+        idx = np.flatnonzero(np.isfinite(tk))
+        if idx.size == 0:
+            continue  # H[k] stays inf, argH[k] 0 (as the argmin of infinite candidates)
+        qs, ws = np.divmod(idx, W)
+        cand = tk[idx][:, None] + Z[qs, k + 1 + ws, :]
+        a_in = cand.argmin(axis=0)
+        h = cand[a_in, cols]
+        a = np.where(np.isfinite(h), idx[a_in], 0)
+        H[k] = h
+        argH[k] = a
+        better = h < tail[k]
+        flag[k] = better
+        yk = np.where(better, h, tail[k])
+        Z[:, k, :] = np.append(yk, np.inf)[shift_idx]
+    return _MergedTail(H, argH, flag)
+
+
+def _shifted(Y: np.ndarray, shift_idx: np.ndarray, W: int) -> np.ndarray:
+    """Y (R, D+1) -> (K, R + W, D+1), ``Z[q, r, d] = Y[r, d - size_q]``, with rows past R
+    padded with inf."""
+    K, D1 = shift_idx.shape
+    ext = np.concatenate([Y, np.full((Y.shape[0], 1), np.inf)], axis=1)
+    Z = np.full((K, Y.shape[0] + W, D1), np.inf)
+    Z[:, : Y.shape[0], :] = ext[:, shift_idx].transpose(1, 0, 2)
+    return Z
+
+
+def _best_stage_count(prep: _Prepared, t_max: float, F: list[np.ndarray],
+                      merged: _MergedTail | None, sizes: np.ndarray, D: int, W: int,
+                      min_stages: int):
+    """The best number of stages (the first stage: per position, or with its per-step cost):
+    ``(value, where, first)`` with ``where`` ``("exact", s)`` or ``("merged", 0)`` (None when no
+    plan exists) and ``first`` the first stage's ``(w, q, c)`` when chosen with its config."""
+    P, n_exact = prep.P, len(F) - 1
+    best, where, first = np.inf, None, None
     for s in range(max(1, min_stages), n_exact + 1):
         if prep.first_t is None:
             v, ch = F[s][0, D], None
@@ -465,31 +498,40 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
             v, ch = _first_stage(prep, min(s, P) - 1, t_max, F[s - 1], sizes, D, W)
         if v < best:
             best, where, first = v, ("exact", s), ch
-    if merged_tail:
+    if merged is not None:
         if prep.first_t is None:
-            v, ch = H[0, D], None
+            v, ch = merged.H[0, D], None
         else:
-            v, ch = _first_stage(prep, P - 1, t_max, np.minimum(F[n_exact], H), sizes, D, W)
+            v, ch = _first_stage(prep, P - 1, t_max, np.minimum(F[n_exact], merged.H), sizes, D, W)
         if v < best:
             best, where, first = v, ("merged", 0), ch
-    if where is None:
-        return INF, None
+    return best, where, first
 
+
+def _stages(P: int, tb: np.ndarray, F: list[np.ndarray], merged: _MergedTail | None,
+            where: tuple[str, int], first: tuple[int, int, int] | None, sizes: np.ndarray, D: int
+            ) -> list[tuple[int, int, int, int | None]]:
+    """The stages of the plan found, ``(start, end, q, c)`` in pipeline order, followed from
+    ``where`` (and the first stage ``first`` when chosen with its config) through the tables."""
+    L, W, n_exact = tb.shape[1], tb.shape[2], len(F) - 1
     stages: list[tuple[int, int, int, int | None]] = []
     k, d = 0, D
     mode, s = where
-    if first is not None:  # the first stage was chosen above, with its config
+
+    def advance(mode: str, s: int, k: int, d: int) -> tuple[str, int]:
+        """The table the rest is read from: the merged one until the exact tail beats it."""
+        if mode == "merged":
+            return ("exact", n_exact) if not merged.flag[k, d] else (mode, s)
+        return mode, s - 1
+
+    if first is not None:  # the first stage was chosen with its config
         w, q, c = first
         stages.append((0, w + 1, q, c))
         k, d = w + 1, D - int(sizes[q])
-        if mode == "merged":
-            if not flag[k, d]:
-                mode, s = "exact", n_exact
-        else:
-            s -= 1
+        mode, s = advance(mode, s, k, d)
     while True:
         if mode == "merged":
-            a = int(argH[k, d])
+            a = int(merged.argH[k, d])
         else:
             if s == 0:
                 break
@@ -497,13 +539,9 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
         q, w = divmod(a, W)
         stages.append((k, k + w + 1, q, None))
         k, d = k + w + 1, d - int(sizes[q])
-        if mode == "merged":
-            if not flag[k, d]:
-                mode, s = "exact", n_exact
-        else:
-            s -= 1
+        mode, s = advance(mode, s, k, d)
     assert k == L and d == 0
-    return float(best), stages
+    return stages
 
 
 def stage_dp(
@@ -609,9 +647,73 @@ def stage_dp(
         Alpa (Zheng et al., OSDI 2022), Section 5.2, Eq. 2 (pipeline latency), Eq. 3 (the DP),
         Eq. 4 (``T*``), Eq. 5 (1F1B memory), Algorithm 1.
     """
+    problem = _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
+                            param_mem=param_mem, act_mem=act_mem, device_memory=device_memory,
+                            max_stages=max_stages, min_stages=min_stages, step_cost=step_cost)
+    search = _TMaxSearch(problem, problem.prepared(
+        None if device_memory is None else float(device_memory)))
+    F_top = search.start()
+    if F_top is None:
+        _raise_infeasible(problem, explain)
+    search.bisect(F_top)
+    return search.result(max_alternatives)
+
+
+@dataclass(frozen=True, eq=False)
+class _StageProblem:
+    """The checked inputs of :func:`stage_dp` (``device_memory`` and ``max_stages`` as given, for
+    the messages)."""
+
+    t: np.ndarray  # t_intra, (L, L, K, C)
+    shapes: list[tuple[int, int]]  # the submeshes
+    sizes: np.ndarray  # their device counts, (K,)
+    num_hosts: int
+    devices_per_host: int
+    B: int  # micro-batches
+    pm: np.ndarray | None  # param_mem (None without device_memory)
+    am: np.ndarray | None  # act_mem (None without device_memory)
+    step: np.ndarray | None  # step_cost
+    device_memory: object
+    max_stages: object
+    s_cap: int  # the most stages a plan may have
+    merge_allowed: bool  # no binding stage-count limit: the tail positions may be merged
+    min_s: int  # the fewest stages a plan may have
+
+    @property
+    def L(self) -> int:
+        return self.t.shape[0]
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_hosts * self.devices_per_host
+
+    def prepared(self, device_memory: float | None) -> _Prepared:
+        """The stage costs reduced over the configs that fit ``device_memory``."""
+        return _Prepared(self.t, self.pm, self.am, device_memory, self.B, self.s_cap, self.step)
+
+    def layout(self, prep: _Prepared) -> tuple[int, bool]:
+        """``(n_exact, merged_tail)`` of :func:`_dp` for ``prep``."""
+        if self.merge_allowed:  # a plan through the merged tail has more than n_exact stages
+            return max(prep.P - 1, self.min_s - 1), True
+        return self.s_cap, False
+
+    def dp(self, prep: _Prepared, t_max: float):
+        """One run of :func:`_dp` at ``t_max``."""
+        n_exact, merged_tail = self.layout(prep)
+        return _dp(prep, t_max, self.sizes, self.num_devices, n_exact, merged_tail, self.min_s)
+
+
+def _is_count(value: object, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
+
+
+def _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches, *, param_mem,
+                  act_mem, device_memory, max_stages, min_stages, step_cost) -> _StageProblem:
+    """:func:`stage_dp`'s arguments checked (a :class:`SearchError` naming the first bad one and
+    the fix) and converted."""
     _check_cluster(num_hosts, devices_per_host)
     num_hosts, devices_per_host = int(num_hosts), int(devices_per_host)
-    num_devices = num_hosts * devices_per_host
     t = _as_cost_array("t_intra", t_intra, None)
     L, _, K, _C = t.shape
     if len(submeshes) != K:
@@ -626,13 +728,10 @@ def stage_dp(
     if (t[upper] < 0).any():
         raise SearchError("t_intra should be >= 0 (latencies). Got negative entries. "
                           "Fix: check the cost model.")
-    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
+    if not _is_count(microbatches, 1):
         raise SearchError(f"microbatches should be an integer >= 1. Got {microbatches!r}. "
                           "Fix: pass the number of micro-batches per step.")
-    B = int(microbatches)
-    if max_stages is not None and (
-        isinstance(max_stages, bool) or not isinstance(max_stages, (int, np.integer)) or max_stages < 1
-    ):
+    if max_stages is not None and not _is_count(max_stages, 1):
         raise SearchError(f"max_stages should be None or an integer >= 1. Got {max_stages!r}. "
                           "Fix: pass e.g. max_stages=8 or leave it out.")
     pm = am = None
@@ -654,33 +753,39 @@ def stage_dp(
     if step is not None and (step[upper] < 0).any():
         raise SearchError("step_cost should be >= 0 (seconds). Got negative entries. "
                           "Fix: check the cost model.")
-    if isinstance(min_stages, bool) or not isinstance(min_stages, (int, np.integer)) or min_stages < 1:
+    if not _is_count(min_stages, 1):
         raise SearchError(f"min_stages should be an integer >= 1. Got {min_stages!r}. "
                           "Fix: pass e.g. min_stages=2 or leave it out.")
-    natural_cap = min(L, num_devices)
+    natural_cap = min(L, num_hosts * devices_per_host)
     s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
-    merge_allowed = s_cap == natural_cap  # no binding stage-count limit
-    min_s = int(min_stages)
+    return _StageProblem(t, shapes, sizes, num_hosts, devices_per_host, int(microbatches), pm, am,
+                         step, device_memory, max_stages, s_cap,
+                         merge_allowed=s_cap == natural_cap, min_s=int(min_stages))
 
-    def build(dm):
-        return _Prepared(t, pm, am, dm, B, s_cap, step)
 
-    def layout(prep: _Prepared) -> tuple[int, bool]:
-        if merge_allowed:  # a plan through the merged tail has more than n_exact stages
-            return max(prep.P - 1, min_s - 1), True
-        return s_cap, False
+class _TMaxSearch:
+    """The search of :func:`stage_dp` over the bound ``t_max``: the DP run at candidate bounds
+    chosen by bisection with an early stop (see :func:`stage_dp`), the best plan met, and every
+    distinct plan met (the alternatives)."""
 
-    prep = build(None if device_memory is None else float(device_memory))
-    n_exact, merged_tail = layout(prep)
+    def __init__(self, problem: _StageProblem, prep: _Prepared):
+        self.problem, self.prep = problem, prep
+        self.cands = prep.candidates
+        self.evaluated = 0  # DP runs
+        self.seen: dict[tuple, tuple[float, list]] = {}  # plan -> (total latency, plan stats)
+        self.best = math.inf  # the best total latency found
+        self.best_plan: list = []
+        self.best_max = math.nan  # its slowest stage's latency
 
-    evaluated = 0
+    def run(self, t_val: float):
+        """The DP at ``t_max = t_val``, counted."""
+        self.evaluated += 1
+        return self.problem.dp(self.prep, t_val)
 
-    def run(t_val: float):
-        nonlocal evaluated
-        evaluated += 1
-        return _dp(prep, t_val, sizes, num_devices, n_exact, merged_tail, min_s)
-
-    def plan_stats(stages):
+    def plan_stats(self, stages):
+        """Each stage's ``(start, end, q, c, cost, step cost)``, the plan's summed cost (with the
+        first stage's per-step cost) and its slowest stage's cost."""
+        prep, t, step = self.prep, self.problem.t, self.problem.step
         S = len(stages)
         out = []
         for idx, (a, b, q, c) in enumerate(stages):
@@ -692,93 +797,105 @@ def stage_dp(
         costs = [o[4] for o in out]
         return out, sum(costs) + out[0][5], max(costs)
 
-    seen: dict[tuple, tuple[float, list]] = {}
-
-    def remember(plan, s_sum, s_max) -> float:
-        total = s_sum + (B - 1) * s_max
-        seen.setdefault(tuple((a, b, q, c) for a, b, q, c, _, _ in plan), (total, plan))
+    def remember(self, plan, s_sum: float, s_max: float) -> float:
+        """Records a plan met (the first time) and returns its total latency."""
+        total = s_sum + (self.problem.B - 1) * s_max
+        self.seen.setdefault(tuple((a, b, q, c) for a, b, q, c, _, _ in plan), (total, plan))
         return total
 
-    cands = prep.candidates
-    F_top, st = (math.inf, None) if cands.size == 0 else run(float(cands[-1]))
-    if st is None:
-        if not explain:
-            raise InfeasiblePlanError(f"no pipeline plan of {L} layers on {num_hosts} x "
-                                      f"{devices_per_host} devices fits "
-                                      f"device_memory={device_memory!r} bytes.")
-        _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
-                          devices_per_host, L,
-                          merge_allowed, max_stages, step, min_s)
+    def start(self) -> float | None:
+        """The DP at the largest candidate bound, whose plan is the first best: its value
+        ``F(t_hi)``, or None when no plan exists."""
+        cands = self.cands
+        F_top, st = (math.inf, None) if cands.size == 0 else self.run(float(cands[-1]))
+        if st is None:
+            return None
+        self.best_plan, best_sum, self.best_max = self.plan_stats(st)
+        self.best = self.remember(self.best_plan, best_sum, self.best_max)
+        return F_top
 
-    best_plan, best_sum, best_max = plan_stats(st)
-    best = remember(best_plan, best_sum, best_max)
-    # heap of open intervals of candidate indices (lo, hi), exclusive; F(cands[hi]) known
-    heap: list[tuple[float, int, int, float, float]] = []
+    def bisect(self, F_top: float) -> None:
+        """Bisection over the candidate bounds below the best plan's slowest stage, the interval
+        of least lower bound first, until no open interval can beat the best plan."""
+        cands = self.cands
+        # heap of open intervals of candidate indices (lo, hi), exclusive; F(cands[hi]) known
+        heap: list[tuple[float, int, int, float, float]] = []
+        self._push(heap, -1, int(np.searchsorted(cands, self.best_max)), math.nan, F_top)
+        while heap:
+            bound, lo, hi, f_lo, f_hi = heapq.heappop(heap)
+            if bound >= self.best:
+                break
+            mid = (lo + hi) // 2
+            f_mid, st = self.run(float(cands[mid]))
+            if st is None:
+                self._push(heap, mid, hi, math.inf, f_hi)
+                continue
+            plan, s_sum, s_max = self.plan_stats(st)
+            total = self.remember(plan, s_sum, s_max)
+            if total < self.best:
+                self.best, self.best_plan, self.best_max = total, plan, s_max
+            self._push(heap, lo, int(np.searchsorted(cands, s_max)), f_lo, f_mid)
+            self._push(heap, mid, hi, f_mid, f_hi)
 
-    def push(lo: int, hi: int, f_lo: float, f_hi: float) -> None:
+    def _push(self, heap: list, lo: int, hi: int, f_lo: float, f_hi: float) -> None:
+        """Opens the interval ``(lo, hi)`` unless it is empty, known flat, or bounded below by
+        the best latency found."""
         if hi - lo <= 1 or not math.isfinite(f_hi) or f_lo == f_hi:
             return
-        c = float(cands[lo + 1])
-        bound = max(f_hi, c) + (B - 1) * c
-        if bound < best:
+        c = float(self.cands[lo + 1])
+        bound = max(f_hi, c) + (self.problem.B - 1) * c
+        if bound < self.best:
             heapq.heappush(heap, (bound, lo, hi, f_lo, f_hi))
 
-    push(-1, int(np.searchsorted(cands, best_max)), math.nan, F_top)
-    while heap:
-        bound, lo, hi, f_lo, f_hi = heapq.heappop(heap)
-        if bound >= best:
-            break
-        mid = (lo + hi) // 2
-        f_mid, st = run(float(cands[mid]))
-        if st is None:
-            push(mid, hi, math.inf, f_hi)
-            continue
-        plan, s_sum, s_max = plan_stats(st)
-        total = remember(plan, s_sum, s_max)
-        if total < best:
-            best, best_plan, best_max = total, plan, s_max
-        push(lo, int(np.searchsorted(cands, s_max)), f_lo, f_mid)
-        push(mid, hi, f_mid, f_hi)
+    def result(self, max_alternatives: int) -> StageDPResult:
+        """The best plan, with the best ``max_alternatives`` distinct plans met."""
+        shapes = self.problem.shapes
 
-    def assignments(plan) -> tuple[StageAssignment, ...]:
-        return tuple(StageAssignment(start=a, end=b, submesh=shapes[q], submesh_index=q,
-                                     config_index=c, cost=cost, step_cost=u)
-                     for a, b, q, c, cost, u in plan)
+        def assignments(plan) -> tuple[StageAssignment, ...]:
+            return tuple(StageAssignment(start=a, end=b, submesh=shapes[q], submesh_index=q,
+                                         config_index=c, cost=cost, step_cost=u)
+                         for a, b, q, c, cost, u in plan)
 
-    ranked = sorted(seen.values(), key=lambda v: v[0])[:max(1, int(max_alternatives))]
-    return StageDPResult(stages=assignments(best_plan), t_max=best_max, total_latency=best,
-                         evaluated_t_max=evaluated,
-                         alternatives=tuple((total, assignments(plan)) for total, plan in ranked))
+        ranked = sorted(self.seen.values(), key=lambda v: v[0])[:max(1, int(max_alternatives))]
+        return StageDPResult(stages=assignments(self.best_plan), t_max=self.best_max,
+                             total_latency=self.best, evaluated_t_max=self.evaluated,
+                             alternatives=tuple((total, assignments(plan))
+                                                for total, plan in ranked))
 
 
-def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_devices, num_hosts,
-                      devices_per_host, L, merge_allowed, max_stages, step=None, min_s=1):
-    limit = "" if max_stages is None else f" with at most {max_stages} stages"
-    if min_s > 1:
-        limit += f" and at least {min_s}"
+def _raise_infeasible(problem: _StageProblem, explain: bool = True):
+    """Raises the :class:`InfeasiblePlanError` of a problem without a plan; with ``explain`` and
+    a memory limit, finds the least ``device_memory`` with which one would fit (a bisection of
+    DP runs) and says it."""
+    p = problem
+    if not explain:
+        raise InfeasiblePlanError(f"no pipeline plan of {p.L} layers on {p.num_hosts} x "
+                                  f"{p.devices_per_host} devices fits "
+                                  f"device_memory={p.device_memory!r} bytes.")
+    limit = "" if p.max_stages is None else f" with at most {p.max_stages} stages"
+    if p.min_s > 1:
+        limit += f" and at least {p.min_s}"
 
     def feasible(dm) -> bool:
-        prep = _Prepared(t, pm, am, dm, B, s_cap, step)
-        n_exact, merged_tail = ((max(prep.P - 1, min_s - 1), True) if merge_allowed
-                                else (s_cap, False))
+        prep = p.prepared(dm)
         if prep.candidates.size == 0:
             return False
-        return _dp(prep, float(prep.candidates[-1]), sizes, num_devices, n_exact, merged_tail,
-                   min_s)[1] is not None
+        return p.dp(prep, float(prep.candidates[-1]))[1] is not None
 
-    if device_memory is None or not feasible(None):
+    if p.device_memory is None or not feasible(None):
         raise InfeasiblePlanError(
-            f"no split of the {L} layers into stages{limit} on submeshes {shapes} covering all "
-            f"{num_hosts} x {devices_per_host} = {num_devices} devices has finite t_intra. Got "
-            f"t_intra with {int(np.isfinite(t).sum())} finite entries. Fix: provide finite costs for "
-            "more (layers, submesh) pairs, allow more stages, or use a smaller cluster."
+            f"no split of the {p.L} layers into stages{limit} on submeshes {p.shapes} covering all "
+            f"{p.num_hosts} x {p.devices_per_host} = {p.num_devices} devices has finite t_intra. "
+            f"Got t_intra with {int(np.isfinite(p.t).sum())} finite entries. Fix: provide finite "
+            "costs for more (layers, submesh) pairs, allow more stages, or use a smaller cluster."
         )
     # memory is the reason: smallest device_memory with which a plan exists
-    n_pos = min(B, s_cap)
-    pmz = np.zeros_like(t) if pm is None else pm
-    amz = np.zeros_like(t) if am is None else am
+    t, L = p.t, p.L
+    n_pos = min(p.B, p.s_cap)
+    pmz = np.zeros_like(t) if p.pm is None else p.pm
+    amz = np.zeros_like(t) if p.am is None else p.am
     fin = np.isfinite(t) & np.triu(np.ones((L, L), dtype=bool))[:, :, None, None]
-    vals = np.unique(np.concatenate([(pmz + (p + 1) * amz)[fin] for p in range(n_pos)]))
+    vals = np.unique(np.concatenate([(pmz + (k + 1) * amz)[fin] for k in range(n_pos)]))
     lo, hi = 0, len(vals) - 1  # feasible(vals[-1]) holds: every choice fits there
     while lo < hi:
         mid = (lo + hi) // 2
@@ -788,8 +905,8 @@ def _raise_infeasible(t, pm, am, device_memory, B, s_cap, shapes, sizes, num_dev
             lo = mid + 1
     least = float(vals[lo])
     raise InfeasiblePlanError(
-        f"no pipeline plan fits in device_memory={device_memory!r} bytes per device (Alpa Eq. 5: "
-        f"parameters + in-flight 1F1B activations). Got a least feasible memory of {least:.6g} "
+        f"no pipeline plan fits in device_memory={p.device_memory!r} bytes per device (Alpa Eq. "
+        f"5: parameters + in-flight 1F1B activations). Got a least feasible memory of {least:.6g} "
         "bytes. Fix: raise device_memory, use more or larger devices, or use fewer micro-batches "
         "in flight.",
         least_memory=least,

@@ -20,14 +20,13 @@ import autoplan
 from autoplan import Cluster, InfeasiblePlanError, SearchError
 from autoplan.search.intra._ilp import (
     UnsupportedPrimitiveWarning,
-    _joint_groups,
-    _unique_ids,
-    _unique_rows,
     build_problem,
     evaluate,
     solve_ilp,
     updated_input_pairs,
 )
+from autoplan.search.intra._ilp_problem import _unique_ids, _unique_rows
+from autoplan.search.intra._ilp_reduce import _joint_groups
 from autoplan.search.intra._solver import SolverTimeoutWarning
 from autoplan.search.intra._spec_space import enumerate_specs
 
@@ -334,7 +333,8 @@ def test_reshard_readers_hold_the_readers_of_a_free_tensor_in_another_spec():
     """A tensor built from constants takes the spec its first reader needs; another reader may
     need another spec, and that reader is one of the solution's reshard readers (the shared
     reshardings and their ends are the same from the reshard readers alone)."""
-    from autoplan.search.intra._ilp import _free_tensors, shared_reshards
+    from autoplan.search.intra._ilp import shared_reshards
+    from autoplan.search.intra._ilp_problem import _free_tensors
 
     def step(w1, w2, x):
         m = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8)  # free: built from constants
@@ -487,7 +487,7 @@ def test_differing_operands_are_those_a_loop_over_the_operands_finds(adam):
     """The one-pass comparison of every operand's spec with the spec its consumer needs finds
     what a loop over the operators and their operands finds, in the same order: for all the
     costed operators (the lists made once per graph) and for a part of them."""
-    from autoplan.search.intra._ilp import _costed_ops, _differing_operands
+    from autoplan.search.intra._ilp_cost import _costed_ops, _differing_operands
 
     mesh = CL.logical_mesh((8, 1))
     sol = solve_ilp(adam, mesh, pins={r"^x$": P("x"), r"^params": P()})

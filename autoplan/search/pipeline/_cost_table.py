@@ -1,0 +1,406 @@
+"""The layer costs of the pipeline search at one micro-batch count: what every count's costing
+shares (:class:`_Context`: the cluster, the submeshes and their logical meshes, the transfers
+between stages) and the table of every layer kind's plan on every cell, the resharding between
+layers and the tensors they pass each other (:class:`_Table`), from which stages are costed.
+
+See :mod:`~autoplan.search.pipeline._pipeline` (steps 2 to 4 of its docstring).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from autoplan.costs._cluster import Cluster, LogicalMesh, send_recv_time
+from autoplan.plans._plan import Comm
+from autoplan.search._parallel import Task, run_tasks
+from autoplan.search.fold._layers import LayerGroup
+from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
+from autoplan.search.intra._reshard import reshard
+from autoplan.search.pipeline._layer_costs import (
+    LAYER_TIME_LIMIT,
+    LayerCost,
+    LayerPlans,
+    _retimed,
+    gradient_ops,
+    layer_cost,
+    layer_plans,
+)
+from autoplan.search.pipeline._microbatches import _aligned
+from autoplan.tracing._graph import OpGraph
+
+
+class _Context:
+    """What every micro-batch count's costing shares: the cluster, the submeshes and their
+    logical-mesh variants, the options, and the solve counter."""
+
+    def __init__(self, cluster: Cluster, full: OpGraph, submeshes: list[tuple[int, int]],
+                 schedule: str, budget: float, time_limit: float, megatron: bool,
+                 pins: Mapping[str, Any] | None = None):
+        self.cluster, self.full, self.submeshes = cluster, full, submeshes
+        self.num_hosts, self.devices_per_host = cluster.nodes, cluster.devices_per_node
+        self.schedule, self.budget, self.time_limit, self.megatron = (
+            schedule, budget, time_limit, megatron)
+        self.pins = dict(pins or {})
+        shapes_of = [mesh_shapes_for(n * m, n, m) for n, m in submeshes]
+        # a config is a logical mesh and a variant: the fastest plan, or the memory-lean one
+        # (:func:`~autoplan.search.pipeline._layer_costs._lean_plan`), which the DP takes when
+        # the fastest plans do not fit (Eq. 5)
+        self.configs = [[(shape, lean) for lean in (False, True) for shape in shapes]
+                        for shapes in shapes_of]
+        self.C = max(len(c) for c in self.configs)
+        self.views = [replace(cluster, nodes=n, devices_per_node=m) for n, m in submeshes]
+        self._meshes: dict[tuple, LogicalMesh] = {}
+        self.solves = 0
+        self.timed_out = 0  # layer ILPs stopped at their time limit
+        self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
+        self.levers = True  # ZeRO levels and rematerialisation where a stage does not fit
+
+    def mesh(self, k: int, shape: tuple[int, ...]) -> LogicalMesh:
+        key = (k, tuple(shape))
+        if key not in self._meshes:
+            self._meshes[key] = make_logical_mesh(self.views[k], shape)
+        return self._meshes[key]
+
+    def cells(self):
+        """Every ``(submesh k, config c)``."""
+        for k, cfgs in enumerate(self.configs):
+            for c in range(len(cfgs)):
+                yield k, c
+
+    def transfer(self, nbytes: float, dst: int, cross: bool, dst_devices: int
+                 ) -> tuple[float, float, float]:
+        """Moving ``nbytes`` to a stage on submesh ``dst`` (``dst_devices`` devices): ``(seconds,
+        send/recv bytes per receiving device, all-gather bytes)``, the cheaper of sending the
+        whole tensor to each device and Alpa's send of 1/n slices followed by an all-gather on
+        the receiving mesh.
+
+        Across hosts the receiving devices of one host share its network link: each host's
+        link carries what its devices receive (``m`` whole tensors, or ``m`` slices of
+        ``1/n``), where inside a host each device has its own links."""
+        if nbytes <= 0:
+            return 0.0, 0.0, 0.0
+        hosts = self.submeshes[dst][0]
+        per_host = dst_devices // hosts if cross else 1
+        whole = send_recv_time(self.cluster, nbytes * per_host, cross)
+        if dst_devices <= 1:
+            return whole, nbytes, 0.0
+        sliced = send_recv_time(self.cluster, nbytes / dst_devices * per_host, cross)
+        sliced += self.cluster.logical_mesh((dst_devices,), submesh=self.submeshes[dst]).all_gather(
+            nbytes, [0])
+        if whole <= sliced:
+            return whole, nbytes, 0.0
+        return sliced, nbytes / dst_devices, nbytes
+
+    def recv_estimate(self, nbytes: float, k: int) -> float:
+        """The stage DP's estimate of the time a stage on submesh ``k`` spends receiving
+        ``nbytes`` from a neighbour: across hosts when the submesh spans whole hosts of a
+        multi-host cluster (its neighbours then sit on other hosts), inside a host otherwise."""
+        n, m = self.submeshes[k]
+        return self.transfer(nbytes, k, self.num_hosts > 1 and m == self.devices_per_host, n * m)[0]
+
+    def crosses_hosts(self, devices: Iterable[int], other: Iterable[int]) -> bool:
+        """Whether two stages' devices (cluster ids, ``host * devices_per_host + local``) sit
+        on different sets of hosts (their transfers then cross hosts)."""
+        per_host = self.devices_per_host
+        return {d // per_host for d in devices} != {d // per_host for d in other}
+
+
+@dataclass
+class _Terms:
+    """One stage (or layer) on one cell: per micro-batch and per step."""
+
+    forward: float
+    backward: float
+    step: float
+    resident: float
+    activation: float
+
+
+class _Table:
+    """Layer costs at one micro-batch count: every layer kind's plan on every cell, solved lazily
+    and once per kind; the resharding between layers; the tensors layers pass each other."""
+
+    def __init__(self, ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int):
+        self.ctx, self.graph, self.layers, self.B = ctx, graph, layers, B
+        self.L = len(layers)
+        self.rep: dict[str, int] = {}
+        for ly in layers:
+            self.rep.setdefault(ly.signature, ly.index)
+        layer_of = np.full(len(graph.ops), -1, dtype=np.int64)
+        for ly in layers:
+            layer_of[list(ly.ops)] = ly.index
+        self.layer_of = layer_of
+        self.screenable = graph is not ctx.full and _aligned(graph, ctx.full)
+        self._subs: dict[int, OpGraph] = {}
+        self._local: dict[int, dict[int, int]] = {}
+        self._solved: dict[tuple, LayerPlans] = {}  # (layer kind's first layer, k, shape)
+        self._costs: dict[tuple, LayerCost] = {}
+        self._pairs: dict[tuple, tuple] = {}
+        self._dims: dict[int, dict[int, tuple]] = {}
+        self._terms: dict[tuple, _Terms | None] = {}
+        self._pair_terms: dict[tuple, tuple[float, float, float]] = {}
+        self._pair_kinds: dict[tuple[int, int], tuple] = {}
+        self._passing = None
+        self._tensors = None
+
+    # ---- layers and their solutions ----------------------------------------------------------
+    def sub(self, li: int) -> OpGraph:
+        if li not in self._subs:
+            self._subs[li] = self.graph.subgraph(
+                self.layers[li].ops, name=f"{self.graph.name}:{self.layers[li].name}")
+        return self._subs[li]
+
+    def local(self, li: int) -> dict[int, int]:
+        """Layer ``li``'s subgraph tensor of each graph tensor it touches."""
+        if li not in self._local:
+            sub, ops, out = self.sub(li), self.graph.ops, {}
+            for k, op in enumerate(sub.ops):
+                g = ops[sub.origin[k]]
+                for lt, gt in zip(op.inputs, g.inputs):
+                    if lt is not None:
+                        out[gt] = lt
+                for lt, gt in zip(op.outputs, g.outputs):
+                    out[gt] = lt
+            self._local[li] = out
+        return self._local[li]
+
+    def _batch_dims(self, li: int) -> Callable[[int], tuple]:
+        """Subgraph tensor -> its ``(dimension, full-batch size)`` pairs that scale with the
+        batch (found by comparing this trace with the full-batch one)."""
+        if li not in self._dims:
+            full, out = self.ctx.full.tensors, {}
+            for gt, lt in self.local(li).items():
+                a, b = full[gt].shape, self.graph.tensors[gt].shape
+                dims = tuple((d, x) for d, (x, y) in enumerate(zip(a, b)) if x != y)
+                if dims:
+                    out[lt] = dims
+            self._dims[li] = out
+        dims = self._dims[li]
+        return lambda t: dims.get(t, ())
+
+    def _transient(self, li: int) -> frozenset[int]:
+        """Layer ``li``'s subgraph inputs made by another layer's backward or update operators."""
+        g = self.graph
+        return frozenset(gi.tensor for gi in self.sub(li).inputs if gi.kind == "activation"
+                         and g.ops[g.tensors[int(gi.path[1:])].producer].role != "forward")
+
+    def result(self, li: int, k: int, c: int):
+        """The intra-op result of layer ``li``'s kind on cell ``(k, c)`` (the kind's first layer
+        solved; its ids line up with every layer of the kind); None where the pins cannot hold
+        on that cell's mesh."""
+        shape, lean = self.ctx.configs[k][c]
+        key = (self.rep[self.layers[li].signature], k, shape)
+        got = self._solved.get(key)
+        if got is None or (lean and not got.lean_solved):
+            self._store(key, layer_plans(self.sub(key[0]), self.ctx.views[k], shape,
+                                         **self._solve_options(key[0], k, shape), lean=lean,
+                                         fast=None if got is None else got))
+            got = self._solved[key]
+        return got.lean if lean else got.fast
+
+    def _solve_options(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"B": self.B, "pins": self._pins(rep, k, shape),
+                "time_limit": min(self.ctx.time_limit, LAYER_TIME_LIMIT)}
+
+    def _store(self, key: tuple, got: LayerPlans) -> None:
+        self._solved[key] = got
+        self.ctx.solves += got.solves
+        self.ctx.timed_out += got.timed_out
+
+    def solve_cells(self, cells: Iterable[tuple[int, int, int]], workers: int) -> None:
+        """Solve the layer plans of ``(layer, k, c)`` cells not solved yet, as independent tasks
+        on ``workers`` processes (:func:`~autoplan.search._parallel.run_tasks`; one task per
+        layer kind, submesh and logical mesh: its fastest plan and, where a cell asks for it,
+        the memory-lean one). Each layer kind's subgraph travels to a worker once. What each
+        task gives is what :meth:`result` would solve in this process."""
+        want: dict[tuple, bool] = {}
+        for li, k, c in cells:
+            shape, lean = self.ctx.configs[k][c]
+            key = (self.rep[self.layers[li].signature], k, shape)
+            got = self._solved.get(key)
+            if got is None or (lean and not got.lean_solved):
+                want[key] = want.get(key, False) or lean
+        if not want:
+            return
+        keys = list(want)
+        tasks = [Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape),
+                      {**self._solve_options(rep, k, shape), "lean": want[(rep, k, shape)],
+                       "fast": self._solved.get((rep, k, shape))},
+                      label=f"layer ILP {self.layers[rep].name} on submesh "
+                            f"{'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
+                            f"{'x'.join(map(str, shape))}")
+                 for rep, k, shape in keys]
+        for key, out in zip(keys, run_tasks(tasks, workers=workers)):
+            for category, message in out.warnings:
+                warnings.warn(message, category, stacklevel=2)
+            self._store(key, out.result())
+
+    def _pins(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any] | None:
+        """The pins that apply to layer ``rep``'s inputs: the user's, and Megatron's layout for
+        the baseline (tensor parallelism over the logical mesh's inner axis)."""
+        ctx, sub = self.ctx, self.sub(rep)
+        out = {pat: spec for pat, spec in ctx.pins.items() if sub.find_inputs(pat, names_only=True)}
+        if ctx.megatron:
+            from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
+
+            out.update(megatron_pins(sub, shape[-1]) or {})
+        return out or None
+
+    def cost(self, li: int, k: int, c: int) -> LayerCost | None:
+        sig = self.layers[li].signature
+        key = (sig, k, c)
+        if key not in self._costs:
+            rep = self.rep[sig]
+            shape = self.ctx.configs[k][c][0]
+            res = self.result(li, k, c)
+            self._costs[key] = None if res is None else layer_cost(
+                res, self.sub(rep), self.ctx.mesh(k, shape),
+                self._batch_dims(rep) if self.screenable else None, self._transient(rep))
+        return self._costs[key]
+
+    def terms(self, li: int, k: int, c: int, ratio: float = 1.0, B: int | None = None
+              ) -> _Terms | None:
+        """Layer ``li`` on cell ``(k, c)``; re-timed for micro-batches ``ratio`` times as large
+        (``B`` of them) when ``ratio != 1``; None where the plan's splits do not divide."""
+        key = (self.layers[li].signature, k, c, ratio, B if ratio != 1.0 else None)
+        if key in self._terms:
+            return self._terms[key]
+        lc = self.cost(li, k, c)
+        if lc is None:
+            out = None
+        elif ratio == 1.0:
+            out = _Terms(lc.forward, lc.backward, lc.step, lc.resident, lc.activation)
+        elif not lc.feasible(B):
+            out = None
+        else:
+            f, b, a = lc.rescaled(ratio, self.ctx.mesh(k, self.ctx.configs[k][c][0]))
+            out = _Terms(f, b, lc.step, lc.resident, a)
+        self._terms[key] = out
+        return out
+
+    # ---- what layers pass each other -----------------------------------------------------------
+    def passing(self) -> dict[tuple[int, int], list[tuple[int, str]]]:
+        """``{(producer layer, consumer layer): [(tensor, role of its first reader there)]}`` for
+        every tensor one layer makes and another reads."""
+        if self._passing is None:
+            ops, consumers, layer_of = self.graph.ops, self.graph.consumers, self.layer_of
+            out: dict[tuple[int, int], dict[int, str]] = {}
+            for op in ops:
+                a = int(layer_of[op.id])
+                for t in op.outputs:
+                    for c in consumers[t]:
+                        b = int(layer_of[c])
+                        if b != a and b >= 0:
+                            out.setdefault((a, b), {}).setdefault(t, ops[c].role)
+            self._passing = {k: list(v.items()) for k, v in out.items()}
+        return self._passing
+
+    def tensors(self) -> list[tuple[int, int, str, tuple[int, ...], float]]:
+        """``(tensor, producer layer, producer role, consumer layers, bytes)`` of every tensor
+        read outside the layer that made it."""
+        if self._tensors is None:
+            by_t: dict[int, tuple[int, set[int]]] = {}
+            for (a, b), ts in self.passing().items():
+                for t, _ in ts:
+                    by_t.setdefault(t, (a, set()))[1].add(b)
+            g = self.graph
+            self._tensors = [(t, a, g.ops[g.tensors[t].producer].role, tuple(sorted(bs)),
+                              float(g.tensors[t].nbytes)) for t, (a, bs) in sorted(by_t.items())]
+        return self._tensors
+
+    def pair(self, a: int, b: int, k: int, c: int) -> tuple[list[Comm], list[Comm], list[Comm]]:
+        """The resharding of the tensors layer ``a`` passes to layer ``b`` on cell ``(k, c)``:
+        from the spec ``a``'s plan gives each to the spec ``b``'s plan assumed for it, as
+        ``(forward, backward, per-step)`` collectives by the role of its reader in ``b``."""
+        la, lb = self.local(a), self.local(b)
+        entries = self.passing().get((a, b), [])
+        fold = self._pair_kinds.get((a, b))
+        if fold is None:  # pairs of the same layer kinds passing the same tensors cost the same
+            fold = self._pair_kinds[(a, b)] = (
+                self.layers[a].signature, self.layers[b].signature,
+                tuple((la[t], lb[t], role) for t, role in entries))
+        key = (fold, k, c)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        ra, rb = self.result(a, k, c), self.result(b, k, c)
+        out: tuple[list[Comm], list[Comm], list[Comm]] = ([], [], [])
+        if ra is None or rb is None:  # no plan on this cell: the stage is impossible anyway
+            self._pairs[key] = out
+            return out
+        sa, sb = ra.solution.specs, rb.solution.specs
+        mesh = self.ctx.mesh(k, self.ctx.configs[k][c][0])
+        for t, role in entries:
+            src, dst = sa.get(la[t]), sb.get(lb[t])
+            ten = self.graph.tensors[t]
+            if src is None or dst is None or src == dst or not ten.shape:
+                continue
+            _, cs = reshard(src, dst, ten.shape, ten.dtype, mesh)
+            out[0 if role == "forward" else 1 if role == "backward" else 2].extend(cs)
+        self._pairs[key] = out
+        return out
+
+    def pair_terms(self, a: int, b: int, k: int, c: int, ratio: float = 1.0
+                   ) -> tuple[float, float, float]:
+        key = (a, b, k, c, ratio)
+        hit = self._pair_terms.get(key)
+        if hit is None:
+            fw, bw, st = self.pair(a, b, k, c)
+            mesh = self.ctx.mesh(k, self.ctx.configs[k][c][0])
+            hit = self._pair_terms[key] = (_retimed(fw, ratio, mesh, False),
+                                           _retimed(bw, ratio, mesh, False),
+                                           sum(x.time for x in st))
+        return hit
+
+    def stage(self, members: Sequence[int], k: int, c: int, ratio: float = 1.0,
+              B: int | None = None) -> _Terms | None:
+        """A stage of layers ``members`` on cell ``(k, c)``: the sum of its layers plus the
+        resharding between them (None where a layer's plan does not divide)."""
+        out = _Terms(0.0, 0.0, 0.0, 0.0, 0.0)
+        for li in members:
+            t = self.terms(li, k, c, ratio, B)
+            if t is None:
+                return None
+            out.forward += t.forward
+            out.backward += t.backward
+            out.step += t.step
+            out.resident += t.resident
+            out.activation += t.activation
+        inside = set(members)
+        for a, b in self.passing():
+            if a in inside and b in inside:
+                f, bw, s = self.pair_terms(a, b, k, c, ratio)
+                out.forward += f
+                out.backward += bw
+                out.step += s
+        return out
+
+    def weight_share(self, li: int) -> float:
+        """The share of layer ``li``'s backward FLOPs that make its parameters' gradients
+        (:func:`~autoplan.search.pipeline._layer_costs.gradient_ops`): ZB-H1's ``W`` pass, the
+        rest being ``B``, the gradient of the layer's input. About a half for matmul layers
+        (``dX = dY W^T`` and ``dW = X^T dY`` cost the same)."""
+        ops, grads = self.graph.ops, gradient_ops(self.graph)
+        bwd = self.layers[li].backward
+        total = sum(ops[i].flops for i in bwd)
+        return sum(ops[i].flops for i in bwd if i in grads) / total if total > 0 else 0.0
+
+    def boundary_bytes(self, stage_of: Sequence[int], S: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per boundary between stage ``s`` and ``s + 1`` (``S - 1`` of them): the bytes of
+        forward tensors sent on (once per boundary each crosses) and of backward tensors sent
+        back."""
+        fwd, bwd = np.zeros(max(S - 1, 0)), np.zeros(max(S - 1, 0))
+        for _, a, role, bs, nbytes in self.tensors():
+            sa = stage_of[a]
+            far = max(stage_of[b] for b in bs)
+            near = min(stage_of[b] for b in bs)
+            if role == "forward" and far > sa:
+                fwd[sa:far] += nbytes
+            elif role == "backward" and near < sa:
+                bwd[near:sa] += nbytes
+        return fwd, bwd

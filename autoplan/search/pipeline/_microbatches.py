@@ -1,0 +1,152 @@
+"""The pipeline search's micro-batches: the global batch of a traced step, the step traced at
+micro-batch size, and the micro-batch counts searched (the default, the window of divisors
+around it and the second, finer screening round).
+
+See :mod:`~autoplan.search.pipeline._pipeline` (steps 1 and 7 of its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from autoplan._errors import SearchError
+from autoplan._memo import memo
+from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._trace import trace
+from autoplan.tracing._workload import Workload
+
+__all__ = ["batch_size", "microbatch_workload_args", "traced", "microbatch_counts",
+           "finer_counts", "check_microbatches", "MICROBATCH_WINDOW"]
+
+
+#: The searched micro-batch counts: the divisors of the batch, from the default / this
+#: factor to the default x this factor (2 on clusters of more than
+#: :data:`~autoplan.search.pipeline._pipeline.AUTO_ALL_HOSTS` hosts, where every count's stage
+#: DP is large).
+MICROBATCH_WINDOW = 8
+
+
+def batch_size(graph: OpGraph) -> int:
+    """The global batch of a traced step: the leading dimension its batch inputs (graph inputs of
+    kind ``batch``) share (their greatest common divisor; 1 when it has none)."""
+    dims = [graph.tensors[gi.tensor].shape[0] for gi in graph.inputs
+            if gi.kind == "batch" and graph.tensors[gi.tensor].shape]
+    return math.gcd(*dims) if dims else 1
+
+
+def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int) -> tuple:
+    """The step's arguments with every batch leaf's leading dimension divided by ``microbatches``."""
+    out = []
+    for a, kind in zip(args, arg_kinds):
+        if kind != "batch":
+            out.append(a)
+            continue
+
+        def shrink(x):
+            shape = tuple(x.shape)
+            if not shape or shape[0] % microbatches:
+                raise SearchError(
+                    f"pipeline: a batch leaf of shape {shape} cannot be split into {microbatches} "
+                    "micro-batches along its leading dimension. Fix: choose microbatches dividing "
+                    f"{shape[0] if shape else 1}.")
+            return jax.ShapeDtypeStruct((shape[0] // microbatches,) + shape[1:], x.dtype)
+
+        out.append(jax.tree.map(shrink, a))
+    return tuple(out)
+
+
+def traced(workload: Workload) -> OpGraph:
+    """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
+    search share it)."""
+    return memo(workload, ("search", "trace"), lambda: trace(workload))
+
+
+def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
+    """The full-batch and micro-batch graphs of a workload (once per workload object: the
+    pipeline search and the Megatron TP x PP baseline use the same ones)."""
+    full = traced(workload)
+    if microbatches == 1:
+        return full, full
+
+    def make() -> OpGraph:
+        args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
+        return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=full.name)
+
+    return full, memo(workload, ("search", "microbatch trace", microbatches), make)
+
+
+def _aligned(a: OpGraph, b: OpGraph) -> bool:
+    """Whether two traces of one step at different batch sizes have the same operators and
+    tensors in the same order (so ids carry over)."""
+    return (len(a.ops) == len(b.ops) and len(a.tensors) == len(b.tensors)
+            and all(x.primitive == y.primitive for x, y in zip(a.ops, b.ops)))
+
+
+def _default_microbatches(batch: int, max_stages: int) -> int:
+    """Enough micro-batches to keep the bubble small and the activations of the in-flight
+    micro-batches modest: the largest power of two <= min(128, batch / 4) that divides the batch
+    (at least 2 when the batch allows: for an odd batch its smallest divisor above 1 that is not
+    the batch itself, 3 for a batch of 9).
+
+    Examples:
+        >>> [_default_microbatches(b, 8) for b in (1024, 1536, 6, 9, 7)]
+        [128, 128, 2, 3, 1]
+    """
+    cap = max(1, min(128, batch // 4))
+    b = 1
+    while b * 2 <= cap and batch % (b * 2) == 0:
+        b *= 2
+    if b == 1:
+        b = next((d for d in range(2, math.isqrt(batch) + 1) if batch % d == 0), 1)
+    return b
+
+
+def microbatch_counts(batch: int, default: int, window: int = MICROBATCH_WINDOW) -> list[int]:
+    """The searched micro-batch counts: every divisor of ``batch`` within ``window`` of
+    ``default``, ascending (``default`` among them).
+
+    Examples:
+        >>> microbatch_counts(1536, 128)  # Alpa's 24 for Wide-ResNet among them
+        [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768]
+        >>> microbatch_counts(9, 1), microbatch_counts(1024, 128, 2)
+        ([1, 3], [64, 128, 256])
+    """
+    lo, hi = -(-default // window), min(batch, default * window)
+    out = {default}
+    d = 1
+    while d * d <= batch:  # the divisors in pairs (d, batch / d)
+        if batch % d == 0:
+            out.update(b for b in (d, batch // d) if lo <= b <= hi)
+        d += 1
+    return sorted(out)
+
+
+def finer_counts(counts: Sequence[int], coarse: Sequence[int], lead: int) -> list[int]:
+    """The second screening round: the ``counts`` strictly between the ``coarse`` counts on
+    either side of ``lead`` (the best of the first round), not screened yet.
+
+    Examples:
+        >>> finer_counts([16, 24, 32, 48, 64, 96, 128], [16, 32, 64, 128], 32)
+        [24, 48]
+        >>> finer_counts([1, 3], [1], 1)
+        [3]
+    """
+    i = list(coarse).index(lead)
+    lo = coarse[i - 1] if i > 0 else 0
+    hi = coarse[i + 1] if i + 1 < len(coarse) else math.inf
+    return [B for B in counts if lo < B < hi and B not in coarse]
+
+
+def check_microbatches(value: Any) -> None:
+    """Raise :class:`SearchError` unless ``value`` is None, ``"auto"`` or a positive integer."""
+    if value is None or value == "auto":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise SearchError(f"search: microbatches should be a positive integer, 'auto' or None. "
+                          f"Got {value!r}. Fix: microbatches='auto' searches the count, an "
+                          "integer fixes it (it must divide the batch).")
