@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoplan
 from autoplan import SearchError
-from autoplan.search import intra_op_search, level_search, pipeline_search
+from autoplan.algorithms import intra_op_search, level_search, pipeline_search
 from autoplan.search.intra._intra import make_logical_mesh
 from autoplan.search.intra._pins import (
     INTRA_BASELINES,

@@ -13,7 +13,7 @@ import pytest
 
 import autoplan
 from autoplan import models
-from autoplan.search import pipeline_search
+from autoplan.algorithms import pipeline_search
 from autoplan.search.pipeline import _levers as lv
 from autoplan.search.pipeline import _pipeline as pp
 
