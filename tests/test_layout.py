@@ -148,6 +148,17 @@ def test_no_long_function_in_the_split_modules():
                           "reason it stays whole")
 
 
+#: the house rule for the whole package: no function over this many lines, docstring included
+PACKAGE_MAX_FUNCTION_LINES = 120
+
+
+def test_no_function_in_the_package_is_over_the_house_limit():
+    too_long = [f"{p.relative_to(ROOT)}:{name} ({n} lines)" for p in sorted(ROOT.rglob("*.py"))
+                for name, n in long_functions(p.read_text(), limit=PACKAGE_MAX_FUNCTION_LINES)]
+    assert not too_long, (f"functions over {PACKAGE_MAX_FUNCTION_LINES} lines: {too_long}; split "
+                          "them where a reader would name the parts")
+
+
 def test_the_long_function_check_sees_a_long_function():
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
     source = f"class A:\n    def f(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n"
