@@ -133,9 +133,9 @@ def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[
                               "escape brackets, e.g. r\"\\['fc1'\\]\\['kernel'\\]\".") from err
         if not hits:
             names = ", ".join(gi.name for gi in graph.inputs[:3])
-            raise SearchError(f"pin: {pattern!r} matches no graph input. Input names look like "
-                              f"{names}. Fix: use a regular expression that re.search finds in "
-                              "one of them.")
+            raise SearchError(f"pin: {pattern!r} should match an input name, but matches no graph "
+                              f"input. Input names look like {names}. Fix: use a regular "
+                              "expression that re.search finds in one of them.")
         keys = graph.key_tensors
         if _sharded(pspec) and any(gi.tensor in keys for gi in hits):
             # PRNG keys stay replicated: a pattern over keys alone is refused, and the keys a

@@ -83,7 +83,6 @@ Where each part lives (modules of :mod:`autoplan.search.pipeline`):
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,7 +97,7 @@ from autoplan.plans._plan import Plan
 from autoplan.search._parallel import check_workers, resolve_workers
 from autoplan.search.fold._layers import LayerGroup, group_layers
 from autoplan.search.intra._ilp_problem import build_problem as build_problem
-from autoplan.search.intra._pins import renamed_pin
+from autoplan.search.intra._pins import renamed_pin, resolve_pins
 from autoplan.search.pipeline._compose import _compose
 from autoplan.search.pipeline._cost_table import _Context, _Table
 from autoplan.search.pipeline._cost_table import _Terms as _Terms
@@ -128,7 +127,6 @@ from autoplan.search.pipeline._microbatches import (
 from autoplan.search.pipeline._simulate import SCHEDULES, _Eval, _evaluate
 from autoplan.search.pipeline._simulate import _evaluate_kind as _evaluate_kind
 from autoplan.search.pipeline._stage_dp import submesh_shapes
-from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._workload import Workload, as_workload
 
 # (``build_problem``, ``_lean_plan``, ``_chain_inputs``, ``_Terms`` and ``_evaluate_kind`` are
@@ -194,20 +192,6 @@ def _check_options(schedule: str, microbatches: Any, stage_algorithm: str, subme
                           "levers=False searches without ZeRO levels and rematerialisation.")
 
 
-def _check_pins(full: OpGraph, pins: Mapping[str, Any] | None) -> None:
-    """Raise :class:`SearchError` unless every pin is a regular expression matching an input."""
-    for pattern in pins or {}:
-        try:
-            hit = full.find_inputs(pattern, names_only=True)
-        except re.error as err:
-            raise SearchError(f"pipeline: the pin {pattern!r} should be a regular expression. Got "
-                              f"the error {err}. Fix: escape its brackets.") from err
-        if not hit:
-            raise SearchError(f"pipeline: the pin {pattern!r} should match an input name. Got no "
-                              f"match among {len(full.inputs)} inputs such as "
-                              f"{full.inputs[0].name!r}. Fix: re.search must find it in a name.")
-
-
 # ---------------------------------------------------------------------------------------------
 # the search's steps
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +238,7 @@ def _start(workload: Workload, cluster: Cluster, *, schedule: str, microbatches:
     table of layer costs."""
     t0 = time.perf_counter()
     full = traced(workload)
-    _check_pins(full, pins)
+    resolve_pins(full, pins)  # each pin a regular expression matching an input
     batch = batch_size(full)
     num_hosts, devices_per_host = cluster.nodes, cluster.devices_per_node
     fixed = isinstance(microbatches, int | np.integer)
