@@ -91,14 +91,13 @@ class SearchOptions:
             raise SearchError(f"search: pipeline should be True, False or 'auto'. Got "
                               f"{pipeline!r}.")
         from autoplan.search.pipeline._microbatches import check_microbatches  # noqa: PLC0415
-        from autoplan.search.pipeline._pipeline import check_submesh_hosts  # noqa: PLC0415
-        from autoplan.search.pipeline._simulate import SCHEDULES  # noqa: PLC0415
+        from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
+            check_schedule,
+            check_stage_algorithm,
+            check_submesh_hosts,
+        )
 
-        if schedule not in SCHEDULES:
-            raise SearchError(f"search: schedule should be one of "
-                              f"{', '.join(map(repr, SCHEDULES))}. Got {schedule!r}. Fix: '1f1b' "
-                              "(default), 'gpipe', 'interleaved', 'zb-h1', or 'auto' to weigh all "
-                              "but GPipe.")
+        check_schedule(schedule)
         if self.baselines not in (True, False, "paper"):
             raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
                               f"{self.baselines!r}. Fix: 'paper' adds Alpa's comparisons "
@@ -115,10 +114,7 @@ class SearchOptions:
                               "pipeline plans without ZeRO levels and rematerialisation.")
         check_memory_budget("search", self.memory_budget, SearchError)
         shape = check_mesh_shape("search", self.mesh_shape, SearchError)
-        if self.stage_algorithm not in ("auto", "dp", "ilp"):
-            raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
-                              f"{self.stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG "
-                              "ILP) or 'auto'.")
+        check_stage_algorithm(self.stage_algorithm)
         t = self.time_limit
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real)
                               or not math.isfinite(t) or t <= 0):

@@ -174,16 +174,26 @@ def check_submesh_hosts(value: Any) -> None:
                           "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
 
 
+def check_schedule(value: Any) -> None:
+    """Raise :class:`SearchError` unless ``value`` is one of :data:`SCHEDULES`."""
+    if value not in SCHEDULES:
+        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
+                          f"Got {value!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
+                          "'zb-h1', or 'auto' to weigh all but GPipe.")
+
+
+def check_stage_algorithm(value: Any) -> None:
+    """Raise :class:`SearchError` unless ``value`` is a ``stage_algorithm`` choice."""
+    if value not in ("auto", "dp", "ilp"):
+        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
+                          f"{value!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or 'auto'.")
+
+
 def _check_options(schedule: str, microbatches: Any, stage_algorithm: str, submesh_hosts: str,
                    workers: Any, levers: Any) -> None:
     """Raise :class:`SearchError` on an option :func:`pipeline_search` does not take."""
-    if stage_algorithm not in ("auto", "dp", "ilp"):
-        raise SearchError(f"search: stage_algorithm should be 'auto', 'dp' or 'ilp'. Got "
-                          f"{stage_algorithm!r}. Fix: 'dp' (Alpa), 'ilp' (TePDist's DAG ILP) or "
-                          "'auto'.")
-    if schedule not in SCHEDULES:
-        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
-                          f"Got {schedule!r}.")
+    check_stage_algorithm(stage_algorithm)
+    check_schedule(schedule)
     check_microbatches(microbatches)
     check_submesh_hosts(submesh_hosts)
     check_workers(workers)
