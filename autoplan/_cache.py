@@ -80,7 +80,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ._io import cache_dir, private_folder
+from ._io import cache_dir, private_folder, usable_cache_dir
 
 __all__ = ["cache_dir", "search_key", "load", "store", "MAX_BYTES", "FORMAT"]
 
@@ -142,9 +142,7 @@ def _path(key: str) -> Path:
 def _usable(*, create: bool) -> bool:
     """Whether the cache folder and its ``search/`` folder are usable and ``search/`` private
     (see the module docstring), created so when ``create``."""
-    named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))
-    return (private_folder(cache_dir(), create=create, own=not named)
-            and private_folder(_entries(), create=create))
+    return usable_cache_dir(create=create) and private_folder(_entries(), create=create)
 
 
 def _read_entry(fd: int, limit: int) -> bytes | None:

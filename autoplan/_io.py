@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ._errors import OutputError
 
-__all__ = ["cache_dir", "check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
+__all__ = ["cache_dir", "usable_cache_dir", "check_output_path", "check_outputs", "read_input_bytes", "atomic_write_bytes",
            "atomic_write_text", "same_file", "private_folder", "MAX_INPUT_BYTES"]
 
 PathLike = str | os.PathLike
@@ -372,3 +372,11 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "autoplan"
+
+
+def usable_cache_dir(*, create: bool) -> bool:
+    """Whether :func:`cache_dir` may hold autoplan's private caches (:func:`private_folder`,
+    created so when ``create``): autoplan's own folder must be the user's; a folder the user
+    named with ``$AUTOPLAN_CACHE_DIR`` is used as it is."""
+    named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))
+    return private_folder(cache_dir(), create=create, own=not named)

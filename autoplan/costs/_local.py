@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from autoplan._io import atomic_write_bytes, private_folder
+from autoplan._io import atomic_write_bytes, usable_cache_dir
 from autoplan._io import cache_dir as _cache_folder
 from autoplan.costs._measured import CollectiveTable, ThroughputCurve
 
@@ -47,8 +46,7 @@ def profile_cache_paths(devices: Sequence[Any] | None = None) -> tuple[str, str]
 def store_profile(path: str, text: str) -> None:
     """Write a profile's JSON ``text`` to its cache file ``path`` (atomically, mode 0600), when
     its folder is private to this user (made 0700 when autoplan creates it)."""
-    named = bool(os.environ.get("AUTOPLAN_CACHE_DIR"))
-    if private_folder(Path(os.path.dirname(path)), create=True, own=not named):
+    if usable_cache_dir(create=True):  # (the profiles' folder: cache_dir, as paths are made)
         atomic_write_bytes(path, text.encode(), mode=0o600)
 
 
