@@ -78,7 +78,7 @@ __all__ = ["KINDS", "SPLIT_KINDS", "StagePass", "Event", "ScheduleStats", "task_
            "gpipe_table", "one_f_one_b_table", "interleaved_table", "zb_h1_table",
            "schedule_table", "schedule_order", "schedule_events", "schedule_stats",
            "schedule_summary", "validate_table", "order_from_table", "ideal_makespan",
-           "check_schedule"]
+           "check_schedule", "inflight_counts"]
 
 #: the schedule kinds with a generated table
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -939,3 +939,16 @@ def ideal_makespan(order: Sequence[StagePass], forward: Sequence[float],
     orders = [[StagePass(*t) for t in order if t[1] % P == j] for j in range(P)]
     events = _simulate(orders, S, forward, backward, [0.0] * max(S - 1, 0), wgt=weight)
     return max((e.end for e in events), default=0.0)
+
+
+def inflight_counts(kind: str, num_stages: int, microbatches: int, stats: ScheduleStats,
+                    meshes: int) -> list[int]:
+    """The micro-batches whose activations a stage holds at its peak under schedule ``kind``:
+    per stage, ``B`` for GPipe, ``min(S - s, B)`` for 1F1B and the simulated peak for the split
+    kinds (ZB-H1); per mesh (its chunks together) for interleaved 1F1B, the simulated peak."""
+    S, B = num_stages, microbatches
+    if kind == "interleaved":
+        return [stats.peak_inflight[g] for g in range(meshes)]
+    if kind in SPLIT_KINDS:
+        return [stats.peak_inflight[s] for s in range(S)]
+    return [B if kind == "gpipe" else min(S - s, B) for s in range(S)]

@@ -92,12 +92,12 @@ class SearchOptions:
                               f"{pipeline!r}.")
         from autoplan.search.pipeline._microbatches import check_microbatches  # noqa: PLC0415
         from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
-            check_schedule,
+            check_schedule_choice,
             check_stage_algorithm,
             check_submesh_hosts,
         )
 
-        check_schedule(schedule)
+        check_schedule_choice(schedule)
         if self.baselines not in (True, False, "paper"):
             raise SearchError(f"search: baselines should be True, False or 'paper'. Got "
                               f"{self.baselines!r}. Fix: 'paper' adds Alpa's comparisons "

@@ -371,7 +371,7 @@ def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], sta
     ``(StageLevers, its terms with them)``; None when no choice fits. The micro-batches in
     flight are the schedule's: GPipe ``B``, 1F1B ``min(S - s, B)``, the simulated peaks of
     ZB-H1 (per stage) and of interleaved 1F1B (per mesh, over its chunks)."""
-    from autoplan.plans._schedule import SPLIT_KINDS  # noqa: PLC0415
+    from autoplan.plans._schedule import inflight_counts  # noqa: PLC0415
 
     S = len(chunks)
     levs = []
@@ -380,13 +380,11 @@ def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], sta
         if any(x is None for x in lev):
             return None
         levs.append(lev)
+    inflight = inflight_counts(kind, S, B, stats, meshes)
     if kind == "interleaved":
         parts = [list(range(g, S, meshes)) for g in range(meshes)]
-        inflight = [stats.peak_inflight[g] for g in range(meshes)]
     else:
         parts = [[s] for s in range(S)]
-        inflight = [stats.peak_inflight[s] if kind in SPLIT_KINDS
-                    else B if kind == "gpipe" else min(S - s, B) for s in range(S)]
     groups = [([stages[s] for s in part], [levs[s] for s in part],
                [list(chunks[s][0]) for s in part], float(q)) for part, q in zip(parts, inflight)]
     got = choose(groups, table.ctx.budget, B)

@@ -174,7 +174,7 @@ def check_submesh_hosts(value: Any) -> None:
                           "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
 
 
-def check_schedule(value: Any) -> None:
+def check_schedule_choice(value: Any) -> None:
     """Raise :class:`SearchError` unless ``value`` is one of :data:`SCHEDULES`."""
     if value not in SCHEDULES:
         raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
@@ -193,7 +193,7 @@ def _check_options(schedule: str, microbatches: Any, stage_algorithm: str, subme
                    workers: Any, levers: Any) -> None:
     """Raise :class:`SearchError` on an option :func:`pipeline_search` does not take."""
     check_stage_algorithm(stage_algorithm)
-    check_schedule(schedule)
+    check_schedule_choice(schedule)
     check_microbatches(microbatches)
     check_submesh_hosts(submesh_hosts)
     check_workers(workers)

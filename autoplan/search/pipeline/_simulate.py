@@ -16,6 +16,7 @@ from autoplan._errors import SearchError
 from autoplan.plans._schedule import (
     SPLIT_KINDS,
     ScheduleStats,
+    inflight_counts,
     schedule_events,
     schedule_summary,
 )
@@ -209,16 +210,14 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
               {"backward_comm_times": comm_b or None,
                "step_times": [x.step + per_step for x in stages], **extra})
     stats = schedule_summary(*timing[0], **timing[1])
+    inflight = inflight_counts(kind, S, B, stats, P)
     if kind == "interleaved":
         mine = [range(g, S, P) for g in range(P)]
-        per_mesh = [sum(stages[s].resident for s in mine[g]) + stats.peak_inflight[g]
+        per_mesh = [sum(stages[s].resident for s in mine[g]) + inflight[g]
                     * max(stages[s].activation for s in mine[g]) for g in range(P)]
         memory = [per_mesh[s % P] for s in range(S)]
-    elif kind in SPLIT_KINDS:
-        memory = [x.resident + stats.peak_inflight[s] * x.activation for s, x in enumerate(stages)]
     else:
-        memory = [x.resident + (min(S - s, B) if kind == "1f1b" else B) * x.activation
-                  for s, x in enumerate(stages)]
+        memory = [x.resident + inflight[s] * x.activation for s, x in enumerate(stages)]
     fits = max(memory) <= ctx.budget * (1 + 1e-9)
     if not fits and levers is None and ctx.levers:
         from autoplan.search.pipeline._levers import fit_layout  # noqa: PLC0415
