@@ -96,13 +96,10 @@ from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
 from autoplan.search._parallel import check_workers, resolve_workers
 from autoplan.search.fold._layers import LayerGroup, group_layers
-from autoplan.search.intra._ilp_problem import build_problem as build_problem
 from autoplan.search.intra._pins import renamed_pin, resolve_pins
 from autoplan.search.pipeline._compose import _compose
 from autoplan.search.pipeline._cost_table import _Context, _Table
-from autoplan.search.pipeline._cost_table import _Terms as _Terms
 from autoplan.search.pipeline._layer_costs import LayerCost, layer_cost, per_step_weighted
-from autoplan.search.pipeline._layer_costs import _lean_plan as _lean_plan
 from autoplan.search.pipeline._layouts import (
     Layout,
     _cells,
@@ -111,7 +108,6 @@ from autoplan.search.pipeline._layouts import (
     _layouts_of,
     layer_dag,
 )
-from autoplan.search.pipeline._layouts import _chain_inputs as _chain_inputs
 from autoplan.search.pipeline._microbatches import (
     MICROBATCH_WINDOW,
     _aligned,
@@ -125,12 +121,9 @@ from autoplan.search.pipeline._microbatches import (
     traced,
 )
 from autoplan.search.pipeline._simulate import SCHEDULES, _Eval, _evaluate
-from autoplan.search.pipeline._simulate import _evaluate_kind as _evaluate_kind
 from autoplan.search.pipeline._stage_dp import submesh_shapes
 from autoplan.tracing._workload import Workload, as_workload
 
-# (``build_problem``, ``_lean_plan``, ``_chain_inputs``, ``_Terms`` and ``_evaluate_kind`` are
-# imported under their own names for the tests that reach them through this module.)
 __all__ = ["PipelineResult", "LayerCost", "pipeline_search", "microbatch_workload_args",
            "layer_dag", "batch_size", "layer_cost", "per_step_weighted"]
 

@@ -173,7 +173,7 @@ def test_memory_weight_trades_time_for_memory(mlp):
 
 def test_lean_plan_meets_its_memory_target(mlp):
     from autoplan.search.intra._intra import intra_op_search
-    from autoplan.search.pipeline._pipeline import _lean_plan
+    from autoplan.search.pipeline._layer_costs import _lean_plan
 
     cl = Cluster.preset("p3.16xlarge")
     fast = intra_op_search(mlp, cl, (2, 4))

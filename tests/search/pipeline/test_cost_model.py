@@ -17,8 +17,10 @@ from jax.sharding import PartitionSpec as P
 import autoplan
 from autoplan import models
 from autoplan.algorithms import pipeline_search
+from autoplan.search.intra._ilp_problem import build_problem
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.pipeline import _pipeline as pp
+from autoplan.search.pipeline._layouts import _chain_inputs
 
 # every parameter and optimizer-state leaf replicated: the stages are data parallel
 REPLICATED = {r"^params": P(), r"^opt_state": P()}
@@ -97,7 +99,7 @@ def test_per_step_terms_are_weighted_in_the_layer_ilp():
     li = table.rep[table.layers[1].signature]
     k, c = cell(table, (1, 8), (8, 1))
     res = quiet(table.result, li, k, c)
-    base = pp.build_problem(table.sub(li), table.ctx.mesh(k, (8, 1)), count_unmerged=False)
+    base = build_problem(table.sub(li), table.ctx.mesh(k, (8, 1)), count_unmerged=False)
     prob = pp.per_step_weighted(base, 1 / 4)  # as the layer ILP is weighted (B = 4)
     assert res.solution.problem is None  # (a layer plan does not carry its problem)
     vec = [res.solution.choice[n.key] for n in base.nodes]
@@ -199,7 +201,7 @@ def test_resharding_between_differently_solved_layers_is_charged():
     assert both.forward == pytest.approx(ta.forward + tb.forward + by_hand["forward"])
     assert both.backward == pytest.approx(ta.backward + tb.backward + by_hand["backward"])
     # and the stage DP's cost of that stage holds it (plus receiving its input and gradients)
-    t = pp._chain_inputs(table)["t"]
+    t = _chain_inputs(table)["t"]
     fwd, bwd = table.boundary_bytes(list(range(table.L)), table.L)
     recv = (table.ctx.recv_estimate(fwd[a - 1], k) if a else 0.0) + (
         table.ctx.recv_estimate(bwd[b], k) if b < table.L - 1 else 0.0)

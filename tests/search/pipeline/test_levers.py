@@ -16,6 +16,8 @@ from autoplan import models
 from autoplan.algorithms import pipeline_search
 from autoplan.search.pipeline import _levers as lv
 from autoplan.search.pipeline import _pipeline as pp
+from autoplan.search.pipeline._cost_table import _Terms
+from autoplan.search.pipeline._simulate import _evaluate_kind
 
 MICROBATCHES = 4
 
@@ -112,7 +114,7 @@ def layer(saving, recompute, zero=(0.0, 0.0, 0.0, 0.0), time=0.0):
 
 
 def test_greedy_remat_takes_most_bytes_per_second_first():
-    terms = pp._Terms(1.0, 2.0, 0.5, 100.0, 90.0)
+    terms = _Terms(1.0, 2.0, 0.5, 100.0, 90.0)
     levs = [layer(30.0, 3.0), layer(30.0, 1.0), layer(10.0, 0.1)]  # 10, 30 and 100 bytes/s
     # 100 + 2 x 90 = 280; budget 230: drop 25+ per micro-batch in flight
     (z, remat, ts), = lv.choose([([terms], [levs], [[7, 8, 9]], 2.0)], 230.0, 4)
@@ -124,7 +126,7 @@ def test_greedy_remat_takes_most_bytes_per_second_first():
 
 
 def test_zero_is_chosen_when_it_is_cheaper_than_recomputing():
-    terms = pp._Terms(1.0, 2.0, 0.5, 100.0, 10.0)
+    terms = _Terms(1.0, 2.0, 0.5, 100.0, 10.0)
     levs = [layer(10.0, 5.0, zero=(0.0, 40.0, 50.0, 60.0), time=0.01)]
     (z, remat, ts), = lv.choose([([terms], [levs], [[0]], 1.0)], 75.0, 4)
     assert z == 1 and remat == ((),) and ts[0].resident == pytest.approx(60.0)
@@ -273,17 +275,17 @@ def test_interleaved_meshes_share_one_zero_level_and_fit():
     c = ctx.configs[k].index(((4, 1), False))
     half = table.L // 2
     layout = ((tuple(range(half)), k, c), (tuple(range(half, table.L)), k, c))
-    free = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    free = quiet(_evaluate_kind, table, layout, "interleaved", 2)
     assert free.fits and free.levers is None
     ctx.budget = 0.6 * max(free.memory)
-    got = quiet(pp._evaluate_kind, table, layout, "interleaved", 2)
+    got = quiet(_evaluate_kind, table, layout, "interleaved", 2)
     assert got.fits and got.levers is not None and max(got.memory) <= ctx.budget
     P = len(layout)
     for s, lev in enumerate(got.levers):
         assert lev.zero == got.levers[s % P].zero
     assert any(got.levers)
     ctx.levers = False
-    assert not quiet(pp._evaluate_kind, table, layout, "interleaved", 2).fits
+    assert not quiet(_evaluate_kind, table, layout, "interleaved", 2).fits
 
 
 def test_search_and_the_command_line_can_turn_the_levers_off(least):
