@@ -526,7 +526,7 @@ def _search_args(sp: argparse.ArgumentParser) -> None:
                          "in-batch negatives), whose value micro-batching changes")
     sp.add_argument("--no-memory-levers", action="store_true",
                     help="pipeline stages that do not fit get no ZeRO level or "
-                         "rematerialised layers (the executor does not apply those yet)")
+                         "rematerialised layers")
 
 
 def _profile_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

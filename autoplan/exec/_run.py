@@ -116,7 +116,8 @@ class RunReport:
     Attributes:
         model: the workload's name; ``label`` the plan's label.
         mode: ``"intra-op"``, ``"pipeline"``, or ``"accumulation"`` (one stage over several
-            micro-batches: gradient accumulation on the stage executor).
+            micro-batches, or one with memory levers: gradient accumulation on the stage
+            executor).
         layout: the plan's one-line description.
         num_devices: devices used.
         steps: training steps run.
@@ -139,9 +140,12 @@ class RunReport:
             skipped because the result's shape did not fit the spec.
         pipeline: for pipelines and gradient accumulation: ``task_times`` (seconds per task,
             each timed alone), ``ideal_time`` (the schedule's makespan with those times, plus the
-            prologue and update), ``order``, ``phases`` (operators per task) and ``dispatches``
+            prologue and update), ``order``, ``phases`` (operators per task), ``dispatches``
             (programs and transfers this process dispatches per step: one for gradient
-            accumulation, which runs as one scanned program).
+            accumulation, which runs as one scanned program), ``held_bytes`` (per stage, bytes
+            per device its forward hands to its backward per micro-batch) and ``levers`` (per
+            stage with memory levers, the ZeRO level and axes and the rematerialised layers
+            applied, with the operators run again).
         outputs: the last step's results (global arrays), not printed; across processes, a
             pipeline's results held only by other processes' stages are None.
         nonfinite: empty when every loss (and, with ``check``, every gradient) is finite; else
@@ -214,6 +218,12 @@ class RunReport:
         if self.pipeline:
             lines.append(f"  schedule ideal: {self.pipeline['ideal_time'] * 1e3:.3f} ms with measured "
                          "task times")
+            for s, lv in sorted(self.pipeline.get("levers", {}).items()):
+                parts = ([f"ZeRO-{lv['zero']} over {', '.join(lv['zero_axes'])}"] if lv["zero"] else [])
+                if lv["remat_layers"]:
+                    parts.append(f"remat {', '.join(lv['remat_layers'])} "
+                                 f"({lv['recomputed']} operators run again per micro-batch)")
+                lines.append(f"  stage {s} levers: " + "; ".join(parts) + " (applied)")
         lines.append(self.comm_table())
         return "\n".join(lines)
 
@@ -922,7 +932,7 @@ def run(plan: Any, workload: Any, steps: int = 1, check: bool = True,
     devices = list(devices) if devices is not None else jax.devices()
     graph = _graph(r)
     _check_plan(plan, r, graph, devices, compiler_options)
-    if plan.is_pipeline or plan.schedule.microbatches > 1:
+    if plan.is_pipeline or plan.schedule.microbatches > 1 or any(s.levers for s in plan.stages):
         res = _run_pipelined(plan, r, graph, devices, steps, on_step, check, time_tasks,
                              compiler_options)
         mode = "pipeline" if plan.is_pipeline else "accumulation"
@@ -1078,7 +1088,8 @@ def _run_pipelined(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], 
                 constraints_skipped=po.constraints_skipped, transfer_bytes=po.transfer_bytes,
                 pipeline={"task_times": po.task_times, "ideal_time": po.ideal_time,
                           "order": po.order, "phases": po.phases,
-                          "dispatches": po.dispatches},
+                          "dispatches": po.dispatches, "held_bytes": po.held_bytes,
+                          "levers": po.levers},
                 grad_tensors=_map_grad_tensors(po.graph, po.grad_tensors, graph),
                 records=po.records)
 

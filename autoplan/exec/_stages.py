@@ -102,8 +102,10 @@ from autoplan._errors import ExecutionError
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
 from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
+from autoplan.exec._levers import evaluate_with_barriers, recompute
 from autoplan.exec._transfer import move, replicated_on, transfer
 from autoplan.plans._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
+from autoplan.plans._spec import Spec, zero_spec
 from autoplan.tracing._signature import step_signature
 from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
 from autoplan.tracing._workload import is_key_leaf
@@ -246,6 +248,8 @@ class _Task:
     compiled: Any = None
     has_collectives: bool = False
     last_args: Any = None
+    barriers: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    recomputed: int = 0
 
     @property
     def name(self) -> str:
@@ -276,6 +280,13 @@ class PipelineOutcome:
             optimizer update), matching each record's ``grads``.
         records: the executed steps, for the equivalence check (with ``capture``).
         graph: the micro-batch graph.
+        held_bytes: per stage, bytes per device of the values its forward task hands to its own
+            backward (and weight) tasks for one micro-batch: what it holds per micro-batch in
+            flight (from the compiled forward task's output layouts; stages whose forward task
+            was not compiled apart are missing).
+        levers: per stage with memory levers, what the executor applied: ``zero``,
+            ``zero_axes``, ``remat_layers`` and ``recomputed`` (operators its backward and weight
+            tasks run again per micro-batch).
     """
 
     losses: list[float]
@@ -295,6 +306,8 @@ class PipelineOutcome:
     records: list[StepRecord] = field(default_factory=list)
     graph: Any = None
     dispatches: int = 0
+    held_bytes: dict[int, int] = field(default_factory=dict)
+    levers: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -354,27 +367,27 @@ def _split_weight_passes(prog: FlatProgram, assign: list[tuple[str, int]]
     return out
 
 
-def _layer_stage(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
-                 op_units: Sequence[tuple[int, int]]) -> int | None:
-    """The stage whose layers hold an operator: by its named-scope layer (``layer_name``, from
+def _layer_of(node: Any, layer_name: str | None, layer_stage: Mapping[str, int],
+              op_units: Sequence[tuple[int, str]]) -> str | None:
+    """The plan's layer that holds an operator: its named-scope layer (``layer_name``, from
     ``graph.layer_names``; ``"(root)"`` for none), or, for a forward operator in no named layer,
-    the stage of the last range start at or before it (``op_units``: ``(first operator id,
-    stage)`` of the ranges of forward operators the plan's layers without named scopes hold)."""
+    the layer of the last range start at or before it (``op_units``: ``(first operator id,
+    layer)`` of the ranges of forward operators the plan's layers without named scopes hold)."""
     name = layer_name or "(root)"
     if name in layer_stage:
-        return layer_stage[name]
+        return name
     if op_units and node.role == "forward":
         k = bisect.bisect_right([u for u, _ in op_units], node.id) - 1
         return op_units[max(k, 0)][1]
     return None
 
 
-def _unit_starts(plan: Any, graph: Any, layer_stage: Mapping[str, int]) -> list[tuple[int, int]]:
-    """``(first forward operator id, stage)`` of each range of forward operators that the plan's
+def _unit_starts(plan: Any, graph: Any, layer_stage: Mapping[str, int]) -> list[tuple[int, str]]:
+    """``(first forward operator id, layer)`` of each range of forward operators that the plan's
     layers without a named scope hold: where the planned forward operators outside every named
     layer change layer (their recorded layer is one a stage holds), or, in a plan file of an
     older version, the ids of its layers named ``op<id>``."""
-    old = sorted((int(n[2:]), s) for n, s in layer_stage.items() if re.fullmatch(r"op\d+", n))
+    old = sorted((int(n[2:]), n) for n in layer_stage if re.fullmatch(r"op\d+", n))
     if old:
         return old
     names = graph.layer_names
@@ -382,13 +395,34 @@ def _unit_starts(plan: Any, graph: Any, layer_stage: Mapping[str, int]) -> list[
     planned = sorted((o.op, o.layer) for st in plan.stages for o in st.ops
                      if o.op < len(ops) and ops[o.op].role == "forward" and names[o.op] is None
                      and o.layer in layer_stage)
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, str]] = []
     last = None
     for op, layer in planned:
         if layer != last:
-            out.append((op, layer_stage[layer]))
+            out.append((op, layer))
             last = layer
     return out
+
+
+def _remat_made(plan: Any, graph: Any, prog: FlatProgram, assign: Sequence[tuple[str, int]]
+                ) -> tuple[dict[int, dict[int, FlatOp]], dict[int, str]]:
+    """Per stage with rematerialised layers, the values their forward operators make (tensor ->
+    operator), and the layer of each such operator."""
+    wanted = {s: set(st.remat_layers) for s, st in enumerate(plan.stages) if st.remat_layers}
+    if not wanted:
+        return {}, {}
+    layer_stage = {name: s for s, st in enumerate(plan.stages) for name in st.layers}
+    units = _unit_starts(plan, graph, layer_stage)
+    made: dict[int, dict[int, FlatOp]] = {}
+    layer_of: dict[int, str] = {}
+    for op, node, (phase, s) in zip(prog.ops, graph.ops, assign):
+        if phase != "forward" or s not in wanted:
+            continue
+        name = _layer_of(node, graph.layer_names[node.id], layer_stage, units)
+        if name in wanted[s]:
+            layer_of[op.id] = name
+            made.setdefault(s, {}).update(dict.fromkeys(op.outputs, op))
+    return made, layer_of
 
 
 def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
@@ -435,7 +469,8 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
                 f"operator {op.id} ({op.primitive}, role {node.role}) runs per micro-batch but reads "
                 "a value of the optimizer update. Fix: such a step cannot be pipelined; use an "
                 "intra-operator plan.")
-        stage = _layer_stage(node, layer_names[node.id], layer_stage, op_units)
+        layer = _layer_of(node, layer_names[node.id], layer_stage, op_units)
+        stage = None if layer is None else layer_stage[layer]
         if stage is None and phase == "backward":
             # an un-scoped backward operator goes with the forward values it differentiates
             fwd = [producer[t][1] for t in ins if t in producer and producer[t][0] == "forward"]
@@ -465,8 +500,15 @@ def _assign(plan: Any, graph: Any, prog: FlatProgram) -> list[tuple[str, int]]:
     return out
 
 
-def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: set[int]
+def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: set[int],
+                 remat: Mapping[int, Mapping[int, FlatOp]] | None = None,
+                 layer_of: Mapping[int, str] | None = None
                  ) -> tuple[dict[tuple[str, int], _Task], dict[int, tuple[str, int]]]:
+    """The tasks of a step: each (phase, stage)'s operators in program order, its inputs and
+    the results other tasks or the step read. ``remat`` (per stage, the values its
+    rematerialised layers' forward operators make, :func:`_remat_made`) has the stage's backward
+    and weight tasks make those values again (:func:`autoplan.exec._levers.recompute`) instead of
+    reading them from its forward task."""
     tasks: dict[tuple[str, int], _Task] = {}
     producer: dict[int, tuple[str, int]] = {}
     for op, (phase, s) in zip(prog.ops, assign):
@@ -474,8 +516,15 @@ def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: s
         task.ops.append(op)
         for t in op.outputs:
             producer[t] = (phase, s)
+    own = {k: [t for op in task.ops for t in op.outputs] for k, task in tasks.items()}
+    for (phase, s), task in tasks.items():
+        if phase in ("backward", "weight") and remat and s in remat:
+            rc = recompute(task.ops, lambda op: True, remat[s], layer_of or {})
+            task.ops, task.barriers, task.recomputed = rc.ops, rc.barriers, rc.recomputed
     for task in tasks.values():
-        made = {t for op in task.ops for t in op.outputs}
+        # read before the task makes it (a recomputed layer may make again a value that
+        # another recomputed layer read from the forward earlier)
+        made: set[int] = set()
         seen: set[int] = set()
         for op in task.ops:
             for t in op.inputs:
@@ -483,11 +532,12 @@ def _build_tasks(prog: FlatProgram, assign: list[tuple[str, int]], output_ids: s
                     continue
                 seen.add(t)
                 task.inputs.append(t)
+            made.update(op.outputs)
     needed: set[int] = set(output_ids)
     for task in tasks.values():
         needed.update(task.inputs)
-    for task in tasks.values():
-        task.outputs = [t for op in task.ops for t in op.outputs if t in needed]
+    for k, task in tasks.items():  # what a task makes again stays its own
+        task.outputs = [t for t in own[k] if t in needed]
     return tasks, producer
 
 
@@ -552,7 +602,10 @@ class _Split:
         assign = _assign(plan, graph, prog)
         if any(kind == "weight" for _, _, kind in self.order):  # ZB-H1: B and W run apart
             assign = _split_weight_passes(prog, assign)
-        self.tasks, self.producer = _build_tasks(prog, assign, self.out_ids)
+        self.assign = assign
+        self.remat, self.remat_layer = _remat_made(plan, graph, prog, assign)
+        self.tasks, self.producer = _build_tasks(prog, assign, self.out_ids, self.remat,
+                                                 self.remat_layer)
         # an interleaved plan's stages share meshes: stage s runs on mesh s mod P
         self.mesh_of = [s % num_meshes(S, _virtual_stages(plan)) for s in range(S)]
 
@@ -579,6 +632,7 @@ class _Split:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
                 leaves.append((a, jax.tree_util.keystr(path), leaf))
         in_info: dict[int, tuple[int, NamedSharding, bool]] = {}
+        kind_of = {gi.tensor: gi.kind for gi in self.graph.inputs}
         for tid, (a, path, leaf) in zip(self.prog.input_ids, leaves):
             ispec = spec_of[(a, path)]
             mesh = self.meshes[ispec.stage]
@@ -587,7 +641,13 @@ class _Split:
             if is_batch:
                 shape = (shape[0] // self.num_microbatches,) + tuple(shape[1:])
             ok = ispec.spec.divides(shape, mesh.axis_sizes, mesh.axis_names)
-            sh = NamedSharding(mesh, ispec.spec.to_pspec() if ok else PartitionSpec())
+            spec = ispec.spec if ok else Spec.replicated(len(shape))
+            stage = self.plan.stages[ispec.stage]
+            kind = kind_of.get(tid)
+            if (kind == "optimizer_state" and stage.zero >= 1) or (kind == "parameter"
+                                                                  and stage.zero == 3):
+                spec = zero_spec(spec, shape, stage.zero_axes, dict(mesh.shape))
+            sh = NamedSharding(mesh, spec.to_pspec())
             in_info[tid] = (ispec.stage, sh, is_batch)
         return leaves, in_info
 
@@ -625,7 +685,19 @@ class _Split:
 
     def _acc_sharding(self, t: int) -> NamedSharding:
         """The accumulator of ``t`` is laid out like the parameter (or optimizer state) whose new
-        value it feeds, when that lives on the same stage and has its shape; else replicated."""
+        value it feeds, when that lives on the same stage and has its shape; else replicated. A
+        gradient's accumulator of a stage at ZeRO level 2 or 3 is sharded over its ZeRO axes."""
+        sh = self._acc_layout(t)
+        s = self.producer[t][1]
+        stage = self.plan.stages[s]
+        if stage.zero >= 2 and t in self.grad_tensors:
+            shape = self.graph.tensors[t].shape
+            spec = zero_spec(Spec.from_pspec(sh.spec, len(shape)), shape, stage.zero_axes,
+                             dict(sh.mesh.shape))
+            sh = NamedSharding(sh.mesh, spec.to_pspec())
+        return sh
+
+    def _acc_layout(self, t: int) -> NamedSharding:
         graph, s = self.graph, self.producer[t][1]
         shape = graph.tensors[t].shape
         seen, frontier = {t}, [t]
@@ -698,7 +770,7 @@ class _Split:
             if task.phase == "update":
                 for t, a in zip(task.means, sums):
                     env[t] = (a / num_mb).astype(tensors[t].dtype)
-            prog.evaluate(env, task.ops, hook)
+            evaluate_with_barriers(prog, env, task.ops, task.barriers, hook)
             outs = []
             for t in task.plain:
                 v = env[t]
@@ -738,9 +810,11 @@ class _Split:
         hook = self.hooks[0][0]
         tensors, acc_sh = self.graph.tensors, self.acc_sharding
         batch_ids = [t for t in prog.input_ids if self.in_info[t][2]]
-        phase_of = {op.id: k[0] for k, task in self.tasks.items() for op in task.ops}
+        phase_of = {op.id: phase for op, (phase, _s) in zip(prog.ops, self.assign)}
         pro = [op for op in prog.ops if phase_of[op.id] == "prologue"]
-        per_mb = [op for op in prog.ops if phase_of[op.id] in PER_MB]
+        per_mb = recompute([op for op in prog.ops if phase_of[op.id] in PER_MB],
+                           lambda op: phase_of[op.id] != "forward", self.remat.get(0, {}),
+                           self.remat_layer)
         upd = [op for op in prog.ops if phase_of[op.id] == "update"]
         acc_ids = sorted(self.accumulate)
         pinned = {r: self.in_info[t][1] for r, t in self.state_inputs.items()}
@@ -760,7 +834,7 @@ class _Split:
             def body(sums, xs):
                 e = dict(env)
                 e.update(zip(batch_ids, xs))
-                prog.evaluate(e, per_mb, hook)
+                evaluate_with_barriers(prog, e, per_mb.ops, per_mb.barriers, hook)
                 return [wsc(a + e[t].astype(a.dtype), acc_sh[t]) for a, t in zip(sums, acc_ids)], None
 
             init = [wsc(jnp.zeros(tensors[t].shape, _acc_dtype(tensors[t].dtype)), acc_sh[t])
@@ -1382,7 +1456,37 @@ def _outcome(sp: _Split, runner: _Runner | None, losses: list[float], step_times
         task_times=task_times, ideal_time=ideal, order=order, constraints_applied=applied,
         constraints_skipped=skipped, phases={t.name: len(t.ops) for t in sp.tasks.values()},
         grad_tensors=sp.grad_tensors, records=records, graph=sp.graph,
-        dispatches=(1 if extra else (runner.dispatches if runner is not None else 0)))
+        dispatches=(1 if extra else (runner.dispatches if runner is not None else 0)),
+        held_bytes=_held_bytes(sp), levers=_applied_levers(sp))
+
+
+def _held_bytes(sp: _Split) -> dict[int, int]:
+    """Per stage, bytes per device its compiled forward task hands to its own backward and
+    weight tasks (:attr:`PipelineOutcome.held_bytes`)."""
+    out: dict[int, int] = {}
+    for s in range(sp.S):
+        task = sp.tasks.get(("forward", s))
+        if task is None or task.compiled is None:
+            continue
+        own = {("backward", s), ("weight", s)}
+        total = 0
+        for t, sh in zip(task.plain, task.compiled.output_shardings):
+            if own & sp.readers.get(t, set()):
+                ten = sp.graph.tensors[t]
+                total += math.prod(sh.shard_shape(tuple(ten.shape))) * dtype_bytes(ten.dtype)
+        out[s] = total
+    return out
+
+
+def _applied_levers(sp: _Split) -> dict[int, dict[str, Any]]:
+    """Per stage with memory levers, what the executor applied (:attr:`PipelineOutcome.levers`)."""
+    out: dict[int, dict[str, Any]] = {}
+    for s, st in enumerate(sp.plan.stages):
+        if st.zero or st.remat_layers:
+            again = sum(task.recomputed for (phase, k), task in sp.tasks.items() if k == s)
+            out[s] = {"zero": st.zero, "zero_axes": tuple(st.zero_axes),
+                      "remat_layers": tuple(st.remat_layers), "recomputed": again}
+    return out
 
 
 def _run_accumulation(sp: _Split, host_leaves: Mapping[int, Any], steps: int,

@@ -294,8 +294,8 @@ def levers_code(plan: Any) -> list[str]:
     ``ZERO`` (per stage, its ZeRO level and the mesh axes it shards over)."""
     remat = [name for s in plan.stages for name in s.remat_layers]
     zero = {s.index: (s.zero, tuple(s.zero_axes)) for s in plan.stages if s.zero}
-    lines = ["", "", "# memory levers the search chose (predictions: autoplan's stage executor does not "
-             "apply them yet)", "# layers whose forward is recomputed in the backward "
+    lines = ["", "", "# memory levers the search chose (autoplan's stage executor applies them; in a "
+             "step of your own, wrap the layers with remat() and shard as ZERO says)", "# layers whose forward is recomputed in the backward "
              "(jax.checkpoint), by layer name", "REMAT_LAYERS = frozenset({"]
     lines += [f"    {name!r}," for name in remat]
     lines += ["})", "", "",

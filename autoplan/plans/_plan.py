@@ -259,8 +259,8 @@ class Stage:
             (``jax.checkpoint``), a subset of ``layers``.
 
     The three lever fields are written to a plan file only when set (see
-    :mod:`autoplan.plans._planfile`); the stage executor does not apply them yet (a plan that uses
-    them says so in its notes).
+    :mod:`autoplan.plans._planfile`); the stage executor applies them
+    (:mod:`autoplan.exec._levers`), and a plan that uses them says so in its notes.
     """
 
     index: int

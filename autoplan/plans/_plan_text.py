@@ -16,8 +16,7 @@ __all__ = ["describe", "summary", "plan_html", "stage_levers"]
 
 #: inputs listed in a plan's HTML table; the rest are counted
 HTML_INPUTS = 200
-#: notes the summary shows: what running the plan changes about the step, and what the executor
-#: does not apply
+#: notes the summary shows: what running the plan changes about the step
 _CAVEATS = (RANDOM_NOTE, MIXING_NOTE, "memory levers:")
 
 #: the summary's line on the schedules beyond GPipe and 1F1B

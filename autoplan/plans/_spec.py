@@ -22,7 +22,7 @@ from typing import Any
 from autoplan._errors import ArgumentError, ArgumentTypeError
 from autoplan.plans._frozen import immutable_type
 
-__all__ = ["Spec", "tile_count", "split_error"]
+__all__ = ["Spec", "tile_count", "split_error", "zero_spec"]
 
 Entry = tuple[str, ...] | None
 
@@ -200,3 +200,28 @@ def split_error(spec: Sequence[Entry], shape: Sequence[int], sizes: Mapping[str,
         if n % k:
             return f"dimension {d} of size {n} is not divisible by {k} (axes {e})"
     return None
+
+
+def zero_spec(spec: Sequence[Entry], shape: Sequence[int], axes: Sequence[str],
+              sizes: Mapping[str, int]) -> Spec:
+    """The spec of a tensor sharded by ZeRO over ``axes`` (Rajbhandari et al.): the axes its
+    spec does not use already are added to the first dimension they divide, after the axes that
+    split it already (``S(y)R`` over ``x, y`` becomes ``S(y,x)R``). When no dimension divides
+    the extra axes' product, the spec is kept as it is.
+
+    >>> zero_spec(Spec(None, "y"), (8, 4), ("x", "y"), {"x": 2, "y": 2})
+    Spec(('x',), ('y',))
+    >>> zero_spec(Spec("y"), (6,), ("x",), {"x": 4, "y": 2})
+    Spec(('y',))
+    """
+    spec = Spec.of(spec) if not isinstance(spec, Spec) else spec
+    used = set(spec.axes)
+    extra = tuple(a for a in axes if a not in used and sizes[a] > 1)
+    if not extra:
+        return spec
+    factor = math.prod(sizes[a] for a in extra)
+    for d, n in enumerate(shape):
+        have = spec[d] or ()
+        if n % (math.prod(sizes[a] for a in have) * factor) == 0:
+            return Spec(*spec[:d], have + extra, *spec[d + 1:])
+    return spec

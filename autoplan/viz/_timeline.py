@@ -120,8 +120,8 @@ def stage_figure(plan: Plan) -> go.Figure:
         text = (f"device {d} (host {h}, slot {j})<br>stage {st}: {_layer_text(s)}<br>"
                 f"submesh {s.submesh_shape[0]}x{s.submesh_shape[1]}, logical mesh {_mesh_text(s)}<br>"
                 f"mesh position {s.device_ids.index(d)}; memory {fmt_bytes(s.memory)} per device")
-        if s.levers:  # (predicted: the executor does not apply them yet)
-            text += f"<br>memory levers (predicted): {escape(stage_levers(s))}"
+        if s.levers:
+            text += f"<br>memory levers: {escape(stage_levers(s))}"
         if len(stages) > 1:
             text += f"<br>also stages {', '.join(map(str, stages[1:]))}"
         hover[r][c] = text
@@ -593,7 +593,7 @@ def memory_figure(plan: Plan) -> go.Figure:
                                 "showarrow": False, "text": "<b>does not fit</b>",
                                 "font": {"color": "#d62728", "size": 10}})
     if any(_levers_text(r) for r in rows):
-        sub_levers = "; levers predicted, not yet applied by the executor"
+        sub_levers = "; with the stages' memory levers (ZeRO, remat)"
     else:
         sub_levers = ""
     sub = (f"per device of each stage; device memory {fmt_bytes(cap)}"

@@ -131,7 +131,7 @@ def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     named from the parameters they read, and the pipeline search offers 2-stage plans the
     executor runs, each stage running the forward operators of its own layers."""
     from autoplan.exec._stages import (  # noqa: PLC0415
-        _layer_stage,
+        _layer_of,
         _microbatch_abstract,
         _unit_starts,
     )
@@ -145,8 +145,8 @@ def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     res = _search(wl, pipeline=True, baselines=False)
     two = [p for p in res.plans if len(p.stages) == 2]
     assert two
-    # the executor finds each forward operator's layer from the plan's operators: the stage
-    # holding the layer the search put it in (in the micro-batch trace the plan's ids are of)
+    # the executor finds each forward operator's layer from the plan's operators: the layer the
+    # search put it in (in the micro-batch trace the plan's ids are of), and so its stage
     plan = two[0]
     batch = [i for i, k in enumerate(wl.arg_kinds) if k == "batch"]
     mb = autoplan.trace(wl.fn, *_microbatch_abstract(wl.args, batch, plan.schedule.microbatches),
@@ -155,8 +155,7 @@ def test_unscoped_mlp_gets_a_two_stage_plan_that_runs_matched():
     starts = _unit_starts(plan, mb, layer_stage)
     names = op_layer_names(mb)
     fwd = [op for op in mb.ops if op.role == "forward"]
-    assert [_layer_stage(op, None, layer_stage, starts) for op in fwd] == [
-        layer_stage[names[op.id]] for op in fwd]
+    assert [_layer_of(op, None, layer_stage, starts) for op in fwd] == [names[op.id] for op in fwd]
     report = run(two[0], wl, steps=1, compiler_options=FAST)
     assert report.mode == "pipeline" and report.equivalence.matched
 

@@ -35,9 +35,11 @@ layers)`` of :data:`DP_VARIANTS`, finite only where the base configuration does 
 deepest pipeline position. Layouts that use a variant are simulated like any other layout, with
 the levers then chosen per stage by :func:`choose` at the schedule's real in-flight counts.
 
-The stage executor (:mod:`autoplan.exec`) does not apply the levers: plans record them
-(``Stage.zero``, ``Stage.zero_axes``, ``Stage.remat_layers``) and say so in their notes
-(:data:`EXEC_NOTE`); their predicted memory is the memory with the levers applied.
+Plans record the levers (``Stage.zero``, ``Stage.zero_axes``, ``Stage.remat_layers``) and
+their predicted memory is the memory with the levers applied. The stage executor applies them
+(:mod:`autoplan.exec._levers`: the backward runs a rematerialised layer's forward operators
+again, and ZeRO keeps the state sharded between steps); a plan that uses them says so in its
+notes (:data:`EXEC_NOTE`).
 """
 
 from __future__ import annotations
@@ -62,9 +64,9 @@ ZERO_LEVELS = (0, 1, 2, 3)
 DP_VARIANTS = ((1, False), (3, False), (0, True), (1, True), (3, True))
 
 #: The note a plan with levers carries (the text summary shows it).
-EXEC_NOTE = ("memory levers: the ZeRO levels and rematerialised layers of the stages are "
-             "predictions of the search; the stage executor (exec.run, launch) does not apply "
-             "them yet, so running this plan holds the memory of its stages without them")
+EXEC_NOTE = ("memory levers: stages use ZeRO levels or rematerialised layers to fit the memory "
+             "limit; the stage executor (exec.run, launch) applies them, and to_code lists them "
+             "(REMAT_LAYERS, remat(), ZERO) for a step of your own")
 
 
 @dataclass(frozen=True)

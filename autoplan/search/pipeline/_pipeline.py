@@ -464,7 +464,7 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
             None: every core for a large step (as :func:`autoplan.search`).
         levers: let stages that do not fit the memory limit use a ZeRO level and
             rematerialised layers (:mod:`~autoplan.search.pipeline._levers`); a search whose
-            layouts fit is the same either way. The executor does not apply them yet: plans
+            layouts fit is the same either way. The stage executor applies them; plans
             that use them say so in their notes.
         pin: the old name of ``pins`` (deprecated: a :class:`DeprecationWarning`).
 

@@ -176,7 +176,7 @@ def test_summary_shows_each_stages_levers(tight):
             else m is None
         r = re.search(r"remat (.*)$", line)
         assert (tuple(r.group(1).split(", ")) if r else ()) == s.remat_layers
-    assert "does not apply them yet" in text
+    assert "the stage executor (exec.run, launch) applies them" in text
 
 
 def test_memory_figure_shows_the_levers(tight):
@@ -192,7 +192,7 @@ def test_memory_figure_shows_the_levers(tight):
         remat = re.search(r"remat (\d+) layer", text)
         assert (int(zero.group(1)) if zero else 0) == s.zero
         assert (int(remat.group(1)) if remat else 0) == len(s.remat_layers)
-    assert "not yet applied by the executor" in fig.layout.title.text
+    assert "with the stages' memory levers" in fig.layout.title.text
     # the stage figure's devices name their stage's levers on hover
     from autoplan.plans._plan_text import stage_levers
     from autoplan.viz import stage_figure
@@ -200,7 +200,7 @@ def test_memory_figure_shows_the_levers(tight):
     hovers = [t for row in stage_figure(best).data[0].hovertext for t in row]
     for s in best.stages:
         mine = [t for t in hovers if f"stage {s.index}:" in t]
-        assert mine and all((f"memory levers (predicted): {stage_levers(s)}" in t) == s.levers
+        assert mine and all((f"memory levers: {stage_levers(s)}" in t) == s.levers
                             for t in mine)
     # ZeRO's optimizer-state sharding is in the breakdown: less than the specs alone hold
     rows = memory_breakdown(best)
@@ -234,8 +234,8 @@ def test_to_code_names_the_remat_layers_and_zero_levels(tight):
 
 
 def test_a_plan_with_levers_runs_equal_to_one_device(tight):
-    """The executor does not apply the levers (the plan says so): it runs the stages as they
-    are, and the numbers are those of one device."""
+    """The executor applies the levers (tests/exec/test_levers_applied.py says how), and the
+    numbers are those of one device."""
     from autoplan.exec import run
 
     best = tight[0].plans[0]
@@ -244,6 +244,7 @@ def test_a_plan_with_levers_runs_equal_to_one_device(tight):
                 compiler_options={"xla_backend_optimization_level": 0,
                                   "xla_cpu_use_fusion_emitters": False})
     assert rep.equivalence.matched
+    assert set(rep.pipeline["levers"]) == {s.index for s in best.stages if s.levers}
 
 
 # ------------------------------------------------------------------------------------------
