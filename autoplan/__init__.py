@@ -28,7 +28,7 @@ import types as _types
 from typing import TYPE_CHECKING
 
 from autoplan.costs._cluster import Cluster as Cluster
-from autoplan.costs._cluster import LogicalMesh as LogicalMesh
+from autoplan.costs._mesh import LogicalMesh as LogicalMesh
 from autoplan.plans._plan import Plan as Plan
 from autoplan.plans._plan_check import PlanContradictionWarning as PlanContradictionWarning
 from autoplan.plans._plan_check import PlatformWarning as PlatformWarning

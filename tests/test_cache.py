@@ -215,8 +215,8 @@ def test_cache_folder_location(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path / "mine"))
     assert _cache.cache_dir() == tmp_path / "mine"
     # the measured profiles live under the same folder, read by the same one function
-    from autoplan.costs import _cluster
+    from autoplan.costs import _local
 
-    assert _cluster.cache_dir() == str(tmp_path / "mine")
+    assert _local.cache_dir() == str(tmp_path / "mine")
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", "~/elsewhere")
-    assert _cluster.cache_dir() == str(pathlib.Path("~/elsewhere").expanduser())
+    assert _local.cache_dir() == str(pathlib.Path("~/elsewhere").expanduser())

@@ -5,14 +5,10 @@ import json
 import pytest
 
 from autoplan import Cluster, ClusterError
-from autoplan.costs._cluster import (
-    PRESETS,
-    CollectiveTable,
-    ThroughputCurve,
-    send_recv_time,
-)
+from autoplan.costs._cluster import PRESETS
 from autoplan.costs._fit import fit_line
-from autoplan.costs._measured import canonical_group
+from autoplan.costs._measured import CollectiveTable, ThroughputCurve, canonical_group
+from autoplan.costs._mesh import send_recv_time
 
 
 def test_presets_and_parse():

@@ -15,7 +15,8 @@ import pytest
 import autoplan
 from autoplan import Cluster, ClusterError
 from autoplan.cli import main
-from autoplan.costs._cluster import COLLECTIVES, CollectiveTable, ThroughputCurve
+from autoplan.costs._measured import CollectiveTable, ThroughputCurve
+from autoplan.costs._mesh import COLLECTIVES
 from autoplan.costs._profile import cache_key
 from autoplan.search.intra._strategies import compute_time, fusion_context, strategies
 
@@ -72,11 +73,11 @@ def test_detect_profiles_once_then_reads_the_cache(measured, tmp_path, monkeypat
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path))
     calls = []
 
-    def fake_profile(devices=None, *, quick=False, progress=True):
+    def fake_measure(cls, devices=None, *, quick=False, progress=True):
         calls.append(quick)
         return measured
 
-    monkeypatch.setattr(autoplan.costs._cluster, "profile", fake_profile)
+    monkeypatch.setattr(autoplan.costs._detect, "measured_cluster", fake_measure)
     assert Cluster.detect(quick=True, progress=False) == measured
     assert calls == [True]
     assert (tmp_path / f"{cache_key()}-quick.json").is_file()

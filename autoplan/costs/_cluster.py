@@ -1,10 +1,7 @@
-"""Clusters, logical meshes and the cost model's device profile.
+"""Clusters: their devices' profile, its checks, presets and file form.
 
 A :class:`Cluster` is ``nodes x devices_per_node`` accelerators with a fast link inside a node and
-a slower one between nodes. A :class:`LogicalMesh` views a (sub)mesh of it as an n-D grid whose
-axes each have an alpha (latency, s) and beta (s per byte): an axis whose devices sit inside one
-node uses the fast link; an axis that crosses nodes uses the node's network link, shared by the
-parallel groups of that node.
+a slower one between nodes.
 
 A cluster is a *profile* of its devices, in one of two forms with the same fields:
 
@@ -16,45 +13,20 @@ A cluster is a *profile* of its devices, in one of two forms with the same field
   table of measured collective times per kind and mesh-axis geometry (:class:`CollectiveTable`,
   Alpa's profiling database).
 
-Compute: an operator's time per device is a roofline plus overhead,
-``t = max(F / R(F, dtype), Q / BW) + o``, where ``F`` is its FLOPs per device, ``R`` the
-achievable FLOP/s for an operation of that size (the measured curve, or ``peak x efficiency``), ``Q``
-the bytes it moves to and from memory per device, ``BW`` the memory bandwidth and ``o`` the
-per-kernel overhead (see :mod:`autoplan.search.intra._strategies` for which operators are kernels
-under XLA's fusion).
+This module holds the :class:`Cluster` (its fields, their checks, its presets, its CLI and file
+forms) and :func:`profile`. The rest of what a cluster does lives beside it, and ``Cluster``
+inherits its methods from there:
 
-Collective times on one mesh axis of ``n`` devices and ``B`` bytes. Datasheet form (Alpa's
-alpha-beta model):
+* the cost model of its devices (compute, memory and launch times, link bandwidths, the
+  measured tables' lookup): :mod:`autoplan.costs._cost_model`;
+* logical meshes over its devices and the collectives' costs on them (with the formulas):
+  :mod:`autoplan.costs._mesh`, which ``Cluster.logical_mesh`` builds on;
+* detecting the attached devices (``Cluster.detect``, its profile cache):
+  :mod:`autoplan.costs._detect`.
 
-* all-gather:      ``alpha + beta . (n-1)/n . B``   (B = the gathered size)
-* all-reduce:      ``alpha + beta . 2(n-1)/n . B``  (B = the buffer reduced)
-* reduce-scatter:  ``alpha + beta . (n-1)/n . B``   (B = the size before scattering)
-* all-to-all:      ``alpha + beta . (n-1)/n . B``   (B = each device's buffer)
-* send/recv:       ``alpha + beta . B``
-
-Measured form: the time interpolated in the table of the collective's kind and group geometry
-(piecewise linear between measured sizes); outside the measured sizes the fitted
-``alpha_k + beta_k . B`` of that table, scaled to meet the nearest measured point. On several
-axes a collective whose device group was measured as one group (the two axes of a ``2 x 4`` mesh
-form the 8-device group) is looked up as that group; otherwise it runs hierarchically, innermost
-axis first, as in Alpa (an all-reduce's or reduce-scatter's bytes shrink by each axis's size; an
-all-gather's inner axes gather the parts the outer ones then gather whole).
-
-TAPAS's refinements are parameters of the cluster: ``epsilon[kind]`` multiplies a collective's
-transfer term (its efficiency relative to the ring bound, in (0, 1]), and ``gamma`` in (0, 1]
-discounts gradient communication issued during the backward pass, which overlaps with backward
-compute: ``T = alpha + beta.(N_fwd + gamma.N_bwd).eps``.
-
-XLA combines independent collectives of one kind over the same devices into one (its
-all-reduce, all-gather and reduce-scatter combiners): the gradient all-reduces of a data-parallel
-step run as one all-reduce of every gradient. :meth:`LogicalMesh.collective_time` with
-``latency=False`` gives the transfer part of a collective that is combined with others; the
-latency is charged once per combined group (:data:`COMBINE_THRESHOLD` bytes each).
-
-This module holds the :class:`Cluster` (its fields, their checks and its file form) with its
-cost model, and :class:`LogicalMesh`. The measured tables are in :mod:`autoplan.costs._measured`,
-the datasheet presets' numbers in :mod:`autoplan.costs._presets`, and the attached devices'
-measured profile and its cache on disk in :mod:`autoplan.costs._local`.
+The measured tables are in :mod:`autoplan.costs._measured`, the datasheet presets' numbers in
+:mod:`autoplan.costs._presets`, the device models in :mod:`autoplan.costs._device_models`, and
+the attached devices' measured profile and its cache on disk in :mod:`autoplan.costs._local`.
 """
 
 from __future__ import annotations
@@ -65,33 +37,20 @@ import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from autoplan._errors import ClusterError
 from autoplan._io import read_input_bytes
-from autoplan._memo import memo
+from autoplan.costs._cost_model import CURVE_OPS, DeviceCostModel
+from autoplan.costs._detect import DeviceDetection, measured_cluster
 from autoplan.costs._device_models import PRECISIONS as _PRECISIONS
-from autoplan.costs._device_models import peak_rate as _peak_rate
-from autoplan.costs._device_models import precision as _precision
-from autoplan.costs._device_models import saturated_time as _saturated_time
-from autoplan.costs._local import cache_dir, measured_fields, profile_cache_paths, store_profile
-from autoplan.costs._measured import CollectiveTable, ThroughputCurve, canonical_group
+from autoplan.costs._measured import CollectiveTable, ThroughputCurve
+from autoplan.costs._mesh import COLLECTIVES, LogicalMesh
+from autoplan.costs._mesh import logical_mesh as _logical_mesh
 from autoplan.costs._presets import PRESET_FIELDS
 
-__all__ = ["Cluster", "LogicalMesh", "CollectiveTable", "ThroughputCurve", "COLLECTIVES",
-           "PRESETS", "COMBINE_THRESHOLD", "MAX_DEVICES", "MAX_SEARCH_DEVICES", "cache_dir",
-           "profile"]
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
-_FACTOR = {"all-gather": lambda n: (n - 1) / n, "all-reduce": lambda n: 2 * (n - 1) / n,
-           "reduce-scatter": lambda n: (n - 1) / n, "all-to-all": lambda n: (n - 1) / n,
-           "send-recv": lambda n: 1.0}
-#: operations with a measured throughput curve
-CURVE_OPS = ("matmul", "conv", "memory")
-#: bytes up to which XLA combines independent collectives into one (its combiners' default
-#: threshold, 30 MiB)
-COMBINE_THRESHOLD = 30 * 2**20
+__all__ = ["Cluster", "PRESETS", "MAX_DEVICES", "MAX_SEARCH_DEVICES", "profile", "profile_file"]
 
 #: the most devices a cluster may have (``Cluster``, ``Cluster.parse``, the presets and the plan
 #: file's checker all refuse more): 2^20, far beyond any machine built, so that a typo such as
@@ -109,7 +68,7 @@ MAX_SEARCH_DEVICES = 2**16
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Cluster:
+class Cluster(DeviceCostModel, DeviceDetection):
     """A homogeneous cluster of ``nodes x devices_per_node`` devices, with their profile.
 
     Attributes:
@@ -326,36 +285,6 @@ class Cluster:
             return cls.preset("cpu", 1, devices_per_node=n)
         return cls.preset(name, n)
 
-    @classmethod
-    def detect(cls, devices: Sequence[Any] | None = None, *, quick: bool = False,
-               progress: bool = True, refresh: bool = False) -> Cluster:
-        """The attached devices as a measured cluster, profiled once and cached on disk.
-
-        The profile is kept per platform, device kind and device count in :func:`cache_dir`
-        (``$AUTOPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/autoplan``, else
-        ``~/.cache/autoplan``); a full cached profile also serves ``quick=True``.
-
-        Args:
-            devices: the devices (default ``jax.devices()``).
-            quick: profile with fewer sizes when nothing is cached (see :func:`autoplan.profile`).
-            progress: show a progress bar while profiling.
-            refresh: profile again even when a cached profile exists.
-
-        Returns:
-            The measured :class:`Cluster`.
-        """
-        full, fast = profile_cache_paths(devices)
-        if not refresh:
-            for path in ((full, fast) if quick else (full,)):
-                if os.path.isfile(path):
-                    try:
-                        return cls.from_json(path)
-                    except ClusterError:
-                        pass  # an unreadable cache entry: profile again
-        cluster = profile(devices, quick=quick, progress=progress)
-        store_profile(fast if quick else full, cluster.to_json())
-        return cluster
-
     def with_nodes(self, nodes: int) -> Cluster:
         return replace(self, nodes=nodes)
 
@@ -514,207 +443,17 @@ class Cluster:
                          f"({len(t.nbytes)} sizes measured)")
         return "\n".join(lines)
 
-    def eps(self, kind: str) -> float:
-        return dict(self.epsilon).get(kind, 1.0)
-
-    def compute_time(self, flops: float, devices: int = 1, dtype: str | None = None) -> float:
-        """Seconds to run ``flops`` spread evenly over ``devices`` at the peak achievable rate:
-        of a device model, as one large matmul in ``dtype`` (default: the precision of
-        ``peak_flops``); else ``peak_flops x compute_efficiency``."""
-        if not self.peak_rates or flops <= 0:
-            return flops / (devices * self.peak_flops * self.compute_efficiency)
-        return self.flop_time("matmul", flops / devices, dtype or self.training_precision)
-
-    @property
-    def training_precision(self) -> str:
-        """The precision whose peak ``peak_flops`` is (a device model's fastest 16-bit rate,
-        else float32)."""
-        rates = dict(self.peak_rates)
-        return next((p for p in ("bfloat16", "float16", "tf32", "float32") if
-                     rates.get(p) == self.peak_flops), "float32")
-
-    def peak(self, op_class: str, dtype: str | None) -> tuple[str, float]:
-        """The precision an operator of ``op_class`` (``"matmul"``, ``"conv"``,
-        ``"elementwise"``) on ``dtype`` operands runs at on this device, and its peak FLOP/s
-        (``peak_flops`` for every dtype without a device model).
-
-        Examples:
-            >>> Cluster.preset("p3.16xlarge").peak("matmul", "float32")
-            ('float32', 15700000000000.0)
-            >>> Cluster.preset("dgx-h100").peak("matmul", "float32")
-            ('tf32', 494700000000000.0)
-        """
-        if not self.peak_rates:
-            return str(dtype or "float32"), self.peak_flops
-        prec, rate = _peak_rate(dict(self.peak_rates),
-                                _precision(dtype, op_class, self.float32_dot))
-        return prec, (rate or self.peak_flops)
-
-    def curve(self, op: str, dtype: str) -> ThroughputCurve | None:
-        """The measured curve of ``op`` in ``dtype`` (else in float32, else of matmul)."""
-        index = memo(self, "curves", lambda: {(c.op, c.dtype): c for c in self.curves})
-        for key in ((op, dtype), (op, "float32"), ("matmul", dtype), ("matmul", "float32")):
-            c = index.get(key)
-            if c is not None:
-                return c
-        return None
-
-    def flop_time(self, op: str, flops: float, dtype: str | None = None) -> float:
-        """Seconds per device for one operation of ``flops`` FLOPs per device: the measured
-        curve of ``op`` (``"matmul"`` or ``"conv"``) and ``dtype``; else the device model's
-        peak for the precision ``op`` runs ``dtype`` at (:meth:`peak`), at the achievable
-        fraction its saturation curve gives at that size (``"elementwise"``: the vector rate,
-        no curve).
-
-        Examples:
-            >>> v100 = Cluster.preset("p3.16xlarge")
-            >>> round(1e12 / v100.flop_time("matmul", 1e12, "float16") / 1e12, 1)  # TFLOP/s
-            102.7
-            >>> round(1e12 / v100.flop_time("matmul", 1e12, "float32") / 1e12, 1)
-            14.7
-        """
-        if flops <= 0:
-            return 0.0
-        c = self.curve(op, dtype or "float32") if self.curves and op in CURVE_OPS else None
-        if c is not None:
-            return c.time(flops)
-        if self.curves and op == "elementwise":  # a measured profile: its best rate, as before
-            return flops / (self.peak_flops * self.compute_efficiency)
-        prec, rate = self.peak(op, dtype)
-        ideal = flops / (rate * self.compute_efficiency)
-        if self.saturation and op in ("matmul", "conv"):
-            return _saturated_time(op, prec, ideal)
-        return ideal
-
-    def memory_time(self, nbytes: float) -> float:
-        """Seconds per device for a kernel to move ``nbytes`` to and from memory: the measured
-        bandwidth curve by kernel size when profiled (small kernels stay in caches), else
-        ``nbytes / memory_bandwidth`` at the fraction the device model's saturation curve gives
-        for a kernel of that size (0 without a bandwidth)."""
-        if nbytes <= 0:
-            return 0.0
-        curve = memo(self, "memory_curve",
-                     lambda: next((c for c in self.curves if c.op == "memory"), None))
-        if curve is not None:
-            return curve.time(nbytes)
-        if self.memory_bandwidth <= 0:
-            return 0.0
-        ideal = nbytes / self.memory_bandwidth
-        return _saturated_time("memory", "", ideal) if self.saturation else ideal
-
-    def group_bandwidth(self, devices: Sequence[int]) -> float:
-        """Bytes/s per device, per direction, of a collective among ``devices`` of one node.
-
-        Where the node's devices are not all equally connected (:attr:`nvlinks`), a collective
-        among some of them runs over the links between those devices only: NCCL builds its rings
-        over the NVLinks inside the group, each link carrying ``link_bandwidth`` per direction,
-        so a device sends at most ``link_bandwidth`` times its links to the other members, and
-        the group runs at the rate of its least-connected member (the rings need every member).
-        That is a bound NCCL's rings reach where the group's links split into rings through all
-        its members (the whole DGX-1 node, its 4-GPU halves, a linked pair). A group with a
-        member linked to none of the others goes over PCIe (``pcie_bandwidth``). Never above
-        ``intra_bandwidth``; without :attr:`nvlinks`, ``intra_bandwidth`` for every group.
-
-        Examples:
-            >>> v100 = Cluster.preset("p3.16xlarge")
-            >>> [v100.group_bandwidth(g) / 1e9 for g in ((0, 1), (0, 3), (0, 1, 2, 3), range(8))]
-            [25.0, 50.0, 100.0, 150.0]
-            >>> v100.group_bandwidth((0, 2, 4, 6)) / 1e9, v100.group_bandwidth((0, 5)) / 1e9
-            (50.0, 16.0)
-        """
-        if not self.nvlinks:
-            return self.intra_bandwidth
-        local = {d % self.devices_per_node for d in devices}
-        if len(local) <= 1:
-            return self.intra_bandwidth
-        degree = dict.fromkeys(local, 0)
-        for a, b, n in self.nvlinks:
-            if a in local and b in local:
-                degree[a] += n
-                degree[b] += n
-        least = min(degree.values())
-        if least == 0:
-            return min(self.pcie_bandwidth or self.intra_bandwidth, self.intra_bandwidth)
-        return min(self.link_bandwidth * least, self.intra_bandwidth)
-
-    def step_overhead(self, num_args: int) -> float:
-        """Seconds to launch one executable with ``num_args`` argument arrays."""
-        return self.launch_overhead + self.arg_overhead * num_args
-
-    def collective_table(self, kind: str, group: tuple[tuple[int, int], ...]
-                         ) -> CollectiveTable | None:
-        """The measured table of ``kind`` for a device-group geometry: the exact geometry, else
-        the one of the same group size with the nearest stride (None without tables)."""
-        if not self.collectives:
-            return None
-        index = memo(self, "collective_tables", lambda: _table_index(self.collectives))
-        hit = index["exact"].get((kind, group))
-        if hit is not None:
-            return hit
-        n = math.prod(s for s, _ in group)
-        same = index["by_size"].get((kind, n))
-        if not same:
-            return None
-        stride = group[0][1] if group else 1
-        return min(same, key=lambda t: (abs(math.log(t.group[0][1] / stride)), t.group))
-
     def logical_mesh(self, shape: Sequence[int], submesh: tuple[int, int] | None = None,
                      device_ids: Sequence[int] | None = None,
                      axis_names: Sequence[str] | None = None) -> LogicalMesh:
         """View a physical (sub)mesh of ``submesh = (hosts, devices per host)`` devices as a
-        logical mesh of ``shape`` (row-major over the devices: the last axis is innermost).
+        logical mesh of ``shape`` (row-major over the devices: the last axis is innermost), each
+        axis with the alpha and beta of the links its groups use (:mod:`autoplan.costs._mesh`).
 
         Raises:
             ClusterError: the shape's size differs from the submesh's, or exceeds the cluster.
         """
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise ClusterError(f"logical_mesh: shape should be positive integers. Got {shape!r}.")
-        n = math.prod(shape)
-        if submesh is None:
-            if n > self.num_devices:
-                raise ClusterError(f"logical_mesh: mesh shape {shape} needs {n} devices but the "
-                                   f"cluster {self.spec} has {self.num_devices}. Fix: use a shape "
-                                   f"whose product is at most {self.num_devices}.")
-            hosts = max(1, math.ceil(n / self.devices_per_node))
-            per = n if hosts == 1 else self.devices_per_node
-            submesh = (hosts, per)
-        hosts, per = submesh
-        if hosts * per != n:
-            raise ClusterError(f"logical_mesh: shape {shape} has {n} devices but submesh {submesh} "
-                               f"has {hosts * per}. Fix: choose a shape whose product is {hosts * per}.")
-        if hosts > self.nodes or per > self.devices_per_node:
-            raise ClusterError(f"logical_mesh: submesh {submesh} does not fit cluster {self.spec} "
-                               f"({self.nodes} x {self.devices_per_node}).")
-        ids = tuple(device_ids) if device_ids is not None else tuple(range(n))
-        alphas, betas, crosses = [], [], []
-        inner = 1  # devices spanned by the axes inside this one
-        for size in reversed(shape):
-            span = inner * size
-            cross = hosts > 1 and span > per and size > 1
-            if cross:
-                # parallel groups on one node share its network link
-                groups_per_node = min(inner, per)
-                bw = self.inter_bandwidth / groups_per_node
-                alpha = self.inter_latency
-                beta = 1.0 / bw
-            else:
-                # the axis's groups run at once; the slowest (least-linked) decides
-                bw = self.intra_bandwidth if size <= 1 or not self.nvlinks else min(
-                    self.group_bandwidth([ids[p + k * inner] for k in range(size)])
-                    for p in range(n) if (p // inner) % size == 0)
-                alpha, beta = self.intra_latency, 1.0 / bw
-                table = self.collective_table("all-gather", ((size, inner),)) if size > 1 else None
-                if table is not None:  # the measured link: all-gather's fit per byte moved
-                    alpha, beta = table.alpha, table.beta / _FACTOR["all-gather"](size)
-            alphas.append(alpha)
-            betas.append(beta)
-            crosses.append(cross)
-            inner = span
-        names = tuple(axis_names) if axis_names else default_axis_names(len(shape))
-        return LogicalMesh(shape=shape, alpha=tuple(reversed(alphas)), beta=tuple(reversed(betas)),
-                           axis_names=names, device_ids=ids, cluster=self, submesh=(hosts, per),
-                           crosses=tuple(reversed(crosses)))
+        return _logical_mesh(self, shape, submesh, device_ids, axis_names)
 
 
 def _rate(flops: float) -> str:
@@ -751,7 +490,7 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         >>> cluster.describe_profile()                          # doctest: +SKIP
         'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
     """
-    return Cluster(**measured_fields(devices, quick=quick, progress=progress))
+    return measured_cluster(Cluster, devices, quick=quick, progress=progress)
 
 
 #: a profile file's spec: ``x.json`` or ``x.json:N``
@@ -780,158 +519,6 @@ def _node_count(count: str, spec: str) -> int:
         raise ClusterError(f"cluster: the part after ':' should be a positive {what}. Got "
                            f"{count!r} in {spec!r}. Fix: e.g. '{example}'.")
     return int(count)
-
-
-def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
-    exact: dict[tuple, CollectiveTable] = {}
-    by_size: dict[tuple, list[CollectiveTable]] = {}
-    for t in tables:
-        exact[(t.kind, t.group)] = t
-        by_size.setdefault((t.kind, t.size), []).append(t)
-    return {"exact": exact, "by_size": by_size}
-
-
-def default_axis_names(ndim: int) -> tuple[str, ...]:
-    return ("x", "y", "z", "w")[:ndim] if ndim <= 4 else tuple(f"a{i}" for i in range(ndim))
-
-
-@dataclass(frozen=True)
-class LogicalMesh:
-    """A logical device mesh with a cost per axis.
-
-    Attributes:
-        shape: devices along each axis.
-        alpha: latency (s) per axis.
-        beta: seconds per byte per axis (of the link; a collective's factor comes on top).
-        axis_names: names for ``jax.sharding.Mesh``.
-        device_ids: cluster device ids, row-major.
-        cluster: the cluster it belongs to.
-        submesh: the physical (hosts, devices per host) it occupies.
-        crosses: per axis, whether its groups span several hosts.
-    """
-
-    shape: tuple[int, ...]
-    alpha: tuple[float, ...]
-    beta: tuple[float, ...]
-    axis_names: tuple[str, ...]
-    device_ids: tuple[int, ...]
-    cluster: Cluster = field(repr=False, compare=False)
-    submesh: tuple[int, int] = (1, 1)
-    crosses: tuple[bool, ...] = ()
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def axis_size(self, axes: Sequence[int]) -> int:
-        return math.prod(self.shape[a] for a in axes)
-
-    def group(self, axes: Sequence[int]) -> tuple[tuple[int, int], ...]:
-        """The device-group geometry spanned by mesh ``axes`` (see :func:`canonical_group`)."""
-        strides = [math.prod(self.shape[a + 1:]) for a in axes]
-        return canonical_group([self.shape[a] for a in axes], strides)
-
-    def collective_time(self, kind: str, nbytes: float, axes: Sequence[int],
-                        backward: bool = False, latency: bool = True) -> float:
-        """Seconds for a collective of ``kind`` over mesh ``axes`` moving ``nbytes``.
-
-        Args:
-            kind: one of ``COLLECTIVES``.
-            nbytes: B in the formulas of this module's docstring.
-            axes: mesh axes the collective runs over.
-            backward: gradient communication in the backward pass (discounted by ``gamma``).
-            latency: include the collective's latency; ``False`` gives the transfer part alone,
-                for a collective XLA combines with others (the combined group pays the latency
-                once).
-        """
-        if kind not in _FACTOR:
-            raise ClusterError(f"collective_time: kind should be one of {COLLECTIVES}. Got {kind!r}.")
-        axes = sorted({a for a in axes if self.shape[a] > 1}, reverse=True)
-        if not axes or nbytes <= 0:
-            return 0.0
-        cluster = self.cluster
-        scale = (cluster.gamma if backward else 1.0) * cluster.eps(kind)
-        measured = cluster.collectives and not any(self.crosses[a] for a in axes
-                                                   if a < len(self.crosses))
-        if measured:
-            group = self.group(axes)
-            table = cluster.collective_table(kind, group)
-            if table is not None and (len(axes) == 1 or table.group == group):
-                t = table.time(nbytes)
-                lat = min(table.alpha, t)
-                return (lat if latency else 0.0) + (t - lat) * scale
-        total = 0.0
-        b = float(nbytes)
-        if kind == "all-gather":  # innermost first: the inner axes gather the smaller parts
-            b /= math.prod(self.shape[a] for a in axes[1:])
-        for k, a in enumerate(axes):
-            n = self.shape[a]
-            table = cluster.collective_table(kind, self.group([a])) if measured else None
-            if table is not None:
-                t = table.time(b)
-                lat = min(table.alpha, t)
-                total += (lat if latency else 0.0) + (t - lat) * scale
-            else:
-                total += (self.alpha[a] if latency else 0.0) + self.beta[a] * _FACTOR[kind](n) * b * scale
-            if kind in ("all-reduce", "reduce-scatter"):
-                b /= n  # the next (outer) axis reduces the already scattered part
-            elif kind == "all-gather" and k + 1 < len(axes):
-                b *= self.shape[axes[k + 1]]
-        return total
-
-    def latency(self, kind: str, axes: Sequence[int]) -> float:
-        """The latency of a collective of ``kind`` over ``axes`` (what a combined group of
-        collectives pays once): the fitted alpha of its measured table, else the axes' alphas."""
-        axes = sorted({a for a in axes if self.shape[a] > 1}, reverse=True)
-        if not axes:
-            return 0.0
-        cluster = self.cluster
-        if cluster.collectives and not any(self.crosses[a] for a in axes if a < len(self.crosses)):
-            group = self.group(axes)
-            table = cluster.collective_table(kind, group)
-            if table is not None and (len(axes) == 1 or table.group == group):
-                return table.alpha
-            tables = [cluster.collective_table(kind, self.group([a])) for a in axes]
-            return sum(t.alpha if t is not None else self.alpha[a] for t, a in zip(tables, axes))
-        return sum(self.alpha[a] for a in axes)
-
-    def all_reduce(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
-        return self.collective_time("all-reduce", nbytes, axes, backward)
-
-    def all_gather(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
-        return self.collective_time("all-gather", nbytes, axes, backward)
-
-    def reduce_scatter(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
-        return self.collective_time("reduce-scatter", nbytes, axes, backward)
-
-    def all_to_all(self, nbytes: float, axes: Sequence[int], backward: bool = False) -> float:
-        return self.collective_time("all-to-all", nbytes, axes, backward)
-
-    def compute_time(self, flops: float) -> float:
-        """Seconds for ``flops`` of work done by each device of this mesh."""
-        return self.cluster.compute_time(flops, 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "axis_names": list(self.axis_names),
-                "alpha": list(self.alpha), "beta": list(self.beta),
-                "device_ids": list(self.device_ids), "submesh": list(self.submesh)}
-
-
-def send_recv_time(cluster: Cluster, nbytes: float, cross_node: bool) -> float:
-    """Point-to-point transfer time between two devices (send/recv): the measured send/recv
-    (``ppermute``) table of the whole host's ring when profiled, else the link's alpha-beta."""
-    if nbytes <= 0:
-        return 0.0
-    if cross_node:
-        return cluster.inter_latency + nbytes / cluster.inter_bandwidth
-    table = cluster.collective_table("send-recv", ((cluster.devices_per_node, 1),))
-    if table is not None:
-        return table.time(nbytes)
-    return cluster.intra_latency + nbytes / cluster.intra_bandwidth
 
 
 #: the datasheet presets (:mod:`autoplan.costs._presets`), one node each

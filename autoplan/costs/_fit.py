@@ -1,5 +1,5 @@
 """Fitting and interpolating measured times: shared by the profiler (:mod:`autoplan.costs._profile`)
-and the cluster's tables (:mod:`autoplan.costs._cluster`)."""
+and the cluster's tables (:mod:`autoplan.costs._measured`)."""
 
 from __future__ import annotations
 

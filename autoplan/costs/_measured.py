@@ -2,7 +2,7 @@
 (:class:`CollectiveTable`, Alpa's profiling database) and operation throughput by size
 (:class:`ThroughputCurve`), each fitted from raw measurements. A measured
 :class:`~autoplan.costs._cluster.Cluster` holds them; its cost model reads them (see
-:mod:`autoplan.costs._cluster` for the formulas).
+:mod:`autoplan.costs._mesh` for the collectives' formulas).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class CollectiveTable:
     """Measured times of one collective kind on one device-group geometry.
 
     Attributes:
-        kind: one of :data:`~autoplan.costs._cluster.COLLECTIVES`.
+        kind: one of :data:`~autoplan.costs._mesh.COLLECTIVES`.
         group: the group's geometry as ``((size, stride), ...)`` in device order, innermost
             first: ``((4, 1),)`` is 4 neighbouring devices, ``((2, 4),)`` devices 4 apart. Every
             group of the mesh axis runs at once when it is measured, as in a plan.

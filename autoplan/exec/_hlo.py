@@ -6,7 +6,7 @@ operand and result bytes **per device** (an SPMD module's shapes are per-device 
 size of its replica groups. A tuple all-reduce (XLA's combiner merges several into one) yields
 one :class:`Collective` per operand, so bytes add up the same whether or not XLA combined them.
 
-Bytes follow the cost model of :mod:`autoplan.costs._cluster` (``B`` in its formulas): the reduced
+Bytes follow the cost model of :mod:`autoplan.costs._mesh` (``B`` in its formulas): the reduced
 size for all-reduce, the gathered (result) size for all-gather, the size before scattering for
 reduce-scatter, the operand size for all-to-all and collective-permute.
 

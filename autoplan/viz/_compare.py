@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from autoplan.costs._cluster import COLLECTIVES
+from autoplan.costs._mesh import COLLECTIVES
 from autoplan.plans._plan import Plan, Stage
 
 from .._errors import ArgumentError, ArgumentTypeError

@@ -23,7 +23,7 @@ import numpy as np
 from autoplan._errors import SearchError
 from autoplan._memo import memo
 from autoplan._options import require_graph, require_instance
-from autoplan.costs._cluster import LogicalMesh
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec
 from autoplan.search.intra._ilp_problem import (

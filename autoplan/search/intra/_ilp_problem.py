@@ -24,7 +24,7 @@ import numpy as np
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
 from autoplan._memo import memo
-from autoplan.costs._cluster import LogicalMesh
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._pins import pin_specs
 from autoplan.search.intra._reshard import reshard

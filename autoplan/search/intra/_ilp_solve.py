@@ -20,7 +20,7 @@ import numpy as np
 
 from autoplan._errors import InfeasiblePlanError
 from autoplan._options import check_memory_budget, require_graph, require_instance
-from autoplan.costs._cluster import LogicalMesh
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec
 from autoplan.search.intra._ilp_cost import _breakdown

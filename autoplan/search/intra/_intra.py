@@ -25,7 +25,8 @@ from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._memo import memo
 from autoplan._options import check_memory_budget
-from autoplan.costs._cluster import Cluster, LogicalMesh, default_axis_names
+from autoplan.costs._cluster import Cluster
+from autoplan.costs._mesh import LogicalMesh, default_axis_names
 from autoplan.plans._plan import (
     Comm,
     InputSpec,

@@ -47,7 +47,8 @@ from autoplan.search.intra._spec_space import checked_spec, replicated
 from autoplan.tracing._graph import OpGraph
 
 if TYPE_CHECKING:
-    from autoplan.costs._cluster import Cluster, LogicalMesh
+    from autoplan.costs._cluster import Cluster
+    from autoplan.costs._mesh import LogicalMesh
 
 __all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by",
            "pins_key", "pin_specs", "pins_by_name", "baseline_pins", "renamed_pin",

@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from autoplan._dtype import dtype_bytes
 from autoplan._memo import per_owner
-from autoplan.costs._cluster import LogicalMesh
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec
 

@@ -27,7 +27,7 @@ from typing import Any
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
 from autoplan._options import require_instance
-from autoplan.costs._cluster import LogicalMesh
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, split_error, tile_count
 
 __all__ = [

@@ -86,7 +86,7 @@ import numpy as np
 from autoplan._dtype import dtype_bytes, is_partitionable_key
 from autoplan._memo import memo
 from autoplan._options import require_instance
-from autoplan.costs._cluster import COMBINE_THRESHOLD, LogicalMesh
+from autoplan.costs._mesh import COMBINE_THRESHOLD, LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._reshard import mesh_id

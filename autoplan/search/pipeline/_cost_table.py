@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from autoplan.costs._cluster import Cluster, LogicalMesh, send_recv_time
+from autoplan.costs._cluster import Cluster
+from autoplan.costs._mesh import LogicalMesh, send_recv_time
 from autoplan.plans._plan import Comm
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup

@@ -20,7 +20,8 @@ import numpy as np
 
 from autoplan._errors import SearchError
 from autoplan._memo import memo
-from autoplan.costs._cluster import Cluster, LogicalMesh
+from autoplan.costs._cluster import Cluster
+from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm, Plan
 from autoplan.plans._spec import tile_count
 from autoplan.search.intra._ilp_problem import ILPProblem, build_problem

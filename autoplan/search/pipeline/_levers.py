@@ -8,7 +8,7 @@ two levers of large-model training, chosen here per stage inside the stage costs
   synchronised over (its data-parallel axes, of ``D`` devices; per tensor the ``d`` of them its
   spec does not split already): ``z >= 1`` shards the optimizer state (``/ d``), ``z >= 2`` the
   gradient accumulation buffers (``/ D``), ``z = 3`` the parameters (``/ d``). Communication,
-  from the cluster's collective costs (:meth:`~autoplan.costs._cluster.LogicalMesh.collective_time`):
+  from the cluster's collective costs (:meth:`~autoplan.costs._mesh.LogicalMesh.collective_time`):
   ZeRO-1 replaces each gradient all-reduce by a reduce-scatter of the same bytes and
   all-gathers the updated parameters once per step; ZeRO-2 also keeps the accumulated gradient
   sharded, so the reduce-scatter runs after every micro-batch's backward (discounted by the
