@@ -20,7 +20,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup
 from autoplan.search.pipeline._cost_table import _Context, _Table
-from autoplan.search.pipeline._stage_dp import range_sums, stage_dp
+from autoplan.search.pipeline._stage_dp import range_sums, stage_dp, stage_dp_counts
 from autoplan.tracing._graph import OpGraph
 
 #: A forward edge that skips layers and carries at most this fraction of the median bytes passed
@@ -151,23 +151,26 @@ def _group_inputs(table: _Table, groups: list[list[int]], ratio: float = 1.0,
 Layout = tuple[tuple[tuple[int, ...], int, int], ...]
 
 
-def _stage_dp_run(inputs: dict[str, np.ndarray], submeshes: list[tuple[int, int]], num_hosts: int,
-                  devices_per_host: int, B: int, least: int, most: int | None,
-                  budget: float | None) -> tuple[tuple[float, tuple[tuple[int, int, int, int], ...]], ...]:
-    """One :func:`stage_dp` run for ``least .. most`` stages (a module-level function: the runs
-    of a search are independent tasks of :func:`~autoplan.search._parallel.run_tasks`): its best
-    ``t_max`` optima as ``(DP latency, ((start, end, submesh index, config index), ...))``, none
-    when no layout exists; with ``budget`` every stage fits it (Alpa's Eq. 5)."""
+def _stage_dp_runs(inputs: dict[str, np.ndarray], submeshes: list[tuple[int, int]],
+                   num_hosts: int, devices_per_host: int, B: int,
+                   counts: Sequence[tuple[int, int | None]], budget: float | None
+                   ) -> list[tuple[tuple[float, tuple[tuple[int, int, int, int], ...]], ...]]:
+    """The :func:`stage_dp` runs of one set of cost arrays, one per ``(least, most)`` stage
+    count range of ``counts`` (:func:`stage_dp_counts`: the per-position tables made once; a
+    module-level function: the runs of a search are independent tasks of
+    :func:`~autoplan.search._parallel.run_tasks`): each run's best ``t_max`` optima as ``(DP
+    latency, ((start, end, submesh index, config index), ...))``, none when no layout exists;
+    with ``budget`` every stage fits it (Alpa's Eq. 5)."""
     kw = ({"param_mem": inputs["pmem"], "act_mem": inputs["amem"], "device_memory": budget}
           if budget is not None else {})
-    try:
-        r = stage_dp(inputs["t"], submeshes, num_hosts, devices_per_host, B, max_stages=most,
-                     min_stages=least, step_cost=inputs["step"], max_alternatives=DP_ALTERNATIVES,
-                     explain=False, **kw)
-    except InfeasiblePlanError:
-        return ()
-    return tuple((total, tuple((st.start, st.end, st.submesh_index, st.config_index)
-                               for st in stages)) for total, stages in r.alternatives)
+    out = []
+    for r in stage_dp_counts(inputs["t"], submeshes, num_hosts, devices_per_host, B, counts,
+                             step_cost=inputs["step"], max_alternatives=DP_ALTERNATIVES,
+                             explain=False, **kw):
+        out.append(() if isinstance(r, InfeasiblePlanError) else tuple(
+            (total, tuple((st.start, st.end, st.submesh_index, st.config_index)
+                          for st in stages)) for total, stages in r.alternatives))
+    return out
 
 
 def _least_fitting_memory(inputs: dict[str, np.ndarray], ctx: _Context, B: int) -> float | None:
@@ -217,7 +220,7 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
                 explain: bool = False, workers: int = 1
                 ) -> list[tuple[dict[Layout, float], bool, float | None, float]]:
     """:func:`_layouts` of several ``(ratio, B, full)`` items at once: every stage-DP run of
-    every item is an independent task (:func:`_stage_dp_run`) of one batch on ``workers``
+    every item is an independent task (:func:`_stage_dp_runs`, the stage-count ranges of one set of cost arrays together) of one batch on ``workers``
     processes, first with the memory limit; the items where no layout fits it are run again
     without it (their layouts are then marked as not fitting). Each item's layouts come in the
     order one process would meet them; the seconds are the batch's, shared by its items."""
@@ -232,14 +235,13 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
     leasts: dict[int, float | None] = {}
     todo = list(range(len(items)))
     for memory in (True, False):
-        jobs = [(i, r, lo, hi) for i in todo for r, (_, counts, _, _) in enumerate(runs[i])
-                for lo, hi in counts]
-        tasks = [Task(_stage_dp_run, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
-                                            ctx.devices_per_host, items[i][1], lo, hi,
-                                            ctx.budget if memory else None),
-                      label=f"stage DP, {items[i][1]} micro-batches, {lo}..{hi or 'any'} stages")
-                 for i, r, lo, hi in jobs]
-        results = [o.result() for o in run_tasks(tasks, workers=workers)]
+        jobs = [(i, r, counts) for i in todo for r, (_, counts, _, _) in enumerate(runs[i])]
+        tasks = [Task(_stage_dp_runs, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
+                                             ctx.devices_per_host, items[i][1], list(counts),
+                                             ctx.budget if memory else None),
+                      label=f"stage DP, {items[i][1]} micro-batches, {len(counts)} stage counts")
+                 for i, r, counts in jobs]
+        results = [res for o in run_tasks(tasks, workers=workers) for res in o.result()]
         found: dict[int, dict[Layout, float]] = {i: {} for i in todo}
         empty_runs: dict[int, list[int]] = {i: [] for i in todo}
         n = 0

@@ -34,7 +34,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -271,6 +271,43 @@ def _as_cost_array(name: str, arr: object, shape: tuple[int, ...] | None) -> np.
     return a
 
 
+class _Positions:
+    """Per position from the pipeline's end, the configs that fit and the cheapest one's latency
+    (:class:`_Prepared`'s ``best_latency``, ``cfg`` and ``first_t``), made once for the stage-DP
+    runs of one set of cost arrays: runs for other stage counts read fewer or more positions of
+    the same tables."""
+
+    def __init__(self, t_intra, param_mem, act_mem, device_memory):
+        L = t_intra.shape[0]
+        lower = np.tril(np.ones((L, L), dtype=bool), k=-1)
+        self.base = np.where(lower[:, :, None, None], np.inf, t_intra)
+        self.device_memory = device_memory
+        if device_memory is not None:
+            self.pm = np.zeros_like(self.base) if param_mem is None else param_mem
+            self.am = np.zeros_like(self.base) if act_mem is None else act_mem
+        self.best: list[np.ndarray] = []
+        self.cfg: list[np.ndarray] = []
+        self.first: list[np.ndarray] = []
+
+    def _fits(self, p: int) -> np.ndarray | None:
+        if self.device_memory is None:
+            return None
+        return self.pm + (p + 1) * self.am <= self.device_memory
+
+    def upto(self, n_pos: int, first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(best_latency, cfg, first_t)`` of positions ``0 .. n_pos - 1`` (``first_t`` None
+        without ``first``)."""
+        base = self.base
+        for p in range(len(self.best), n_pos):
+            fits = self._fits(p)
+            t = base if fits is None else np.where(fits, base, np.inf)
+            self.best.append(t.min(axis=3))
+            self.cfg.append(t.argmin(axis=3))
+            self.first.append(base[0] if fits is None else np.where(fits[0], base[0], np.inf))
+        first_t = np.stack(self.first[:n_pos]) if first else None
+        return np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]), first_t
+
+
 class _Prepared:
     """Config-reduced, position-dependent stage costs in band form.
 
@@ -285,27 +322,15 @@ class _Prepared:
     config by ``t + u`` among those within ``t_max``.
     """
 
-    def __init__(self, t_intra, param_mem, act_mem, device_memory, microbatches, s_cap, step=None):
-        L, _, K, _ = t_intra.shape
-        lower = np.tril(np.ones((L, L), dtype=bool), k=-1)
-        base = np.where(lower[:, :, None, None], np.inf, t_intra)
-        if device_memory is None:
-            n_pos = 1
-            fits = np.ones((1,) + base.shape, dtype=bool)
-        else:
-            n_pos = min(microbatches, s_cap)
-            pm = np.zeros_like(base) if param_mem is None else param_mem
-            am = np.zeros_like(base) if act_mem is None else act_mem
-            fits = np.stack([pm + (p + 1) * am <= device_memory for p in range(n_pos)])
-        best_latency = np.empty((n_pos, L, L, K))
-        cfg = np.empty((n_pos, L, L, K), dtype=np.int64)
-        for p in range(n_pos):
-            t = np.where(fits[p], base, np.inf)
-            best_latency[p] = t.min(axis=3)
-            cfg[p] = t.argmin(axis=3)
+    def __init__(self, t_intra, param_mem, act_mem, device_memory, microbatches, s_cap, step=None,
+                 positions: _Positions | None = None):
+        L = t_intra.shape[0]
+        n_pos = 1 if device_memory is None else min(microbatches, s_cap)
+        positions = positions or _Positions(t_intra, param_mem, act_mem, device_memory)
+        best_latency, cfg, first_t = positions.upto(n_pos, step is not None)
         self.first_t = self.first_v = None
         if step is not None:
-            self.first_t = np.where(fits[:, 0], base[0][None], np.inf)  # (n_pos, L, K, C)
+            self.first_t = first_t  # (n_pos, L, K, C)
             self.first_v = self.first_t + step[0][None]
         P = best_latency.shape[0]
         while P > 1 and np.array_equal(best_latency[P - 2], best_latency[P - 1]) and (
@@ -650,8 +675,40 @@ def stage_dp(
     problem = _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
                             param_mem=param_mem, act_mem=act_mem, device_memory=device_memory,
                             max_stages=max_stages, min_stages=min_stages, step_cost=step_cost)
+    return _solve(problem, None, explain, max_alternatives)
+
+
+def stage_dp_counts(t_intra: np.ndarray, submeshes: Sequence[tuple[int, int]], num_hosts: int,
+                    devices_per_host: int, microbatches: int,
+                    counts: Sequence[tuple[int, int | None]], *,
+                    param_mem: np.ndarray | None = None, act_mem: np.ndarray | None = None,
+                    device_memory: float | None = None, step_cost: np.ndarray | None = None,
+                    max_alternatives: int = 8, explain: bool = True
+                    ) -> list[StageDPResult | InfeasiblePlanError]:
+    """:func:`stage_dp` for each ``(min_stages, max_stages)`` of ``counts`` on the same cost
+    arrays (the other arguments as :func:`stage_dp`'s), each result the one :func:`stage_dp`
+    gives alone (or the :class:`InfeasiblePlanError` it raises), with the per-position tables
+    made once."""
+    out: list[StageDPResult | InfeasiblePlanError] = []
+    positions = None
+    for least, most in counts:
+        problem = _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
+                                param_mem=param_mem, act_mem=act_mem,
+                                device_memory=device_memory, max_stages=most,
+                                min_stages=least, step_cost=step_cost)
+        dm = None if problem.device_memory is None else float(problem.device_memory)
+        positions = positions or _Positions(problem.t, problem.pm, problem.am, dm)
+        try:
+            out.append(_solve(problem, positions, explain, max_alternatives))
+        except InfeasiblePlanError as err:
+            out.append(err)
+    return out
+
+
+def _solve(problem: _StageProblem, positions: _Positions | None, explain: bool,
+           max_alternatives: int) -> StageDPResult:
     search = _TMaxSearch(problem, problem.prepared(
-        None if device_memory is None else float(device_memory)))
+        None if problem.device_memory is None else float(problem.device_memory), positions))
     F_top = search.start()
     if F_top is None:
         _raise_infeasible(problem, explain)
@@ -687,9 +744,12 @@ class _StageProblem:
     def num_devices(self) -> int:
         return self.num_hosts * self.devices_per_host
 
-    def prepared(self, device_memory: float | None) -> _Prepared:
-        """The stage costs reduced over the configs that fit ``device_memory``."""
-        return _Prepared(self.t, self.pm, self.am, device_memory, self.B, self.s_cap, self.step)
+    def prepared(self, device_memory: float | None, positions: _Positions | None = None
+                 ) -> _Prepared:
+        """The stage costs reduced over the configs that fit ``device_memory`` (from
+        ``positions``, the tables of these costs and memory limit, when given)."""
+        return _Prepared(self.t, self.pm, self.am, device_memory, self.B, self.s_cap, self.step,
+                         positions)
 
     def layout(self, prep: _Prepared) -> tuple[int, bool]:
         """``(n_exact, merged_tail)`` of :func:`_dp` for ``prep``."""

@@ -16,6 +16,7 @@ from autoplan.search.pipeline._stage_dp import (
     StageDPResult,
     place_submeshes,
     stage_dp,
+    stage_dp_counts,
     submesh_shapes,
 )
 
@@ -244,6 +245,33 @@ def test_matches_brute_force_with_memory(seed, cluster, L, C, B, dm, limit):
     else:
         assert r is not None and r.total_latency == pytest.approx(expect, rel=1e-12)
         check_result(r, t, shapes, N, M, B, pm, am, dm)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 6),
+       C=st.integers(1, 2), B=st.integers(1, 8), dm=st.one_of(st.none(), st.floats(2.0, 12.0)),
+       step=st.booleans())
+def test_stage_count_runs_sharing_tables_equal_runs_alone(seed, cluster, L, C, B, dm, step):
+    """stage_dp_counts (the per-position tables made once for several stage-count ranges, as
+    the pipeline search runs them) gives each range exactly what stage_dp gives alone."""
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.1)
+    kw = {"step_cost": rng.uniform(0, 1, t.shape)} if step else {}
+    if dm is not None:
+        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
+                  device_memory=dm)
+    counts = [(1, None), (2, 2), (1, 3), (3, 3), (2, None)]
+    got = stage_dp_counts(t, shapes, N, M, B, counts, explain=False, **kw)
+    for (lo, hi), r in zip(counts, got):
+        try:
+            alone = stage_dp(t, shapes, N, M, B, min_stages=lo, max_stages=hi, explain=False, **kw)
+        except InfeasiblePlanError:
+            assert isinstance(r, InfeasiblePlanError)
+            continue
+        assert not isinstance(r, InfeasiblePlanError)
+        assert r.total_latency == alone.total_latency and r.stages == alone.stages
+        assert r.alternatives == alone.alternatives
 
 
 def reference_alpa_dp(t, shapes, N, M, B):
