@@ -93,8 +93,8 @@ class CandidatePanel:
 
     def _reference_for(self, plan: Plan) -> tuple[Plan | None, str]:
         for p in self._state.pins:
-            if p["plan"] is plan:
-                return p["before"], f"before pinning {p['name']} to {p['spec'].pspec_text()}"
+            if p.plan is plan:
+                return p.before, f"before pinning {p.name} to {p.spec.pspec_text()}"
         if self._state.reference is not None and self._state.reference is not plan:
             return self._state.reference, self._state.reference_note
         return None, ""

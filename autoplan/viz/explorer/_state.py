@@ -13,7 +13,21 @@ from typing import Any
 from autoplan._errors import SearchError
 from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
+from autoplan.plans._spec import Spec
 from autoplan.viz._style import fmt_sig
+
+
+@dataclass(eq=False)
+class Pin:
+    """One what-if pin: input ``name`` fixed to ``spec`` on the mesh of ``before``, whose re-solve
+    made ``plan`` in ``seconds``. A pin of a what-if plan keeps the pins made on the way to it
+    (see ``WhatIfPanel._chain_has``)."""
+
+    name: str
+    spec: Spec
+    before: Plan
+    plan: Plan
+    seconds: float
 
 
 @dataclass(eq=False)
@@ -38,8 +52,7 @@ class ExplorerState:
         reference, reference_note: the plan the comparison sets the selected one against (the
             previous answer, before the settings changed) and the words for it.
         whatif: the plans made by what-if pins, after the result's; pins: the undo stack, one
-            ``{"name", "spec", "before", "plan", "seconds"}`` per pin in order; pin_target:
-            the graph input the next pin fixes.
+            :class:`Pin` per pin in order; pin_target: the graph input the next pin fixes.
         base: each figure of the selected plan without highlighting (JSON); op_layer,
             stage_of_op: the selected plan's operator -> layer and operator -> stage.
         last_launch: the last :class:`LaunchRecord`.
@@ -59,7 +72,7 @@ class ExplorerState:
     reference: Plan | None = None
     reference_note: str = ""
     whatif: list[Plan] = field(default_factory=list)
-    pins: list[dict[str, Any]] = field(default_factory=list)
+    pins: list[Pin] = field(default_factory=list)
     pin_target: str | None = None
     base: dict[str, dict[str, Any]] = field(default_factory=dict)
     op_layer: dict[int, str] = field(default_factory=dict)

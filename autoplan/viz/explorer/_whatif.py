@@ -7,7 +7,7 @@ import html
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import autoplan
@@ -17,6 +17,8 @@ from autoplan.plans._plan import Plan
 from autoplan.plans._spec import Spec
 from autoplan.viz._compare import cost_parts
 from autoplan.viz._style import fmt_bytes, fmt_in_unit, time_unit
+
+from ._state import Pin
 
 
 def spec_choices(shape: Sequence[int], mesh_shape: Sequence[int], axis_names: Sequence[str]
@@ -105,8 +107,8 @@ class WhatIfPanel:
                 f"{'x'.join(map(str, plan.mesh_shape))}: {len(choices)} specs{why}</small>")
         self._undo_button.disabled = not self._state.pins
         rows = "".join(
-            f"<li><code>{html.escape(p['name'])}</code> = {html.escape(p['spec'].pspec_text())}: "
-            f"{self._diff_text(p['before'], p['plan'])}</li>" for p in self._state.pins)
+            f"<li><code>{html.escape(p.name)}</code> = {html.escape(p.spec.pspec_text())}: "
+            f"{self._diff_text(p.before, p.plan)}</li>" for p in self._state.pins)
         self._pins_html.value = f"<small>pins:<ol>{rows}</ol></small>" if rows else ""
 
     @staticmethod
@@ -167,7 +169,7 @@ class WhatIfPanel:
 
     def _what_if_job(self, before: Plan, name: str, spec: Spec) -> None:
         generation = self._state.generation
-        pins = {("^" + re.escape(p["name"]) + "$"): p["spec"].to_pspec()
+        pins = {("^" + re.escape(p.name) + "$"): p.spec.to_pspec()
                 for p in self._state.pins if self._chain_has(before, p)}
         pins["^" + re.escape(name) + "$"] = spec.to_pspec()
         wl = self._get_workload()
@@ -186,23 +188,22 @@ class WhatIfPanel:
             if generation != self._state.generation:
                 return  # a new search replaced the result meanwhile
             self._state.whatif.append(new)
-            self._state.pins.append({"name": name, "spec": spec, "before": before, "plan": new,
-                               "seconds": time.perf_counter() - t0})
+            self._state.pins.append(Pin(name, spec, before, new, time.perf_counter() - t0))
             self._refresh_candidates()
         self.select(len(self.plans) - 1)
 
-    def _chain_has(self, plan: Plan, pin: Mapping[str, Any]) -> bool:
+    def _chain_has(self, plan: Plan, pin: Pin) -> bool:
         """Whether ``pin`` was made on the way to ``plan`` (pins stack: a what-if of a what-if
         keeps the first pin)."""
         p = plan
         seen = 0
         while p is not None and seen < 100:
-            step = next((q for q in self._state.pins if q["plan"] is p), None)
+            step = next((q for q in self._state.pins if q.plan is p), None)
             if step is None:
                 return False
             if step is pin:
                 return True
-            p = step["before"]
+            p = step.before
             seen += 1
         return False
 
@@ -213,9 +214,9 @@ class WhatIfPanel:
             if not self._state.pins:
                 return None
             last = self._state.pins.pop()
-            self._state.whatif = [p for p in self._state.whatif if p is not last["plan"]]
+            self._state.whatif = [p for p in self._state.whatif if p is not last.plan]
             self._refresh_candidates()
-            before = last["before"]
+            before = last.before
             index = next((k for k, p in enumerate(self.plans) if p is before),
                          next((k for k, p in enumerate(self.plans) if p == before), 0))
             self.select(index)
