@@ -87,9 +87,10 @@ def test_viz_and_exec_never_import_each_other_and_search_imports_neither():
     g = import_graph()
     for mod in g:
         succ = list(g.successors(mod))
-        if mod.startswith("autoplan.viz") and mod != "autoplan.viz._explorer":
-            # the Explorer is the one place that drives a search and a launch (documented in
-            # autoplan.viz); the figures and the report only read plans
+        if mod.startswith("autoplan.viz") and not mod.startswith("autoplan.viz.explorer"):
+            # the Explorer (the package autoplan.viz.explorer) is the one place that drives a
+            # search and a launch (documented in autoplan.viz); the figures and the report only
+            # read plans
             assert not any(t.startswith("autoplan.exec") for t in succ), mod
         if mod.startswith("autoplan.exec"):
             assert not any(t.startswith("autoplan.viz") for t in succ), mod
@@ -112,7 +113,10 @@ def test_exec_and_viz_are_reachable_after_import_autoplan():
 # LONG_FUNCTIONS_ALLOWED with the reason it stays whole.
 SPLIT_MODULES = ("search/intra/_ilp_problem.py", "search/intra/_ilp_reduce.py",
                  "search/intra/_ilp_solve.py", "search/intra/_ilp_cost.py", "search/fold/_mine.py",
-                 "exec/_stages.py", "exec/_run.py", "viz/_explorer.py")
+                 "exec/_stages.py", "exec/_run.py", "viz/explorer/_explorer.py",
+                 "viz/explorer/_layout.py", "viz/explorer/_state.py", "viz/explorer/_search.py",
+                 "viz/explorer/_candidates.py", "viz/explorer/_focus.py",
+                 "viz/explorer/_whatif.py", "viz/explorer/_launch.py")
 MAX_FUNCTION_LINES = 100
 LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}  # "module path:function" -> why it stays whole
 

@@ -411,7 +411,7 @@ def test_clicks_select_layers_stages_and_pin_targets(explorer):
     assert explorer.focus == f"layer:{layer}"
     names = {i.name for i in plan.inputs}
     w = next(t.name for o in plan.ops if o.op == op for t in o.tensors if t.role == "weight")
-    assert explorer._pin_target == (tensor if tensor in names else w)
+    assert explorer._state.pin_target == (tensor if tensor in names else w)
     explorer.clear_selection()
     # the stage view's image: a click at row 0, column 3 selects device 3's stage
     k = next(i for i, t in enumerate(explorer.figures["stage"].data) if t["meta"]["kind"] == "devices")
@@ -614,7 +614,7 @@ def test_the_launch_panel_is_cleared_when_the_model_changes(explorer, monkeypatc
     explorer._launch_result.value = "<div>launch finished: 591x the prediction</div>"
     explorer._launch_table.value = "<table>...</table>"
     # the same model and cluster: the panel stays
-    explorer._apply_result(res, explorer._search_key_now, ("gpt", "tiny", "cpu:8"))
+    explorer._apply_result(res, explorer._state.search_key_now, ("gpt", "tiny", "cpu:8"))
     assert explorer.last_launch is rec and "launch finished" in explorer._launch_result.value
     # another size (or model, or cluster): cleared
     explorer._apply_result(res, ("other",), ("gpt", "1.3B", "p3.16xlarge:2"))

@@ -17,7 +17,8 @@ def test_viz_imports_neither_exec_nor_search():
     assert out.stdout.strip() == "[]"
 
 
-# the figure and report modules; the explorer widget (_explorer.py) is checked by its own tests
+# the figure and report modules; the explorer widget (the package explorer/) is checked by its
+# own tests
 FIGURE_MODULES = ("__init__", "_style", "_sharding", "_timeline", "_compare", "_graph_figure", "_report",
                   "_notebook")
 
