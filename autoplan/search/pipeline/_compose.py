@@ -103,7 +103,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
         lever = {}
         if ev.levers is not None and ev.levers[si]:
             lever, compute = _lever_fields(table, members, k, c, ev.levers[si], B, comm_bytes,
-                                           compute)
+                                           comm_time, compute)
         stages.append(Stage(
             index=si, layers=names, layer_range=(members[0], members[-1] + 1), submesh_shape=(n, m),
             device_ids=tuple(ev.placed[si]), mesh_shape=tuple(shape), axis_names=mesh.axis_names,
@@ -145,14 +145,18 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
 
 
 def _lever_fields(table: _Table, members: Sequence[int], k: int, c: int, lv: Any, B: int,
-                  comm_bytes: dict[str, float], compute: float) -> tuple[dict[str, Any], float]:
+                  comm_bytes: dict[str, float], comm_time: dict[str, float], compute: float
+                  ) -> tuple[dict[str, Any], float]:
     """A stage's lever fields (``zero``, ``zero_axes``, ``remat_layers``) and its compute with
-    the recomputed forwards; ``comm_bytes`` gets ZeRO's collectives (none below zero)."""
+    the recomputed forwards; ``comm_bytes`` and ``comm_time`` get ZeRO's collectives (none
+    below zero)."""
     from autoplan.search.pipeline._levers import stage_extras  # noqa: PLC0415
 
-    more, nbytes = stage_extras(table, members, k, c, lv, B)
+    more, nbytes, seconds = stage_extras(table, members, k, c, lv, B)
     for kind, b in nbytes.items():
         comm_bytes[kind] = max(0.0, comm_bytes.get(kind, 0.0) + b)
+    for kind, t in seconds.items():
+        comm_time[kind] = max(0.0, comm_time.get(kind, 0.0) + t)
     remat = tuple(nm for li in members if li in lv.remat for nm in table.layers[li].names)
     return {"zero": lv.zero, "zero_axes": lv.axes, "remat_layers": remat}, compute + more
 

@@ -83,6 +83,9 @@ class LayerLevers:
         zero_bytes: ``{collective kind: bytes}`` per micro-batch and per step that ZeRO level
             ``z`` adds (negative where it removes), index ``z``: ``(per micro-batch, per step)``.
         axes: the mesh axes its gradients are synchronised over (what ZeRO shards over).
+        zero_kind_time: ``{collective kind: seconds}`` ZeRO level ``z`` adds (negative where it
+            removes), index ``z``: ``(per micro-batch, per step)``; the split by kind of
+            ``zero_time``'s collectives.
     """
 
     recompute: float
@@ -93,6 +96,7 @@ class LayerLevers:
     zero_time: tuple[tuple[float, float, float], ...]
     zero_bytes: tuple[tuple[dict[str, float], dict[str, float]], ...]
     axes: tuple[str, ...]
+    zero_kind_time: tuple[tuple[dict[str, float], dict[str, float]], ...] = (({}, {}),) * 4
 
 
 @dataclass(frozen=True)
@@ -175,9 +179,12 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
     ar = rs = 0.0
     ar_bytes = rs_bytes = 0.0
     rs_groups: set[tuple[int, ...]] = set()
+    less: dict[str, float] = {}  # the gradient synchronisation ZeRO replaces, by kind
     for x in grad_sync:
         ax = tuple(names.index(a) for a in x.axes)
-        ar += mesh.collective_time(x.kind, x.bytes, ax, True, latency=False)
+        t_x = mesh.collective_time(x.kind, x.bytes, ax, True, latency=False)
+        ar += t_x
+        less[x.kind] = less.get(x.kind, 0.0) - t_x
         rs += mesh.collective_time("reduce-scatter", x.bytes, ax, True, latency=False)
         if x.kind == "all-reduce":
             ar_bytes += x.bytes
@@ -197,11 +204,24 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
                                                    "all-gather": ag_bytes}),
                   ({"reduce-scatter": rs_bytes, "all-gather": 2 * ag_bytes},
                    {"all-reduce": -ar_bytes, "reduce-scatter": ar_bytes - rs_bytes}))
+    rs_mb = rs + rs_latency
+    kind_time = (({}, {}),
+                 ({}, _sum_kinds(less, {"reduce-scatter": rs, "all-gather": gather})),
+                 ({"reduce-scatter": rs_mb}, _sum_kinds(less, {"all-gather": gather})),
+                 ({"reduce-scatter": rs_mb, "all-gather": 2 * gather}, dict(less)))
     if not axes:  # nothing is synchronised over several devices: ZeRO changes nothing
         zero_saving, zero_time = (0.0,) * 4, ((0.0, 0.0, 0.0),) * 4
-        zero_bytes, params = (({}, {}),) * 4, 0.0
+        zero_bytes, params, kind_time = (({}, {}),) * 4, 0.0, (({}, {}),) * 4
     return LayerLevers(tt.forward, lc.forward_compute * ratio, saving, zero_saving,
-                       params if axes else 0.0, zero_time, zero_bytes, axes)
+                       params if axes else 0.0, zero_time, zero_bytes, axes, kind_time)
+
+
+def _sum_kinds(*parts: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for kind, v in part.items():
+            out[kind] = out.get(kind, 0.0) + v
+    return out
 
 
 def _apply(terms: Any, lev: Sequence[LayerLevers], zero: int, remat: Sequence[int]) -> Any:
@@ -401,21 +421,23 @@ def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], sta
 
 
 def stage_extras(table: Any, members: Sequence[int], k: int, c: int, lv: StageLevers, B: int
-                 ) -> tuple[float, dict[str, float]]:
+                 ) -> tuple[float, dict[str, float], dict[str, float]]:
     """What a stage's levers add to its plan's accounting, per step: ``(compute seconds,
-    {collective kind: bytes})`` (the recomputed forwards; ZeRO's collectives, negative where it
-    removes the gradient all-reduce). Their seconds are in the stage's forward, backward and
-    per-step times."""
+    {collective kind: bytes}, {collective kind: seconds})`` (the recomputed forwards; ZeRO's
+    collectives, negative where it removes the gradient all-reduce). Their seconds are in the
+    stage's forward, backward and per-step times."""
     compute = 0.0
     nbytes: dict[str, float] = {}
+    seconds: dict[str, float] = {}
     for li in members:
         x = layer_levers(table, li, k, c)
         if x is None:
             continue
         if li in lv.remat:
             compute += B * x.recompute_compute
-        per_mb, per_step = x.zero_bytes[lv.zero]
-        for times, part in ((B, per_mb), (1, per_step)):
-            for kind, b in part.items():
-                nbytes[kind] = nbytes.get(kind, 0.0) + times * b
-    return compute, nbytes
+        for got, per_level in ((nbytes, x.zero_bytes), (seconds, x.zero_kind_time)):
+            per_mb, per_step = per_level[lv.zero]
+            for times, part in ((B, per_mb), (1, per_step)):
+                for kind, v in part.items():
+                    got[kind] = got.get(kind, 0.0) + times * v
+    return compute, nbytes, seconds

@@ -289,6 +289,34 @@ def test_interleaved_meshes_share_one_zero_level_and_fit():
     assert not quiet(_evaluate_kind, table, layout, "interleaved", 2).fits
 
 
+def test_zero_collectives_by_kind_add_up_to_their_times():
+    """Each ZeRO level's collectives split by kind (what plans add to comm_time_by_kind) sum to
+    the seconds the level adds to the forward, backward and per-step times."""
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    cluster = autoplan.Cluster.parse("cpu:8")
+    full, graph = pp._traces(wl, MICROBATCHES)
+    layers = pp.group_layers(graph)
+    ctx = pp._Context(cluster, full, pp.submesh_shapes(1, 8), "1f1b", cluster.device_memory,
+                      60.0, False)
+    table = pp._Table(ctx, graph, layers, MICROBATCHES)
+    k = ctx.submeshes.index((1, 8))
+    checked = 0
+    for c in range(len(ctx.configs[k])):
+        for li in range(table.L):
+            x = lv.layer_levers(table, li, k, c)
+            if x is None or not x.axes:
+                continue
+            for z in lv.ZERO_LEVELS:
+                per_mb, per_step = x.zero_kind_time[z]
+                fwd, bwd, step = x.zero_time[z]
+                assert sum(per_mb.values()) == pytest.approx(fwd + bwd, abs=1e-15)
+                assert sum(per_step.values()) == pytest.approx(step, abs=1e-15)
+                assert set(per_mb) | set(per_step) <= set(x.zero_bytes[z][0]) | set(
+                    x.zero_bytes[z][1]) | {"all-reduce"}
+            checked += 1
+    assert checked
+
+
 def test_search_and_the_command_line_can_turn_the_levers_off(least):
     wl = models.get("gpt", "tiny", layers=4, batch=32)
     kw = dict(pipeline=True, baselines=False, cache=False, workers=1, microbatches=MICROBATCHES,
