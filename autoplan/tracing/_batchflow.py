@@ -43,6 +43,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan._memo import per_owner
+from autoplan.tracing._primitives import (
+    BATCH_OPAQUE,
+    BATCH_REDUCTIONS,
+    NONLINEAR,
+    SCANS_ALONG,
+    SLICES,
+)
 
 __all__ = ["Mixing", "mixing", "mixing_of", "batch_axes", "random_draws", "MIXING_NOTE", "RANDOM_NOTE"]
 
@@ -51,17 +58,10 @@ MIXING_NOTE = "this loss mixes examples across the batch; micro-batching would c
 #: the note a micro-batched plan of a step drawing random numbers carries
 RANDOM_NOTE = "draws random numbers per micro-batch"
 
-_REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
-                     "reduce_or", "reduce_xor", "argmax", "argmin"})
-_SCAN_ALONG = {"cumsum": "axis", "cumprod": "axis", "cummax": "axis", "cummin": "axis",
-               "cumlogsumexp": "axis", "sort": "dimension"}
-_SLICE = frozenset({"slice", "dynamic_slice"})
-_OPAQUE = frozenset({"while", "cond", "scan", "scan_slice", "scan_stack"})
-#: functions that are not linear: applied to a batch sum or mean on the way to the loss
-#: (``log(mean(exp(l)))``, ``sqrt(mean(l ** 2))``), the loss is no longer a sum or mean of
-#: per-example terms
-_NONLINEAR = frozenset({"log", "exp", "exp2", "sqrt", "rsqrt", "cbrt", "pow", "integer_pow",
-                        "tanh", "logistic", "log1p", "expm1", "sin", "cos", "erf", "square"})
+# the primitives of the rules below are the registry's views (tracing/_primitives.py); a
+# function that is not linear (NONLINEAR) applied to a batch sum or mean on the way to the loss
+# (``log(mean(exp(l)))``, ``sqrt(mean(l ** 2))``) makes the loss no longer a sum or mean of
+# per-example terms
 
 #: a tensor's batch dimensions: ``(dimension, positions per example along it)`` pairs (a
 #: dimension that merged the batch with an inner one, ``(B T, F)``, has T positions per example)
@@ -179,7 +179,7 @@ def _reshape(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, s
     return [frozenset(out)], False, None
 
 
-@_rule(*_REDUCE)
+@_rule(*BATCH_REDUCTIONS)
 def _reduce(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str | None]:
     axes = set(op.params.get("axes", ()))
     kept = [d for d in range(len(op.in_shapes[0] or ())) if d not in axes]
@@ -192,9 +192,9 @@ def _reduce(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, st
     return [out] * len(op.outputs), bool(hit), why
 
 
-@_rule(*_SCAN_ALONG)
+@_rule(*SCANS_ALONG)
 def _along(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str | None]:
-    axis = op.params.get(_SCAN_ALONG[op.primitive], 0)
+    axis = op.params.get(SCANS_ALONG[op.primitive], 0)
     rank = len(op.in_shapes[0] or ())
     axis = axis + rank if isinstance(axis, int) and axis < 0 else axis
     outs, _, why = _elementwise(op, ins, flow)
@@ -243,7 +243,7 @@ def _conv(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str 
     return [res], reduced, None
 
 
-@_rule(*_SLICE)
+@_rule(*SLICES)
 def _slice(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str | None]:
     """Slicing keeps a batch dimension it leaves whole; one it cuts picks some examples, which
     then stand for the batch (a reduction, for this analysis)."""
@@ -283,7 +283,7 @@ def _fresh(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str
     return [_NONE] * len(op.outputs), False, None
 
 
-@_rule(*_OPAQUE)
+@_rule(*BATCH_OPAQUE)
 def _opaque(op: Any, ins: list[Dims], flow: _Flow) -> tuple[list[Dims], bool, str | None]:
     return [_NONE] * len(op.outputs), False, None
 
@@ -381,7 +381,7 @@ def _nonlinear_after_reduction(graph: Any, flow: _Flow, primal: set[int]) -> Mix
         op = ops[i]
         src = next((flow.reduced[t] for t in op.inputs if t is not None and t in flow.reduced),
                    None)
-        if op.primitive in _NONLINEAR and src is not None:
+        if op.primitive in NONLINEAR and src is not None:
             return Mixing(op.id, op.primitive, "/".join(op.scope),
                           f"applies {op.primitive} to a value reduced over the batch (by operator "
                           f"{src}, {ops[src].primitive}) on the way to the loss: the loss is not a "

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from autoplan._dtype import dtype_bytes, is_key_dtype
+from autoplan.tracing import _primitives
 
 __all__ = ["Tensor", "OpNode", "GraphInput", "GraphOutput", "Layer", "OpGraph"]
 
@@ -24,10 +25,8 @@ ROLES = ("forward", "backward", "update")
 #: key data
 _KEY_DATA_IN = frozenset({"random_wrap"})
 _KEY_DATA_OUT = frozenset({"random_unwrap"})
-#: primitives that draw random numbers (typed keys and raw ``uint32`` keys alike reach one of
-#: them): the one list the graph, the search's notes and the equivalence check read
-RANDOM_DRAWS = frozenset({"random_bits", "threefry2x32", "rng_bit_generator", "rng_uniform",
-                          "random_gamma_p"})
+#: primitives that draw random numbers (the primitive registry's view)
+RANDOM_DRAWS = _primitives.RANDOM_DRAWS
 #: The kinds a positional argument of a training step can have (one definition: workloads, plan
 #: files and the plan checks read it).
 ARG_KINDS = ("parameter", "optimizer_state", "batch", "key", "input")

@@ -43,12 +43,12 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from autoplan.tracing._primitives import INLINE_CALLS
+
 __all__ = ["INLINE", "Lit", "Ref", "WalkTensor", "WalkOp", "Walk", "step_jaxpr", "walk_jaxpr"]
 
-#: container primitives whose body is inlined into the walk
-INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-                    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call",
-                    "custom_lin"})
+#: container primitives whose body is inlined into the walk (the primitive registry's view)
+INLINE = INLINE_CALLS
 #: named scopes JAX adds on its own, left out of an operator's scope path
 _INTERNAL_SCOPES = frozenset({"rematted_computation"})
 

@@ -33,13 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autoplan._dtype import dtype_bytes
 from autoplan.plans._spec import Spec, tile_count
 
-if TYPE_CHECKING:
-    from autoplan.tracing._graph import OpNode
+#: an operator of the traced graph (:class:`autoplan.tracing._graph.OpNode`, which reads this
+#: registry: named here without importing it)
+OpNode = Any
 
 __all__ = ["PrimitiveRule", "RULES", "DEFAULT", "KINDS", "rule_of", "of_kind"]
 
@@ -55,7 +56,7 @@ Follow = tuple[tuple, tuple, list, "int | None"]
 #: ``rule(op, k, spec, src, out_shape, sizes)``: the strategy of ``op`` when its operand ``k``
 #: (of shape ``src``) has ``spec``; ``out_shape`` is its first result's shape and ``sizes`` the
 #: mesh's ``{axis: size}``. None when the operator cannot follow that operand.
-FollowRule = Callable[["OpNode", int, Spec, tuple, tuple, dict], "Follow | None"]
+FollowRule = Callable[[OpNode, int, Spec, tuple, tuple, dict], "Follow | None"]
 
 
 @dataclass(frozen=True)
@@ -483,3 +484,29 @@ GRAPHNODE_ANCHORS = (of_kind("heavy", "gather", "scatter", "sort", "window", "co
 #: TAPAS GraphNodes: the reductions (and cumulative scans) that start a normalisation GraphNode.
 #: ``reduce_xor`` is left out, as the grouping always left it out.
 GRAPHNODE_REDUCTIONS = of_kind("reduction", "cumulative") - {"reduce_xor"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the views of the trace and of the batch-flow analysis (names the table has no row for:
+# containers and control flow the trace walks, and draws outside ``random_bits``)
+# ---------------------------------------------------------------------------------------------
+
+#: primitives that draw random numbers (typed keys and raw ``uint32`` keys alike reach one of
+#: them): the one list the graph, the search's notes and the equivalence check read
+RANDOM_DRAWS = RANDOM_BITS | {"threefry2x32", "rng_bit_generator", "rng_uniform", "random_gamma_p"}
+#: container primitives whose body the trace walks inline (:mod:`autoplan.tracing._jaxpr`)
+INLINE_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2",
+                          "checkpoint", "custom_jvp_call", "custom_vjp_call",
+                          "custom_vjp_call_jaxpr", "named_call", "custom_lin"})
+#: control flow kept as one operator whose FLOPs the trace counts from its bodies (``scan`` is
+#: unrolled unless it is over-long, then counted so too)
+OPAQUE_CONTROL = frozenset({"while", "cond", "shard_map", "xla_pmap", "custom_transpose_call"})
+#: the batch-flow analysis (:mod:`autoplan.tracing._batchflow`): reductions that may reduce over
+#: the batch, the cumulative operators along an axis (``{primitive: the parameter naming it}``),
+#: the slices, the control flow it sees as opaque, and the functions that are not linear
+BATCH_REDUCTIONS = of_kind("reduction") - {"reduce_precision_sum"}
+SCANS_ALONG = {**dict.fromkeys(sorted(of_kind("cumulative")), "axis"), "sort": "dimension"}
+SLICES = frozenset({"slice", "dynamic_slice"})
+BATCH_OPAQUE = frozenset({"while", "cond", "scan", "scan_slice", "scan_stack"})
+NONLINEAR = frozenset({"log", "exp", "exp2", "sqrt", "rsqrt", "cbrt", "pow", "integer_pow",
+                       "tanh", "logistic", "log1p", "expm1", "sin", "cos", "erf", "square"})

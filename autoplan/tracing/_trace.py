@@ -42,7 +42,7 @@ from autoplan._errors import ModelError, TraceError
 from autoplan._gc import gc_paused
 from autoplan.tracing._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from autoplan.tracing._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
-from autoplan.tracing._primitives import rule_of
+from autoplan.tracing._primitives import OPAQUE_CONTROL, rule_of
 from autoplan.tracing._workload import (
     ARG_KINDS,
     arg_trees,
@@ -60,8 +60,6 @@ class OpaqueControlFlowWarning(UserWarning):
     """``while``/``cond`` (or an over-long ``scan``) was kept as one opaque, replicated node."""
 
 
-#: control flow whose FLOPs are counted from its bodies (each stays one operator of the walk)
-_OPAQUE = {"while", "cond", "shard_map", "xla_pmap", "custom_transpose_call"}
 
 #: integer operations per 32-bit word of ``random_bits``: threefry2x32 makes two words in 20
 #: rounds of add, rotate (two shifts and an or) and xor, with a key injection every 4 rounds
@@ -184,7 +182,7 @@ def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int
         in_shapes = tuple(tensors[t].shape if t is not None else None for t in inputs)
         out_shapes = tuple(tensors[t].shape for t in op.outputs)
         params = op.params if op.eqn is None else _plain_params(op.eqn.params)
-        if op.eqn is not None and (op.primitive in _OPAQUE or op.primitive == "scan"):
+        if op.eqn is not None and (op.primitive in OPAQUE_CONTROL or op.primitive == "scan"):
             # while/cond, and a scan longer than max_scan_unroll (shorter ones are unrolled)
             opaque[op.primitive] = opaque.get(op.primitive, 0) + 1
             flops = _count_flops_eqn(op.eqn)

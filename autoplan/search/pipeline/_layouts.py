@@ -32,8 +32,10 @@ SIDE_TENSOR_FRACTION = 0.01
 DP_ALTERNATIVES = 6
 
 #: Besides the best over any number of stages and the one-stage layout, the stage DP gives the
-#: best layouts of each of these stage counts (so every count is a ranked candidate).
-STAGE_COUNTS = (2, 4, 8, 16)
+#: best layouts of each of these stage counts (so every count is a ranked candidate). Not the
+#: counts the DAG stage ILP groups the layers for (:func:`_dag_ilp_stage_counts`): those are
+#: groupings of a layer DAG, each then costed by the DP over any number of stages.
+RANKED_STAGE_COUNTS = (2, 4, 8, 16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +193,7 @@ def _least_fitting_memory(inputs: dict[str, np.ndarray], ctx: _Context, B: int) 
 # ---------------------------------------------------------------------------------------------
 
 
-def _stage_counts(L: int, D: int) -> list[int]:
+def _dag_ilp_stage_counts(L: int, D: int) -> list[int]:
     """Stage counts the DAG stage ILP is solved for: 2 .. 8, then powers of two, up to
     ``min(L, D)``."""
     cap = min(L, D)
@@ -209,7 +211,7 @@ def _layouts(table: _Table, dag, use_ilp: bool, ratio: float = 1.0, B: int | Non
              ) -> tuple[dict[Layout, float], bool, float | None, float]:
     """The candidate layouts of ``table`` (re-timed by ``ratio`` for ``B`` micro-batches):
     ``(layouts with the DP's latency, whether they fit, the least memory that would fit, DP
-    seconds)``. ``full`` runs the DP for each stage count of :data:`STAGE_COUNTS` too (else the
+    seconds)``. ``full`` runs the DP for each stage count of :data:`RANKED_STAGE_COUNTS` too (else the
     DP over any number of stages and the one-stage layout only). ``explain`` seeks the least
     memory that would fit when nothing does (a bisection of DP runs: only for a message). The
     DP runs are tasks on ``workers`` processes (:func:`_layouts_of`)."""
@@ -317,7 +319,7 @@ def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool
     if not use_ilp:
         counts: list[tuple[int, int | None]] = [(1, None), (1, 1)]
         if full:
-            counts += [(s, s) for s in STAGE_COUNTS if s <= min(L, num_devices)]
+            counts += [(s, s) for s in RANKED_STAGE_COUNTS if s <= min(L, num_devices)]
 
         def members(a: int, b: int) -> tuple[int, ...]:
             return tuple(range(a, b))
@@ -329,7 +331,7 @@ def _dp_runs(table: _Table, dag, use_ilp: bool, ratio: float, B: int, full: bool
 
     if ctx.groupings is None:
         ctx.groupings = [[list(range(L))]]
-        for S in _stage_counts(L, num_devices):
+        for S in _dag_ilp_stage_counts(L, num_devices):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

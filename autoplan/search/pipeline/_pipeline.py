@@ -52,7 +52,7 @@ Steps (Alpa's inter-operator pass, with TAPAS's folding and TePDist's DAG stage 
    per-step work after its last backward; the simulated step time ranks them. The DP's latency
    equals the simulation when the stages are balanced and transfers free; otherwise the
    simulation decides. The one-stage layout (gradient accumulation over ``B`` micro-batches) is
-   always a candidate, and so is the best layout of each of :data:`STAGE_COUNTS` stages.
+   always a candidate, and so is the best layout of each of :data:`RANKED_STAGE_COUNTS` stages.
 7. **Micro-batches.** With ``microbatches=None`` the count is searched among the divisors of the
    batch within :data:`MICROBATCH_WINDOW` of the default (2 beyond :data:`AUTO_ALL_HOSTS`
    hosts), in two rounds: the default's power-of-two multiples and fractions, then the divisors
