@@ -24,14 +24,19 @@ install: $(STAMP) $(LAB_SETTINGS)
 demo: $(STAMP)
 	$(PY) -m autoplan.demo
 
+# the suite on every core (pytest-xdist), each test module on one worker (its module fixtures
+# made once); PYTEST_WORKERS=0 runs it in this process
+PYTEST_WORKERS ?= auto
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: $(STAMP)
 	$(PY) -m ruff check autoplan tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # the inner loop: everything but the tests marked slow (conftest.py's SLOW_MODULES)
 test-fast: $(STAMP)
 	$(PY) -m ruff check autoplan tests benchmarks
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
 lab: $(STAMP) $(LAB_SETTINGS)
 	$(VENV)/bin/jupyter lab notebooks/
