@@ -72,16 +72,19 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from autoplan._errors import ScheduleError
+from autoplan._errors import ScheduleError, SearchError
 
 __all__ = ["KINDS", "SPLIT_KINDS", "StagePass", "Event", "ScheduleStats", "task_deps", "num_meshes",
            "gpipe_table", "one_f_one_b_table", "interleaved_table", "zb_h1_table",
            "schedule_table", "schedule_order", "schedule_events", "schedule_stats",
            "schedule_summary", "validate_table", "order_from_table", "ideal_makespan",
-           "check_schedule", "inflight_counts"]
+           "check_schedule", "inflight_counts", "SCHEDULE_CHOICES", "check_schedule_choice"]
 
 #: the schedule kinds with a generated table
 KINDS = ("gpipe", "1f1b", "interleaved", "zb-h1")
+#: the schedules a search (and the Explorer) can be asked for: a kind, or ``"auto"`` to weigh
+#: all but GPipe
+SCHEDULE_CHOICES = ("1f1b", "gpipe", "interleaved", "zb-h1", "auto")
 #: the kinds that split each backward into ``B`` (input gradient) and ``W`` (weight gradient)
 SPLIT_KINDS = ("zb-h1",)
 
@@ -952,3 +955,13 @@ def inflight_counts(kind: str, num_stages: int, microbatches: int, stats: Schedu
     if kind in SPLIT_KINDS:
         return [stats.peak_inflight[s] for s in range(S)]
     return [B if kind == "gpipe" else min(S - s, B) for s in range(S)]
+
+
+def check_schedule_choice(value: Any, where: str = "search") -> None:
+    """Raise :class:`SearchError` (its message starting with ``where``) unless ``value`` is one
+    of :data:`SCHEDULE_CHOICES`."""
+    if value not in SCHEDULE_CHOICES:
+        raise SearchError(f"{where}: schedule should be one of "
+                          f"{', '.join(map(repr, SCHEDULE_CHOICES))}. Got {value!r}. Fix: '1f1b' "
+                          "(default), 'gpipe', 'interleaved', 'zb-h1', or 'auto' to weigh all but "
+                          "GPipe.")

@@ -90,9 +90,9 @@ class SearchOptions:
         if pipeline not in (True, False, "auto"):
             raise SearchError(f"search: pipeline should be True, False or 'auto'. Got "
                               f"{pipeline!r}.")
+        from autoplan.plans._schedule import check_schedule_choice  # noqa: PLC0415
         from autoplan.search.pipeline._microbatches import check_microbatches  # noqa: PLC0415
         from autoplan.search.pipeline._pipeline import (  # noqa: PLC0415
-            check_schedule_choice,
             check_stage_algorithm,
             check_submesh_hosts,
         )

@@ -94,6 +94,7 @@ from autoplan._errors import InfeasiblePlanError, SearchError, TraceError
 from autoplan._options import check_memory_budget, require_workload
 from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
+from autoplan.plans._schedule import check_schedule_choice
 from autoplan.search._parallel import check_workers, resolve_workers
 from autoplan.search.fold._layers import LayerGroup, group_layers
 from autoplan.search.intra._pins import renamed_pin, resolve_pins
@@ -120,7 +121,7 @@ from autoplan.search.pipeline._microbatches import (
     microbatch_workload_args,
     traced,
 )
-from autoplan.search.pipeline._simulate import SCHEDULES, _Eval, _evaluate
+from autoplan.search.pipeline._simulate import _Eval, _evaluate
 from autoplan.search.pipeline._stage_dp import submesh_shapes
 from autoplan.tracing._workload import Workload, as_workload
 
@@ -165,14 +166,6 @@ def check_submesh_hosts(value: Any) -> None:
         raise SearchError(f"search: submesh_hosts should be 'auto', 'all' or 'pow2'. Got "
                           f"{value!r}. Fix: 'all' is Alpa's full set of multi-host submeshes, "
                           "'pow2' keeps 2, 4, 8, ... hosts, 'auto' picks by cluster size.")
-
-
-def check_schedule_choice(value: Any) -> None:
-    """Raise :class:`SearchError` unless ``value`` is one of :data:`SCHEDULES`."""
-    if value not in SCHEDULES:
-        raise SearchError(f"search: schedule should be one of {', '.join(map(repr, SCHEDULES))}. "
-                          f"Got {value!r}. Fix: '1f1b' (default), 'gpipe', 'interleaved', "
-                          "'zb-h1', or 'auto' to weigh all but GPipe.")
 
 
 def check_stage_algorithm(value: Any) -> None:

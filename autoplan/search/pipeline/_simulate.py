@@ -14,6 +14,7 @@ from typing import Any
 
 from autoplan._errors import SearchError
 from autoplan.plans._schedule import (
+    SCHEDULE_CHOICES,
     SPLIT_KINDS,
     ScheduleStats,
     inflight_counts,
@@ -29,7 +30,7 @@ __all__ = ["SCHEDULES", "INTERLEAVED_CHUNKS", "AUTO_SCHEDULES"]
 
 #: The schedules the search accepts: the two classic ones, interleaved 1F1B, ZB-H1, and ``auto``
 #: (every layout weighed under :data:`AUTO_SCHEDULES`, the best kept).
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "auto")
+SCHEDULES = SCHEDULE_CHOICES
 
 #: Chunks per mesh (virtual stages ``v``) ``schedule="interleaved"`` tries on each layout.
 INTERLEAVED_CHUNKS = (2, 4)

@@ -14,11 +14,12 @@ from typing import Any
 from autoplan._errors import ModelError, SearchError, WaitTimeoutError
 from autoplan.costs._cluster import PRESETS, Cluster
 from autoplan.plans._plan import LEVELS, Plan
+from autoplan.plans._schedule import check_schedule_choice
 
 from ._candidates import CandidatePanel
 from ._focus import FocusPanel
 from ._launch import LaunchPanel
-from ._layout import NO_SIZE, SCHEDULES, ExplorerLayout
+from ._layout import NO_SIZE, ExplorerLayout
 from ._search import SearchPanel
 from ._state import ExplorerState, LaunchRecord, _is_graph
 from ._whatif import WhatIfPanel
@@ -59,8 +60,7 @@ def _checked_arguments(workload: Any, model: str, size: str, level: str, schedul
     if level not in LEVELS:
         raise SearchError(f"Explorer: level should be one of {LEVELS}. Got {level!r}. "
                           "Fix: level='auto' (default).")
-    if schedule not in SCHEDULES:
-        raise SearchError(f"Explorer: schedule should be one of {SCHEDULES}. Got {schedule!r}.")
+    check_schedule_choice(schedule, "Explorer")
     if microbatches is not None and (not isinstance(microbatches, int) or microbatches <= 0):
         raise SearchError(f"Explorer: microbatches should be None or a positive integer. Got "
                           f"{microbatches!r}.")

@@ -9,6 +9,7 @@ import ipywidgets as widgets
 
 from autoplan.costs._cluster import PRESETS, Cluster
 from autoplan.plans._plan import LEVELS
+from autoplan.plans._schedule import SCHEDULE_CHOICES
 from autoplan.viz._style import TEMPLATE
 from autoplan.viz._widget import CodeView, PlotView
 
@@ -17,7 +18,7 @@ from ._state import fmt_budget
 #: the cluster control's entry for this machine's measured profile (``Cluster.parse("local")``)
 LOCAL_LABEL = "this machine (measured)"
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "auto")
+SCHEDULES = SCHEDULE_CHOICES
 MICROBATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 FIGURES = ("sharding", "stage", "memory", "graph", "timeline", "compare", "launch")
 AUTO = 0  # the micro-batches Dropdown's value for "searched" (ipywidgets shows None as blank)
