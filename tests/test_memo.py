@@ -1,9 +1,15 @@
 """The per-object memo (:mod:`autoplan._memo`): its accessors compute once per owner (and
-arguments)."""
+arguments), and no module under ``autoplan/`` keys a value by a string, so two modules can
+share a value only by calling one accessor."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
+
 from autoplan._memo import forget, memo, per_owner, per_owner_and_args
+
+ROOT = pathlib.Path(__file__).resolve().parents[1] / "autoplan"
 
 
 class _Owner:
@@ -12,6 +18,51 @@ class _Owner:
 
 class _Slotted:
     __slots__ = ()
+
+
+def _spelled_keys(source: str, filename: str = "<test>") -> list[str]:
+    """``file:line`` of every ``memo(...)`` call whose key is not the accessor that computes the
+    value: a literal (a string, a number), a tuple whose first element is not a name (``("pins",
+    key)``), or anything else that is not a name, an attribute or such a tuple."""
+    bad = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(
+            func, ast.Attribute) else None
+        if name != "memo":
+            continue
+        key = node.args[1] if len(node.args) > 1 else next(
+            (k.value for k in node.keywords if k.arg == "key"), None)
+        head = key.elts[0] if isinstance(key, ast.Tuple) and key.elts else key
+        if not isinstance(head, (ast.Name, ast.Attribute)):
+            bad.append(f"{filename}:{node.lineno}")
+    return bad
+
+
+def test_no_module_keys_a_memo_by_a_spelled_name():
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        bad += _spelled_keys(path.read_text(), str(path.relative_to(ROOT.parent)))
+    assert not bad, ("memo keys should be the accessor function (or (accessor, *args)), not a "
+                     f"string: {bad}. Fix: make the value a per_owner / per_owner_and_args "
+                     "accessor and call it from every module that reads it.")
+
+
+def test_the_key_check_sees_spelled_keys():
+    src = '''
+memo(graph, "fusion_context", make)
+memo(graph, ("pins", key), make)
+_memo.memo(workload, ("search", "microbatch trace", m), make)
+memo(graph, key=f"x{k}", make=make)
+memo(graph, (), make)
+memo(graph, fusion_context, make)
+memo(graph, (pinned_by, key), make)
+memo(r.source, (self.accessor, dev.id), make)
+memo(owner, accessor, lambda: fn(owner))
+'''
+    assert _spelled_keys(src) == ["<test>:2", "<test>:3", "<test>:4", "<test>:5", "<test>:6"]
 
 
 def test_per_owner_and_args_computes_once_per_owner_and_args():
