@@ -1,11 +1,21 @@
 """Per-object memo: values computed from one object alone, kept as long as that object.
 
 Search and execution derive the same things from a workload or a graph again and again (traces,
-mining, per-graph tables of the ILP); :func:`memo` computes each once per object. An analysis read
-from several modules is a named accessor made by :func:`per_owner` next to the analysis
-(``_mine.mining_of(graph)``, ``_chain.segments_of(graph)``, ``_summary.analysis_of(graph)``),
-keyed by the accessor itself, so there is one function that computes it and no string key two
-modules must spell alike.
+mining, per-graph tables of the ILP); :func:`memo` computes each once per object. Each value has
+one accessor, the function that computes it, next to the analysis it belongs to
+(``_mine.mining_of(graph)``, ``_chain.segments_of(graph)``, ``_summary.analysis_of(graph)``);
+modules that need the value call that accessor.
+
+Keys: a value's key names its accessor, never a string two modules must spell alike:
+
+- a value of the owner alone is keyed by the accessor itself: :func:`per_owner` makes
+  ``fn(owner)`` such an accessor;
+- a value that also depends on arguments is keyed by ``(accessor, *args)``:
+  :func:`per_owner_and_args` makes ``fn(owner, *args)`` such an accessor (``args`` hashable);
+- an accessor whose arguments are not hashable themselves (pins in a dict, a mesh read by its
+  shape), or whose owner is not its first argument (a run caches on its workload), calls
+  :func:`memo` with the same key itself: ``memo(owner, (accessor, *hashable_args), make)``, its
+  own function object first.
 """
 
 from __future__ import annotations
@@ -41,6 +51,18 @@ def per_owner(fn: Callable[[Any], T]) -> Callable[[Any], T]:
     @functools.wraps(fn)
     def accessor(owner: Any) -> T:
         return memo(owner, accessor, lambda: fn(owner))
+
+    return accessor
+
+
+def per_owner_and_args(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn(owner, *args)`` computed once per ``owner`` object and ``args`` (by :func:`memo`,
+    keyed by ``(accessor, *args)`` with the returned accessor first: ``args`` must be hashable,
+    and different arguments are computed apart)."""
+
+    @functools.wraps(fn)
+    def accessor(owner: Any, *args: Hashable) -> T:
+        return memo(owner, (accessor, *args), lambda: fn(owner, *args))
 
     return accessor
 

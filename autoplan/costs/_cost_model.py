@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan.costs._device_models import peak_rate as _peak_rate
 from autoplan.costs._device_models import precision as _precision
 from autoplan.costs._device_models import saturated_time as _saturated_time
@@ -39,6 +39,24 @@ def _table_index(tables: Sequence[CollectiveTable]) -> dict[str, dict]:
         exact[(t.kind, t.group)] = t
         by_size.setdefault((t.kind, t.size), []).append(t)
     return {"exact": exact, "by_size": by_size}
+
+
+@per_owner
+def _curve_index(model: DeviceCostModel) -> dict[tuple[str, str], ThroughputCurve]:
+    """``{(op, dtype): curve}`` of a cost model's measured curves, once per cost model."""
+    return {(c.op, c.dtype): c for c in model.curves}
+
+
+@per_owner
+def _memory_curve(model: DeviceCostModel) -> ThroughputCurve | None:
+    """A cost model's measured memory-bandwidth curve (None: not measured), once per cost model."""
+    return next((c for c in model.curves if c.op == "memory"), None)
+
+
+@per_owner
+def _collective_index(model: DeviceCostModel) -> dict[str, dict]:
+    """:func:`_table_index` of a cost model's collective tables, once per cost model."""
+    return _table_index(model.collectives)
 
 
 class DeviceCostModel:
@@ -85,7 +103,7 @@ class DeviceCostModel:
 
     def curve(self, op: str, dtype: str) -> ThroughputCurve | None:
         """The measured curve of ``op`` in ``dtype`` (else in float32, else of matmul)."""
-        index = memo(self, "curves", lambda: {(c.op, c.dtype): c for c in self.curves})
+        index = _curve_index(self)
         for key in ((op, dtype), (op, "float32"), ("matmul", dtype), ("matmul", "float32")):
             c = index.get(key)
             if c is not None:
@@ -127,8 +145,7 @@ class DeviceCostModel:
         for a kernel of that size (0 without a bandwidth)."""
         if nbytes <= 0:
             return 0.0
-        curve = memo(self, "memory_curve",
-                     lambda: next((c for c in self.curves if c.op == "memory"), None))
+        curve = _memory_curve(self)
         if curve is not None:
             return curve.time(nbytes)
         if self.memory_bandwidth <= 0:
@@ -182,7 +199,7 @@ class DeviceCostModel:
         the one of the same group size with the nearest stride (None without tables)."""
         if not self.collectives:
             return None
-        index = memo(self, "collective_tables", lambda: _table_index(self.collectives))
+        index = _collective_index(self)
         hit = index["exact"].get((kind, group))
         if hit is not None:
             return hit

@@ -64,6 +64,7 @@ from typing import Any
 
 from autoplan import _signals
 from autoplan._errors import LaunchError, NonFiniteError, PlanMismatchError
+from autoplan._memo import per_owner
 from autoplan.exec._layout import (
     CLUSTER_KINDS,
     WorkerLayout,
@@ -749,19 +750,18 @@ def _plan_of(plan: Any) -> tuple[Any, str | None]:
                       f"{type(plan).__name__}. Fix: pass result.best or 'plan.json'.")
 
 
+@per_owner
 def _fingerprint_here(workload: Workload) -> tuple[str, Any]:
     """The fingerprint and :class:`~autoplan.plans._plan_check.WorkloadView` of a workload object
-    (one with a spec: a zoo or ``module:function`` :class:`~autoplan.Workload`)."""
-    from autoplan._memo import memo  # noqa: PLC0415
+    (one with a spec: a zoo or ``module:function`` :class:`~autoplan.Workload`); once per
+    workload object."""
     from autoplan.plans._plan_check import WorkloadView  # noqa: PLC0415
     from autoplan.tracing._trace import trace  # noqa: PLC0415
 
-    def make() -> tuple[str, Any]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            graph = trace(workload)
-        return graph.fingerprint, WorkloadView.of(graph, workload.config)
-    return memo(workload, ("launch", "fingerprint"), make)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = trace(workload)
+    return graph.fingerprint, WorkloadView.of(graph, workload.config)
 
 
 def _cluster_hint(plan: Any, plan_path: str | None, spec: Mapping[str, Any]) -> str:

@@ -284,21 +284,21 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
     return _Resolved(workload.name, workload.fn, host, workload.arg_kinds, workload)
 
 
-def _cached(r: _Resolved, key: Any, make: Callable[[], Any]) -> Any:
-    """``make()`` once per workload object and key (traces, flat programs, the reference)."""
-    return memo(r.source, key, make)
-
+# What a run derives from its workload (traces, flat programs, compiled references) is memoised on
+# the workload object (``r.source``), keyed by the function that derives it (see autoplan._memo).
 
 def _graph(r: _Resolved) -> Any:
+    """The step's trace, once per workload object."""
     def make():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OpaqueControlFlowWarning)
             return trace(r.fn, *_abstract(r.host_args), arg_kinds=r.arg_kinds, name=r.name)
-    return _cached(r, "trace", make)
+    return memo(r.source, _graph, make)
 
 
 def _program(r: _Resolved) -> Any:
-    return _cached(r, "flat", lambda: flatten(r.fn, *_abstract(r.host_args)))
+    """The step's flat program, once per workload object."""
+    return memo(r.source, _program, lambda: flatten(r.fn, *_abstract(r.host_args)))
 
 
 def _abstract(host_args: Any) -> Any:
@@ -320,7 +320,7 @@ def signature_of(r: _Resolved) -> StepSignature:
         out = jax.eval_shape(r.fn, *_abstract(r.host_args))
         return step_signature(out, _abstract(r.host_args), r.arg_kinds, names,
                               step_name=f"the training step of {r.name}")
-    return _cached(r, "signature", make)
+    return memo(r.source, signature_of, make)
 
 
 def _advance_args(sig: StepSignature, outputs: Any, args: Sequence[Any]) -> tuple[Any, ...]:
@@ -367,8 +367,9 @@ def _preflight(r: _Resolved, compiler_options: Mapping[str, Any] | None) -> None
     dev = jax.local_devices()[0]
     try:
         args = jax.device_put(r.host_args, dev)
-        compiled = _cached(r, ("preflight", dev.id, repr(sorted((compiler_options or {}).items()))),
-                           lambda: jax.jit(r.fn).lower(*args).compile(compiler_options=compiler_options))
+        options = repr(sorted((compiler_options or {}).items()))
+        compiled = memo(r.source, (_preflight, dev.id, options),
+                        lambda: jax.jit(r.fn).lower(*args).compile(compiler_options=compiler_options))
         jax.block_until_ready(compiled(*args))
     except Exception as err:  # the user's callback may raise anything
         first = error_summary(err)
@@ -662,9 +663,9 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
         dargs = jax.device_put(args, dev)
         dgrads = jax.device_put(host_grads, dev)
         if ref_fn is None:
-            key = ("reference", tuple(cross), microbatches if draws else 1,
-                   repr(sorted((compiler_options or {}).items())))
-            ref_fn = _cached(r, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
+            options = repr(sorted((compiler_options or {}).items()))
+            key = (check_equivalence, tuple(cross), microbatches if draws else 1, options)
+            ref_fn = memo(r.source, key, lambda a=dargs, g=dgrads: jax.jit(reference).lower(a, g).compile(
                 compiler_options=compiler_options))
             names = _leaf_names(sig, rec.outputs)
             for name, ref in zip(names, prog.outputs):
@@ -758,6 +759,23 @@ def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[An
     return reference
 
 
+def _microbatch_program(r: _Resolved, microbatches: int, mb_abstract: Sequence[Any]) -> Any:
+    """The flat program of the step on one of ``microbatches`` micro-batches (abstract arguments
+    ``mb_abstract``), once per workload object and micro-batch count."""
+    return memo(r.source, (_microbatch_program, microbatches),
+                lambda: flatten(r.fn, *mb_abstract))
+
+
+def _microbatch_graph(r: _Resolved, microbatches: int, mb_abstract: Sequence[Any]) -> Any:
+    """The trace of the step on one of ``microbatches`` micro-batches (abstract arguments
+    ``mb_abstract``), once per workload object and micro-batch count."""
+    def make() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+            return trace(r.fn, *mb_abstract, arg_kinds=r.arg_kinds, name=r.name)
+    return memo(r.source, (_microbatch_graph, microbatches), make)
+
+
 def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microbatches: int
                           ) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
     """The single-device reference of a micro-batched step that draws random numbers: the step
@@ -769,13 +787,8 @@ def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microb
     batch_args = [i for i, k in enumerate(r.arg_kinds) if k == "batch"]
     mb_abstract = _microbatch_abstract(r.host_args, batch_args, m)
 
-    def make_graph() -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-            return trace(r.fn, *mb_abstract, arg_kinds=r.arg_kinds, name=r.name)
-
-    mb_prog = _cached(r, ("flat", m), lambda: flatten(r.fn, *mb_abstract))
-    mb_cross = _map_grad_tensors(graph, cross, _cached(r, ("trace", m), make_graph))
+    mb_prog = _microbatch_program(r, m, mb_abstract)
+    mb_cross = _map_grad_tensors(graph, cross, _microbatch_graph(r, m, mb_abstract))
     tainted = set(mb_cross)
     downstream, upstream = [], []
     for op in mb_prog.ops:
@@ -1029,7 +1042,7 @@ def _single_device_losses(r: _Resolved, steps: int) -> list[float] | None:
     """The losses of ``steps`` unsharded steps on this process's first device (each from the
     last one's parameters and optimizer state), or None when the step cannot be chained."""
     dev = jax.local_devices()[0]
-    fn = _cached(r, ("single-device step", dev.id), lambda: jax.jit(r.fn))
+    fn = memo(r.source, (_single_device_losses, dev.id), lambda: jax.jit(r.fn))
     args = jax.device_put(r.host_args, dev)
     losses = []
     for s in range(steps):

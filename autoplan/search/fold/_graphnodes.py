@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import networkx as nx
 import numpy as np
 
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan._options import require_graph
 from autoplan.tracing._graph import OpGraph, OpNode
 from autoplan.tracing._operands import index_in_run, operand_arrays
@@ -135,9 +135,10 @@ class OpLabeler:
         return d
 
 
+@per_owner
 def op_labels(graph: OpGraph) -> OpLabeler:
     """The graph's :class:`OpLabeler` (made once per graph)."""
-    return memo(graph, "op_labeler", lambda: OpLabeler(graph))
+    return OpLabeler(graph)
 
 
 def data_dependent(graph: OpGraph) -> list[bool]:

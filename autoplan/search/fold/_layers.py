@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import per_owner, per_owner_and_args
 from autoplan._names import unit_name
 from autoplan._options import require_graph
 from autoplan.search.fold._graphnodes import op_labels
@@ -107,20 +107,20 @@ class LayerGroup:
         return self.names[0] if len(self.names) == 1 else f"{self.names[0]}..{self.names[-1]}"
 
 
+@per_owner
 def _forward(graph: OpGraph) -> tuple[list, bool]:
     """The forward operators, and whether the model has named-scope layers
     (:attr:`~autoplan.OpGraph.layer_names`; made once per graph)."""
-    def make():
-        fwd = [op for op in graph.ops if op.role == "forward"]
-        names = graph.layer_names
-        return fwd, any(names[op.id] is not None for op in fwd)
-    return memo(graph, "forward_scoped", make)
+    fwd = [op for op in graph.ops if op.role == "forward"]
+    names = graph.layer_names
+    return fwd, any(names[op.id] is not None for op in fwd)
 
 
+@per_owner
 def _units(graph: OpGraph) -> list[tuple[str, list[int]]]:
     """The units of the forward pass, in program order: (name, forward operator ids); see the
     module docstring (made once per graph)."""
-    return memo(graph, "layer_units", lambda: _make_units(graph))
+    return _make_units(graph)
 
 
 def _make_units(graph: OpGraph) -> list[tuple[str, list[int]]]:
@@ -197,17 +197,16 @@ def layer_order(graph: OpGraph) -> tuple[str, ...]:
     return _named_layers(graph)[1]
 
 
+@per_owner
 def _named_layers(graph: OpGraph) -> tuple[list[str], tuple[str, ...]]:
-    def make() -> tuple[list[str], tuple[str, ...]]:
-        out = ["step"] * len(graph.ops)
-        if not _units(graph):
-            return out, ("step",)
-        layers = group_layers(graph, max_layers=None)
-        for ly in layers:
-            for o in ly.ops:
-                out[o] = ly.name
-        return out, tuple(ly.name for ly in layers)
-    return memo(graph, "named_layers", make)
+    out = ["step"] * len(graph.ops)
+    if not _units(graph):
+        return out, ("step",)
+    layers = group_layers(graph, max_layers=None)
+    for ly in layers:
+        for o in ly.ops:
+            out[o] = ly.name
+    return out, tuple(ly.name for ly in layers)
 
 
 def _block_starts(graph: OpGraph, fwd: Sequence) -> list[int]:
@@ -423,19 +422,19 @@ def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     """Structural identity of a layer: its operators' primitives, shapes and the wiring among
     them, independent of ids and scope names (memoised per graph and operator set: the levels
     ask again for the layers :func:`group_layers` just signed)."""
-    key = tuple(sorted(ops))
-    return memo(graph, ("layer_signature", key), lambda: _make_signature(graph, key))
+    return _sorted_signature(graph, tuple(sorted(ops)))
 
 
-def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
+@per_owner_and_args
+def _sorted_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
+    """:func:`_signature` of the sorted operator ids ``ops``, once per graph and ``ops``."""
     # each operator as its structural label (primitive, shapes, dtypes, params: see
     # ``op_labels``) with its role, and its operand count; then per operand its producer's offset
     # in ``ops`` (negative: producers come first), 0 for a literal, or a stable 64-bit hash of an
     # outside tensor's shape; the int64 sequence is built with numpy (``ops`` is sorted)
     arr = operand_arrays(graph)
-    head = memo(graph, "signature_op_codes", lambda: np.asarray(op_labels(graph).ids, dtype=np.int64)
-                * 4 + np.asarray([_ROLE_CODE.get(op.role, 3) for op in graph.ops], dtype=np.int64))
-    shape_words = memo(graph, "signature_shape_words", dict)
+    head = _signature_op_codes(graph)
+    shape_words = _signature_shape_words(graph)
     o = np.asarray(ops, dtype=np.int64)
     n = len(o)
     cnt = arr.count[o]
@@ -467,6 +466,21 @@ def _make_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
     out[at + 1] = cnt
     out[runs(at + 2, cnt)] = code
     return hashlib.sha256(out.tobytes()).hexdigest()[:16]
+
+
+@per_owner
+def _signature_op_codes(graph: OpGraph) -> np.ndarray:
+    """Every operator's structural label id (:func:`op_labels`) times 4 plus its role's code: the
+    head word of each operator in a signature; once per graph."""
+    return (np.asarray(op_labels(graph).ids, dtype=np.int64) * 4
+            + np.asarray([_ROLE_CODE.get(op.role, 3) for op in graph.ops], dtype=np.int64))
+
+
+@per_owner
+def _signature_shape_words(graph: OpGraph) -> dict[tuple[int, ...], int]:
+    """``{shape: its 64-bit hash}``, filled as signatures meet tensors from outside their
+    operators; one dict per graph."""
+    return {}
 
 
 def segment_names(graph: OpGraph, segs: Any) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan._options import require_graph, require_instance
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
@@ -380,8 +380,7 @@ def _differing_operands(graph: OpGraph, op_ids: Sequence[int], op_strategy: Mapp
     needed = list(map(attrgetter("in_specs"), strategies))
     costed = _costed_ops(graph)[0]
     if ids is costed or ids == costed:  # (the operands of every costed operator: made once)
-        flat_t, counts, reader = memo(graph, "costed_operands",
-                                      lambda: _operands_of(graph, costed))
+        flat_t, counts, reader = _costed_operands(graph)
     else:
         flat_t, counts, reader = _operands_of(graph, ids)
     if counts == list(map(len, needed)):
@@ -397,6 +396,12 @@ def _differing_operands(graph: OpGraph, op_ids: Sequence[int], op_strategy: Mapp
             if src[j] is not None]
 
 
+@per_owner
+def _costed_operands(graph: OpGraph) -> tuple[list[int], list[int], list[int]]:
+    """:func:`_operands_of` the costed operators (:func:`_costed_ops`), once per graph."""
+    return _operands_of(graph, _costed_ops(graph)[0])
+
+
 def _operands_of(graph: OpGraph, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """The operands of the operators ``ids``, in order, over the flat operand arrays: their
     tensors (-1: a literal), each operator's count, and each operand's operator."""
@@ -407,26 +412,23 @@ def _operands_of(graph: OpGraph, ids: Sequence[int]) -> tuple[list[int], list[in
             np.repeat(o, count).tolist())
 
 
+@per_owner
 def _saves_activation(graph: OpGraph) -> list[bool]:
     """Per operator: whether it is a forward operator with a result some backward operator
     reads (an activation saved for backward); once per graph."""
     read_back = _backward_read(graph)
-    return memo(graph, "saves_activation", lambda: [
-        op.role == "forward" and any(t in read_back for t in op.outputs) for op in graph.ops])
+    return [op.role == "forward" and any(t in read_back for t in op.outputs) for op in graph.ops]
 
 
+@per_owner
 def _costed_ops(graph: OpGraph) -> tuple[list[int], list[int], list[int]]:
     """The operators a complete plan costs (those with a result that is not free: see
     :func:`_free_tensors`), in order; each one's number of results; and their results, in
     order. Once per graph."""
-
-    def make() -> tuple[list[int], list[int], list[int]]:
-        free = _free_tensors(graph)
-        costed = [op.id for op in graph.ops
-                  if not (op.outputs and op.outputs[0] in free and free.issuperset(op.outputs))]
-        arr = operand_arrays(graph)
-        o = np.asarray(costed, dtype=np.int64)
-        n_outs = arr.out_count[o]
-        return costed, n_outs.tolist(), arr.output[runs(arr.out_start[o], n_outs)].tolist()
-
-    return memo(graph, "costed_ops", make)
+    free = _free_tensors(graph)
+    costed = [op.id for op in graph.ops
+              if not (op.outputs and op.outputs[0] in free and free.issuperset(op.outputs))]
+    arr = operand_arrays(graph)
+    o = np.asarray(costed, dtype=np.int64)
+    n_outs = arr.out_count[o]
+    return costed, n_outs.tolist(), arr.output[runs(arr.out_start[o], n_outs)].tolist()

@@ -23,7 +23,7 @@ import numpy as np
 
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._pins import pin_specs
@@ -395,58 +395,50 @@ def _add_fixed_and_pairs(prob: ILPProblem, fixed_specs: Mapping[int, Spec],
     prob.out_pairs = [(o, i) for _, o, i in hits]
 
 
+@per_owner
 def _free_tensors(graph: OpGraph) -> frozenset[int]:
     """Constants and every tensor computed only from them (by cheap operators); once per
     graph."""
-
-    def make() -> frozenset[int]:
-        # ``None`` (a literal operand) counts as free, so that one C-level ``issuperset`` tests
-        # the operands; it rules out almost every operator before the primitive tests
-        free: set[int | None] = set(graph.consts)
-        free.add(None)
-        for op in graph.ops:
-            if not free.issuperset(op.inputs):
-                continue
-            if is_heavy(op) or not (is_follower(op) or is_generator(op)):
-                continue
-            free.update(op.outputs)
-        free.discard(None)
-        return frozenset(free)  # type: ignore[arg-type]
-
-    return memo(graph, "free_tensors", make)
+    # ``None`` (a literal operand) counts as free, so that one C-level ``issuperset`` tests
+    # the operands; it rules out almost every operator before the primitive tests
+    free: set[int | None] = set(graph.consts)
+    free.add(None)
+    for op in graph.ops:
+        if not free.issuperset(op.inputs):
+            continue
+        if is_heavy(op) or not (is_follower(op) or is_generator(op)):
+            continue
+        free.update(op.outputs)
+    free.discard(None)
+    return frozenset(free)  # type: ignore[arg-type]
 
 
+@per_owner
 def _updated_pairs(graph: OpGraph) -> list[tuple[int, int]]:
     """:func:`updated_input_pairs`, once per graph."""
-    return memo(graph, "updated_input_pairs", lambda: updated_input_pairs(graph))
+    return updated_input_pairs(graph)
 
 
+@per_owner
 def _updated_pairs_by_input(graph: OpGraph) -> dict[int, list[tuple[int, int]]]:
     """``{input tensor: [(position in updated_input_pairs, output tensor)]}``, once per graph (a
     segment problem looks up its own inputs' pairs instead of scanning every pair)."""
-
-    def make() -> dict[int, list[tuple[int, int]]]:
-        out: dict[int, list[tuple[int, int]]] = {}
-        for k, (o, i) in enumerate(_updated_pairs(graph)):
-            out.setdefault(i, []).append((k, o))
-        return out
-
-    return memo(graph, "updated_pairs_by_input", make)
+    out: dict[int, list[tuple[int, int]]] = {}
+    for k, (o, i) in enumerate(_updated_pairs(graph)):
+        out.setdefault(i, []).append((k, o))
+    return out
 
 
+@per_owner
 def _backward_read(graph: OpGraph) -> frozenset[int]:
     """The tensors some backward operator reads (a forward result among them is an activation
     saved for backward), once per graph."""
-
-    def make() -> frozenset[int]:
-        read: set[int | None] = set()
-        for op in graph.ops:
-            if op.role == "backward":
-                read.update(op.inputs)
-        read.discard(None)
-        return frozenset(read)  # type: ignore[arg-type]
-
-    return memo(graph, "backward_read", make)
+    read: set[int | None] = set()
+    for op in graph.ops:
+        if op.role == "backward":
+            read.update(op.inputs)
+    read.discard(None)
+    return frozenset(read)  # type: ignore[arg-type]
 
 
 def _tensor_edges(prob: ILPProblem):

@@ -23,7 +23,7 @@ import jax
 
 from autoplan._errors import ClusterError, SearchError
 from autoplan._gc import gc_paused
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan._options import check_memory_budget
 from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh, default_axis_names
@@ -161,12 +161,12 @@ def _comm_by_axis(c: Comm, mesh: LogicalMesh, out: dict[str, float],
             b /= sizes[a]
 
 
+@per_owner
 def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
     """Per operator: whether it is a forward operator, and whether its primitive is one a plan
     always lists (:data:`autoplan.tracing._primitives.PLAN_RECORDED`); once per graph."""
-    return memo(graph, "plan_op_kinds", lambda: (
-        [op.role == "forward" for op in graph.ops],
-        [op.primitive in PLAN_RECORDED for op in graph.ops]))
+    return ([op.role == "forward" for op in graph.ops],
+            [op.primitive in PLAN_RECORDED for op in graph.ops])
 
 
 def plan_from_solution(graph: OpGraph, mesh: LogicalMesh, sol: ILPSolution, *,

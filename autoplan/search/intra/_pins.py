@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from jax.sharding import PartitionSpec as P
 
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import memo, per_owner_and_args
 from autoplan.plans._spec import Spec
 from autoplan.search.intra._spec_space import checked_spec, replicated
 from autoplan.tracing._graph import OpGraph
@@ -107,7 +107,7 @@ def pinned_by(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple
     key = pins_key(pins)
     if key is None:
         return _resolve(graph, pins)
-    return memo(graph, ("pins", key), lambda: _resolve(graph, pins))
+    return memo(graph, (pinned_by, key), lambda: _resolve(graph, pins))
 
 
 def _resolve(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[int, tuple[Any, Any]]:
@@ -164,7 +164,7 @@ def pin_specs(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any] | None
     key = pins_key(pins)
     if key is None:
         return _specs_on(graph, mesh, pins)
-    return memo(graph, ("pin specs", mesh.shape, mesh.axis_names, key),
+    return memo(graph, (pin_specs, mesh.shape, mesh.axis_names, key),
                 lambda: _specs_on(graph, mesh, pins))
 
 
@@ -305,10 +305,11 @@ def megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
     batch split over ``x``), or None when the model has no Megatron layers; matched once per
     graph and ``tp`` (a search asks whether the baseline applies, then solves it), a new dict
     each call."""
-    pins = memo(graph, ("megatron pins", tp), lambda: _megatron_pins(graph, tp))
+    pins = _megatron_pins(graph, tp)
     return None if pins is None else dict(pins)
 
 
+@per_owner_and_args
 def _megatron_pins(graph: OpGraph, tp: int) -> dict[int, Any] | None:
     pins: dict[int, Any] = {}
     matched = 0

@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._dtype import dtype_bytes, is_partitionable_key
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan._options import require_instance
 from autoplan.costs._mesh import COMBINE_THRESHOLD, LogicalMesh
 from autoplan.plans._plan import Comm
@@ -214,6 +214,7 @@ def is_generator(op: OpNode) -> bool:
 # helpers
 # ---------------------------------------------------------------------------------------------
 
+@per_owner
 def fusion_context(graph: OpGraph) -> Sequence[Context]:
     """Per operator: whether it is a kernel under XLA's fusion, which of its operands it reads
     from memory, and the share of a collective's latency its collectives pay (see the module
@@ -223,30 +224,26 @@ def fusion_context(graph: OpGraph) -> Sequence[Context]:
     or is read by an operator that is not loop-fusible. An operand is read from memory when a
     kernel or the graph's inputs made it.
     """
-
-    def make() -> Sequence[Context]:
-        # over the flat operand arrays: a loop-fusible operator is a kernel when a result of it
-        # is a result of the graph or an operand of an operator that is not loop-fusible
-        ops = graph.ops
-        arr = operand_arrays(graph)
-        fusible = np.fromiter((op.primitive in LOOP_FUSIBLE for op in ops), bool, len(ops))
-        kernel = ~fusible
-        made = arr.tensor >= 0
-        producer = arr.made_by
-        by_op = producer >= 0
-        kernel[producer[by_op & ~fusible[arr.reader]]] = True
-        outs = np.asarray([graph.tensors[o.tensor].producer for o in graph.outputs], np.int64)
-        kernel[outs[outs >= 0]] = True
-        # an operand is read from memory when a kernel or the graph's inputs made it
-        mat = (made & ~by_op) | (by_op & kernel[np.maximum(producer, 0)])
-        combine = combinable_ops(graph)
-        # the operators whose collectives XLA would combine (heavy ones and reductions among
-        # the combinable): their latency is shared
-        k = sum(compress(_passing_flags(graph)[1], combine))
-        shared = 1.0 / max(1, k)
-        return _Contexts(kernel.tolist(), mat.tolist(), arr.start.tolist(), combine, shared)
-
-    return memo(graph, "fusion_context", make)
+    # over the flat operand arrays: a loop-fusible operator is a kernel when a result of it is a
+    # result of the graph or an operand of an operator that is not loop-fusible
+    ops = graph.ops
+    arr = operand_arrays(graph)
+    fusible = np.fromiter((op.primitive in LOOP_FUSIBLE for op in ops), bool, len(ops))
+    kernel = ~fusible
+    made = arr.tensor >= 0
+    producer = arr.made_by
+    by_op = producer >= 0
+    kernel[producer[by_op & ~fusible[arr.reader]]] = True
+    outs = np.asarray([graph.tensors[o.tensor].producer for o in graph.outputs], np.int64)
+    kernel[outs[outs >= 0]] = True
+    # an operand is read from memory when a kernel or the graph's inputs made it
+    mat = (made & ~by_op) | (by_op & kernel[np.maximum(producer, 0)])
+    combine = combinable_ops(graph)
+    # the operators whose collectives XLA would combine (heavy ones and reductions among the
+    # combinable): their latency is shared
+    k = sum(compress(_passing_flags(graph)[1], combine))
+    shared = 1.0 / max(1, k)
+    return _Contexts(kernel.tolist(), mat.tolist(), arr.start.tolist(), combine, shared)
 
 
 class _Contexts(Sequence):
@@ -274,85 +271,80 @@ class _Contexts(Sequence):
         return c
 
 
+@per_owner
 def _passing_flags(graph: OpGraph) -> tuple[list[bool], list[bool]]:
     """Per operator: whether it is an optimizer update, and whether it is heavy or a reduction
     (its readers wait for its collectives; a gradient does not pass through it unchanged);
     once per graph, for the backward sweeps of :func:`combinable_ops` and
     :func:`gradient_feeds`, which then read flags instead of operators."""
     stops = HEAVY | _REDUCTIONS
-    return memo(graph, "passing_flags", lambda: (
-        [op.role == "update" for op in graph.ops], [op.primitive in stops for op in graph.ops]))
+    return [op.role == "update" for op in graph.ops], [op.primitive in stops for op in graph.ops]
 
 
+@per_owner
 def _results(graph: OpGraph) -> tuple[list[int], list[int]]:
     """Every operator's results as one flat list and each operator's offset in it; once per
     graph (both backward sweeps read them)."""
     arr = operand_arrays(graph)
-    return memo(graph, "result_lists", lambda: (arr.output.tolist(), arr.out_start.tolist()))
+    return arr.output.tolist(), arr.out_start.tolist()
 
 
+@per_owner
 def combinable_ops(graph: OpGraph) -> list[bool]:
     """Per operator: its results only feed the optimizer update or the step's results, through
     operators that are neither heavy nor reductions (a weight gradient, a bias gradient, the
     loss). Nothing else waits for such an operator's collectives, so XLA combines them with the
     others of their kind; once per graph."""
-
-    def make() -> list[bool]:
-        consumers = graph.consumers
-        outputs = {o.tensor for o in graph.outputs}
-        update, stop = _passing_flags(graph)
-        output, start = _results(graph)
-        terminal = [False] * len(graph.ops)
-        for i in range(len(graph.ops) - 1, -1, -1):
-            # some result is used (a result of the step, or read), and no reader but the
-            # update waits for it
-            used = False
-            ok = True
-            for t in output[start[i]:start[i + 1]]:
-                readers = consumers[t]
-                if readers or t in outputs:
-                    used = True
-                for c in readers:
-                    if update[c]:
-                        continue
-                    if stop[c] or not terminal[c]:
-                        ok = False
-                        break
-                if not ok:
+    consumers = graph.consumers
+    outputs = {o.tensor for o in graph.outputs}
+    update, stop = _passing_flags(graph)
+    output, start = _results(graph)
+    terminal = [False] * len(graph.ops)
+    for i in range(len(graph.ops) - 1, -1, -1):
+        # some result is used (a result of the step, or read), and no reader but the
+        # update waits for it
+        used = False
+        ok = True
+        for t in output[start[i]:start[i + 1]]:
+            readers = consumers[t]
+            if readers or t in outputs:
+                used = True
+            for c in readers:
+                if update[c]:
+                    continue
+                if stop[c] or not terminal[c]:
+                    ok = False
                     break
-            terminal[i] = ok and used
-        return terminal
+            if not ok:
+                break
+        terminal[i] = ok and used
+    return terminal
 
-    return memo(graph, "combinable_ops", make)
 
-
+@per_owner
 def gradient_feeds(graph: OpGraph) -> list[bool]:
     """feeds[op]: the op's result reaches the optimizer update through movement/elementwise ops
     only (it makes a gradient); once per graph."""
-
-    def make():
-        consumers = graph.consumers
-        update, stop = _passing_flags(graph)
-        output, start = _results(graph)
-        feeds = [False] * len(graph.ops)
-        # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
-        # gradient and passes it on: not heavy, not a reduction); operators are visited
-        # consumers first, so an operator's consumers are marked before it is
-        marks = list(update)
-        for i in range(len(graph.ops) - 1, -1, -1):
-            for t in output[start[i]:start[i + 1]]:
-                for c in consumers[t]:
-                    if marks[c]:
-                        break
-                else:
-                    continue
-                feeds[i] = True
-                if not stop[i]:
-                    marks[i] = True
-                break
-        return feeds
-
-    return memo(graph, "gradient_feeds", make)
+    consumers = graph.consumers
+    update, stop = _passing_flags(graph)
+    output, start = _results(graph)
+    feeds = [False] * len(graph.ops)
+    # marks[c]: a result read by operator c feeds the update (c is an update, or c makes a
+    # gradient and passes it on: not heavy, not a reduction); operators are visited
+    # consumers first, so an operator's consumers are marked before it is
+    marks = list(update)
+    for i in range(len(graph.ops) - 1, -1, -1):
+        for t in output[start[i]:start[i + 1]]:
+            for c in consumers[t]:
+                if marks[c]:
+                    break
+            else:
+                continue
+            feeds[i] = True
+            if not stop[i]:
+                marks[i] = True
+            break
+    return feeds
 
 
 def combined_latency(graph: OpGraph, mesh: LogicalMesh,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import per_owner
 from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm, Plan
@@ -52,6 +52,7 @@ LAYER_TIME_LIMIT = 10.0
 LEAN_MIP_GAP = 2e-2
 
 
+@per_owner
 def gradient_ops(graph: OpGraph) -> frozenset[int]:
     """The backward operators that make parameter gradients: their result reaches the optimizer
     update through operators that do not combine it with anything batch-sized (movement,
@@ -60,23 +61,19 @@ def gradient_ops(graph: OpGraph) -> frozenset[int]:
     weight gradient's partial sums, and a bias or norm-scale gradient's reduction over the
     batch (whose result is reshaped and summed over a broadcast size-1 dimension before the
     update). Once per graph."""
-
-    def make() -> frozenset[int]:
-        ops, consumers = graph.ops, graph.consumers
-        marks = [op.role == "update" for op in ops]  # the result reaches the update unchanged
-        out = set()
-        for op in reversed(ops):
-            if op.role == "update" or not any(marks[c] for t in op.outputs for c in consumers[t]):
-                continue
-            if op.role == "backward":
-                out.add(op.id)
-            trivial = op.primitive in STOP_REDUCTIONS and all(
-                op.in_shapes[0][a] == 1 for a in op.params.get("axes", ()))
-            if op.primitive not in HEAVY and (op.primitive not in STOP_REDUCTIONS or trivial):
-                marks[op.id] = True
-        return frozenset(out)
-
-    return memo(graph, ("pipeline", "gradient ops"), make)
+    ops, consumers = graph.ops, graph.consumers
+    marks = [op.role == "update" for op in ops]  # the result reaches the update unchanged
+    out = set()
+    for op in reversed(ops):
+        if op.role == "update" or not any(marks[c] for t in op.outputs for c in consumers[t]):
+            continue
+        if op.role == "backward":
+            out.add(op.id)
+        trivial = op.primitive in STOP_REDUCTIONS and all(
+            op.in_shapes[0][a] == 1 for a in op.params.get("axes", ()))
+        if op.primitive not in HEAVY and (op.primitive not in STOP_REDUCTIONS or trivial):
+            marks[op.id] = True
+    return frozenset(out)
 
 
 def per_step_weighted(problem: ILPProblem, weight: float) -> ILPProblem:

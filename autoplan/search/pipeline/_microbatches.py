@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from autoplan._errors import SearchError
-from autoplan._memo import memo
+from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._trace import trace
 from autoplan.tracing._workload import Workload
@@ -60,10 +60,11 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
     return tuple(out)
 
 
+@per_owner
 def traced(workload: Workload) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
     search share it)."""
-    return memo(workload, ("search", "trace"), lambda: trace(workload))
+    return trace(workload)
 
 
 def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
@@ -72,12 +73,15 @@ def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
     full = traced(workload)
     if microbatches == 1:
         return full, full
+    return full, _microbatch_trace(workload, microbatches)
 
-    def make() -> OpGraph:
-        args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
-        return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=full.name)
 
-    return full, memo(workload, ("search", "microbatch trace", microbatches), make)
+@per_owner_and_args
+def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
+    """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
+    micro-batch count."""
+    args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
+    return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=traced(workload).name)
 
 
 def _aligned(a: OpGraph, b: OpGraph) -> bool:
