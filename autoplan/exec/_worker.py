@@ -456,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                     equivalence=None if eq is None else eq.message,
                     comm_bytes=report.comm_bytes, peak_memory=report.peak_memory,
                     devices=report.num_devices, executed_on=sorted(index[i] for i in report.memory),
-                    dispatches=report.pipeline.get("dispatches"), nonfinite=report.nonfinite)
+                    dispatches=report.pipeline.get("dispatches"), nonfinite=report.nonfinite,
+                    levers={str(s): lv for s, lv in report.pipeline.get("levers", {}).items()})
         sys.stderr.flush()
         return 0
     except BaseException as err:  # report everything, including KeyboardInterrupt

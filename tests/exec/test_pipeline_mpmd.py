@@ -87,3 +87,21 @@ def test_two_stages_on_two_processes_match_single_device(name, schedule):
 def test_stages_whose_submeshes_span_both_processes_match():
     result = _launch(_interleaved(plan("mlp", "pp", "gpipe")), "mlp")
     assert result.done[0]["executed_on"] == result.done[1]["executed_on"] == list(range(8))
+
+
+def test_memory_levers_run_across_processes():
+    """ZeRO-3 over each stage's axis and every other layer rematerialised, with each stage's
+    submesh spanning both processes (so the sharded state lives on two processes): the launch
+    matches one device."""
+    base = _interleaved(plan("gpt", "pp", "1f1b"))
+    levered = base.with_(stages=tuple(
+        dataclasses.replace(s, zero=3, zero_axes=tuple(s.axis_names), remat_layers=s.layers[::2])
+        for s in base.stages))
+    result = _launch(levered, "gpt")
+    assert result.done[0]["executed_on"] == result.done[1]["executed_on"] == list(range(8))
+    for ev in result.done.values():  # each process applied every stage's levers
+        assert sorted(ev["levers"]) == ["0", "1"]
+        for s in levered.stages:
+            lv = ev["levers"][str(s.index)]
+            assert lv["zero"] == 3 and lv["recomputed"] > 0
+            assert list(lv["remat_layers"]) == list(s.remat_layers)
