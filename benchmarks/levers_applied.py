@@ -14,7 +14,9 @@ through ``autoplan.exec.run`` and are checked against one device. Per stage:
 * ``exec``: that program's total (arguments + results + temporaries);
 * ``again``: the forward operators its backward runs again per micro-batch;
 * ``predicted``: the plan's predicted memory per device of the stage (with its levers; the
-  plan without them was not searched, so it has none).
+  plan without them was not searched, so it has none);
+* ``step`` the measured step (median of the steps after the first) beside ``predicted step``
+  (the ``cpu`` preset's: a datasheet guess for these emulated devices, which share 2 cores).
 
 Usage::
 
@@ -76,14 +78,18 @@ def main() -> None:
         print(f"  stage {s.index}: ZeRO-{s.zero} over {', '.join(s.zero_axes) or '-'}; "
               f"remat {', '.join(s.remat_layers) or '-'}")
     print()
-    print("| run | stage | held/mb | args | exec | again | predicted | step (median) | matched |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| run | stage | held/mb | args | exec | again | predicted | step (median) | "
+          "predicted step | matched |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, p in (("with levers", plan), ("without levers", plain)):
         rep = run(p, concrete, steps=5, compiler_options=FAST)
         step = statistics.median(rep.step_times[1:])
+        searched = p is plan  # the plan without its levers was not searched: no predictions
         for i, (s, held, args, total, again, pred) in enumerate(stage_rows(p, rep)):
+            predicted = kib(pred) if searched else "-"
+            predicted_step = f"{p.predicted.step_time * 1e3:.2f} ms" if searched else "-"
             print(f"| {name if i == 0 else ''} | {s} | {kib(held)} | {kib(args)} | {kib(total)} | "
-                  f"{again} | {kib(pred) if p is plan else '-'} | {step * 1e3:.1f} ms | "
+                  f"{again} | {predicted} | {step * 1e3:.1f} ms | {predicted_step} | "
                   f"{rep.equivalence.matched} |")
 
 
