@@ -349,6 +349,25 @@ def test_keys_are_never_pinned_sharded():
     assert specs["['x']"] == PartitionSpec("x")
 
 
+def test_a_wider_sharded_pin_leaves_out_the_keys_it_matches():
+    """A sharded pattern over the batch pins the batch's arrays and not its PRNG keys, which
+    stay replicated (a replicated pin still reaches them)."""
+    from autoplan.search.intra._intra import make_logical_mesh
+    from autoplan.search.intra._pins import pin_specs, pinned_by
+
+    batch = {**_batch(), "keys": jax.random.split(jax.random.key(0), 32)}
+    g = autoplan.trace(autoplan.Workload(per_example_key_step, (_params(), batch)))
+    names = {gi.name: gi.tensor for gi in g.inputs}
+    key = names["batch['keys']"]
+    assert key in g.key_tensors
+    sharded = pinned_by(g, {r"batch": PartitionSpec("x")})
+    assert set(sharded) == {names["batch['x']"], names["batch['y']"]}
+    mesh = make_logical_mesh(autoplan.Cluster.parse("cpu:8"), (8, 1))
+    specs = pin_specs(g, mesh, {r"batch": PartitionSpec("x")})
+    assert key not in specs and specs[names["batch['x']"]] == (("x",), None)
+    assert key in pinned_by(g, {r"batch": PartitionSpec()})
+
+
 def test_a_duck_typed_workload_with_keys_gets_the_kind_key_or_a_clear_refusal():
     import types
 

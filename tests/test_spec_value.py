@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from autoplan import ArgumentError, ArgumentTypeError
-from autoplan.plans._spec import Spec, split_error, tile_count
+from autoplan.plans._spec import Spec, split_error, tile_count, zero_spec
 
 MESH, NAMES = (2, 4), ("x", "y")
 
@@ -82,6 +82,21 @@ def test_tiles_and_axes():
     assert tile_count(None, {"x": 2}) == 1
     with pytest.raises(ArgumentError, match="mesh axes"):
         Spec("z", None).tiles(MESH, NAMES)
+
+
+def test_zero_adds_its_axes_after_the_ones_a_dimension_already_uses():
+    sizes = {"x": 2, "y": 2, "z": 4}
+    # S(y)R over x, y: x joins y on dimension 0, the tiles double
+    z = zero_spec(Spec("y", None), (8, 4), ("x", "y"), sizes)
+    assert z == Spec(("y", "x"), None) and z.tiles((2, 2, 4), ("x", "y", "z")) == 4
+    # the first dimension the extra axes divide, given what already splits it
+    assert zero_spec(Spec("z", None), (4, 6), ("x",), sizes) == Spec("z", "x")
+    assert zero_spec(Spec("z", None), (16, 6), ("x",), sizes) == Spec(("z", "x"), None)
+    # nothing to add: every axis used already, or of size 1
+    assert zero_spec(Spec("x", "y"), (8, 4), ("x", "y"), sizes) == Spec("x", "y")
+    assert zero_spec(Spec(None), (8,), ("w",), {"w": 1}) == Spec(None)
+    # no dimension divides the extra axes: the spec as it was
+    assert zero_spec(Spec("y", None), (2, 3), ("x",), sizes) == Spec("y", None)
 
 
 def test_divides():

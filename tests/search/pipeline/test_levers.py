@@ -3,6 +3,7 @@ under the memory limit; the plan file, summary, memory figure and code snippet s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import warnings
@@ -131,6 +132,20 @@ def test_zero_is_chosen_when_it_is_cheaper_than_recomputing():
     (z, remat, ts), = lv.choose([([terms], [levs], [[0]], 1.0)], 75.0, 4)
     assert z == 1 and remat == ((),) and ts[0].resident == pytest.approx(60.0)
     assert lv.choose([([terms], [levs], [[0]], 1.0)], 20.0, 4) is None  # nothing fits
+
+
+def test_zero_3_holds_the_largest_layers_gathered_parameters():
+    """ZeRO-3 shards the parameters, and while a layer runs its parameters are gathered whole:
+    the stage's resident memory keeps the largest such buffer of its layers."""
+    terms = _Terms(1.0, 2.0, 0.5, 100.0, 10.0)
+    levs = [dataclasses.replace(layer(0.0, 5.0, zero=(0.0, 20.0, 30.0, 40.0), time=0.01),
+                                zero_buffer=b) for b in (6.0, 9.0)]
+    assert lv._apply(terms, levs, 2, ()).resident == pytest.approx(100.0 - 60.0)
+    assert lv._apply(terms, levs, 3, ()).resident == pytest.approx(100.0 - 80.0 + 9.0)
+    # ZeRO-2 leaves 40 + 10, ZeRO-3 29 + 10: a budget of 45 needs ZeRO-3, and 35 fits nothing
+    (z, remat, ts), = lv.choose([([terms], [levs], [[0, 1]], 1.0)], 45.0, 4)
+    assert z == 3 and remat == ((),) and ts[0].resident == pytest.approx(29.0)
+    assert lv.choose([([terms], [levs], [[0, 1]], 1.0)], 35.0, 4) is None
 
 
 # ------------------------------------------------------------------------------------------

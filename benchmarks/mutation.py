@@ -1,0 +1,294 @@
+"""Mutation check: every listed test set must fail when a plausible bug is put into the code it
+covers.
+
+Each mutation replaces one exact snippet (it must occur exactly once in its file) in a copy of
+the repository's files (the ``autoplan`` package with the tests and their data), made in a
+temporary folder that is the only entry of ``PYTHONPATH``; the named tests then run there in a
+subprocess (``python -P -m pytest -x -q``), which stops with an error unless they import the
+mutated copy of ``autoplan``.
+The worktree's files are never edited. A mutation is ``killed`` when its tests fail and
+``SURVIVED`` when they pass; the run prints a markdown table and exits with status 1 when any
+mutation survived (or its run could not tell).
+
+Run: ``.venv/bin/python benchmarks/mutation.py`` (all, about 10-15 minutes on 2 cores);
+``--only NAME`` (repeatable) for some; ``--list`` to print the mutations without running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One deliberate bug: ``original`` (exactly once in ``file``) becomes ``mutated``."""
+
+    name: str
+    file: str  # relative to the repository root
+    original: str
+    mutated: str
+    tests: tuple[str, ...]  # pytest node ids or files, relative to the repository root
+    breaks: str
+
+
+M = Mutation
+MUTATIONS: tuple[Mutation, ...] = (
+    M("ilp-reshard-cost", "autoplan/search/intra/_ilp_cost.py",
+      "            comm += charge(t, src, dst, i)",
+      "            comm += 0.0 * charge(t, src, dst, i)",
+      ("tests/search/intra/test_ilp.py::test_ilp_optimum_equals_brute_force",),
+      "the recomputed objective leaves out resharding an operand to its consumer's spec"),
+    M("ilp-eliminate-max", "autoplan/search/intra/_ilp_reduce.py",
+      "self.cost[n] = self.cost[n] + tot.min(axis=1)",
+      "self.cost[n] = self.cost[n] + tot.max(axis=1)",
+      ("tests/search/intra/test_ilp.py::test_ilp_optimum_equals_brute_force",),
+      "eliminating a leaf node charges its neighbour the worst option, not the best"),
+    M("mesh-allreduce-factor", "autoplan/costs/_mesh.py",
+      '"all-reduce": lambda n: 2 * (n - 1) / n',
+      '"all-reduce": lambda n: (n - 1) / n',
+      ("tests/test_cluster.py::test_collective_formulas_match_hand_values",),
+      "an all-reduce costs one pass of the ring, not two"),
+    M("mesh-scattered-outer-axis", "autoplan/costs/_mesh.py",
+      "                b /= n  # the next (outer) axis reduces the already scattered part",
+      "                pass",
+      ("tests/test_cluster.py",),
+      "a 2-D all-reduce's outer axis reduces the whole tensor again"),
+    M("cluster-parse-nodes", "autoplan/costs/_cluster.py",
+      "        return cls.preset(name, n)",
+      "        return cls.preset(name, 1)",
+      ("tests/test_cluster.py::test_presets_and_parse",),
+      "'p3.16xlarge:4' parses as one node"),
+    M("stage-dp-max", "autoplan/search/pipeline/_stage_dp.py",
+      "np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])",
+      "np.maximum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])",
+      ("tests/search/pipeline/test_stage_dp.py",),
+      "the stage DP keeps the worst split of the remaining layers"),
+    M("stage-dp-choice-off-by-one", "autoplan/search/pipeline/_stage_dp.py",
+      "rows = np.minimum(k + 1 + np.arange(W), L)  # (W,)",
+      "rows = np.minimum(k + np.arange(W), L)  # (W,)",
+      ("tests/search/pipeline/test_stage_dp.py",),
+      "recovering a stage's choice reads the next table one layer early"),
+    M("schedule-1f1b-warmup", "autoplan/plans/_schedule.py",
+      "        w = min(S - j - 1, m)\n",
+      "        w = min(S - j, m)\n",
+      ("tests/search/pipeline/test_schedule.py",),
+      "1F1B runs one warm-up forward too many on every mesh"),
+    M("schedule-zb-h1-weight", "autoplan/plans/_schedule.py",
+      "elif w < b and bdone[j][w] < t:",
+      "elif w <= b and bdone[j][w] < t:",
+      ("tests/test_schedule_interleaved_zb.py",),
+      "ZB-H1 may run a W before its B"),
+    M("schedule-interleaved-backward", "autoplan/plans/_schedule.py",
+      'bwd = [StagePass(microbatch(k), (v - 1 - (k // P) % v) * P + j, "backward")',
+      'bwd = [StagePass(microbatch(k), ((k // P) % v) * P + j, "backward")',
+      ("tests/test_schedule_interleaved_zb.py",),
+      "interleaved 1F1B runs backward chunks in forward order"),
+    M("spec-tile-count", "autoplan/plans/_spec.py",
+      "                n *= sizes[a]",
+      "                n = sizes[a]",
+      ("tests/test_spec_value.py",),
+      "a dimension split over two axes counts only the last axis's tiles"),
+    M("zero-spec-drops-axes", "autoplan/plans/_spec.py",
+      "            return Spec(*spec[:d], have + extra, *spec[d + 1:])",
+      "            return Spec(*spec[:d], extra, *spec[d + 1:])",
+      ("tests/test_spec_value.py",),
+      "ZeRO replaces the axes a dimension is already split over instead of adding to them"),
+    M("trace-dot-flops", "autoplan/tracing/_trace.py",
+      "return 2.0 * out * math.prod(in_shapes[0][d] for d in lc)",
+      "return out * math.prod(in_shapes[0][d] for d in lc)",
+      ("tests/test_trace.py",),
+      "a matmul counts one FLOP per multiply-add, not two"),
+    M("primitive-broadcast-operand", "autoplan/tracing/_primitives.py",
+      "        return tuple(e if shp[d] == out_shape[d] else None for d, e in enumerate(out))",
+      "        return out",
+      ("tests/test_primitives.py",),
+      "an elementwise follower splits a broadcast (size-1) operand dimension"),
+    M("batchflow-dot-pairs", "autoplan/tracing/_batchflow.py",
+      "if from_l and from_r and from_l != from_r:",
+      "if from_l and from_r and from_l == from_r:",
+      ("tests/search/test_mixing.py",),
+      "a similarity matrix over the batch (in-batch negatives) is not seen as mixing examples"),
+    M("exec-accumulation-mean", "autoplan/exec/_stages.py",
+      "            for t, a in zip(acc_ids, sums):\n"
+      "                env[t] = (a / num_mb).astype(tensors[t].dtype)",
+      "            for t, a in zip(acc_ids, sums):\n"
+      "                env[t] = a.astype(tensors[t].dtype)",
+      ("tests/exec/test_microbatch_loops.py::"
+       "test_gradient_accumulation_is_one_program_per_step_and_follows_one_device",),
+      "gradient accumulation sums the micro-batches' gradients instead of averaging them"),
+    M("exec-pipeline-mean", "autoplan/exec/_stages.py",
+      "                for t, a in zip(task.means, sums):\n"
+      "                    env[t] = (a / num_mb).astype(tensors[t].dtype)",
+      "                for t, a in zip(task.means, sums):\n"
+      "                    env[t] = a.astype(tensors[t].dtype)",
+      ("tests/exec/test_run.py::test_pipeline_plan_matches_single_device",),
+      "a pipeline's update task sums the micro-batches' gradients instead of averaging them"),
+    M("remat-closure-inputs", "autoplan/exec/_levers.py",
+      "if not isinstance(t, Lit) and t not in outs))",
+      "if not isinstance(t, Lit)))",
+      ("tests/exec/test_levers_applied.py::"
+       "test_recompute_reruns_a_layer_from_its_inputs_before_the_first_reader",),
+      "the recomputation's barrier also holds values it makes itself"),
+    M("remat-closure-stops", "autoplan/exec/_levers.py",
+      "                stack.append(u)",
+      "                pass",
+      ("tests/exec/test_levers_applied.py::"
+       "test_recompute_reruns_a_layer_from_its_inputs_before_the_first_reader",),
+      "rematerialisation recomputes only the value read, not what it is made from in its layer"),
+    M("equivalence-tolerance", "autoplan/exec/_run.py",
+      "ratio = np.where(diff == 0, 0.0, diff / tol)",
+      "ratio = np.where(diff == 0, 0.0, diff / tol / 1e3)",
+      ("tests/exec/test_failures.py::test_non_finite_values_are_compared_position_by_position",),
+      "the equivalence check accepts differences 1000 times its tolerance"),
+    M("planfile-stage-index", "autoplan/plans/_planfile.py",
+      "        if stage >= len(views):",
+      "        if stage > len(views):",
+      ("tests/test_planfile.py::test_a_wrong_field_is_named",),
+      "an input naming a stage one past the last is not refused by name"),
+    M("levers-remat-peak", "autoplan/search/pipeline/_levers.py",
+      "    out.resident += max((lev[p].remat_saving for p in remat), default=0.0)",
+      "    out.resident += 0.0",
+      ("tests/search/pipeline/test_levers.py::test_greedy_remat_takes_most_bytes_per_second_first",),
+      "rematerialisation forgets the peak of the one layer being recomputed"),
+    M("levers-zero3-buffer", "autoplan/search/pipeline/_levers.py",
+      "        out.resident += max((x.zero_buffer for x in lev), default=0.0)",
+      "        out.resident += 0.0",
+      ("tests/search/pipeline/test_levers.py::"
+       "test_zero_3_holds_the_largest_layers_gathered_parameters",),
+      "ZeRO-3 forgets the buffer of the gathered parameters of one layer"),
+    M("pins-prng-keys", "autoplan/search/intra/_pins.py",
+      "            hits = [gi for gi in hits if gi.tensor not in keys]",
+      "            hits = list(hits)",
+      ("tests/search/intra/test_pins.py",
+       "tests/test_keys.py::test_a_wider_sharded_pin_leaves_out_the_keys_it_matches"),
+      "a sharded pin over a wider pattern shards the PRNG keys it matches"),
+    M("timeline-zero-optimizer", "autoplan/viz/_timeline.py",
+      '(i.kind == "optimizer_state" and s.zero >= 1)',
+      '(i.kind == "optimizer_state" and s.zero >= 2)',
+      ("tests/search/pipeline/test_levers.py::test_memory_figure_shows_the_levers",),
+      "the memory figure shows ZeRO-1's optimizer state unsharded"),
+)
+
+#: a pytest plugin (written next to the copy) that stops the run when the tests import any
+#: ``autoplan`` other than the mutated copy
+_GUARD = '''
+import sys
+import pytest
+
+def pytest_collection_finish(session):
+    import autoplan
+    where = autoplan.__file__
+    if not where.startswith({root!r}):
+        pytest.exit(f"the tests import autoplan from {{where}}, not the mutated copy", returncode=3)
+'''
+
+
+def check_snippet(m: Mutation) -> str:
+    """The file's text, after checking ``m.original`` occurs in it exactly once."""
+    text = (ROOT / m.file).read_text()
+    n = text.count(m.original)
+    if n != 1:
+        raise SystemExit(f"mutation {m.name}: its snippet occurs {n} times in {m.file}, not once. "
+                         "Fix: update the snippet in benchmarks/mutation.py to the code as it is now.")
+    return text
+
+
+def _tree_files() -> list[str]:
+    """The repository's files as git sees them (tracked, and new ones not ignored); outside a
+    git checkout, the package, the tests and the files pytest reads to start."""
+    try:
+        r = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                           cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        found = [p for d in ("autoplan", "tests") for p in (ROOT / d).rglob("*")
+                 if "__pycache__" not in p.parts]
+        found += [ROOT / "conftest.py", ROOT / "pyproject.toml"]
+        return [p.relative_to(ROOT).as_posix() for p in found if p.is_file()]
+    return [f for f in r.stdout.split("\0") if f and (ROOT / f).is_file()]
+
+
+def run_one(m: Mutation, timeout: float, mutate: bool = True) -> tuple[str, float]:
+    """``(outcome, seconds)``: ``killed (by the first failing test)``, ``SURVIVED`` or
+    ``error (...)``; with ``mutate=False`` the tests run on the unmutated copy (they should
+    pass: ``SURVIVED`` then means the set-up is sound)."""
+    text = check_snippet(m)
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{m.name}-") as tmp:
+        # the whole tree, not only the package: pytest puts the folder of the root conftest.py
+        # first on sys.path, so tests run from the worktree would import its unmutated autoplan
+        for f in _tree_files():
+            dst = Path(tmp) / f
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dst)
+        if mutate:
+            (Path(tmp) / m.file).write_text(text.replace(m.original, m.mutated))
+        (Path(tmp) / "_mutation_guard.py").write_text(
+            _GUARD.format(root=str(Path(tmp) / "autoplan")))
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=tmp)
+        cmd = [sys.executable, "-P", "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-p", "_mutation_guard", *m.tests]
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "killed (timed out)", time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+    if r.returncode == 0:
+        return "SURVIVED", dt
+    if r.returncode in (1, 2):  # tests failed, or collection failed on the mutated code
+        failed = [ln.split()[1] for ln in r.stdout.splitlines()
+                  if ln.startswith(("FAILED ", "ERROR ")) and len(ln.split()) > 1]
+        return f"killed (by `{failed[0]}`)" if failed else "killed", dt
+    tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
+    return f"error (pytest exit {r.returncode}: {tail[0][:80]})", dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", metavar="NAME", help="run this mutation (repeatable)")
+    ap.add_argument("--list", action="store_true", help="print the mutations, run nothing")
+    ap.add_argument("--clean", action="store_true",
+                    help="run the tests on the unmutated copy instead (each should pass)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutation's tests")
+    args = ap.parse_args(argv)
+    names = {m.name for m in MUTATIONS}
+    chosen = list(MUTATIONS)
+    if args.only:
+        unknown = sorted(set(args.only) - names)
+        if unknown:
+            ap.error(f"--only {unknown[0]!r} is not a mutation. Known: {', '.join(sorted(names))}")
+        chosen = [m for m in MUTATIONS if m.name in args.only]
+    if args.list:
+        for m in chosen:
+            check_snippet(m)
+            print(f"{m.name}\t{m.file}\t{' '.join(m.tests)}\t{m.breaks}")
+        return 0
+    print("| mutation | file | breaks | tests | result | seconds |")
+    print("|---|---|---|---|---|---|")
+    bad = 0
+    for m in chosen:
+        outcome, dt = run_one(m, args.timeout, mutate=not args.clean)
+        if args.clean:
+            outcome = "passes" if outcome == "SURVIVED" else f"FAILS UNMUTATED: {outcome}"
+            bad += outcome != "passes"
+        else:
+            bad += not outcome.startswith("killed")
+        tests = ", ".join(f"`{t}`" for t in m.tests)
+        print(f"| {m.name} | `{m.file}` | {m.breaks} | {tests} | {outcome} | {dt:.1f} |", flush=True)
+    print(f"\n{len(chosen) - bad} of {len(chosen)} "
+          + ("pass unmutated" if args.clean else "killed"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
