@@ -89,6 +89,21 @@ def test_detect_profiles_once_then_reads_the_cache(measured, tmp_path, monkeypat
     assert calls == [True, False, False]
 
 
+def test_a_profile_is_kept_where_detect_reads_it(tmp_path, monkeypatch):
+    """autoplan.profile() keeps its measurement in the cache, so Cluster.detect (and
+    '--cluster local') of the same devices reads it instead of measuring again."""
+    monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path))
+    few = jax.devices()[:2]
+    got = autoplan.profile(few, quick=True, progress=False)
+    assert (tmp_path / f"{cache_key(few)}-quick.json").is_file()
+
+    def no_measuring(*a, **k):
+        raise AssertionError("Cluster.detect measured the devices again")
+
+    monkeypatch.setattr(autoplan.costs._detect, "measured_cluster", no_measuring)
+    assert Cluster.detect(few, quick=True) == got
+
+
 def test_cli_profile_then_plan_with_the_file(measured, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(autoplan.costs._cluster, "profile", lambda *a, **k: measured)
     path = tmp_path / "cluster.json"

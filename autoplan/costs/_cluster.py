@@ -45,6 +45,7 @@ from autoplan._io import read_input_bytes
 from autoplan.costs._cost_model import CURVE_OPS, DeviceCostModel
 from autoplan.costs._detect import DeviceDetection, measured_cluster
 from autoplan.costs._device_models import PRECISIONS as _PRECISIONS
+from autoplan.costs._local import keep_profile
 from autoplan.costs._measured import CollectiveTable, ThroughputCurve
 from autoplan.costs._mesh import COLLECTIVES, LogicalMesh
 from autoplan.costs._mesh import logical_mesh as _logical_mesh
@@ -479,6 +480,8 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
     Returns:
         One node of ``len(devices)`` devices with the measured profile; save it with
         :meth:`Cluster.to_json` and pass it, or the file's path, wherever a cluster is taken.
+        It is also kept in the cache :meth:`Cluster.detect` and ``--cluster local`` read (the
+        quick or the full profile's), so they do not measure the same devices again.
 
     Raises:
         ClusterError: no devices, or devices of different kinds.
@@ -490,7 +493,9 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
         >>> cluster.describe_profile()                          # doctest: +SKIP
         'measured quick profile of 8 x cpu (cpu) on 2026-11-25 13:40 UTC'
     """
-    return measured_cluster(Cluster, devices, quick=quick, progress=progress)
+    cluster = measured_cluster(Cluster, devices, quick=quick, progress=progress)
+    keep_profile(devices, quick, cluster.to_json())
+    return cluster
 
 
 #: a profile file's spec: ``x.json`` or ``x.json:N``

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Self, TypeVar
 
 from autoplan._errors import ClusterError
-from autoplan.costs._local import measured_fields, profile_cache_paths, store_profile
+from autoplan.costs._local import keep_profile, measured_fields, profile_cache_paths
 
 __all__ = ["DeviceDetection", "measured_cluster"]
 
@@ -65,5 +65,5 @@ class DeviceDetection:
                     except ClusterError:
                         pass  # an unreadable cache entry: profile again
         cluster = measured_cluster(cls, devices, quick=quick, progress=progress)
-        store_profile(fast if quick else full, cluster.to_json())
+        keep_profile(devices, quick, cluster.to_json())
         return cluster

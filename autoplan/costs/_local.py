@@ -18,7 +18,8 @@ from autoplan._io import atomic_write_bytes, usable_cache_dir
 from autoplan._io import cache_dir as _cache_folder
 from autoplan.costs._measured import CollectiveTable, ThroughputCurve
 
-__all__ = ["cache_dir", "utc_now", "measured_fields", "profile_cache_paths", "store_profile"]
+__all__ = ["cache_dir", "utc_now", "measured_fields", "profile_cache_paths", "store_profile",
+           "keep_profile"]
 
 
 def cache_dir() -> str:
@@ -41,6 +42,13 @@ def profile_cache_paths(devices: Sequence[Any] | None = None) -> tuple[str, str]
     key = cache_key(devices)
     base = cache_dir()
     return os.path.join(base, f"{key}.json"), os.path.join(base, f"{key}-quick.json")
+
+
+def keep_profile(devices: Sequence[Any] | None, quick: bool, text: str) -> None:
+    """Keep a measured profile's JSON ``text`` of ``devices`` in the cache that
+    ``Cluster.detect`` (and ``--cluster local``) read: the quick or the full profile's file."""
+    full, fast = profile_cache_paths(devices)
+    store_profile(fast if quick else full, text)
 
 
 def store_profile(path: str, text: str) -> None:
