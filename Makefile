@@ -25,10 +25,9 @@ demo: $(STAMP)
 	$(PY) -m autoplan.demo
 
 # the suite on every core (pytest-xdist), each test module on one worker (its module fixtures
-# made once) but the docs' pages spread (conftest.py's groups); PYTEST_WORKERS=0 runs it in
-# this process
+# made once); PYTEST_WORKERS=0 runs it in this process
 PYTEST_WORKERS ?= auto
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: $(STAMP)
 	$(PY) -m ruff check autoplan tests benchmarks

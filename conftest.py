@@ -23,15 +23,7 @@ SLOW_MODULES = frozenset({
 })
 
 
-#: test modules whose tests are independent and long enough to spread over the workers one by
-#: one (each docs page runs in a fresh process of its own); every other module runs on one worker
-SPREAD_MODULES = frozenset({"tests/test_docs.py"})
-
-
 def pytest_collection_modifyitems(config, items):
-    """Mark the slow modules; group the tests for pytest-xdist's ``--dist loadgroup`` (what
-    ``make test`` runs): a module's tests on one worker, so its module fixtures are made once,
-    but the tests of :data:`SPREAD_MODULES` each in a group of their own."""
     root = config.rootpath
     for item in items:
         try:
@@ -40,8 +32,6 @@ def pytest_collection_modifyitems(config, items):
             continue
         if rel in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        group = item.nodeid if rel in SPREAD_MODULES else rel
-        item.add_marker(pytest.mark.xdist_group(name=group))
 
 
 @pytest.fixture(autouse=True)

@@ -195,6 +195,9 @@ _DELETE = object()
     ("pipe", "schedule.events", [], None, []),  # no events is allowed (they are predictions)
     ("multi", "stages[0].device_ids", list(range(0, 16, 2)) + list(range(1, 16, 2)),
      None, []),  # any order of the same devices is a valid placement
+    # integer fields of the cluster take whole numbers only (infinity once crashed the reader)
+    ("multi", "cluster.nvlinks[0][0]", float("inf"), "cluster", ["whole number. Got inf"]),
+    ("multi", "cluster.nvlinks[0][2]", 1.5, "cluster", ["whole number. Got 1.5"]),
 ])
 def test_a_wrong_field_is_named(plans, which, path, value, field, words):
     d = _set(_dict(plans[which]), path, value)

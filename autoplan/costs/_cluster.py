@@ -317,18 +317,18 @@ class Cluster(DeviceCostModel, DeviceDetection):
             d["epsilon"] = tuple(tuple(x) for x in d.get("epsilon", ()))
             d["peak_rates"] = tuple((str(k), float(v)) for k, v in d.get("peak_rates", ()))
             d["sources"] = tuple((str(k), str(v)) for k, v in d.get("sources", ()))
-            d["nvlinks"] = tuple(tuple(int(x) for x in link) for link in d.get("nvlinks", ()))
+            d["nvlinks"] = tuple(tuple(_whole(x) for x in link) for link in d.get("nvlinks", ()))
             d["curves"] = tuple(
                 ThroughputCurve(c["op"], c["dtype"], tuple(map(float, c["sizes"])),
                                 tuple(map(float, c["seconds"])), float(c["peak"]), float(c["half"]))
                 for c in d.get("curves", ()))
             d["collectives"] = tuple(
-                CollectiveTable(t["kind"], tuple((int(s), int(st)) for s, st in t["group"]),
+                CollectiveTable(t["kind"], tuple((_whole(s), _whole(st)) for s, st in t["group"]),
                                 tuple(map(float, t["nbytes"])), tuple(map(float, t["seconds"])),
                                 float(t["alpha"]), float(t["beta"]))
                 for t in d.get("collectives", ()))
             return cls(**d)
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise ClusterError(f"Cluster.from_dict: malformed cluster ({type(err).__name__}: "
                                f"{err}). Fix: pass what Cluster.to_dict() returns, or re-run "
                                "autoplan.profile().") from err
@@ -496,6 +496,14 @@ def profile(devices: Sequence[Any] | None = None, *, quick: bool = False,
     cluster = measured_cluster(Cluster, devices, quick=quick, progress=progress)
     keep_profile(devices, quick, cluster.to_json())
     return cluster
+
+
+def _whole(x: Any) -> int:
+    """``x`` as an int when it is a whole number (a JSON ``2`` or ``2.0``); ValueError for a
+    fraction, infinity, NaN, a bool or text."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x != int(x):
+        raise ValueError(f"expected a whole number. Got {x!r}")
+    return int(x)
 
 
 #: a profile file's spec: ``x.json`` or ``x.json:N``
