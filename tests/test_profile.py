@@ -89,13 +89,18 @@ def test_detect_profiles_once_then_reads_the_cache(measured, tmp_path, monkeypat
     assert calls == [True, False, False]
 
 
-def test_a_profile_is_kept_where_detect_reads_it(tmp_path, monkeypatch):
+def test_a_profile_is_kept_where_detect_reads_it(measured, tmp_path, monkeypatch):
     """autoplan.profile() keeps its measurement in the cache, so Cluster.detect (and
-    '--cluster local') of the same devices reads it instead of measuring again."""
+    '--cluster local') of the same devices reads it instead of measuring again (the measuring
+    itself is the module's one quick profile, handed back by a stand-in)."""
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autoplan.costs._cluster, "measured_cluster",
+                        lambda cls, devices=None, *, quick=False, progress=True: measured)
     few = jax.devices()[:2]
     got = autoplan.profile(few, quick=True, progress=False)
+    assert got == measured
     assert (tmp_path / f"{cache_key(few)}-quick.json").is_file()
+    assert not (tmp_path / f"{cache_key(few)}.json").exists()  # the quick one, not the full
 
     def no_measuring(*a, **k):
         raise AssertionError("Cluster.detect measured the devices again")
