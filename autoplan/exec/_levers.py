@@ -11,10 +11,11 @@ A pipeline plan's stage may carry a ZeRO level and rematerialised layers (``Stag
   (:func:`recompute`). What the forward task keeps for the backward of such a layer drops to what
   the layer reads from outside itself (its inputs, and values of other layers), as with
   ``jax.checkpoint`` around each layer. The operators run again are the step's own, with their
-  sharding constraints, so the numbers are the same. Where the forward and the backward are one
-  program (gradient accumulation's scanned step), the recomputation reads its inputs through
-  ``lax.optimization_barrier``, as ``jax.checkpoint`` does, so XLA does not merge it with the
-  forward (:data:`Recompute.barriers`).
+  sharding constraints, so the numbers are the same. The recomputation reads its inputs through
+  ``lax.optimization_barrier``, as ``jax.checkpoint`` does (:data:`Recompute.barriers`): where
+  the forward and the backward are one program (gradient accumulation's scanned step), so XLA
+  does not merge it with the forward; in a pipeline's backward task, which holds no forward, it
+  changes nothing.
 * **ZeRO** over the stage's ``zero_axes`` (:func:`autoplan.plans._spec.zero_spec` for how a
   tensor is split): from level 1 the optimizer state is kept sharded between steps, from level 2
   the gradient accumulators too (each micro-batch's gradient is added into its shard: a

@@ -72,6 +72,7 @@ from autoplan.exec._stages import (
     run_program,
 )
 from autoplan.plans._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
+from autoplan.plans._plan_text import levers_text
 from autoplan.tracing._batchflow import MIXING_NOTE, mixing, random_draws
 from autoplan.tracing._signature import StepSignature, step_signature
 from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
@@ -219,11 +220,10 @@ class RunReport:
             lines.append(f"  schedule ideal: {self.pipeline['ideal_time'] * 1e3:.3f} ms with measured "
                          "task times")
             for s, lv in sorted(self.pipeline.get("levers", {}).items()):
-                parts = ([f"ZeRO-{lv['zero']} over {', '.join(lv['zero_axes'])}"] if lv["zero"] else [])
-                if lv["remat_layers"]:
-                    parts.append(f"remat {', '.join(lv['remat_layers'])} "
-                                 f"({lv['recomputed']} operators run again per micro-batch)")
-                lines.append(f"  stage {s} levers: " + "; ".join(parts) + " (applied)")
+                text = levers_text(lv["zero"], lv["zero_axes"], lv["remat_layers"])
+                again = (f"; {lv['recomputed']} operators run again per micro-batch"
+                         if lv["remat_layers"] else "")
+                lines.append(f"  stage {s} levers: {text} (applied{again})")
         lines.append(self.comm_table())
         return "\n".join(lines)
 

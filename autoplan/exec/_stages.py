@@ -105,7 +105,7 @@ from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding
 from autoplan.exec._levers import evaluate_with_barriers, recompute
 from autoplan.exec._transfer import move, replicated_on, transfer
 from autoplan.plans._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
-from autoplan.plans._spec import Spec, zero_spec
+from autoplan.plans._spec import ZERO_SHARDED, Spec, zero_spec
 from autoplan.tracing._signature import step_signature
 from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
 from autoplan.tracing._workload import is_key_leaf
@@ -644,8 +644,7 @@ class _Split:
             spec = ispec.spec if ok else Spec.replicated(len(shape))
             stage = self.plan.stages[ispec.stage]
             kind = kind_of.get(tid)
-            if (kind == "optimizer_state" and stage.zero >= 1) or (kind == "parameter"
-                                                                  and stage.zero == 3):
+            if kind in ZERO_SHARDED[stage.zero]:
                 spec = zero_spec(spec, shape, stage.zero_axes, dict(mesh.shape))
             sh = NamedSharding(mesh, spec.to_pspec())
             in_info[tid] = (ispec.stage, sh, is_batch)
@@ -690,7 +689,7 @@ class _Split:
         sh = self._acc_layout(t)
         s = self.producer[t][1]
         stage = self.plan.stages[s]
-        if stage.zero >= 2 and t in self.grad_tensors:
+        if "gradient" in ZERO_SHARDED[stage.zero] and t in self.grad_tensors:
             shape = self.graph.tensors[t].shape
             spec = zero_spec(Spec.from_pspec(sh.spec, len(shape)), shape, stage.zero_axes,
                              dict(sh.mesh.shape))

@@ -12,7 +12,7 @@ from typing import Any
 
 from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE
 
-__all__ = ["describe", "summary", "plan_html", "stage_levers"]
+__all__ = ["describe", "summary", "plan_html", "stage_levers", "levers_text"]
 
 #: inputs listed in a plan's HTML table; the rest are counted
 HTML_INPUTS = 200
@@ -102,12 +102,16 @@ ZERO_SHARDS = {1: "optimizer state", 2: "optimizer state and gradients",
 def stage_levers(stage: Any) -> str:
     """A stage's memory levers in words: ``ZeRO-2 (optimizer state and gradients sharded over
     x); remat layers_0, layers_1``; ``none`` without any."""
+    return levers_text(stage.zero, stage.zero_axes, stage.remat_layers)
+
+
+def levers_text(zero: int, zero_axes: Sequence[str], remat_layers: Sequence[str]) -> str:
+    """:func:`stage_levers` of a ZeRO level, its axes and the rematerialised layers."""
     parts = []
-    if stage.zero:
-        parts.append(f"ZeRO-{stage.zero} ({ZERO_SHARDS[stage.zero]} sharded over "
-                     f"{', '.join(stage.zero_axes)})")
-    if stage.remat_layers:
-        parts.append("remat " + ", ".join(stage.remat_layers))
+    if zero:
+        parts.append(f"ZeRO-{zero} ({ZERO_SHARDS[zero]} sharded over {', '.join(zero_axes)})")
+    if remat_layers:
+        parts.append("remat " + ", ".join(remat_layers))
     return "; ".join(parts) or "none"
 
 

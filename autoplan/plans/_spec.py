@@ -22,7 +22,7 @@ from typing import Any
 from autoplan._errors import ArgumentError, ArgumentTypeError
 from autoplan.plans._frozen import immutable_type
 
-__all__ = ["Spec", "tile_count", "split_error", "zero_spec"]
+__all__ = ["Spec", "tile_count", "split_error", "zero_spec", "ZERO_SHARDED"]
 
 Entry = tuple[str, ...] | None
 
@@ -200,6 +200,17 @@ def split_error(spec: Sequence[Entry], shape: Sequence[int], sizes: Mapping[str,
         if n % k:
             return f"dimension {d} of size {n} is not divisible by {k} (axes {e})"
     return None
+
+
+#: What each ZeRO level keeps sharded over its axes (Rajbhandari et al., SC'20), by kind of tensor
+#: (``"gradient"``: the gradient accumulators): the one rule the stage executor and the memory
+#: figure read.
+ZERO_SHARDED: dict[int, frozenset[str]] = {
+    0: frozenset(),
+    1: frozenset({"optimizer_state"}),
+    2: frozenset({"optimizer_state", "gradient"}),
+    3: frozenset({"optimizer_state", "gradient", "parameter"}),
+}
 
 
 def zero_spec(spec: Sequence[Entry], shape: Sequence[int], axes: Sequence[str],

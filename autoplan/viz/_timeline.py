@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from autoplan._dtype import dtype_bytes
 from autoplan.plans._plan import Plan, Schedule, Stage, require_plan
 from autoplan.plans._plan_text import stage_levers
+from autoplan.plans._spec import ZERO_SHARDED
 from autoplan.viz._style import (
     IDLE_COLOR,
     TEMPLATE,
@@ -508,8 +509,7 @@ def memory_breakdown(plan: Plan) -> list[dict[str, Any]]:
             if len(plan.stages) > 1 and i.stage != s.index:
                 continue
             nbytes = math.prod(i.shape) * dtype_bytes(i.dtype) / i.spec.tiles(s.mesh_shape, s.axis_names)
-            if (i.kind == "optimizer_state" and s.zero >= 1) or (i.kind == "parameter"
-                                                                  and s.zero == 3):
+            if i.kind in ZERO_SHARDED[s.zero]:
                 used = {a for e in i.spec if e for a in e}
                 nbytes /= math.prod(sizes[a] for a in s.zero_axes if a not in used)
             parts[i.kind if i.kind in parts else "batch"] += nbytes
