@@ -133,6 +133,30 @@ def _task(t: Any) -> tuple[int, int, str] | None:
     return None if t is None else (int(t[0]), int(t[1]), str(t[2]))
 
 
+def lever_contradiction(zero: Any, zero_axes: Sequence[str], remat_layers: Sequence[str],
+                        axes: Sequence[str], layers: Sequence[str], where: str
+                        ) -> tuple[str, str, Any, str | None] | None:
+    """The first contradiction of a stage's memory levers with its mesh and layers, as ``(field
+    after the stage's path, what it should be, what it is, the fix or None)``: ``zero`` 0 .. 3,
+    ``zero_axes`` distinct axes of its mesh (``where``: the mesh in words; some when ``zero`` >
+    0, none at 0), ``remat_layers`` distinct layers of the stage. The plan file's reader and
+    :func:`plan_contradictions` both report it."""
+    if isinstance(zero, bool) or not isinstance(zero, int) or not 0 <= zero <= 3:
+        return ".zero", "a ZeRO level 0, 1, 2 or 3", zero, None
+    for j, a in enumerate(zero_axes):
+        if a not in axes or a in zero_axes[:j]:
+            return (f".zero_axes[{j}]", f"a mesh axis of {where} ({', '.join(axes)}) listed once",
+                    a, None)
+    if bool(zero) != bool(zero_axes):
+        return (".zero_axes", f"the mesh axes ZeRO level {zero} shards over (some axes for a "
+                "level above 0, none at 0)", list(zero_axes), "give zero_axes with zero > 0, or neither")
+    for j, name in enumerate(remat_layers):
+        if name not in layers or name in remat_layers[:j]:
+            return (f".remat_layers[{j}]", "a layer of this stage's layers, listed once", name,
+                    "name layers of the stage's 'layers'")
+    return None
+
+
 def plan_contradictions(plan: Any) -> list[Contradiction]:
     """Every contradiction of ``plan`` with itself (see the module docstring)."""
     out: list[Contradiction] = []
@@ -173,6 +197,12 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
                 add(f"inputs[{k}].shape", f"a shape whose leading dimension is the batch {batch} "
                     "(config.batch)", list(i.shape))
                 break
+    # each stage's memory levers against its mesh and layers
+    for k, st in enumerate(plan.stages):
+        bad = lever_contradiction(st.zero, st.zero_axes, st.remat_layers, st.axis_names, st.layers,
+                                  f"stage {k}'s mesh {'x'.join(map(str, st.mesh_shape))}")
+        if bad is not None:
+            add(f"stages[{k}]{bad[0]}", bad[1], repr(bad[2]), bad[3] or _REMAKE)
     # stages against the layers in model order
     names = _analysis_layers(plan)
     if names is not None:

@@ -63,6 +63,7 @@ from typing import Any, NoReturn
 from autoplan._errors import ClusterError, PlanFileError
 from autoplan._io import atomic_write_text, read_input_bytes
 from autoplan.costs._cluster import MAX_DEVICES, Cluster
+from autoplan.plans._plan_check import lever_contradiction
 from autoplan.plans._schedule import task_deps
 
 __all__ = ["read_plan_json", "validate_plan_dict", "FieldSets", "field_sets", "plan_to_dict",
@@ -351,24 +352,12 @@ class _Checker:
                ) -> None:
         """A stage's memory levers: ``zero`` 0 .. 3, ``zero_axes`` distinct axes of its mesh
         (some when ``zero`` > 0, none at 0), ``remat_layers`` distinct layers of the stage."""
-        zero = st.get("zero", 0)
-        if isinstance(zero, bool) or not isinstance(zero, int) or not 0 <= zero <= 3:
-            self.fail(f"{path}.zero", "a ZeRO level 0, 1, 2 or 3", zero)
         axes = self.strings(st.get("zero_axes", []), f"{path}.zero_axes")
-        for j, a in enumerate(axes):
-            if a not in sizes or a in axes[:j]:
-                self.fail(f"{path}.zero_axes[{j}]", f"a mesh axis of {where} "
-                          f"({', '.join(sizes)}) listed once", a)
-        if bool(zero) != bool(axes):
-            self.fail(f"{path}.zero_axes", f"the mesh axes ZeRO level {zero} shards over (some "
-                      "axes for a level above 0, none at 0)", list(axes),
-                      "give zero_axes with zero > 0, or neither")
-        layers = st["layers"]
         remat = self.strings(st.get("remat_layers", []), f"{path}.remat_layers")
-        for j, name in enumerate(remat):
-            if name not in layers or name in remat[:j]:
-                self.fail(f"{path}.remat_layers[{j}]", "a layer of this stage's layers, listed "
-                          "once", name, "name layers of the stage's 'layers'")
+        bad = lever_contradiction(st.get("zero", 0), list(axes), list(remat), list(sizes),
+                                  st["layers"], where)
+        if bad is not None:
+            self.fail(path + bad[0], bad[1], bad[2], bad[3] or _FIX)
 
     def op(self, o: Any, path: str, sizes: Mapping[str, int], where: str) -> None:
         op = self.obj(o, path, "operator")

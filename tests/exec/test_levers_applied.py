@@ -153,3 +153,21 @@ def test_recompute_reruns_a_layer_from_its_inputs_before_the_first_reader():
     rc = recompute([r1, r2], lambda op: True, made, layer_of)
     assert [op.id for op in rc.ops] == [2, 3, 10, 11]
     assert rc.barriers == {0: (2,)} and rc.recomputed == 2
+
+
+@pytest.mark.parametrize("levers,field", [
+    (dict(zero=1, zero_axes=("q",)), "stages[0].zero_axes[0]"),
+    (dict(zero=5, zero_axes=("x",)), "stages[0].zero"),
+    (dict(zero=2), "stages[0].zero_axes"),
+    (dict(remat_layers=("nope",)), "stages[0].remat_layers[0]"),
+])
+def test_a_plan_object_with_levers_that_contradict_it_is_refused_by_name(levers, field, fast):
+    """A plan built in Python (not read from a file) whose levers name an axis its mesh lacks,
+    a level past 3, no axes for a level, or a layer the stage does not hold: run refuses it
+    with the field, as the plan file's reader does, before any work."""
+    wl = workload("mlp")
+    base = data_parallel_plan(wl)
+    plan = base.with_(stages=(dataclasses.replace(base.stages[0], **levers),))
+    with pytest.raises(autoplan.PlanFileError) as err:
+        run(plan, wl, steps=1, compiler_options=fast)
+    assert err.value.field == field and "Got" in str(err.value) and "Fix:" in str(err.value)
