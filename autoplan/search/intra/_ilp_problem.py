@@ -133,7 +133,7 @@ def _layout(mesh: LogicalMesh, strats: list[Strategy]) -> _Layout:
                                             for s in strats], dtype=np.int64)))
     hit = _Layout(tuple(strats), tuple(order), out_pos, in_pos, out_tiles,
                   _frozen(np.array([s.cost for s in strats])))
-    if len(_LAYOUTS) > 100_000:
+    if len(_LAYOUTS) > 50_000:  # (about 1 kB each)
         _LAYOUTS.clear()
     _LAYOUTS[key] = hit
     return hit
