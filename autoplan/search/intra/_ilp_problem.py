@@ -27,12 +27,12 @@ from autoplan._memo import per_owner
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._pins import pin_specs
-from autoplan.search.intra._reshard import reshard
+from autoplan.search.intra._reshard import mesh_id, reshard_on
 from autoplan.search.intra._spec_space import checked_spec, enumerate_specs, replicated, tiles
 from autoplan.search.intra._strategies import (
     Strategy,
-    _derive,
     _op_key,
+    derive_all,
     fusion_context,
     gradient_feeds,
     is_follower,
@@ -84,25 +84,71 @@ class _Tables:
     in_ids: list[np.ndarray | None]
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """What :class:`_Tables` holds for a strategy list on a mesh shape, whatever the problem:
+    the distinct operand and result specs in the order the problem interns them (each result
+    position over the strategies, then each operand position that has no literal), each
+    position's index into them, the results' tiles and the strategies' costs (arrays not to be
+    changed: every problem with this strategy list shares them)."""
+
+    strats: tuple[Strategy, ...]  # (held: the key is made of their ids)
+    specs: tuple[Spec, ...]
+    out_pos: list[np.ndarray]
+    in_pos: list[np.ndarray | None]
+    out_tiles: list[np.ndarray]
+    cost: np.ndarray
+
+
+#: :func:`_layout`'s layouts, by mesh shape and axis names and the strategies' ids
+_LAYOUTS: dict[tuple, _Layout] = {}
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def _layout(mesh: LogicalMesh, strats: list[Strategy]) -> _Layout:
+    """The :class:`_Layout` of a strategy list on ``mesh``'s shape, once per shape and list (the
+    strategies come from the shared caches of :mod:`~autoplan.search.intra._strategies`, so a
+    search's problems on one mesh meet the same lists again and again)."""
+    key = (mesh.shape, mesh.axis_names, *map(id, strats))
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        return hit
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    order: dict[Spec, int] = {}  # first seen first, as interning them one by one would number them
+    n_out = len(strats[0].out_specs)
+    out_pos = [_frozen(np.array([order.setdefault(s.out_specs[j], len(order)) for s in strats],
+                                dtype=np.int64)) for j in range(n_out)]
+    out_tiles = [_frozen(np.array([tile_count(s.out_specs[j], sizes) for s in strats],
+                                  dtype=float)) for j in range(n_out)]
+    in_pos: list[np.ndarray | None] = []
+    for j in range(len(strats[0].in_specs)):
+        if any(s.in_specs[j] is None for s in strats):
+            in_pos.append(None)
+        else:
+            in_pos.append(_frozen(np.array([order.setdefault(s.in_specs[j], len(order))
+                                            for s in strats], dtype=np.int64)))
+    hit = _Layout(tuple(strats), tuple(order), out_pos, in_pos, out_tiles,
+                  _frozen(np.array([s.cost for s in strats])))
+    if len(_LAYOUTS) > 50_000:  # (about 1 kB each)
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = hit
+    return hit
+
+
 def _tables(prob: ILPProblem, strats: list[Strategy], cache: dict[tuple, _Tables]) -> _Tables:
     key = tuple(map(id, strats))
     hit = cache.get(key)
     if hit is not None and hit.cost.shape[0] == len(strats):
         return hit
-    sizes = dict(zip(prob.mesh.axis_names, prob.mesh.shape))
-    n_out = len(strats[0].out_specs)
-    n_in = len(strats[0].in_specs)
-    out_ids = [np.array([prob.intern(s.out_specs[j]) for s in strats], dtype=np.int64)
-               for j in range(n_out)]
-    out_tiles = [np.array([tile_count(s.out_specs[j], sizes) for s in strats], dtype=float)
-                 for j in range(n_out)]
-    in_ids: list[np.ndarray | None] = []
-    for j in range(n_in):
-        if any(s.in_specs[j] is None for s in strats):
-            in_ids.append(None)
-        else:
-            in_ids.append(np.array([prob.intern(s.in_specs[j]) for s in strats], dtype=np.int64))
-    tab = _Tables(np.array([s.cost for s in strats]), out_ids, out_tiles, in_ids)
+    lay = _layout(prob.mesh, strats)
+    intern = prob.intern
+    ids = np.array([intern(s) for s in lay.specs], dtype=np.int64)
+    tab = _Tables(lay.cost, [ids[p] for p in lay.out_pos], lay.out_tiles,
+                  [None if p is None else ids[p] for p in lay.in_pos])
     cache[key] = tab
     return tab
 
@@ -320,7 +366,7 @@ def _add_input_nodes(prob: ILPProblem, needed: Sequence[int], fixed_specs: Mappi
 def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None) -> None:
     """The operators' nodes: a root enumerates its strategies, a follower joins its leader
     operand's node (its strategy derived from each of the leader's); costs and saved memory."""
-    graph, mesh, op_ids, free = prob.graph, prob.mesh, prob.ops, prob.free_tensors
+    graph, mesh, op_ids, free, specs = prob.graph, prob.mesh, prob.ops, prob.free_tensors, prob.specs
     follow_cache: dict[tuple, Any] = {}
     contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
@@ -342,12 +388,13 @@ def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None)
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
                 ctx = contexts[i]
-                ckey = (_op_key(op), ctx, k, src_ids.tobytes())
+                okey = _op_key(op)
+                ckey = (okey, ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
                     uniq, inv = _unique_ids(src_ids)
-                    strats = [_derive(op, mesh, k, prob.specs[u], ctx) for u in uniq]
-                    hit = (strats, inv) if all(s is not None for s in strats) else None
+                    strats = derive_all(op, mesh, k, tuple([specs[u] for u in uniq]), ctx, okey)
+                    hit = None if strats is None else (strats, inv)
                     follow_cache[ckey] = hit
                 if hit is not None:
                     member = _Member(nid, hit[1], hit[0], k)  # type: ignore[arg-type]
@@ -469,9 +516,15 @@ def _tensor_edges(prob: ILPProblem):
     return out
 
 
+#: resharding times between distinct source and destination specs of a tensor shape and dtype,
+#: by mesh (:func:`mesh_id`), the specs, the shape and the dtype
+_MATRICES: dict[tuple, np.ndarray] = {}
+
+
 class _ReshardTable:
     def __init__(self, prob: ILPProblem):
         self.prob = prob
+        self.mid = mesh_id(prob.mesh)
         self.cache: dict[tuple, float] = {}
         self.mcache: dict[tuple, np.ndarray] = {}
 
@@ -482,8 +535,10 @@ class _ReshardTable:
         key = (a, b, ten.shape, ten.dtype, backward)
         v = self.cache.get(key)
         if v is None:
-            v = reshard(self.prob.specs[a], self.prob.specs[b], ten.shape, ten.dtype,
-                        self.prob.mesh, backward)[0]
+            src, dst = self.prob.specs[a], self.prob.specs[b]
+            v = 0.0 if src == dst else reshard_on(self.mid, src, dst, tuple(ten.shape),
+                                                  dtype_bytes(ten.dtype), self.prob.mesh,
+                                                  backward)[0]
             self.cache[key] = v
         return v
 
@@ -496,7 +551,15 @@ class _ReshardTable:
             return hit
         us, iu = _unique_ids(src)
         ud, idd = _unique_ids(dst)
-        small = np.array([[self.time(t, a, b) for b in ud] for a in us])
+        specs = self.prob.specs
+        gkey = (self.mid, tuple([specs[a] for a in us]), tuple([specs[b] for b in ud]),
+                ten.shape, ten.dtype)
+        small = _MATRICES.get(gkey)
+        if small is None:
+            small = _frozen(np.array([[self.time(t, a, b) for b in ud] for a in us]))
+            if len(_MATRICES) > 200_000:
+                _MATRICES.clear()
+            _MATRICES[gkey] = small
         out = small[np.ix_(iu, idd)]
         self.mcache[key] = out
         return out

@@ -237,7 +237,8 @@ class _Reducer:
                 cols.append(m[gv[fin]])
             a = np.concatenate(cols, axis=1)
             tol = 1e-12 * max(1e-30, float(np.abs(a).max()))
-            le = (a[None, :, :] <= a[:, None, :] + tol).all(axis=2)  # le[i, j]: a[j] <= a[i]
+            # le[i, j]: a[j] <= a[i] (within tol; a + tol made once, not once per pair)
+            le = (a[None, :, :] <= (a + tol)[:, None, :]).all(axis=2)
             eq = le & le.T
             order = np.arange(len(fin))
             dom = le & (~eq | (order[None, :] < order[:, None]))

@@ -46,10 +46,32 @@ _MESH_IDS: dict[tuple, int] = {}
 
 @per_owner
 def mesh_id(mesh: LogicalMesh) -> int:
-    """A small integer naming what a mesh's costs depend on (its shape, axis names, alpha, beta
-    and cluster; equal meshes share it), kept on the mesh: a cheap part of cache keys."""
+    """A small integer naming what a mesh's costs depend on (its shape, axis names, alpha, beta,
+    which axes cross hosts, and cluster; equal meshes share it), kept on the mesh: a cheap part
+    of cache keys."""
     return _MESH_IDS.setdefault(
-        (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.cluster), len(_MESH_IDS))
+        (mesh.shape, mesh.axis_names, mesh.alpha, mesh.beta, mesh.crosses, mesh.cluster),
+        len(_MESH_IDS))
+
+
+_TIMES: dict[tuple, float] = {}
+
+
+def collective_time(mesh: LogicalMesh, kind: str, nbytes: float, axes: tuple[int, ...],
+                    backward: bool = False, latency: bool = True, mid: int | None = None
+                    ) -> float:
+    """``mesh.collective_time(kind, nbytes, axes, backward, latency=latency)``, once per mesh
+    (:func:`mesh_id`, ``mid`` when the caller has it) and arguments: costing strategies and
+    resharding asks for the same collectives again and again (a tensor's bytes over the same
+    axes, for every spec that gathers them)."""
+    key = (mesh_id(mesh) if mid is None else mid, kind, nbytes, axes, backward, latency)
+    t = _TIMES.get(key)
+    if t is None:
+        t = mesh.collective_time(kind, nbytes, axes, backward, latency=latency)
+        if len(_TIMES) > _CACHE_MAX:
+            _TIMES.clear()
+        _TIMES[key] = t
+    return t
 
 
 def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: LogicalMesh,
@@ -80,11 +102,19 @@ def reshard(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int, mesh: 
     if src == dst:
         return 0.0, ()
     itemsize = dtype if isinstance(dtype, int) else dtype_bytes(dtype)
-    key = (mesh_id(mesh), src, dst, tuple(shape), itemsize, backward)
+    return reshard_on(mesh_id(mesh), src, dst, tuple(shape), itemsize, mesh, backward)
+
+
+def reshard_on(mid: int, src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int,
+               mesh: LogicalMesh, backward: bool = False) -> tuple[float, tuple[Comm, ...]]:
+    """:func:`reshard` of two different specs, given the mesh's :func:`mesh_id` ``mid``, the
+    shape as a tuple and the bytes per element (for callers that reshard many tensors on one
+    mesh)."""
+    key = (mid, src, dst, shape, itemsize, backward)
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    out = _reshard(src, dst, tuple(shape), itemsize, mesh, backward)
+    out = _reshard(src, dst, shape, itemsize, mesh, backward, mid)
     if len(_CACHE) > _CACHE_MAX:
         _CACHE.clear()
     _CACHE[key] = out
@@ -98,7 +128,7 @@ def reshard_time(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int,
 
 
 def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: LogicalMesh,
-             backward: bool) -> tuple[float, tuple[Comm, ...]]:
+             backward: bool, mid: int) -> tuple[float, tuple[Comm, ...]]:
     tiles, steps = _conversion(src, dst, mesh.axis_names, mesh.shape)
     if not steps:
         return 0.0, ()
@@ -108,7 +138,7 @@ def _reshard(src: Spec, dst: Spec, shape: tuple[int, ...], itemsize: int, mesh: 
     time = 0.0
     for kind, axes, idx, gathered in steps:
         b = cur if kind == "all-to-all" else cur * gathered
-        t = mesh.collective_time(kind, b, idx, backward)
+        t = collective_time(mesh, kind, b, idx, backward, mid=mid)
         comms.append(Comm(kind, b, axes, t, "reshard"))
         time += t
     return time, tuple(comms)

@@ -89,7 +89,7 @@ from autoplan._options import require_instance
 from autoplan.costs._mesh import COMBINE_THRESHOLD, LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec, tile_count
-from autoplan.search.intra._reshard import mesh_id
+from autoplan.search.intra._reshard import collective_time, mesh_id
 from autoplan.search.intra._spec_space import enumerate_specs, replicated
 from autoplan.tracing import _primitives
 from autoplan.tracing._graph import OpGraph, OpNode
@@ -403,20 +403,21 @@ def _finish(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
     """Build a Strategy: time the collectives, compute time and output memory."""
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     backward = op.role == "backward"
+    mid = mesh_id(mesh)
     cs = []
     for kind, nbytes, axes in comms:
         axes = tuple(a for a in axes if sizes[a] > 1)
         if not axes or nbytes <= 0:
             continue
-        idx = _axis_idx(mesh, axes)
-        t = mesh.collective_time(kind, nbytes, idx, backward)
+        idx = tuple(_axis_idx(mesh, axes))
+        t = collective_time(mesh, kind, nbytes, idx, backward, mid=mid)
         if ctx[2] < 1.0:  # combined with others: the transfer and a share of the latency
-            transfer = mesh.collective_time(kind, nbytes, idx, backward, latency=False)
+            transfer = collective_time(mesh, kind, nbytes, idx, backward, latency=False, mid=mid)
             t = transfer + ctx[2] * (t - transfer)
         cs.append(Comm(kind, float(nbytes), axes, t, "op"))
     if work is None:
         work = max([tile_count(s, sizes) for s in in_specs] + [tile_count(s, sizes) for s in out_specs] + [1])
-    compute = compute_time(op, mesh, in_specs, out_specs, work, ctx, sizes)
+    compute = _compute_time(op, mesh, in_specs, out_specs, work, ctx, sizes, mid)
     mem = 0.0
     for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
         mem += _nbytes(shp, dt) / tile_count(s, sizes)
@@ -430,18 +431,57 @@ def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
                  sizes: dict[str, int] | None = None) -> float:
     """Seconds per device of ``op`` under these specs: ``max(F / R(F), Q / BW) + o`` (see the
     module docstring), ``work`` the number of devices doing distinct work."""
-    cluster = mesh.cluster
     if sizes is None:
         sizes = dict(zip(mesh.axis_names, mesh.shape))
+    return _compute_time(op, mesh, in_specs, out_specs, work, ctx, sizes, mesh_id(mesh))
+
+
+#: the cluster's FLOP and memory times, by mesh (:func:`mesh_id`: its cluster among the rest)
+#: and arguments
+_DEVICE_TIMES: dict[tuple, float] = {}
+
+
+def _flop_time(mesh: LogicalMesh, mid: int, op_class: str, flops: float,
+               dtype: str | None) -> float:
+    """``mesh.cluster.flop_time(op_class, flops, dtype)``, once per mesh and arguments (the
+    strategies of an operator ask for the same FLOPs again and again)."""
+    key = (mid, op_class, flops, dtype)
+    t = _DEVICE_TIMES.get(key)
+    if t is None:
+        t = mesh.cluster.flop_time(op_class, flops, dtype)
+        if len(_DEVICE_TIMES) > 1_000_000:
+            _DEVICE_TIMES.clear()
+        _DEVICE_TIMES[key] = t
+    return t
+
+
+def _memory_time(mesh: LogicalMesh, mid: int, nbytes: float) -> float:
+    """``mesh.cluster.memory_time(nbytes)``, once per mesh and bytes."""
+    key = (mid, nbytes)
+    t = _DEVICE_TIMES.get(key)
+    if t is None:
+        t = mesh.cluster.memory_time(nbytes)
+        if len(_DEVICE_TIMES) > 1_000_000:
+            _DEVICE_TIMES.clear()
+        _DEVICE_TIMES[key] = t
+    return t
+
+
+def _compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
+                  out_specs: Sequence[Spec], work: int, ctx: Context, sizes: dict[str, int],
+                  mid: int) -> float:
+    """:func:`compute_time` given the mesh's axis sizes and :func:`mesh_id`."""
+    cluster = mesh.cluster
     kernel, mat, _ = ctx
     flops = op.flops / work if op.flops else 0.0
     prim = op.primitive
     if prim == "dot_general":
-        t = cluster.flop_time("matmul", flops, op.in_dtypes[0])
+        t = _flop_time(mesh, mid, "matmul", flops, op.in_dtypes[0])
     elif prim == "conv_general_dilated":
-        t = cluster.flop_time("conv", flops, op.in_dtypes[0])
+        t = _flop_time(mesh, mid, "conv", flops, op.in_dtypes[0])
     else:
-        t = cluster.flop_time("elementwise", flops, op.out_dtypes[0] if op.out_dtypes else None)
+        t = _flop_time(mesh, mid, "elementwise", flops,
+                       op.out_dtypes[0] if op.out_dtypes else None)
     if cluster.memory_bandwidth > 0:
         q = 0.0
         for k, (shp, dt, s) in enumerate(zip(op.in_shapes, op.in_dtypes, in_specs)):
@@ -452,7 +492,7 @@ def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
             for shp, dt, s in zip(op.out_shapes, op.out_dtypes, out_specs):
                 b = _nbytes(shp, dt) / tile_count(s, sizes)
                 q += 2 * b if prim in _READS_SLICE else b  # a slice reads what it writes
-        t = max(t, cluster.memory_time(q))
+        t = max(t, _memory_time(mesh, mid, q))
     return t + cluster.op_overhead if kernel else t
 
 
@@ -710,6 +750,8 @@ def _scatter_slots(op: OpNode) -> list[_Slot] | None:
 
 _DERIVE_CACHE: dict[tuple, Strategy | None] = {}
 _STRAT_CACHE: dict[tuple, tuple[tuple[Strategy, ...], bool]] = {}
+#: :func:`derive_all`'s lists, by mesh, operator, operand, operand specs and fusion context
+_DERIVE_ALL_CACHE: dict[tuple, list[Strategy] | None] = {}
 
 
 def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec,
@@ -748,6 +790,30 @@ def _derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec, ctx: Context) -> 
         _DERIVE_CACHE.clear()
     _DERIVE_CACHE[key] = st
     return st
+
+
+def derive_all(op: OpNode, mesh: LogicalMesh, k: int, specs: tuple[Spec, ...], ctx: Context,
+               op_key: tuple | None = None) -> list[Strategy] | None:
+    """The follower strategies of ``op`` for each of the specs ``specs`` of its operand ``k``
+    (``_derive`` of each), or None when one has none; ``op_key`` is ``_op_key(op)`` when the
+    caller has it.
+
+    Once per mesh (:func:`mesh_id`), operator, operand, specs and fusion context, what
+    ``_derive`` is a function of: the problems a search builds on one mesh (the fold's segments,
+    a layer's problems) derive the same followers from the same leader specs again and again.
+    The list is shared by every caller, which must not change it."""
+    key = (mesh_id(mesh), _op_key(op) if op_key is None else op_key, k, specs, ctx)
+    try:
+        return _DERIVE_ALL_CACHE[key]
+    except KeyError:
+        pass
+    out: list[Strategy] | None = [_derive(op, mesh, k, spec, ctx) for spec in specs]
+    if not all(s is not None for s in out):  # type: ignore[union-attr]
+        out = None
+    if len(_DERIVE_ALL_CACHE) > 200_000:
+        _DERIVE_ALL_CACHE.clear()
+    _DERIVE_ALL_CACHE[key] = out
+    return out
 
 
 def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,

@@ -239,6 +239,60 @@ def test_memory_weighted_solves_of_one_problem_equal_fresh_ones(adam):
     assert shared._edge_setup[0] is shared.edges  # made once, kept for the edge list
 
 
+def _problem_fields(prob) -> list:
+    """Everything a built problem holds, arrays as (dtype, shape, bytes): equal lists are the
+    same problem, bit for bit (costs, ids, order)."""
+    def arr(a):
+        return None if a is None else (a.dtype.str, a.shape, a.tobytes())
+
+    def strat(s):
+        return (s.out_specs, s.in_specs, s.comm, s.compute_time, s.memory, s.label)
+
+    out: list = [prob.ops, prob.specs, prob.out_pairs, prob.fixed_inside, prob.fixed_uses,
+                 prob.input_node, sorted(prob.unknown), sorted(prob.grad_ops),
+                 sorted(prob.free_tensors), prob.vars_before_merging]
+    out += [(n.key, n.kind, n.tensor, [strat(s) for s in n.strategies], arr(n.cost),
+             arr(n.memory), arr(n.penalty)) for n in prob.nodes]
+    out += [(i, m.node, arr(m.idx), [strat(s) for s in m.strats], m.leader,
+             [arr(x) for x in m.in_ids]) for i, m in sorted(prob.members.items())]
+    out += [(t, u, arr(ids)) for t, (u, ids) in sorted(prob.tensor_src.items())]
+    out += [(u, w, *map(arr, rest)) for u, w, *rest in prob.edges]
+    return out
+
+
+def _forget_shared_costs() -> None:
+    """Empty the process's shared caches of strategies, layouts, resharding and device times."""
+    from autoplan.search.intra import _ilp_problem, _reshard, _strategies  # noqa: PLC0415
+
+    for cache in (_strategies._DERIVE_CACHE, _strategies._STRAT_CACHE,
+                  _strategies._DERIVE_ALL_CACHE, _strategies._DEVICE_TIMES, _reshard._CACHE,
+                  _reshard._TIMES, _ilp_problem._LAYOUTS, _ilp_problem._MATRICES):
+        cache.clear()
+
+
+def test_problems_built_on_shared_caches_equal_fresh_ones(adam):
+    """The strategies, layouts, resharding matrices and collective times that problems share
+    (by mesh, operator and specs) give every problem what a build with empty caches gives: on
+    the same mesh after its segments, and on a mesh of the same shape with other bandwidths
+    (one axis across hosts) after it."""
+    cl = Cluster.preset("p3.16xlarge", nodes=2)
+    inside, across = cl.logical_mesh((2, 4), submesh=(1, 8)), cl.logical_mesh((2, 4), submesh=(2, 4))
+    assert inside.shape == across.shape and inside.beta != across.beta
+    fwd = [op.id for op in adam if op.role == "forward"]
+    x = next(op for op in adam if op.primitive == "dot_general").inputs[0]
+    cases = [(inside, {}), (inside, {"ops": fwd, "fixed": {x: P("y")}}),
+             (inside, {"ops": fwd}), (across, {}), (across, {"ops": fwd, "fixed": {x: P("x")}})]
+    fresh = []
+    for mesh, kw in cases:
+        _forget_shared_costs()
+        fresh.append(_problem_fields(build_problem(adam, mesh, **kw)))
+    _forget_shared_costs()
+    for _ in range(2):  # the caches filled by the cases before each, then by all of them
+        for (mesh, kw), want in zip(cases, fresh):
+            assert _problem_fields(build_problem(adam, mesh, **kw)) == want
+    assert fresh[0] != fresh[3]  # the bandwidths matter
+
+
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=60))
 def test_joint_groups_are_the_distinct_pairs_in_order(pairs):
     a = np.array([p[0] for p in pairs], dtype=np.int64)
