@@ -275,7 +275,15 @@ class _Positions:
     """Per position from the pipeline's end, the configs that fit and the cheapest one's latency
     (:class:`_Prepared`'s ``best_latency``, ``cfg`` and ``first_t``), made once for the stage-DP
     runs of one set of cost arrays: runs for other stage counts read fewer or more positions of
-    the same tables."""
+    the same tables.
+
+    A config fits at position ``p`` when ``param_mem + (p + 1) * act_mem <= device_memory``;
+    with ``act_mem >= 0`` that holds for the positions before the config's first misfit (the
+    float sum grows with ``p``), so each config's count of fitting positions is found by a
+    bisection of the same test, and a position's tables are the previous one's with only the
+    entries recomputed where some config stops fitting (the same minimum and first argmin over
+    the same configs). Arrays with a negative or NaN ``act_mem`` are tested at every position.
+    """
 
     def __init__(self, t_intra, param_mem, act_mem, device_memory):
         L = t_intra.shape[0]
@@ -288,16 +296,53 @@ class _Positions:
         self.best: list[np.ndarray] = []
         self.cfg: list[np.ndarray] = []
         self.first: list[np.ndarray] = []
+        self._count: np.ndarray | None = None  # per entry, its fitting positions (up to _cap)
+        self._cap = 0
+        self._drops: dict[int, np.ndarray] = {}  # position -> flat (i, j, k) entries to redo
 
-    def _fits(self, p: int) -> np.ndarray | None:
+    def _fits(self, p) -> np.ndarray | None:
         if self.device_memory is None:
             return None
         return self.pm + (p + 1) * self.am <= self.device_memory
+
+    def _counts(self, n_pos: int) -> bool:
+        """Each entry's number of fitting positions among ``0 .. n_pos - 1`` (by bisection; the
+        positions where entries stop fitting indexed); False where the test is not monotone."""
+        if self._count is not None and self._cap >= n_pos:
+            return True
+        if not (self.am >= 0).all():
+            return False
+        fin = np.flatnonzero(np.isfinite(self.base))  # (the others never change a minimum)
+        pm, am = self.pm.reshape(-1)[fin], self.am.reshape(-1)[fin]
+        lo = np.zeros(fin.size, dtype=np.int64)  # fits at every position < lo
+        hi = np.full(fin.size, n_pos, dtype=np.int64)  # misfits at every position >= hi
+        while True:
+            open_ = np.flatnonzero(lo < hi)
+            if open_.size == 0:
+                break
+            mid = (lo[open_] + hi[open_]) // 2
+            ok = pm[open_] + (mid + 1) * am[open_] <= self.device_memory  # (as _fits)
+            lo[open_[ok]] = mid[ok] + 1
+            hi[open_[~ok]] = mid[~ok]
+        count = np.zeros(self.base.size, dtype=np.int64)
+        count[fin] = lo
+        self._count, self._cap = count.reshape(self.base.shape), n_pos
+        # where a finite entry stops fitting within the range, its (i, j, k) changes there
+        drop = (lo < n_pos) & (lo >= 1)
+        cells, at = fin[drop] // self.base.shape[3], lo[drop]
+        order = np.argsort(at, kind="stable")
+        cells, at = cells[order], at[order]
+        bounds = np.flatnonzero(np.diff(at)) + 1
+        self._drops = {int(g[0]): np.unique(c) for g, c in
+                       zip(np.split(at, bounds), np.split(cells, bounds)) if g.size}
+        return True
 
     def upto(self, n_pos: int, first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(best_latency, cfg, first_t)`` of positions ``0 .. n_pos - 1`` (``first_t`` None
         without ``first``)."""
         base = self.base
+        if len(self.best) < n_pos and self.device_memory is not None and self._counts(n_pos):
+            self._extend(n_pos)
         for p in range(len(self.best), n_pos):
             fits = self._fits(p)
             t = base if fits is None else np.where(fits, base, np.inf)
@@ -306,6 +351,29 @@ class _Positions:
             self.first.append(base[0] if fits is None else np.where(fits[0], base[0], np.inf))
         first_t = np.stack(self.first[:n_pos]) if first else None
         return np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]), first_t
+
+    def _extend(self, n_pos: int) -> None:
+        """Positions ``len(best) .. n_pos - 1`` from the fitting counts: position 0 in full, each
+        later one from the one before with its dropped entries recomputed."""
+        base, count = self.base, self._count
+        C = base.shape[3]
+        flat_base = base.reshape(-1, C)
+        flat_count = count.reshape(-1, C)
+        for p in range(len(self.best), n_pos):
+            if p == 0:
+                t = np.where(count > 0, base, np.inf)
+                self.best.append(t.min(axis=3))
+                self.cfg.append(t.argmin(axis=3))
+            else:
+                best, cfg = self.best[-1].copy(), self.cfg[-1].copy()
+                cells = self._drops.get(p)
+                if cells is not None:
+                    t = np.where(flat_count[cells] > p, flat_base[cells], np.inf)
+                    best.reshape(-1)[cells] = t.min(axis=1)
+                    cfg.reshape(-1)[cells] = t.argmin(axis=1)
+                self.best.append(best)
+                self.cfg.append(cfg)
+            self.first.append(np.where(count[0] > p, base[0], np.inf))
 
 
 class _Prepared:
@@ -425,42 +493,77 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
                   ) -> list[np.ndarray]:
     """``F(s, k, d)`` for ``s = 0 .. n_exact`` stages: the best cost of layers ``k ..`` in ``s``
     stages on exactly ``d`` devices, from the stage costs ``tb`` (band form, inf past ``t_max``)."""
-    L, W = tb.shape[1], tb.shape[2]
+    L = tb.shape[1]
     F = [np.full((L + 1, D + 1), np.inf)]
     F[0][L, 0] = 0.0
-    finite_tb = np.isfinite(tb)  # (P, L, W, K)
+    blocks: dict[int, list] = {}  # position -> per submesh, its (width, first row, end row)
     tmp = np.empty((L, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
         Y = F[s - 1]
         Fs = np.full((L + 1, D + 1), np.inf)
         F.append(Fs)
-        rows = np.flatnonzero(np.isfinite(Y).any(axis=1))
-        cols = np.flatnonzero(np.isfinite(Y).any(axis=0))
+        finite_y = np.isfinite(Y)
+        rows = np.flatnonzero(finite_y.any(axis=1))
+        cols = np.flatnonzero(finite_y.any(axis=0))
         if rows.size == 0:
             continue
+        if p not in blocks:
+            blocks[p] = _blocks(tb[p])
         r_lo, c_lo, c_hi = int(rows[0]), int(cols[0]), int(cols[-1]) + 1
         # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
         # is one addition, so taking the minimum over the finite terms only, in any order, gives
         # the same value as over all of them (an infinite term never wins)
-        for q in range(len(sizes)):
+        for q, spans in enumerate(blocks[p]):
             size = int(sizes[q])
             lo, hi = c_lo + size, min(c_hi + size, D + 1)  # columns d whose d - size is finite
-            if lo >= hi:
+            if lo >= hi or not spans:
                 continue
-            fq = finite_tb[p, :, :, q]  # (L, W)
-            for w in np.flatnonzero(fq[:, : min(W, L)].any(axis=0)):
-                n = L - w  # stage k .. k + w, valid for k < L - w
-                ks = np.flatnonzero(fq[:n, w])
-                k0 = max(int(ks[0]) if ks.size else n, r_lo - w - 1)
-                k1 = int(ks[-1]) + 1 if ks.size else 0
+            tq = tb[p, :, :, q]
+            Fq = Fs[:, lo:hi]
+            Yq = Y[:, lo - size: hi - size]
+            for w, k0, k1 in spans:  # stage k .. k + w: rows k0 .. k1 - 1 hold its finite costs
+                k0 = max(k0, r_lo - w - 1)
                 if k0 >= k1:
                     continue
                 out = tmp[: k1 - k0, : hi - lo]
-                np.add(tb[p, k0:k1, w, q, None], Y[k0 + w + 1 : k1 + w + 1, lo - size : hi - size],
-                       out=out)
-                np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])
+                np.add(tq[k0:k1, w, None], Yq[k0 + w + 1: k1 + w + 1], out=out)
+                np.minimum(Fq[k0:k1], out, out=Fq[k0:k1])
     return F
+
+
+def _blocks(tb_p: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """Per submesh ``q``, the widths ``w`` with a finite stage cost in ``tb_p`` (L, W, K) and the
+    rows from the first such stage to one past the last: ``(w, first row, end row)``."""
+    L, W, K = tb_p.shape
+    fin = np.isfinite(tb_p[:, : min(W, L), :])  # (L, W', K); rows past L - w - 1 are inf
+    qs, ws = np.nonzero(fin.any(axis=0).T)  # submesh-major
+    first = fin.argmax(axis=0)[ws, qs]
+    end = (L - fin[::-1].argmax(axis=0))[ws, qs]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
+    for q, w, k0, k1 in zip(qs.tolist(), ws.tolist(), first.tolist(), end.tolist()):
+        out[q].append((w, k0, k1))
+    return out
+
+
+def _least_t_max(prep: _Prepared, sizes: np.ndarray, D: int) -> float:
+    """A bound below which no ``t_max`` has a plan: the least, over the splits of the layers into
+    stages whose submeshes use exactly ``D`` devices, of the slowest stage, each stage costed at
+    its cheapest position (any stage of a plan found at ``t_max`` costs at most ``t_max`` at its
+    own position, so at least this much at some position)."""
+    cmin = prep.tb.min(axis=0)  # (L, W, K)
+    L, W, K = cmin.shape
+    dcol = np.arange(D + 1)[None, :] - sizes[:, None]
+    shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1); column D + 1 is inf
+    G = np.full((L + 1, D + 2), np.inf)  # G[k, d]: the least slowest stage of layers k .. on d
+    G[L, 0] = -np.inf
+    Z = np.full((K, L + 1 + W, D + 1), np.inf)  # Z[q, r, d] = G[r, d - size_q]
+    Z[:, L, :] = G[L][shift_idx]
+    for k in range(L - 1, -1, -1):
+        rest = Z[:, k + 1: k + 1 + W, :].transpose(1, 0, 2)  # (W, K, D+1)
+        G[k, : D + 1] = np.maximum(cmin[k][:, :, None], rest).min(axis=(0, 1))
+        Z[:, k, :] = G[k][shift_idx]
+    return float(G[0, D])
 
 
 def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: int
@@ -636,6 +739,12 @@ def stage_dp(
       ``B t_max >= T*`` rule and the weaker ``(B - 1) t_max >= T*``. Using ``t`` in place of
       ``F`` is valid because the optimal ``t_max`` is the max of some optimal plan (a plan with
       max ``m < t`` is already counted at ``m``).
+    * A bound below which no ``t_max`` has a plan (:func:`_least_t_max`, the least slowest stage
+      of any split on exactly ``N M`` devices, each stage at its cheapest position) answers the
+      runs the bisection asks for below it without running the DP (the same bisection).
+    * The per-position tables come from each config's count of fitting positions (one
+      bisection), a position's from the one before with only the entries recomputed where a
+      config stops fitting (:class:`_Positions`).
 
     Args:
         t_intra: shape ``(L, L, K, C)``: ``t_intra[i, j, k, c]`` is the latency of one
@@ -836,10 +945,14 @@ class _TMaxSearch:
         self.best = math.inf  # the best total latency found
         self.best_plan: list = []
         self.best_max = math.nan  # its slowest stage's latency
+        self.least = _least_t_max(prep, problem.sizes, problem.num_devices)
 
     def run(self, t_val: float):
-        """The DP at ``t_max = t_val``, counted."""
+        """The DP at ``t_max = t_val``, counted (no run below :func:`_least_t_max`'s bound: it
+        would find no plan)."""
         self.evaluated += 1
+        if t_val < self.least:
+            return math.inf, None
         return self.problem.dp(self.prep, t_val)
 
     def plan_stats(self, stages):
