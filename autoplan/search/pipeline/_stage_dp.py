@@ -498,37 +498,55 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
     F[0][L, 0] = 0.0
     blocks: dict[int, list] = {}  # position -> per submesh, its (width, first row, end row)
     tmp = np.empty((L, D + 1))
+    acc = np.empty((L + 1, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
         Y = F[s - 1]
-        Fs = np.full((L + 1, D + 1), np.inf)
-        F.append(Fs)
         finite_y = np.isfinite(Y)
         rows = np.flatnonzero(finite_y.any(axis=1))
-        cols = np.flatnonzero(finite_y.any(axis=0))
-        if rows.size == 0:
+        if rows.size == 0:  # no plan of s - 1 stages: none of s either (one read-only table)
+            Y.flags.writeable = False
+            F.append(Y)
             continue
+        cols = np.flatnonzero(finite_y.any(axis=0))
+        Fs = np.full((L + 1, D + 1), np.inf)
+        F.append(Fs)
         if p not in blocks:
             blocks[p] = _blocks(tb[p])
-        r_lo, c_lo, c_hi = int(rows[0]), int(cols[0]), int(cols[-1]) + 1
+        r_lo, c_lo = int(rows[0]), int(cols[0])
+        # only the columns where Y has a finite entry: a slice where they are one run (the
+        # small clusters), else gathered (a large cluster's sums of submesh sizes are sparse)
+        run = cols.size == int(cols[-1]) + 1 - c_lo
+        Yc = Y[:, c_lo: c_lo + cols.size] if run else Y[:, cols]
         # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
         # is one addition, so taking the minimum over the finite terms only, in any order, gives
         # the same value as over all of them (an infinite term never wins)
         for q, spans in enumerate(blocks[p]):
             size = int(sizes[q])
-            lo, hi = c_lo + size, min(c_hi + size, D + 1)  # columns d whose d - size is finite
-            if lo >= hi or not spans:
+            # the columns d = col + size <= D
+            n = (max(0, min(cols.size, D + 1 - size - c_lo)) if run
+                 else int(np.searchsorted(cols, D + 1 - size)))
+            if n == 0 or not spans:
                 continue
             tq = tb[p, :, :, q]
-            Fq = Fs[:, lo:hi]
-            Yq = Y[:, lo - size: hi - size]
+            Yq = Yc[:, :n]
+            if run:
+                Fq = Fs[:, c_lo + size: c_lo + size + n]
+            else:  # the spans' rows, in a buffer reused
+                Fq = acc[:, :n]
+                Fq[min(k0 for _, k0, _ in spans): max(k1 for _, _, k1 in spans)] = np.inf
+            k_lo, k_hi = L, 0
             for w, k0, k1 in spans:  # stage k .. k + w: rows k0 .. k1 - 1 hold its finite costs
                 k0 = max(k0, r_lo - w - 1)
                 if k0 >= k1:
                     continue
-                out = tmp[: k1 - k0, : hi - lo]
+                k_lo, k_hi = min(k_lo, k0), max(k_hi, k1)
+                out = tmp[: k1 - k0, :n]
                 np.add(tq[k0:k1, w, None], Yq[k0 + w + 1: k1 + w + 1], out=out)
                 np.minimum(Fq[k0:k1], out, out=Fq[k0:k1])
+            if not run and k_lo < k_hi:
+                at = (slice(k_lo, k_hi), cols[:n] + size)
+                Fs[at] = np.minimum(Fs[at], Fq[k_lo:k_hi])
     return F
 
 
@@ -932,6 +950,11 @@ def _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
                          merge_allowed=s_cap == natural_cap, min_s=int(min_stages))
 
 
+#: :func:`_least_t_max` is sought where its table (layers x widths x submeshes x device counts)
+#: has at most this many entries: on a large cluster it costs more than the DP runs it saves.
+LEAST_T_MAX_WORK = 1 << 24
+
+
 class _TMaxSearch:
     """The search of :func:`stage_dp` over the bound ``t_max``: the DP run at candidate bounds
     chosen by bisection with an early stop (see :func:`stage_dp`), the best plan met, and every
@@ -945,7 +968,9 @@ class _TMaxSearch:
         self.best = math.inf  # the best total latency found
         self.best_plan: list = []
         self.best_max = math.nan  # its slowest stage's latency
-        self.least = _least_t_max(prep, problem.sizes, problem.num_devices)
+        L, K = prep.tb.shape[1], prep.tb.shape[3]
+        self.least = (_least_t_max(prep, problem.sizes, problem.num_devices)
+                      if L * L * K * (problem.num_devices + 1) <= LEAST_T_MAX_WORK else -math.inf)
 
     def run(self, t_val: float):
         """The DP at ``t_max = t_val``, counted (no run below :func:`_least_t_max`'s bound: it
