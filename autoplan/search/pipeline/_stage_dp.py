@@ -496,32 +496,33 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
     L = tb.shape[1]
     F = [np.full((L + 1, D + 1), np.inf)]
     F[0][L, 0] = 0.0
-    blocks: dict[int, list] = {}  # position -> per submesh, its (width, first row, end row)
+    finite_tb: dict[int, np.ndarray] = {}  # position -> where its stage costs are finite
     tmp = np.empty((L, D + 1))
     acc = np.empty((L + 1, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
         Y = F[s - 1]
         finite_y = np.isfinite(Y)
-        rows = np.flatnonzero(finite_y.any(axis=1))
-        if rows.size == 0:  # no plan of s - 1 stages: none of s either (one read-only table)
+        rows = finite_y.any(axis=1)
+        if not rows.any():  # no plan of s - 1 stages: none of s either (one read-only table)
             Y.flags.writeable = False
             F.append(Y)
             continue
         cols = np.flatnonzero(finite_y.any(axis=0))
         Fs = np.full((L + 1, D + 1), np.inf)
         F.append(Fs)
-        if p not in blocks:
-            blocks[p] = _blocks(tb[p])
-        r_lo, c_lo = int(rows[0]), int(cols[0])
+        if p not in finite_tb:
+            finite_tb[p] = np.isfinite(tb[p])
+        c_lo = int(cols[0])
         # only the columns where Y has a finite entry: a slice where they are one run (the
         # small clusters), else gathered (a large cluster's sums of submesh sizes are sparse)
         run = cols.size == int(cols[-1]) + 1 - c_lo
         Yc = Y[:, c_lo: c_lo + cols.size] if run else Y[:, cols]
         # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
-        # is one addition, so taking the minimum over the finite terms only, in any order, gives
-        # the same value as over all of them (an infinite term never wins)
-        for q, spans in enumerate(blocks[p]):
+        # is one addition, so taking the minimum over the finite terms only (the runs of rows
+        # whose stage and rest are both finite), in any order, gives the same value as over
+        # all of them (an infinite term never wins)
+        for q, spans in enumerate(_runs(finite_tb[p], rows)):
             size = int(sizes[q])
             # the columns d = col + size <= D
             n = (max(0, min(cols.size, D + 1 - size - c_lo)) if run
@@ -530,36 +531,37 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
                 continue
             tq = tb[p, :, :, q]
             Yq = Yc[:, :n]
+            k_lo, k_hi = min(k0 for _, k0, _ in spans), max(k1 for _, _, k1 in spans)
             if run:
                 Fq = Fs[:, c_lo + size: c_lo + size + n]
             else:  # the spans' rows, in a buffer reused
                 Fq = acc[:, :n]
-                Fq[min(k0 for _, k0, _ in spans): max(k1 for _, _, k1 in spans)] = np.inf
-            k_lo, k_hi = L, 0
-            for w, k0, k1 in spans:  # stage k .. k + w: rows k0 .. k1 - 1 hold its finite costs
-                k0 = max(k0, r_lo - w - 1)
-                if k0 >= k1:
-                    continue
-                k_lo, k_hi = min(k_lo, k0), max(k_hi, k1)
+                Fq[k_lo:k_hi] = np.inf
+            for w, k0, k1 in spans:  # stages k .. k + w for k in k0 .. k1 - 1
                 out = tmp[: k1 - k0, :n]
                 np.add(tq[k0:k1, w, None], Yq[k0 + w + 1: k1 + w + 1], out=out)
                 np.minimum(Fq[k0:k1], out, out=Fq[k0:k1])
-            if not run and k_lo < k_hi:
+            if not run:
                 at = (slice(k_lo, k_hi), cols[:n] + size)
                 Fs[at] = np.minimum(Fs[at], Fq[k_lo:k_hi])
     return F
 
 
-def _blocks(tb_p: np.ndarray) -> list[list[tuple[int, int, int]]]:
-    """Per submesh ``q``, the widths ``w`` with a finite stage cost in ``tb_p`` (L, W, K) and the
-    rows from the first such stage to one past the last: ``(w, first row, end row)``."""
-    L, W, K = tb_p.shape
-    fin = np.isfinite(tb_p[:, : min(W, L), :])  # (L, W', K); rows past L - w - 1 are inf
-    qs, ws = np.nonzero(fin.any(axis=0).T)  # submesh-major
-    first = fin.argmax(axis=0)[ws, qs]
-    end = (L - fin[::-1].argmax(axis=0))[ws, qs]
+def _runs(finite_p: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """Per submesh ``q``, the runs of consecutive first layers ``k`` whose stage ``k .. k + w``
+    is finite in ``finite_p`` (L, W, K) and whose rest ``k + w + 1 ..`` has a finite row in
+    ``rows`` (L + 1,): ``(w, first k, one past the last k)``, by width."""
+    L, W, K = finite_p.shape
+    ok = np.zeros(L + W + 1, dtype=bool)
+    ok[: L + 1] = rows
+    nxt = np.arange(L)[:, None] + np.arange(1, W + 1)[None, :]  # (L, W): k + w + 1
+    both = np.zeros((K, W, L + 2), dtype=np.int8)
+    both[:, :, 1:-1] = (finite_p & ok[nxt][:, :, None]).transpose(2, 1, 0)
+    step = np.diff(both, axis=2)
+    qs, ws, starts = np.nonzero(step == 1)  # (in submesh, width, layer order)
+    ends = np.nonzero(step == -1)[2]
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
-    for q, w, k0, k1 in zip(qs.tolist(), ws.tolist(), first.tolist(), end.tolist()):
+    for q, w, k0, k1 in zip(qs.tolist(), ws.tolist(), starts.tolist(), ends.tolist()):
         out[q].append((w, k0, k1))
     return out
 
