@@ -299,6 +299,7 @@ class _Positions:
         self._count: np.ndarray | None = None  # per entry, its fitting positions (up to _cap)
         self._cap = 0
         self._drops: dict[int, np.ndarray] = {}  # position -> flat (i, j, k) entries to redo
+        self._stacked: tuple | None = None  # (positions, best, cfg, first) stacked
 
     def _fits(self, p) -> np.ndarray | None:
         if self.device_memory is None:
@@ -314,14 +315,22 @@ class _Positions:
             return False
         fin = np.flatnonzero(np.isfinite(self.base))  # (the others never change a minimum)
         pm, am = self.pm.reshape(-1)[fin], self.am.reshape(-1)[fin]
-        lo = np.zeros(fin.size, dtype=np.int64)  # fits at every position < lo
-        hi = np.full(fin.size, n_pos, dtype=np.int64)  # misfits at every position >= hi
+        dm = self.device_memory
+        # a first guess by division, kept where the test itself confirms it (the entry fits at
+        # the guess's last position and not at the next); the others by bisection
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(am > 0, np.floor((dm - pm) / am), np.where(pm <= dm, n_pos, 0))
+        guess = np.clip(np.where(np.isnan(x), 0, x), 0, n_pos).astype(np.int64)
+        sure = (((guess == 0) | (pm + guess * am <= dm))
+                & ((guess == n_pos) | ~(pm + (guess + 1) * am <= dm)))
+        lo = np.where(sure, guess, 0)  # fits at every position < lo
+        hi = np.where(sure, guess, n_pos)  # misfits at every position >= hi
         while True:
             open_ = np.flatnonzero(lo < hi)
             if open_.size == 0:
                 break
             mid = (lo[open_] + hi[open_]) // 2
-            ok = pm[open_] + (mid + 1) * am[open_] <= self.device_memory  # (as _fits)
+            ok = pm[open_] + (mid + 1) * am[open_] <= dm  # (as _fits)
             lo[open_[ok]] = mid[ok] + 1
             hi[open_[~ok]] = mid[~ok]
         count = np.zeros(self.base.size, dtype=np.int64)
@@ -349,8 +358,11 @@ class _Positions:
             self.best.append(t.min(axis=3))
             self.cfg.append(t.argmin(axis=3))
             self.first.append(base[0] if fits is None else np.where(fits[0], base[0], np.inf))
-        first_t = np.stack(self.first[:n_pos]) if first else None
-        return np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]), first_t
+        if self._stacked is None or self._stacked[0] < n_pos:  # (read only: views of the most)
+            self._stacked = (n_pos, np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]),
+                             np.stack(self.first[:n_pos]))
+        _, best, cfg, first_t = self._stacked
+        return best[:n_pos], cfg[:n_pos], first_t[:n_pos] if first else None
 
     def _extend(self, n_pos: int) -> None:
         """Positions ``len(best) .. n_pos - 1`` from the fitting counts: position 0 in full, each
