@@ -611,7 +611,7 @@ def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: i
     argH = np.zeros((L, D + 1), dtype=np.int64)
     flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
     Z = _shifted(tail, shift_idx, W)  # of min(tail, H), updated row by row; H[L] = inf
-    cols = np.arange(D + 1)
+    Z_finite = np.isfinite(Z)
     for k in range(L - 1, -1, -1):
         # the candidates q * W + w whose stage is finite, in that order: the first minimum
         # among them is the first among all (an infinite candidate never is the minimum)
@@ -620,16 +620,22 @@ def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: i
         if idx.size == 0:
             continue  # H[k] stays inf, argH[k] 0 (as the argmin of infinite candidates)
         qs, ws = np.divmod(idx, W)
-        cand = tk[idx][:, None] + Z[qs, k + 1 + ws, :]
+        rows = k + 1 + ws
+        # only the columns where some candidate is finite (elsewhere H stays inf, argH 0)
+        live = np.flatnonzero(Z_finite[qs, rows, :].any(axis=0))
+        if live.size == 0:
+            continue
+        cand = tk[idx][:, None] + Z[qs[:, None], rows[:, None], live[None, :]]
         a_in = cand.argmin(axis=0)
-        h = cand[a_in, cols]
-        a = np.where(np.isfinite(h), idx[a_in], 0)
-        H[k] = h
-        argH[k] = a
+        h_live = cand[a_in, np.arange(live.size)]
+        H[k, live] = h_live
+        argH[k, live] = np.where(np.isfinite(h_live), idx[a_in], 0)
+        h = H[k]
         better = h < tail[k]
         flag[k] = better
         yk = np.where(better, h, tail[k])
         Z[:, k, :] = np.append(yk, np.inf)[shift_idx]
+        Z_finite[:, k, :] = np.isfinite(Z[:, k, :])
     return _MergedTail(H, argH, flag)
 
 
