@@ -364,6 +364,23 @@ class _Positions:
         _, best, cfg, first_t = self._stacked
         return best[:n_pos], cfg[:n_pos], first_t[:n_pos] if first else None
 
+    def values(self, n_pos: int, first: bool) -> np.ndarray | None:
+        """The distinct finite latencies of positions ``0 .. n_pos - 1`` (with ``first``, and of
+        the first stage's configs): position 0's and those of the entries recomputed at each
+        later one (the others repeat the position before); None where the tables were not made
+        from the fitting counts."""
+        if self._count is None or len(self.best) < n_pos:
+            return None
+        parts = [self.best[0][np.isfinite(self.best[0])]]
+        for p in range(1, n_pos):
+            cells = self._drops.get(p)
+            if cells is not None:
+                v = self.best[p].reshape(-1)[cells]
+                parts.append(v[np.isfinite(v)])
+        if first:  # a position's first-stage entries are position 0's that still fit
+            parts.append(self.first[0][np.isfinite(self.first[0])])
+        return np.unique(np.concatenate(parts))
+
     def _extend(self, n_pos: int) -> None:
         """Positions ``len(best) .. n_pos - 1`` from the fitting counts: position 0 in full, each
         later one from the one before with its dropped entries recomputed."""
@@ -426,11 +443,14 @@ class _Prepared:
         tb[:, ~valid, :] = np.inf
         self.tb = tb
         self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
-        finite = best_latency[np.isfinite(best_latency)]
         if self.first_t is not None:
             self.min_by_width = np.minimum(self.min_by_width, self.first_t[:P].min(axis=(0, 2, 3)))
-            finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
-        self.candidates = np.unique(finite)
+        self.candidates = positions.values(self.n_pos, self.first_t is not None)
+        if self.candidates is None:
+            finite = best_latency[np.isfinite(best_latency)]
+            if self.first_t is not None:
+                finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
+            self.candidates = np.unique(finite)
 
 
 def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W: int, L: int) -> int:

@@ -524,6 +524,9 @@ def test_position_tables_equal_each_position_tested_alone(seed, L, K, C, zero_ac
             assert np.array_equal(best[p], masked.min(axis=3))
             assert np.array_equal(cfg[p], masked.argmin(axis=3))
             assert np.array_equal(first[p], masked[0])
+        # the candidate bounds: every distinct finite latency of those positions
+        values = np.concatenate([best[np.isfinite(best)], first[np.isfinite(first)]])
+        assert np.array_equal(pos.values(n_pos, True), np.unique(values))
 
 
 def dense_tables(tb, P, sizes, D, n_exact):
