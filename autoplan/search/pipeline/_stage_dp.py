@@ -279,10 +279,11 @@ class _Positions:
 
     A config fits at position ``p`` when ``param_mem + (p + 1) * act_mem <= device_memory``;
     with ``act_mem >= 0`` that holds for the positions before the config's first misfit (the
-    float sum grows with ``p``), so each config's count of fitting positions is found by a
-    bisection of the same test, and a position's tables are the previous one's with only the
-    entries recomputed where some config stops fitting (the same minimum and first argmin over
-    the same configs). Arrays with a negative or NaN ``act_mem`` are tested at every position.
+    float sum grows with ``p``), so each config's count of fitting positions is found by the
+    same test (a guess by division it confirms, else a bisection), and a position's tables are
+    the previous one's with only the entries recomputed where some config stops fitting (the
+    same minimum and first argmin over the same configs). Arrays with a negative or NaN
+    ``act_mem`` are tested at every position.
     """
 
     def __init__(self, t_intra, param_mem, act_mem, device_memory):
@@ -301,14 +302,14 @@ class _Positions:
         self._drops: dict[int, np.ndarray] = {}  # position -> flat (i, j, k) entries to redo
         self._stacked: tuple | None = None  # (positions, best, cfg, first) stacked
 
-    def _fits(self, p) -> np.ndarray | None:
+    def _fits(self, p: int) -> np.ndarray | None:
         if self.device_memory is None:
             return None
         return self.pm + (p + 1) * self.am <= self.device_memory
 
     def _counts(self, n_pos: int) -> bool:
-        """Each entry's number of fitting positions among ``0 .. n_pos - 1`` (by bisection; the
-        positions where entries stop fitting indexed); False where the test is not monotone."""
+        """Each entry's number of fitting positions among ``0 .. n_pos - 1`` (the positions
+        where entries stop fitting indexed); False where the test is not monotone."""
         if self._count is not None and self._cap >= n_pos:
             return True
         if not (self.am >= 0).all():
