@@ -320,30 +320,20 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     # per layer: (t, step, resident, activation, zero buffer, remat peak) per variant
     per = np.zeros((6, V, L, K, C))
     any_lever = False
-    cells = list(ctx.cells())
-    rows: dict[int, list] = {}  # id(levers) -> their values per variant (a layer kind's, shared)
-    at: tuple[list[int], list[int], list[int]] = ([], [], [])
-    got = []
     for li in range(L):
-        for k, c in cells:
+        for k, c in ctx.cells():
             x = layer_levers(table, li, k, c, ratio, B)
             if x is None:
                 continue
-            row = rows.get(id(x))
-            if row is None:
-                any_lever = any_lever or x.remat_saving > 0 or x.zero_saving[3] > 0
-                row = rows[id(x)] = [
-                    (x.zero_time[z][0] + x.zero_time[z][1] + (x.recompute if remat else 0.0),
-                     x.zero_time[z][2], -x.zero_saving[z], -(x.remat_saving if remat else 0.0),
-                     x.zero_buffer if z == 3 else 0.0, x.remat_saving if remat else 0.0)
-                    for z, remat in DP_VARIANTS]
-            at[0].append(li)
-            at[1].append(k)
-            at[2].append(c)
-            got.append(row)
+            any_lever = any_lever or x.remat_saving > 0 or x.zero_saving[3] > 0
+            for v, (z, remat) in enumerate(DP_VARIANTS):
+                f, b, s = x.zero_time[z]
+                per[:, v, li, k, c] = (f + b + (x.recompute if remat else 0.0), s,
+                                       -x.zero_saving[z], -(x.remat_saving if remat else 0.0),
+                                       x.zero_buffer if z == 3 else 0.0,
+                                       x.remat_saving if remat else 0.0)
     if not any_lever:
         return None
-    per[:, :, at[0], at[1], at[2]] = np.array(got).transpose(2, 1, 0)  # (6, V, entries)
     if chain:
         out = np.empty((V, 4, L, L, K, C))
         for v in range(V):
