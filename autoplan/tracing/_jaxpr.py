@@ -164,7 +164,7 @@ def walk_jaxpr(closed: Any, max_scan_unroll: int = 512) -> Walk:
 
 def _aval(v: Any) -> tuple[tuple[int, ...], Any]:
     aval = v.aval
-    return tuple(int(d) for d in getattr(aval, "shape", ())), getattr(aval, "dtype", None)
+    return tuple(map(int, getattr(aval, "shape", ()))), getattr(aval, "dtype", None)
 
 
 class _Walker:

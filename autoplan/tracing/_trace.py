@@ -163,14 +163,32 @@ def _dtype_name(dtype: Any) -> str:
 
 def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int]]:
     """The walk's operators as :class:`OpNode` s, its tensors as :class:`Tensor` s, and the
-    count of operators kept opaque, by primitive."""
-    tensors = [Tensor(i, t.shape, _dtype_name(t.dtype), t.producer)
+    count of operators kept opaque, by primitive.
+
+    An equation inlined many times (a layer's jitted function, called once per layer) is read
+    once: its plain params, and its FLOPs per operand and result shapes, are kept by the
+    equation (each operator still gets its own params dict)."""
+    dtype_names: dict[Any, str] = {}
+
+    def dtype_name(dtype: Any) -> str:
+        try:
+            return dtype_names[dtype]
+        except KeyError:
+            out = dtype_names[dtype] = _dtype_name(dtype)
+            return out
+        except TypeError:  # (an unhashable dtype)
+            return _dtype_name(dtype)
+
+    tensors = [Tensor(i, t.shape, dtype_name(t.dtype), t.producer)
                for i, t in enumerate(w.tensors)]
+    nbytes = [t.nbytes for t in tensors]
     # roles: forward (under jvp), backward (under transpose); un-transformed operators after
     # the first backward one (in program order) are the update, the ones before it forward
     first_bwd = next((op.id for op in w.ops if "transpose" in op.transforms), len(w.ops))
     ops: list[OpNode] = []
     opaque: dict[str, int] = {}
+    plain: dict[int, dict[str, Any]] = {}  # id(equation) -> its plain params
+    flops_of: dict[tuple, float] = {}  # (id(equation), operand shapes, result shapes) -> FLOPs
     for op in w.ops:
         if "transpose" in op.transforms:
             role = "backward"
@@ -181,22 +199,33 @@ def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int
         inputs = tuple(None if isinstance(r, Lit) else r for r in op.inputs)
         in_shapes = tuple(tensors[t].shape if t is not None else None for t in inputs)
         out_shapes = tuple(tensors[t].shape for t in op.outputs)
-        params = op.params if op.eqn is None else _plain_params(op.eqn.params)
+        if op.eqn is None:
+            params = op.params
+        else:  # (the walk holds every equation, so no id is reused while this runs)
+            got = plain.get(id(op.eqn))
+            if got is None:
+                got = plain[id(op.eqn)] = _plain_params(op.eqn.params)
+            params = dict(got)
         if op.eqn is not None and (op.primitive in OPAQUE_CONTROL or op.primitive == "scan"):
             # while/cond, and a scan longer than max_scan_unroll (shorter ones are unrolled)
             opaque[op.primitive] = opaque.get(op.primitive, 0) + 1
             flops = _count_flops_eqn(op.eqn)
         else:
-            try:
-                flops = op_flops(op.primitive, params, list(in_shapes), list(out_shapes))
-            except (KeyError, IndexError, TypeError):
-                flops = float(sum(math.prod(s) for s in out_shapes))
+            key = None if op.eqn is None else (id(op.eqn), in_shapes, out_shapes)
+            flops = flops_of.get(key) if key is not None else None
+            if flops is None:
+                try:
+                    flops = op_flops(op.primitive, params, list(in_shapes), list(out_shapes))
+                except (KeyError, IndexError, TypeError):
+                    flops = float(sum(math.prod(s) for s in out_shapes))
+                if key is not None:
+                    flops_of[key] = flops
         ops.append(OpNode(
             id=op.id, primitive=op.primitive, params=params, inputs=inputs, outputs=op.outputs,
             flops=float(flops), scope=op.scope, role=role, in_shapes=in_shapes,
             out_shapes=out_shapes,
-            bytes_in=sum(tensors[t].nbytes for t in inputs if t is not None),
-            bytes_out=sum(tensors[t].nbytes for t in op.outputs),
+            bytes_in=sum(nbytes[t] for t in inputs if t is not None),
+            bytes_out=sum(nbytes[t] for t in op.outputs),
             in_dtypes=tuple(tensors[t].dtype if t is not None else None for t in inputs),
             out_dtypes=tuple(tensors[t].dtype for t in op.outputs)))
     return ops, tensors, opaque

@@ -373,17 +373,25 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
     if deltas is None:
         return None
     gpipe = ctx.schedule == "gpipe"
-    parts = [[t], [step], [pm], [am]]
-    for dv in deltas:
-        dt, ds, dr, da = dv
-        ok = need & np.isfinite(dt)
-        parts[0].append(np.where(ok, np.maximum(t + dt, t), np.inf))
-        parts[1].append(np.where(ok, np.maximum(step + ds, 0.0), np.inf))
-        res = pm + dr + (B * da if gpipe else 0.0)
-        parts[2].append(np.where(ok, np.maximum(res, 0.0), np.inf))
-        parts[3].append(np.where(ok, np.maximum(am + (0.0 if gpipe else da), 0.0), np.inf))
-    return {"t": np.concatenate(parts[0], axis=3), "step": np.concatenate(parts[1], axis=3),
-            "pmem": np.concatenate(parts[2], axis=3), "amem": np.concatenate(parts[3], axis=3)}
+    # each variant's arrays: inf but where the base configuration needs a lever (computed there
+    # only, the same sums entry by entry)
+    V, C = len(deltas), t.shape[3]
+    out = {name: np.full(t.shape[:3] + ((V + 1) * C,), np.inf)
+           for name in ("t", "step", "pmem", "amem")}
+    for name, base_arr in (("t", t), ("step", step), ("pmem", pm), ("amem", am)):
+        out[name][..., :C] = base_arr
+    at = np.nonzero(need)
+    t_n, step_n, pm_n, am_n = t[at], step[at], pm[at], am[at]
+    for v, dv in enumerate(deltas):
+        dt, ds, dr, da = (x[at] for x in dv)
+        ok = np.isfinite(dt)
+        where = tuple(i[ok] for i in at[:3]) + (at[3][ok] + (v + 1) * C,)
+        out["t"][where] = np.maximum(t_n + dt, t_n)[ok]
+        out["step"][where] = np.maximum(step_n + ds, 0.0)[ok]
+        res = pm_n + dr + (B * da if gpipe else 0.0)
+        out["pmem"][where] = np.maximum(res, 0.0)[ok]
+        out["amem"][where] = np.maximum(am_n + (0.0 if gpipe else da), 0.0)[ok]
+    return out
 
 
 def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], stages: Sequence[Any],

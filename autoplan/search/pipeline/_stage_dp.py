@@ -275,7 +275,16 @@ class _Positions:
     """Per position from the pipeline's end, the configs that fit and the cheapest one's latency
     (:class:`_Prepared`'s ``best_latency``, ``cfg`` and ``first_t``), made once for the stage-DP
     runs of one set of cost arrays: runs for other stage counts read fewer or more positions of
-    the same tables."""
+    the same tables.
+
+    A config fits at position ``p`` when ``param_mem + (p + 1) * act_mem <= device_memory``;
+    with ``act_mem >= 0`` that holds for the positions before the config's first misfit (the
+    float sum grows with ``p``), so each config's count of fitting positions is found by the
+    same test (a guess by division it confirms, else a bisection), and a position's tables are
+    the previous one's with only the entries recomputed where some config stops fitting (the
+    same minimum and first argmin over the same configs). Arrays with a negative or NaN
+    ``act_mem`` are tested at every position.
+    """
 
     def __init__(self, t_intra, param_mem, act_mem, device_memory):
         L = t_intra.shape[0]
@@ -288,24 +297,113 @@ class _Positions:
         self.best: list[np.ndarray] = []
         self.cfg: list[np.ndarray] = []
         self.first: list[np.ndarray] = []
+        self._count: np.ndarray | None = None  # per entry, its fitting positions (up to _cap)
+        self._cap = 0
+        self._drops: dict[int, np.ndarray] = {}  # position -> flat (i, j, k) entries to redo
+        self._stacked: tuple | None = None  # (positions, best, cfg, first) stacked
 
     def _fits(self, p: int) -> np.ndarray | None:
         if self.device_memory is None:
             return None
         return self.pm + (p + 1) * self.am <= self.device_memory
 
+    def _counts(self, n_pos: int) -> bool:
+        """Each entry's number of fitting positions among ``0 .. n_pos - 1`` (the positions
+        where entries stop fitting indexed); False where the test is not monotone."""
+        if self._count is not None and self._cap >= n_pos:
+            return True
+        if not (self.am >= 0).all():
+            return False
+        fin = np.flatnonzero(np.isfinite(self.base))  # (the others never change a minimum)
+        pm, am = self.pm.reshape(-1)[fin], self.am.reshape(-1)[fin]
+        dm = self.device_memory
+        # a first guess by division, kept where the test itself confirms it (the entry fits at
+        # the guess's last position and not at the next); the others by bisection
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(am > 0, np.floor((dm - pm) / am), np.where(pm <= dm, n_pos, 0))
+        guess = np.clip(np.where(np.isnan(x), 0, x), 0, n_pos).astype(np.int64)
+        sure = (((guess == 0) | (pm + guess * am <= dm))
+                & ((guess == n_pos) | ~(pm + (guess + 1) * am <= dm)))
+        lo = np.where(sure, guess, 0)  # fits at every position < lo
+        hi = np.where(sure, guess, n_pos)  # misfits at every position >= hi
+        while True:
+            open_ = np.flatnonzero(lo < hi)
+            if open_.size == 0:
+                break
+            mid = (lo[open_] + hi[open_]) // 2
+            ok = pm[open_] + (mid + 1) * am[open_] <= dm  # (as _fits)
+            lo[open_[ok]] = mid[ok] + 1
+            hi[open_[~ok]] = mid[~ok]
+        count = np.zeros(self.base.size, dtype=np.int64)
+        count[fin] = lo
+        self._count, self._cap = count.reshape(self.base.shape), n_pos
+        # where a finite entry stops fitting within the range, its (i, j, k) changes there
+        drop = (lo < n_pos) & (lo >= 1)
+        cells, at = fin[drop] // self.base.shape[3], lo[drop]
+        order = np.argsort(at, kind="stable")
+        cells, at = cells[order], at[order]
+        bounds = np.flatnonzero(np.diff(at)) + 1
+        self._drops = {int(g[0]): np.unique(c) for g, c in
+                       zip(np.split(at, bounds), np.split(cells, bounds)) if g.size}
+        return True
+
     def upto(self, n_pos: int, first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(best_latency, cfg, first_t)`` of positions ``0 .. n_pos - 1`` (``first_t`` None
         without ``first``)."""
         base = self.base
+        if len(self.best) < n_pos and self.device_memory is not None and self._counts(n_pos):
+            self._extend(n_pos)
         for p in range(len(self.best), n_pos):
             fits = self._fits(p)
             t = base if fits is None else np.where(fits, base, np.inf)
             self.best.append(t.min(axis=3))
             self.cfg.append(t.argmin(axis=3))
             self.first.append(base[0] if fits is None else np.where(fits[0], base[0], np.inf))
-        first_t = np.stack(self.first[:n_pos]) if first else None
-        return np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]), first_t
+        if self._stacked is None or self._stacked[0] < n_pos:  # (read only: views of the most)
+            self._stacked = (n_pos, np.stack(self.best[:n_pos]), np.stack(self.cfg[:n_pos]),
+                             np.stack(self.first[:n_pos]))
+        _, best, cfg, first_t = self._stacked
+        return best[:n_pos], cfg[:n_pos], first_t[:n_pos] if first else None
+
+    def values(self, n_pos: int, first: bool) -> np.ndarray | None:
+        """The distinct finite latencies of positions ``0 .. n_pos - 1`` (with ``first``, and of
+        the first stage's configs): position 0's and those of the entries recomputed at each
+        later one (the others repeat the position before); None where the tables were not made
+        from the fitting counts."""
+        if self._count is None or len(self.best) < n_pos:
+            return None
+        parts = [self.best[0][np.isfinite(self.best[0])]]
+        for p in range(1, n_pos):
+            cells = self._drops.get(p)
+            if cells is not None:
+                v = self.best[p].reshape(-1)[cells]
+                parts.append(v[np.isfinite(v)])
+        if first:  # a position's first-stage entries are position 0's that still fit
+            parts.append(self.first[0][np.isfinite(self.first[0])])
+        return np.unique(np.concatenate(parts))
+
+    def _extend(self, n_pos: int) -> None:
+        """Positions ``len(best) .. n_pos - 1`` from the fitting counts: position 0 in full, each
+        later one from the one before with its dropped entries recomputed."""
+        base, count = self.base, self._count
+        C = base.shape[3]
+        flat_base = base.reshape(-1, C)
+        flat_count = count.reshape(-1, C)
+        for p in range(len(self.best), n_pos):
+            if p == 0:
+                t = np.where(count > 0, base, np.inf)
+                self.best.append(t.min(axis=3))
+                self.cfg.append(t.argmin(axis=3))
+            else:
+                best, cfg = self.best[-1].copy(), self.cfg[-1].copy()
+                cells = self._drops.get(p)
+                if cells is not None:
+                    t = np.where(flat_count[cells] > p, flat_base[cells], np.inf)
+                    best.reshape(-1)[cells] = t.min(axis=1)
+                    cfg.reshape(-1)[cells] = t.argmin(axis=1)
+                self.best.append(best)
+                self.cfg.append(cfg)
+            self.first.append(np.where(count[0] > p, base[0], np.inf))
 
 
 class _Prepared:
@@ -346,11 +444,14 @@ class _Prepared:
         tb[:, ~valid, :] = np.inf
         self.tb = tb
         self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
-        finite = best_latency[np.isfinite(best_latency)]
         if self.first_t is not None:
             self.min_by_width = np.minimum(self.min_by_width, self.first_t[:P].min(axis=(0, 2, 3)))
-            finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
-        self.candidates = np.unique(finite)
+        self.candidates = positions.values(self.n_pos, self.first_t is not None)
+        if self.candidates is None:
+            finite = best_latency[np.isfinite(best_latency)]
+            if self.first_t is not None:
+                finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
+            self.candidates = np.unique(finite)
 
 
 def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W: int, L: int) -> int:
@@ -425,42 +526,97 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
                   ) -> list[np.ndarray]:
     """``F(s, k, d)`` for ``s = 0 .. n_exact`` stages: the best cost of layers ``k ..`` in ``s``
     stages on exactly ``d`` devices, from the stage costs ``tb`` (band form, inf past ``t_max``)."""
-    L, W = tb.shape[1], tb.shape[2]
+    L = tb.shape[1]
     F = [np.full((L + 1, D + 1), np.inf)]
     F[0][L, 0] = 0.0
-    finite_tb = np.isfinite(tb)  # (P, L, W, K)
+    finite_tb: dict[int, np.ndarray] = {}  # position -> where its stage costs are finite
     tmp = np.empty((L, D + 1))
+    acc = np.empty((L + 1, D + 1))
     for s in range(1, n_exact + 1):
         p = min(s, P) - 1
         Y = F[s - 1]
+        finite_y = np.isfinite(Y)
+        rows = finite_y.any(axis=1)
+        if not rows.any():  # no plan of s - 1 stages: none of s either (one read-only table)
+            Y.flags.writeable = False
+            F.append(Y)
+            continue
+        cols = np.flatnonzero(finite_y.any(axis=0))
         Fs = np.full((L + 1, D + 1), np.inf)
         F.append(Fs)
-        rows = np.flatnonzero(np.isfinite(Y).any(axis=1))
-        cols = np.flatnonzero(np.isfinite(Y).any(axis=0))
-        if rows.size == 0:
-            continue
-        r_lo, c_lo, c_hi = int(rows[0]), int(cols[0]), int(cols[-1]) + 1
+        if p not in finite_tb:
+            finite_tb[p] = np.isfinite(tb[p])
+        c_lo = int(cols[0])
+        # only the columns where Y has a finite entry: a slice where they are one run (the
+        # small clusters), else gathered (a large cluster's sums of submesh sizes are sparse)
+        run = cols.size == int(cols[-1]) + 1 - c_lo
+        Yc = Y[:, c_lo: c_lo + cols.size] if run else Y[:, cols]
         # Fs[k, d] = min over q, w of tb[p, k, w, q] + Y[k + w + 1, d - size_q]: each candidate
-        # is one addition, so taking the minimum over the finite terms only, in any order, gives
-        # the same value as over all of them (an infinite term never wins)
-        for q in range(len(sizes)):
+        # is one addition, so taking the minimum over the finite terms only (the runs of rows
+        # whose stage and rest are both finite), in any order, gives the same value as over
+        # all of them (an infinite term never wins)
+        for q, spans in enumerate(_runs(finite_tb[p], rows)):
             size = int(sizes[q])
-            lo, hi = c_lo + size, min(c_hi + size, D + 1)  # columns d whose d - size is finite
-            if lo >= hi:
+            # the columns d = col + size <= D
+            n = (max(0, min(cols.size, D + 1 - size - c_lo)) if run
+                 else int(np.searchsorted(cols, D + 1 - size)))
+            if n == 0 or not spans:
                 continue
-            fq = finite_tb[p, :, :, q]  # (L, W)
-            for w in np.flatnonzero(fq[:, : min(W, L)].any(axis=0)):
-                n = L - w  # stage k .. k + w, valid for k < L - w
-                ks = np.flatnonzero(fq[:n, w])
-                k0 = max(int(ks[0]) if ks.size else n, r_lo - w - 1)
-                k1 = int(ks[-1]) + 1 if ks.size else 0
-                if k0 >= k1:
-                    continue
-                out = tmp[: k1 - k0, : hi - lo]
-                np.add(tb[p, k0:k1, w, q, None], Y[k0 + w + 1 : k1 + w + 1, lo - size : hi - size],
-                       out=out)
-                np.minimum(Fs[k0:k1, lo:hi], out, out=Fs[k0:k1, lo:hi])
+            tq = tb[p, :, :, q]
+            Yq = Yc[:, :n]
+            k_lo, k_hi = min(k0 for _, k0, _ in spans), max(k1 for _, _, k1 in spans)
+            if run:
+                Fq = Fs[:, c_lo + size: c_lo + size + n]
+            else:  # the spans' rows, in a buffer reused
+                Fq = acc[:, :n]
+                Fq[k_lo:k_hi] = np.inf
+            for w, k0, k1 in spans:  # stages k .. k + w for k in k0 .. k1 - 1
+                out = tmp[: k1 - k0, :n]
+                np.add(tq[k0:k1, w, None], Yq[k0 + w + 1: k1 + w + 1], out=out)
+                np.minimum(Fq[k0:k1], out, out=Fq[k0:k1])
+            if not run:
+                at = (slice(k_lo, k_hi), cols[:n] + size)
+                Fs[at] = np.minimum(Fs[at], Fq[k_lo:k_hi])
     return F
+
+
+def _runs(finite_p: np.ndarray, rows: np.ndarray) -> list[list[tuple[int, int, int]]]:
+    """Per submesh ``q``, the runs of consecutive first layers ``k`` whose stage ``k .. k + w``
+    is finite in ``finite_p`` (L, W, K) and whose rest ``k + w + 1 ..`` has a finite row in
+    ``rows`` (L + 1,): ``(w, first k, one past the last k)``, by width."""
+    L, W, K = finite_p.shape
+    ok = np.zeros(L + W + 1, dtype=bool)
+    ok[: L + 1] = rows
+    nxt = np.arange(L)[:, None] + np.arange(1, W + 1)[None, :]  # (L, W): k + w + 1
+    both = np.zeros((K, W, L + 2), dtype=np.int8)
+    both[:, :, 1:-1] = (finite_p & ok[nxt][:, :, None]).transpose(2, 1, 0)
+    step = np.diff(both, axis=2)
+    qs, ws, starts = np.nonzero(step == 1)  # (in submesh, width, layer order)
+    ends = np.nonzero(step == -1)[2]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
+    for q, w, k0, k1 in zip(qs.tolist(), ws.tolist(), starts.tolist(), ends.tolist()):
+        out[q].append((w, k0, k1))
+    return out
+
+
+def _least_t_max(prep: _Prepared, sizes: np.ndarray, D: int) -> float:
+    """A bound below which no ``t_max`` has a plan: the least, over the splits of the layers into
+    stages whose submeshes use exactly ``D`` devices, of the slowest stage, each stage costed at
+    its cheapest position (any stage of a plan found at ``t_max`` costs at most ``t_max`` at its
+    own position, so at least this much at some position)."""
+    cmin = prep.tb.min(axis=0)  # (L, W, K)
+    L, W, K = cmin.shape
+    dcol = np.arange(D + 1)[None, :] - sizes[:, None]
+    shift_idx = np.where(dcol >= 0, dcol, D + 1)  # (K, D+1); column D + 1 is inf
+    G = np.full((L + 1, D + 2), np.inf)  # G[k, d]: the least slowest stage of layers k .. on d
+    G[L, 0] = -np.inf
+    Z = np.full((K, L + 1 + W, D + 1), np.inf)  # Z[q, r, d] = G[r, d - size_q]
+    Z[:, L, :] = G[L][shift_idx]
+    for k in range(L - 1, -1, -1):
+        rest = Z[:, k + 1: k + 1 + W, :].transpose(1, 0, 2)  # (W, K, D+1)
+        G[k, : D + 1] = np.maximum(cmin[k][:, :, None], rest).min(axis=(0, 1))
+        Z[:, k, :] = G[k][shift_idx]
+    return float(G[0, D])
 
 
 def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: int
@@ -476,7 +632,7 @@ def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: i
     argH = np.zeros((L, D + 1), dtype=np.int64)
     flag = np.zeros((L + 1, D + 1), dtype=bool)  # True where H beats the exact tail
     Z = _shifted(tail, shift_idx, W)  # of min(tail, H), updated row by row; H[L] = inf
-    cols = np.arange(D + 1)
+    Z_finite = np.isfinite(Z)
     for k in range(L - 1, -1, -1):
         # the candidates q * W + w whose stage is finite, in that order: the first minimum
         # among them is the first among all (an infinite candidate never is the minimum)
@@ -485,16 +641,22 @@ def _merged_table(tb_last: np.ndarray, tail: np.ndarray, sizes: np.ndarray, D: i
         if idx.size == 0:
             continue  # H[k] stays inf, argH[k] 0 (as the argmin of infinite candidates)
         qs, ws = np.divmod(idx, W)
-        cand = tk[idx][:, None] + Z[qs, k + 1 + ws, :]
+        rows = k + 1 + ws
+        # only the columns where some candidate is finite (elsewhere H stays inf, argH 0)
+        live = np.flatnonzero(Z_finite[qs, rows, :].any(axis=0))
+        if live.size == 0:
+            continue
+        cand = tk[idx][:, None] + Z[qs[:, None], rows[:, None], live[None, :]]
         a_in = cand.argmin(axis=0)
-        h = cand[a_in, cols]
-        a = np.where(np.isfinite(h), idx[a_in], 0)
-        H[k] = h
-        argH[k] = a
+        h_live = cand[a_in, np.arange(live.size)]
+        H[k, live] = h_live
+        argH[k, live] = np.where(np.isfinite(h_live), idx[a_in], 0)
+        h = H[k]
         better = h < tail[k]
         flag[k] = better
         yk = np.where(better, h, tail[k])
         Z[:, k, :] = np.append(yk, np.inf)[shift_idx]
+        Z_finite[:, k, :] = np.isfinite(Z[:, k, :])
     return _MergedTail(H, argH, flag)
 
 
@@ -636,6 +798,12 @@ def stage_dp(
       ``B t_max >= T*`` rule and the weaker ``(B - 1) t_max >= T*``. Using ``t`` in place of
       ``F`` is valid because the optimal ``t_max`` is the max of some optimal plan (a plan with
       max ``m < t`` is already counted at ``m``).
+    * A bound below which no ``t_max`` has a plan (:func:`_least_t_max`, the least slowest stage
+      of any split on exactly ``N M`` devices, each stage at its cheapest position) answers the
+      runs the bisection asks for below it without running the DP (the same bisection).
+    * The per-position tables come from each config's count of fitting positions (one
+      bisection), a position's from the one before with only the entries recomputed where a
+      config stops fitting (:class:`_Positions`).
 
     Args:
         t_intra: shape ``(L, L, K, C)``: ``t_intra[i, j, k, c]`` is the latency of one
@@ -823,6 +991,11 @@ def _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
                          merge_allowed=s_cap == natural_cap, min_s=int(min_stages))
 
 
+#: :func:`_least_t_max` is sought where its table (layers x widths x submeshes x device counts)
+#: has at most this many entries: on a large cluster it costs more than the DP runs it saves.
+LEAST_T_MAX_WORK = 1 << 24
+
+
 class _TMaxSearch:
     """The search of :func:`stage_dp` over the bound ``t_max``: the DP run at candidate bounds
     chosen by bisection with an early stop (see :func:`stage_dp`), the best plan met, and every
@@ -836,10 +1009,16 @@ class _TMaxSearch:
         self.best = math.inf  # the best total latency found
         self.best_plan: list = []
         self.best_max = math.nan  # its slowest stage's latency
+        L, K = prep.tb.shape[1], prep.tb.shape[3]
+        self.least = (_least_t_max(prep, problem.sizes, problem.num_devices)
+                      if L * L * K * (problem.num_devices + 1) <= LEAST_T_MAX_WORK else -math.inf)
 
     def run(self, t_val: float):
-        """The DP at ``t_max = t_val``, counted."""
+        """The DP at ``t_max = t_val``, counted (no run below :func:`_least_t_max`'s bound: it
+        would find no plan)."""
         self.evaluated += 1
+        if t_val < self.least:
+            return math.inf, None
         return self.problem.dp(self.prep, t_val)
 
     def plan_stats(self, stages):

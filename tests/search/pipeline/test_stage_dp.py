@@ -492,3 +492,103 @@ def test_min_stages_bad_input():
         stage_dp(np.ones((2, 2, 3, 1)), submesh_shapes(1, 4), 1, 4, 2, min_stages=3)
     with pytest.raises(SearchError, match="step_cost"):
         stage_dp(t, [(1, 1)], 1, 1, 2, step_cost=-np.ones((2, 2, 1, 1)))
+
+
+# ------------------------------------------------------------------------------------------
+# the exact speed-ups equal the computations they replace
+# ------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), L=st.integers(1, 7), K=st.integers(1, 3),
+       C=st.integers(1, 4), zero_act=st.booleans(), steps=st.lists(st.integers(1, 9), min_size=1,
+                                                                    max_size=3))
+def test_position_tables_equal_each_position_tested_alone(seed, L, K, C, zero_act, steps):
+    """The per-position tables made from each config's count of fitting positions (a position
+    from the one before, its dropped entries recomputed) equal the memory test run at every
+    position, whatever positions are asked for and in what order."""
+    from autoplan.search.pipeline._stage_dp import _Positions  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    t = np.round(rng.uniform(0.0, 4.0, (L, L, K, C)), 1)  # rounded: ties between configs
+    t[rng.random(t.shape) < 0.2] = np.inf
+    pm = np.round(rng.uniform(0.0, 6.0, t.shape), 1)
+    am = np.zeros(t.shape) if zero_act else np.round(rng.uniform(0.0, 2.0, t.shape), 2)
+    dm = float(rng.uniform(1.0, 12.0))
+    pos = _Positions(t, pm, am, dm)
+    base = np.where(np.tril(np.ones((L, L), dtype=bool), k=-1)[:, :, None, None], np.inf, t)
+    for n_pos in steps:
+        best, cfg, first = pos.upto(n_pos, True)
+        for p in range(n_pos):
+            masked = np.where(pm + (p + 1) * am <= dm, base, np.inf)
+            assert np.array_equal(best[p], masked.min(axis=3))
+            assert np.array_equal(cfg[p], masked.argmin(axis=3))
+            assert np.array_equal(first[p], masked[0])
+        # the candidate bounds: every distinct finite latency of those positions
+        values = np.concatenate([best[np.isfinite(best)], first[np.isfinite(first)]])
+        assert np.array_equal(pos.values(n_pos, True), np.unique(values))
+
+
+def dense_tables(tb, P, sizes, D, n_exact):
+    """F(s, k, d) by the recurrence over every term (no pruning)."""
+    L, W = tb.shape[1], tb.shape[2]
+    F = [np.full((L + 1, D + 1), np.inf)]
+    F[0][L, 0] = 0.0
+    for s in range(1, n_exact + 1):
+        p = min(s, P) - 1
+        Fs = np.full((L + 1, D + 1), np.inf)
+        for k in range(L):
+            for w in range(min(W, L - k)):
+                for q, size in enumerate(sizes):
+                    for d in range(int(size), D + 1):
+                        Fs[k, d] = min(Fs[k, d], tb[p, k, w, q] + F[s - 1][k + w + 1, d - size])
+        F.append(Fs)
+    return F
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 6),
+       P=st.integers(1, 4), W=st.integers(1, 6), inf_frac=st.sampled_from([0.0, 0.3, 0.7]))
+def test_exact_tables_equal_the_recurrence_over_every_term(seed, cluster, L, P, W, inf_frac):
+    """The stage-count tables built from the finite blocks only equal the recurrence taken over
+    every (width, submesh) term."""
+    from autoplan.search.pipeline._stage_dp import _exact_tables  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    sizes = np.array([n * m for n, m in submesh_shapes(N, M)], dtype=np.int64)
+    W = min(W, L)
+    tb = np.round(rng.uniform(0.0, 3.0, (P, L, W, len(sizes))), 1)
+    tb[rng.random(tb.shape) < inf_frac] = np.inf
+    tb[:, (np.arange(L)[:, None] + np.arange(W)[None, :]) >= L, :] = np.inf  # past the last layer
+    n_exact = min(L, N * M) + 1
+    got = _exact_tables(tb, P, sizes, N * M, n_exact)
+    want = dense_tables(tb, P, sizes, N * M, n_exact)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 6),
+       C=st.integers(1, 2), B=st.integers(1, 8), dm=st.one_of(st.none(), st.floats(2.0, 12.0)),
+       step=st.booleans())
+def test_no_plan_below_the_least_t_max(seed, cluster, L, C, B, dm, step):
+    """Every candidate bound below :func:`_least_t_max` has no plan (the runs the search skips
+    there would find none), and the optimum's slowest stage is never below it."""
+    from autoplan.search.pipeline._stage_dp import _check_inputs, _least_t_max  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.3)
+    kw = {"step_cost": rng.uniform(0, 1, t.shape) if step else None, "param_mem": None,
+          "act_mem": None, "device_memory": dm}
+    if dm is not None:
+        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape))
+    problem = _check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1, **kw)
+    prep = problem.prepared(dm)
+    least = _least_t_max(prep, problem.sizes, problem.num_devices)
+    for cand in prep.candidates:
+        if cand < least:
+            assert problem.dp(prep, float(cand))[1] is None
+    r = run_or_inf(t, shapes, N, M, B, **{k: v for k, v in kw.items() if v is not None})
+    if r is not None:
+        assert r.t_max >= least
