@@ -29,15 +29,32 @@ SLOW_MODULES = frozenset({
 })
 
 
+#: the modules that take longest (docs/testing.md), in that order: run first, so that under
+#: ``make test``'s workers (``--dist loadfile``: each module on one worker, handed out in the
+#: order collected) no long module starts last while the other workers stand idle
+LONGEST_FIRST = (
+    "tests/test_docs.py", "tests/test_browser.py", "tests/user_models/test_user_matrix.py",
+    "tests/exec/test_pipeline_mpmd.py", "tests/viz/test_explorer.py", "tests/test_notebooks.py",
+    "tests/exec/test_run.py", "tests/models/test_models.py", "tests/exec/test_launch.py",
+    "tests/exec/test_levers_applied.py", "tests/exec/test_launch_cli.py",
+)
+
+
+def _relative(item, root) -> str | None:
+    try:
+        return item.path.relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
+    rank = {m: k for k, m in enumerate(LONGEST_FIRST)}
     for item in items:
-        try:
-            rel = item.path.relative_to(root).as_posix()
-        except ValueError:
-            continue
-        if rel in SLOW_MODULES:
+        if _relative(item, root) in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    # (a stable sort: each module's own tests keep their order)
+    items.sort(key=lambda it: rank.get(_relative(it, root), len(rank)))
 
 
 @pytest.fixture(autouse=True)
