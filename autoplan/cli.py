@@ -673,9 +673,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + 13
         return _internal_error(err, debug)
     except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
+        interrupt = _wrapped_interrupt(err)
+        if interrupt is not None:
+            return _interrupted(getattr(interrupt, "signum", None) or _RUN.signum or signal.SIGINT,
+                                args)
         return _internal_error(err, debug)
     finally:
         restore()
+
+
+def _wrapped_interrupt(err: BaseException) -> KeyboardInterrupt | None:
+    """The interruption an exception was raised from, if any: Python wraps some exceptions in
+    others (a signal landing while a class body is made raises ``RuntimeError: Error calling
+    __set_name__``, from the interruption), and such an error is the signal, not a bug."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _interrupted(signum: int, args: argparse.Namespace | None) -> int:

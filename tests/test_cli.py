@@ -336,3 +336,24 @@ def test_a_closed_stdout_is_no_traceback(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141 and err == ""
+
+
+@pytest.mark.parametrize("signum", [2, 15])
+def test_a_signal_python_wrapped_in_another_error_is_the_signal(monkeypatch, capsys, signum):
+    """A signal landing while a class body is made (an import's dataclass) reaches the command
+    as ``RuntimeError: Error calling __set_name__``, raised from the interruption: it is the
+    signal's one line and status, not an internal error."""
+    from autoplan import cli
+
+    class Field:
+        def __set_name__(self, owner, name):
+            raise cli._Interrupted(signum)
+
+    def command(args):
+        type("Made", (), {"stats": Field()})  # (Python wraps what __set_name__ raises)
+
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {
+        "parse_args": lambda self, argv: type("A", (), {"func": staticmethod(command)})()})())
+    assert main(["models"]) == 128 + signum
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autoplan: interrupted by SIG"), err
