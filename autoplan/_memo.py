@@ -16,6 +16,10 @@ Keys: a value's key names its accessor, never a string two modules must spell al
   shape), or whose owner is not its first argument (a run caches on its workload), calls
   :func:`memo` with the same key itself: ``memo(owner, (accessor, *hashable_args), make)``, its
   own function object first.
+
+Values that many owners share (a strategy of one operator on any mesh of one cost identity, a
+resharding time) are kept process-wide instead, in a :class:`BoundedCache`: a dict emptied when
+it grows past its limit, so a long session's memory stays bounded.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 _SLOT = "_autoplan_memo"
 
@@ -72,3 +78,20 @@ def forget(owner: Any) -> None:
     store = getattr(owner, "__dict__", None)
     if store is not None:
         store.pop(_SLOT, None)
+
+
+class BoundedCache(dict[K, V]):
+    """A process-wide cache: a dict read with ``get`` or ``[]``, written with :meth:`put`, which
+    empties it first once it holds more than ``limit`` entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: K, value: V) -> V:
+        """Store ``value`` under ``key`` (emptying the cache first when it is over its limit);
+        returns ``value``."""
+        if len(self) > self.limit:
+            self.clear()
+        self[key] = value
+        return value

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from autoplan._memo import forget, memo, per_owner, per_owner_and_args
+from autoplan._memo import BoundedCache, forget, memo, per_owner, per_owner_and_args
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "autoplan"
 
@@ -123,3 +123,11 @@ def test_accessors_own_their_values():
     assert memo(owner, (with_args, 1), lambda: "direct") == "direct" == memo(
         owner, (with_args, 1), lambda: "again")
     assert with_args(owner, 1) == "direct"  # the same key: the one value
+
+
+def test_a_bounded_cache_empties_itself_once_over_its_limit():
+    cache: BoundedCache[int, str] = BoundedCache(2)
+    assert [cache.put(k, str(k)) for k in range(3)] == ["0", "1", "2"]
+    assert dict(cache) == {0: "0", 1: "1", 2: "2"}  # (over the limit only after the third)
+    assert cache.put(3, "3") == "3" and dict(cache) == {3: "3"}
+    assert cache.get(0) is None and cache[3] == "3"

@@ -23,7 +23,7 @@ import numpy as np
 
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
-from autoplan._memo import per_owner
+from autoplan._memo import BoundedCache, per_owner
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, tile_count
 from autoplan.search.intra._pins import pin_specs
@@ -101,7 +101,7 @@ class _Layout:
 
 
 #: :func:`_layout`'s layouts, by mesh shape and axis names and the strategies' ids
-_LAYOUTS: dict[tuple, _Layout] = {}
+_LAYOUTS: BoundedCache[tuple, _Layout] = BoundedCache(50_000)  # (about 1 kB each)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -131,12 +131,8 @@ def _layout(mesh: LogicalMesh, strats: list[Strategy]) -> _Layout:
         else:
             in_pos.append(_frozen(np.array([order.setdefault(s.in_specs[j], len(order))
                                             for s in strats], dtype=np.int64)))
-    hit = _Layout(tuple(strats), tuple(order), out_pos, in_pos, out_tiles,
-                  _frozen(np.array([s.cost for s in strats])))
-    if len(_LAYOUTS) > 50_000:  # (about 1 kB each)
-        _LAYOUTS.clear()
-    _LAYOUTS[key] = hit
-    return hit
+    return _LAYOUTS.put(key, _Layout(tuple(strats), tuple(order), out_pos, in_pos, out_tiles,
+                                      _frozen(np.array([s.cost for s in strats]))))
 
 
 def _tables(prob: ILPProblem, strats: list[Strategy], cache: dict[tuple, _Tables]) -> _Tables:
@@ -518,7 +514,7 @@ def _tensor_edges(prob: ILPProblem):
 
 #: resharding times between distinct source and destination specs of a tensor shape and dtype,
 #: by mesh (:func:`mesh_id`), the specs, the shape and the dtype
-_MATRICES: dict[tuple, np.ndarray] = {}
+_MATRICES: BoundedCache[tuple, np.ndarray] = BoundedCache(200_000)
 
 
 class _ReshardTable:
@@ -556,10 +552,8 @@ class _ReshardTable:
                 ten.shape, ten.dtype)
         small = _MATRICES.get(gkey)
         if small is None:
-            small = _frozen(np.array([[self.time(t, a, b) for b in ud] for a in us]))
-            if len(_MATRICES) > 200_000:
-                _MATRICES.clear()
-            _MATRICES[gkey] = small
+            small = _MATRICES.put(gkey, _frozen(np.array([[self.time(t, a, b) for b in ud]
+                                                          for a in us])))
         out = small[np.ix_(iu, idd)]
         self.mcache[key] = out
         return out

@@ -30,15 +30,15 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from autoplan._dtype import dtype_bytes
-from autoplan._memo import per_owner
+from autoplan._memo import BoundedCache, per_owner
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec
 
 __all__ = ["reshard", "reshard_time"]
 
-_CACHE: dict[tuple, tuple[float, tuple[Comm, ...]]] = {}
 _CACHE_MAX = 1 << 20
+_CACHE: BoundedCache[tuple, tuple[float, tuple[Comm, ...]]] = BoundedCache(_CACHE_MAX)
 
 
 _MESH_IDS: dict[tuple, int] = {}
@@ -54,7 +54,7 @@ def mesh_id(mesh: LogicalMesh) -> int:
         len(_MESH_IDS))
 
 
-_TIMES: dict[tuple, float] = {}
+_TIMES: BoundedCache[tuple, float] = BoundedCache(_CACHE_MAX)
 
 
 def collective_time(mesh: LogicalMesh, kind: str, nbytes: float, axes: tuple[int, ...],
@@ -67,10 +67,7 @@ def collective_time(mesh: LogicalMesh, kind: str, nbytes: float, axes: tuple[int
     key = (mesh_id(mesh) if mid is None else mid, kind, nbytes, axes, backward, latency)
     t = _TIMES.get(key)
     if t is None:
-        t = mesh.collective_time(kind, nbytes, axes, backward, latency=latency)
-        if len(_TIMES) > _CACHE_MAX:
-            _TIMES.clear()
-        _TIMES[key] = t
+        t = _TIMES.put(key, mesh.collective_time(kind, nbytes, axes, backward, latency=latency))
     return t
 
 
@@ -114,11 +111,7 @@ def reshard_on(mid: int, src: Spec, dst: Spec, shape: tuple[int, ...], itemsize:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    out = _reshard(src, dst, shape, itemsize, mesh, backward, mid)
-    if len(_CACHE) > _CACHE_MAX:
-        _CACHE.clear()
-    _CACHE[key] = out
-    return out
+    return _CACHE.put(key, _reshard(src, dst, shape, itemsize, mesh, backward, mid))
 
 
 def reshard_time(src: Spec, dst: Spec, shape: Sequence[int], dtype: str | int,

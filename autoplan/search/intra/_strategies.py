@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._dtype import dtype_bytes, is_partitionable_key
-from autoplan._memo import per_owner
+from autoplan._memo import BoundedCache, per_owner
 from autoplan._options import require_instance
 from autoplan.costs._mesh import COMBINE_THRESHOLD, LogicalMesh
 from autoplan.plans._plan import Comm
@@ -438,7 +438,7 @@ def compute_time(op: OpNode, mesh: LogicalMesh, in_specs: Sequence[Spec | None],
 
 #: the cluster's FLOP and memory times, by mesh (:func:`mesh_id`: its cluster among the rest)
 #: and arguments
-_DEVICE_TIMES: dict[tuple, float] = {}
+_DEVICE_TIMES: BoundedCache[tuple, float] = BoundedCache(1_000_000)
 
 
 def _flop_time(mesh: LogicalMesh, mid: int, op_class: str, flops: float,
@@ -448,10 +448,7 @@ def _flop_time(mesh: LogicalMesh, mid: int, op_class: str, flops: float,
     key = (mid, op_class, flops, dtype)
     t = _DEVICE_TIMES.get(key)
     if t is None:
-        t = mesh.cluster.flop_time(op_class, flops, dtype)
-        if len(_DEVICE_TIMES) > 1_000_000:
-            _DEVICE_TIMES.clear()
-        _DEVICE_TIMES[key] = t
+        t = _DEVICE_TIMES.put(key, mesh.cluster.flop_time(op_class, flops, dtype))
     return t
 
 
@@ -460,10 +457,7 @@ def _memory_time(mesh: LogicalMesh, mid: int, nbytes: float) -> float:
     key = (mid, nbytes)
     t = _DEVICE_TIMES.get(key)
     if t is None:
-        t = mesh.cluster.memory_time(nbytes)
-        if len(_DEVICE_TIMES) > 1_000_000:
-            _DEVICE_TIMES.clear()
-        _DEVICE_TIMES[key] = t
+        t = _DEVICE_TIMES.put(key, mesh.cluster.memory_time(nbytes))
     return t
 
 
@@ -748,10 +742,10 @@ def _scatter_slots(op: OpNode) -> list[_Slot] | None:
 # public API
 # ---------------------------------------------------------------------------------------------
 
-_DERIVE_CACHE: dict[tuple, Strategy | None] = {}
-_STRAT_CACHE: dict[tuple, tuple[tuple[Strategy, ...], bool]] = {}
+_DERIVE_CACHE: BoundedCache[tuple, Strategy | None] = BoundedCache(2_000_000)
+_STRAT_CACHE: BoundedCache[tuple, tuple[tuple[Strategy, ...], bool]] = BoundedCache(200_000)
 #: :func:`derive_all`'s lists, by mesh, operator, operand, operand specs and fusion context
-_DERIVE_ALL_CACHE: dict[tuple, list[Strategy] | None] = {}
+_DERIVE_ALL_CACHE: BoundedCache[tuple, list[Strategy] | None] = BoundedCache(200_000)
 
 
 def derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec,
@@ -786,10 +780,7 @@ def _derive(op: OpNode, mesh: LogicalMesh, k: int, spec: Spec, ctx: Context) -> 
     if r is not None:
         ins, outs, comms, work = r
         st = _finish(op, mesh, ins, outs, comms, work=work, ctx=ctx)
-    if len(_DERIVE_CACHE) > 2_000_000:
-        _DERIVE_CACHE.clear()
-    _DERIVE_CACHE[key] = st
-    return st
+    return _DERIVE_CACHE.put(key, st)
 
 
 def derive_all(op: OpNode, mesh: LogicalMesh, k: int, specs: tuple[Spec, ...], ctx: Context,
@@ -810,10 +801,7 @@ def derive_all(op: OpNode, mesh: LogicalMesh, k: int, specs: tuple[Spec, ...], c
     out: list[Strategy] | None = [_derive(op, mesh, k, spec, ctx) for spec in specs]
     if not all(s is not None for s in out):  # type: ignore[union-attr]
         out = None
-    if len(_DERIVE_ALL_CACHE) > 200_000:
-        _DERIVE_ALL_CACHE.clear()
-    _DERIVE_ALL_CACHE[key] = out
-    return out
+    return _DERIVE_ALL_CACHE.put(key, out)
 
 
 def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
@@ -858,9 +846,7 @@ def strategies(op: OpNode, graph: OpGraph | None, mesh: LogicalMesh,
                      all(s is None or not any(s) for s in st.in_specs) for st in out):
             out.insert(0, _replicated_strategy(op, mesh, ctx))
         hit = (tuple(out), is_unknown)
-        if len(_STRAT_CACHE) > 200_000:
-            _STRAT_CACHE.clear()
-        _STRAT_CACHE[key] = hit
+        _STRAT_CACHE.put(key, hit)
     if hit[1] and unknown is not None:
         unknown.add(op.primitive)
     return list(hit[0])
