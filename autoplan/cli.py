@@ -659,10 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if status < 128:  # 128 + signal: the command reported its own interruption
             _RUN.check()
         return status
-    except _Interrupted as err:
-        return _interrupted(err.signum, args)
-    except KeyboardInterrupt:  # raised before our handler was installed, or by other code
-        return _interrupted(_RUN.signum or signal.SIGINT, args)
+    except KeyboardInterrupt as err:  # ours, or raised before our handler was installed
+        return _interrupted(_signum(err), args)
     except AutoplanError as err:
         if debug:
             traceback.print_exc()
@@ -675,8 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
         interrupt = _wrapped_interrupt(err)
         if interrupt is not None:
-            return _interrupted(getattr(interrupt, "signum", None) or _RUN.signum or signal.SIGINT,
-                                args)
+            return _interrupted(_signum(interrupt), args)
         return _internal_error(err, debug)
     finally:
         restore()
@@ -694,6 +691,12 @@ def _wrapped_interrupt(err: BaseException) -> KeyboardInterrupt | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def _signum(interrupt: KeyboardInterrupt) -> int:
+    """The signal an interruption stands for: our handler's, else the first one received, else
+    SIGINT (Python's own ``KeyboardInterrupt``)."""
+    return getattr(interrupt, "signum", None) or _RUN.signum or signal.SIGINT
 
 
 def _interrupted(signum: int, args: argparse.Namespace | None) -> int:
