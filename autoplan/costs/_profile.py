@@ -71,11 +71,22 @@ __all__ = ["measure", "Measurements", "cache_key", "PROFILE_DTYPES"]
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _chain(one: Callable[[Any], Any], k: int, v: Any) -> Any:
-    """``one`` applied ``k`` times in a row inside the program (a loop unrolled by 8)."""
-    if k == 1:
-        return one(v)
-    return jax.lax.fori_loop(0, k, lambda i, u: one(u), v, unroll=min(k, 8))
+#: the operations of a chain's loop body (the chain's length past its first operation is a
+#: multiple of it)
+_UNROLL = 8
+
+
+def _chain(one: Callable[[Any], Any], j: Any, v: Any) -> Any:
+    """``one`` applied ``1 + UNROLL * j`` times in a row inside the program: once, then a loop
+    of ``j`` iterations (a runtime argument, so one compiled program times every length) of
+    ``UNROLL`` applications each."""
+    def body(i, u):
+        for _ in range(_UNROLL):
+            u = one(u)
+        return u
+    return jax.lax.fori_loop(0, j, body, one(v))
+
+
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv")
 
 
@@ -263,18 +274,21 @@ class _Profiler:
     def replicated(self, x: Any) -> Any:
         return jax.device_put(x, NamedSharding(self.mesh, P()))
 
-    def slope(self, fn_of: Callable[[int], Callable[..., Any]], args: tuple) -> float:
-        """Seconds per operation: the time of a chain of ``1 + k`` dependent operations less
-        that of one, over ``k`` (the launch, the arguments and the chain's ends cancel); ``k``
-        grows (to 512) until the chain lasts the settings' ``chain_time``, so that small
-        operations stand out from the launch's noise."""
-        one = self.time(fn_of(1), *args)
-        k, t = 8, 0.0
+    def slope(self, fn: Callable[..., Any], args: tuple) -> float:
+        """Seconds per operation of ``fn(j, *args)``, a chain of ``1 + UNROLL j`` dependent
+        operations (:func:`_chain`): the time of a chain of ``1 + k`` less that of one, over
+        ``k`` (the launch, the arguments and the chain's ends cancel); ``k`` grows (to 512)
+        until the chain lasts the settings' ``chain_time``, so that small operations stand out
+        from the launch's noise. One compiled program serves every length."""
+        one = self.time(fn, self.replicated(np.int32(0)), *args)
+        k, t = _UNROLL, 0.0
         for _ in range(3):
-            t = max(self.time(fn_of(1 + k), *args) - one, 0.0) / k
+            j = self.replicated(np.int32(k // _UNROLL))
+            t = max(self.time(fn, j, *args) - one, 0.0) / k
             if k * t >= self.s.chain_time or k >= 512:
                 break
             k = min(512, max(2 * k, math.ceil(self.s.chain_time / max(t, 1e-7))))
+            k = -(-k // _UNROLL) * _UNROLL
         return t
 
     def step(self, label: str) -> None:
@@ -402,10 +416,10 @@ class _Profiler:
         rates: list[float] = []
         est_rate = 0.0
         for size in sizes:
-            flops, fn_of, args = make(size)
+            flops, fn, args = make(size)
             if est_rate and flops / est_rate > self.s.max_op_time and len(secs) >= 2:
                 break
-            t = self.slope(fn_of, args)
+            t = self.slope(fn, args)
             t = max(t - self.op_overhead, 0.5 * t, 1e-9)
             flops_out.append(flops)
             secs.append(t)
@@ -425,9 +439,8 @@ class _Profiler:
             a = self.sharded((1, n, n), dtype)
             w = self.replicated(jnp.eye(n, dtype=dtype))  # the chain keeps its values
 
-            def fn_of(k: int):
-                return jax.jit(lambda v, m: _chain(lambda u: jnp.einsum("bij,jk->bik", u, m), k, v))
-            return 2.0 * n ** 3, fn_of, (a, w)
+            fn = jax.jit(lambda j, v, m: _chain(lambda u: jnp.einsum("bij,jk->bik", u, m), j, v))
+            return 2.0 * n ** 3, fn, (a, w)
 
         sizes = [32 * step ** k for k in range(12) if 32 * step ** k <= 16384]
         flops, secs = self.sweep(make, sizes)
@@ -444,12 +457,10 @@ class _Profiler:
             k[1, 1] = np.eye(c)  # the centre tap alone: the chain keeps its values
             w = self.replicated(jnp.asarray(k, dtype=dtype))
 
-            def fn_of(k: int):
-                def f(v, m):
-                    return _chain(lambda u: jax.lax.conv_general_dilated(
-                        u, m, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), k, v)
-                return jax.jit(f)
-            return 2.0 * batch * hw * hw * c * c * 9, fn_of, (x, w)
+            def f(j, v, m):
+                return _chain(lambda u: jax.lax.conv_general_dilated(
+                    u, m, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), j, v)
+            return 2.0 * batch * hw * hw * c * c * 9, jax.jit(f), (x, w)
 
         sizes = [8 * step ** k for k in range(10) if 8 * step ** k <= 2048]
         flops, secs = self.sweep(make, sizes)
@@ -491,13 +502,11 @@ class _Profiler:
             elif kind == "reduce-scatter":  # the tile that chains them: one kernel over B
                 glue = self.op_overhead + 4 * (local + local // size) / max(self.bandwidth, 1.0)
 
-            def fn_of(k, one=one):
-                # (each device's buffer is its own: no replication checks on the loop carry)
-                return jax.jit(shard_map(lambda v: _chain(one, k, v), mesh=mesh, in_specs=spec,
-                                         out_specs=spec, check_vma=False))
-
+            # (each device's buffer is its own: no replication checks on the loop carry)
+            fn = jax.jit(shard_map(lambda j, v, one=one: _chain(one, j, v), mesh=mesh,
+                                   in_specs=(P(), spec), out_specs=spec, check_vma=False))
             x = jax.device_put(np.ones((self.n * local,), np.float32), NamedSharding(mesh, spec))
-            t = self.slope(fn_of, (x,))
+            t = self.slope(fn, (x,))
             t = max(t - glue, 0.5 * t, 1e-9)
             nbytes_out.append(4.0 * (local * size if kind == "all-gather" else local))
             secs.append(t)
