@@ -662,6 +662,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # ours, or raised before our handler was installed
         return _interrupted(_signum(err), args)
     except AutoplanError as err:
+        signum = _interruption(err)
+        if signum is not None:
+            return _interrupted(signum, args)
         if debug:
             traceback.print_exc()
         print(f"autoplan: error: {err}", file=sys.stderr)
@@ -671,9 +674,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + 13
         return _internal_error(err, debug)
     except Exception as err:  # noqa: BLE001 - the one place where every error becomes one line
-        interrupt = _wrapped_interrupt(err)
-        if interrupt is not None:
-            return _interrupted(_signum(interrupt), args)
+        signum = _interruption(err)
+        if signum is not None:
+            return _interrupted(signum, args)
         return _internal_error(err, debug)
     finally:
         restore()
@@ -691,6 +694,17 @@ def _wrapped_interrupt(err: BaseException) -> KeyboardInterrupt | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def _interruption(err: BaseException) -> int | None:
+    """The signal an error stands for, if it is an interruption's: raised from one (see
+    :func:`_wrapped_interrupt`), or raised after a signal came, whatever the code it unwound
+    through made of it (JAX's tracing turns an exception raised in a traced function into its
+    own error, with the interruption in its message only); None for an error of its own."""
+    interrupt = _wrapped_interrupt(err)
+    if interrupt is not None:
+        return _signum(interrupt)
+    return _RUN.signum
 
 
 def _signum(interrupt: KeyboardInterrupt) -> int:

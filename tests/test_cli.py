@@ -357,3 +357,37 @@ def test_a_signal_python_wrapped_in_another_error_is_the_signal(monkeypatch, cap
     assert main(["models"]) == 128 + signum
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("autoplan: interrupted by SIG"), err
+
+
+@pytest.mark.parametrize("signum", [2, 15])
+def test_an_error_after_a_signal_is_the_signal_even_unlinked(monkeypatch, capsys, signum):
+    """A signal landing inside a C++ callback of JAX's tracing comes back as JAX's own error,
+    carrying the interruption in its message only (no __cause__ or __context__), and autoplan
+    turns that into a TraceError: after a signal, any error is the signal's one line and
+    status, not "autoplan: error: ..." with status 2."""
+    import signal as _signal
+
+    from autoplan import cli
+    from autoplan._errors import TraceError
+
+    def command(args):
+        try:
+            _signal.raise_signal(signum)
+        except KeyboardInterrupt as e:  # (what the C++ boundary keeps of it: text)
+            text = repr(e)
+        raise TraceError(f"trace: JAX could not trace 'step': {text}. Fix: ...")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {
+        "parse_args": lambda self, argv: type("A", (), {"func": staticmethod(command)})()})())
+    assert main(["models"]) == 128 + signum
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autoplan: interrupted by SIG"), err
+    # without a signal, the same error is the command's error (status 2)
+
+    def plain(args):
+        raise TraceError("trace: JAX could not trace 'step': ValueError. Fix: ...")
+
+    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {
+        "parse_args": lambda self, argv: type("A", (), {"func": staticmethod(plain)})()})())
+    assert main(["models"]) == 2
+    assert capsys.readouterr().err.startswith("autoplan: error: trace:")
