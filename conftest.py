@@ -18,6 +18,21 @@ for _flag in _FAST_CPU_CODEGEN:
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
+# one persistent XLA compilation cache for the whole run: the workers and every process the
+# tests start (the docs' pages, launch workers, notebook kernels) compile a program once and read
+# it back after (the suite compiles the same reference steps and stage programs in many tests).
+# It is made by the first process of the run (the controller under pytest-xdist, whose workers
+# inherit the variables) and removed when the run ends; its size bound turns on JAX's file lock,
+# so a process never reads an entry another is writing. A cache the caller set is left alone.
+_XLA_CACHE_OWNER = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _XLA_CACHE_OWNER:
+    import tempfile  # noqa: E402
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoplan-suite-xla-")
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 * 2**30)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
@@ -63,3 +78,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _own_plan_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+
+
+def pytest_unconfigure(config):
+    """The run's compilation cache goes when the process that made it ends its run."""
+    if _XLA_CACHE_OWNER:
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
