@@ -293,6 +293,14 @@ def shoot(page, name: str, docs_copy: Path) -> None:
     page.wait_for_timeout(500)
 
 
+def save(page) -> None:
+    """Save the notebook (the command's promise resolves once the file is written) and wait
+    until its model is clean."""
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty",
+                           timeout=60_000)
+
+
 def errors(page) -> list[str]:
     return [m for m in getattr(page, "console_messages", []) if m.startswith(("error", "pageerror"))]
 
@@ -445,16 +453,15 @@ def test_explorer_in_jupyterlab(jupyterlab, page, tmp_path):
         assert not errors(page), errors(page)
 
         # save, reload: every figure comes back with its traces, and no console error
-        page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
-        page.wait_for_timeout(3000)
+        save(page)
         page.console_messages.clear()
         page.reload()
         page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')",
                                timeout=180_000)
         page.wait_for_function(
-            f"() => document.querySelectorAll('.autoplan-explorer .js-plotly-plot').length == {len(NAMES)}",
-            timeout=180_000)
-        page.wait_for_timeout(3000)
+            "(n) => { const els = document.querySelectorAll('.autoplan-explorer .js-plotly-plot');"
+            " return els.length == n && Array.from(els).every(el => (el.data || []).length > 0); }",
+            arg=len(NAMES), timeout=180_000)
         back = figures(page)
         assert set(back) == set(NAMES) and all(f["n"] > 0 for f in back.values()), back.keys()
         assert back["launch"]["y0"] and "launch finished" in explorer_text(page)
@@ -479,8 +486,7 @@ def test_explorer_in_jupyterlab(jupyterlab, page, tmp_path):
         # from it, disconnected, instead of "model not found"; its figures say that they need
         # the kernel, and the static snapshot in its state shows the plan last shown (cpu:64;
         # the one after the widget is hidden: it missed the updates sent after the reload)
-        page.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
-        page.wait_for_timeout(3000)
+        save(page)
         saved = json.loads((tmp_path / "notebooks" / "01_explore.ipynb").read_text())
         state = saved["metadata"]["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
         assert any(m["model_name"] == "AnyModel" and "figure" in m["state"] for m in state.values())
@@ -492,7 +498,9 @@ def test_explorer_in_jupyterlab(jupyterlab, page, tmp_path):
                                timeout=180_000)
         page.wait_for_function(KERNEL_IDLE_JS, timeout=180_000)
         page.wait_for_selector(".autoplan-explorer.jupyter-widgets-disconnected", timeout=60_000)
-        page.wait_for_timeout(5000)
+        page.wait_for_function(
+            "(n) => document.querySelectorAll('.autoplan-explorer .autoplan-plot[data-disconnected]')"
+            ".length == n", arg=len(NAMES), timeout=60_000)
         notebook = page.locator(".jp-Notebook").inner_text()
         (ARTIFACTS / "reopened.txt").write_text(notebook)
         assert "model not found" not in notebook and "Error displaying widget" not in notebook
