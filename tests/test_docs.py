@@ -113,3 +113,39 @@ def test_the_page_runs_as_written(page, tmp_path):
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-6000:], proc.stderr[-6000:])
     assert proc.stdout.count("--- ") == len(runs)
+    for b in runs:
+        check = OUTPUT_CHECKS.get((page.name, b["lang"]))
+        if check is not None:
+            check(b["code"], block_output(proc.stdout, page.name, b["line"]))
+
+
+def block_output(stdout: str, page: str, line: int) -> str:
+    """What the block of ``page`` at ``line`` printed (up to the next block's header)."""
+    head = f"--- {page}:{line} "
+    rest = stdout[stdout.index(head):].split("\n", 1)[1]
+    return rest.split("\n--- ", 1)[0]
+
+
+def _nnx_example(code: str, out: str) -> None:
+    """The user-model example of getting_started.md: searched, run matched, applied in the
+    user's own jax.jit loop (three steps, from a loss of about log(64))."""
+    if "autoplan.Workload(train_step" not in code:
+        return
+    assert "named_shardings()" in code
+    assert "matched" in out and "parameter" in out and "optimizer_state" in out, out[-3000:]
+    loss = float(out.strip().splitlines()[-1])
+    assert 0.0 < loss < 10.0, out[-3000:]
+
+
+#: checks of what a page's blocks print, beyond running: (page, language) -> check(code, output)
+OUTPUT_CHECKS = {("getting_started.md", "python"): _nnx_example}
+
+
+def test_the_nnx_example_is_checked():
+    """The check above finds its block (a page that loses the example fails here)."""
+    code = [b for b in blocks(ROOT / "docs" / "getting_started.md")
+            if "autoplan.Workload(train_step" in b["code"]]
+    assert len(code) == 1 and code[0]["skip"] is None
+    with pytest.raises(AssertionError):
+        _nnx_example(code[0]["code"], "matched parameter optimizer_state\n12.5")
+    _nnx_example(code[0]["code"], "matched parameter optimizer_state\n4.1")
