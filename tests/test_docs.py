@@ -126,10 +126,14 @@ def block_output(stdout: str, page: str, line: int) -> str:
     return rest.split("\n--- ", 1)[0]
 
 
+def _is_nnx_example(code: str) -> bool:
+    return "autoplan.Workload(train_step" in code and "nnx.split" in code
+
+
 def _nnx_example(code: str, out: str) -> None:
-    """The user-model example of getting_started.md: searched, run matched, applied in the
-    user's own jax.jit loop (three steps, from a loss of about log(64))."""
-    if "autoplan.Workload(train_step" not in code:
+    """The Flax NNX example of getting_started.md ("Your own model"): searched, run matched,
+    applied in the user's own jax.jit loop (three steps, from a loss of about log(64))."""
+    if not _is_nnx_example(code):
         return
     assert "named_shardings()" in code
     assert "matched" in out and "parameter" in out and "optimizer_state" in out, out[-3000:]
@@ -143,8 +147,7 @@ OUTPUT_CHECKS = {("getting_started.md", "python"): _nnx_example}
 
 def test_the_nnx_example_is_checked():
     """The check above finds its block (a page that loses the example fails here)."""
-    code = [b for b in blocks(ROOT / "docs" / "getting_started.md")
-            if "autoplan.Workload(train_step" in b["code"]]
+    code = [b for b in blocks(ROOT / "docs" / "getting_started.md") if _is_nnx_example(b["code"])]
     assert len(code) == 1 and code[0]["skip"] is None
     with pytest.raises(AssertionError):
         _nnx_example(code[0]["code"], "matched parameter optimizer_state\n12.5")
