@@ -116,3 +116,73 @@ def test_rules_reproduce_every_leaf(raw):
     stages = stage_rules([(a, p, s) for a, p, _, s in leaves])
     for arg, path, _, stage in leaves:
         assert next(st_ for a, rx, st_ in stages if a == arg and re.search(rx, path)) == stage
+
+
+def _merge_by_rescanning(rules):
+    """The definition of the merge: the first mergeable pair (in order) merges, then the scan
+    starts again from the first pair; until no pair merges."""
+    from autoplan.plans._code import _alternatives, _ending, _split
+
+    rules = list(rules)
+    while True:
+        for i in range(len(rules)):
+            for j in range(i + 1, len(rules)):
+                a, b = rules[i], rules[j]
+                if (a[0], a[1], a[3], _ending(a[2])) != (b[0], b[1], b[3], _ending(b[2])):
+                    continue
+                ta, tb = _split(a[2]), _split(b[2])
+                diff = [k for k in range(len(ta)) if ta[k] != tb[k]] if len(ta) == len(tb) else []
+                if len(diff) != 1:
+                    continue
+                x, y = _alternatives(ta[diff[0]]), _alternatives(tb[diff[0]])
+                if x is None or y is None:
+                    continue
+                ta[diff[0]] = r"\['(?:" + "|".join(sorted(set(x) | set(y))) + r")'\]"
+                rules[i] = (a[0], a[1], "^" + "".join(ta) + _ending(a[2]), a[3])
+                del rules[j]
+                break
+            else:
+                continue
+            break
+        else:
+            return rules
+
+
+_KEYS = ["a", "b", "c"]
+
+
+@st.composite
+def _key(draw):
+    keys = draw(st.lists(st.sampled_from(_KEYS), min_size=1, max_size=2, unique=True))
+    return r"\['" + (keys[0] if len(keys) == 1 else "(?:" + "|".join(sorted(keys)) + ")") + r"'\]"
+
+
+@st.composite
+def _rule(draw):
+    toks = [r"\['layers'\]", r"\[" + str(draw(st.integers(0, 1))) + r"\]"]
+    toks.insert(draw(st.integers(0, 1)), draw(_key()))
+    if draw(st.booleans()):
+        toks.append(draw(_key()))
+    return (draw(st.integers(0, 1)), draw(st.integers(0, 1)), "^" + "".join(toks) + "$",
+            draw(st.sampled_from([(None,), ("x",)])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_rule(), max_size=30))
+def test_merging_alternatives_makes_the_merges_of_a_full_rescan(rules):
+    """The merge skips what a merge cannot have changed; it makes the same merges in the same
+    order as rescanning every pair after each merge."""
+    from autoplan.plans._code import _merge_alternatives
+
+    assert _merge_alternatives(list(rules)) == _merge_by_rescanning(rules)
+
+
+def test_a_merge_can_make_an_earlier_rule_mergeable():
+    """x and y differ in two keys; once y and z merge, x differs from the merged rule in one
+    key, and merges with it."""
+    from autoplan.plans._code import _merge_alternatives
+
+    x, y, z = (r"^\['(?:a|b)'\]\['c'\]$", r"^\['a'\]\['d'\]$", r"^\['b'\]\['d'\]$")
+    rules = [(0, 0, rx, ("x",)) for rx in (x, y, z)]
+    assert _merge_alternatives(rules) == _merge_by_rescanning(rules) == [
+        (0, 0, r"^\['(?:a|b)'\]\['(?:c|d)'\]$", ("x",))]

@@ -181,27 +181,60 @@ def _alternatives(tok: str) -> list[str] | None:
 
 
 def _merge_alternatives(rules: list[Rule]) -> list[Rule]:
-    """Merge rules of one stage, argument and spec whose paths differ in one dict key."""
-    changed = True
-    while changed:
-        changed = False
-        for i, j in itertools.combinations(range(len(rules)), 2):
-            a, b = rules[i], rules[j]
-            if (a[0], a[1], a[3], _ending(a[2])) != (b[0], b[1], b[3], _ending(b[2])):
-                continue
-            ta, tb = _split(a[2]), _split(b[2])
-            diff = [k for k in range(len(ta)) if ta[k] != tb[k]] if len(ta) == len(tb) else []
-            if len(diff) != 1:
-                continue
-            alts_a, alts_b = _alternatives(ta[diff[0]]), _alternatives(tb[diff[0]])
-            if alts_a is None or alts_b is None:
-                continue
-            names = sorted(set(alts_a) | set(alts_b))
-            ta[diff[0]] = r"\['(?:" + "|".join(names) + r")'\]"
-            rules[i] = (a[0], a[1], "^" + "".join(ta) + _ending(a[2]), a[3])
-            del rules[j]
-            changed = True
-            break
+    """Merge rules of one stage, argument and spec whose paths differ in one dict key.
+
+    The pairs are taken in order (the first mergeable pair ``i < j`` merges into ``i``, and the
+    scan starts again), without re-reading what a merge cannot have changed: the rows before
+    ``i`` held no mergeable pair, and of their pairs only those with the merged rule ``i`` are
+    new, so after a merge the scan looks at those, then goes on from row ``i``. The merges are
+    the ones a full rescan after each would make, in the same order."""
+    rules = list(rules)
+    parts: dict[str, list[str]] = {}
+
+    def split(rx: str) -> list[str]:
+        got = parts.get(rx)
+        if got is None:
+            got = parts[rx] = _split(rx)
+        return got
+
+    def merged(a: Rule, b: Rule) -> Rule | None:
+        if (a[0], a[1], a[3], _ending(a[2])) != (b[0], b[1], b[3], _ending(b[2])):
+            return None
+        ta, tb = split(a[2]), split(b[2])
+        if len(ta) != len(tb):
+            return None
+        diff = [k for k in range(len(ta)) if ta[k] != tb[k]]
+        if len(diff) != 1:
+            return None
+        alts_a, alts_b = _alternatives(ta[diff[0]]), _alternatives(tb[diff[0]])
+        if alts_a is None or alts_b is None:
+            return None
+        names = sorted(set(alts_a) | set(alts_b))
+        toks = list(ta)
+        toks[diff[0]] = r"\['(?:" + "|".join(names) + r")'\]"
+        return (a[0], a[1], "^" + "".join(toks) + _ending(a[2]), a[3])
+
+    row = 0
+    while row < len(rules):
+        for j in range(row + 1, len(rules)):
+            m = merged(rules[row], rules[j])
+            if m is not None:
+                rules[row] = m
+                del rules[j]
+                # an earlier row may now merge with the changed rule: the first such is next
+                i = row
+                while True:
+                    k = next((k for k in range(i) if merged(rules[k], rules[i]) is not None),
+                             None)
+                    if k is None:
+                        break
+                    rules[k] = merged(rules[k], rules[i])  # type: ignore[assignment]
+                    del rules[i]
+                    i = k
+                row = i
+                break
+        else:
+            row += 1
     return rules
 
 
