@@ -20,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from autoplan._memo import per_owner
 from autoplan.costs._mesh import COLLECTIVES
 from autoplan.plans._plan import Plan, Stage
 
@@ -115,7 +116,10 @@ def _stage_forms(s: Stage, plan: Plan) -> list[tuple]:
     return forms
 
 
+@per_owner
 def _canonical(plan: Plan) -> tuple:
+    """The plan's form up to renaming mesh axes (once per plan: plans are immutable, and the
+    explorer groups its candidates at every selection)."""
     stages = tuple(min(_stage_forms(s, plan), key=repr) for s in plan.stages)
     sch = plan.schedule
     return (stages, sch.kind, sch.microbatches)
