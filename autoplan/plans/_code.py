@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from autoplan.plans._spec import Spec
@@ -214,27 +214,24 @@ def _merge_alternatives(rules: list[Rule]) -> list[Rule]:
         toks[diff[0]] = r"\['(?:" + "|".join(names) + r")'\]"
         return (a[0], a[1], "^" + "".join(toks) + _ending(a[2]), a[3])
 
-    row = 0
+    def first(pairs: Iterable[tuple[int, int]]) -> tuple[int, int, Rule] | None:
+        """The first pair ``(i, j)`` that merges, with the merged rule."""
+        return next(((i, j, m) for i, j in pairs
+                     if (m := merged(rules[i], rules[j])) is not None), None)
+
+    row, changed = 0, False
     while row < len(rules):
-        for j in range(row + 1, len(rules)):
-            m = merged(rules[row], rules[j])
-            if m is not None:
-                rules[row] = m
-                del rules[j]
-                # an earlier row may now merge with the changed rule: the first such is next
-                i = row
-                while True:
-                    k = next((k for k in range(i) if merged(rules[k], rules[i]) is not None),
-                             None)
-                    if k is None:
-                        break
-                    rules[k] = merged(rules[k], rules[i])  # type: ignore[assignment]
-                    del rules[i]
-                    i = k
-                row = i
-                break
-        else:
-            row += 1
+        # once this row's rule has changed, an earlier row may merge with it: the first does
+        hit = first((k, row) for k in range(row)) if changed else None
+        if hit is None:
+            hit = first((row, j) for j in range(row + 1, len(rules)))
+        if hit is None:
+            row, changed = row + 1, False
+            continue
+        keep, drop, m = hit
+        rules[keep] = m
+        del rules[drop]
+        row, changed = keep, True
     return rules
 
 
