@@ -35,16 +35,32 @@ V = TypeVar("V")
 _SLOT = "_autoplan_memo"
 
 
+class _Values(dict):
+    """An owner's memoised values. They belong to this process: a pickled owner (a mesh or a
+    subgraph sent to a worker, a plan written to the plan cache) arrives without them and
+    computes them again where it lands. Some are process-local by nature
+    (:func:`~autoplan.search.intra._reshard.mesh_id` numbers meshes in the order one process
+    meets them: a number carried into another process would name another mesh there), and the
+    others are derived, so carrying them only makes the pickle larger and imports their
+    modules in the reader."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Values, ())
+
+
 def memo(owner: Any, key: Hashable, make: Callable[[], T]) -> T:
     """``make()`` once per ``owner`` object and ``key``.
 
     The value is stored on the owner itself (as :func:`functools.cached_property` does, so frozen
-    dataclasses work too) and lives as long as it; owners without a ``__dict__`` are not cached.
+    dataclasses work too) and lives as long as it, in this process (a pickled owner arrives
+    without its values); owners without a ``__dict__`` are not cached.
     """
     store = getattr(owner, "__dict__", None)
     if store is None:
         return make()
-    cache = store.setdefault(_SLOT, {})
+    cache = store.get(_SLOT)
+    if cache is None:
+        cache = store[_SLOT] = _Values()
     if key not in cache:
         cache[key] = make()
     return cache[key]

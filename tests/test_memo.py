@@ -131,3 +131,29 @@ def test_a_bounded_cache_empties_itself_once_over_its_limit():
     assert dict(cache) == {0: "0", 1: "1", 2: "2"}  # (over the limit only after the third)
     assert cache.put(3, "3") == "3" and dict(cache) == {3: "3"}
     assert cache.get(0) is None and cache[3] == "3"
+
+
+class _Picklable:
+    pass
+
+
+def test_a_pickled_owner_arrives_without_its_values():
+    """Memoised values stay in their process: a mesh's number (mesh_id) is the order one
+    process met its meshes, so a mesh sent to a worker must be numbered there again, not bring
+    a number that names another mesh in the worker."""
+    import pickle
+
+    from autoplan import Cluster
+    from autoplan.search.intra._reshard import mesh_id
+
+    calls = []
+    owner = _Picklable()
+    assert memo(owner, _Picklable, lambda: calls.append(1) or "value") == "value"
+    back = pickle.loads(pickle.dumps(owner))
+    assert memo(back, _Picklable, lambda: calls.append(2) or "again") == "again"
+    assert calls == [1, 2] and memo(owner, _Picklable, lambda: "no") == "value"
+    mesh = Cluster.preset("p3.16xlarge", 2).logical_mesh((2, 8))
+    n = mesh_id(mesh)
+    sent = pickle.loads(pickle.dumps(mesh))
+    assert not sent.__dict__.get("_autoplan_memo")
+    assert mesh_id(sent) == n  # (numbered again here: the same mesh, the same number)
