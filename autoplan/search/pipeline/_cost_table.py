@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh, send_recv_time
 from autoplan.plans._plan import Comm
@@ -33,6 +34,23 @@ from autoplan.search.pipeline._layer_costs import (
 )
 from autoplan.search.pipeline._microbatches import _aligned
 from autoplan.tracing._graph import OpGraph
+
+
+@per_owner
+def _layer_plans_of(graph: OpGraph) -> dict[tuple, LayerPlans]:
+    """The layer plans solved on ``graph`` (a step traced at one micro-batch size), shared by
+    every search of it in this process: a layer's plan on a submesh and logical mesh depends on
+    its operators, the submesh, the mesh, the micro-batch count, the pins and the time limit, and
+    not on the memory budget, the schedule or the other options, so a search that changes only
+    those (the Explorer's memory budget) re-solves none. Keyed by :meth:`_Table._plan_key`."""
+    return {}
+
+
+@per_owner_and_args
+def _layer_subgraph(graph: OpGraph, ops: tuple[int, ...], name: str) -> OpGraph:
+    """A layer's operators as a graph of their own, once per graph (the subgraph the layer
+    plans of :func:`_layer_plans_of` were solved on)."""
+    return graph.subgraph(ops, name=name)
 
 
 class _Context:
@@ -137,9 +155,11 @@ class _Table:
             layer_of[list(ly.ops)] = ly.index
         self.layer_of = layer_of
         self.screenable = graph is not ctx.full and _aligned(graph, ctx.full)
-        self._subs: dict[int, OpGraph] = {}
         self._local: dict[int, dict[int, int]] = {}
-        self._solved: dict[tuple, LayerPlans] = {}  # (layer kind's first layer, k, shape)
+        # (:meth:`_plan_key`: the layer kind's first layer on submesh k, mesh shape, options)
+        self._solved = _layer_plans_of(graph)
+        self.reused = 0  # layer plans an earlier search of this graph had solved
+        self._mine: set[tuple] = set()  # the keys this table has used
         self._costs: dict[tuple, LayerCost] = {}
         self._pairs: dict[tuple, tuple] = {}
         self._dims: dict[int, dict[int, tuple]] = {}
@@ -151,10 +171,8 @@ class _Table:
 
     # ---- layers and their solutions ----------------------------------------------------------
     def sub(self, li: int) -> OpGraph:
-        if li not in self._subs:
-            self._subs[li] = self.graph.subgraph(
-                self.layers[li].ops, name=f"{self.graph.name}:{self.layers[li].name}")
-        return self._subs[li]
+        return _layer_subgraph(self.graph, self.layers[li].ops,
+                               f"{self.graph.name}:{self.layers[li].name}")
 
     def local(self, li: int) -> dict[int, int]:
         """Layer ``li``'s subgraph tensor of each graph tensor it touches."""
@@ -195,14 +213,32 @@ class _Table:
         solved; its ids line up with every layer of the kind); None where the pins cannot hold
         on that cell's mesh."""
         shape, lean = self.ctx.configs[k][c]
-        key = (self.rep[self.layers[li].signature], k, shape)
-        got = self._solved.get(key)
+        rep = self.rep[self.layers[li].signature]
+        key = self._plan_key(rep, k, shape)
+        got = self._seen(key)
         if got is None or (lean and not got.lean_solved):
-            self._store(key, layer_plans(self.sub(key[0]), self.ctx.views[k], shape,
-                                         **self._solve_options(key[0], k, shape), lean=lean,
-                                         fast=None if got is None else got))
+            self._store(key, layer_plans(self.sub(rep), self.ctx.views[k], shape,
+                                         **self._solve_options(rep, k, shape), lean=lean,
+                                         fast=got))
             got = self._solved[key]
         return got.lean if lean else got.fast
+
+    def _plan_key(self, rep: int, k: int, shape: tuple[int, ...]) -> tuple:
+        """What layer ``rep``'s plans on submesh ``k`` and mesh ``shape`` depend on: the layer's
+        operators, the submesh (as a cluster), the mesh, and :meth:`_solve_options`."""
+        opts = self._solve_options(rep, k, shape)
+        pins = opts["pins"]
+        return (self.layers[rep].ops, self.layers[rep].name, self.ctx.views[k], tuple(shape),
+                opts["B"], None if pins is None else tuple(sorted(pins.items(), key=repr)),
+                opts["time_limit"])
+
+    def _seen(self, key: tuple) -> LayerPlans | None:
+        """The layer plans solved for ``key`` so far (in this search or an earlier one)."""
+        got = self._solved.get(key)
+        if got is not None and key not in self._mine:
+            self._mine.add(key)
+            self.reused += 1
+        return got
 
     def _solve_options(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any]:
         return {"B": self.B, "pins": self._pins(rep, k, shape),
@@ -210,6 +246,7 @@ class _Table:
 
     def _store(self, key: tuple, got: LayerPlans) -> None:
         self._solved[key] = got
+        self._mine.add(key)
         self.ctx.solves += got.solves
         self.ctx.timed_out += got.timed_out
 
@@ -219,23 +256,25 @@ class _Table:
         layer kind, submesh and logical mesh: its fastest plan and, where a cell asks for it,
         the memory-lean one). Each layer kind's subgraph travels to a worker once. What each
         task gives is what :meth:`result` would solve in this process."""
-        want: dict[tuple, bool] = {}
+        want: dict[tuple, tuple[int, int, tuple[int, ...], bool]] = {}
         for li, k, c in cells:
             shape, lean = self.ctx.configs[k][c]
-            key = (self.rep[self.layers[li].signature], k, shape)
-            got = self._solved.get(key)
+            rep = self.rep[self.layers[li].signature]
+            key = self._plan_key(rep, k, shape)
+            got = self._seen(key)
             if got is None or (lean and not got.lean_solved):
-                want[key] = want.get(key, False) or lean
+                was = want.get(key)
+                want[key] = (rep, k, shape, lean or (was is not None and was[3]))
         if not want:
             return
         keys = list(want)
         tasks = [Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape),
-                      {**self._solve_options(rep, k, shape), "lean": want[(rep, k, shape)],
-                       "fast": self._solved.get((rep, k, shape))},
+                      {**self._solve_options(rep, k, shape), "lean": lean,
+                       "fast": self._solved.get(key)},
                       label=f"layer ILP {self.layers[rep].name} on submesh "
                             f"{'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
                             f"{'x'.join(map(str, shape))}")
-                 for rep, k, shape in keys]
+                 for key, (rep, k, shape, lean) in want.items()]
         for key, out in zip(keys, run_tasks(tasks, workers=workers)):
             for category, message in out.warnings:
                 warnings.warn(message, category, stacklevel=2)

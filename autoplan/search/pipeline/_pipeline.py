@@ -392,6 +392,8 @@ def _stats(run: _Run, chosen: list[_Eval]) -> dict[str, Any]:
              "microbatch_candidates": run.candidates, "microbatches_exact": run.exact,
              "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
              "layer_solves_at_time_limit": ctx.timed_out,
+             "layer_plans_reused": sum(t.reused for t in {id(t): t for t in
+                                                          (run.table, *run.tables.values())}.values()),
              "unique_layer_kinds": len(run.table.rep), "layouts_simulated": run.simulated,
              "trace_seconds": seconds["trace"], "cost_seconds": seconds["cost"],
              "dp_seconds": seconds["dp"], "stage_algorithm": "ilp" if run.use_ilp else "dp",
@@ -468,6 +470,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         exact at the default and re-timed from the default's plans elsewhere; None where no
         layout divides or fits}``), ``microbatches_exact`` (the counts costed
         exactly), ``submeshes``, ``layer_solves``, ``layer_solves_at_time_limit``,
+        ``layer_plans_reused`` (layer plans found already solved on the same traced step with
+        the same options, by an earlier search or another pipeline run of this one: a change
+        of memory budget or schedule re-solves none),
         ``unique_layer_kinds``,
         ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
         best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the

@@ -1,6 +1,7 @@
 """Pipeline plans: layers, stage DP / DAG ILP, schedules, device use, plan files."""
 
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -147,3 +148,37 @@ def test_cli_pipeline_options(capsys):
     assert "divide the batch" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plan", "gpt", "--stage-algorithm", "greedy"])
+
+
+def _solved_alike(plans):
+    """Plans without what says how a search went (its seconds, the ILPs it solved)."""
+    return [replace(p, search_seconds=0.0,
+                    analysis={k: v for k, v in (p.analysis or {}).items() if k != "ilps"})
+            for p in plans]
+
+
+def test_a_memory_budget_change_reuses_the_layer_plans_and_finds_the_fresh_searchs_plans():
+    """A layer's plans do not depend on the memory budget: a second search of the same step
+    with a budget re-solves none of the plans the first solved (the Explorer's budget box), and
+    finds the plans a search of a fresh copy of the workload finds."""
+    cluster = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
+
+    def workload():
+        return models.get("gpt", size="tiny", layers=4, batch=16)
+
+    wl = workload()
+    kw = dict(pipeline=True, baselines=False, cache=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = autoplan.search(wl, cluster, **kw)
+        budget = 0.5 * first.best.predicted.memory_per_device
+        again = autoplan.search(wl, cluster, memory_budget=budget, **kw)
+        fresh = autoplan.search(workload(), cluster, memory_budget=budget, **kw)
+    assert first.stats["pipeline_layer_plans_reused"] == 0
+    assert first.stats["pipeline_layer_solves"] > 0
+    assert again.stats["pipeline_layer_solves"] == 0
+    assert again.stats["pipeline_layer_plans_reused"] > 0
+    assert fresh.stats["pipeline_layer_plans_reused"] == 0
+    assert _solved_alike(again.plans) == _solved_alike(fresh.plans)
+    assert again.best.predicted.memory_per_device <= budget
+    assert _solved_alike(again.plans) != _solved_alike(first.plans)  # (the budget mattered)
