@@ -59,13 +59,16 @@ def test_parallel_search_equals_serial(name, over, level):
 
 def test_parallel_search_with_pipeline_equals_serial():
     """The pipeline search and the Megatron TP x PP baseline need the workload and run in the
-    caller's process while the workers solve the meshes and the other baselines."""
-    wl = models.get("gpt", size="tiny", layers=2)
+    caller's process while the workers solve the meshes and the other baselines. (Each search
+    gets a workload of its own: a second search of one workload object reuses the layer plans
+    the first solved, and would run none on the workers.)"""
     cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        serial = autoplan.search(wl, cluster, workers=1, cache=False)
-        parallel = autoplan.search(wl, cluster, workers=3, cache=False)
+        serial = autoplan.search(models.get("gpt", size="tiny", layers=2), cluster, workers=1,
+                                 cache=False)
+        parallel = autoplan.search(models.get("gpt", size="tiny", layers=2), cluster, workers=3,
+                                   cache=False)
     labels = {p.label for p in serial.plans}
     assert {"autoplan", "autoplan-pipeline", "baseline: data parallel", "baseline: Megatron TP",
             "baseline: Megatron TP x PP"} <= labels
@@ -262,12 +265,12 @@ def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     # (the layer ILPs' batches and the stage-DP runs')
     monkeypatch.setattr(_cost_table, "run_tasks", counting)
     monkeypatch.setattr(_layouts, "run_tasks", counting)
-    wl = models.get("gpt", size="tiny", layers=2)
     cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=4)
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for workers in (1, 2):
+            wl = models.get("gpt", size="tiny", layers=2)  # (one per run: no reused layer plans)
             res = [autoplan.algorithms.pipeline_search(wl, cluster, microbatches=4, workers=workers,
                                                    megatron=megatron, max_candidates=3)
                    for megatron in (False, True)]
