@@ -1,7 +1,9 @@
 """Every zoo model traces; GPT's traced FLOPs match Alpa's analytic formula."""
 
+import functools
 import warnings
 
+import jax
 import pytest
 
 import autoplan
@@ -12,18 +14,32 @@ def _largest(name):
     return models.list_models()[name][-1]
 
 
-@pytest.mark.parametrize("name", sorted(models.list_models()))
-def test_zoo_model_traces_at_largest_size_abstractly(name):
-    size = _largest(name)
-    wl = models.get(name, size=size, abstract=True)
+@functools.cache
+def _largest_traced(name):
+    """A zoo model at its largest size (abstract by default: nothing is allocated) and its
+    trace, once per run of this module (GPT-3 175B's takes seconds)."""
+    wl = models.get(name, size=_largest(name))
     with warnings.catch_warnings():
         warnings.simplefilter("error", autoplan.OpaqueControlFlowWarning)
-        g = autoplan.trace(wl)
+        return wl, autoplan.trace(wl)
+
+
+@pytest.mark.parametrize("name", sorted(models.list_models()))
+def test_zoo_model_traces_at_largest_size_abstractly(name):
+    wl, g = _largest_traced(name)
+    assert wl.abstract
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(wl.args))
     assert len(g) > 0 and g.flops > 0
     assert g.param_count == wl.num_params
     assert {op.role for op in g} == {"forward", "backward", "update"}
     assert {gi.kind for gi in g.inputs} == {"parameter", "optimizer_state", "batch"}
     assert len(g.layers) >= 2
+    # the step returns (loss, new parameters, new optimizer state): a float32 scalar, then
+    # every parameter and optimizer-state leaf at its path, with the shape and dtype it came in
+    out = {o.path: (g.tensors[o.tensor].shape, g.tensors[o.tensor].dtype) for o in g.outputs}
+    assert out.pop("[0]") == ((), "float32")
+    assert out == {f"[{i.arg + 1}]{i.path}": (g.tensors[i.tensor].shape, g.tensors[i.tensor].dtype)
+                   for i in g.inputs if i.kind != "batch"}
 
 
 @pytest.mark.parametrize("name", sorted(models.list_models()))
@@ -37,10 +53,13 @@ def test_zoo_model_traces_concrete_tiny(name):
 
 @pytest.mark.parametrize("size", ["1.3B", "39B", "175B"])
 def test_gpt_flops_match_alpa_formula(size):
-    wl = models.get("gpt", size=size)
+    if size == _largest("gpt"):
+        wl, g = _largest_traced("gpt")
+    else:
+        wl = models.get("gpt", size=size)
+        g = autoplan.trace(wl)
     c = wl.config
     B, S, H, L, V = c["batch"], c["seq_len"], c["hidden"], c["layers"], c["vocab"]
-    g = autoplan.trace(wl)
     alpa = 72 * B * S * H**2 * L * (1 + S / (6 * H)) + 6 * B * S * H * V
     matmul = sum(op.flops for op in g if op.primitive == "dot_general")
     assert matmul == pytest.approx(alpa, rel=0.02)

@@ -124,19 +124,6 @@ def test_tiny_train_step_runs_and_learns(name):
     assert float(jax.jit(wl.loss_fn, compiler_options=FAST)(params, batch)) == pytest.approx(loss1, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_largest_size_is_abstract_and_traces(name):
-    size = list_models()[name][-1]
-    wl = get(name, size)
-    assert wl.abstract
-    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(wl.args))
-    loss, new_params, new_opt = jax.eval_shape(wl.fn, *wl.args)
-    assert loss.shape == () and loss.dtype == jnp.float32
-    assert jax.tree.structure(new_params) == jax.tree.structure(wl.params)
-    assert jax.tree.structure(new_opt) == jax.tree.structure(wl.opt_state)
-    assert [x.shape for x in jax.tree.leaves(new_params)] == [x.shape for x in jax.tree.leaves(wl.params)]
-
-
 def test_gpt_175b_config_and_shapes():
     wl = get("gpt", "175B")
     c = wl.config
