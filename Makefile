@@ -24,10 +24,10 @@ install: $(STAMP) $(LAB_SETTINGS)
 demo: $(STAMP)
 	$(PY) -m autoplan.demo
 
-# the suite on every core plus one (pytest-xdist), each test module on one worker (its module
-# fixtures made once): many tests wait on processes they start (docs pages, launches, kernels),
-# which leaves a core idle with one worker per core; PYTEST_WORKERS=0 runs it in this process
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+# the suite on every core (pytest-xdist), each test module on one worker (its module fixtures
+# made once); PYTEST_WORKERS=0 runs it in this process (a worker more than the cores was tried:
+# no faster, more CPU; docs/testing.md)
+PYTEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: $(STAMP)
