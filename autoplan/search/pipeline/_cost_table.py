@@ -158,7 +158,8 @@ class _Table:
         self._local: dict[int, dict[int, int]] = {}
         # (:meth:`_plan_key`: the layer kind's first layer on submesh k, mesh shape, options)
         self._solved = _layer_plans_of(graph)
-        self.reused = 0  # layer plans an earlier search of this graph had solved
+        self._keys: dict[tuple, tuple] = {}  # (rep, k, shape) -> its _plan_key
+        self.reused = 0  # layer plans found solved already (by an earlier search or table)
         self._mine: set[tuple] = set()  # the keys this table has used
         self._costs: dict[tuple, LayerCost] = {}
         self._pairs: dict[tuple, tuple] = {}
@@ -225,12 +226,17 @@ class _Table:
 
     def _plan_key(self, rep: int, k: int, shape: tuple[int, ...]) -> tuple:
         """What layer ``rep``'s plans on submesh ``k`` and mesh ``shape`` depend on: the layer's
-        operators, the submesh (as a cluster), the mesh, and :meth:`_solve_options`."""
-        opts = self._solve_options(rep, k, shape)
-        pins = opts["pins"]
-        return (self.layers[rep].ops, self.layers[rep].name, self.ctx.views[k], tuple(shape),
+        operators, the submesh (as a cluster), the mesh, and :meth:`_solve_options` (once per
+        cell of this table: the pins are matched against the layer's inputs to make it)."""
+        key = self._keys.get((rep, k, shape))
+        if key is None:
+            opts = self._solve_options(rep, k, shape)
+            pins = opts["pins"]
+            key = self._keys[(rep, k, shape)] = (
+                self.layers[rep].ops, self.layers[rep].name, self.ctx.views[k], tuple(shape),
                 opts["B"], None if pins is None else tuple(sorted(pins.items(), key=repr)),
                 opts["time_limit"])
+        return key
 
     def _seen(self, key: tuple) -> LayerPlans | None:
         """The layer plans solved for ``key`` so far (in this search or an earlier one)."""
