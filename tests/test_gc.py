@@ -1,4 +1,5 @@
-"""The collector pause of searches and traces: main thread only, nested safely, restored as it was."""
+"""The collector pause of searches and traces: the main thread's and the Explorer's background
+searches, nested and overlapping safely, restored as it was."""
 
 import gc
 import json
@@ -37,6 +38,43 @@ def test_a_search_in_another_thread_leaves_the_collector_alone():
     thread.start()
     thread.join()
     assert seen == [True] and gc.isenabled()
+
+
+def test_overlapping_pauses_of_two_threads_restore_the_collector_once_the_last_ends():
+    from autoplan._gc import paused
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def background():
+        with paused():  # (what the Explorer's search and what-if threads run in)
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    assert inside.wait(10)
+    try:
+        assert not gc.isenabled()  # another thread's pause holds in this one too
+        assert _state() == (False, None)
+        assert not gc.isenabled()  # this thread's pause ended first: the other's still holds
+    finally:
+        leave.set()
+        thread.join()
+    assert gc.isenabled()
+
+
+def test_the_explorers_search_job_pauses_the_collector_and_a_view_update_does_not():
+    from autoplan.viz import Explorer
+
+    ex = Explorer(autostart=False)
+    seen = {}
+    ex._search_job = lambda: seen.setdefault("search", gc.isenabled())  # (what Search runs)
+    assert ex.search()
+    ex.wait_idle(30)
+    assert ex._start("view", lambda: seen.setdefault("view", gc.isenabled()))
+    ex.wait_idle(30)
+    assert seen == {"search": False, "view": True}
+    assert gc.isenabled()
 
 
 def test_an_error_resumes_the_collector():

@@ -23,6 +23,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from autoplan._errors import ArgumentError, ArgumentTypeError
@@ -223,6 +224,29 @@ def record_maker(cls: type) -> Any:
         make = _RECORD_MAKERS[cls] = scope["make"]
         make.__qualname__ = make.__name__ = f"make_{cls.__name__}"
     return make
+
+
+def _remade(cls: type, values: tuple[Any, ...]) -> Any:
+    """A record of ``cls`` from its field values in field order, as :func:`record_maker` makes
+    it (what unpickling a record calls)."""
+    return record_maker(cls)(*values)
+
+
+def _pickled_by_fields(cls: type) -> None:
+    """Pickle the slotted records of ``cls`` as ``(cls, field values)``, remade by
+    :func:`_remade`. The slotted dataclass's own ``__getstate__`` and ``__setstate__`` list
+    its fields anew for every record: a 39B GPT's plans hold hundreds of thousands of them, and
+    storing a search's result in the plan cache spent seconds there."""
+    get = attrgetter(*(f.name for f in fields(cls)))
+
+    def __reduce__(self: Any) -> tuple[Any, tuple[type, tuple[Any, ...]]]:
+        return _remade, (type(self), get(self))
+
+    cls.__reduce__ = __reduce__  # type: ignore[method-assign]
+
+
+for _cls in (TensorSharding, Comm, OpSharding, InputSpec):
+    _pickled_by_fields(_cls)
 
 
 def canonical_record(cls: type, *values: Any) -> Any:

@@ -26,6 +26,28 @@ def _add(out: dict[str, float], key: str, v: float) -> None:
     out[key] = out.get(key, 0.0) + v
 
 
+def _layer_ops(table: _Table, li: int, k: int, c: int, res: Any,
+               layer_names: Any) -> tuple[Any, ...]:
+    """Layer ``li``'s operator shardings on cell ``(k, c)`` under its own operators, tensors,
+    scopes and layer name (its kind's plan translated; once per cell, kept with the table's
+    budget-free costs)."""
+    key = ("ops", li, k, c)
+    hit = table.shared.composed.get(key)
+    if hit is None:
+        graph = table.graph
+        rep_sub, mine = table.sub(table.rep[table.layers[li].signature]), table.sub(li)
+        names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
+        names.update({f"%{lt}": f"%{gt}" for gt, lt in table.local(li).items()})
+        out = []
+        for o in res.plan.stages[0].ops:
+            gop = graph.ops[mine.origin[o.op]]
+            out.append(replace(
+                o, op=gop.id, scope=gop.scope_name, layer=layer_names[gop.id],
+                tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
+        hit = table.shared.composed[key] = tuple(out)
+    return hit
+
+
 def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tuple[str, ...]
              ) -> Plan:
     """The :class:`Plan` of a simulated layout: each stage composed from its layers' solutions,
@@ -56,15 +78,8 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
             compute += B * (lc.forward_compute + lc.backward_compute) + lc.step_compute
             mb_comms += [*lc.forward_comms, *lc.backward_comms]
             step_comms += lc.step_comms
-            rep_sub, mine = table.sub(table.rep[table.layers[li].signature]), table.sub(li)
-            names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
-            names.update({f"%{lt}": f"%{gt}" for gt, lt in table.local(li).items()})
-            for o in res.plan.stages[0].ops:
-                gop = graph.ops[mine.origin[o.op]]
-                op_shardings.append(replace(
-                    o, op=gop.id, scope=gop.scope_name,
-                    layer=layer_names[gop.id],
-                    tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
+            mine = table.sub(li)
+            op_shardings += _layer_ops(table, li, k, c, res, layer_names)
             for spec, gi in zip(res.plan.inputs, mine.inputs):
                 if gi.kind == "activation":
                     continue

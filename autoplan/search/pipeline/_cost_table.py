@@ -46,6 +46,49 @@ def _layer_plans_of(graph: OpGraph) -> dict[tuple, LayerPlans]:
     return {}
 
 
+@per_owner
+def _shared_of(graph: OpGraph) -> dict[tuple, _Shared]:
+    """The budget-free costs of every table made on ``graph`` (:func:`_shared`)."""
+    return {}
+
+
+class _Shared:
+    """What a table's costs depend on besides the memory budget and the schedule, kept across
+    the searches of one traced step (:func:`_shared`): the layers' costs, the resharding between
+    them, the stage-DP arrays of a chain, the lever variants' deltas and the simulated timings."""
+
+    def __init__(self, full: OpGraph):
+        self.full = full  # (the key holds its id; kept so the id stays this graph's)
+        self.local: dict[int, dict[int, int]] = {}
+        self.dims: dict[int, dict[int, tuple]] = {}
+        self.costs: dict[tuple, LayerCost | None] = {}
+        self.pairs: dict[tuple, tuple] = {}
+        self.terms: dict[tuple, _Terms | None] = {}
+        self.pair_terms: dict[tuple, tuple[float, float, float]] = {}
+        self.pair_kinds: dict[tuple[int, int], tuple] = {}
+        self.chains: dict[tuple, tuple[np.ndarray, ...]] = {}  # (ratio, B) -> chain arrays
+        self.deltas: dict[tuple, np.ndarray | None] = {}  # lever variants' deltas
+        self.levers: dict[tuple, Any] = {}  # each layer's levers per cell
+        self.timings: dict[tuple, tuple | None] = {}  # a layout's simulation before the memory check
+        self.composed: dict[tuple, Any] = {}  # a layer's operator shardings in a plan, per cell
+
+
+def _shared(ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int) -> _Shared:
+    """The :class:`_Shared` costs of a table of ``layers`` of ``graph`` at ``B`` micro-batches
+    under ``ctx``: keyed by everything they read (the cluster, the submeshes and their logical
+    meshes, the pins, the Megatron layout, the layer ILPs' time limit, the full-batch trace),
+    and not by the memory budget or the schedule, so that a search changing only those (the
+    Explorer's memory budget) costs nothing again."""
+    pins = tuple(sorted(ctx.pins.items(), key=repr))
+    key = (B, tuple(layers), ctx.cluster, tuple(ctx.submeshes),
+           tuple(tuple(c) for c in ctx.configs), pins, ctx.megatron, ctx.time_limit, id(ctx.full))
+    store = _shared_of(graph)
+    got = store.get(key)
+    if got is None or got.full is not ctx.full:
+        got = store[key] = _Shared(ctx.full)
+    return got
+
+
 @per_owner_and_args
 def _layer_subgraph(graph: OpGraph, ops: tuple[int, ...], name: str) -> OpGraph:
     """A layer's operators as a graph of their own, once per graph (the subgraph the layer
@@ -155,18 +198,16 @@ class _Table:
             layer_of[list(ly.ops)] = ly.index
         self.layer_of = layer_of
         self.screenable = graph is not ctx.full and _aligned(graph, ctx.full)
-        self._local: dict[int, dict[int, int]] = {}
         # (:meth:`_plan_key`: the layer kind's first layer on submesh k, mesh shape, options)
         self._solved = _layer_plans_of(graph)
         self._keys: dict[tuple, tuple] = {}  # (rep, k, shape) -> its _plan_key
         self.reused = 0  # layer plans found solved already (by an earlier search or table)
         self._mine: set[tuple] = set()  # the keys this table has used
-        self._costs: dict[tuple, LayerCost] = {}
-        self._pairs: dict[tuple, tuple] = {}
-        self._dims: dict[int, dict[int, tuple]] = {}
-        self._terms: dict[tuple, _Terms | None] = {}
-        self._pair_terms: dict[tuple, tuple[float, float, float]] = {}
-        self._pair_kinds: dict[tuple[int, int], tuple] = {}
+        # (costs that do not read the memory budget or the schedule: kept across searches)
+        self.shared = shared = _shared(ctx, graph, layers, B)
+        self._local, self._dims, self._costs = shared.local, shared.dims, shared.costs
+        self._pairs, self._terms, self._pair_terms = shared.pairs, shared.terms, shared.pair_terms
+        self._pair_kinds, self._levers = shared.pair_kinds, shared.levers
         self._passing = None
         self._tensors = None
 

@@ -94,8 +94,17 @@ def _dp_inputs(t: np.ndarray, step: np.ndarray, pmem: np.ndarray, amem: np.ndarr
 def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> dict[str, np.ndarray]:
     """``t_intra``, per-step, resident and activation arrays ``(L, L, K, C)`` of the contiguous
     stages of a chain of layers (see :mod:`~autoplan.search.pipeline._pipeline`, step 4)."""
-    ctx, L = table.ctx, table.L
     B = B or table.B
+    arrays = table.shared.chains.get((ratio, B))
+    if arrays is None:
+        arrays = table.shared.chains[(ratio, B)] = _chain_arrays(table, ratio, B)
+    return _dp_inputs(*arrays, table.ctx.schedule, B)
+
+
+def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]:
+    """:func:`_chain_inputs`' arrays before the schedule's folding (they read neither the
+    schedule nor the memory budget: kept across searches, read-only)."""
+    ctx, L = table.ctx, table.L
     K, C = len(ctx.submeshes), ctx.C
     mb = np.full((4, L, K, C), np.inf)  # forward + backward, step, resident, activation
     for li in range(L):
@@ -121,7 +130,9 @@ def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> di
         recv_f = np.array([0.0] + [ctx.recv_estimate(x * ratio, k) for x in fwd])
         recv_b = np.array([ctx.recv_estimate(x * ratio, k) for x in bwd] + [0.0])
         t[:, :, k, :] += (recv_f[:, None] + recv_b[None, :])[:, :, None]
-    return _dp_inputs(t, step, pmem, amem, ctx.schedule, B)
+    for a in (t, step, pmem, amem):
+        a.setflags(write=False)
+    return t, step, pmem, amem
 
 
 def _group_inputs(table: _Table, groups: list[list[int]], ratio: float = 1.0,

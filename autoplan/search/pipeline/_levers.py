@@ -369,7 +369,13 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
     need = np.isfinite(t) & (pm + deep * am > ctx.budget * (1 + 1e-9))
     if not need.any():
         return None
-    deltas = _variant_deltas(table, members_of or [], ratio, B, members_of is None)
+    key = (ratio, B, None if members_of is None else tuple(map(tuple, members_of)))
+    deltas = table.shared.deltas.get(key, False)
+    if deltas is False:  # (budget-free: kept across searches with the table's costs)
+        deltas = table.shared.deltas[key] = _variant_deltas(table, members_of or [], ratio, B,
+                                                            members_of is None)
+        if deltas is not None:
+            deltas.setflags(write=False)
     if deltas is None:
         return None
     gpipe = ctx.schedule == "gpipe"

@@ -160,6 +160,37 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
     """
     ctx = table.ctx
     B = B or table.B
+    if levers is None:  # (budget-free: kept across searches with the table's costs)
+        key = (layout, kind, v, ratio, B)
+        timed = table.shared.timings.get(key, False)
+        if timed is False:
+            timed = table.shared.timings[key] = _timed(table, layout, kind, v, ratio, B)
+    else:
+        timed = _timed(table, layout, kind, v, ratio, B, levers)
+    if timed is None:
+        return None
+    chunks, stages, placed, comm_f, comm_b, timing, stats, memory = timed
+    P = len(layout)
+    fits = max(memory) <= ctx.budget * (1 + 1e-9)
+    if not fits and levers is None and ctx.levers:
+        from autoplan.search.pipeline._levers import fit_layout  # noqa: PLC0415
+
+        chosen = fit_layout(table, chunks, stages, kind, P, stats, ratio, B)
+        if chosen is not None:
+            again = _evaluate_kind(table, layout, kind, v, ratio, B, dp_latency, chosen)
+            if again is not None and again.fits:
+                return again
+    return _Eval(chunks, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
+                 dp_latency, kind, v, None if levers is None else tuple(lv[0] for lv in levers))
+
+
+def _timed(table: _Table, layout: Layout, kind: str, v: int, ratio: float, B: int,
+           levers: tuple | None = None) -> tuple | None:
+    """:func:`_evaluate_kind`'s simulation of ``layout`` before the memory check: ``(chunks,
+    stage terms, placed devices, forward and backward transfers, the schedule's arguments, its
+    statistics, memory per stage)``; None where it does not apply. It reads neither the memory
+    budget nor the schedule asked for."""
+    ctx = table.ctx
     P = len(layout)
     chunks = layout
     if v > 1:
@@ -219,14 +250,4 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
         memory = [per_mesh[s % P] for s in range(S)]
     else:
         memory = [x.resident + inflight[s] * x.activation for s, x in enumerate(stages)]
-    fits = max(memory) <= ctx.budget * (1 + 1e-9)
-    if not fits and levers is None and ctx.levers:
-        from autoplan.search.pipeline._levers import fit_layout  # noqa: PLC0415
-
-        chosen = fit_layout(table, chunks, stages, kind, P, stats, ratio, B)
-        if chosen is not None:
-            again = _evaluate_kind(table, layout, kind, v, ratio, B, dp_latency, chosen)
-            if again is not None and again.fits:
-                return again
-    return _Eval(chunks, B, stages, placed, comm_f, comm_b, timing, stats, memory, fits,
-                 dp_latency, kind, v, None if levers is None else tuple(lv[0] for lv in levers))
+    return chunks, stages, placed, comm_f, comm_b, timing, stats, memory

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autoplan._errors import ModelError, SearchError, WaitTimeoutError
+from autoplan._gc import paused
 from autoplan.costs._cluster import PRESETS, Cluster
 from autoplan.plans._plan import LEVELS, Plan
 from autoplan.plans._schedule import check_schedule_choice
@@ -252,12 +253,20 @@ class Explorer(ExplorerLayout, SearchPanel, CandidatePanel, FocusPanel, WhatIfPa
                 return None
         return run
 
-    def _start(self, kind: str, target: Callable[[], None]) -> bool:
+    def _start(self, kind: str, target: Callable[[], None], pause_gc: bool = False) -> bool:
+        """Run ``target`` in a background thread of its ``kind`` (False when one still runs);
+        ``pause_gc``: with the cyclic collector paused (:func:`autoplan._gc.paused`: a search
+        or what-if, which the notebook waits for)."""
         with self._lock:
             t = self._threads.get(kind)
             if t is not None and t.is_alive():
                 return False
-            t = threading.Thread(target=self._guarded(kind, target), name=f"autoplan-explorer-{kind}",
+            job = target
+            if pause_gc:
+                def job() -> None:
+                    with paused():
+                        target()
+            t = threading.Thread(target=self._guarded(kind, job), name=f"autoplan-explorer-{kind}",
                                  daemon=True)
             self._threads[kind] = t
             t.start()

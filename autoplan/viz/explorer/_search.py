@@ -97,7 +97,7 @@ class SearchPanel:
         Returns:
             False (and starts nothing) when a search is already running.
         """
-        started = self._start("search", self._search_job)
+        started = self._start("search", self._search_job, pause_gc=True)
         if not started:
             self._status.value = "a search is already running"
         return started

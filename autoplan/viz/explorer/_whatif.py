@@ -159,7 +159,8 @@ class WhatIfPanel:
             raise SearchError(f"Explorer.what_if: {name!r} is not an input of the selected plan. "
                               f"Fix: pick one of its inputs, e.g. {plan.inputs[0].name!r}.")
         spec = Spec.from_pspec(spec, len(inp.shape))
-        started = self._start("what-if", lambda: self._what_if_job(plan, name, spec))
+        started = self._start("what-if", lambda: self._what_if_job(plan, name, spec),
+                              pause_gc=True)
         if started:
             self._pin_button.disabled = True
             self._pin_info.value = (f"<small>re-solving mesh {'x'.join(map(str, plan.mesh_shape))} "
