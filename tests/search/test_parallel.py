@@ -44,14 +44,16 @@ def _same_result(serial, parallel):
 ])
 def test_parallel_search_equals_serial(name, over, level):
     """Every logical mesh and baseline is a task: four meshes and two baselines on 8 devices
-    (GPT folded: its tasks carry a folding analysis back)."""
-    graph = autoplan.trace(models.get(name, size="tiny", **over))
+    (GPT folded: its tasks carry a folding analysis back). Each search gets a graph of its own:
+    a second search of one graph reuses the stitched plans the first solved in this process."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        serial = autoplan.search(graph, "p3.16xlarge:1", pipeline=False, level=level, workers=1,
+        serial = autoplan.search(autoplan.trace(models.get(name, size="tiny", **over)),
+                                 "p3.16xlarge:1", pipeline=False, level=level, workers=1,
                                  cache=False)
-        parallel = autoplan.search(graph, "p3.16xlarge:1", pipeline=False, level=level,
-                                   workers=2, cache=False)
+        parallel = autoplan.search(autoplan.trace(models.get(name, size="tiny", **over)),
+                                   "p3.16xlarge:1", pipeline=False, level=level, workers=2,
+                                   cache=False)
     assert serial.stats["workers"] == 1 and parallel.stats["workers"] == 2
     assert len(serial.plans) >= 5  # four meshes and the baselines
     _same_result(serial, parallel)

@@ -95,6 +95,7 @@ import numpy as np
 
 from autoplan._analysis import FoldingAnalysis
 from autoplan._gc import gc_paused
+from autoplan._memo import per_owner
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
@@ -260,25 +261,16 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape)
     mining = mining_of(graph)
-    t_mine = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    search = _ChainSearch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
-                          max_ilps=max_ilps, bound_auto=bound_auto)
-    t_seg = time.perf_counter() - t1
-
-    # 1. free solves (nothing fixed), and the assignments of the long-range and shared tensors
-    unfixed_solves = [search.solve_segment(i, None, None) for i in range(search.K)]
-    assigns = search.assignments(unfixed_solves)
-    t2 = time.perf_counter()
-    runs = [search.run_chain(a, unfixed_solves) for a in assigns]
-    t_dp = time.perf_counter() - t2
-    t3 = time.perf_counter()
-    run, bd, mismatches = search.stitch_best(runs)
-    seg_class = search.segment_classes()
-    t_stitch = time.perf_counter() - t3
-    total = time.perf_counter() - t0
-
-    sol = search.stitched_solution(bd)
+    key = (cluster, None if mesh_shape is None else tuple(mesh_shape), level,
+           None if pins is None else repr(sorted(pins.items(), key=repr)), time_limit, max_ilps,
+           bound_auto)
+    stitched = _stitched_of(graph).get(key)
+    reused = stitched is not None
+    if stitched is None:
+        stitched = _stitched_of(graph)[key] = _stitch(graph, mesh, level=level, pins=pins,
+                                                      time_limit=time_limit, max_ilps=max_ilps,
+                                                      bound_auto=bound_auto, t0=t0)
+    search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total) = stitched
     K, agree = search.K, run.agree
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
         res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
@@ -301,6 +293,10 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         if hasattr(mining.graphnodes, "nodes") else 0,
         "segments": K, "unique_classes": len(set(seg_class)), "mined_classes": len(mining.classes),
         "fold_ratio": mining.fold_ratio, "ilps_solved": search.solves,
+        # (the segments' ILPs above were solved by an earlier search of this graph, with the
+        # same cluster, mesh, level, pins and limits: none was solved again; the seconds are
+        # that search's)
+        "stitched_plan_reused": reused,
         "ilp_variables": search.variables,
         "boundaries_needing_pairs": sum(1 for x in agree if not x), "stitch_mismatches": mismatches,
         "specs_pruned_by_shape_check": search.specs_pruned(seg_class),
@@ -309,6 +305,41 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         "objective": sol.objective, "dp_value": run.dp_value,
     }
     return LevelResult(plan, stats, analysis, sol)
+
+
+@per_owner
+def _stitched_of(graph: OpGraph) -> dict[tuple, tuple]:
+    """The stitched plans of the hierarchical and folded searches of ``graph`` (:func:`_stitch`),
+    by the cluster, mesh, level, pins, time limit and ILP bound: a stitched plan does not read
+    the memory budget (a plan over it is replaced by the exhaustive search with the budget), so
+    a search that changes only the budget (the Explorer's) solves no segment again."""
+    return {}
+
+
+def _stitch(graph: OpGraph, mesh: Any, *, level: str, pins: Mapping[str, Any] | None,
+            time_limit: float, max_ilps: int | None, bound_auto: bool, t0: float) -> tuple:
+    """The hierarchical or folded search up to its stitched solution: ``(the chain search, the
+    chosen chain run, stitch mismatches, segment classes, the solution, (mine, segment, DP,
+    stitch and total seconds))``."""
+    t_mine = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    search = _ChainSearch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
+                          max_ilps=max_ilps, bound_auto=bound_auto)
+    t_seg = time.perf_counter() - t1
+
+    # 1. free solves (nothing fixed), and the assignments of the long-range and shared tensors
+    unfixed_solves = [search.solve_segment(i, None, None) for i in range(search.K)]
+    assigns = search.assignments(unfixed_solves)
+    t2 = time.perf_counter()
+    runs = [search.run_chain(a, unfixed_solves) for a in assigns]
+    t_dp = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    run, bd, mismatches = search.stitch_best(runs)
+    seg_class = search.segment_classes()
+    t_stitch = time.perf_counter() - t3
+    total = time.perf_counter() - t0
+    sol = search.stitched_solution(bd)
+    return search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total)
 
 
 @dataclass

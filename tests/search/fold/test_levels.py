@@ -202,3 +202,37 @@ def test_folded_instances_pinned_differently_keep_their_own_pins(graphs):
     spec = {i.name: tuple(i.spec) for i in res.plan.inputs}
     assert spec["params['layers'][1]['mlp']['fc1']['kernel']"] == (None, ("y",))
     assert spec["params['layers'][2]['mlp']['fc1']['kernel']"] == (("y",), None)
+
+
+def test_a_budget_change_reuses_the_stitched_plan_and_a_tighter_one_runs_the_exhaustive_ilp(
+        monkeypatch):
+    """A stitched plan does not read the memory budget: a second search of the same graph that
+    changes only the budget solves no segment again and returns the plan a fresh graph's search
+    returns; a budget the stitched plan exceeds still gets the exhaustive ILP with the budget."""
+    from autoplan.search.fold import _levels as levels
+
+    def graph():
+        return autoplan.trace(models.get("gpt", size="tiny", layers=4))
+
+    cluster = autoplan.Cluster.parse("p3.16xlarge:1")
+    g = graph()
+    first = level_search(g, cluster, (2, 4), level="folded")
+    assert first.stats["stitched_plan_reused"] is False and first.stats["ilps_solved"] > 0
+    solves = []
+    real = levels.solve_ilp
+    monkeypatch.setattr(levels, "solve_ilp", lambda *a, **k: solves.append(1) or real(*a, **k))
+    roomy = 2 * first.plan.predicted.memory_per_device
+    again = level_search(g, cluster, (2, 4), level="folded", memory_budget=roomy)
+    assert solves == [] and again.stats["stitched_plan_reused"] is True
+    fresh = level_search(graph(), cluster, (2, 4), level="folded", memory_budget=roomy)
+    assert len(solves) == fresh.stats["ilps_solved"] > 0
+    assert fresh.stats["stitched_plan_reused"] is False
+    for a, b in ((again, fresh), (again, first)):
+        assert a.plan.predicted == b.plan.predicted and a.plan.inputs == b.plan.inputs
+        assert [o.strategy for o in a.plan.ops] == [o.strategy for o in b.plan.ops]
+    tight = 0.9 * first.plan.predicted.memory_per_device
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lean = level_search(g, cluster, (2, 4), level="folded", memory_budget=tight)
+    assert any("exhaustive search with the memory constraint" in n for n in lean.plan.notes)
+    assert lean.plan.predicted.memory_per_device <= tight
