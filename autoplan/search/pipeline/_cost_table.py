@@ -400,21 +400,28 @@ class _Table:
                               float(g.tensors[t].nbytes)) for t, (a, bs) in sorted(by_t.items())]
         return self._tensors
 
+    def _fold(self, a: int, b: int) -> tuple:
+        """What the resharding from layer ``a`` to layer ``b`` depends on besides the cell: their
+        kinds and the tensors passed (as their layers' own ids, with their readers' roles).
+        Pairs of the same layer kinds passing the same tensors cost the same."""
+        fold = self._pair_kinds.get((a, b))
+        if fold is None:
+            la, lb = self.local(a), self.local(b)
+            fold = self._pair_kinds[(a, b)] = (
+                self.layers[a].signature, self.layers[b].signature,
+                tuple((la[t], lb[t], role) for t, role in self.passing().get((a, b), [])))
+        return fold
+
     def pair(self, a: int, b: int, k: int, c: int) -> tuple[list[Comm], list[Comm], list[Comm]]:
         """The resharding of the tensors layer ``a`` passes to layer ``b`` on cell ``(k, c)``:
         from the spec ``a``'s plan gives each to the spec ``b``'s plan assumed for it, as
         ``(forward, backward, per-step)`` collectives by the role of its reader in ``b``."""
-        la, lb = self.local(a), self.local(b)
-        entries = self.passing().get((a, b), [])
-        fold = self._pair_kinds.get((a, b))
-        if fold is None:  # pairs of the same layer kinds passing the same tensors cost the same
-            fold = self._pair_kinds[(a, b)] = (
-                self.layers[a].signature, self.layers[b].signature,
-                tuple((la[t], lb[t], role) for t, role in entries))
-        key = (fold, k, c)
+        key = (self._fold(a, b), k, c)
         hit = self._pairs.get(key)
         if hit is not None:
             return hit
+        la, lb = self.local(a), self.local(b)
+        entries = self.passing().get((a, b), [])
         ra, rb = self.result(a, k, c), self.result(b, k, c)
         out: tuple[list[Comm], list[Comm], list[Comm]] = ([], [], [])
         if ra is None or rb is None:  # no plan on this cell: the stage is impossible anyway
@@ -434,7 +441,7 @@ class _Table:
 
     def pair_terms(self, a: int, b: int, k: int, c: int, ratio: float = 1.0
                    ) -> tuple[float, float, float]:
-        key = (a, b, k, c, ratio)
+        key = (self._fold(a, b), k, c, ratio)
         hit = self._pair_terms.get(key)
         if hit is None:
             fw, bw, st = self.pair(a, b, k, c)
