@@ -235,8 +235,9 @@ def _remade(cls: type, values: tuple[Any, ...]) -> Any:
 def _pickled_by_fields(cls: type) -> None:
     """Pickle the slotted records of ``cls`` as ``(cls, field values)``, remade by
     :func:`_remade`. The slotted dataclass's own ``__getstate__`` and ``__setstate__`` list
-    its fields anew for every record: a 39B GPT's plans hold hundreds of thousands of them, and
-    storing a search's result in the plan cache spent seconds there."""
+    its fields anew for every record, and a 39B GPT's plans hold hundreds of thousands of them:
+    storing those plans in the plan cache took 0.30 s that way and 0.21-0.26 s this way, loading
+    them 0.20 s and 0.11 s (the cyclic collector off)."""
     get = attrgetter(*(f.name for f in fields(cls)))
 
     def __reduce__(self: Any) -> tuple[Any, tuple[type, tuple[Any, ...]]]:

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from autoplan._memo import memo
 from autoplan.plans._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
 from autoplan.plans._schedule import schedule_table
 from autoplan.search.fold._layers import op_layer_names
@@ -31,9 +32,7 @@ def _layer_ops(table: _Table, li: int, k: int, c: int, res: Any,
     """Layer ``li``'s operator shardings on cell ``(k, c)`` under its own operators, tensors,
     scopes and layer name (its kind's plan translated; once per cell, kept with the table's
     budget-free costs)."""
-    key = ("ops", li, k, c)
-    hit = table.shared.composed.get(key)
-    if hit is None:
+    def make() -> tuple[Any, ...]:
         graph = table.graph
         rep_sub, mine = table.sub(table.rep[table.layers[li].signature]), table.sub(li)
         names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
@@ -44,8 +43,9 @@ def _layer_ops(table: _Table, li: int, k: int, c: int, res: Any,
             out.append(replace(
                 o, op=gop.id, scope=gop.scope_name, layer=layer_names[gop.id],
                 tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
-        hit = table.shared.composed[key] = tuple(out)
-    return hit
+        return tuple(out)
+
+    return memo(table.shared, (_layer_ops, li, k, c), make)
 
 
 def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tuple[str, ...]

@@ -54,8 +54,10 @@ def _shared_of(graph: OpGraph) -> dict[tuple, _Shared]:
 
 class _Shared:
     """What a table's costs depend on besides the memory budget and the schedule, kept across
-    the searches of one traced step (:func:`_shared`): the layers' costs, the resharding between
-    them, the stage-DP arrays of a chain, the lever variants' deltas and the simulated timings."""
+    the searches of one traced step (:func:`_shared`): the layers' costs and the resharding
+    between them here; what the search derives from them without the budget (the stage-DP
+    arrays of a chain, the levers, the simulated timings, the composed layers) memoised on it
+    by its own accessors (:func:`~autoplan._memo.memo`)."""
 
     def __init__(self, full: OpGraph):
         self.full = full  # (the key holds its id; kept so the id stays this graph's)
@@ -66,11 +68,6 @@ class _Shared:
         self.terms: dict[tuple, _Terms | None] = {}
         self.pair_terms: dict[tuple, tuple[float, float, float]] = {}
         self.pair_kinds: dict[tuple[int, int], tuple] = {}
-        self.chains: dict[tuple, tuple[np.ndarray, ...]] = {}  # (ratio, B) -> chain arrays
-        self.deltas: dict[tuple, np.ndarray | None] = {}  # lever variants' deltas
-        self.levers: dict[tuple, Any] = {}  # each layer's levers per cell
-        self.timings: dict[tuple, tuple | None] = {}  # a layout's simulation before the memory check
-        self.composed: dict[tuple, Any] = {}  # a layer's operator shardings in a plan, per cell
 
 
 def _shared(ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int) -> _Shared:
@@ -207,7 +204,7 @@ class _Table:
         self.shared = shared = _shared(ctx, graph, layers, B)
         self._local, self._dims, self._costs = shared.local, shared.dims, shared.costs
         self._pairs, self._terms, self._pair_terms = shared.pairs, shared.terms, shared.pair_terms
-        self._pair_kinds, self._levers = shared.pair_kinds, shared.levers
+        self._pair_kinds = shared.pair_kinds
         self._passing = None
         self._tensors = None
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._errors import InfeasiblePlanError, SearchError
+from autoplan._memo import memo
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup
 from autoplan.search.pipeline._cost_table import _Context, _Table
@@ -95,15 +96,14 @@ def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> di
     """``t_intra``, per-step, resident and activation arrays ``(L, L, K, C)`` of the contiguous
     stages of a chain of layers (see :mod:`~autoplan.search.pipeline._pipeline`, step 4)."""
     B = B or table.B
-    arrays = table.shared.chains.get((ratio, B))
-    if arrays is None:
-        arrays = table.shared.chains[(ratio, B)] = _chain_arrays(table, ratio, B)
+    arrays = memo(table.shared, (_chain_arrays, ratio, B), lambda: _chain_arrays(table, ratio, B))
     return _dp_inputs(*arrays, table.ctx.schedule, B)
 
 
 def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]:
     """:func:`_chain_inputs`' arrays before the schedule's folding (they read neither the
-    schedule nor the memory budget: kept across searches, read-only)."""
+    schedule nor the memory budget: kept across searches with the table's shared costs,
+    read-only)."""
     ctx, L = table.ctx, table.L
     K, C = len(ctx.submeshes), ctx.C
     mb = np.full((4, L, K, C), np.inf)  # forward + backward, step, resident, activation

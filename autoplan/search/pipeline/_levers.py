@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan._memo import memo
 from autoplan.plans._spec import tile_count
 from autoplan.search.intra._spec_space import tiles
 
@@ -117,14 +118,13 @@ def layer_levers(table: Any, li: int, k: int, c: int, ratio: float = 1.0,
     """:class:`LayerLevers` of layer ``li`` on cell ``(k, c)`` of a search's layer table
     (re-timed by ``ratio`` for ``B`` micro-batches); None where the layer has no plan there.
     Once per layer kind, cell and ratio."""
-    key = (table.layers[li].signature, k, c, ratio, B if ratio != 1.0 else None)
-    cache = table.__dict__.setdefault("_levers", {})
-    if key in cache:
-        return cache[key]
-    tt = table.terms(li, k, c, ratio, B)
-    out = None if tt is None else _layer_levers(table, li, k, c, ratio, tt)
-    cache[key] = out
-    return out
+    def make() -> LayerLevers | None:
+        tt = table.terms(li, k, c, ratio, B)
+        return None if tt is None else _layer_levers(table, li, k, c, ratio, tt)
+
+    # (kept with the table's shared costs, across searches)
+    return memo(table.shared, (layer_levers, table.layers[li].signature, k, c, ratio,
+                               B if ratio != 1.0 else None), make)
 
 
 def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) -> LayerLevers:
@@ -369,13 +369,12 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
     need = np.isfinite(t) & (pm + deep * am > ctx.budget * (1 + 1e-9))
     if not need.any():
         return None
-    key = (ratio, B, None if members_of is None else tuple(map(tuple, members_of)))
-    deltas = table.shared.deltas.get(key, False)
-    if deltas is False:  # (budget-free: kept across searches with the table's costs)
-        deltas = table.shared.deltas[key] = _variant_deltas(table, members_of or [], ratio, B,
-                                                            members_of is None)
-        if deltas is not None:
-            deltas.setflags(write=False)
+    groups = None if members_of is None else tuple(map(tuple, members_of))
+    # (budget-free: kept across searches with the table's shared costs)
+    deltas = memo(table.shared, (_variant_deltas, ratio, B, groups),
+                  lambda: _variant_deltas(table, members_of or [], ratio, B, members_of is None))
+    if deltas is not None:
+        deltas.setflags(write=False)
     if deltas is None:
         return None
     gpipe = ctx.schedule == "gpipe"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplan._errors import SearchError
+from autoplan._memo import memo
 from autoplan.plans._schedule import (
     SCHEDULE_CHOICES,
     SPLIT_KINDS,
@@ -160,11 +161,9 @@ def _evaluate_kind(table: _Table, layout: Layout, kind: str, v: int = 1, ratio: 
     """
     ctx = table.ctx
     B = B or table.B
-    if levers is None:  # (budget-free: kept across searches with the table's costs)
-        key = (layout, kind, v, ratio, B)
-        timed = table.shared.timings.get(key, False)
-        if timed is False:
-            timed = table.shared.timings[key] = _timed(table, layout, kind, v, ratio, B)
+    if levers is None:  # (budget-free: kept across searches with the table's shared costs)
+        timed = memo(table.shared, (_timed, layout, kind, v, ratio, B),
+                     lambda: _timed(table, layout, kind, v, ratio, B))
     else:
         timed = _timed(table, layout, kind, v, ratio, B, levers)
     if timed is None:
