@@ -94,6 +94,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._analysis import FoldingAnalysis
+from autoplan._errors import SearchError
 from autoplan._gc import gc_paused
 from autoplan._memo import per_owner
 from autoplan._options import check_memory_budget, require_graph, require_instance
@@ -106,7 +107,7 @@ from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp_cost import cost_strategies
 from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
-from autoplan.search.intra._pins import pin_specs, renamed_pin, resolve_pins
+from autoplan.search.intra._pins import pin_specs, pins_key, renamed_pin, resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec_space import enumerate_specs, pruned_by_shape_check, tiles
 from autoplan.tracing._graph import OpGraph
@@ -209,6 +210,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     name (deprecated: a :class:`DeprecationWarning`).
     """
     pins = renamed_pin("level_search", pins, pin)
+    if pins is not None and not isinstance(pins, Mapping):
+        raise SearchError(f"level_search: pins should be a dict {{regex over input names: "
+                          f"PartitionSpec}}. Got {type(pins).__name__}: {pins!r:.40}. Fix: e.g. "
+                          "pins={'^embed': PartitionSpec(None, 'y')}.")
     memory_budget = check_memory_budget("level_search", memory_budget)
     require_graph("level_search", graph)
     require_instance("level_search", "cluster", cluster, Cluster, "pass Cluster.parse('cpu:8')")
@@ -261,15 +266,16 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     t0 = time.perf_counter()
     mesh = make_logical_mesh(cluster, mesh_shape)
     mining = mining_of(graph)
-    key = (cluster, None if mesh_shape is None else tuple(mesh_shape), level,
-           None if pins is None else repr(sorted(pins.items(), key=repr)), time_limit, max_ilps,
-           bound_auto)
-    stitched = _stitched_of(graph).get(key)
+    pk = pins_key(pins)  # (in order: a later pin overrides an earlier one; None: unhashable)
+    key = (cluster, None if mesh_shape is None else tuple(mesh_shape), level, pk, time_limit,
+           max_ilps, bound_auto)
+    stitched = None if pk is None else _stitched_of(graph).get(key)
     reused = stitched is not None
     if stitched is None:
-        stitched = _stitched_of(graph)[key] = _stitch(graph, mesh, level=level, pins=pins,
-                                                      time_limit=time_limit, max_ilps=max_ilps,
-                                                      bound_auto=bound_auto, t0=t0)
+        stitched = _stitch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
+                           max_ilps=max_ilps, bound_auto=bound_auto, t0=t0)
+        if pk is not None:
+            _stitched_of(graph)[key] = stitched
     search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total) = stitched
     K, agree = search.K, run.agree
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):

@@ -22,6 +22,7 @@ from autoplan.plans._plan import Comm
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
+from autoplan.search.intra._pins import pins_key
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.pipeline._layer_costs import (
     LAYER_TIME_LIMIT,
@@ -76,7 +77,9 @@ def _shared(ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int) -> 
     meshes, the pins, the Megatron layout, the layer ILPs' time limit, the full-batch trace),
     and not by the memory budget or the schedule, so that a search changing only those (the
     Explorer's memory budget) costs nothing again."""
-    pins = tuple(sorted(ctx.pins.items(), key=repr))
+    pins = pins_key(ctx.pins)  # (in order: a later pin overrides an earlier one)
+    if pins is None:  # (a pin value that is not hashable: nothing shared)
+        return _Shared(ctx.full)
     key = (B, tuple(layers), ctx.cluster, tuple(ctx.submeshes),
            tuple(tuple(c) for c in ctx.configs), pins, ctx.megatron, ctx.time_limit, id(ctx.full))
     store = _shared_of(graph)
@@ -269,11 +272,12 @@ class _Table:
         key = self._keys.get((rep, k, shape))
         if key is None:
             opts = self._solve_options(rep, k, shape)
-            pins = opts["pins"]
+            # (the pins in order: a later pin overrides an earlier one; a pin value that is not
+            # hashable gets a key of its own, never another search's)
+            pins = pins_key(opts["pins"])
             key = self._keys[(rep, k, shape)] = (
                 self.layers[rep].ops, self.layers[rep].name, self.ctx.views[k], tuple(shape),
-                opts["B"], None if pins is None else tuple(sorted(pins.items(), key=repr)),
-                opts["time_limit"])
+                opts["B"], object() if pins is None else pins, opts["time_limit"])
         return key
 
     def _seen(self, key: tuple) -> LayerPlans | None:

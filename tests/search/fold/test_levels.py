@@ -236,3 +236,25 @@ def test_a_budget_change_reuses_the_stitched_plan_and_a_tighter_one_runs_the_exh
         lean = level_search(g, cluster, (2, 4), level="folded", memory_budget=tight)
     assert any("exhaustive search with the memory constraint" in n for n in lean.plan.notes)
     assert lean.plan.predicted.memory_per_device <= tight
+
+
+def test_pins_in_another_order_are_another_search_and_a_list_of_pins_is_refused():
+    """A later pin overrides an earlier one on the same input, so two pin dicts with the same
+    items in another order may pin differently: the stitched plan kept for one is not the
+    other's. Pins that are not a dict are refused by name."""
+    from jax.sharding import PartitionSpec as P
+
+    g = autoplan.trace(models.get("gpt", size="tiny", layers=2))
+    cluster = autoplan.Cluster.parse("p3.16xlarge:1")
+    fc1 = r"\['fc1'\]\['kernel'\]$"
+    first = {fc1: P(None, "y"), r"^params\['layers'\]\[1\]\['mlp'\]" + fc1: P("y", None)}
+    name = "params['layers'][1]['mlp']['fc1']['kernel']"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = level_search(g, cluster, (2, 4), level="folded", pins=first)
+        b = level_search(g, cluster, (2, 4), level="folded", pins=dict(reversed(first.items())))
+    specs = [{i.name: tuple(i.spec) for i in r.plan.inputs}[name] for r in (a, b)]
+    assert specs == [(("y",), None), (None, ("y",))]
+    assert b.stats["stitched_plan_reused"] is False
+    with pytest.raises(autoplan.SearchError, match="pins should be a dict"):
+        level_search(g, cluster, (2, 4), level="folded", pins=[(fc1, P(None, "y"))])
