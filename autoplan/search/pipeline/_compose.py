@@ -34,7 +34,7 @@ def _layer_ops(table: _Table, li: int, k: int, c: int, res: Any,
     budget-free costs)."""
     def make() -> tuple[Any, ...]:
         graph = table.graph
-        rep_sub, mine = table.sub(table.rep[table.layers[li].signature]), table.sub(li)
+        rep_sub, mine = table.sub(table.rep[table.kind[li]]), table.sub(li)
         names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
         names.update({f"%{lt}": f"%{gt}" for gt, lt in table.local(li).items()})
         out = []

@@ -9,7 +9,7 @@ See :mod:`~autoplan.search.pipeline._pipeline` (steps 2 to 4 of its docstring).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from autoplan.plans._plan import Comm
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
-from autoplan.search.intra._pins import pins_key
+from autoplan.search.intra._pins import pins_key, resolve_pins
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.pipeline._layer_costs import (
     LAYER_TIME_LIMIT,
@@ -87,6 +87,29 @@ def _shared(ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int) -> 
     if got is None or got.full is not ctx.full:
         got = store[key] = _Shared(ctx.full)
     return got
+
+
+def _kinds(graph: OpGraph, layers: list[LayerGroup], pins: Mapping[str, Any]) -> list[Hashable]:
+    """Each layer's kind: its structural signature, and where the user's pins fix some of its
+    inputs, the spec each pinned input gets, by its position among the layer's inputs (which
+    line up across the layers of one signature). Layers of one kind have one plan on a cell;
+    a layer pinned unlike the others of its structure is solved on its own, its pins matched
+    against its own inputs' names."""
+    if not pins:
+        return [ly.signature for ly in layers]
+    out: list[Hashable] = []
+    for ly in layers:
+        sub = _layer_subgraph(graph, ly.ops, f"{graph.name}:{ly.name}")
+        mine = {pat: spec for pat, spec in pins.items() if sub.find_inputs(pat, names_only=True)}
+        if not mine:
+            out.append(ly.signature)
+            continue
+        fixed = resolve_pins(sub, mine)
+        where = {gi.tensor: k for k, gi in enumerate(sub.inputs)}
+        profile = pins_key({where[t]: fixed[t] for t in sorted(fixed, key=where.__getitem__)})
+        # (a pin value that is not hashable: the layer is a kind of its own)
+        out.append((ly.signature, profile if profile is not None else ly.index))
+    return out
 
 
 @per_owner_and_args
@@ -190,9 +213,12 @@ class _Table:
     def __init__(self, ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int):
         self.ctx, self.graph, self.layers, self.B = ctx, graph, layers, B
         self.L = len(layers)
-        self.rep: dict[str, int] = {}
+        # a layer kind: the layers of one structure whose inputs the user's pins fix alike (a
+        # layer pinned otherwise is a kind of its own); the kind's first layer is solved for all
+        self.kind = _kinds(graph, layers, ctx.pins)
+        self.rep: dict[Hashable, int] = {}
         for ly in layers:
-            self.rep.setdefault(ly.signature, ly.index)
+            self.rep.setdefault(self.kind[ly.index], ly.index)
         layer_of = np.full(len(graph.ops), -1, dtype=np.int64)
         for ly in layers:
             layer_of[list(ly.ops)] = ly.index
@@ -255,7 +281,7 @@ class _Table:
         solved; its ids line up with every layer of the kind); None where the pins cannot hold
         on that cell's mesh."""
         shape, lean = self.ctx.configs[k][c]
-        rep = self.rep[self.layers[li].signature]
+        rep = self.rep[self.kind[li]]
         key = self._plan_key(rep, k, shape)
         got = self._seen(key)
         if got is None or (lean and not got.lean_solved):
@@ -307,7 +333,7 @@ class _Table:
         want: dict[tuple, tuple[int, int, tuple[int, ...], bool]] = {}
         for li, k, c in cells:
             shape, lean = self.ctx.configs[k][c]
-            rep = self.rep[self.layers[li].signature]
+            rep = self.rep[self.kind[li]]
             key = self._plan_key(rep, k, shape)
             got = self._seen(key)
             if got is None or (lean and not got.lean_solved):
@@ -340,7 +366,7 @@ class _Table:
         return out or None
 
     def cost(self, li: int, k: int, c: int) -> LayerCost | None:
-        sig = self.layers[li].signature
+        sig = self.kind[li]
         key = (sig, k, c)
         if key not in self._costs:
             rep = self.rep[sig]
@@ -355,7 +381,7 @@ class _Table:
               ) -> _Terms | None:
         """Layer ``li`` on cell ``(k, c)``; re-timed for micro-batches ``ratio`` times as large
         (``B`` of them) when ``ratio != 1``; None where the plan's splits do not divide."""
-        key = (self.layers[li].signature, k, c, ratio, B if ratio != 1.0 else None)
+        key = (self.kind[li], k, c, ratio, B if ratio != 1.0 else None)
         if key in self._terms:
             return self._terms[key]
         lc = self.cost(li, k, c)
@@ -409,7 +435,7 @@ class _Table:
         if fold is None:
             la, lb = self.local(a), self.local(b)
             fold = self._pair_kinds[(a, b)] = (
-                self.layers[a].signature, self.layers[b].signature,
+                self.kind[a], self.kind[b],
                 tuple((la[t], lb[t], role) for t, role in self.passing().get((a, b), [])))
         return fold
 

@@ -123,7 +123,7 @@ def layer_levers(table: Any, li: int, k: int, c: int, ratio: float = 1.0,
         return None if tt is None else _layer_levers(table, li, k, c, ratio, tt)
 
     # (kept with the table's shared costs, across searches)
-    return memo(table.shared, (layer_levers, table.layers[li].signature, k, c, ratio,
+    return memo(table.shared, (layer_levers, table.kind[li], k, c, ratio,
                                B if ratio != 1.0 else None), make)
 
 
@@ -135,7 +135,7 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
     sizes = dict(zip(names, mesh.shape))
     lc = table.cost(li, k, c)
     res = table.result(li, k, c)
-    rep = table.rep[table.layers[li].signature]
+    rep = table.rep[table.kind[li]]
     sub = table.sub(rep)
     # rematerialisation: keep the layer's inputs (not the transient backward inputs)
     transient = table._transient(rep)

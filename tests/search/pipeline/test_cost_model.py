@@ -5,6 +5,7 @@ under a memory limit, operator labels, and workloads without a zoo config."""
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -390,6 +391,35 @@ def test_pins_that_match_nothing_are_refused():
     wl = models.get("gpt", "tiny")
     with pytest.raises(autoplan.SearchError, match="should match an input name"):
         pipeline_search(wl, autoplan.Cluster.parse("cpu:8"), pins={r"^nothing": P()})
+
+
+FC1 = r"\['layers'\]\[{}\]\['mlp'\]\['fc1'\]\['kernel'\]"
+
+
+def _inputs_named(plan, pattern):
+    return {i.name: i.spec for i in plan.inputs if i.kind == "parameter" and re.search(pattern, i.name)}
+
+
+def test_a_layer_pinned_unlike_its_kind_keeps_its_pin_and_does_not_lend_it():
+    """Layers of one structure share a plan; a layer whose pins differ is a kind of its own. A
+    pin on a layer that is not its kind's first is honoured in every pipeline plan, and a pin on
+    the first layer is not handed to the others: their plans are the unpinned search's."""
+    wl = models.get("gpt", "tiny", layers=3, batch=16)
+    cluster = cpu4()
+    res = quiet(pipeline_search, wl, cluster, microbatches=2, pins={FC1.format(1): P()})
+    assert res.stats["unique_layer_kinds"] == quiet(
+        pipeline_search, wl, cluster, microbatches=2).stats["unique_layer_kinds"] + 1
+    for plan in res.plans:
+        (spec,) = _inputs_named(plan, FC1.format(1)).values()
+        assert all(e is None for e in spec), (plan.summary(), spec)
+    free, pinned = table_for(wl, cluster, 2), table_for(wl, cluster, 2, pins={FC1.format(0): P()})
+    # (the table's layers: the embedding, the three blocks, the head)
+    assert pinned.kind[1] != pinned.kind[2] == pinned.kind[3] == free.kind[2]
+    for k, c in free.ctx.cells():
+        a, b = quiet(free.result, 2, k, c), quiet(pinned.result, 3, k, c)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert b.solution.objective == pytest.approx(a.solution.objective)
 
 
 def test_layer_cost_reports_batch_splits_for_rescaling():
