@@ -544,7 +544,7 @@ def memory_figure(plan: Plan) -> go.Figure:
     :func:`memory_breakdown` says, with a dotted line at the device's memory; a stage over it
     is marked "does not fit". A stage with memory levers has them written above its bar
     (an annotation named ``levers of stage <s>``: ``ZeRO-2 · remat 3 layers``; the subtitle
-    says the executor does not apply them yet). The axis is in one unit (GiB, MiB or KiB,
+    says the memory includes them). The axis is in one unit (GiB, MiB or KiB,
     chosen by the largest bar or the capacity when they are close).
 
     Args:

@@ -53,6 +53,7 @@ import numpy as np
 
 from autoplan._memo import memo
 from autoplan.plans._spec import tile_count
+from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._spec_space import tiles
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "DP_VARIANTS",
@@ -87,6 +88,10 @@ class LayerLevers:
         zero_kind_time: ``{collective kind: seconds}`` ZeRO level ``z`` adds (negative where it
             removes), index ``z``: ``(per micro-batch, per step)``; the split by kind of
             ``zero_time``'s collectives.
+        max_zero: the highest ZeRO level that leaves every input the user pinned at its pinned
+            spec: 0 where a pinned optimizer-state leaf could be sharded further (ZeRO-1 and up
+            shard it), 2 where a pinned parameter could (ZeRO-3 shards it), else 3. A stage
+            holding the layer uses no higher level.
     """
 
     recompute: float
@@ -98,6 +103,7 @@ class LayerLevers:
     zero_bytes: tuple[tuple[dict[str, float], dict[str, float]], ...]
     axes: tuple[str, ...]
     zero_kind_time: tuple[tuple[dict[str, float], dict[str, float]], ...] = (({}, {}),) * 4
+    max_zero: int = 3
 
 
 @dataclass(frozen=True)
@@ -154,11 +160,16 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
     unsynced = {a: 1 if a in axes else n for a, n in sizes.items()}
     opt = grads = params = 0.0
     gathers: dict[tuple[int, ...], float] = {}
+    pinned = _user_pinned(table, sub)
+    max_zero = 3
     for i in res.plan.inputs:
         if i.kind not in ("parameter", "optimizer_state"):
             continue
         nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
         used = {a for e in i.spec if e for a in e}
+        if i.name in pinned and any(n > 1 and a not in used for a, n in sizes.items()):
+            # (ZeRO would shard it over an axis its pinned spec leaves whole)
+            max_zero = min(max_zero, 0 if i.kind == "optimizer_state" else 2)
         free = tuple(names.index(a) for a in axes if a not in used)
         d = math.prod(mesh.shape[a] for a in free)
         local = nbytes / tile_count(i.spec, sizes)
@@ -213,7 +224,18 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
         zero_saving, zero_time = (0.0,) * 4, ((0.0, 0.0, 0.0),) * 4
         zero_bytes, params, kind_time = (({}, {}),) * 4, 0.0, (({}, {}),) * 4
     return LayerLevers(tt.forward, lc.forward_compute * ratio, saving, zero_saving,
-                       params if axes else 0.0, zero_time, zero_bytes, axes, kind_time)
+                       params if axes else 0.0, zero_time, zero_bytes, axes, kind_time, max_zero)
+
+
+def _user_pinned(table: Any, sub: Any) -> frozenset[str]:
+    """The names of ``sub``'s inputs that the user's pins fix (the Megatron baseline's layout
+    is not a user's pin)."""
+    pins = {pat: spec for pat, spec in table.ctx.pins.items()
+            if sub.find_inputs(pat, names_only=True)}
+    if not pins:
+        return frozenset()
+    names = {gi.tensor: gi.name for gi in sub.inputs}
+    return frozenset(names[t] for t in resolve_pins(sub, pins))
 
 
 def _sum_kinds(*parts: dict[str, float]) -> dict[str, float]:
@@ -270,7 +292,10 @@ def choose(groups: Sequence[tuple[Sequence[Any], Sequence[Sequence[LayerLevers]]
                        key=lambda sp: -q * levs[sp[0]][sp[1]].remat_saving
                        / max(levs[sp[0]][sp[1]].recompute, 1e-30))
         best = None
+        top = min((x.max_zero for lev in levs for x in lev), default=3)
         for z in ZERO_LEVELS:
+            if z > top:
+                break  # it would shard an input the user pinned
             if z and all(x.zero_saving[z] <= x.zero_saving[z - 1] for lev in levs for x in lev):
                 continue  # this level shards nothing more
             chosen: list[list[int]] = [[] for _ in terms]
@@ -327,6 +352,9 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
                 continue
             any_lever = any_lever or x.remat_saving > 0 or x.zero_saving[3] > 0
             for v, (z, remat) in enumerate(DP_VARIANTS):
+                if z > x.max_zero:  # (it would shard an input the user pinned: no stage with it)
+                    per[0, v, li, k, c] = np.inf
+                    continue
                 f, b, s = x.zero_time[z]
                 per[:, v, li, k, c] = (f + b + (x.recompute if remat else 0.0), s,
                                        -x.zero_saving[z], -(x.remat_saving if remat else 0.0),

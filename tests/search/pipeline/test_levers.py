@@ -103,6 +103,47 @@ def test_levers_must_be_a_bool():
         search(levers="yes")
 
 
+def test_zero_never_shards_an_input_the_user_pinned():
+    """A pinned input keeps its pinned spec at rest: with every parameter and optimizer-state
+    leaf pinned replicated, a budget the search meets with ZeRO unpinned is met by
+    rematerialisation alone (ZeRO-1 would shard the optimizer state); with the parameters
+    alone pinned, ZeRO-1 and -2 (the optimizer state, the gradient buffers) stay allowed and
+    ZeRO-3 (the parameters) does not."""
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    cluster = autoplan.Cluster.parse("cpu:8")
+
+    def pinned(pins, fraction):
+        free = quiet(pipeline_search, wl, cluster, microbatches=MICROBATCHES, pins=pins)
+        budget = fraction * min(p.predicted.memory_per_device for p in free.plans)
+        got = quiet(pipeline_search, wl, cluster, microbatches=MICROBATCHES, pins=pins,
+                    memory_budget=budget)
+        assert got.stats["fits"] and any(s.levers for p in got.plans for s in p.stages)
+        return got, budget
+
+    both = {r"^params": jax.sharding.PartitionSpec(), r"^opt_state": jax.sharding.PartitionSpec()}
+    got, budget = pinned(both, 0.9)
+    assert any(s.zero for p in search(budget).plans for s in p.stages)  # unpinned: ZeRO helps
+    for p in got.plans:
+        assert all(s.zero == 0 and not s.zero_axes for s in p.stages), p.summary()
+        assert all(all(e is None for e in i.spec) for i in p.inputs
+                   if i.kind in ("parameter", "optimizer_state"))
+    got, _ = pinned({r"^params": jax.sharding.PartitionSpec()}, 0.6)
+    assert all(s.zero <= 2 for p in got.plans for s in p.stages)
+    assert any(s.zero for p in got.plans for s in p.stages)
+
+
+def test_choose_keeps_zero_under_the_layers_pinned_level():
+    terms = _Terms(1.0, 2.0, 0.5, 100.0, 10.0)
+    free = layer(1.0, 10.0, zero=(0.0, 30.0, 40.0, 60.0), time=0.01)
+    capped = dataclasses.replace(free, max_zero=2)
+    (z, _, _), = lv.choose([([terms], [[free]], [[0]], 1.0)], 60.0, 4)
+    assert z == 3
+    # (110 bytes against 60: only ZeRO-3's 60 bytes fit it; remat saves 1)
+    assert lv.choose([([terms], [[capped]], [[0]], 1.0)], 60.0, 4) is None
+    (z, _, _), = lv.choose([([terms], [[capped]], [[0]], 1.0)], 75.0, 4)
+    assert z == 2
+
+
 # ------------------------------------------------------------------------------------------
 # the choice, by hand
 # ------------------------------------------------------------------------------------------
