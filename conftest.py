@@ -39,6 +39,12 @@ import pytest  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 
+def pytest_configure(config):
+    # a candidate that breaks a pin is the search's fault: fail the test that meets one (its
+    # own warning filters aside), as well as leaving it out of the result
+    config.addinivalue_line("filterwarnings", "error::autoplan.algorithms.PinNotHeldWarning")
+
+
 #: test modules (relative to the repository) marked ``slow``
 SLOW_MODULES = frozenset({
     "tests/test_docs.py", "tests/test_browser.py", "tests/test_notebooks.py", "tests/test_gc.py",

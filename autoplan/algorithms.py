@@ -28,6 +28,7 @@ from autoplan.plans._schedule import zb_h1_table as zb_h1_table
 from autoplan.search._api import LEVELS as LEVELS
 from autoplan.search._api import BatchSplitWarning as BatchSplitWarning
 from autoplan.search._api import NoPipelineWarning as NoPipelineWarning
+from autoplan.search._api import PinNotHeldWarning as PinNotHeldWarning
 from autoplan.search._api import PlanDoesNotFitWarning as PlanDoesNotFitWarning
 from autoplan.search._api import SearchResult as SearchResult
 from autoplan.search._baselines import baseline_plans as baseline_plans
@@ -62,7 +63,7 @@ from autoplan.search.pipeline._stage_ilp import stage_ilp as stage_ilp
 
 __all__ = [
     "LEVELS", "SearchResult", "SearchOptions", "PlanDoesNotFitWarning", "BatchSplitWarning",
-    "NoPipelineWarning", "baseline_plans", "LayerGroup", "group_layers", "Cone", "Segment",
+    "NoPipelineWarning", "PinNotHeldWarning", "baseline_plans", "LayerGroup", "group_layers", "Cone", "Segment",
     "cones", "critical_nodes", "segments", "group_graphnodes", "ILPSolution",
     "UnsupportedPrimitiveWarning", "evaluate", "solve_ilp", "IntraOpResult", "intra_op_search",
     "level_search", "MiningResult", "mine", "pipeline_search", "reshard", "gpipe_table",

@@ -54,13 +54,19 @@ from autoplan.search._search_options import SearchOptions
 from autoplan.search._warn import raise_again, user_stacklevel
 from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
-from autoplan.search.intra._pins import pin_specs, pins_by_name, renamed_pin, resolve_pins
+from autoplan.search.intra._pins import (
+    pin_specs,
+    pins_by_name,
+    renamed_pin,
+    resolve_pins,
+    unheld_pins,
+)
 from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._workload import as_workload, is_workload_like
 
 __all__ = ["SearchResult", "search", "plan", "LEVELS", "PlanDoesNotFitWarning", "BatchSplitWarning",
-           "NoPipelineWarning", "GRAPH_ONLY_NOTE"]
+           "NoPipelineWarning", "PinNotHeldWarning", "GRAPH_ONLY_NOTE"]
 
 #: the note (and warning) of a search given a graph alone, which has no pipeline candidates
 GRAPH_ONLY_NOTE = "pipeline plans need the workload: pass autoplan.Workload(fn, args)"
@@ -75,6 +81,12 @@ class PlanDoesNotFitWarning(UserWarning):
 class BatchSplitWarning(UserWarning):
     """The global batch does not divide over the devices, and the best plan keeps it whole on
     every device (no data parallelism)."""
+
+
+class PinNotHeldWarning(UserWarning):
+    """A candidate plan did not hold the pins the search was given (an input in another spec,
+    or sharded further by a stage's ZeRO level): it was left out of the result, and the message
+    names the plan and the pin. Every candidate is checked; this is the search's own fault."""
 
 
 class NoPipelineWarning(UserWarning):
@@ -655,6 +667,11 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
                              report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
         _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
     recorded = [w for o in outcomes for w in o.warnings]
+    plans, broken = _holding_pins(plans, graph, options.pins)
+    recorded += [(PinNotHeldWarning, message) for message in broken]
+    if not plans and broken:
+        raise SearchError(f"search: no candidate plan held the pins. Got: {broken[0]}. Fix: "
+                          "pin fewer inputs, or other specs.")
     if not plans:
         if infeasible:
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
@@ -669,6 +686,27 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
     if memory_budget is not None:
         plans = [p for p in plans if p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
     return plans + baseline_plans, stats, recorded
+
+
+def _holding_pins(plans: list[Plan], graph: OpGraph, pins: Mapping[Any, Any] | None
+                  ) -> tuple[list[Plan], list[str]]:
+    """The candidates that hold every pin (:func:`~autoplan.search.intra._pins.unheld_pins`),
+    and a message per candidate left out (a plan that breaks a pin is never shown as one that
+    holds it)."""
+    if not pins:
+        return plans, []
+    kept, broken = [], []
+    for p in plans:
+        why = unheld_pins(p, graph, pins)
+        if why:
+            meshes = ", ".join("x".join(map(str, s.mesh_shape)) for s in p.stages)
+            broken.append(f"search: candidate [{p.label}] on meshes {meshes} "
+                          f"({p.schedule.microbatches} micro-batches) was left out: it does not "
+                          f"hold the pins: {'; '.join(why[:3])}"
+                          + (f"; and {len(why) - 3} more" if len(why) > 3 else ""))
+        else:
+            kept.append(p)
+    return kept, broken
 
 
 def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plans: list[Plan],

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = ["data_parallel_pins", "zero_pins", "megatron_pins", "resolve_pins", "pinned_by",
            "pins_key", "pin_specs", "pins_by_name", "baseline_pins", "renamed_pin",
-           "INTRA_BASELINES"]
+           "unheld_pins", "INTRA_BASELINES"]
 
 # autoplan's folder: a deprecation warning names the first caller outside it
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -193,6 +193,44 @@ def _specs_on(graph: OpGraph, mesh: LogicalMesh, pins: Mapping[Any, Any]) -> dic
                 done[k] = spec
         out[t] = spec
     return out
+
+
+def unheld_pins(plan: Any, graph: OpGraph, pins: Mapping[Any, Any] | None) -> list[str]:
+    """What of ``pins`` (given to the search of ``graph``) ``plan`` does not hold: for each input
+    the pins fix, its spec on the mesh of the stage that holds it must be the pinned one (mesh
+    axes of size 1 aside: they split nothing), and the stage's ZeRO level must not shard it
+    further (level 1 and up shard optimizer-state leaves, level 3 parameters, over the stage's
+    ZeRO axes). One message per input that breaks its pin; empty when every pin holds."""
+    if not pins:
+        return []
+    by = pinned_by(graph, pins)
+    names = {graph.input_of_tensor[t].name: (key, pspec, len(graph.tensors[t].shape))
+             for t, (key, pspec) in by.items()}
+    out = []
+    for i in plan.inputs:
+        got = names.get(i.name)
+        if got is None:
+            continue
+        key, pspec, ndim = got
+        stage = plan.stages[i.stage]
+        sizes = dict(zip(stage.axis_names, stage.mesh_shape))
+        want = replicated(ndim) if pspec is None else Spec.from_pspec(tuple(pspec), ndim)
+        if _splits(i.spec, sizes) != _splits(want, sizes):
+            out.append(f"{i.name} is {i.spec} on stage {i.stage}'s mesh "
+                       f"{dict(sizes)}, pinned {pspec} by {key!r}")
+            continue
+        used = {a for e in i.spec if e for a in e}
+        zero = stage.zero >= (1 if i.kind == "optimizer_state" else 3 if i.kind == "parameter"
+                              else 4)
+        if zero and any(sizes.get(a, 1) > 1 and a not in used for a in stage.zero_axes):
+            out.append(f"{i.name} is sharded further by stage {i.stage}'s ZeRO-{stage.zero} over "
+                       f"{stage.zero_axes}, pinned {pspec} by {key!r}")
+    return out
+
+
+def _splits(spec: Any, sizes: Mapping[str, int]) -> tuple:
+    """Per dimension, the mesh axes of more than one device that split it (None: none)."""
+    return tuple(tuple(a for a in (e or ()) if sizes.get(a, 1) > 1) or None for e in spec)
 
 
 def pins_by_name(graph: OpGraph, pins: Mapping[Any, Any] | None) -> dict[Any, Any] | None:

@@ -3,6 +3,7 @@ as ``pins=``, and the public functions' old ``pin=`` still works with a Deprecat
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 import warnings
@@ -124,3 +125,56 @@ def test_pins_are_resolved_in_one_module():
         if path.name != "_pins.py":
             assert not re.search(r"^def (resolve_pins|pin_specs|pins_by_name|baseline_pins)\b",
                                  text, re.M), path
+
+
+# ------------------------------------------------------------------------------------------
+# every candidate holds the pins: checked after the search, a plan that breaks one left out
+# ------------------------------------------------------------------------------------------
+
+FC1 = r"\['layers'\]\[1\]\['mlp'\]\['fc1'\]\['kernel'\]"
+
+
+def test_unheld_pins_names_a_changed_spec_and_a_zero_stage_sharding_a_pinned_input():
+    from autoplan import models  # noqa: PLC0415
+    from autoplan.search.intra._pins import unheld_pins  # noqa: PLC0415
+
+    wl = models.get("gpt", "tiny")
+    pins = {FC1: P(), r"^opt_state.*\['layers'\]\[0\]\['mlp'\]\['fc2'\]\['kernel'\]": P()}
+    res = autoplan.search(wl, "cpu:8", pins=pins, cache=False, baselines=False)
+    for plan in res.plans:
+        assert unheld_pins(plan, res.graph, pins) == [], plan.summary()
+    plan = res.plans[0]
+    name = next(i.name for i in plan.inputs if re.search(FC1, i.name))
+    inputs = tuple(i if i.name != name else dataclasses.replace(i, spec=(None, ("x",))) for i in plan.inputs)
+    moved = plan.with_(inputs=inputs)
+    (why,) = unheld_pins(moved, res.graph, pins)
+    assert name in why and "pinned P()" in why
+    # a pinned spec over an axis of size 1 splits nothing: held
+    if dict(zip(plan.stages[0].axis_names, plan.stages[0].mesh_shape)).get("y") == 1:
+        same = tuple(i if i.name != name else dataclasses.replace(i, spec=(None, ("y",))) for i in plan.inputs)
+        assert unheld_pins(plan.with_(inputs=same), res.graph, pins) == []
+    # ZeRO-1 over an axis the pinned (replicated) optimizer-state leaf leaves whole
+    stage = plan.stages[0]
+    axis = next(a for a, n in zip(stage.axis_names, stage.mesh_shape) if n > 1)
+    zeroed = plan.with_(stages=(dataclasses.replace(stage, zero=1, zero_axes=(axis,)),) + plan.stages[1:])
+    why = unheld_pins(zeroed, res.graph, pins)
+    assert any("ZeRO-1" in w and "fc2" in w for w in why), why
+    assert unheld_pins(zeroed, res.graph, None) == []
+
+
+def test_a_candidate_that_breaks_a_pin_is_left_out_with_a_warning(monkeypatch):
+    """The guard behind the search: with the pipeline search made to lend one layer's plan to
+    a layer pinned otherwise (the fault its layer kinds fixed), every plan that breaks the pin
+    is left out with a PinNotHeldWarning naming it, and what is returned holds it."""
+    from autoplan import models  # noqa: PLC0415
+    from autoplan.search._api import PinNotHeldWarning  # noqa: PLC0415
+    from autoplan.search.intra._pins import unheld_pins  # noqa: PLC0415
+    from autoplan.search.pipeline import _cost_table  # noqa: PLC0415
+
+    monkeypatch.setattr(_cost_table, "_kinds", lambda graph, layers, pins: [
+        ly.signature for ly in layers])
+    pins = {FC1: P()}
+    with pytest.warns(PinNotHeldWarning, match=r"left out: it does not hold the pins: .*fc1"):
+        res = autoplan.search(models.get("gpt", "tiny"), "cpu:8", pins=pins, cache=False,
+                              baselines=False)
+    assert res.plans and all(unheld_pins(p, res.graph, pins) == [] for p in res.plans)
