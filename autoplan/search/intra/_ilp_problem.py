@@ -23,10 +23,10 @@ import numpy as np
 
 from autoplan._dtype import dtype_bytes
 from autoplan._errors import SearchError
-from autoplan._memo import BoundedCache, per_owner
+from autoplan._memo import BoundedCache, memo, per_owner
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._spec import Spec, tile_count
-from autoplan.search.intra._pins import pin_specs
+from autoplan.search.intra._pins import pin_specs, pins_key
 from autoplan.search.intra._reshard import mesh_id, reshard_on
 from autoplan.search.intra._spec_space import checked_spec, enumerate_specs, replicated, tiles
 from autoplan.search.intra._strategies import (
@@ -304,7 +304,14 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     if chosen is None:
         _build_edges(prob)
     if count_unmerged:
-        prob.vars_before_merging = _count_unmerged(prob)
+        key = pins_key(pins)
+        if ops is None and not fixed and chosen is None and key is not None:
+            # (the whole step's count reads only the mesh and the pins: a search that changes
+            # only the memory budget, whose exhaustive ILP is built again, counts nothing again)
+            prob.vars_before_merging = memo(graph, (_count_unmerged, mesh_id(mesh), key),
+                                            lambda: _count_unmerged(prob))
+        else:
+            prob.vars_before_merging = _count_unmerged(prob)
     prob.build_seconds = time.perf_counter() - t0
     return prob
 

@@ -443,6 +443,25 @@ def test_pins_honoured_and_validated(adam):
         solve_ilp(adam, mesh, pins={"params[": P()})
 
 
+def test_the_whole_steps_unmerged_count_is_counted_once_per_mesh_and_pins(adam, monkeypatch):
+    """``vars_before_merging`` of a whole-step problem reads only the mesh and the pins: a second
+    build (a search that changes only the memory budget) reuses it; other pins count again."""
+    from autoplan.search.intra import _ilp_problem as ip  # noqa: PLC0415
+
+    g = adam_graph(h=10)
+    mesh = CL.logical_mesh((2, 4))
+    counted = []
+    real = ip._count_unmerged
+    monkeypatch.setattr(ip, "_count_unmerged", lambda prob: counted.append(1) or real(prob))
+    first = ip.build_problem(g, mesh).vars_before_merging
+    assert ip.build_problem(g, mesh).vars_before_merging == first and len(counted) == 1
+    pinned = ip.build_problem(g, mesh, pins={r"^params\['w1'\]$": P()}).vars_before_merging
+    assert len(counted) == 2 and pinned < first  # one input with one strategy: fewer binaries
+    assert real(ip.build_problem(g, mesh)) == first
+    ip.build_problem(g, mesh, ops=range(3))
+    assert len(counted) == 3  # a segment's problem: counted each time
+
+
 def test_pins_by_input_tensor_id(adam):
     """A pin keyed by an input's tensor id (as the baselines write their per-input specs) is the
     same pin as a regular expression matching that input's name, and is resolved once per graph,
