@@ -171,6 +171,7 @@ def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
     script = tmp_path / "interrupt.py"
     script.write_text(
         "import os, signal, sys, threading, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # (as at a terminal)\n"
         "import multiprocessing.util as util\n"
         "from autoplan.search import _parallel\n"
         "sys.argv.append('x' * 4_000_000)  # sent to every worker: more than a pipe holds\n"
