@@ -177,6 +177,23 @@ MUTATIONS: tuple[Mutation, ...] = (
       '    1: frozenset(),',
       ("tests/search/pipeline/test_levers.py::test_memory_figure_shows_the_levers",),
       "ZeRO-1 keeps the optimizer state whole (the memory figure and the executor read the rule)"),
+    M("pipeline-kinds-ignore-pins", "autoplan/search/pipeline/_cost_table.py",
+      "    if not pins:\n        return [ly.signature for ly in layers]",
+      "    if True:\n        return [ly.signature for ly in layers]",
+      ("tests/search/pipeline/test_cost_model.py::"
+       "test_a_layer_pinned_unlike_its_kind_keeps_its_pin_and_does_not_lend_it",),
+      "the pipeline search folds layers by structure alone: one layer's pins serve its kind"),
+    M("levers-zero-ignores-pins", "autoplan/search/pipeline/_levers.py",
+      "            max_zero = min(max_zero, 0 if i.kind == \"optimizer_state\" else 2)",
+      "            max_zero = 3",
+      ("tests/search/pipeline/test_levers.py::test_zero_never_shards_an_input_the_user_pinned",),
+      "ZeRO shards an input the user pinned"),
+    M("unheld-pins-size-one-axes", "autoplan/search/intra/_pins.py",
+      "    return tuple(tuple(a for a in (e or ()) if sizes.get(a, 1) > 1) or None for e in spec)",
+      "    return tuple(tuple(e or ()) or None for e in spec)",
+      ("tests/search/intra/test_pins.py::"
+       "test_unheld_pins_names_a_changed_spec_and_a_zero_stage_sharding_a_pinned_input",),
+      "the pins check counts a mesh axis of size 1 as a split"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any
