@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autoplan._errors import SearchError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh, send_recv_time
@@ -104,7 +105,11 @@ def _kinds(graph: OpGraph, layers: list[LayerGroup], pins: Mapping[str, Any]) ->
         if not mine:
             out.append(ly.signature)
             continue
-        fixed = resolve_pins(sub, mine)
+        try:
+            fixed = resolve_pins(sub, mine)
+        except SearchError:  # (pins that only its PRNG keys match: its cells get no plan)
+            out.append((ly.signature, ly.index))
+            continue
         where = {gi.tensor: k for k, gi in enumerate(sub.inputs)}
         profile = pins_key({where[t]: fixed[t] for t in sorted(fixed, key=where.__getitem__)})
         # (a pin value that is not hashable: the layer is a kind of its own)

@@ -53,7 +53,6 @@ import numpy as np
 
 from autoplan._memo import memo
 from autoplan.plans._spec import tile_count
-from autoplan.search.intra._pins import resolve_pins
 from autoplan.search.intra._spec_space import tiles
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "DP_VARIANTS",
@@ -228,14 +227,10 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
 
 
 def _user_pinned(table: Any, sub: Any) -> frozenset[str]:
-    """The names of ``sub``'s inputs that the user's pins fix (the Megatron baseline's layout
-    is not a user's pin)."""
-    pins = {pat: spec for pat, spec in table.ctx.pins.items()
-            if sub.find_inputs(pat, names_only=True)}
-    if not pins:
-        return frozenset()
-    names = {gi.tensor: gi.name for gi in sub.inputs}
-    return frozenset(names[t] for t in resolve_pins(sub, pins))
+    """The names of ``sub``'s inputs that the user's pins (by name, as the pipeline search
+    holds them) match; the Megatron baseline's layout is not a user's pin."""
+    return frozenset(gi.name for pat in table.ctx.pins
+                     for gi in sub.find_inputs(pat, names_only=True))
 
 
 def _sum_kinds(*parts: dict[str, float]) -> dict[str, float]:

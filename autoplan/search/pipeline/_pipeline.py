@@ -97,7 +97,7 @@ from autoplan.plans._plan import Plan
 from autoplan.plans._schedule import check_schedule_choice
 from autoplan.search._parallel import check_workers, resolve_workers
 from autoplan.search.fold._layers import LayerGroup, group_layers
-from autoplan.search.intra._pins import renamed_pin, resolve_pins
+from autoplan.search.intra._pins import pins_by_name, renamed_pin, resolve_pins
 from autoplan.search.pipeline._compose import _compose
 from autoplan.search.pipeline._cost_table import _Context, _Table
 from autoplan.search.pipeline._layer_costs import LayerCost, layer_cost, per_step_weighted
@@ -235,6 +235,9 @@ def _start(workload: Workload, cluster: Cluster, *, schedule: str, microbatches:
     t0 = time.perf_counter()
     full = traced(workload)
     resolve_pins(full, pins)  # each pin a regular expression matching an input
+    # (a pin keyed by an input's tensor id, as autoplan.trace numbers them, becomes its name:
+    # the layers' subgraphs and the micro-batch trace number tensors otherwise)
+    pins = pins_by_name(full, pins)
     batch = batch_size(full)
     num_hosts, devices_per_host = cluster.nodes, cluster.devices_per_node
     fixed = isinstance(microbatches, int | np.integer)

@@ -422,6 +422,21 @@ def test_a_layer_pinned_unlike_its_kind_keeps_its_pin_and_does_not_lend_it():
             assert b.solution.objective == pytest.approx(a.solution.objective)
 
 
+def test_a_pin_keyed_by_tensor_id_is_held_by_the_pipeline_search():
+    """A pin keyed by an input's tensor id (as ``autoplan.trace`` numbers them, the baselines'
+    form) is the pin of that input's name: the layers' subgraphs and the micro-batch trace number
+    tensors otherwise (it raised a TypeError)."""
+    from autoplan.search.intra._pins import unheld_pins  # noqa: PLC0415
+
+    wl = models.get("gpt", "tiny", layers=3, batch=16)
+    graph = autoplan.trace(wl)
+    t = next(gi.tensor for gi in graph.inputs if re.search(FC1.format(1), gi.name))
+    res = quiet(pipeline_search, wl, cpu4(), microbatches=2, pins={t: P()})
+    assert res.plans
+    for plan in res.plans:
+        assert unheld_pins(plan, graph, {t: P()}) == [], plan.summary()
+
+
 def test_layer_cost_reports_batch_splits_for_rescaling():
     """The screened micro-batch counts reuse the default's plans: a plan splitting the
     micro-batch over k devices is valid at B micro-batches only if batch / B still divides by k."""
