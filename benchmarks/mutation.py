@@ -178,13 +178,14 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/search/pipeline/test_levers.py::test_memory_figure_shows_the_levers",),
       "ZeRO-1 keeps the optimizer state whole (the memory figure and the executor read the rule)"),
     M("pipeline-kinds-ignore-pins", "autoplan/search/pipeline/_cost_table.py",
-      "    if not pins:\n        return [ly.signature for ly in layers]",
-      "    if True:\n        return [ly.signature for ly in layers]",
+      "        if not self.ctx.pins:\n            return [ly.signature for ly in self.layers]",
+      "        if True:\n            return [ly.signature for ly in self.layers]",
       ("tests/search/pipeline/test_cost_model.py::"
        "test_a_layer_pinned_unlike_its_kind_keeps_its_pin_and_does_not_lend_it",),
       "the pipeline search folds layers by structure alone: one layer's pins serve its kind"),
     M("levers-zero-ignores-pins", "autoplan/search/pipeline/_levers.py",
-      "            max_zero = min(max_zero, 0 if i.kind == \"optimizer_state\" else 2)",
+      "            max_zero = min(max_zero, max(z for z in ZERO_LEVELS if i.kind not in "
+      "ZERO_SHARDED[z]))",
       "            max_zero = 3",
       ("tests/search/pipeline/test_levers.py::test_zero_never_shards_an_input_the_user_pinned",),
       "ZeRO shards an input the user pinned"),

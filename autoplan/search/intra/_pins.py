@@ -42,7 +42,7 @@ from jax.sharding import PartitionSpec as P
 
 from autoplan._errors import SearchError
 from autoplan._memo import memo, per_owner_and_args
-from autoplan.plans._spec import Spec
+from autoplan.plans._spec import ZERO_SHARDED, Spec, zero_spec
 from autoplan.search.intra._spec_space import checked_spec, replicated
 from autoplan.tracing._graph import OpGraph
 
@@ -199,8 +199,8 @@ def unheld_pins(plan: Any, graph: OpGraph, pins: Mapping[Any, Any] | None) -> li
     """What of ``pins`` (given to the search of ``graph``) ``plan`` does not hold: for each input
     the pins fix, its spec on the mesh of the stage that holds it must be the pinned one (mesh
     axes of size 1 aside: they split nothing), and the stage's ZeRO level must not shard it
-    further (level 1 and up shard optimizer-state leaves, level 3 parameters, over the stage's
-    ZeRO axes). One message per input that breaks its pin; empty when every pin holds."""
+    further (:data:`~autoplan.plans._spec.ZERO_SHARDED` and
+    :func:`~autoplan.plans._spec.zero_spec`, the rule the stage executor applies). One message per input that breaks its pin; empty when every pin holds."""
     if not pins:
         return []
     by = pinned_by(graph, pins)
@@ -219,10 +219,9 @@ def unheld_pins(plan: Any, graph: OpGraph, pins: Mapping[Any, Any] | None) -> li
             out.append(f"{i.name} is {i.spec} on stage {i.stage}'s mesh "
                        f"{dict(sizes)}, pinned {pspec} by {key!r}")
             continue
-        used = {a for e in i.spec if e for a in e}
-        zero = stage.zero >= (1 if i.kind == "optimizer_state" else 3 if i.kind == "parameter"
-                              else 4)
-        if zero and any(sizes.get(a, 1) > 1 and a not in used for a in stage.zero_axes):
+        # (ZeRO's rule as the stage executor applies it)
+        if i.kind in ZERO_SHARDED[stage.zero] and \
+                zero_spec(i.spec, i.shape, stage.zero_axes, sizes) != i.spec:
             out.append(f"{i.name} is sharded further by stage {i.stage}'s ZeRO-{stage.zero} over "
                        f"{stage.zero_axes}, pinned {pspec} by {key!r}")
     return out

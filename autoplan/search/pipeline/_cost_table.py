@@ -90,33 +90,6 @@ def _shared(ctx: _Context, graph: OpGraph, layers: list[LayerGroup], B: int) -> 
     return got
 
 
-def _kinds(graph: OpGraph, layers: list[LayerGroup], pins: Mapping[str, Any]) -> list[Hashable]:
-    """Each layer's kind: its structural signature, and where the user's pins fix some of its
-    inputs, the spec each pinned input gets, by its position among the layer's inputs (which
-    line up across the layers of one signature). Layers of one kind have one plan on a cell;
-    a layer pinned unlike the others of its structure is solved on its own, its pins matched
-    against its own inputs' names."""
-    if not pins:
-        return [ly.signature for ly in layers]
-    out: list[Hashable] = []
-    for ly in layers:
-        sub = _layer_subgraph(graph, ly.ops, f"{graph.name}:{ly.name}")
-        mine = {pat: spec for pat, spec in pins.items() if sub.find_inputs(pat, names_only=True)}
-        if not mine:
-            out.append(ly.signature)
-            continue
-        try:
-            fixed = resolve_pins(sub, mine)
-        except SearchError:  # (pins that only its PRNG keys match: its cells get no plan)
-            out.append((ly.signature, ly.index))
-            continue
-        where = {gi.tensor: k for k, gi in enumerate(sub.inputs)}
-        profile = pins_key({where[t]: fixed[t] for t in sorted(fixed, key=where.__getitem__)})
-        # (a pin value that is not hashable: the layer is a kind of its own)
-        out.append((ly.signature, profile if profile is not None else ly.index))
-    return out
-
-
 @per_owner_and_args
 def _layer_subgraph(graph: OpGraph, ops: tuple[int, ...], name: str) -> OpGraph:
     """A layer's operators as a graph of their own, once per graph (the subgraph the layer
@@ -220,7 +193,7 @@ class _Table:
         self.L = len(layers)
         # a layer kind: the layers of one structure whose inputs the user's pins fix alike (a
         # layer pinned otherwise is a kind of its own); the kind's first layer is solved for all
-        self.kind = _kinds(graph, layers, ctx.pins)
+        self.kind = self._kinds()
         self.rep: dict[Hashable, int] = {}
         for ly in layers:
             self.rep.setdefault(self.kind[ly.index], ly.index)
@@ -359,11 +332,43 @@ class _Table:
                 warnings.warn(message, category, stacklevel=2)
             self._store(key, out.result())
 
+    def _user_pins(self, li: int) -> dict[str, Any]:
+        """The user's pins that match layer ``li``'s inputs."""
+        sub = self.sub(li)
+        return {pat: spec for pat, spec in self.ctx.pins.items()
+                if sub.find_inputs(pat, names_only=True)}
+
+    def _kinds(self) -> list[Hashable]:
+        """Each layer's kind: its structural signature, and where the user's pins fix some of
+        its inputs, the spec each pinned input gets, by its position among the layer's inputs
+        (which line up across the layers of one signature). Layers of one kind have one plan on
+        a cell; a layer pinned unlike the others of its structure is solved on its own, its pins
+        matched against its own inputs' names."""
+        if not self.ctx.pins:
+            return [ly.signature for ly in self.layers]
+        out: list[Hashable] = []
+        for ly in self.layers:
+            mine = self._user_pins(ly.index)
+            if not mine:
+                out.append(ly.signature)
+                continue
+            sub = self.sub(ly.index)
+            try:
+                fixed = resolve_pins(sub, mine)
+            except SearchError:  # (pins that only its PRNG keys match: its cells get no plan)
+                out.append((ly.signature, ly.index))
+                continue
+            where = {gi.tensor: k for k, gi in enumerate(sub.inputs)}
+            profile = pins_key({where[t]: fixed[t] for t in sorted(fixed, key=where.__getitem__)})
+            # (a pin value that is not hashable: the layer is a kind of its own)
+            out.append((ly.signature, profile if profile is not None else ly.index))
+        return out
+
     def _pins(self, rep: int, k: int, shape: tuple[int, ...]) -> dict[str, Any] | None:
         """The pins that apply to layer ``rep``'s inputs: the user's, and Megatron's layout for
         the baseline (tensor parallelism over the logical mesh's inner axis)."""
         ctx, sub = self.ctx, self.sub(rep)
-        out = {pat: spec for pat, spec in ctx.pins.items() if sub.find_inputs(pat, names_only=True)}
+        out = self._user_pins(rep)
         if ctx.megatron:
             from autoplan.search.intra._pins import megatron_pins  # noqa: PLC0415
 

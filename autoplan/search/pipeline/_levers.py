@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._memo import memo
-from autoplan.plans._spec import tile_count
+from autoplan.plans._spec import ZERO_SHARDED, tile_count
 from autoplan.search.intra._spec_space import tiles
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "DP_VARIANTS",
@@ -167,8 +167,9 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
         nbytes = math.prod(i.shape) * np.dtype(i.dtype).itemsize
         used = {a for e in i.spec if e for a in e}
         if i.name in pinned and any(n > 1 and a not in used for a, n in sizes.items()):
-            # (ZeRO would shard it over an axis its pinned spec leaves whole)
-            max_zero = min(max_zero, 0 if i.kind == "optimizer_state" else 2)
+            # (ZeRO could shard it over an axis its pinned spec leaves whole: no level that
+            # shards its kind, by the rule the stage executor applies)
+            max_zero = min(max_zero, max(z for z in ZERO_LEVELS if i.kind not in ZERO_SHARDED[z]))
         free = tuple(names.index(a) for a in axes if a not in used)
         d = math.prod(mesh.shape[a] for a in free)
         local = nbytes / tile_count(i.spec, sizes)

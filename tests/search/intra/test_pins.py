@@ -171,8 +171,8 @@ def test_a_candidate_that_breaks_a_pin_is_left_out_with_a_warning(monkeypatch):
     from autoplan.search.intra._pins import unheld_pins  # noqa: PLC0415
     from autoplan.search.pipeline import _cost_table  # noqa: PLC0415
 
-    monkeypatch.setattr(_cost_table, "_kinds", lambda graph, layers, pins: [
-        ly.signature for ly in layers])
+    monkeypatch.setattr(_cost_table._Table, "_kinds", lambda self: [
+        ly.signature for ly in self.layers])
     pins = {FC1: P()}
     with pytest.warns(PinNotHeldWarning, match=r"left out: it does not hold the pins: .*fc1"):
         res = autoplan.search(models.get("gpt", "tiny"), "cpu:8", pins=pins, cache=False,
