@@ -54,13 +54,19 @@ SLOW_MODULES = frozenset({
 
 
 #: the modules that take longest (docs/testing.md), in that order: run first, so that under
-#: ``make test``'s workers (``--dist loadfile``: each module on one worker, handed out in the
-#: order collected) no long module starts last while the other workers stand idle
+#: ``make test``'s workers (``--dist loadfile --no-loadscope-reorder``: each module on one
+#: worker, handed out in the order collected; without the second flag xdist hands them out by
+#: their number of tests, and the one-test browser module ran last) no long module starts last
+#: while the other workers stand idle
 LONGEST_FIRST = (
-    "tests/test_docs.py", "tests/test_browser.py", "tests/user_models/test_user_matrix.py",
-    "tests/exec/test_pipeline_mpmd.py", "tests/viz/test_explorer.py", "tests/test_notebooks.py",
-    "tests/exec/test_run.py", "tests/models/test_models.py", "tests/exec/test_launch.py",
-    "tests/exec/test_levers_applied.py", "tests/exec/test_launch_cli.py",
+    "tests/test_docs.py", "tests/user_models/test_user_matrix.py", "tests/test_browser.py",
+    "tests/exec/test_pipeline_mpmd.py", "tests/search/pipeline/test_pipeline.py",
+    "tests/search/fold/test_levels.py", "tests/viz/test_explorer.py", "tests/exec/test_launch.py",
+    "tests/test_notebooks.py", "tests/exec/test_run.py", "tests/search/pipeline/test_levers.py",
+    "tests/user_models/test_model_matrix.py", "tests/exec/test_levers_applied.py",
+    "tests/test_profile.py", "tests/exec/test_launch_cli.py",
+    "tests/exec/test_pipeline_schedules.py", "tests/models/test_models.py",
+    "tests/search/pipeline/test_cost_model.py",
 )
 
 
