@@ -26,8 +26,8 @@ demo: $(STAMP)
 
 # the suite on every core (pytest-xdist), each test module on one worker (its module fixtures
 # made once), handed out in conftest.py's order (the longest first; xdist would otherwise order
-# them by their number of tests); PYTEST_WORKERS=0 runs it in this process (a worker more than the cores was tried:
-# no faster, more CPU; docs/testing.md)
+# them by their number of tests); PYTEST_WORKERS=0 runs it in this process (a worker more than
+# the cores was tried: no faster, more CPU; docs/testing.md)
 PYTEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
