@@ -28,7 +28,8 @@ from plotly.io._base_renderers import MimetypeRenderer
 
 from .._errors import ArgumentError
 
-__all__ = ["set_notebook_renderer", "notebook_renderer_name", "LightHtmlRenderer"]
+__all__ = ["set_notebook_renderer", "notebook_renderer_name", "register_renderer",
+           "LightHtmlRenderer"]
 
 
 class LightHtmlRenderer(MimetypeRenderer):
@@ -58,8 +59,15 @@ def _plain(x: Any) -> Any:
     raise TypeError(f"{type(x).__name__} is not JSON data")
 
 
-if "autoplan_html" not in pio.renderers:
-    pio.renderers["autoplan_html"] = LightHtmlRenderer()
+def register_renderer() -> None:
+    """Register :class:`LightHtmlRenderer` with plotly as ``"autoplan_html"`` (once).
+
+    Done when a renderer is set (:func:`set_notebook_renderer`) rather than when ``autoplan.viz``
+    is imported: plotly's renderer registry imports ``nbformat``, whose schema validation
+    (``jsonschema`` with its format checkers) costs about a second of start-up that a script,
+    the report command or a test process making figures never needs."""
+    if "autoplan_html" not in pio.renderers:
+        pio.renderers["autoplan_html"] = LightHtmlRenderer()
 
 
 def _in_ipykernel() -> bool:
@@ -102,6 +110,7 @@ def set_notebook_renderer(renderer: str | None = None) -> str:
     Raises:
         ValueError: ``renderer`` is not a plotly renderer name.
     """
+    register_renderer()
     name = renderer or notebook_renderer_name()
     if name is not None:
         try:

@@ -28,3 +28,21 @@ def test_figure_modules_do_not_import_exec_or_search():
     bad = re.compile(r"^\s*(from|import)\s+(autoplan\.|\.\.)(exec|search)\b", re.M)
     for name in FIGURE_MODULES:
         assert not bad.search((src / f"{name}.py").read_text()), f"{name}.py imports exec or search"
+
+
+def test_viz_and_a_report_do_not_load_plotlys_renderer_registry_until_a_renderer_is_set():
+    # the registry imports nbformat and jsonschema's format checkers: about a second of start-up
+    # that a script or ``autoplan report`` never needs; set_notebook_renderer registers
+    # autoplan's renderer with it
+    code = ("import sys, autoplan.viz\n"
+            "from autoplan.plans._plan import Plan\n"
+            "from autoplan.viz import report_html, timeline_figure\n"
+            "print(sorted(m for m in ('plotly.io._renderers', 'nbformat', 'jsonschema') "
+            "if m in sys.modules))\n"
+            "print(autoplan.viz.set_notebook_renderer('plotly_mimetype+autoplan_html'))\n"
+            "import plotly.io as pio\n"
+            "print(type(pio.renderers['autoplan_html']).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2], env={"JAX_PLATFORMS": "cpu",
+                                                                       "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split("\n")[:3] == ["[]", "plotly_mimetype+autoplan_html", "LightHtmlRenderer"]
