@@ -269,6 +269,21 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     Raises:
         SearchError: a pin or fixed spec is invalid, or a pin matches nothing.
     """
+    prob = problem_nodes(graph, mesh, ops=ops, fixed=fixed, pins=pins, chosen=chosen,
+                         chosen_specs=chosen_specs)
+    return problem_edges(prob, ops=ops, fixed=fixed, pins=pins, chosen=chosen,
+                         count_unmerged=count_unmerged)
+
+
+def problem_nodes(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = None,
+                  fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None,
+                  chosen: Mapping[int, Strategy] | None = None,
+                  chosen_specs: Mapping[int, Spec] | None = None) -> ILPProblem:
+    """The first half of :func:`build_problem` (same arguments): the nodes with their
+    strategies, costs and memory, without the edges between them. The least memory of any plan
+    is known from it (the sum of each node's least), so a memory budget below it is refused
+    without building the edges (:func:`~autoplan.search.intra._ilp_solve.solve_ilp`);
+    :func:`problem_edges` completes it."""
     t0 = time.perf_counter()
     op_ids = sorted(set(range(len(graph.ops)) if ops is None else (int(i) for i in ops)))
     for i in op_ids:
@@ -300,7 +315,19 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
     # only through a reduction, e.g. a bias gradient
     feeds = gradient_feeds(graph)
     prob.grad_ops = {i for i in op_ids if graph.ops[i].role == "backward" and feeds[i]}
+    prob.build_seconds = time.perf_counter() - t0
+    return prob
 
+
+def problem_edges(prob: ILPProblem, *, ops: Sequence[int] | None = None,
+                  fixed: Mapping[int, Any] | None = None, pins: Mapping[str, Any] | None = None,
+                  chosen: Mapping[int, Strategy] | None = None,
+                  count_unmerged: bool = True) -> ILPProblem:
+    """The second half of :func:`build_problem`: ``prob`` (from :func:`problem_nodes`, called
+    with the same ``ops``, ``fixed``, ``pins`` and ``chosen``) with its edges, and
+    ``vars_before_merging`` counted when ``count_unmerged``. Returns ``prob``."""
+    t0 = time.perf_counter()
+    graph, mesh = prob.graph, prob.mesh
     if chosen is None:
         _build_edges(prob)
     if count_unmerged:
@@ -312,7 +339,7 @@ def build_problem(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | Non
                                             lambda: _count_unmerged(prob))
         else:
             prob.vars_before_merging = _count_unmerged(prob)
-    prob.build_seconds = time.perf_counter() - t0
+    prob.build_seconds += time.perf_counter() - t0
     return prob
 
 

@@ -24,7 +24,7 @@ from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
 from autoplan.plans._spec import Spec
 from autoplan.search.intra._ilp_cost import _breakdown
-from autoplan.search.intra._ilp_problem import ILPProblem, build_problem
+from autoplan.search.intra._ilp_problem import ILPProblem, problem_edges, problem_nodes
 from autoplan.search.intra._ilp_reduce import _fold_separable_edges, _reduce, _Reducer
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search.intra._strategies import Strategy
@@ -156,8 +156,15 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
     memory_budget = check_memory_budget("solve_ilp", memory_budget)
     require_graph("solve_ilp", graph)
     require_instance("solve_ilp", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
-    prob = problem or build_problem(graph, mesh, ops=ops, fixed=fixed, pins=pins)
-    least = _check_problem(prob, mesh, memory_budget)
+    if problem is not None:
+        prob = problem
+        least = _check_problem(prob, mesh, memory_budget)
+    else:
+        # the least memory is the nodes' (a budget below it is refused before the edges are
+        # built: most of a large problem's building)
+        prob = problem_nodes(graph, mesh, ops=ops, fixed=fixed, pins=pins)
+        least = _check_problem(prob, mesh, memory_budget)
+        problem_edges(prob, ops=ops, fixed=fixed, pins=pins)
     t0 = time.perf_counter()
     reducer, costs, edges, active = _reduce(prob, reduce and memory_budget is None, memory_weight)
     present = [np.isfinite(c) if active[v] and len(c) > 1 else None for v, c in enumerate(costs)]

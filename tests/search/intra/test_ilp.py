@@ -428,6 +428,31 @@ def test_memory_budget_below_minimum_raises_with_least_memory(adam):
     assert ok.memory_per_device <= 1.001 * least * (1 + 1e-9)
 
 
+def test_a_budget_below_the_least_memory_is_refused_before_the_edges_are_built(adam, monkeypatch):
+    # the least memory is the nodes' own: the edges (most of a large problem's building) are
+    # built only for a budget that some plan can meet, and the problem built in two halves is
+    # the one build_problem makes
+    from autoplan.search.intra import _ilp_problem
+
+    mesh = CL.logical_mesh((2, 4))
+    whole = build_problem(adam, mesh)
+    least = float(sum(n.memory.min() for n in whole.nodes))
+    built = []
+    real = _ilp_problem._build_edges
+    monkeypatch.setattr(_ilp_problem, "_build_edges", lambda prob: built.append(prob) or real(prob))
+    with pytest.raises(InfeasiblePlanError) as err:
+        solve_ilp(adam, mesh, memory_budget=0.9 * least)
+    assert err.value.least_memory == pytest.approx(least, rel=1e-12) and built == []
+    sol = solve_ilp(adam, mesh, memory_budget=1.5 * least)
+    assert len(built) == 1
+    same = solve_ilp(adam, mesh, memory_budget=1.5 * least, problem=whole)
+    assert (sol.choice, sol.objective, sol.vars_before_merging) == (
+        same.choice, same.objective, same.vars_before_merging)
+    for a, b in zip(built[0].nodes, whole.nodes):
+        assert a.key == b.key and np.array_equal(a.cost, b.cost) and np.array_equal(a.memory, b.memory)
+    assert [e[:2] for e in built[0].edges] == [e[:2] for e in whole.edges]
+
+
 def test_pins_honoured_and_validated(adam):
     mesh = CL.logical_mesh((2, 4))
     sol = solve_ilp(adam, mesh, pins={r"^params\['w1'\]$": P("y", "x"), r"^x$": P()})
