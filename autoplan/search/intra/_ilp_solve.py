@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from autoplan._errors import InfeasiblePlanError
+from autoplan._memo import per_owner
 from autoplan._options import check_memory_budget, require_graph, require_instance
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm
@@ -26,6 +27,8 @@ from autoplan.plans._spec import Spec
 from autoplan.search.intra._ilp_cost import _breakdown
 from autoplan.search.intra._ilp_problem import ILPProblem, problem_edges, problem_nodes
 from autoplan.search.intra._ilp_reduce import _fold_separable_edges, _reduce, _Reducer
+from autoplan.search.intra._pins import pins_key
+from autoplan.search.intra._reshard import mesh_id
 from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, solve_assignment
 from autoplan.search.intra._strategies import Strategy
 from autoplan.tracing._graph import OpGraph
@@ -158,12 +161,23 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
     require_instance("solve_ilp", "mesh", mesh, LogicalMesh, "pass cluster.logical_mesh((2, 4))")
     if problem is not None:
         prob = problem
-        least = _check_problem(prob, mesh, memory_budget)
+        least = _check_least(prob.unknown, _least_memory(prob), mesh, memory_budget)
     else:
+        # the whole step's least memory is kept per graph, mesh and pins: a budget below it is
+        # refused again without building anything (the Explorer's budget changes)
+        key = (mesh_id(mesh), pins_key(pins))
+        kept = _least_memories(graph) if ops is None and not fixed and key[1] is not None \
+            else None
+        hit = kept.get(key) if kept is not None else None
+        if hit is not None and memory_budget is not None and hit[1] > memory_budget * (1 + 1e-9):
+            _check_least(*hit, mesh, memory_budget)  # (warns as a build would, then refuses)
         # the least memory is the nodes' (a budget below it is refused before the edges are
         # built: most of a large problem's building)
         prob = problem_nodes(graph, mesh, ops=ops, fixed=fixed, pins=pins)
-        least = _check_problem(prob, mesh, memory_budget)
+        least = _least_memory(prob)
+        if kept is not None:
+            kept[key] = (frozenset(prob.unknown), least)
+        _check_least(prob.unknown, least, mesh, memory_budget)
         problem_edges(prob, ops=ops, fixed=fixed, pins=pins)
     t0 = time.perf_counter()
     reducer, costs, edges, active = _reduce(prob, reduce and memory_budget is None, memory_weight)
@@ -196,16 +210,30 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         dives=out.dives, mip=out.mip, problem=prob, reshard_readers=bd.reshard_readers)
 
 
-def _check_problem(prob: ILPProblem, mesh: LogicalMesh, memory_budget: float | None) -> float:
-    """Warn of primitives without a sharding rule; return the least memory of any plan, raising
-    when it exceeds ``memory_budget``."""
-    if prob.unknown:
+@per_owner
+def _least_memories(graph: OpGraph) -> dict[tuple, tuple[frozenset[str], float]]:
+    """``{(mesh_id, pins_key): (the primitives without a sharding rule, the least memory)}`` of
+    the whole step's ILP on ``graph``, filled by :func:`solve_ilp` (neither depends on the
+    memory budget)."""
+    return {}
+
+
+def _least_memory(prob: ILPProblem) -> float:
+    """The least live memory of any plan of ``prob``: each node's least (its nodes suffice)."""
+    return float(sum(n.memory.min() for n in prob.nodes))
+
+
+def _check_least(unknown: Iterable[str], least: float, mesh: LogicalMesh,
+                 memory_budget: float | None) -> float:
+    """Warn of primitives without a sharding rule (``unknown``); return ``least``, the least
+    memory of any plan, raising when it exceeds ``memory_budget``."""
+    unknown = frozenset(unknown)
+    if unknown:
         warnings.warn(
-            f"intra-op search: no sharding rule for primitive(s) {', '.join(sorted(prob.unknown))}; "
+            f"intra-op search: no sharding rule for primitive(s) {', '.join(sorted(unknown))}; "
             "they run replicated (every operand gathered). Fix: none needed unless they are heavy; "
             "report the primitive to extend autoplan's strategy table.",
             UnsupportedPrimitiveWarning, stacklevel=3)
-    least = float(sum(n.memory.min() for n in prob.nodes))
     if memory_budget is not None and least > memory_budget * (1 + 1e-9):
         raise InfeasiblePlanError(
             f"no plan fits memory_budget={memory_budget:.4g} bytes per device on mesh "

@@ -451,6 +451,20 @@ def test_a_budget_below_the_least_memory_is_refused_before_the_edges_are_built(a
     for a, b in zip(built[0].nodes, whole.nodes):
         assert a.key == b.key and np.array_equal(a.cost, b.cost) and np.array_equal(a.memory, b.memory)
     assert [e[:2] for e in built[0].edges] == [e[:2] for e in whole.edges]
+    # the whole step's least memory is kept per graph, mesh and pins: refused again, nothing is
+    # built; another mesh, other pins or a segment build their nodes
+    nodes = []
+    real_nodes = _ilp_problem._add_operator_nodes
+    monkeypatch.setattr(_ilp_problem, "_add_operator_nodes",
+                        lambda prob, chosen: nodes.append(prob) or real_nodes(prob, chosen))
+    with pytest.raises(InfeasiblePlanError) as again:
+        solve_ilp(adam, mesh, memory_budget=0.8 * least)
+    assert again.value.least_memory == err.value.least_memory and nodes == []
+    for kw in ({"mesh": CL.logical_mesh((4, 2))}, {"pins": {"^x$": P()}},
+               {"ops": list(range(len(adam.ops)))}):
+        with pytest.raises(InfeasiblePlanError):
+            solve_ilp(adam, kw.pop("mesh", mesh), memory_budget=0.01 * least, **kw)
+    assert len(nodes) == 3
 
 
 def test_pins_honoured_and_validated(adam):
@@ -579,6 +593,16 @@ def test_unsupported_primitives_one_warning():
     assert len(ours) == 1
     assert "fft" in str(ours[0].message) and "cholesky" in str(ours[0].message)
     assert set(sol.unknown_primitives) >= {"fft", "cholesky"}
+    # one warning per call too where a budget is refused from the kept least memory, or met
+    for budget in (0.5 * sol.least_memory, 0.5 * sol.least_memory, 2 * sol.least_memory):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                solve_ilp(g, mesh, memory_budget=budget)
+            except InfeasiblePlanError as err:
+                assert err.least_memory == sol.least_memory and budget < sol.least_memory
+        ours = [w for w in caught if issubclass(w.category, UnsupportedPrimitiveWarning)]
+        assert len(ours) == 1 and "fft" in str(ours[0].message)
 
 
 def test_differing_operands_are_those_a_loop_over_the_operands_finds(adam):
