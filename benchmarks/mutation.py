@@ -196,13 +196,19 @@ MUTATIONS: tuple[Mutation, ...] = (
        "test_unheld_pins_names_a_changed_spec_and_a_zero_stage_sharding_a_pinned_input",),
       "the pins check counts a mesh axis of size 1 as a split"),
     M("ilp-budget-after-edges", "autoplan/search/intra/_ilp_solve.py",
-      "        least = _check_problem(prob, mesh, memory_budget)\n"
+      "        _check_least(prob.unknown, least, mesh, memory_budget)\n"
       "        problem_edges(prob, ops=ops, fixed=fixed, pins=pins)",
       "        problem_edges(prob, ops=ops, fixed=fixed, pins=pins)\n"
-      "        least = _check_problem(prob, mesh, memory_budget)",
+      "        _check_least(prob.unknown, least, mesh, memory_budget)",
       ("tests/search/intra/test_ilp.py::"
        "test_a_budget_below_the_least_memory_is_refused_before_the_edges_are_built",),
       "a budget below the least memory is refused only after the whole problem is built"),
+    M("ilp-least-not-kept", "autoplan/search/intra/_ilp_solve.py",
+      "        hit = kept.get(key) if kept is not None else None",
+      "        hit = None",
+      ("tests/search/intra/test_ilp.py::"
+       "test_a_budget_below_the_least_memory_is_refused_before_the_edges_are_built",),
+      "a budget change builds the whole step's nodes again to refuse a mesh it refused before"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any
