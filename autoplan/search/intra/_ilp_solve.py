@@ -165,11 +165,11 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
     else:
         # the whole step's least memory is kept per graph, mesh and pins: a budget below it is
         # refused again without building anything (the Explorer's budget changes)
-        key = (mesh_id(mesh), pins_key(pins))
-        kept = _least_memories(graph) if ops is None and not fixed and key[1] is not None \
-            else None
+        kept, key = None, None
+        if ops is None and not fixed and (pk := pins_key(pins)) is not None:
+            kept, key = _least_memories(graph), (mesh_id(mesh), pk)
         hit = kept.get(key) if kept is not None else None
-        if hit is not None and memory_budget is not None and hit[1] > memory_budget * (1 + 1e-9):
+        if hit is not None and _over_budget(hit[1], memory_budget):
             _check_least(*hit, mesh, memory_budget)  # (warns as a build would, then refuses)
         # the least memory is the nodes' (a budget below it is refused before the edges are
         # built: most of a large problem's building)
@@ -223,6 +223,11 @@ def _least_memory(prob: ILPProblem) -> float:
     return float(sum(n.memory.min() for n in prob.nodes))
 
 
+def _over_budget(least: float, memory_budget: float | None) -> bool:
+    """Whether no plan of least memory ``least`` fits ``memory_budget`` (None: no budget)."""
+    return memory_budget is not None and least > memory_budget * (1 + 1e-9)
+
+
 def _check_least(unknown: Iterable[str], least: float, mesh: LogicalMesh,
                  memory_budget: float | None) -> float:
     """Warn of primitives without a sharding rule (``unknown``); return ``least``, the least
@@ -234,7 +239,7 @@ def _check_least(unknown: Iterable[str], least: float, mesh: LogicalMesh,
             "they run replicated (every operand gathered). Fix: none needed unless they are heavy; "
             "report the primitive to extend autoplan's strategy table.",
             UnsupportedPrimitiveWarning, stacklevel=3)
-    if memory_budget is not None and least > memory_budget * (1 + 1e-9):
+    if _over_budget(least, memory_budget):
         raise InfeasiblePlanError(
             f"no plan fits memory_budget={memory_budget:.4g} bytes per device on mesh "
             f"{mesh.shape}: the least live memory of any plan (parameters, optimizer state, batch "
