@@ -7,6 +7,7 @@ results), so a failing claim fails here too. Executed with nbclient, as ``jupyte
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+# (found, not imported: nbformat, nbclient and ipykernel take seconds to import, paid by every
+# pytest worker that collects this module, while one runs it)
+_MISSING = [m for m in ("nbformat", "nbclient", "ipykernel") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -38,6 +40,9 @@ def kernel():
 
 
 def execute(path: Path, kernel_name: str):
+    import nbclient  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415
+
     nb = nbformat.read(path, as_version=4)
     # the kernel inherits JAX_PLATFORMS=cpu from the root conftest.py
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=kernel_name,
@@ -63,6 +68,8 @@ NAMES = ["01_explore.ipynb", "02_wide_resnet.ipynb", "03_launch.ipynb"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_metadata(name):
+    import nbformat  # noqa: PLC0415
+
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata.get("kernelspec") == KERNELSPEC  # without it JupyterLab asks for a kernel

@@ -3,15 +3,22 @@ an HTML copy of each figure that nbconvert's export keeps."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-nbconvert = pytest.importorskip("nbconvert")
-pytest.importorskip("ipykernel")
+# (found, not imported: they take seconds to import, paid by every pytest worker that collects
+# this module, while one runs it)
+_MISSING = [m for m in ("nbformat", "nbclient", "nbconvert", "ipykernel")
+            if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
 
 
 def run(cells, tmp_path):
+    import nbclient  # noqa: PLC0415
+    import nbconvert  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415
+
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
