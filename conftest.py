@@ -6,6 +6,7 @@ device profile) are marked ``slow``: ``make test-fast`` leaves them out for the 
 ``make test`` (what CI runs) runs everything. docs/testing.md lists the slowest tests."""
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's CPU code generation without the fusion emitters, and LLVM without its optimisation
@@ -93,6 +94,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _own_plan_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AUTOPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan-cache")))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _own_zoo_traces():
+    """Each test module starts without the zoo traces another module's searches shared
+    (``trace_workload``): its tests share them, as a module's fixtures are shared."""
+    if "autoplan.tracing._trace" in sys.modules:
+        sys.modules["autoplan.tracing._trace"].forget_shared_traces()
+    yield
 
 
 def pytest_unconfigure(config):

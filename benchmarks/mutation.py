@@ -209,6 +209,16 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/search/intra/test_ilp.py::"
        "test_a_budget_below_the_least_memory_is_refused_before_the_edges_are_built",),
       "a budget change builds the whole step's nodes again to refuse a mesh it refused before"),
+    M("zoo-trace-ignores-shapes", "autoplan/tracing/_trace.py",
+      "            tree, sig, tuple(workload.arg_kinds), name, config)",
+      "            tree, tuple(workload.arg_kinds), name, config)",
+      ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
+      "a zoo workload's micro-batch trace is its full batch's, shared by the spec alone"),
+    M("zoo-trace-any-origin", "autoplan/tracing/_trace.py",
+      '    if origin is None or origin.kind != "zoo":',
+      "    if origin is None:",
+      ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
+      "a workload built in this process shares a trace with another of the same name"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -225,3 +225,49 @@ def test_errors_name_the_value_and_fix():
         autoplan.trace(lambda x: float(x.sum()) + 1.0, S((3,), f32))
     with pytest.raises(TraceError, match="arg_kinds"):
         autoplan.trace(lambda x: x.sum(), S((3,), f32), arg_kinds=("batch", "batch"))
+
+
+def test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec(monkeypatch):
+    """The search's and the executor's trace of a zoo workload (``trace_workload``) is made once
+    per zoo spec and argument shapes, whichever workload object asks; anything else that
+    differs (the spec, the shapes, a workload built in this process) is traced again, and
+    ``autoplan.trace`` always traces."""
+    from autoplan import models
+    from autoplan.search.pipeline._microbatches import microbatch_workload_args
+    from autoplan.tracing import _trace
+    from autoplan.tracing._workload import Origin
+
+    made = []
+    real = _trace.trace
+    monkeypatch.setattr(_trace, "trace", lambda *a, **k: made.append(1) or real(*a, **k))
+    monkeypatch.setattr(_trace, "_ZOO_TRACES", type(_trace._ZOO_TRACES)(8))
+    a, b = models.get("mlp", "tiny", layers=3), models.get("mlp", "tiny", layers=3)
+    g = _trace.trace_workload(a)
+    assert _trace.trace_workload(b) is g and _trace.trace_workload(b.concrete()) is g
+    assert len(made) == 1
+    # another spec, other shapes (a micro-batch), another name: traced again, each once
+    other = _trace.trace_workload(models.get("mlp", "tiny", layers=2))
+    mb_args = microbatch_workload_args(a.args, a.arg_kinds, 2)
+    small = _trace.trace_workload(a, mb_args)
+    assert _trace.trace_workload(b, mb_args) is small
+    assert len({id(g), id(other), id(small)}) == 3 and len(made) == 3
+    assert len(other.ops) < len(g.ops)
+    assert {t.shape for t in small.tensors} != {t.shape for t in g.tensors}
+    assert _trace.trace_workload(a, name="renamed").name == "renamed" and len(made) == 4
+    # a workload built in this process: its own trace each time
+    own = autoplan.Workload(a.fn, a.args, a.arg_kinds)
+    assert _trace.trace_workload(own) is not _trace.trace_workload(own) and len(made) == 6
+    # the public trace always traces (it calls trace on the workload's step)
+    assert autoplan.trace(a) is not g and len(made) > 6
+    n = len(made)
+
+    # a shared trace with opaque control flow warns on every use, as tracing it would
+    def step(w, x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ w), (0, x))[1].sum()
+
+    looped = autoplan.Workload(step, (S((4, 4), f32), S((2, 4), f32)), ("parameter", "batch"),
+                               origin=Origin("zoo", "looped", "tiny"))
+    for _ in range(2):
+        with pytest.warns(OpaqueControlFlowWarning, match="opaque"):
+            _trace.trace_workload(looped)
+    assert len(made) == n + 1

@@ -75,7 +75,7 @@ from autoplan.plans._plan_check import PlatformWarning, WorkloadView, platform_n
 from autoplan.plans._plan_text import levers_text
 from autoplan.tracing._batchflow import MIXING_NOTE, mixing, random_draws
 from autoplan.tracing._signature import StepSignature, step_signature
-from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
+from autoplan.tracing._trace import OpaqueControlFlowWarning, trace_workload
 from autoplan.tracing._workload import Workload, _param_names, as_workload
 
 __all__ = ["RunReport", "EquivalenceResult", "run", "resolve_workload", "check_equivalence"]
@@ -288,11 +288,12 @@ def resolve_workload(workload: Any, seed: int = 0) -> _Resolved:
 # the workload object (``r.source``), keyed by the function that derives it (see autoplan._memo).
 
 def _graph(r: _Resolved) -> Any:
-    """The step's trace, once per workload object."""
+    """The step's trace, once per workload object (a zoo workload's shared with the search's,
+    :func:`~autoplan.tracing._trace.trace_workload`)."""
     def make():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-            return trace(r.fn, *_abstract(r.host_args), arg_kinds=r.arg_kinds, name=r.name)
+            return trace_workload(r.source, _abstract(r.host_args), name=r.name)
     return memo(r.source, _graph, make)
 
 
@@ -772,7 +773,7 @@ def _microbatch_graph(r: _Resolved, microbatches: int, mb_abstract: Sequence[Any
     def make() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-            return trace(r.fn, *mb_abstract, arg_kinds=r.arg_kinds, name=r.name)
+            return trace_workload(r.source, tuple(mb_abstract), name=r.name)
     return memo(r.source, (_microbatch_graph, microbatches), make)
 
 

@@ -40,6 +40,7 @@ from jax.extend import core as jcore
 
 from autoplan._errors import ModelError, TraceError
 from autoplan._gc import gc_paused
+from autoplan._memo import BoundedCache
 from autoplan.tracing._graph import GraphInput, GraphOutput, OpGraph, OpNode, Tensor
 from autoplan.tracing._jaxpr import Lit, Walk, step_jaxpr, walk_jaxpr
 from autoplan.tracing._primitives import OPAQUE_CONTROL, rule_of
@@ -53,7 +54,7 @@ from autoplan.tracing._workload import (
     non_array_leaf,
 )
 
-__all__ = ["trace", "OpaqueControlFlowWarning"]
+__all__ = ["trace", "trace_workload", "forget_shared_traces", "OpaqueControlFlowWarning"]
 
 
 class OpaqueControlFlowWarning(UserWarning):
@@ -358,3 +359,53 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
     return OpGraph(ops=ops, tensors=tensors, inputs=inputs, outputs=outputs,
                    name=name or getattr(fn, "__name__", "graph"), consts=w.top_consts,
                    warnings=msgs, arg_trees=None if kwargs else arg_trees(args))
+
+
+#: zoo workloads' traces, shared by every workload object built from one zoo spec; a few, as each
+#: keeps its graph's analyses (mining, the ILP's tables) alive with it
+_ZOO_TRACES: BoundedCache[tuple, OpGraph] = BoundedCache(8)
+
+
+def _zoo_key(workload: Any, args: tuple, name: str) -> tuple | None:
+    """What a zoo workload's trace is a function of: its zoo spec (model, size and the config
+    fields that differ from the size's, which build the step again: ``Workload.concrete`` does
+    the same), its arguments' structure, shapes and dtypes, their kinds, the graph's name and
+    the JAX settings that change a jaxpr's types. None for any other workload."""
+    origin = getattr(workload, "origin", None)
+    if origin is None or origin.kind != "zoo":
+        return None
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    sig = tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)))
+                for x in leaves)
+    config = (jax.config.jax_enable_x64, str(jax.config.jax_default_matmul_precision),
+              str(jax.config.jax_default_prng_impl))
+    return (origin.model, origin.size, tuple(sorted((k, repr(v)) for k, v in origin.kwargs.items())),
+            tree, sig, tuple(workload.arg_kinds), name, config)
+
+
+def trace_workload(workload: Any, args: tuple | None = None, name: str | None = None) -> OpGraph:
+    """``trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=name)``: the search's and the
+    executor's trace of a workload (``args`` default to its own, ``name`` to its name).
+
+    A zoo workload (:func:`autoplan.models.get`) is the same step whenever its spec is, so its
+    trace is shared by every workload object of that spec and arguments' shapes in this process
+    (a few kept; the opaque-control-flow warnings given again on each use); any other workload is
+    traced on each call (its callers keep its trace on the object). :func:`trace` itself always
+    traces.
+    """
+    args = tuple(workload.args) if args is None else tuple(args)
+    name = workload.name if name is None else name
+    key = _zoo_key(workload, args, name)
+    hit = _ZOO_TRACES.get(key) if key is not None else None
+    if hit is not None:
+        for msg in hit.warnings:
+            warnings.warn(msg, OpaqueControlFlowWarning, stacklevel=2)
+        return hit
+    graph = trace(workload.fn, *args, arg_kinds=tuple(workload.arg_kinds), name=name)
+    return graph if key is None else _ZOO_TRACES.put(key, graph)
+
+
+def forget_shared_traces() -> None:
+    """Drop the zoo traces :func:`trace_workload` shares: a search of a new workload object of a
+    zoo spec then traces and solves it afresh (a benchmark's cold runs in one process)."""
+    _ZOO_TRACES.clear()

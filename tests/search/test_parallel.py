@@ -18,6 +18,7 @@ import autoplan
 from autoplan import models
 from autoplan.search import _parallel
 from autoplan.search._parallel import ParallelWarning, Task, resolve_workers, run_tasks
+from autoplan.tracing._trace import forget_shared_traces
 
 
 def _comparable(plan):
@@ -62,13 +63,16 @@ def test_parallel_search_equals_serial(name, over, level):
 def test_parallel_search_with_pipeline_equals_serial():
     """The pipeline search and the Megatron TP x PP baseline need the workload and run in the
     caller's process while the workers solve the meshes and the other baselines. (Each search
-    gets a workload of its own: a second search of one workload object reuses the layer plans
-    the first solved, and would run none on the workers.)"""
+    gets a fresh trace of its own: a second search of one workload object, or of another object
+    of the same zoo spec, reuses the layer plans the first solved, and would run none on the
+    workers.)"""
     cluster = autoplan.Cluster.preset("p3.16xlarge", 2, devices_per_node=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        forget_shared_traces()
         serial = autoplan.search(models.get("gpt", size="tiny", layers=2), cluster, workers=1,
                                  cache=False)
+        forget_shared_traces()  # (another object of one zoo spec would share its trace)
         parallel = autoplan.search(models.get("gpt", size="tiny", layers=2), cluster, workers=3,
                                    cache=False)
     labels = {p.label for p in serial.plans}
@@ -273,7 +277,8 @@ def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for workers in (1, 2):
-            wl = models.get("gpt", size="tiny", layers=2)  # (one per run: no reused layer plans)
+            forget_shared_traces()  # (a fresh trace per run: no reused layer plans)
+            wl = models.get("gpt", size="tiny", layers=2)
             res = [autoplan.algorithms.pipeline_search(wl, cluster, microbatches=4, workers=workers,
                                                    megatron=megatron, max_candidates=3)
                    for megatron in (False, True)]

@@ -17,7 +17,7 @@ import numpy as np
 from autoplan._errors import SearchError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.tracing._graph import OpGraph
-from autoplan.tracing._trace import trace
+from autoplan.tracing._trace import trace_workload
 from autoplan.tracing._workload import Workload
 
 __all__ = ["batch_size", "microbatch_workload_args", "traced", "microbatch_counts",
@@ -63,8 +63,8 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
 @per_owner
 def traced(workload: Workload) -> OpGraph:
     """``trace(workload)``, once per workload object (the search, its baselines and the pipeline
-    search share it)."""
-    return trace(workload)
+    search share it; a zoo workload's with every object of its spec)."""
+    return trace_workload(workload)
 
 
 def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
@@ -81,7 +81,7 @@ def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
     """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
     micro-batch count."""
     args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
-    return trace(workload.fn, *args, arg_kinds=workload.arg_kinds, name=traced(workload).name)
+    return trace_workload(workload, args, name=traced(workload).name)
 
 
 def _aligned(a: OpGraph, b: OpGraph) -> bool:

@@ -10,6 +10,7 @@ from autoplan import models
 from autoplan.algorithms import group_layers, pipeline_search
 from autoplan.plans._plan import Plan
 from autoplan.search.pipeline._pipeline import _is_chain, layer_dag
+from autoplan.tracing._trace import forget_shared_traces
 
 
 @pytest.fixture(scope="module")
@@ -160,12 +161,15 @@ def _solved_alike(plans):
 def test_a_memory_budget_change_reuses_the_layer_plans_and_finds_the_fresh_searchs_plans():
     """A layer's plans do not depend on the memory budget: a second search of the same step
     with a budget re-solves none of the plans the first solved (the Explorer's budget box), and
-    finds the plans a search of a fresh copy of the workload finds."""
+    finds the plans a search of a fresh copy of the workload finds. Another object of the same
+    zoo spec shares the step's trace, and with it the layer plans; once the shared traces are
+    forgotten it is searched afresh."""
     cluster = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
 
     def workload():
         return models.get("gpt", size="tiny", layers=4, batch=16)
 
+    forget_shared_traces()
     wl = workload()
     kw = dict(pipeline=True, baselines=False, cache=False)
     with warnings.catch_warnings():
@@ -173,12 +177,17 @@ def test_a_memory_budget_change_reuses_the_layer_plans_and_finds_the_fresh_searc
         first = autoplan.search(wl, cluster, **kw)
         budget = 0.5 * first.best.predicted.memory_per_device
         again = autoplan.search(wl, cluster, memory_budget=budget, **kw)
+        shared = autoplan.search(workload(), cluster, memory_budget=budget, **kw)
+        forget_shared_traces()
         fresh = autoplan.search(workload(), cluster, memory_budget=budget, **kw)
     assert first.stats["pipeline_layer_plans_reused"] == 0
     assert first.stats["pipeline_layer_solves"] > 0
-    assert again.stats["pipeline_layer_solves"] == 0
-    assert again.stats["pipeline_layer_plans_reused"] > 0
+    for warm in (again, shared):
+        assert warm.stats["pipeline_layer_solves"] == 0
+        assert warm.stats["pipeline_layer_plans_reused"] > 0
+    assert _solved_alike(shared.plans) == _solved_alike(again.plans)
     assert fresh.stats["pipeline_layer_plans_reused"] == 0
+    assert fresh.stats["pipeline_layer_solves"] > 0
     assert _solved_alike(again.plans) == _solved_alike(fresh.plans)
     assert again.best.predicted.memory_per_device <= budget
     assert _solved_alike(again.plans) != _solved_alike(first.plans)  # (the budget mattered)
