@@ -1094,8 +1094,15 @@ def _run_pipelined(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], 
                    time_tasks: bool, compiler_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Run a pipeline or gradient-accumulation plan (:func:`run_pipeline`); its outcome as the
     fields ``run`` reports, the gradients mapped onto the full-batch graph."""
+    m = plan.schedule.microbatches
+
+    def microbatch_trace(mb_abstract: Sequence[Any]) -> tuple[Any, Any]:
+        # (the micro-batch trace and program the reference check uses: made once per workload)
+        return _microbatch_graph(r, m, mb_abstract), _microbatch_program(r, m, mb_abstract)
+
     po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
-                      time_tasks=time_tasks, capture=check, compiler_options=compiler_options)
+                      time_tasks=time_tasks, capture=check, compiler_options=compiler_options,
+                      microbatch_trace=microbatch_trace)
     return dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
                 compile_time=po.compile_time, collectives=po.collectives, memory=po.memory,
                 constraints_applied=po.constraints_applied,

@@ -572,7 +572,8 @@ class _Split:
     docstring); everything both runners share."""
 
     def __init__(self, plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
-                 arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], capture: bool):
+                 arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], capture: bool,
+                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]] | None = None):
         self.plan = plan
         self.S = S = len(plan.stages)
         self.num_microbatches = num_mb = plan.schedule.microbatches
@@ -582,11 +583,14 @@ class _Split:
         self.order = _table_order(plan)
         self.batch_args = [i for i, k in enumerate(arg_kinds) if k == "batch"]
         mb_abstract = _microbatch_abstract(host_args, self.batch_args, num_mb)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-            self.graph = graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds),
-                                       name=full_graph.name)
-        self.prog = prog = flatten(fn, *mb_abstract)
+        if microbatch_trace is not None:  # (the caller's, kept on its workload)
+            graph, prog = microbatch_trace(mb_abstract)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", OpaqueControlFlowWarning)
+                graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds), name=full_graph.name)
+            prog = flatten(fn, *mb_abstract)
+        self.graph, self.prog = graph, prog
         prog.check_matches(graph)
         # which results are the next step's arguments: one definition for every executor
         self.signature = step_signature(jax.eval_shape(fn, *mb_abstract), mb_abstract, arg_kinds,
@@ -1242,7 +1246,9 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
                  arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], steps: int,
                  on_step: Callable[[int, float, float], None] | None = None,
                  time_tasks: bool = True, capture: bool = False,
-                 compiler_options: Mapping[str, Any] | None = None) -> PipelineOutcome:
+                 compiler_options: Mapping[str, Any] | None = None,
+                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]] | None = None
+                 ) -> PipelineOutcome:
     """Run ``steps`` training steps of a pipeline or gradient-accumulation plan (see the module
     docstring).
 
@@ -1263,6 +1269,8 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
         capture: keep every step's results and the gradients handed to the update
             (``PipelineOutcome.records``) for the equivalence check.
         compiler_options: XLA options for every compilation.
+        microbatch_trace: the step's trace and flat program at the micro-batch size, given the
+            micro-batch's abstract arguments, where the caller keeps them (else made here).
 
     Returns:
         The measurements.
@@ -1272,7 +1280,7 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
             cannot be split so, the schedule's order breaks a data dependency, or a program failed
             while running.
     """
-    sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture)
+    sp = _Split(plan, fn, host_args, arg_kinds, full_graph, devices, capture, microbatch_trace)
     host_leaves = {t: host_value(leaf) for t, (_a, _p, leaf) in zip(sp.prog.input_ids, sp.leaves)}
     if sp.S == 1:
         return _run_accumulation(sp, host_leaves, steps, on_step, time_tasks, capture,

@@ -108,3 +108,27 @@ def test_loop_trip_counts_are_read_from_the_compiled_module():
     text = jax.jit(f).lower(1.0).compile().as_text()
     counts = executions_per_run(text)
     assert max(counts.values()) == 5 and min(counts.values()) == 1
+
+
+def test_a_second_pipelined_run_of_one_workload_traces_nothing(fast, monkeypatch):
+    """The stage executor takes the micro-batch trace and flat program the run keeps on its
+    workload object: a second run of the same workload traces and flattens nothing again."""
+    from autoplan.exec import _run, _stages
+    from autoplan.tracing import _trace
+
+    wl = workload("mlp")
+    own = autoplan.Workload(wl.fn, wl.args, wl.arg_kinds, wl.name)  # (not a zoo spec)
+    p = plan("mlp", "pp", "1f1b", 2)
+    made = []
+    real_trace, real_flatten = _trace.trace, _run.flatten
+    monkeypatch.setattr(_trace, "trace", lambda *a, **k: made.append("trace") or real_trace(*a, **k))
+    monkeypatch.setattr(_run, "flatten", lambda *a, **k: made.append("flat") or real_flatten(*a, **k))
+    monkeypatch.setattr(_stages, "flatten", lambda *a, **k: made.append("flat!") or real_flatten(*a, **k))
+    first = run(p, own, steps=1, compiler_options=fast, time_tasks=False)
+    # the full step's and the micro-batch's trace and flat program, each once (the executor's
+    # micro-batch ones are the run's: none made in the stage executor itself, "flat!")
+    assert first.equivalence.matched and sorted(made) == ["flat", "flat", "trace", "trace"], made
+    made.clear()
+    again = run(p, own, steps=1, compiler_options=fast, time_tasks=False)
+    assert again.equivalence.matched and made == []
+    assert again.losses == first.losses
