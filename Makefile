@@ -9,12 +9,14 @@ LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/autoplan.json
 
 .PHONY: demo test test-fast lab install lint bench clean
 
-# uv installs the same packages as pip in about a third of the time (its parallel downloads and
-# unpacking); pip installs them where uv cannot
+# uv installs the same packages as pip in less time (its parallel downloads and unpacking), with
+# their bytecode compiled as pip compiles it (without it, every process that imports JAX compiles
+# its modules again where PYTHONDONTWRITEBYTECODE is set); pip installs them where uv cannot
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
-	$(PY) -m uv pip install -q --python $(PY) -e ".[dev]" || $(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m uv pip install -q --compile-bytecode --python $(PY) -e ".[dev]" || \
+		$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
 $(LAB_SETTINGS): lab-settings/overrides.d/autoplan.json $(STAMP)
