@@ -777,6 +777,15 @@ def _microbatch_graph(r: _Resolved, microbatches: int, mb_abstract: Sequence[Any
     return memo(r.source, (_microbatch_graph, microbatches), make)
 
 
+def microbatch_tracer(r: _Resolved, microbatches: int
+                      ) -> Callable[[Sequence[Any]], tuple[Any, Any]]:
+    """The stage executor's source of the step at the micro-batch size: given the micro-batch's
+    abstract arguments, its trace and flat program (:func:`_microbatch_graph`,
+    :func:`_microbatch_program`), the ones the reference check uses, made once per workload."""
+    return lambda mb_abstract: (_microbatch_graph(r, microbatches, mb_abstract),
+                                _microbatch_program(r, microbatches, mb_abstract))
+
+
 def _microbatch_reference(r: _Resolved, graph: Any, cross: Sequence[int], microbatches: int
                           ) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
     """The single-device reference of a micro-batched step that draws random numbers: the step
@@ -1094,15 +1103,9 @@ def _run_pipelined(plan: Any, r: _Resolved, graph: Any, devices: Sequence[Any], 
                    time_tasks: bool, compiler_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Run a pipeline or gradient-accumulation plan (:func:`run_pipeline`); its outcome as the
     fields ``run`` reports, the gradients mapped onto the full-batch graph."""
-    m = plan.schedule.microbatches
-
-    def microbatch_trace(mb_abstract: Sequence[Any]) -> tuple[Any, Any]:
-        # (the micro-batch trace and program the reference check uses: made once per workload)
-        return _microbatch_graph(r, m, mb_abstract), _microbatch_program(r, m, mb_abstract)
-
     po = run_pipeline(plan, r.fn, r.host_args, r.arg_kinds, graph, devices, steps, on_step,
                       time_tasks=time_tasks, capture=check, compiler_options=compiler_options,
-                      microbatch_trace=microbatch_trace)
+                      microbatch_trace=microbatch_tracer(r, plan.schedule.microbatches))
     return dict(losses=po.losses, step_times=po.step_times, outputs=po.outputs,
                 compile_time=po.compile_time, collectives=po.collectives, memory=po.memory,
                 constraints_applied=po.constraints_applied,

@@ -87,7 +87,6 @@ import functools
 import math
 import re
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,13 +100,12 @@ from autoplan._dtype import dtype_bytes, is_key_dtype
 from autoplan._errors import ExecutionError
 from autoplan.exec._hlo import Collective, MemoryStats, collectives, memory_stats
 from autoplan.exec._hlo import _parse as _parse_hlo
-from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, flatten, sharding_hook
+from autoplan.exec._interpret import FlatOp, FlatProgram, Lit, sharding_hook
 from autoplan.exec._levers import evaluate_with_barriers, recompute
 from autoplan.exec._transfer import move, replicated_on, transfer
 from autoplan.plans._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
 from autoplan.plans._spec import ZERO_SHARDED, Spec, zero_spec
 from autoplan.tracing._signature import step_signature
-from autoplan.tracing._trace import OpaqueControlFlowWarning, trace
 from autoplan.tracing._workload import is_key_leaf
 
 __all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "transfer", "executions_per_run",
@@ -573,7 +571,7 @@ class _Split:
 
     def __init__(self, plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
                  arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], capture: bool,
-                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]] | None = None):
+                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]]):
         self.plan = plan
         self.S = S = len(plan.stages)
         self.num_microbatches = num_mb = plan.schedule.microbatches
@@ -583,14 +581,8 @@ class _Split:
         self.order = _table_order(plan)
         self.batch_args = [i for i, k in enumerate(arg_kinds) if k == "batch"]
         mb_abstract = _microbatch_abstract(host_args, self.batch_args, num_mb)
-        if microbatch_trace is not None:  # (the caller's, kept on its workload)
-            graph, prog = microbatch_trace(mb_abstract)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", OpaqueControlFlowWarning)
-                graph = trace(fn, *mb_abstract, arg_kinds=tuple(arg_kinds), name=full_graph.name)
-            prog = flatten(fn, *mb_abstract)
-        self.graph, self.prog = graph, prog
+        # the step's trace and flat program at the micro-batch size (the run's, on its workload)
+        self.graph, self.prog = graph, prog = microbatch_trace(mb_abstract)
         prog.check_matches(graph)
         # which results are the next step's arguments: one definition for every executor
         self.signature = step_signature(jax.eval_shape(fn, *mb_abstract), mb_abstract, arg_kinds,
@@ -1246,9 +1238,8 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
                  arg_kinds: Sequence[str], full_graph: Any, devices: Sequence[Any], steps: int,
                  on_step: Callable[[int, float, float], None] | None = None,
                  time_tasks: bool = True, capture: bool = False,
-                 compiler_options: Mapping[str, Any] | None = None,
-                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]] | None = None
-                 ) -> PipelineOutcome:
+                 compiler_options: Mapping[str, Any] | None = None, *,
+                 microbatch_trace: Callable[[Sequence[Any]], tuple[Any, Any]]) -> PipelineOutcome:
     """Run ``steps`` training steps of a pipeline or gradient-accumulation plan (see the module
     docstring).
 
@@ -1270,7 +1261,7 @@ def run_pipeline(plan: Any, fn: Callable[..., Any], host_args: tuple[Any, ...],
             (``PipelineOutcome.records``) for the equivalence check.
         compiler_options: XLA options for every compilation.
         microbatch_trace: the step's trace and flat program at the micro-batch size, given the
-            micro-batch's abstract arguments, where the caller keeps them (else made here).
+            micro-batch's abstract arguments (``exec._run``'s, kept on the workload).
 
     Returns:
         The measurements.

@@ -87,14 +87,15 @@ def test_three_stages_on_unequal_submeshes_match(schedule, fast):
 
 
 def test_accumulators_are_float32_for_half_precision_and_laid_out_like_their_parameter():
-    from autoplan.exec._run import resolve_workload
+    from autoplan.exec._run import microbatch_tracer, resolve_workload
     from autoplan.exec._stages import _acc_dtype, _Split
 
     assert _acc_dtype("bfloat16") == np.float32 and _acc_dtype("float16") == np.float32
     assert _acc_dtype("float32") == np.float32
     p = _accumulated(plan("mlp", "tp"), 2)
     r = resolve_workload(workload("mlp"))
-    sp = _Split(p, r.fn, r.host_args, r.arg_kinds, graph("mlp"), jax.devices(), capture=True)
+    sp = _Split(p, r.fn, r.host_args, r.arg_kinds, graph("mlp"), jax.devices(), capture=True,
+                microbatch_trace=microbatch_tracer(r, 2))
     params = {sp.in_info[t][1].spec for t in sp.state_inputs.values()}
     laid_out = [sp.acc_sharding[t].spec for t in sp.grad_tensors]
     assert any(spec != jax.sharding.PartitionSpec() for spec in laid_out)
@@ -113,7 +114,7 @@ def test_loop_trip_counts_are_read_from_the_compiled_module():
 def test_a_second_pipelined_run_of_one_workload_traces_nothing(fast, monkeypatch):
     """The stage executor takes the micro-batch trace and flat program the run keeps on its
     workload object: a second run of the same workload traces and flattens nothing again."""
-    from autoplan.exec import _run, _stages
+    from autoplan.exec import _run
     from autoplan.tracing import _trace
 
     wl = workload("mlp")
@@ -123,10 +124,9 @@ def test_a_second_pipelined_run_of_one_workload_traces_nothing(fast, monkeypatch
     real_trace, real_flatten = _trace.trace, _run.flatten
     monkeypatch.setattr(_trace, "trace", lambda *a, **k: made.append("trace") or real_trace(*a, **k))
     monkeypatch.setattr(_run, "flatten", lambda *a, **k: made.append("flat") or real_flatten(*a, **k))
-    monkeypatch.setattr(_stages, "flatten", lambda *a, **k: made.append("flat!") or real_flatten(*a, **k))
     first = run(p, own, steps=1, compiler_options=fast, time_tasks=False)
-    # the full step's and the micro-batch's trace and flat program, each once (the executor's
-    # micro-batch ones are the run's: none made in the stage executor itself, "flat!")
+    # the full step's and the micro-batch's trace and flat program, each once (the stage
+    # executor's micro-batch ones are the run's)
     assert first.equivalence.matched and sorted(made) == ["flat", "flat", "trace", "trace"], made
     made.clear()
     again = run(p, own, steps=1, compiler_options=fast, time_tasks=False)
