@@ -197,8 +197,9 @@ def baseline_table(rows: list[Row]) -> list[str]:
     """autoplan's best against each baseline: its predicted step and autoplan's speed-up over it
     (``OOM`` where the baseline does not fit the device, ``-`` where it does not apply)."""
     head = " | ".join(name for name, _ in BASELINES)
-    out = [f"| config | autoplan | {head} | Alpa over Megatron, measured |",
-           "|" + "---|" * (3 + len(BASELINES))]
+    out = [f"| config | autoplan | {head} | Alpa over Megatron, measured "
+           "| Megatron predicted / measured |",
+           "|" + "---|" * (4 + len(BASELINES))]
     for r in rows:
         best = r.best.predicted.step_time
         cells = []
@@ -214,8 +215,22 @@ def baseline_table(rows: list[Row]) -> list[str]:
         mega = measured_step(r.cfg, _config(r), r.cfg.megatron_tflops) if r.measured else None
         alpa = r.measured
         cells.append(f"{mega / alpa:.2f}x" if mega and alpa else "-")
+        ratio = megatron_ratio(r, mega)
+        cells.append("-" if ratio is None else f"{ratio:.2f}")
         out.append(f"| {r.cfg.name} | {_fmt(best)} | " + " | ".join(cells) + " |")
     return out
+
+
+def megatron_ratio(r: Row, measured: float | None) -> float | None:
+    """The like-for-like check of the cost model on a second system: the predicted step of
+    Megatron-LM's best grid layout (the ``baseline: Megatron TP x PP`` plan) over Megatron-LM's
+    measured step on the same configuration (``measured``; None where the artifact has none).
+    Alpa's measured step is of Alpa's own plan, not autoplan's; this one compares layouts of one
+    family on both sides."""
+    mega = next((b for b in r.result.baselines if b.label == "baseline: Megatron TP x PP"), None)
+    if mega is None or not measured:
+        return None
+    return mega.predicted.step_time / measured
 
 
 def _config(r: Row) -> dict:

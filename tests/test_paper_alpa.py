@@ -80,3 +80,9 @@ def test_tiny_rows_and_baselines_compute(paper):
     assert len(table) == 2 + len(rows) and all(line.count("|") == 12 for line in table)
     base = paper.baseline_table(rows)
     assert len(base) == 2 + len(rows) and all("x)" in line for line in base[2:])
+    assert all(line.count("|") == 10 for line in base)
+    # Megatron-LM's like-for-like ratio: its best grid layout's prediction over a measured step
+    mega = next(b for b in rows[0].result.baselines if b.label == "baseline: Megatron TP x PP")
+    assert paper.megatron_ratio(rows[0], 2.0) == pytest.approx(mega.predicted.step_time / 2.0)
+    assert paper.megatron_ratio(rows[0], None) is None
+    assert all(line.endswith("| - | - |") for line in base[2:])  # (tiny rows: nothing measured)
