@@ -404,6 +404,11 @@ def _run_mip(model: MatrixModel, a: dict[str, Any], incumbent: tuple[float, np.n
     def run(start: tuple[float, np.ndarray] | None, seconds: float | None):
         m = _highs(model, a, integer=True, time_limit=seconds)
         m.setOptionValue("mip_rel_gap", float(mip_gap))
+        # without presolve: on these one-hot assignment models HiGHS's MIP presolve and the
+        # restarts it triggers took most of the MIP's time (a Wide-ResNet 4B step's exhaustive
+        # ILP 36 s against 12 s; MoE layers' Lagrangian solves 6-10 s, some stopped at the time
+        # limit, against 0.3-0.7 s), each result within its gap
+        m.setOptionValue("presolve", "off")
         if start is not None:
             sol = highspy.HighsSolution()
             sol.col_value = start[1].tolist()
@@ -457,7 +462,8 @@ def solve_assignment(model: MatrixModel, groups: Sequence[np.ndarray], *,
     if relax_first:
         h = _highs(model, a, integer=False, time_limit=time_limit)
         # HiGHS's presolve costs more than it saves on these LPs (about 3x the simplex time on a
-        # transformer layer's): the relaxation and the dives run without it, the MIP with it
+        # transformer layer's): the relaxation and the dives run without it, and so does the
+        # MIP (_run_mip)
         h.setOptionValue("presolve", "off")
         h.run()
         status = h.getModelStatus()
