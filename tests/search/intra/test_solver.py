@@ -119,15 +119,21 @@ def test_assignment_equals_brute_force(data):
             assert used <= budget + 1e-9
 
 
+def knapsack_model(seed: int, n: int, slack: int):
+    """A one-hot assignment of ``n`` nodes coupled by one memory row (``slack`` above the least
+    memory): ``(model, columns, brute-force optimum)``."""
+    rng = np.random.default_rng(seed)
+    nodes = [list(rng.uniform(1, 5, 3)) for _ in range(n)]
+    memory = [list(rng.integers(1, 9, 3).astype(float)) for _ in range(n)]
+    budget = float(sum(min(m) for m in memory) + slack)
+    mm, cols = pairwise_model(nodes, {}, memory, budget)
+    return mm, cols, brute(nodes, {}, memory, budget)
+
+
 def test_assignment_gap_is_certified_by_the_bound():
     # a knapsack-coupled assignment: the LP bound is below the integral optimum; with a loose
     # gap the dive's plan may be accepted, but never farther than the gap from the bound
-    rng = np.random.default_rng(0)
-    nodes = [list(rng.uniform(1, 5, 3)) for _ in range(6)]
-    memory = [list(rng.integers(1, 9, 3).astype(float)) for _ in range(6)]
-    budget = float(sum(min(m) for m in memory) + 4)
-    mm, cols = pairwise_model(nodes, {}, memory, budget)
-    best = brute(nodes, {}, memory, budget)
+    mm, cols, best = knapsack_model(seed=0, n=6, slack=4)
     exact = solve_assignment(mm, cols)
     assert exact.result.objective == pytest.approx(best)
     loose = solve_assignment(mm, cols, mip_gap=0.05)
@@ -142,12 +148,7 @@ def test_the_mip_runs_without_presolve_and_proves_the_optimum():
     knapsack-coupled model's optimum is found and proven."""
     from autoplan.search.intra._solver import _objective, _run_mip
 
-    rng = np.random.default_rng(1)
-    nodes = [list(rng.uniform(1, 5, 3)) for _ in range(7)]
-    memory = [list(rng.integers(1, 9, 3).astype(float)) for _ in range(7)]
-    budget = float(sum(min(m) for m in memory) + 5)
-    mm, cols = pairwise_model(nodes, {}, memory, budget)
-    best = brute(nodes, {}, memory, budget)
+    mm, _, best = knapsack_model(seed=1, n=7, slack=5)
     a = mm.arrays()
     start = None
     for _ in range(2):
