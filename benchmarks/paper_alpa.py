@@ -188,9 +188,15 @@ def intra_only(res: autoplan.SearchResult) -> autoplan.Plan | None:
                                      p.predicted.step_time), default=None)
 
 
-BASELINES = (("Megatron TP x PP (best of grid)", "baseline: Megatron TP x PP"),
+MEGATRON = "baseline: Megatron TP x PP"
+BASELINES = (("Megatron TP x PP (best of grid)", MEGATRON),
              ("ZeRO-2", "baseline: ZeRO-2"), ("ZeRO-3", "baseline: ZeRO-3"),
              ("intra-op only", None), ("inter-op only", "baseline: inter-op only"))
+
+
+def baseline(res: autoplan.SearchResult, label: str) -> autoplan.Plan | None:
+    """The search's baseline plan of ``label`` (None where it has none)."""
+    return next((b for b in res.baselines if b.label == label), None)
 
 
 def baseline_table(rows: list[Row]) -> list[str]:
@@ -204,8 +210,7 @@ def baseline_table(rows: list[Row]) -> list[str]:
         best = r.best.predicted.step_time
         cells = []
         for _, label in BASELINES:
-            p = intra_only(r.result) if label is None else next(
-                (b for b in r.result.baselines if b.label == label), None)
+            p = intra_only(r.result) if label is None else baseline(r.result, label)
             if p is None:
                 cells.append("-")
                 continue
@@ -223,11 +228,11 @@ def baseline_table(rows: list[Row]) -> list[str]:
 
 def megatron_ratio(r: Row, measured: float | None) -> float | None:
     """The like-for-like check of the cost model on a second system: the predicted step of
-    Megatron-LM's best grid layout (the ``baseline: Megatron TP x PP`` plan) over Megatron-LM's
+    Megatron-LM's best grid layout (the :data:`MEGATRON` baseline plan) over Megatron-LM's
     measured step on the same configuration (``measured``; None where the artifact has none).
     Alpa's measured step is of Alpa's own plan, not autoplan's; this one compares layouts of one
     family on both sides."""
-    mega = next((b for b in r.result.baselines if b.label == "baseline: Megatron TP x PP"), None)
+    mega = baseline(r.result, MEGATRON)
     if mega is None or not measured:
         return None
     return mega.predicted.step_time / measured
