@@ -169,3 +169,30 @@ def test_the_long_function_check_sees_a_long_function():
     source += "def g():\n    return 1\n"
     assert long_functions(source) == [("A.f", MAX_FUNCTION_LINES + 1)]
     assert long_functions(source, limit=MAX_FUNCTION_LINES + 1) == []
+
+
+def test_no_script_folder_shadows_the_standard_library():
+    """A script run from ``benchmarks/`` (or the repository's root) has its folder first on
+    ``sys.path``: a file there named like a standard-library module would shadow it, and the
+    search, seeing that its spawned workers would import the file in the module's place, runs
+    every task in the caller's process. The benchmarks ignore warnings, so their searches ran
+    serially without a word while ``benchmarks/trace.py`` existed. The search's own check
+    (:func:`~autoplan.search._parallel.cannot_spawn`) passes from each folder, and sees such a
+    file when there is one."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from autoplan.search._parallel import cannot_spawn; print(cannot_spawn())")
+    repo = ROOT.parent
+    for folder in (repo / "benchmarks", repo / "notebooks", repo):
+        out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                             text=True, check=True, cwd=repo).stdout.strip()
+        assert out == "None", (folder, out)
+        assert not [p.name for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
+
+
+def test_the_shadow_check_sees_a_shadowing_script(tmp_path):
+    (tmp_path / "trace.py").write_text("")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from autoplan.search._parallel import cannot_spawn; print(cannot_spawn())")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    assert "trace.py" in out and "standard library" in out

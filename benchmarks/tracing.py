@@ -1,7 +1,9 @@
 """Trace time and operator count for GPT train steps (abstract arguments).
 
 Target: GPT-3 175B (96 layers) traced in under 10 s on 2 cores.
-Run: .venv/bin/python benchmarks/trace.py
+Run: .venv/bin/python benchmarks/tracing.py (not trace.py: a script beside the others named
+like a standard-library module, ``trace``, would shadow it for every benchmark, and the searches
+would refuse their worker processes)
 """
 
 import platform
