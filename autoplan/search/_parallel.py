@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import importlib
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -433,13 +434,31 @@ def _payload(graph: OpGraph) -> bytes:
     return pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+#: the batches running now, each with its start number: a batch started while another runs (the
+#: layer ILPs of the pipeline search, itself a task of the search's batch) comes first
+_ACTIVE: dict[int, _Batch] = {}
+_STARTED = itertools.count()
+#: seconds a dispatcher that gave way to a newer batch waits before it looks again
+_YIELD_POLL = 0.01
+
+
 class _Batch:
     """One call of :func:`run_tasks` with a pool: the caller takes tasks from the front, a
     dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
-    the caller can still take any task no worker has started)."""
+    the caller can still take any task no worker has started).
+
+    Batches share the pool's workers, and a newer batch comes first: while a batch started
+    after this one has a task a worker could take, this one hands out no new task (those it
+    has in flight run on). A search's batch holds the pipeline search, which runs in the
+    caller and starts a batch of its own layer ILPs, beside one intra-operator search per
+    mesh; without this the workers ran those long searches one after another while the caller
+    solved most layer ILPs alone, and then sat idle through the pipeline's serial tail (the
+    stage DP, the next micro-batch size's trace). Which process runs a task never changes what
+    it gives."""
 
     def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int):
         self.tasks, self.pool, self.size = tasks, pool, min(size, pool.size)
+        self.order = next(_STARTED)
         self.pending = deque(range(len(tasks)))
         self.outcomes: list[Outcome | None] = [None] * len(tasks)
         self.lock = threading.Lock()
@@ -469,6 +488,17 @@ class _Batch:
                     return k
             return None
 
+    def can_travel(self) -> bool:
+        """Whether a pending task may go to a worker."""
+        with self.lock:
+            return not self.stop.is_set() and any(not self.tasks[k].local for k in self.pending)
+
+    def _newer_waits(self) -> bool:
+        """Whether a batch started after this one has a task for a worker."""
+        with _LOCK:
+            newer = [b for order, b in _ACTIVE.items() if order > self.order]
+        return any(b.can_travel() for b in newer)
+
     def _submit(self, k: int, with_payload: bool) -> cf.Future:
         t = self.tasks[k]
         tok = None if t.graph is None else _token(t.graph)
@@ -479,14 +509,22 @@ class _Batch:
         inflight: dict[cf.Future, int] = {}
         try:
             while True:
+                gave_way = False
                 while len(inflight) < self.size and not self.stop.is_set():
+                    if self._newer_waits():
+                        gave_way = True
+                        break
                     k = self.take(front=False)
                     if k is None:
                         break
                     inflight[self._submit(k, True)] = k
                 if not inflight:
+                    if gave_way and self.pending:
+                        self.stop.wait(_YIELD_POLL)
+                        continue
                     return
-                done, _ = cf.wait(inflight, return_when=cf.FIRST_COMPLETED)
+                done, _ = cf.wait(inflight, timeout=_YIELD_POLL if gave_way else None,
+                                  return_when=cf.FIRST_COMPLETED)
                 for fut in done:
                     k = inflight.pop(fut)
                     pid, out = fut.result()  # an infrastructure failure raises here
@@ -543,6 +581,8 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
     batch: _Batch | None = None
     try:
         batch = _Batch(tasks, pool, size)
+        with _LOCK:
+            _ACTIVE[batch.order] = batch
         batch.thread.start()
 
         def done() -> float:
@@ -580,4 +620,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             batch.stop.set()
         raise
     finally:
+        if batch is not None:
+            with _LOCK:
+                _ACTIVE.pop(batch.order, None)
         _release(pool, broken=broken)

@@ -167,6 +167,46 @@ def test_workers_started_ahead_are_used_and_a_batch_keeps_to_its_count():
     _parallel.shutdown()
 
 
+def _timed(graph, kind: str, k: int, seconds: float) -> tuple[str, int, int, float]:
+    """A task that takes ``seconds``: ``(kind, k, its process, when it started)``."""
+    start = time.time()
+    time.sleep(seconds)
+    return kind, k, os.getpid(), start
+
+
+def _nested(graph) -> list:
+    """A task in the caller's process that starts a batch of its own (as the pipeline search,
+    a task of the search's batch, starts one of its layer ILPs) once a worker is busy."""
+    time.sleep(0.3)
+    return [o.result() for o in run_tasks([Task(_timed, graph, ("inner", k, 0.2))
+                                           for k in range(8)], workers=2)]
+
+
+def test_a_batch_started_inside_a_task_gets_the_workers_first():
+    """The search's batch holds the pipeline search (in the caller) beside long intra-operator
+    searches; the pipeline search's own batch of layer ILPs comes first: once it starts, a
+    worker takes no new task of the outer batch while the inner one has a task for it, and the
+    outer batch's tasks still all run, each once, in the order given back."""
+    _parallel.shutdown()
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
+    outer = [Task(_nested, graph, local=True)] + [Task(_timed, graph, ("outer", k, 0.5))
+                                                  for k in range(4)]
+    outs = [o.result() for o in run_tasks(outer, workers=2)]
+    inner, rest = outs[0], outs[1:]
+    assert [r[:2] for r in inner] == [("inner", k) for k in range(8)]
+    assert [r[:2] for r in rest] == [("outer", k) for k in range(4)]
+    last_inner = max(r[3] for r in inner)
+    on_workers = [r for r in inner if r[2] != os.getpid()]
+    assert on_workers, inner  # the worker helped with the inner batch
+    first_inner_on_worker = min(r[3] for r in on_workers)
+    # no outer task started on a worker between the inner batch's first task there and its
+    # last task's start (the one in flight when it began ran on)
+    assert not [r for r in rest if r[2] != os.getpid()
+                and first_inner_on_worker < r[3] < last_inner], (inner, rest)
+    _parallel.shutdown()
+
+
 def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
     """Ctrl-C while a worker process is being sent what it starts from (a large start, so the
     write to its pipe blocks until it reads): the caller's KeyboardInterrupt is raised, and no
