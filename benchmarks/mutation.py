@@ -219,6 +219,12 @@ MUTATIONS: tuple[Mutation, ...] = (
       "    if origin is None:",
       ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
       "a workload built in this process shares a trace with another of the same name"),
+    M("parallel-newer-batch-ignored", "autoplan/search/_parallel.py",
+      "                    if self._newer_waits():",
+      "                    if False:",
+      ("tests/search/test_parallel.py::test_a_batch_started_inside_a_task_gets_the_workers_first",),
+      "a batch keeps handing its tasks to the workers while a batch started inside one of its "
+      "tasks waits"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any
