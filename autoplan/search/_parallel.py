@@ -434,10 +434,12 @@ def _payload(graph: OpGraph) -> bytes:
     return pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-#: the batches running now, each with its start number: a batch started while another runs (the
-#: layer ILPs of the pipeline search, itself a task of the search's batch) comes first
+#: the batches running now, by start number
 _ACTIVE: dict[int, _Batch] = {}
 _STARTED = itertools.count()
+#: per thread, the batches whose caller it is, innermost last: a batch started by a task that
+#: the caller of another runs (the pipeline search's layer ILPs) is that batch's child
+_CALLERS = threading.local()
 #: seconds a dispatcher that gave way to a newer batch waits before it looks again
 _YIELD_POLL = 0.01
 
@@ -447,18 +449,23 @@ class _Batch:
     dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
     the caller can still take any task no worker has started).
 
-    Batches share the pool's workers, and a newer batch comes first: while a batch started
-    after this one has a task a worker could take, this one hands out no new task (those it
-    has in flight run on). A search's batch holds the pipeline search, which runs in the
+    Batches share the pool's workers, and a nested batch comes first: while a batch started by
+    one of this batch's tasks (run by its caller), or by one of that batch's, has a task for a
+    worker and room for it, this one hands out no new task, unless a worker is free all the
+    same (those it has in flight run on). Batches of other threads (another search) do not
+    wait for each other. A search's batch holds the pipeline search, which runs in the
     caller and starts a batch of its own layer ILPs, beside one intra-operator search per
     mesh; without this the workers ran those long searches one after another while the caller
     solved most layer ILPs alone, and then sat idle through the pipeline's serial tail (the
     stage DP, the next micro-batch size's trace). Which process runs a task never changes what
     it gives."""
 
-    def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int):
+    def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int,
+                 parent: _Batch | None = None):
         self.tasks, self.pool, self.size = tasks, pool, min(size, pool.size)
         self.order = next(_STARTED)
+        self.parent = parent
+        self.in_flight = 0  # tasks handed to the workers and not back yet
         self.pending = deque(range(len(tasks)))
         self.outcomes: list[Outcome | None] = [None] * len(tasks)
         self.lock = threading.Lock()
@@ -493,11 +500,26 @@ class _Batch:
         with self.lock:
             return not self.stop.is_set() and any(not self.tasks[k].local for k in self.pending)
 
+    def _descends_from(self, other: _Batch) -> bool:
+        b = self.parent
+        while b is not None:
+            if b is other:
+                return True
+            b = b.parent
+        return False
+
     def _newer_waits(self) -> bool:
-        """Whether a batch started after this one has a task for a worker."""
+        """Whether a batch nested in this one has a task for a worker and room to hand it out,
+        or has a task and no worker is free."""
         with _LOCK:
-            newer = [b for order, b in _ACTIVE.items() if order > self.order]
-        return any(b.can_travel() for b in newer)
+            active = list(_ACTIVE.values())
+        full = False
+        for b in active:
+            if b.order > self.order and b._descends_from(self) and b.can_travel():
+                if b.in_flight < b.size:
+                    return True
+                full = True
+        return full and sum(b.in_flight for b in active) >= self.pool.size
 
     def _submit(self, k: int, with_payload: bool) -> cf.Future:
         t = self.tasks[k]
@@ -518,8 +540,9 @@ class _Batch:
                     if k is None:
                         break
                     inflight[self._submit(k, True)] = k
+                    self.in_flight = len(inflight)
                 if not inflight:
-                    if gave_way and self.pending:
+                    if gave_way and self.can_travel():
                         self.stop.wait(_YIELD_POLL)
                         continue
                     return
@@ -537,6 +560,7 @@ class _Batch:
                     if self.tasks[k].graph is not None:
                         self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
                     self.outcomes[k] = out
+                self.in_flight = len(inflight)
         except BaseException as err:  # the pool broke: its tasks go back to the caller
             self.failure = err
             self.stop.set()
@@ -580,9 +604,11 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
     broken = False
     batch: _Batch | None = None
     try:
-        batch = _Batch(tasks, pool, size)
+        callers = _CALLERS.__dict__.setdefault("batches", [])
+        batch = _Batch(tasks, pool, size, parent=callers[-1] if callers else None)
         with _LOCK:
             _ACTIVE[batch.order] = batch
+        callers.append(batch)
         batch.thread.start()
 
         def done() -> float:
@@ -623,4 +649,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
         if batch is not None:
             with _LOCK:
                 _ACTIVE.pop(batch.order, None)
+            callers = _CALLERS.__dict__.get("batches", [])
+            if callers and callers[-1] is batch:
+                callers.pop()
         _release(pool, broken=broken)

@@ -201,10 +201,41 @@ def test_a_batch_started_inside_a_task_gets_the_workers_first():
     assert on_workers, inner  # the worker helped with the inner batch
     first_inner_on_worker = min(r[3] for r in on_workers)
     # no outer task started on a worker between the inner batch's first task there and its
-    # last task's start (the one in flight when it began ran on)
+    # last task's start (the one in flight when it began ran on); the last inner task may be
+    # the caller's, whose recorded start can trail the worker's next task by a few ms
     assert not [r for r in rest if r[2] != os.getpid()
-                and first_inner_on_worker < r[3] < last_inner], (inner, rest)
+                and first_inner_on_worker < r[3] < last_inner - 0.1], (inner, rest)
     _parallel.shutdown()
+
+
+def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
+    """A batch gives way to the batches started inside its own tasks (in its caller's thread),
+    not to another thread's search; and not to a nested batch that already has all the workers
+    it may use while a worker is free."""
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    pool = _parallel._acquire(2)
+    try:
+        outer = _parallel._Batch([Task(_pid, graph, (0,))], pool, 2)
+        nested = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1,
+                                  parent=outer)
+        other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 2)
+        with _parallel._LOCK:
+            for b in (outer, nested, other):
+                _parallel._ACTIVE[b.order] = b
+        assert outer._newer_waits()  # the nested batch has tasks and room
+        assert not nested._newer_waits()  # nothing nested in it; `other` is not its child
+        nested.in_flight = 1  # full (its one worker busy), and the pool's second worker free
+        assert not outer._newer_waits()
+        outer.in_flight = 1  # now no worker is free: the nested batch's next task goes first
+        assert outer._newer_waits()
+        nested.pending.clear()  # nothing left to hand out
+        assert not outer._newer_waits()
+    finally:
+        with _parallel._LOCK:
+            for b in (outer, nested, other):
+                _parallel._ACTIVE.pop(b.order, None)
+        _parallel._release(pool)
+        _parallel.shutdown()
 
 
 def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
