@@ -171,6 +171,15 @@ def test_the_long_function_check_sees_a_long_function():
     assert long_functions(source, limit=MAX_FUNCTION_LINES + 1) == []
 
 
+def _cannot_spawn_from(folder: pathlib.Path) -> str:
+    """What the search's check (:func:`~autoplan.search._parallel.cannot_spawn`) says in a fresh
+    interpreter with ``folder`` first on ``sys.path``, as for a script run from it."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from autoplan.search._parallel import cannot_spawn; print(cannot_spawn())")
+    return subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
+                          text=True, check=True, cwd=ROOT.parent).stdout.strip()
+
+
 def test_no_script_folder_shadows_the_standard_library():
     """A script run from ``benchmarks/`` (or the repository's root) has its folder first on
     ``sys.path``: a file there named like a standard-library module would shadow it, and the
@@ -179,20 +188,14 @@ def test_no_script_folder_shadows_the_standard_library():
     serially without a word while ``benchmarks/trace.py`` existed. The search's own check
     (:func:`~autoplan.search._parallel.cannot_spawn`) passes from each folder, and sees such a
     file when there is one."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from autoplan.search._parallel import cannot_spawn; print(cannot_spawn())")
     repo = ROOT.parent
     for folder in (repo / "benchmarks", repo / "notebooks", repo):
-        out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
-                             text=True, check=True, cwd=repo).stdout.strip()
+        out = _cannot_spawn_from(folder)
         assert out == "None", (folder, out)
         assert not [p.name for p in folder.glob("*.py") if p.stem in sys.stdlib_module_names]
 
 
 def test_the_shadow_check_sees_a_shadowing_script(tmp_path):
     (tmp_path / "trace.py").write_text("")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "from autoplan.search._parallel import cannot_spawn; print(cannot_spawn())")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
-                         text=True, check=True).stdout
+    out = _cannot_spawn_from(tmp_path)
     assert "trace.py" in out and "standard library" in out

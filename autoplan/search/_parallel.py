@@ -41,7 +41,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import importlib
-import itertools
 import multiprocessing
 import os
 import pickle
@@ -434,9 +433,8 @@ def _payload(graph: OpGraph) -> bytes:
     return pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-#: the batches running now, by start number
-_ACTIVE: dict[int, _Batch] = {}
-_STARTED = itertools.count()
+#: the batches running now
+_ACTIVE: set[_Batch] = set()
 #: per thread, the batches whose caller it is, innermost last: a batch started by a task that
 #: the caller of another runs (the pipeline search's layer ILPs) is that batch's child
 _CALLERS = threading.local()
@@ -463,7 +461,6 @@ class _Batch:
     def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int,
                  parent: _Batch | None = None):
         self.tasks, self.pool, self.size = tasks, pool, min(size, pool.size)
-        self.order = next(_STARTED)
         self.parent = parent
         self.in_flight = 0  # tasks handed to the workers and not back yet
         self.pending = deque(range(len(tasks)))
@@ -512,10 +509,10 @@ class _Batch:
         """Whether a batch nested in this one has a task for a worker and room to hand it out,
         or has a task and no worker is free."""
         with _LOCK:
-            active = list(_ACTIVE.values())
+            active = list(_ACTIVE)
         full = False
         for b in active:
-            if b.order > self.order and b._descends_from(self) and b.can_travel():
+            if b._descends_from(self) and b.can_travel():
                 if b.in_flight < b.size:
                     return True
                 full = True
@@ -607,7 +604,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
         callers = _CALLERS.__dict__.setdefault("batches", [])
         batch = _Batch(tasks, pool, size, parent=callers[-1] if callers else None)
         with _LOCK:
-            _ACTIVE[batch.order] = batch
+            _ACTIVE.add(batch)
         callers.append(batch)
         batch.thread.start()
 
@@ -648,7 +645,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
     finally:
         if batch is not None:
             with _LOCK:
-                _ACTIVE.pop(batch.order, None)
+                _ACTIVE.discard(batch)
             callers = _CALLERS.__dict__.get("batches", [])
             if callers and callers[-1] is batch:
                 callers.pop()

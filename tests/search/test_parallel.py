@@ -220,8 +220,7 @@ def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
                                   parent=outer)
         other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 2)
         with _parallel._LOCK:
-            for b in (outer, nested, other):
-                _parallel._ACTIVE[b.order] = b
+            _parallel._ACTIVE.update((outer, nested, other))
         assert outer._newer_waits()  # the nested batch has tasks and room
         assert not nested._newer_waits()  # nothing nested in it; `other` is not its child
         nested.in_flight = 1  # full (its one worker busy), and the pool's second worker free
@@ -232,8 +231,7 @@ def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
         assert not outer._newer_waits()
     finally:
         with _parallel._LOCK:
-            for b in (outer, nested, other):
-                _parallel._ACTIVE.pop(b.order, None)
+            _parallel._ACTIVE.difference_update((outer, nested, other))
         _parallel._release(pool)
         _parallel.shutdown()
 
