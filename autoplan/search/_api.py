@@ -649,19 +649,31 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
     baseline_plans: list[Plan] = []
     infeasible: list[InfeasiblePlanError] = []
     if partial is not None and do_pipe and shapes:
-        # the intra-operator candidates and baselines first, shown while the pipeline search runs
-        later = [t for t in tasks if t.fn in (_pipeline_plans, _megatron_pipeline)]
-        first = [t for t in tasks if t not in later]
-        outcomes = run_tasks(first, workers=n_workers,
-                             report=lambda msg, frac: report(msg, 0.05 + 0.45 * frac))
-        _collect(first, outcomes, stats, plans, baseline_plans, infeasible, level)
-        if plans:
-            ranked = _rank(_finish_plans(plans + baseline_plans, graph, stats))
-            partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
-                                 graph=graph, analysis=analysis_of(graph)))
-        outcomes += run_tasks(later, workers=n_workers,
-                              report=lambda msg, frac: report(msg, 0.5 + 0.45 * frac))
-        _collect(later, outcomes[len(first):], stats, plans, baseline_plans, infeasible, level)
+        # the intra-operator candidates and baselines first, shown while the pipeline search
+        # runs: one batch, the caller on the pipeline search while the workers take the rest
+        # ahead of its layer ILPs; what they give is collected (and ranked and shown) as soon as
+        # they are all in
+        first = [k for k, t in enumerate(tasks) if t.fn not in (_pipeline_plans, _megatron_pipeline)]
+        later = [k for k in range(len(tasks)) if k not in first]
+        shown: list[bool] = []
+
+        def show(got: list[Any]) -> None:
+            shown.append(True)
+            _collect([tasks[k] for k in first], got, stats, plans, baseline_plans, infeasible,
+                     level)
+            if plans:
+                ranked = _rank(_finish_plans(plans + baseline_plans, graph, stats))
+                partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
+                                     graph=graph, analysis=analysis_of(graph)))
+
+        done = run_tasks(tasks, workers=n_workers, first=first, on_first=show,
+                         report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
+        outcomes = [done[k] for k in first + later]
+        if not shown:
+            _collect([tasks[k] for k in first], outcomes[:len(first)], stats, plans,
+                     baseline_plans, infeasible, level)
+        _collect([tasks[k] for k in later], outcomes[len(first):], stats, plans, baseline_plans,
+                 infeasible, level)
     else:
         outcomes = run_tasks(tasks, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))

@@ -442,6 +442,49 @@ _CALLERS = threading.local()
 _YIELD_POLL = 0.01
 
 
+class _FirstGroup:
+    """The tasks of :func:`run_tasks`' ``first`` and its ``on_first``: called once, in a thread
+    of its own, when the last of them is done while other tasks of the batch are not (the
+    batch's caller is then still busy with one of those, and a result to show need not wait for
+    it). :meth:`wait` joins that thread and raises what the call raised."""
+
+    def __init__(self, order: Sequence[int], callback: Callable[[list[Outcome]], None]):
+        self.order, self.members, self.callback = list(order), frozenset(order), callback
+        self.lock = threading.Lock()
+        self.settled = False  # the group is done: called, or too late to be early
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def done(self, outcomes: Sequence[Outcome | None], *, inline: bool = False) -> None:
+        """An outcome of the batch is in: start the call when it completes the group (with
+        ``inline``, make it in this thread: a batch in one process)."""
+        with self.lock:
+            if self.settled or any(outcomes[k] is None for k in self.members):
+                return
+            self.settled = True
+            if all(o is not None for o in outcomes):
+                return  # (nothing else runs any more: there is nothing to be early for)
+            got = [outcomes[k] for k in self.order]
+            if not inline:
+                self.thread = threading.Thread(target=self._run, args=(got,),
+                                               name="autoplan-first", daemon=True)
+                self.thread.start()
+                return
+        self.callback(got)
+
+    def _run(self, got: list[Outcome]) -> None:
+        try:
+            self.callback(got)
+        except BaseException as err:  # raised again by the batch's caller (:meth:`wait`)
+            self.error = err
+
+    def wait(self, *, raise_error: bool = True) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if raise_error and self.error is not None:
+            raise self.error
+
+
 class _Batch:
     """One call of :func:`run_tasks` with a pool: the caller takes tasks from the front, a
     dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
@@ -455,13 +498,15 @@ class _Batch:
     caller and starts a batch of its own layer ILPs, beside one intra-operator search per
     mesh; without this the workers ran those long searches one after another while the caller
     solved most layer ILPs alone, and then sat idle through the pipeline's serial tail (the
-    stage DP, the next micro-batch size's trace). Which process runs a task never changes what
-    it gives."""
+    stage DP, the next micro-batch size's trace). A batch's first group (:func:`run_tasks`'
+    ``first``: results to show early) goes ahead of the batches nested in it. Which process
+    runs a task never changes what it gives."""
 
     def __init__(self, tasks: Sequence[Task], pool: _Pool, size: int,
-                 parent: _Batch | None = None):
+                 parent: _Batch | None = None, first: _FirstGroup | None = None):
         self.tasks, self.pool, self.size = tasks, pool, min(size, pool.size)
         self.parent = parent
+        self.first = first
         self.in_flight = 0  # tasks handed to the workers and not back yet
         self.pending = deque(range(len(tasks)))
         self.outcomes: list[Outcome | None] = [None] * len(tasks)
@@ -497,6 +542,30 @@ class _Batch:
         with self.lock:
             return not self.stop.is_set() and any(not self.tasks[k].local for k in self.pending)
 
+    def _first_waits(self) -> bool:
+        """Whether a task of the first group (:func:`run_tasks`' ``first``) may still go to a
+        worker: those go ahead of nested batches' tasks."""
+        if self.first is None:
+            return False
+        with self.lock:
+            return not self.stop.is_set() and any(
+                k in self.first.members and not self.tasks[k].local for k in self.pending)
+
+    def _older_first_waits(self) -> bool:
+        """Whether a batch this one is nested in has a first-group task waiting for a worker."""
+        b = self.parent
+        while b is not None:
+            if b._first_waits():
+                return True
+            b = b.parent
+        return False
+
+    def finish(self, k: int, outcome: Outcome) -> None:
+        """Task ``k``'s outcome is in (from the caller's thread or the dispatcher's)."""
+        self.outcomes[k] = outcome
+        if self.first is not None:
+            self.first.done(self.outcomes)
+
     def _descends_from(self, other: _Batch) -> bool:
         b = self.parent
         while b is not None:
@@ -530,7 +599,8 @@ class _Batch:
             while True:
                 gave_way = False
                 while len(inflight) < self.size and not self.stop.is_set():
-                    if self._newer_waits():
+                    if self._older_first_waits() or (not self._first_waits()
+                                                     and self._newer_waits()):
                         gave_way = True
                         break
                     k = self.take(front=False)
@@ -556,7 +626,7 @@ class _Batch:
                         continue
                     if self.tasks[k].graph is not None:
                         self.pool.holders.setdefault(_token(self.tasks[k].graph), set()).add(pid)
-                    self.outcomes[k] = out
+                    self.finish(k, out)
                 self.in_flight = len(inflight)
         except BaseException as err:  # the pool broke: its tasks go back to the caller
             self.failure = err
@@ -566,7 +636,9 @@ class _Batch:
 
 
 def run_tasks(tasks: Sequence[Task], *, workers: int,
-              report: Callable[[str, float], None] | None = None) -> list[Outcome]:
+              report: Callable[[str, float], None] | None = None,
+              first: Sequence[int] = (),
+              on_first: Callable[[list[Outcome]], None] | None = None) -> list[Outcome]:
     """Run independent tasks on ``workers`` processes (the caller's included); their outcomes
     in task order, each what the task gives run alone.
 
@@ -576,18 +648,30 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
         report: called in the caller's thread as ``report(message, fraction done)`` before each
             task it runs and while it waits for workers (a progress bar; it may raise to
             interrupt the batch, which ends the workers running its tasks).
+        first: indices of tasks to finish early: the workers take them ahead of any task of a
+            batch nested in this one (in one process they run before the others).
+        on_first: called once with the outcomes of ``first`` (in that order) as soon as they
+            are all in while another task is still running or to run, in a thread of its own
+            (the caller may be running a long task; in one process, in the caller's, before
+            the other tasks); not called when they are the last to finish. The batch returns
+            after it, raising what it raised.
 
     Warns:
         ParallelWarning: the workers could not be used; the tasks ran in the caller's process.
     """
     tick = report or (lambda message, fraction: None)
     n = len(tasks)
+    group = None if on_first is None or not first else _FirstGroup(first, on_first)
     if workers <= 1 or n <= 1 or all(t.local for t in tasks):
-        out = []
-        for k, t in enumerate(tasks):
-            tick(t.label, k / n)
-            out.append(_call(t.fn, t.graph, t.args, t.kwargs))
-        return out
+        out: list[Outcome | None] = [None] * n
+        order = list(dict.fromkeys([*first, *range(n)]))
+        for j, k in enumerate(order):
+            t = tasks[k]
+            tick(t.label, j / n)
+            out[k] = _call(t.fn, t.graph, t.args, t.kwargs)
+            if group is not None:
+                group.done(out, inline=True)  # (in one process: before the next task)
+        return out  # type: ignore[return-value]
     why = cannot_spawn()
     if why is not None:
         if why not in _SAID:  # (once per process: a search runs several batches)
@@ -595,14 +679,14 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             warnings.warn(ParallelWarning(f"search: no worker processes were started: {why}. The "
                                           "tasks ran in this process, with the same results."),
                           stacklevel=user_stacklevel())
-        return run_tasks(tasks, workers=1, report=report)
+        return run_tasks(tasks, workers=1, report=report, first=first, on_first=on_first)
     size = min(workers - 1, sum(not t.local for t in tasks))
     pool = _acquire(size)
     broken = False
     batch: _Batch | None = None
     try:
         callers = _CALLERS.__dict__.setdefault("batches", [])
-        batch = _Batch(tasks, pool, size, parent=callers[-1] if callers else None)
+        batch = _Batch(tasks, pool, size, parent=callers[-1] if callers else None, first=group)
         with _LOCK:
             _ACTIVE.add(batch)
         callers.append(batch)
@@ -616,7 +700,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             if k is not None:
                 t = tasks[k]
                 tick(t.label, done())
-                batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
+                batch.finish(k, _call(t.fn, t.graph, t.args, t.kwargs))
                 continue
             if not batch.thread.is_alive():
                 break
@@ -627,7 +711,7 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             if batch.outcomes[k] is None:
                 t = tasks[k]
                 tick(t.label, done())
-                batch.outcomes[k] = _call(t.fn, t.graph, t.args, t.kwargs)
+                batch.finish(k, _call(t.fn, t.graph, t.args, t.kwargs))
         if batch.failure is not None:
             broken = True
             warnings.warn(ParallelWarning(
@@ -636,11 +720,13 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
                 "results. Fix: if a script calls the search at its top level, put that under "
                 "if __name__ == '__main__': (each worker re-runs the script's top level); or pass "
                 "workers=1."), stacklevel=user_stacklevel())
-        return list(batch.outcomes)  # type: ignore[arg-type]
+        outcomes = list(batch.outcomes)
     except BaseException:  # an interrupted batch: its workers' tasks are abandoned
         broken = True
         if batch is not None:
             batch.stop.set()
+        if group is not None:
+            group.wait(raise_error=False)
         raise
     finally:
         if batch is not None:
@@ -650,3 +736,6 @@ def run_tasks(tasks: Sequence[Task], *, workers: int,
             if callers and callers[-1] is batch:
                 callers.pop()
         _release(pool, broken=broken)
+    if group is not None:
+        group.wait()
+    return outcomes  # type: ignore[return-value]

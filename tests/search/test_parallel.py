@@ -208,6 +208,54 @@ def test_a_batch_started_inside_a_task_gets_the_workers_first():
     _parallel.shutdown()
 
 
+def test_a_first_group_goes_ahead_of_nested_batches_and_is_shown_while_the_caller_works():
+    """``first`` tasks go to the workers ahead of a nested batch's (the search's intra-operator
+    candidates, shown while the pipeline search runs in the caller), and ``on_first`` gets their
+    outcomes, in the order given, in a thread of its own as soon as they are in, while the
+    caller's task still runs; the batch returns after it, and raises what it raised."""
+    _parallel.shutdown()
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
+    tasks = [Task(_nested, graph, local=True)] + [Task(_timed, graph, ("first", k, 0.3))
+                                                  for k in range(3)]
+    seen = []
+
+    def on_first(got):
+        seen.append(([o.result()[:2] for o in got], threading.current_thread(), time.time()))
+
+    outs = run_tasks(tasks, workers=2, first=[3, 1, 2], on_first=on_first)
+    inner = outs[0].result()
+    assert len(seen) == 1
+    shown, thread, when = seen[0]
+    assert shown == [("first", 2), ("first", 0), ("first", 1)]  # the order of ``first``
+    assert thread is not threading.current_thread()
+    assert when < max(r[3] for r in inner) + 0.2  # shown before the caller's task ended
+    # no inner task started on a worker while a first task waited for one
+    firsts = [o.result() for o in outs[1:]]
+    on_worker = [r for r in firsts if r[2] != os.getpid()]
+    assert on_worker
+    assert not [r for r in inner if r[2] != os.getpid() and r[3] < max(x[3] for x in on_worker)]
+
+    def fails(got):
+        raise ValueError("shown wrong")
+
+    with pytest.raises(ValueError, match="shown wrong"):
+        run_tasks(tasks, workers=2, first=[1, 2, 3], on_first=fails)
+    # in one process: the first group first, shown before the rest runs, in the caller's thread
+    order = []
+    serial = run_tasks([Task(_timed, graph, ("x", 0, 0.0)), Task(_timed, graph, ("y", 1, 0.0))],
+                       workers=1, first=[1],
+                       on_first=lambda got: order.append((got[0].result()[0],
+                                                          threading.current_thread())))
+    assert order == [("y", threading.current_thread())]
+    assert serial[1].result()[3] < serial[0].result()[3]
+    # nothing shown when the first group finishes last (there is nothing to be early for)
+    late = []
+    run_tasks([Task(_pid, graph, (0,))], workers=2, first=[0], on_first=late.append)
+    assert late == []
+    _parallel.shutdown()
+
+
 def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
     """A batch gives way to the batches started inside its own tasks (in its caller's thread),
     not to another thread's search; and not to a nested batch that already has all the workers
