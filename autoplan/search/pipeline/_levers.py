@@ -45,7 +45,7 @@ notes (:data:`EXEC_NOTE`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +55,8 @@ from autoplan._memo import memo
 from autoplan.plans._spec import ZERO_SHARDED, tile_count
 from autoplan.search.intra._spec_space import tiles
 
-__all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "DP_VARIANTS",
-           "EXEC_NOTE", "ZERO_LEVELS"]
+__all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "LeverInputs",
+           "DP_VARIANTS", "EXEC_NOTE", "ZERO_LEVELS"]
 
 ZERO_LEVELS = (0, 1, 2, 3)
 
@@ -379,7 +379,7 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
 
 
 def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequence[int]] | None,
-              ratio: float, B: int) -> dict[str, np.ndarray] | None:
+              ratio: float, B: int) -> LeverInputs | None:
     """The stage-DP inputs of the lever run beside a base run's ``base`` inputs (its arrays
     ``t, step, pmem, amem`` after :func:`~autoplan.search.pipeline._layouts._dp_inputs`):
     configurations ``c + C v`` for the variants ``v >= 1`` of :data:`DP_VARIANTS` (``C`` the
@@ -387,7 +387,7 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
     the memory limit at the deepest pipeline position, and never faster than it. None when no
     entry needs a lever (the run would find nothing new) or no layer has a lever."""
     ctx = table.ctx
-    t, step, pm, am = base["t"], base["step"], base["pmem"], base["amem"]
+    t, pm, am = base["t"], base["pmem"], base["amem"]
     L = t.shape[0]
     deep = min(B, L, ctx.num_hosts * ctx.devices_per_host)
     need = np.isfinite(t) & (pm + deep * am > ctx.budget * (1 + 1e-9))
@@ -401,26 +401,56 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
         deltas.setflags(write=False)
     if deltas is None:
         return None
-    gpipe = ctx.schedule == "gpipe"
-    # each variant's arrays: inf but where the base configuration needs a lever (computed there
-    # only, the same sums entry by entry)
-    V, C = len(deltas), t.shape[3]
-    out = {name: np.full(t.shape[:3] + ((V + 1) * C,), np.inf)
-           for name in ("t", "step", "pmem", "amem")}
-    for name, base_arr in (("t", t), ("step", step), ("pmem", pm), ("amem", am)):
-        out[name][..., :C] = base_arr
-    at = np.nonzero(need)
-    t_n, step_n, pm_n, am_n = t[at], step[at], pm[at], am[at]
-    for v, dv in enumerate(deltas):
-        dt, ds, dr, da = (x[at] for x in dv)
-        ok = np.isfinite(dt)
-        where = tuple(i[ok] for i in at[:3]) + (at[3][ok] + (v + 1) * C,)
-        out["t"][where] = np.maximum(t_n + dt, t_n)[ok]
-        out["step"][where] = np.maximum(step_n + ds, 0.0)[ok]
-        res = pm_n + dr + (B * da if gpipe else 0.0)
-        out["pmem"][where] = np.maximum(res, 0.0)[ok]
-        out["amem"][where] = np.maximum(am_n + (0.0 if gpipe else da), 0.0)[ok]
-    return out
+    return LeverInputs(base, deltas, need, B, ctx.schedule == "gpipe")
+
+
+class LeverInputs(Mapping):
+    """The stage-DP inputs of a lever run (:func:`lever_run`), the arrays ``t, step, pmem, amem``
+    over configurations ``c + C v``, made from the base run's arrays and the lever deltas where
+    first read: a run handed to a worker process makes them there (what travels is its recipe,
+    no larger than the arrays), so the search's caller makes only those of the runs it takes."""
+
+    def __init__(self, base: Mapping[str, np.ndarray], deltas: np.ndarray, need: np.ndarray,
+                 B: int, gpipe: bool):
+        self.base = {name: base[name] for name in ("t", "step", "pmem", "amem")}
+        self.deltas, self.need, self.B, self.gpipe = deltas, need, B, gpipe
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self._arrays is None:
+            self._arrays = self._make()
+        return self._arrays[name]
+
+    def __iter__(self):
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _make(self) -> dict[str, np.ndarray]:
+        """Each variant's arrays: inf but where the base configuration needs a lever (computed
+        there only, the same sums entry by entry)."""
+        t, step, pm, am = (self.base[name] for name in ("t", "step", "pmem", "amem"))
+        V, C, B = len(self.deltas), t.shape[3], self.B
+        out = {name: np.full(t.shape[:3] + ((V + 1) * C,), np.inf)
+               for name in ("t", "step", "pmem", "amem")}
+        for name, base_arr in (("t", t), ("step", step), ("pmem", pm), ("amem", am)):
+            out[name][..., :C] = base_arr
+        at = np.nonzero(self.need)
+        t_n, step_n, pm_n, am_n = t[at], step[at], pm[at], am[at]
+        for v, dv in enumerate(self.deltas):
+            dt, ds, dr, da = (x[at] for x in dv)
+            ok = np.isfinite(dt)
+            where = tuple(i[ok] for i in at[:3]) + (at[3][ok] + (v + 1) * C,)
+            out["t"][where] = np.maximum(t_n + dt, t_n)[ok]
+            out["step"][where] = np.maximum(step_n + ds, 0.0)[ok]
+            res = pm_n + dr + (B * da if self.gpipe else 0.0)
+            out["pmem"][where] = np.maximum(res, 0.0)[ok]
+            out["amem"][where] = np.maximum(am_n + (0.0 if self.gpipe else da), 0.0)[ok]
+        return out
 
 
 def fit_layout(table: Any, chunks: Sequence[tuple[Sequence[int], int, int]], stages: Sequence[Any],

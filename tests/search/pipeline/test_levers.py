@@ -398,3 +398,36 @@ def test_the_dag_stage_ilps_groups_fit_with_levers():
         quiet(pipeline_search, wl, cluster, microbatches=2, levers=False, memory_budget=budget)
     best = quiet(pipeline_search, wl, cluster, microbatches=2, memory_budget=budget).plans[0]
     assert best.predicted.memory_per_device <= budget and any(s.levers for s in best.stages)
+
+
+def test_lever_inputs_travel_as_their_recipe_and_make_the_same_arrays(least, monkeypatch):
+    """A lever run's stage-DP inputs are made where they are first read: pickled for a worker,
+    they carry the base arrays and the deltas, not the arrays made from them, and a copy makes
+    arrays equal to the original's entry by entry (infinities where no lever is needed)."""
+    import pickle
+
+    import numpy as np
+
+    made = []
+    real = lv.lever_run
+
+    def recording(*args, **kw):
+        out = real(*args, **kw)
+        if out is not None:
+            made.append(out)
+        return out
+
+    monkeypatch.setattr(lv, "lever_run", recording)
+    search(0.5 * least)
+    assert made
+    for inputs in made:
+        blob = pickle.dumps(inputs)
+        arrays = {name: np.array(inputs[name]) for name in ("t", "step", "pmem", "amem")}
+        assert len(pickle.dumps(inputs)) == len(blob)  # (what was made stays behind)
+        copy = pickle.loads(blob)
+        assert copy._arrays is None and sorted(copy) == sorted(arrays)
+        C = inputs.base["t"].shape[3]
+        for name, arr in arrays.items():
+            np.testing.assert_array_equal(copy[name], arr)
+            np.testing.assert_array_equal(arr[..., :C], inputs.base[name])
+        assert np.isfinite(arrays["t"][..., C:]).any() and not np.isfinite(arrays["t"]).all()
