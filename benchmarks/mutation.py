@@ -220,11 +220,24 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
       "a workload built in this process shares a trace with another of the same name"),
     M("parallel-newer-batch-ignored", "autoplan/search/_parallel.py",
-      "                    if self._newer_waits():",
-      "                    if False:",
+      "not self._first_waits() and self._newer_waits()):",
+      "not self._first_waits() and False):",
       ("tests/search/test_parallel.py::test_a_batch_started_inside_a_task_gets_the_workers_first",),
       "a batch keeps handing its tasks to the workers while a batch started inside one of its "
       "tasks waits"),
+    M("parallel-first-group-behind", "autoplan/search/_parallel.py",
+      "if self._older_first_waits() or (",
+      "if False or (",
+      ("tests/search/test_parallel.py::test_a_first_group_goes_ahead_of_nested_batches_and_is_"
+       "shown_while_the_caller_works",),
+      "a nested batch hands its tasks to the workers while its parent's first group (the "
+      "candidates shown early) waits for one"),
+    M("lever-inputs-travel-made", "autoplan/search/pipeline/_levers.py",
+      'return {**self.__dict__, "_arrays": None}',
+      "return dict(self.__dict__)",
+      ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
+       "the_same_arrays",),
+      "a lever run sent to a worker carries the arrays it made as well as their recipe"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -599,8 +599,8 @@ class _Batch:
             while True:
                 gave_way = False
                 while len(inflight) < self.size and not self.stop.is_set():
-                    if self._older_first_waits() or (not self._first_waits()
-                                                     and self._newer_waits()):
+                    if self._older_first_waits() or (
+                            not self._first_waits() and self._newer_waits()):
                         gave_way = True
                         break
                     k = self.take(front=False)
