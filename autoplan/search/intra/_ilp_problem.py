@@ -400,6 +400,7 @@ def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None)
     follow_cache: dict[tuple, Any] = {}
     contexts = fusion_context(graph)  # each operator's place in XLA's fusion
     table_cache: dict[tuple, _Tables] = {}
+    leaders, op_keys = _leaders(graph), _op_keys(graph)
     read_back = _backward_read(graph)
     saved = set(filter(read_back.__contains__, chain.from_iterable(
         graph.ops[i].outputs for i in op_ids if graph.ops[i].role == "forward")))
@@ -412,13 +413,18 @@ def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None)
             prob.nodes.append(_Node(i, "op", None, [chosen[i]], np.zeros(1), np.zeros(1)))
             member = _Member(len(prob.nodes) - 1, np.zeros(1, dtype=np.int64), [chosen[i]], None)
         elif not is_heavy(op) and is_follower(op):
-            cands = [k for k, t in enumerate(op.inputs)
-                     if t is not None and t in prob.tensor_src and op.in_shapes[k] is not None]
-            k = leader_operand(op, cands, graph) if cands else None
+            cands = tuple(k for k, t in enumerate(op.inputs)
+                          if t is not None and t in prob.tensor_src and op.in_shapes[k] is not None)
+            lkey = (i, cands)
+            k = leaders.get(lkey, -1)
+            if k == -1:  # (its operands' sizes and producers: once per graph and candidates)
+                k = leaders[lkey] = leader_operand(op, cands, graph) if cands else None
             if k is not None:
                 nid, src_ids = prob.tensor_src[op.inputs[k]]
                 ctx = contexts[i]
-                okey = _op_key(op)
+                okey = op_keys.get(i)
+                if okey is None:
+                    okey = op_keys[i] = _op_key(op)
                 ckey = (okey, ctx, k, src_ids.tobytes())
                 hit = follow_cache.get(ckey)
                 if hit is None:
@@ -470,6 +476,21 @@ def _add_fixed_and_pairs(prob: ILPProblem, fixed_specs: Mapping[int, Spec],
     hits = sorted((k, o, i) for i in prob.input_node for k, o in pairs_of.get(i, ())
                   if o in prob.tensor_src)
     prob.out_pairs = [(o, i) for _, o, i in hits]
+
+
+@per_owner
+def _leaders(graph: OpGraph) -> dict[tuple[int, tuple[int, ...]], int | None]:
+    """``{(operator id, candidate operands): its leader operand}`` (:func:`leader_operand`,
+    which reads only the operator, the candidates and the graph), filled as problems of
+    ``graph`` are built: every mesh's problem, and every layer's on each submesh and logical
+    mesh, asks again."""
+    return {}
+
+
+@per_owner
+def _op_keys(graph: OpGraph) -> dict[int, tuple]:
+    """``{operator id: _op_key(operator)}``, filled as problems of ``graph`` are built."""
+    return {}
 
 
 @per_owner

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoplan
 from autoplan import Cluster, InfeasiblePlanError, SearchError
+from autoplan.search.intra import _ilp_problem as ilp_problem
 from autoplan.search.intra._ilp import (
     UnsupportedPrimitiveWarning,
     build_problem,
@@ -260,14 +261,18 @@ def _problem_fields(prob) -> list:
     return out
 
 
-def _forget_shared_costs() -> None:
-    """Empty the process's shared caches of strategies, layouts, resharding and device times."""
+def _forget_shared_costs(graph=None) -> None:
+    """Empty the process's shared caches of strategies, layouts, resharding and device times
+    (and what ``graph``'s problems keep on it: its operators' leader operands and keys)."""
     from autoplan.search.intra import _ilp_problem, _reshard, _strategies  # noqa: PLC0415
 
     for cache in (_strategies._DERIVE_CACHE, _strategies._STRAT_CACHE,
                   _strategies._DERIVE_ALL_CACHE, _strategies._DEVICE_TIMES, _reshard._CACHE,
                   _reshard._TIMES, _ilp_problem._LAYOUTS, _ilp_problem._MATRICES):
         cache.clear()
+    if graph is not None:
+        _ilp_problem._leaders(graph).clear()
+        _ilp_problem._op_keys(graph).clear()
 
 
 def test_problems_built_on_shared_caches_equal_fresh_ones(adam):
@@ -284,13 +289,15 @@ def test_problems_built_on_shared_caches_equal_fresh_ones(adam):
              (inside, {"ops": fwd}), (across, {}), (across, {"ops": fwd, "fixed": {x: P("x")}})]
     fresh = []
     for mesh, kw in cases:
-        _forget_shared_costs()
+        _forget_shared_costs(adam)
         fresh.append(_problem_fields(build_problem(adam, mesh, **kw)))
-    _forget_shared_costs()
+    _forget_shared_costs(adam)
+    assert not ilp_problem._leaders(adam)
     for _ in range(2):  # the caches filled by the cases before each, then by all of them
         for (mesh, kw), want in zip(cases, fresh):
             assert _problem_fields(build_problem(adam, mesh, **kw)) == want
     assert fresh[0] != fresh[3]  # the bandwidths matter
+    assert ilp_problem._leaders(adam) and ilp_problem._op_keys(adam)  # (kept and read again)
 
 
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=60))
