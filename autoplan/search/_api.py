@@ -335,12 +335,9 @@ def search(workload_or_graph: Any, cluster: Cluster | str = "cpu:8", *, pipeline
             :meth:`SearchOptions.key() <autoplan.SearchOptions.key>`: every option but
             ``workers``, ``cache`` and the callbacks); ``False`` searches and stores nothing.
         progress: called as ``progress(message, fraction)`` during the search.
-        partial: called with a :class:`SearchResult` of the intra-operator candidates,
-            ranked (``stats["partial"]`` is True), as soon as they are in while the pipeline
-            search still runs (from a thread of the search's own: the caller's thread is busy
-            with the pipeline search; in one process, before it starts): a caller can show them
-            while the rest of the search runs. At most once, and not when the pipeline search
-            finished first; the search returns after it.
+        partial: called at most once (in one process before the pipeline search, else from a
+            thread of its own) with the intra-operator candidates ranked (``stats["partial"]``
+            True) as soon as they are in while the pipeline search runs, to show them meanwhile.
         allow_microbatching_mixed: search micro-batched plans (gradient accumulation,
             pipelines over several micro-batches) for a step whose loss mixes examples across
             the batch (batch statistics such as batch norm, in-batch negatives, any reduction
