@@ -553,12 +553,7 @@ class _Batch:
 
     def _older_first_waits(self) -> bool:
         """Whether a batch this one is nested in has a first-group task waiting for a worker."""
-        b = self.parent
-        while b is not None:
-            if b._first_waits():
-                return True
-            b = b.parent
-        return False
+        return any(b._first_waits() for b in self._ancestors())
 
     def finish(self, k: int, outcome: Outcome) -> None:
         """Task ``k``'s outcome is in (from the caller's thread or the dispatcher's)."""
@@ -566,13 +561,15 @@ class _Batch:
         if self.first is not None:
             self.first.done(self.outcomes)
 
-    def _descends_from(self, other: _Batch) -> bool:
+    def _ancestors(self):
+        """The batches this one is nested in, innermost first."""
         b = self.parent
         while b is not None:
-            if b is other:
-                return True
+            yield b
             b = b.parent
-        return False
+
+    def _descends_from(self, other: _Batch) -> bool:
+        return any(b is other for b in self._ancestors())
 
     def _newer_waits(self) -> bool:
         """Whether a batch nested in this one has a task for a worker and room to hand it out,
