@@ -118,6 +118,7 @@ class _Context:
         self.C = max(len(c) for c in self.configs)
         self.views = [replace(cluster, nodes=n, devices_per_node=m) for n, m in submeshes]
         self._meshes: dict[tuple, LogicalMesh] = {}
+        self._recv: dict[tuple[float, int], float] = {}  # recv_estimate's, by bytes and submesh
         self.solves = 0
         self.timed_out = 0  # layer ILPs stopped at their time limit
         self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
@@ -163,8 +164,13 @@ class _Context:
         """The stage DP's estimate of the time a stage on submesh ``k`` spends receiving
         ``nbytes`` from a neighbour: across hosts when the submesh spans whole hosts of a
         multi-host cluster (its neighbours then sit on other hosts), inside a host otherwise."""
-        n, m = self.submeshes[k]
-        return self.transfer(nbytes, k, self.num_hosts > 1 and m == self.devices_per_host, n * m)[0]
+        key = (nbytes, k)
+        hit = self._recv.get(key)
+        if hit is None:  # (a chain's boundaries pass the same bytes: kept per value)
+            n, m = self.submeshes[k]
+            hit = self._recv[key] = self.transfer(
+                nbytes, k, self.num_hosts > 1 and m == self.devices_per_host, n * m)[0]
+        return hit
 
     def crosses_hosts(self, devices: Iterable[int], other: Iterable[int]) -> bool:
         """Whether two stages' devices (cluster ids, ``host * devices_per_host + local``) sit
@@ -214,6 +220,7 @@ class _Table:
         self._pair_kinds = shared.pair_kinds
         self._passing = None
         self._tensors = None
+        self._kind_index: tuple[list[int], np.ndarray] | None = None
 
     # ---- layers and their solutions ----------------------------------------------------------
     def sub(self, li: int) -> OpGraph:
@@ -337,6 +344,20 @@ class _Table:
         sub = self.sub(li)
         return {pat: spec for pat, spec in self.ctx.pins.items()
                 if sub.find_inputs(pat, names_only=True)}
+
+    def kind_index(self) -> tuple[list[int], np.ndarray]:
+        """The first layer of each kind, in the layers' order, and each layer's kind as an index
+        into them. A layer's terms and levers on a cell are its kind's (kept once per kind), so
+        per-kind arrays spread over the layers as ``values[index]``."""
+        if self._kind_index is None:
+            firsts: dict[Hashable, int] = {}
+            index = np.array([firsts.setdefault(self.kind[li], len(firsts))
+                              for li in range(self.L)], dtype=np.int64)
+            reps = [0] * len(firsts)
+            for li in range(self.L - 1, -1, -1):
+                reps[int(index[li])] = li
+            self._kind_index = (reps, index)
+        return self._kind_index
 
     def _kinds(self) -> list[Hashable]:
         """Each layer's kind: its structural signature, and where the user's pins fix some of

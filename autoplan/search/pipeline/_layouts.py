@@ -106,21 +106,34 @@ def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]
     read-only)."""
     ctx, L = table.ctx, table.L
     K, C = len(ctx.submeshes), ctx.C
-    mb = np.full((4, L, K, C), np.inf)  # forward + backward, step, resident, activation
-    for li in range(L):
-        for k, c in ctx.cells():
+    cells = list(ctx.cells())
+    # (a layer's terms are its kind's: made per kind, spread over the layers)
+    reps, index = table.kind_index()
+    per_kind = np.full((4, len(reps), K, C), np.inf)  # forward + backward, step, resident, activation
+    for q, li in enumerate(reps):
+        for k, c in cells:
             tt = table.terms(li, k, c, ratio, B)
             if tt is not None:
-                mb[:, li, k, c] = (tt.forward + tt.backward, tt.step, tt.resident, tt.activation)
-    t, step, pmem, amem = (range_sums(x) for x in mb)
+                per_kind[:, q, k, c] = (tt.forward + tt.backward, tt.step, tt.resident,
+                                        tt.activation)
+    t, step, pmem, amem = (range_sums(x) for x in per_kind[:, index])
     # resharding between two layers of a stage: P[lo, hi] charged to every range holding both
+    # (the pairs passing alike, by :meth:`_Table._fold`, cost alike: made once per fold, added
+    # in the pairs' order; 0 on no cell)
     pair_mb, pair_step = np.zeros((L, L, K, C)), np.zeros((L, L, K, C))
+    by_fold: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     for a, b in table.passing():
         lo, hi = min(a, b), max(a, b)
-        for k, c in ctx.cells():
-            f, bw, s = table.pair_terms(a, b, k, c, ratio)
-            pair_mb[lo, hi, k, c] += f + bw
-            pair_step[lo, hi, k, c] += s
+        fold = table._fold(a, b)
+        got = by_fold.get(fold)
+        if got is None:
+            fb, st = np.zeros((K, C)), np.zeros((K, C))
+            for k, c in cells:
+                f, bw, s = table.pair_terms(a, b, k, c, ratio)
+                fb[k, c], st[k, c] = f + bw, s
+            got = by_fold[fold] = (fb, st)
+        pair_mb[lo, hi] += got[0]
+        pair_step[lo, hi] += got[1]
     for arr, pair in ((t, pair_mb), (step, pair_step)):
         inner = np.cumsum(pair, axis=1)  # over hi <= j
         arr += np.cumsum(inner[::-1], axis=0)[::-1]  # over lo >= i

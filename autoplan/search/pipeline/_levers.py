@@ -133,6 +133,17 @@ def layer_levers(table: Any, li: int, k: int, c: int, ratio: float = 1.0,
 
 
 def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) -> LayerLevers:
+    # (what does not read the ratio: once per layer kind and cell, for every ratio)
+    kept, zero = memo(table.shared, (_layer_levers, table.kind[li], k, c),
+                      lambda: _unscaled_levers(table, li, k, c))
+    saving = max(0.0, tt.activation - kept * ratio)
+    return LayerLevers(tt.forward, table.cost(li, k, c).forward_compute * ratio, saving, *zero)
+
+
+def _unscaled_levers(table: Any, li: int, k: int, c: int) -> tuple[float, tuple]:
+    """Layer ``li``'s levers on cell ``(k, c)`` that do not read the micro-batch ratio: the
+    bytes of the inputs a rematerialised layer keeps, and the ZeRO fields of
+    :class:`LayerLevers` (``zero_saving`` .. ``max_zero``)."""
     ctx = table.ctx
     shape = ctx.configs[k][c][0]
     mesh = ctx.mesh(k, shape)
@@ -151,7 +162,6 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
             spec = specs.get(gi.tensor)
             ten = sub.tensors[gi.tensor]
             kept += ten.nbytes / (tiles(spec, mesh) if spec is not None else 1)
-    saving = max(0.0, tt.activation - kept * ratio)
     # ZeRO: the gradient-synchronisation axes and what each tensor keeps unsplit over them
     grad_sync = [x for x in lc.step_comms if x.where == "grad-sync"]
     axes = tuple(a for a in names if any(a in x.axes for x in grad_sync) and sizes[a] > 1)
@@ -223,8 +233,8 @@ def _layer_levers(table: Any, li: int, k: int, c: int, ratio: float, tt: Any) ->
     if not axes:  # nothing is synchronised over several devices: ZeRO changes nothing
         zero_saving, zero_time = (0.0,) * 4, ((0.0, 0.0, 0.0),) * 4
         zero_bytes, params, kind_time = (({}, {}),) * 4, 0.0, (({}, {}),) * 4
-    return LayerLevers(tt.forward, lc.forward_compute * ratio, saving, zero_saving,
-                       params if axes else 0.0, zero_time, zero_bytes, axes, kind_time, max_zero)
+    return kept, (zero_saving, params if axes else 0.0, zero_time, zero_bytes, axes, kind_time,
+                  max_zero)
 
 
 def _user_pinned(table: Any, sub: Any) -> frozenset[str]:
@@ -338,10 +348,12 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     K, C = len(ctx.submeshes), ctx.C
     L = table.L
     V = len(DP_VARIANTS)
-    # per layer: (t, step, resident, activation, zero buffer, remat peak) per variant
-    per = np.zeros((6, V, L, K, C))
+    # per layer: (t, step, resident, activation, zero buffer, remat peak) per variant (a
+    # layer's levers are its kind's: made per kind, spread over the layers)
+    reps, index = table.kind_index()
+    per_kind = np.zeros((6, V, len(reps), K, C))
     any_lever = False
-    for li in range(L):
+    for q, li in enumerate(reps):
         for k, c in ctx.cells():
             x = layer_levers(table, li, k, c, ratio, B)
             if x is None:
@@ -349,15 +361,16 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
             any_lever = any_lever or x.remat_saving > 0 or x.zero_saving[3] > 0
             for v, (z, remat) in enumerate(DP_VARIANTS):
                 if z > x.max_zero:  # (it would shard an input the user pinned: no stage with it)
-                    per[0, v, li, k, c] = np.inf
+                    per_kind[0, v, q, k, c] = np.inf
                     continue
                 f, b, s = x.zero_time[z]
-                per[:, v, li, k, c] = (f + b + (x.recompute if remat else 0.0), s,
-                                       -x.zero_saving[z], -(x.remat_saving if remat else 0.0),
-                                       x.zero_buffer if z == 3 else 0.0,
-                                       x.remat_saving if remat else 0.0)
+                per_kind[:, v, q, k, c] = (f + b + (x.recompute if remat else 0.0), s,
+                                           -x.zero_saving[z], -(x.remat_saving if remat else 0.0),
+                                           x.zero_buffer if z == 3 else 0.0,
+                                           x.remat_saving if remat else 0.0)
     if not any_lever:
         return None
+    per = per_kind[:, :, index]
     if chain:
         out = np.empty((V, 4, L, L, K, C))
         for v in range(V):

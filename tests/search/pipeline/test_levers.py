@@ -431,3 +431,55 @@ def test_lever_inputs_travel_as_their_recipe_and_make_the_same_arrays(least, mon
             np.testing.assert_array_equal(copy[name], arr)
             np.testing.assert_array_equal(arr[..., :C], inputs.base[name])
         assert np.isfinite(arrays["t"][..., C:]).any() and not np.isfinite(arrays["t"]).all()
+
+
+def test_stage_dp_arrays_and_lever_deltas_hold_each_layers_own_costs():
+    """The stage DP's arrays over ranges of layers and the lever variants' changes are made
+    once per layer kind and spread over the layers: every range holds the sum of its own
+    layers' terms and levers (and the resharding between them), at the default micro-batch
+    size and re-timed for another, for each kind (the embedding, the blocks, the head)."""
+    import numpy as np
+
+    from autoplan.search.pipeline._layouts import _chain_arrays
+
+    wl = models.get("gpt", "tiny", layers=4, batch=32)
+    cluster = autoplan.Cluster.parse("cpu:8")
+    full, graph = pp._traces(wl, MICROBATCHES)
+    ctx = pp._Context(cluster, full, pp.submesh_shapes(1, 8), "1f1b", cluster.device_memory,
+                      60.0, False)
+    table = pp._Table(ctx, graph, pp.group_layers(graph), MICROBATCHES)
+    reps, index = table.kind_index()
+    assert len(reps) >= 3 and [table.kind[li] for li in reps] == list(dict.fromkeys(table.kind))
+    L = table.L
+    fwd, bwd = table.boundary_bytes(list(range(L)), L)
+    checked = 0
+    for ratio, B in ((1.0, MICROBATCHES), (0.5, 2 * MICROBATCHES)):
+        t, step, pmem, amem = quiet(_chain_arrays, table, ratio, B)
+        deltas = quiet(lv._variant_deltas, table, [], ratio, B, True)
+        for k, c in ctx.cells():
+            for a in range(L):
+                for b in range(a, L):
+                    st = quiet(table.stage, range(a, b + 1), k, c, ratio, B)
+                    if st is None:
+                        assert not np.isfinite(t[a, b, k, c])
+                        continue
+                    recv = (ctx.recv_estimate(fwd[a - 1] * ratio, k) if a else 0.0) + (
+                        ctx.recv_estimate(bwd[b] * ratio, k) if b < L - 1 else 0.0)
+                    assert t[a, b, k, c] == pytest.approx(st.forward + st.backward + recv,
+                                                          rel=1e-12)
+                    assert step[a, b, k, c] == pytest.approx(st.step, rel=1e-12)
+                    assert pmem[a, b, k, c] == pytest.approx(st.resident, rel=1e-12)
+                    assert amem[a, b, k, c] == pytest.approx(st.activation, rel=1e-12)
+                    checked += 1
+                x = quiet(lv.layer_levers, table, a, k, c, ratio, B)
+                if x is None:
+                    continue
+                for v, (z, remat) in enumerate(lv.DP_VARIANTS):
+                    if z > x.max_zero:
+                        continue
+                    f, bw, s = x.zero_time[z]
+                    assert deltas[v, 0, a, a, k, c] == pytest.approx(
+                        f + bw + (x.recompute if remat else 0.0), rel=1e-12)
+                    assert deltas[v, 1, a, a, k, c] == pytest.approx(s, rel=1e-12, abs=1e-18)
+                    assert deltas[v, 3, a, a, k, c] == -(x.remat_saving if remat else 0.0)
+    assert checked
