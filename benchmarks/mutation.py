@@ -220,8 +220,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
       "a workload built in this process shares a trace with another of the same name"),
     M("parallel-newer-batch-ignored", "autoplan/search/_parallel.py",
-      "not self._first_waits() and self._newer_waits()):",
-      "not self._first_waits() and False):",
+      "not self._first_waits() and self._newer_waits()) or \\",
+      "not self._first_waits() and False) or \\",
       ("tests/search/test_parallel.py::test_a_batch_started_inside_a_task_gets_the_workers_first",),
       "a batch keeps handing its tasks to the workers while a batch started inside one of its "
       "tasks waits"),
@@ -232,6 +232,20 @@ MUTATIONS: tuple[Mutation, ...] = (
        "shown_while_the_caller_works",),
       "a nested batch hands its tasks to the workers while its parent's first group (the "
       "candidates shown early) waits for one"),
+    M("parallel-family-busy-ignored", "autoplan/search/_parallel.py",
+      "                            self._workers_taken():",
+      "                            False:",
+      ("tests/search/test_parallel.py::test_a_nested_batch_hands_no_task_to_a_worker_its_family_"
+       "keeps_busy",),
+      "a nested batch hands a task to a worker busy with its parent's long task, and the "
+      "caller waits for it"),
+    M("pipeline-kinds-spread-wrong", "autoplan/search/pipeline/_levers.py",
+      "    per = per_kind[:, :, index]",
+      "    per = per_kind[:, :, index[::-1]]",
+      ("tests/search/pipeline/test_levers.py::test_stage_dp_arrays_and_lever_deltas_hold_each_"
+       "layers_own_costs",),
+      "the lever variants' changes made per layer kind are spread over the layers in the wrong "
+      "order"),
     M("lever-inputs-travel-made", "autoplan/search/pipeline/_levers.py",
       'return {**self.__dict__, "_arrays": None}',
       "return dict(self.__dict__)",

@@ -487,8 +487,9 @@ class _FirstGroup:
 
 class _Batch:
     """One call of :func:`run_tasks` with a pool: the caller takes tasks from the front, a
-    dispatcher thread hands tasks from the back to the workers (one in flight per worker, so
-    the caller can still take any task no worker has started).
+    dispatcher thread hands tasks from the back to the workers (one in flight per worker,
+    counted over the batch and the batches nested in it or it in, so the caller can still take
+    any task no worker has started).
 
     Batches share the pool's workers, and a nested batch comes first: while a batch started by
     one of this batch's tasks (run by its caller), or by one of that batch's, has a task for a
@@ -584,6 +585,19 @@ class _Batch:
                 full = True
         return full and sum(b.in_flight for b in active) >= self.pool.size
 
+    def _workers_taken(self) -> bool:
+        """Whether every worker already runs (or has queued) a task of this batch's family (the
+        batches it is nested in and those nested in them): a task handed out now would wait
+        behind another batch's long task (an intra-operator search) while this batch's caller,
+        done with the rest, waited for it; left pending, the caller takes it."""
+        root = self
+        for b in self._ancestors():
+            root = b
+        with _LOCK:
+            active = list(_ACTIVE)
+        return sum(b.in_flight for b in active
+                   if b is root or b._descends_from(root)) >= self.pool.size
+
     def _submit(self, k: int, with_payload: bool) -> cf.Future:
         t = self.tasks[k]
         tok = None if t.graph is None else _token(t.graph)
@@ -597,7 +611,8 @@ class _Batch:
                 gave_way = False
                 while len(inflight) < self.size and not self.stop.is_set():
                     if self._older_first_waits() or (
-                            not self._first_waits() and self._newer_waits()):
+                            not self._first_waits() and self._newer_waits()) or \
+                            self._workers_taken():
                         gave_way = True
                         break
                     k = self.take(front=False)

@@ -284,6 +284,48 @@ def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
         _parallel.shutdown()
 
 
+def _nested_behind_a_long_task(graph) -> list:
+    """A task in the caller's process that starts a batch of short tasks once the worker runs
+    the outer batch's long one (as the pipeline search's stage-DP runs while a worker runs a
+    long intra-operator search)."""
+    time.sleep(0.5)
+    return [o.result() for o in run_tasks([Task(_timed, graph, ("inner", k, 0.05))
+                                           for k in range(6)], workers=2)]
+
+
+def test_a_nested_batch_hands_no_task_to_a_worker_its_family_keeps_busy():
+    """While the only worker runs a long task of the outer batch, the nested batch hands it
+    nothing (a task handed out would wait behind the long one while the caller, done with the
+    rest, waited for it): the caller runs every nested task, before the long task ends; a
+    batch of another thread's search is not counted."""
+    _parallel.shutdown()
+    graph = autoplan.trace(models.get("mlp", size="tiny"))
+    run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
+    outs = run_tasks([Task(_nested_behind_a_long_task, graph, local=True),
+                      Task(_timed, graph, ("long", 0, 3.0))], workers=2)
+    inner, long = outs[0].result(), outs[1].result()
+    assert long[2] != os.getpid()
+    assert [r[:2] for r in inner] == [("inner", k) for k in range(6)]
+    assert all(r[2] == os.getpid() for r in inner), (inner, long)
+    pool = _parallel._acquire(2)
+    try:
+        outer = _parallel._Batch([Task(_pid, graph, (0,))], pool, 1)
+        nested = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1,
+                                  parent=outer)
+        other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1)
+        with _parallel._LOCK:
+            _parallel._ACTIVE.update((outer, nested, other))
+        other.in_flight = pool.size  # another search's tasks: not this family's
+        assert not nested._workers_taken() and not outer._workers_taken()
+        outer.in_flight = pool.size
+        assert nested._workers_taken() and outer._workers_taken()
+    finally:
+        with _parallel._LOCK:
+            _parallel._ACTIVE.difference_update((outer, nested, other))
+        _parallel._release(pool)
+        _parallel.shutdown()
+
+
 def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
     """Ctrl-C while a worker process is being sent what it starts from (a large start, so the
     write to its pipe blocks until it reads): the caller's KeyboardInterrupt is raised, and no
