@@ -220,13 +220,14 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/test_trace.py::test_a_zoo_workloads_trace_is_shared_by_every_object_of_its_spec",),
       "a workload built in this process shares a trace with another of the same name"),
     M("parallel-newer-batch-ignored", "autoplan/search/_parallel.py",
-      "not self._first_waits() and self._newer_waits()) or \\",
-      "not self._first_waits() and False) or \\",
-      ("tests/search/test_parallel.py::test_a_batch_started_inside_a_task_gets_the_workers_first",),
+      "not self._goes_first() and self._newer_waits()) or \\",
+      "not self._goes_first() and False) or \\",
+      ("tests/search/test_parallel.py::test_a_batchs_tasks_go_to_the_workers_first_but_its_last_"
+       "waits_for_a_nested_batch",),
       "a batch keeps handing its tasks to the workers while a batch started inside one of its "
       "tasks waits"),
     M("parallel-first-group-behind", "autoplan/search/_parallel.py",
-      "if self._older_first_waits() or (",
+      "if self._older_goes_first() or (",
       "if False or (",
       ("tests/search/test_parallel.py::test_a_first_group_goes_ahead_of_nested_batches_and_is_"
        "shown_while_the_caller_works",),

@@ -174,37 +174,37 @@ def _timed(graph, kind: str, k: int, seconds: float) -> tuple[str, int, int, flo
     return kind, k, os.getpid(), start
 
 
-def _nested(graph) -> list:
+def _nested(graph, n: int = 8) -> list:
     """A task in the caller's process that starts a batch of its own (as the pipeline search,
     a task of the search's batch, starts one of its layer ILPs) once a worker is busy."""
     time.sleep(0.3)
     return [o.result() for o in run_tasks([Task(_timed, graph, ("inner", k, 0.2))
-                                           for k in range(8)], workers=2)]
+                                           for k in range(n)], workers=2)]
 
 
-def test_a_batch_started_inside_a_task_gets_the_workers_first():
-    """The search's batch holds the pipeline search (in the caller) beside long intra-operator
-    searches; the pipeline search's own batch of layer ILPs comes first: once it starts, a
-    worker takes no new task of the outer batch while the inner one has a task for it, and the
-    outer batch's tasks still all run, each once, in the order given back."""
+def test_a_batchs_tasks_go_to_the_workers_first_but_its_last_waits_for_a_nested_batch():
+    """The search's batch holds the pipeline search (in the caller) beside intra-operator
+    searches of unknown length: the workers take those first, so that a long one starts early,
+    all but the last, which waits while a batch started inside the caller's task (the
+    pipeline's layer ILPs) has a task for a worker; every task runs once, outcomes in the
+    order given."""
     _parallel.shutdown()
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
-    outer = [Task(_nested, graph, local=True)] + [Task(_timed, graph, ("outer", k, 0.5))
-                                                  for k in range(4)]
+    outer = [Task(_nested, graph, (12,), local=True)] + [Task(_timed, graph, ("outer", k, 0.3))
+                                                         for k in range(4)]
     outs = [o.result() for o in run_tasks(outer, workers=2)]
     inner, rest = outs[0], outs[1:]
-    assert [r[:2] for r in inner] == [("inner", k) for k in range(8)]
+    assert [r[:2] for r in inner] == [("inner", k) for k in range(12)]
     assert [r[:2] for r in rest] == [("outer", k) for k in range(4)]
-    last_inner = max(r[3] for r in inner)
     on_workers = [r for r in inner if r[2] != os.getpid()]
     assert on_workers, inner  # the worker helped with the inner batch
     first_inner_on_worker = min(r[3] for r in on_workers)
-    # no outer task started on a worker between the inner batch's first task there and its
-    # last task's start (the one in flight when it began ran on); the last inner task may be
-    # the caller's, whose recorded start can trail the worker's next task by a few ms
-    assert not [r for r in rest if r[2] != os.getpid()
-                and first_inner_on_worker < r[3] < last_inner - 0.1], (inner, rest)
+    # the outer tasks taken first (from the back) ran on the worker before it took an inner one
+    assert all(r[2] != os.getpid() and r[3] < first_inner_on_worker for r in rest[1:]), (
+        inner, rest)
+    # the last waited for the inner batch: it started after the worker's first inner task
+    assert rest[0][3] > first_inner_on_worker, (inner, rest)
     _parallel.shutdown()
 
 
