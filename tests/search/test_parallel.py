@@ -302,7 +302,7 @@ def test_a_nested_batch_hands_no_task_to_a_worker_its_family_keeps_busy():
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
     outs = run_tasks([Task(_nested_behind_a_long_task, graph, local=True),
-                      Task(_timed, graph, ("long", 0, 3.0))], workers=2)
+                      Task(_timed, graph, ("long", 0, 1.5))], workers=2)
     inner, long = outs[0].result(), outs[1].result()
     assert long[2] != os.getpid()
     assert [r[:2] for r in inner] == [("inner", k) for k in range(6)]
