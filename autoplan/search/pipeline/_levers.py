@@ -374,10 +374,20 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     if chain:
         out = np.empty((V, 4, L, L, K, C))
         for v in range(V):
-            sums = [range_sums(per[q, v]) for q in range(4)]
-            peaks = _range_max(per[4, v]) + _range_max(per[5, v])
-            sums[2] = sums[2] + np.where(np.isfinite(peaks), peaks, 0.0)
-            out[v] = np.stack(sums)
+            for q in range(4):
+                # (variants that change a quantity alike share its sums: ZeRO's level alone sets
+                # the per-step time, rematerialisation alone most activations)
+                same = next((w for w in range(v) if np.array_equal(per[q, w], per[q, v])), None)
+                out[v, q] = range_sums(per[q, v]) if same is None else out[same, q]
+        made: list[tuple[int, np.ndarray]] = []
+        for v in range(V):  # (then the peaks, once the sums are all made)
+            add = next((a for w, a in made if np.array_equal(per[4:, w], per[4:, v])), None)
+            if add is None:
+                peaks = _range_max(per[4, v])
+                peaks += _range_max(per[5, v])
+                add = np.where(np.isfinite(peaks), peaks, 0.0)
+                made.append((v, add))
+            out[v, 2] += add
         return out
     S = len(members_of)
     out = np.full((V, 4, S, S, K, C), np.inf)
