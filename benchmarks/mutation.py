@@ -224,7 +224,7 @@ MUTATIONS: tuple[Mutation, ...] = (
       "not self._goes_first() and False) or \\",
       ("tests/search/test_parallel.py::test_a_batchs_tasks_go_to_the_workers_first_but_its_last_"
        "waits_for_a_nested_batch",),
-      "a batch keeps handing its tasks to the workers while a batch started inside one of its "
+      "a batch hands its last task to the workers too while a batch started inside one of its "
       "tasks waits"),
     M("parallel-first-group-behind", "autoplan/search/_parallel.py",
       "if self._older_goes_first() or (",
