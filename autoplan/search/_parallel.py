@@ -650,6 +650,7 @@ class _Batch:
             self.stop.set()
             with self.lock:
                 self.pending.extend(inflight.values())
+            self.in_flight = 0  # (none runs on a worker now: its family need not wait for it)
 
 
 def run_tasks(tasks: Sequence[Task], *, workers: int,
