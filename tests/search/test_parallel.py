@@ -4,6 +4,7 @@ warnings reach the caller as in a serial search."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import subprocess
@@ -256,19 +257,36 @@ def test_a_first_group_goes_ahead_of_nested_batches_and_is_shown_while_the_calle
     _parallel.shutdown()
 
 
+@contextlib.contextmanager
+def _active_batches(graph, size: int):
+    """On a pool of two workers, active: an outer batch of one task, a batch of three nested in
+    it (one worker), and another search's batch of three; the outer and the other batch may use
+    ``size`` workers. Yields ``(pool, outer, nested, other)``; after, they are removed, the pool
+    released and the workers ended."""
+    pool = _parallel._acquire(2)
+    batches: tuple = ()
+    try:
+        outer = _parallel._Batch([Task(_pid, graph, (0,))], pool, size)
+        nested = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1,
+                                  parent=outer)
+        other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, size)
+        batches = (outer, nested, other)
+        with _parallel._LOCK:
+            _parallel._ACTIVE.update(batches)
+        yield (pool, *batches)
+    finally:
+        with _parallel._LOCK:
+            _parallel._ACTIVE.difference_update(batches)
+        _parallel._release(pool)
+        _parallel.shutdown()
+
+
 def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
     """A batch gives way to the batches started inside its own tasks (in its caller's thread),
     not to another thread's search; and not to a nested batch that already has all the workers
     it may use while a worker is free."""
     graph = autoplan.trace(models.get("mlp", size="tiny"))
-    pool = _parallel._acquire(2)
-    try:
-        outer = _parallel._Batch([Task(_pid, graph, (0,))], pool, 2)
-        nested = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1,
-                                  parent=outer)
-        other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 2)
-        with _parallel._LOCK:
-            _parallel._ACTIVE.update((outer, nested, other))
+    with _active_batches(graph, 2) as (_, outer, nested, other):
         assert outer._newer_waits()  # the nested batch has tasks and room
         assert not nested._newer_waits()  # nothing nested in it; `other` is not its child
         nested.in_flight = 1  # full (its one worker busy), and the pool's second worker free
@@ -277,11 +295,6 @@ def test_only_a_nested_batch_with_room_or_no_free_worker_holds_a_batch_back():
         assert outer._newer_waits()
         nested.pending.clear()  # nothing left to hand out
         assert not outer._newer_waits()
-    finally:
-        with _parallel._LOCK:
-            _parallel._ACTIVE.difference_update((outer, nested, other))
-        _parallel._release(pool)
-        _parallel.shutdown()
 
 
 def _nested_behind_a_long_task(graph) -> list:
@@ -307,23 +320,11 @@ def test_a_nested_batch_hands_no_task_to_a_worker_its_family_keeps_busy():
     assert long[2] != os.getpid()
     assert [r[:2] for r in inner] == [("inner", k) for k in range(6)]
     assert all(r[2] == os.getpid() for r in inner), (inner, long)
-    pool = _parallel._acquire(2)
-    try:
-        outer = _parallel._Batch([Task(_pid, graph, (0,))], pool, 1)
-        nested = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1,
-                                  parent=outer)
-        other = _parallel._Batch([Task(_pid, graph, (k,)) for k in range(3)], pool, 1)
-        with _parallel._LOCK:
-            _parallel._ACTIVE.update((outer, nested, other))
+    with _active_batches(graph, 1) as (pool, outer, nested, other):
         other.in_flight = pool.size  # another search's tasks: not this family's
         assert not nested._workers_taken() and not outer._workers_taken()
         outer.in_flight = pool.size
         assert nested._workers_taken() and outer._workers_taken()
-    finally:
-        with _parallel._LOCK:
-            _parallel._ACTIVE.difference_update((outer, nested, other))
-        _parallel._release(pool)
-        _parallel.shutdown()
 
 
 def test_a_signal_while_workers_start_ahead_leaves_no_traceback(tmp_path):
