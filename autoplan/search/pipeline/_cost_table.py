@@ -220,7 +220,6 @@ class _Table:
         self._pair_kinds = shared.pair_kinds
         self._passing = None
         self._tensors = None
-        self._kind_index: tuple[list[int], np.ndarray] | None = None
 
     # ---- layers and their solutions ----------------------------------------------------------
     def sub(self, li: int) -> OpGraph:
@@ -346,18 +345,12 @@ class _Table:
                 if sub.find_inputs(pat, names_only=True)}
 
     def kind_index(self) -> tuple[list[int], np.ndarray]:
-        """The first layer of each kind, in the layers' order, and each layer's kind as an index
-        into them. A layer's terms and levers on a cell are its kind's (kept once per kind), so
-        per-kind arrays spread over the layers as ``values[index]``."""
-        if self._kind_index is None:
-            firsts: dict[Hashable, int] = {}
-            index = np.array([firsts.setdefault(self.kind[li], len(firsts))
-                              for li in range(self.L)], dtype=np.int64)
-            reps = [0] * len(firsts)
-            for li in range(self.L - 1, -1, -1):
-                reps[int(index[li])] = li
-            self._kind_index = (reps, index)
-        return self._kind_index
+        """The first layer of each kind (:attr:`rep`, in the layers' order), and each layer's
+        kind as an index into them. A layer's terms and levers on a cell are its kind's (kept
+        once per kind), so per-kind arrays spread over the layers as ``values[index]``."""
+        position = {kind: q for q, kind in enumerate(self.rep)}
+        return list(self.rep.values()), np.array([position[kind] for kind in self.kind],
+                                                 dtype=np.int64)
 
     def _kinds(self) -> list[Hashable]:
         """Each layer's kind: its structural signature, and where the user's pins fix some of
