@@ -470,6 +470,29 @@ def cases() -> list[Case]:
             '    rep = run(plan, w, steps=1)\n'
             '    print("draws random numbers per micro-batch" in plan.summary(), rep.equivalence.matched)')),
         expect="ok")
+    # a user's own signature: labels apart from the inputs, parameters under a short name
+    labelled = (
+        '    import jax.numpy as jnp\n'
+        '    def step(p, x, y, key):\n'
+        '        def loss(p):\n'
+        '            h = jnp.tanh(x @ p)\n'
+        '            h = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0.)\n'
+        '            return jnp.mean((h - y) ** 2)\n'
+        '        l, g = jax.value_and_grad(loss)(p)\n'
+        '        return l, p - 0.1 * g\n'
+        '    args = (jnp.ones((8, 8)) / 8, jnp.ones((16, 8)), jnp.zeros((16, 8)), jax.random.key(0))\n')
+    add("k-labels-apart", g, "a step `(p, x, y, key)`: labels apart from the inputs, planned with "
+        "micro-batches and run", code=API.format(body=labelled + (
+            '    w = autoplan.Workload(step, args)\n'
+            '    from autoplan.exec import run\n'
+            '    res = autoplan.search(w, "cpu:8", pipeline=True, baselines=False)\n'
+            '    plan = next(p for p in res.plans if p.schedule.microbatches > 1)\n'
+            '    print(w.arg_kinds, run(plan, w, steps=2).equivalence.matched)')), expect="ok")
+    add("k-fixed-batch", g, "a step that writes its batch size in (`x.reshape(16, -1)`), searched",
+        code=API.format(body=labelled.replace("h = jnp.tanh(x @ p)",
+                                              "h = jnp.tanh(x.reshape(16, -1) @ p)") + (
+            '    print(autoplan.search(autoplan.Workload(step, args), "cpu:8").best.describe())')),
+        expect="warning", words=("could not be traced at micro-batch size", "JAX said", "Fix:"))
     out += file_and_process_cases()
     out += cluster_option_plan_cases()
     return out

@@ -61,6 +61,7 @@ from autoplan.search.intra._pins import (
     resolve_pins,
     unheld_pins,
 )
+from autoplan.search.pipeline._microbatches import MicrobatchTraceError
 from autoplan.tracing._batchflow import MIXING_NOTE, RANDOM_NOTE, mixing_of, random_draws
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._workload import as_workload, is_workload_like
@@ -91,7 +92,9 @@ class PinNotHeldWarning(UserWarning):
 
 class NoPipelineWarning(UserWarning):
     """A search that could have made pipeline plans made none: it was given a traced graph, not
-    the workload the pipeline search traces again at the micro-batch size."""
+    the workload the pipeline search traces again at the micro-batch size, or the step could not
+    be traced at the micro-batch size (the message names what was split, what was kept whole,
+    JAX's error and the fix)."""
 
 
 @dataclass
@@ -647,6 +650,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
     stats: dict[str, Any] = {}
     plans: list[Plan] = []
     baseline_plans: list[Plan] = []
+    strict = pipeline is True  # (a step that cannot be micro-batched is then an error)
     infeasible: list[InfeasiblePlanError] = []
     if partial is not None and do_pipe and shapes:
         # the intra-operator candidates and baselines first, shown while the pipeline search
@@ -660,7 +664,7 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
         def show(got: list[Any]) -> None:
             shown.append(True)
             _collect([tasks[k] for k in first], got, stats, plans, baseline_plans, infeasible,
-                     level)
+                     level, strict)
             if plans:
                 ranked = _rank(_finish_plans(plans + baseline_plans, graph, stats))
                 partial(SearchResult(best=ranked[0], plans=ranked, stats={**stats, "partial": True},
@@ -671,13 +675,13 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
         outcomes = [done[k] for k in first + later]
         if not shown:
             _collect([tasks[k] for k in first], outcomes[:len(first)], stats, plans,
-                     baseline_plans, infeasible, level)
+                     baseline_plans, infeasible, level, strict)
         _collect([tasks[k] for k in later], outcomes[len(first):], stats, plans, baseline_plans,
-                 infeasible, level)
+                 infeasible, level, strict)
     else:
         outcomes = run_tasks(tasks, workers=n_workers,
                              report=lambda msg, frac: report(msg, 0.05 + 0.9 * frac))
-        _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level)
+        _collect(tasks, outcomes, stats, plans, baseline_plans, infeasible, level, strict)
     recorded = [w for o in outcomes for w in o.warnings]
     plans, broken = _holding_pins(plans, graph, options.pins)
     recorded += [(PinNotHeldWarning, message) for message in broken]
@@ -723,10 +727,19 @@ def _holding_pins(plans: list[Plan], graph: OpGraph, pins: Mapping[Any, Any] | N
 
 def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plans: list[Plan],
              baseline_plans: list[Plan], infeasible: list[InfeasiblePlanError],
-             level: str) -> None:
+             level: str, strict: bool = False) -> None:
     """Add the tasks' outcomes to ``plans`` (candidates), ``baseline_plans``, ``infeasible`` and
-    ``stats``."""
+    ``stats``. A step the micro-batched searches could not trace is a warning on their outcome
+    unless ``strict`` (``pipeline=True``: then it is raised)."""
     for t, o in zip(tasks, outcomes):
+        if t.fn in (_pipeline_plans, _megatron_pipeline) and not strict \
+                and isinstance(o.error, MicrobatchTraceError):
+            # (a step that cannot be micro-batched as its kinds say: the other candidates stand,
+            # and the warning says why the pipeline ones are missing and what to change)
+            o.warnings.append((NoPipelineWarning, f"search: no micro-batched candidates (pipelines, "
+                                                  f"gradient accumulation): {o.error}"))
+            stats.setdefault("pipeline_error", str(o.error))
+            continue
         if t.fn is _pipeline_plans:
             if isinstance(o.error, InfeasiblePlanError):
                 infeasible.append(o.error)

@@ -171,8 +171,12 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
        ``batch``/``data``/``x``/``tokens``/``images`` -> ``"batch"``, ``seed``/``step``/``lr``
        -> ``"input"``;
     4. by position, the kinds of the usual signatures not yet taken: ``(params, opt_state,
-       batch)``, ``(params, batch)``, ``(params,)``;
-    5. else ``"input"`` (replicated, never split).
+       batch)``, ``(params, batch)``, ``(params,)``, and for four or more arguments the first
+       one ``"parameter"``;
+    5. ``"batch"`` when every leaf is an array whose leading dimension is one the batch
+       arguments' leaves have (labels ``y`` or a ``mask`` beside ``x``: examples the step
+       splits along with the batch, so a micro-batch holds all of each example's arrays);
+    6. else a usual kind not yet taken, by position, or ``"input"`` (replicated, never split).
 
     Args:
         fn: the training step.
@@ -192,6 +196,11 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
         ...     return (x @ w + jax.random.normal(rng, (8, 2))).sum()
         >>> infer_arg_kinds(noisy_step, (jnp.ones((4, 2)), jnp.ones((8, 4)), jax.random.key(0)))
         ('parameter', 'batch', 'key')
+        >>> def labelled_step(p, x, y, rng):
+        ...     return ((x @ p - y) ** 2).sum()
+        >>> infer_arg_kinds(labelled_step, (jnp.ones((4, 2)), jnp.ones((8, 4)), jnp.ones((8, 2)),
+        ...                                 jax.random.key(0)))
+        ('parameter', 'batch', 'batch', 'key')
     """
     n = len(args)
     names = _param_names(fn, n)
@@ -204,16 +213,35 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
     for i, name in enumerate(names):
         if kinds[i] is None and name is not None:
             kinds[i] = next((k for k, names in _NAMES.items() if name.lower() in names), None)
-    default = _POSITIONAL.get(n, ())
+    default = _POSITIONAL.get(n, ("parameter",))
     free = [k for k in default if k not in kinds]
     for i in range(n):
         if kinds[i] is None and i < len(default) and default[i] in free:
             kinds[i] = default[i]
             free.remove(default[i])
+    leads = {int(x.shape[0]) for a, k in zip(args, kinds) if k == "batch"
+             for x in jax.tree_util.tree_leaves(a) if getattr(x, "shape", None)}
     for i in range(n):
         if kinds[i] is None:
-            kinds[i] = free.pop(0) if free else "input"
+            mine = _leading_dims(args[i])
+            if leads and mine is not None and mine <= leads:
+                kinds[i] = "batch"
+            else:
+                kinds[i] = free.pop(0) if free else "input"
     return tuple(k for k in kinds if k is not None)
+
+
+def _leading_dims(arg: Any) -> set[int] | None:
+    """The leading dimensions of an argument's leaves; None when it has no leaf, or a leaf that
+    is not an array of at least one dimension, or is PRNG keys (typed, or raw ``uint32`` words)."""
+    leaves = jax.tree_util.tree_leaves(arg)
+    out: set[int] = set()
+    for x in leaves:
+        shape = getattr(x, "shape", None)
+        if not shape or not hasattr(x, "dtype") or is_key_leaf(x) or _is_raw_key_leaf(x):
+            return None
+        out.add(int(shape[0]))
+    return out or None
 
 
 @dataclasses.dataclass(frozen=True)

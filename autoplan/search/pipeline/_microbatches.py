@@ -14,14 +14,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoplan._errors import SearchError
+from autoplan._errors import SearchError, TraceError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._trace import trace_workload
-from autoplan.tracing._workload import Workload
+from autoplan.tracing._workload import Workload, _param_names
 
 __all__ = ["batch_size", "microbatch_workload_args", "traced", "microbatch_counts",
-           "finer_counts", "check_microbatches", "MICROBATCH_WINDOW"]
+           "finer_counts", "check_microbatches", "MICROBATCH_WINDOW", "MicrobatchTraceError"]
 
 
 #: The searched micro-batch counts: the divisors of the batch, from the default / this
@@ -81,7 +81,35 @@ def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
     """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
     micro-batch count."""
     args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
-    return trace_workload(workload, args, name=traced(workload).name)
+    try:
+        return trace_workload(workload, args, name=traced(workload).name)
+    except TraceError as err:
+        raise MicrobatchTraceError(_split_message(workload, microbatches, err)) from err
+
+
+class MicrobatchTraceError(TraceError):
+    """The step traced whole but not at micro-batch size: its arguments of kind ``batch`` were
+    split and the others kept whole, and the step did not accept that (an argument that holds
+    examples but is not of kind ``batch``, or a batch size written into the step)."""
+
+
+def _split_message(workload: Workload, microbatches: int, err: TraceError) -> str:
+    """What the micro-batch trace split, what it kept whole, what JAX said, and the fix."""
+    names = _param_names(workload.fn, len(workload.args))
+    named = [nm or f"argument {i}" for i, nm in enumerate(names)]
+    split = [nm for nm, k in zip(named, workload.arg_kinds) if k == "batch"]
+    whole = [f"{nm} ({k})" for nm, k in zip(named, workload.arg_kinds) if k != "batch"]
+    batch = batch_size(traced(workload))
+    kinds = ", ".join(repr(k) for k in workload.arg_kinds)
+    cause = err.__cause__
+    said = (f"{type(cause).__name__}: {cause}" if cause is not None else str(err)).rstrip(".")
+    return (f"pipeline: the step could not be traced at micro-batch size: its arguments of kind "
+            f"'batch' ({', '.join(split) or 'none'}) were split into {microbatches} micro-batches "
+            f"of {batch // microbatches} examples and the others were kept whole "
+            f"({', '.join(whole) or 'none'}). JAX said: {said}. Fix: give every argument that holds "
+            f"examples the kind 'batch' (autoplan.Workload(step, args, arg_kinds=({kinds})) with "
+            "those changed), do not write the batch size into the step, or search without "
+            "micro-batches (pipeline=False, or microbatches=1).")
 
 
 def _aligned(a: OpGraph, b: OpGraph) -> bool:
