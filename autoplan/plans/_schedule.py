@@ -67,6 +67,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -801,14 +803,45 @@ def schedule_summary(
     return _stats_of(max(free) - min(first), busy, marks, P, wmarks)
 
 
-@functools.lru_cache(maxsize=32)
-def _sweep_order(kind: str, S: int, m: int, v: int = 1
-                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+_Sweep = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+#: the sweep orders kept (:func:`_sweep_order`), least recently used first, and the tasks they
+#: hold in all: a search times layouts of some fifty (stages, micro-batches) pairs, and the
+#: Explorer's next search (a memory budget changed) times most of them again
+_SWEEPS: OrderedDict[tuple, _Sweep] = OrderedDict()
+_SWEEP_TASKS = [0]
+_SWEEP_LOCK = threading.Lock()
+#: tasks the kept sweep orders may hold (at most 60 bytes each: four tuple slots and the
+#: position a task waits for)
+SWEEP_CACHE_TASKS = 500_000
+
+
+def _sweep_order(kind: str, S: int, m: int, v: int = 1) -> _Sweep:
     """The tasks of :func:`_mesh_orders` in the order :func:`_simulate_rows` times them (every
     task after its mesh's previous one and after its dependency), as four tuples: each task's
     mesh, stage, kind (0 forward, 1 backward, 2 weight) and the position in this order of the
     task it waits for (a forward: the previous stage's forward, -1 on the first stage; a
-    backward: the next stage's backward, or on the last stage its own forward; a W: its B)."""
+    backward: the next stage's backward, or on the last stage its own forward; a W: its B).
+    Tuples, which the simulation's loop reads fastest. Kept for the most recent orders, up to
+    :data:`SWEEP_CACHE_TASKS` tasks in all."""
+    key = (kind, S, m, v)
+    with _SWEEP_LOCK:
+        hit = _SWEEPS.get(key)
+        if hit is not None:
+            _SWEEPS.move_to_end(key)
+            return hit
+    out = _make_sweep_order(kind, S, m, v)
+    with _SWEEP_LOCK:
+        if key not in _SWEEPS:
+            _SWEEPS[key] = out
+            _SWEEP_TASKS[0] += len(out[0])
+        while _SWEEP_TASKS[0] > SWEEP_CACHE_TASKS and len(_SWEEPS) > 1:
+            _SWEEP_TASKS[0] -= len(_SWEEPS.popitem(last=False)[1][0])
+    return out
+
+
+def _make_sweep_order(kind: str, S: int, m: int, v: int) -> _Sweep:
+    """:func:`_sweep_order`, made."""
     orders = _mesh_orders(kind, S, m, v)
     P = len(orders)
     fpos = [[-1] * m for _ in range(S)]  # position of forward (stage, micro-batch), -1 not yet
