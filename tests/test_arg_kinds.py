@@ -101,7 +101,14 @@ def test_a_step_that_cannot_be_micro_batched_keeps_its_other_plans_and_says_why(
     assert "could not be traced at micro-batch size" in message
     assert "'batch' (batch) were split into" in message and "params (parameter)" in message
     assert "arg_kinds=('parameter', 'batch')" in message and "microbatches=1" in message
-    assert res.stats["pipeline_error"] in message
+    assert res.stats["pipeline_not_traced"] in message
+    assert res.notes == [f"no micro-batched candidates: {res.stats['pipeline_not_traced']}"]
+    # read back from the plan cache, the result says the same
+    with pytest.warns(NoPipelineWarning):
+        autoplan.search(wl, "cpu:8", baselines=False)
+    with pytest.warns(NoPipelineWarning):
+        again = autoplan.search(wl, "cpu:8", baselines=False)
+    assert again.stats["cache"] == "hit" and again.notes == res.notes
     with pytest.raises(autoplan.TraceError, match=r"micro-batch size.*JAX said: \w+"):
         autoplan.search(wl, "cpu:8", cache=False, baselines=False, pipeline=True)
 

@@ -738,7 +738,7 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
             # and the warning says why the pipeline ones are missing and what to change)
             o.warnings.append((NoPipelineWarning, f"search: no micro-batched candidates (pipelines, "
                                                   f"gradient accumulation): {o.error}"))
-            stats.setdefault("pipeline_error", str(o.error))
+            stats.setdefault("pipeline_not_traced", str(o.error))
             continue
         if t.fn is _pipeline_plans:
             if isinstance(o.error, InfeasiblePlanError):
@@ -796,8 +796,11 @@ def _result(graph: OpGraph, ranked: list[Plan], i: int, stats: dict[str, Any],
                                                 "for another device memory."),
                           stacklevel=user_stacklevel())
     _check_batch_split(best, best.cluster.num_devices)
+    notes = list(notes or [])
+    if stats.get("pipeline_not_traced"):  # (searched now or read from the cache alike)
+        notes.append(f"no micro-batched candidates: {stats['pipeline_not_traced']}")
     return SearchResult(best=best, plans=ranked, stats=stats, graph=graph, analysis=analysis,
-                        notes=list(notes or []), mixing=found_mixing)
+                        notes=notes, mixing=found_mixing)
 
 
 def _finish_plans(plans: list[Plan], graph: OpGraph, stats: Mapping[str, Any],
