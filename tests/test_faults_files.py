@@ -346,6 +346,18 @@ def test_a_file_shadowing_the_standard_library_is_named(tmp_path, monkeypatch):
     assert "Traceback" not in res.stderr
 
 
+def test_a_users_queue_py_beside_their_workload_does_not_break_a_search(tmp_path):
+    """``autoplan plan wls:workload`` puts the folder on ``sys.path`` to import ``wls``, and then
+    behind the standard library: the search imports ``queue`` later (networkx does), and its
+    worker processes start from this path."""
+    (tmp_path / "queue.py").write_text("# the user's own queue\n")
+    (tmp_path / "wls.py").write_text(WORKLOAD)
+    res = _run(["plan", "wls:workload", "--pipeline", "no", "--workers", "2", "--no-cache",
+                "-o", "p.json"], tmp_path, timeout=180, PYTHONSAFEPATH="1")
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "p.json").exists() and "Traceback" not in res.stderr
+
+
 def test_workers_are_capped_at_the_cpus_with_a_note(capsys, monkeypatch):
     monkeypatch.setattr(_parallel, "cpu_count", lambda: 2)
     status, err = _cli(["plan", "mlp", "--pipeline", "no", "--workers", "64"], capsys)

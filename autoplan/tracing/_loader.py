@@ -27,7 +27,10 @@ launch whose workers disagree).
 
 Module search path. As uvicorn does, the current directory is put on ``sys.path`` (first) when
 it is not there already, so ``autoplan plan mypkg.train:workload`` finds ``./mypkg`` from the
-console script too; the launcher hands this process's ``sys.path`` to its workers.
+console script too; once the module is imported it stays on the path but behind the standard
+library and the installed packages (a ``queue.py`` beside the workload then does not stand in
+for the standard library's in what is imported later); the launcher hands this process's
+``sys.path`` to its workers.
 
 Example:
     >>> wl = load_workload("gpt", size="tiny", layers=1)
@@ -287,7 +290,8 @@ def shadowed_stdlib() -> list[tuple[str, str]]:
 def _resolve(name: str) -> Any:
     module_name, _, attrs = name.partition(":")
     cwd = os.getcwd()
-    if "" not in sys.path and cwd not in sys.path:
+    added = "" not in sys.path and cwd not in sys.path
+    if added:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
@@ -303,6 +307,13 @@ def _resolve(name: str) -> Any:
     except Exception as err:
         raise ModelError(f"workload {name!r}: importing module {module_name!r} raised "
                          f"{type(err).__name__}: {err}{_where(err)}. Fix: correct the module.") from err
+    finally:
+        if added and cwd in sys.path:
+            # (kept, but behind the standard library and the installed packages: a user's
+            # queue.py beside the workload would otherwise stand in for the standard library's
+            # in every module this process, and its workers, import later)
+            sys.path.remove(cwd)
+            sys.path.append(cwd)
     obj: Any = module
     for part in attrs.split("."):
         if not hasattr(obj, part):
