@@ -914,8 +914,12 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
         warnings.warn(f"launch: {note}.", PlatformWarning, stacklevel=2)
     left = timeout - (time.monotonic() - t0)
     if left <= 0:
-        raise LaunchError(f"launch: the preflight took the whole timeout ({timeout:g} s). Fix: "
-                          "raise timeout=.")
+        raise LaunchError(
+            f"launch: the timeout ({timeout:g} s) ran out in the preflight, before any worker "
+            f"started: the device probe answered and the workload was checked against the plan in "
+            f"{time.monotonic() - t0:.1f} s, leaving no time for the workers (the timeout covers "
+            "the preflight: starting JAX and tracing the workload take seconds). Fix: raise "
+            "timeout= (--timeout), e.g. 300 (the command line's default).")
     return LaunchHandle(plan.to_json(indent=None), spec, layout, wenv, steps=steps, seed=seed,
                         check=check, python=python, compiler_options=compiler_options,
                         timeout=left, hang_timeout=hang_timeout, heartbeat=heartbeat, port=port,
