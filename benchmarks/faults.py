@@ -493,6 +493,18 @@ def cases() -> list[Case]:
                                               "h = jnp.tanh(x.reshape(16, -1) @ p)") + (
             '    print(autoplan.search(autoplan.Workload(step, args), "cpu:8").best.describe())')),
         expect="warning", words=("could not be traced at micro-batch size", "JAX said", "Fix:"))
+    add("k-batch-scalar", g, "a batch dict that carries its example count (a scalar `n`), searched",
+        code=API.format(body=(
+            '    import jax.numpy as jnp\n'
+            '    def step(params, batch):\n'
+            '        def loss(p):\n'
+            '            return jnp.sum((jnp.tanh(batch["x"] @ p) - batch["y"]) ** 2) / batch["n"]\n'
+            '        l, g = jax.value_and_grad(loss)(params)\n'
+            '        return l, params - 0.1 * g\n'
+            '    batch = {"x": jnp.ones((16, 8)), "y": jnp.zeros((16, 8)), "n": jnp.float32(16)}\n'
+            '    w = autoplan.Workload(step, (jnp.ones((8, 8)) / 8, batch))\n'
+            '    print(autoplan.search(w, "cpu:8").best.describe())')),
+        expect="warning", words=("batch['n'] (of kind 'batch') has shape ()", "Fix:"))
     out += file_and_process_cases()
     out += cluster_option_plan_cases()
     return out

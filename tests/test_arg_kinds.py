@@ -152,3 +152,23 @@ def test_the_command_line_plans_a_four_argument_step(tmp_path, monkeypatch, caps
             "x": "batch", "y": "batch"}
     finally:
         sys.modules.pop("kinds_step", None)
+
+
+def count_normalised_step(params, batch):
+    """A batch that carries its example count: a scalar no micro-batch can take a part of."""
+    def loss(p):
+        return jnp.sum((jnp.tanh(batch["x"] @ p[0]["w"]) - batch["y"]) ** 2) / batch["n"]
+    value, g = jax.value_and_grad(loss)(params)
+    return value, jax.tree.map(lambda a, b: a - 0.1 * b, params, g)
+
+
+def test_a_scalar_in_the_batch_keeps_the_other_plans_and_names_the_leaf():
+    x, y = _xy()
+    wl = autoplan.Workload(count_normalised_step, (_params(), {"x": x, "y": y,
+                                                                "n": jnp.float32(32.0)}))
+    with pytest.warns(NoPipelineWarning, match=r"batch\['n'\] \(of kind 'batch'\) has shape \(\)"):
+        res = autoplan.search(wl, "cpu:8", cache=False, baselines=False)
+    assert res.plans and all(p.schedule.microbatches == 1 for p in res.plans)
+    assert "an argument of their own, of kind 'input'" in res.notes[0]
+    with pytest.raises(autoplan.TraceError, match="cannot be split into 8 micro-batches"):
+        autoplan.search(wl, "cpu:8", cache=False, baselines=False, pipeline=True)

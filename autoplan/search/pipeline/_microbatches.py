@@ -39,24 +39,36 @@ def batch_size(graph: OpGraph) -> int:
     return math.gcd(*dims) if dims else 1
 
 
-def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int) -> tuple:
-    """The step's arguments with every batch leaf's leading dimension divided by ``microbatches``."""
+def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int,
+                             names: Sequence[str | None] | None = None) -> tuple:
+    """The step's arguments with every batch leaf's leading dimension divided by ``microbatches``.
+
+    Raises:
+        MicrobatchTraceError: a batch leaf has no leading dimension that ``microbatches``
+            divides (a scalar in the batch: a count or a step number), named by its argument
+            (``names``, the step's parameter names) and path.
+    """
     out = []
-    for a, kind in zip(args, arg_kinds):
+    for i, (a, kind) in enumerate(zip(args, arg_kinds)):
         if kind != "batch":
             out.append(a)
             continue
 
-        def shrink(x):
+        def shrink(path, x, i=i):
             shape = tuple(x.shape)
             if not shape or shape[0] % microbatches:
-                raise SearchError(
-                    f"pipeline: a batch leaf of shape {shape} cannot be split into {microbatches} "
-                    "micro-batches along its leading dimension. Fix: choose microbatches dividing "
-                    f"{shape[0] if shape else 1}.")
+                name = (names[i] if names is not None and i < len(names) else None) or f"argument {i}"
+                raise MicrobatchTraceError(
+                    f"pipeline: the batch cannot be split into {microbatches} micro-batches: "
+                    f"{name}{jax.tree_util.keystr(path)} (of kind 'batch') has shape {shape}, "
+                    f"no leading dimension of examples that {microbatches} divides. Fix: pass "
+                    "values that hold "
+                    "for the whole batch (a count, a step number) in an argument of their own, "
+                    "of kind 'input' (autoplan.Workload(step, args, arg_kinds=...)), or search "
+                    "without micro-batches (pipeline=False, or microbatches=1).")
             return jax.ShapeDtypeStruct((shape[0] // microbatches,) + shape[1:], x.dtype)
 
-        out.append(jax.tree.map(shrink, a))
+        out.append(jax.tree_util.tree_map_with_path(shrink, a))
     return tuple(out)
 
 
@@ -80,7 +92,8 @@ def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
 def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
     """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
     micro-batch count."""
-    args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches)
+    args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches,
+                                    _param_names(workload.fn, len(workload.args)))
     try:
         return trace_workload(workload, args, name=traced(workload).name)
     except TraceError as err:
