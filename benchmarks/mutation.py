@@ -253,6 +253,37 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
        "the_same_arrays",),
       "a lever run sent to a worker carries the arrays it made as well as their recipe"),
+    M("kinds-labels-not-batch", "autoplan/tracing/_workload.py",
+      "            if leads and mine is not None and mine <= leads:",
+      "            if False:",
+      ("tests/test_arg_kinds.py::test_labels_beside_the_inputs_are_batch_arguments_whatever_"
+       "their_name",
+       "tests/test_arg_kinds.py::test_a_four_argument_dropout_step_gets_micro_batched_plans_that_"
+       "match_one_device"),
+      "labels beside the inputs are not read as batch arguments: a micro-batch splits the "
+      "inputs and keeps the labels whole"),
+    M("microbatch-failure-fails-search", "autoplan/search/_api.py",
+      "        if t.fn in (_pipeline_plans, _megatron_pipeline) and not strict \\",
+      "        if False \\",
+      ("tests/test_arg_kinds.py::test_a_step_that_cannot_be_micro_batched_keeps_its_other_plans_"
+       "and_says_why",
+       "tests/test_arg_kinds.py::test_a_scalar_in_the_batch_keeps_the_other_plans_and_names_the_"
+       "leaf"),
+      "a step that cannot be micro-batched fails the whole search instead of keeping its other "
+      "candidates"),
+    M("sweep-cache-unbounded", "autoplan/plans/_schedule.py",
+      "        while _SWEEP_TASKS[0] > SWEEP_CACHE_TASKS and len(_SWEEPS) > 1:",
+      "        while False:",
+      ("tests/test_shared_schedule.py::test_sweep_orders_are_kept_up_to_a_task_budget_most_"
+       "recent_first",),
+      "the simulation's kept sweep orders grow without bound"),
+    M("loader-folder-stays-first", "autoplan/tracing/_loader.py",
+      "            sys.path.append(cwd)",
+      "            sys.path.insert(0, cwd)",
+      ("tests/test_faults_files.py::test_a_users_queue_py_beside_their_workload_does_not_break_a_"
+       "search",),
+      "the workload's folder stays ahead of the standard library, and a queue.py beside the "
+      "workload stands in for the real one in what the search imports later"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -216,7 +216,10 @@ def test_a_first_group_goes_ahead_of_nested_batches_and_is_shown_while_the_calle
     caller's task still runs; the batch returns after it, and raises what it raised."""
     _parallel.shutdown()
     graph = autoplan.trace(models.get("mlp", size="tiny"))
-    run_tasks([Task(_pid, graph, (k,)) for k in range(2)], workers=2)  # the worker started
+    # two workers kept, the batch below asking for one: a worker stays idle while the first
+    # group waits for its one, and the nested batch must not take it
+    run_tasks([Task(_pid, graph, (k,)) for k in range(3)], workers=3)
+    assert _parallel._POOL is not None and _parallel._POOL.size == 2
     tasks = [Task(_nested, graph, local=True)] + [Task(_timed, graph, ("first", k, 0.3))
                                                   for k in range(3)]
     seen = []
