@@ -172,3 +172,35 @@ def test_a_scalar_in_the_batch_keeps_the_other_plans_and_names_the_leaf():
     assert "an argument of their own, of kind 'input'" in res.notes[0]
     with pytest.raises(autoplan.TraceError, match="cannot be split into 8 micro-batches"):
         autoplan.search(wl, "cpu:8", cache=False, baselines=False, pipeline=True)
+
+
+def test_a_flax_train_state_step_with_labels_apart_runs_micro_batched_equal_to_one_device():
+    """``TrainState.create`` keeps ``step=0`` as a Python int, which JAX takes as a weak
+    ``int32`` and the step returns as one: the executor reads the arguments as JAX does (it
+    read NumPy's ``int64`` and refused the step's result), and ``y`` is a batch argument."""
+    import optax
+    from flax import linen as nn
+    from flax.training import train_state
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(16)(nn.tanh(nn.Dense(16)(x)))
+
+    def step(state, x, y):
+        def loss(p):
+            return jnp.mean((state.apply_fn({"params": p}, x) - y) ** 2)
+        value, g = jax.value_and_grad(loss)(state.params)
+        return value, state.apply_gradients(grads=g)
+
+    x, y = _xy()
+    net = Net()
+    state = train_state.TrainState.create(apply_fn=net.apply, tx=optax.adam(1e-2),
+                                          params=net.init(jax.random.key(0), x)["params"])
+    assert isinstance(state.step, int)
+    wl = autoplan.Workload(step, (state, x, y))
+    assert wl.arg_kinds[1:] == ("batch", "batch")
+    res = autoplan.search(wl, "cpu:8", pipeline=True, baselines=False, cache=False)
+    plan = next(p for p in res.plans if p.schedule.microbatches > 1)
+    report = run(plan, wl, steps=2, compiler_options=FAST)
+    assert report.equivalence.matched, report.equivalence.message

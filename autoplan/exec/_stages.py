@@ -106,7 +106,7 @@ from autoplan.exec._transfer import move, replicated_on, transfer
 from autoplan.plans._schedule import KINDS, ideal_makespan, num_meshes, order_from_table, schedule_order
 from autoplan.plans._spec import ZERO_SHARDED, Spec, zero_spec
 from autoplan.tracing._signature import step_signature
-from autoplan.tracing._workload import is_key_leaf
+from autoplan.tracing._workload import abstract_leaf, is_key_leaf
 
 __all__ = ["PipelineOutcome", "StepRecord", "run_pipeline", "run_program", "place", "transfer", "executions_per_run",
            "error_summary", "first_scalar"]
@@ -171,8 +171,10 @@ def _key_data_aval(name: str) -> tuple[tuple[int, ...], Any]:
 
 
 def abstract_value(x: Any) -> jax.ShapeDtypeStruct:
-    """The shape and dtype of a host value (a typed PRNG key keeps its key dtype)."""
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype if is_key_array(x) else np.asarray(x).dtype)
+    """The shape and dtype of a host value as JAX sees it when the step is called with it
+    (:func:`~autoplan.tracing._workload.abstract_leaf`: a typed PRNG key keeps its key dtype,
+    dtypes are JAX's canonical ones, a Python number is weakly typed)."""
+    return abstract_leaf(x)
 
 
 def comparable(x: Any) -> np.ndarray:

@@ -26,12 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from autoplan._errors import ModelError
 from autoplan.tracing._graph import ARG_KINDS
 
 __all__ = ["Workload", "Origin", "ORIGIN_KINDS", "ArgTree", "arg_trees", "infer_arg_kinds", "non_array_leaf",
-           "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like"]
+           "check_key_kinds", "is_key_leaf", "ARG_KINDS", "as_workload", "is_workload_like",
+           "abstract_leaf"]
 
 
 # names a PRNG key argument goes by; a raw uint32 key (jax.random.PRNGKey) is known by them
@@ -310,11 +312,32 @@ def _leading_batch(args: Sequence[Any], kinds: Sequence[str]) -> int | None:
     return dims.pop() if len(dims) == 1 else None
 
 
+def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
+    """A leaf's shape and dtype as JAX sees it when the step is called with it (what
+    ``jax.eval_shape`` gives): a ``jax.ShapeDtypeStruct`` as it is, a typed PRNG key with its
+    key dtype, other dtypes JAX's canonical ones (``int32`` for NumPy's ``int64`` while 64-bit
+    types are off), and a Python number (not a bool, not NumPy's) weakly typed, as a JAX array
+    that is (``TrainState.create``'s ``step=0`` is a weak ``int32``, as the step returns it).
+
+    Examples:
+        >>> import numpy as np
+        >>> abstract_leaf(0)
+        ShapeDtypeStruct(shape=(), dtype=int32, weak_type=True)
+        >>> abstract_leaf(np.zeros((2, 3), np.int64))
+        ShapeDtypeStruct(shape=(2, 3), dtype=int32)
+    """
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    shape = tuple(getattr(x, "shape", ()))
+    if is_key_leaf(x):
+        return jax.ShapeDtypeStruct(shape, x.dtype)
+    weak = type(x) in (int, float, complex) or bool(getattr(x, "weak_type", False))
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype), weak_type=weak)
+
+
 def _abstract(tree: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda x: x if isinstance(x, jax.ShapeDtypeStruct)
-        else jax.ShapeDtypeStruct(tuple(getattr(x, "shape", ())), getattr(x, "dtype", None)
-                                  or jax.numpy.asarray(x).dtype), tree)
+    return jax.tree_util.tree_map(abstract_leaf, tree)
 
 
 #: the kinds of :class:`Origin`
