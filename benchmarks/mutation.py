@@ -284,6 +284,13 @@ MUTATIONS: tuple[Mutation, ...] = (
        "search",),
       "the workload's folder stays ahead of the standard library, and a queue.py beside the "
       "workload stands in for the real one in what the search imports later"),
+    M("abstract-numpy-dtypes", "autoplan/tracing/_workload.py",
+      "    return jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype), weak_type=weak)",
+      "    return jax.ShapeDtypeStruct(shape, dtype)",
+      ("tests/test_arg_kinds.py::test_a_flax_train_state_step_with_labels_apart_runs_micro_"
+       "batched_equal_to_one_device",),
+      "a host value's dtype is read as NumPy's (a Python int as int64), not as JAX calls the "
+      "step with it"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

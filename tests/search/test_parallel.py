@@ -217,8 +217,13 @@ def test_a_first_group_goes_ahead_of_nested_batches_and_is_shown_while_the_calle
     _parallel.shutdown()
     graph = autoplan.trace(models.get("mlp", size="tiny"))
     # two workers kept, the batch below asking for one: a worker stays idle while the first
-    # group waits for its one, and the nested batch must not take it
-    run_tasks([Task(_pid, graph, (k,)) for k in range(3)], workers=3)
+    # group waits for its one, and the nested batch must not take it (both workers started
+    # now: tasks that overlap in time, where quick ones would leave the second unstarted)
+    for _ in range(10):  # (a worker still starting lets the other take both tasks: again)
+        warm = run_tasks([Task(_timed, graph, ("warm", k, 0.5)) for k in range(3)], workers=3)
+        if len({o.result()[2] for o in warm}) == 3:
+            break
+    assert len({o.result()[2] for o in warm}) == 3
     assert _parallel._POOL is not None and _parallel._POOL.size == 2
     tasks = [Task(_nested, graph, local=True)] + [Task(_timed, graph, ("first", k, 0.3))
                                                   for k in range(3)]
