@@ -501,7 +501,7 @@ def cases() -> list[Case]:
             '            return jnp.sum((jnp.tanh(batch["x"] @ p) - batch["y"]) ** 2) / batch["n"]\n'
             '        l, g = jax.value_and_grad(loss)(params)\n'
             '        return l, params - 0.1 * g\n'
-            '    batch = {"x": jnp.ones((16, 8)), "y": jnp.zeros((16, 8)), "n": jnp.float32(16)}\n'
+            '    batch = {"x": jnp.ones((16, 8)), "y": jnp.zeros((16, 8)), "n": 16.0}\n'
             '    w = autoplan.Workload(step, (jnp.ones((8, 8)) / 8, batch))\n'
             '    print(autoplan.search(w, "cpu:8").best.describe())')),
         expect="warning", words=("batch['n'] (of kind 'batch') has shape ()", "Fix:"))

@@ -254,8 +254,8 @@ MUTATIONS: tuple[Mutation, ...] = (
        "the_same_arrays",),
       "a lever run sent to a worker carries the arrays it made as well as their recipe"),
     M("kinds-labels-not-batch", "autoplan/tracing/_workload.py",
-      "            if leads and mine is not None and mine <= leads:",
-      "            if False:",
+      "            if (batch is not None and _leading_dims(args[i]) == {batch}",
+      "            if (False",
       ("tests/test_arg_kinds.py::test_labels_beside_the_inputs_are_batch_arguments_whatever_"
        "their_name",
        "tests/test_arg_kinds.py::test_a_four_argument_dropout_step_gets_micro_batched_plans_that_"
@@ -263,8 +263,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "labels beside the inputs are not read as batch arguments: a micro-batch splits the "
       "inputs and keeps the labels whole"),
     M("microbatch-failure-fails-search", "autoplan/search/_api.py",
-      "        if t.fn in (_pipeline_plans, _megatron_pipeline) and not strict \\",
-      "        if False \\",
+      "        if t.fn is _pipeline_plans and not strict and isinstance(o.error, MicrobatchTraceError):",
+      "        if False:",
       ("tests/test_arg_kinds.py::test_a_step_that_cannot_be_micro_batched_keeps_its_other_plans_"
        "and_says_why",
        "tests/test_arg_kinds.py::test_a_scalar_in_the_batch_keeps_the_other_plans_and_names_the_"

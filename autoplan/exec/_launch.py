@@ -47,6 +47,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import math
 import os
 import queue
 import signal
@@ -916,10 +917,11 @@ def launch(plan: Any, workload: Any, num_processes: int | None = None,
     if left <= 0:
         raise LaunchError(
             f"launch: the timeout ({timeout:g} s) ran out in the preflight, before any worker "
-            f"started: the device probe answered and the workload was checked against the plan in "
+            f"started: reading the devices and checking the workload against the plan took "
             f"{time.monotonic() - t0:.1f} s, leaving no time for the workers (the timeout covers "
             "the preflight: starting JAX and tracing the workload take seconds). Fix: raise "
-            "timeout= (--timeout), e.g. 300 (the command line's default).")
+            f"timeout= (--timeout), e.g. {max(300, 2 * math.ceil(timeout))}"
+            + (" (the command line's default)." if timeout < 300 else "."))
     return LaunchHandle(plan.to_json(indent=None), spec, layout, wenv, steps=steps, seed=seed,
                         check=check, python=python, compiler_options=compiler_options,
                         timeout=left, hang_timeout=hang_timeout, heartbeat=heartbeat, port=port,

@@ -446,7 +446,11 @@ def _run_search(workload_or_graph: Any, cluster: Cluster, opts: SearchOptions,
     stats["search_seconds"] = time.perf_counter() - t_start - t_trace
     ranked, i = _ranked_with_best(plans, stats, opts.memory_budget)
     stats["cache"] = "off"
-    if key is not None:
+    if key is not None and stats.get("pipeline_not_traced"):
+        # (the key is the full-batch graph's: a step mended where only its micro-batch trace
+        # failed keys the same, and must be searched again, not read back with the failure)
+        stats["cache"] = "not stored"
+    elif key is not None:
         stats["cache"] = "stored"
         if not _cache.store(key, ranked, i, stats, analysis.to_dict(), recorded):
             stats["cache"] = "not stored"
@@ -689,6 +693,9 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
         raise SearchError(f"search: no candidate plan held the pins. Got: {broken[0]}. Fix: "
                           "pin fewer inputs, or other specs.")
     if not plans:
+        # (micro-batched candidates need less memory: say why there were none)
+        skipped = (f" No micro-batched candidate was searched: {stats['pipeline_not_traced']}"
+                   if stats.get("pipeline_not_traced") else "")
         if infeasible:
             least = min((e.least_memory for e in infeasible if e.least_memory), default=None)
             budget = memory_budget or cluster.device_memory
@@ -697,8 +704,9 @@ def _search_plans(graph: OpGraph, workload: Any, cluster: Cluster, options: Sear
                 + ("" if memory_budget else " (the device's memory)")
                 + (f"; the least any plan needs is {least:.4g} bytes" if least else "")
                 + ". Got: " + "; ".join(str(e).rstrip(".") for e in infeasible) + "."
-                + " Fix: raise memory_budget, use more devices, or a smaller model.", least)
-        raise AutoplanError("search: no candidate plan was produced; check the options.")
+                + " Fix: raise memory_budget, use more devices, or a smaller model." + skipped,
+                least)
+        raise AutoplanError("search: no candidate plan was produced; check the options." + skipped)
     if memory_budget is not None:
         plans = [p for p in plans if p.predicted.memory_per_device <= memory_budget * (1 + 1e-9)]
     return plans + baseline_plans, stats, recorded
@@ -732,8 +740,7 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
     ``stats``. A step the micro-batched searches could not trace is a warning on their outcome
     unless ``strict`` (``pipeline=True``: then it is raised)."""
     for t, o in zip(tasks, outcomes):
-        if t.fn in (_pipeline_plans, _megatron_pipeline) and not strict \
-                and isinstance(o.error, MicrobatchTraceError):
+        if t.fn is _pipeline_plans and not strict and isinstance(o.error, MicrobatchTraceError):
             # (a step that cannot be micro-batched as its kinds say: the other candidates stand,
             # and the warning says why the pipeline ones are missing and what to change)
             o.warnings.append((NoPipelineWarning, f"search: no micro-batched candidates (pipelines, "

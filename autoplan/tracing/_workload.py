@@ -215,35 +215,49 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
     for i, name in enumerate(names):
         if kinds[i] is None and name is not None:
             kinds[i] = next((k for k, names in _NAMES.items() if name.lower() in names), None)
-    default = _POSITIONAL.get(n, ("parameter",))
+    default = _POSITIONAL.get(n, ())
     free = [k for k in default if k not in kinds]
     for i in range(n):
         if kinds[i] is None and i < len(default) and default[i] in free:
             kinds[i] = default[i]
             free.remove(default[i])
-    leads = {int(x.shape[0]) for a, k in zip(args, kinds) if k == "batch"
-             for x in jax.tree_util.tree_leaves(a) if getattr(x, "shape", None)}
+    if n > len(_POSITIONAL) and "parameter" not in kinds:
+        # (the first argument that holds arrays: an NNX graphdef before its state holds none)
+        first = next((i for i in range(n) if kinds[i] is None
+                      and _leading_dims(args[i], scalars=True) is not None), None)
+        if first is not None:
+            kinds[first] = "parameter"
+    batch = _leading_batch(args, kinds)
+    params = [(jax.tree_util.tree_structure(a), _shapes(a)) for a, k in zip(args, kinds)
+              if k == "parameter"]
     for i in range(n):
         if kinds[i] is None:
-            mine = _leading_dims(args[i])
-            if leads and mine is not None and mine <= leads:
-                kinds[i] = "batch"
+            if (batch is not None and _leading_dims(args[i]) == {batch}
+                    and (jax.tree_util.tree_structure(args[i]), _shapes(args[i])) not in params):
+                kinds[i] = "batch"  # (a tree shaped like the parameters is state: momentum)
             else:
                 kinds[i] = free.pop(0) if free else "input"
     return tuple(k for k in kinds if k is not None)
 
 
-def _leading_dims(arg: Any) -> set[int] | None:
+def _shapes(arg: Any) -> tuple:
+    return tuple(tuple(getattr(x, "shape", ())) for x in jax.tree_util.tree_leaves(arg))
+
+
+def _leading_dims(arg: Any, scalars: bool = False) -> set[int] | None:
     """The leading dimensions of an argument's leaves; None when it has no leaf, or a leaf that
-    is not an array of at least one dimension, or is PRNG keys (typed, or raw ``uint32`` words)."""
+    is not an array of at least one dimension (with ``scalars``, of any dimensions), or is PRNG
+    keys (typed, or raw ``uint32`` words)."""
     leaves = jax.tree_util.tree_leaves(arg)
     out: set[int] = set()
     for x in leaves:
         shape = getattr(x, "shape", None)
-        if not shape or not hasattr(x, "dtype") or is_key_leaf(x) or _is_raw_key_leaf(x):
+        if (shape is None or not (shape or scalars) or not hasattr(x, "dtype")
+                or is_key_leaf(x) or _is_raw_key_leaf(x)):
             return None
-        out.add(int(shape[0]))
-    return out or None
+        if shape:
+            out.add(int(shape[0]))
+    return out if leaves else None
 
 
 @dataclasses.dataclass(frozen=True)

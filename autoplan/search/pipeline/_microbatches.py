@@ -18,7 +18,7 @@ from autoplan._errors import SearchError, TraceError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._trace import trace_workload
-from autoplan.tracing._workload import Workload, _param_names
+from autoplan.tracing._workload import Workload, _param_names, abstract_leaf
 
 __all__ = ["batch_size", "microbatch_workload_args", "traced", "microbatch_counts",
            "finer_counts", "check_microbatches", "MICROBATCH_WINDOW", "MicrobatchTraceError"]
@@ -55,6 +55,7 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
             continue
 
         def shrink(path, x, i=i):
+            x = abstract_leaf(x)  # (a Python number in the batch has no shape of its own)
             shape = tuple(x.shape)
             if not shape or shape[0] % microbatches:
                 name = (names[i] if names is not None and i < len(names) else None) or f"argument {i}"
