@@ -173,11 +173,12 @@ def infer_arg_kinds(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[str, .
        ``batch``/``data``/``x``/``tokens``/``images`` -> ``"batch"``, ``seed``/``step``/``lr``
        -> ``"input"``;
     4. by position, the kinds of the usual signatures not yet taken: ``(params, opt_state,
-       batch)``, ``(params, batch)``, ``(params,)``, and for four or more arguments the first
-       one ``"parameter"``;
-    5. ``"batch"`` when every leaf is an array whose leading dimension is one the batch
-       arguments' leaves have (labels ``y`` or a ``mask`` beside ``x``: examples the step
-       splits along with the batch, so a micro-batch holds all of each example's arrays);
+       batch)``, ``(params, batch)``, ``(params,)``, and of four or more arguments the first
+       that holds arrays ``"parameter"`` (an NNX graph definition holds none);
+    5. ``"batch"`` when every leaf is an array that leads with the batch arguments' one
+       leading dimension, and the tree is not shaped like the parameters (labels ``y`` or a
+       ``mask`` beside ``x``: examples the step splits along with the batch, so a micro-batch
+       holds all of each example's arrays; momentum or an EMA copy is state);
     6. else a usual kind not yet taken, by position, or ``"input"`` (replicated, never split).
 
     Args:
