@@ -170,11 +170,9 @@ def _key_data_aval(name: str) -> tuple[tuple[int, ...], Any]:
     return tuple(a.shape), a.dtype
 
 
-def abstract_value(x: Any) -> jax.ShapeDtypeStruct:
-    """The shape and dtype of a host value as JAX sees it when the step is called with it
-    (:func:`~autoplan.tracing._workload.abstract_leaf`: a typed PRNG key keeps its key dtype,
-    dtypes are JAX's canonical ones, a Python number is weakly typed)."""
-    return abstract_leaf(x)
+#: The shape and dtype of a host value as JAX sees it when the step is called with it (a typed
+#: PRNG key keeps its key dtype, dtypes are JAX's canonical ones, a Python number is weakly typed)
+abstract_value = abstract_leaf
 
 
 def comparable(x: Any) -> np.ndarray:

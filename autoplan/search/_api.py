@@ -740,14 +740,14 @@ def _collect(tasks: list[Task], outcomes: list[Any], stats: dict[str, Any], plan
     ``stats``. A step the micro-batched searches could not trace is a warning on their outcome
     unless ``strict`` (``pipeline=True``: then it is raised)."""
     for t, o in zip(tasks, outcomes):
-        if t.fn is _pipeline_plans and not strict and isinstance(o.error, MicrobatchTraceError):
-            # (a step that cannot be micro-batched as its kinds say: the other candidates stand,
-            # and the warning says why the pipeline ones are missing and what to change)
-            o.warnings.append((NoPipelineWarning, f"search: no micro-batched candidates (pipelines, "
-                                                  f"gradient accumulation): {o.error}"))
-            stats.setdefault("pipeline_not_traced", str(o.error))
-            continue
         if t.fn is _pipeline_plans:
+            if not strict and isinstance(o.error, MicrobatchTraceError):
+                # (a step that cannot be micro-batched as its kinds say: the other candidates
+                # stand, and the warning says why the pipeline ones are missing and what to do)
+                o.warnings.append((NoPipelineWarning, "search: no micro-batched candidates "
+                                   f"(pipelines, gradient accumulation): {o.error}"))
+                stats.setdefault("pipeline_not_traced", str(o.error))
+                continue
             if isinstance(o.error, InfeasiblePlanError):
                 infeasible.append(o.error)
                 stats["pipeline_error"] = str(o.error)

@@ -39,14 +39,20 @@ def batch_size(graph: OpGraph) -> int:
     return math.gcd(*dims) if dims else 1
 
 
+class MicrobatchTraceError(TraceError):
+    """The step traced whole but not at micro-batch size: its arguments of kind ``batch`` were
+    split and the others kept whole, and the step did not accept that (an argument that holds
+    examples but is not of kind ``batch``, or a batch size written into the step)."""
+
+
 def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatches: int,
-                             names: Sequence[str | None] | None = None) -> tuple:
+                             names: Sequence[str] | None = None) -> tuple:
     """The step's arguments with every batch leaf's leading dimension divided by ``microbatches``.
 
     Raises:
         MicrobatchTraceError: a batch leaf has no leading dimension that ``microbatches``
             divides (a scalar in the batch: a count or a step number), named by its argument
-            (``names``, the step's parameter names) and path.
+            (``names``: :func:`_arg_names`) and path.
     """
     out = []
     for i, (a, kind) in enumerate(zip(args, arg_kinds)):
@@ -58,7 +64,7 @@ def microbatch_workload_args(args: tuple, arg_kinds: tuple[str, ...], microbatch
             x = abstract_leaf(x)  # (a Python number in the batch has no shape of its own)
             shape = tuple(x.shape)
             if not shape or shape[0] % microbatches:
-                name = (names[i] if names is not None and i < len(names) else None) or f"argument {i}"
+                name = names[i] if names is not None else f"argument {i}"
                 raise MicrobatchTraceError(
                     f"pipeline: the batch cannot be split into {microbatches} micro-batches: "
                     f"{name}{jax.tree_util.keystr(path)} (of kind 'batch') has shape {shape}, "
@@ -93,24 +99,23 @@ def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
 def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
     """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
     micro-batch count."""
-    args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches,
-                                    _param_names(workload.fn, len(workload.args)))
+    named = _arg_names(workload)
+    args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches, named)
     try:
         return trace_workload(workload, args, name=traced(workload).name)
     except TraceError as err:
-        raise MicrobatchTraceError(_split_message(workload, microbatches, err)) from err
+        raise MicrobatchTraceError(_split_message(workload, named, microbatches, err)) from err
 
 
-class MicrobatchTraceError(TraceError):
-    """The step traced whole but not at micro-batch size: its arguments of kind ``batch`` were
-    split and the others kept whole, and the step did not accept that (an argument that holds
-    examples but is not of kind ``batch``, or a batch size written into the step)."""
+def _arg_names(workload: Workload) -> list[str]:
+    """Each positional argument's name in the step's signature (``argument i`` without one)."""
+    return [nm or f"argument {i}"
+            for i, nm in enumerate(_param_names(workload.fn, len(workload.args)))]
 
 
-def _split_message(workload: Workload, microbatches: int, err: TraceError) -> str:
+def _split_message(workload: Workload, named: Sequence[str], microbatches: int,
+                   err: TraceError) -> str:
     """What the micro-batch trace split, what it kept whole, what JAX said, and the fix."""
-    names = _param_names(workload.fn, len(workload.args))
-    named = [nm or f"argument {i}" for i, nm in enumerate(names)]
     split = [nm for nm, k in zip(named, workload.arg_kinds) if k == "batch"]
     whole = [f"{nm} ({k})" for nm, k in zip(named, workload.arg_kinds) if k != "batch"]
     batch = batch_size(traced(workload))
