@@ -291,6 +291,19 @@ MUTATIONS: tuple[Mutation, ...] = (
        "batched_equal_to_one_device",),
       "a host value's dtype is read as NumPy's (a Python int as int64), not as JAX calls the "
       "step with it"),
+    M("aligned-nodes-any-costs", "autoplan/search/intra/_ilp_problem.py",
+      "            dev += float(np.ptp(nb.cost - na.cost))",
+      "            dev += 0.0",
+      ("tests/search/pipeline/test_cost_model.py::test_aligned_nodes_asks_for_one_ilp_up_to_a_"
+       "constant",),
+      "a layer kind takes another kind's plans where their ILPs' costs differ by more than a "
+      "constant"),
+    M("layer-families-off", "autoplan/search/pipeline/_cost_table.py",
+      "        self.family = self._families()",
+      "        self.family = {}",
+      ("tests/search/pipeline/test_cost_model.py::test_layer_kinds_of_one_loose_signature_share_"
+       "their_plans",),
+      "every layer kind solves its own ILPs, the first MoE layer's beside the others'"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -425,13 +425,25 @@ def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
     return _sorted_signature(graph, tuple(sorted(ops)))
 
 
+def loose_signature(graph: OpGraph, ops: Sequence[int]) -> str:
+    """:func:`_signature` with a scalar read from outside the operators signed as a literal:
+    layers that differ only where one reads a constant and another a scalar made elsewhere (a
+    running sum that starts from ``0.0`` in the first layer) share it. Equal loose signatures
+    say only that two layers' operators line up one to one; whether their intra-operator
+    problems are the same is checked on the problems themselves
+    (:func:`~autoplan.search.intra._ilp_problem.aligned_nodes`)."""
+    return _sorted_signature(graph, tuple(sorted(ops)), True)
+
+
 @per_owner_and_args
-def _sorted_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
-    """:func:`_signature` of the sorted operator ids ``ops``, once per graph and ``ops``."""
+def _sorted_signature(graph: OpGraph, ops: tuple[int, ...], loose: bool = False) -> str:
+    """:func:`_signature` of the sorted operator ids ``ops`` (with ``loose``,
+    :func:`loose_signature`'s), once per graph and ``ops``."""
     # each operator as its structural label (primitive, shapes, dtypes, params: see
     # ``op_labels``) with its role, and its operand count; then per operand its producer's offset
     # in ``ops`` (negative: producers come first), 0 for a literal, or a stable 64-bit hash of an
-    # outside tensor's shape; the int64 sequence is built with numpy (``ops`` is sorted)
+    # outside tensor's shape (0 for a scalar with ``loose``); the int64 sequence is built with
+    # numpy (``ops`` is sorted)
     arr = operand_arrays(graph)
     head = _signature_op_codes(graph)
     shape_words = _signature_shape_words(graph)
@@ -453,6 +465,9 @@ def _sorted_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
         words = []
         for x in t[outside].tolist():
             shape = tensors[x].shape
+            if loose and not shape:
+                words.append(0)
+                continue
             w = shape_words.get(shape)
             if w is None:
                 w = shape_words[shape] = int.from_bytes(
@@ -460,12 +475,32 @@ def _sorted_signature(graph: OpGraph, ops: tuple[int, ...]) -> str:
                     signed=True)
             words.append(w)
         code[outside] = np.asarray(words, dtype=np.int64)
+    heads = head[o]
+    if loose:  # (an operator reading a scalar: its label without that operand's shape and dtype)
+        scalar = t < 0
+        if len(outside):
+            scalar[outside] = code[outside] == 0
+        for r in np.unique(who[scalar]).tolist():
+            heads[r] = _loose_op_code(graph, int(o[r]))
     out = np.empty(2 * n + len(where), dtype=np.int64)
     at = 2 * np.arange(n, dtype=np.int64) + first
-    out[at] = head[o]
+    out[at] = heads
     out[at + 1] = cnt
     out[runs(at + 2, cnt)] = code
     return hashlib.sha256(out.tobytes()).hexdigest()[:16]
+
+
+def _loose_op_code(graph: OpGraph, i: int) -> int:
+    """Operator ``i``'s head word in a loose signature (:func:`loose_signature`): its label with
+    every scalar operand's shape and dtype left out (a literal has neither), times 4 plus its
+    role's code."""
+    op = graph.ops[i]
+    keep = [s != () and s is not None for s in op.in_shapes]
+    label = (op.primitive, [s for s, k in zip(op.in_shapes, keep) if k], op.out_shapes,
+             [d for d, k in zip(op.in_dtypes, keep) if k], op.out_dtypes,
+             sorted((k, repr(v)) for k, v in op.params.items()))
+    word = int.from_bytes(hashlib.blake2b(repr(label).encode(), digest_size=7).digest(), "little")
+    return word * 4 + _ROLE_CODE.get(op.role, 3)
 
 
 @per_owner

@@ -43,7 +43,7 @@ from autoplan.search.intra._strategies import (
 )
 from autoplan.tracing._graph import OpGraph
 
-__all__ = ["ILPProblem", "build_problem", "updated_input_pairs"]
+__all__ = ["ILPProblem", "aligned_nodes", "build_problem", "updated_input_pairs"]
 
 
 #: replicated-input penalty: this fraction of the time to move an input's replicated excess bytes
@@ -341,6 +341,82 @@ def problem_edges(prob: ILPProblem, *, ops: Sequence[int] | None = None,
             prob.vars_before_merging = _count_unmerged(prob)
     prob.build_seconds += time.perf_counter() - t0
     return prob
+
+
+def aligned_nodes(a: ILPProblem, b: ILPProblem, tol: float) -> np.ndarray | None:
+    """Each node of ``b`` as a node of ``a`` (-1: a node of ``b``'s own with one strategy)
+    where the two problems are the same ILP up to a constant: then every assignment of ``b``'s
+    nodes costs what the same strategies cost in ``a`` plus one constant, within ``tol``
+    seconds, and so does its memory (without ``tol``: bytes per device are exact), so a solution
+    of ``a`` taken node by node is a solution of ``b`` that is as close to optimal. None where
+    they are not.
+
+    The nodes line up by what they are: an operator's by its id (the operators of the two
+    problems' graphs in one order, as layers of one loose signature have them:
+    :func:`~autoplan.search.fold._layers.loose_signature`), an input's by the first operator
+    that reads it and the operand it is. A node one problem has and the other lacks (a scalar
+    read from outside where the other reads a literal) must have a single strategy and no
+    edge: a constant. Aligned nodes must have as many strategies, costs and memory that differ
+    by a constant, and the edges must join the same nodes with the same costs.
+    """
+    if a.mesh.shape != b.mesh.shape:
+        return None
+    ka, kb = _alignment_keys(a), _alignment_keys(b)
+    if ka is None or kb is None:
+        return None
+    where = {k: i for i, k in enumerate(ka)}
+    align = np.array([where.get(k, -1) for k in kb], dtype=np.int64)
+    if len(where) != len(ka):
+        return None
+    alone_a = np.ones(len(a.nodes), dtype=bool)
+    alone_a[align[align >= 0]] = False
+    alone_b = align < 0
+    if any(len(a.nodes[i].strategies) != 1 for i in np.flatnonzero(alone_a)) or any(
+            len(b.nodes[j].strategies) != 1 for j in np.flatnonzero(alone_b)):
+        return None
+    dev = 0.0
+    for j, i in enumerate(align.tolist()):
+        if i < 0:
+            continue
+        na, nb = a.nodes[i], b.nodes[j]
+        if len(na.strategies) != len(nb.strategies):
+            return None
+        if len(nb.cost) > 1:
+            dev += float(np.ptp(nb.cost - na.cost))
+            if np.ptp(nb.memory - na.memory) != 0:
+                return None
+    edges_a = {(u, w): (gu, gw, m) for u, w, gu, gw, m in a.edges}
+    if (len(edges_a) != len(a.edges) or len(edges_a) != len(b.edges)
+            or any(alone_a[u] or alone_a[w] for u, w in edges_a)
+            or any(alone_b[u] or alone_b[w] for u, w, *_ in b.edges)):
+        return None
+    for u, w, gu, gw, m in b.edges:
+        hit = edges_a.get((int(align[u]), int(align[w])))
+        if hit is None:
+            return None
+        mb, ma = m[gu][:, gw], hit[2][hit[0]][:, hit[1]]
+        if mb.shape != ma.shape:
+            return None
+        dev += float(np.abs(mb - ma).max())
+    return align if dev <= tol else None
+
+
+def _alignment_keys(prob: ILPProblem) -> list[tuple] | None:
+    """:func:`aligned_nodes`'s key of each node of ``prob``; None where an input is read by no
+    operator (nothing places it)."""
+    graph = prob.graph
+    consumers = graph.consumers
+    out: list[tuple] = []
+    for n in prob.nodes:
+        if n.kind == "op":
+            out.append(("op", n.key))
+            continue
+        readers = consumers[n.tensor]
+        if not readers:
+            return None
+        c = min(readers)
+        out.append(("in", c, graph.ops[c].inputs.index(n.tensor)))
+    return out
 
 
 def _read_from_outside(graph: OpGraph, op_ids: Sequence[int], in_seg: set[int],

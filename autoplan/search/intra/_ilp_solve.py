@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from autoplan.search.intra._solver import MatrixModel, SolverTimeoutWarning, sol
 from autoplan.search.intra._strategies import Strategy
 from autoplan.tracing._graph import OpGraph
 
-__all__ = ["ILPSolution", "UnsupportedPrimitiveWarning", "solve_ilp"]
+__all__ = ["ILPSolution", "UnsupportedPrimitiveWarning", "mapped_solution", "solve_ilp"]
 
 
 _SCALE = 1e6  # objective in microseconds inside the solver (better conditioned)
@@ -208,6 +208,36 @@ def solve_ilp(graph: OpGraph, mesh: LogicalMesh, *, ops: Sequence[int] | None = 
         solver=out.solver, unknown_primitives=tuple(sorted(prob.unknown)),
         solver_objective=out.solver_objective, lower_bound=out.lower_bound, gap=out.gap,
         dives=out.dives, mip=out.mip, problem=prob, reshard_readers=bd.reshard_readers)
+
+
+def mapped_solution(prob: ILPProblem, align: np.ndarray, like: ILPSolution,
+                    like_prob: ILPProblem) -> ILPSolution:
+    """The solution of ``prob`` that gives each node the strategy ``like`` (a solution of
+    ``like_prob``) gave its aligned node (its only one where it has none; ``align``, from
+    :func:`~autoplan.search.intra._ilp_problem.aligned_nodes`: the two problems are one ILP up to
+    a constant, so it is as close to ``prob``'s optimum as ``like`` was to ``like_prob``'s).
+
+    Everything the plan is made of (strategies, specs, collectives, times, memory) is ``prob``'s
+    own; the solver's figures are ``like``'s, its objective and bound moved by the constant
+    between the two problems at this solution, and no seconds are spent solving.
+    """
+    keys = like_prob.node_keys
+    chosen = [like.choice[keys[i]] for i in range(len(keys))]
+    vec = [chosen[i] if i >= 0 else 0 for i in align.tolist()]  # (-1: one strategy)
+    bd = _breakdown(prob, vec)
+    shift = (sum(float(n.cost[v]) for n, v in zip(prob.nodes, vec))
+             - sum(float(n.cost[v]) for n, v in zip(like_prob.nodes, chosen)))
+    return replace(
+        like, choice={n.key: vec[nid] for nid, n in enumerate(prob.nodes)},
+        strategies=bd.op_strategy, specs=bd.specs, objective=bd.objective,
+        compute_time=bd.compute, comm_time=bd.comm, penalty=bd.penalty,
+        memory_per_device=bd.memory, least_memory=_least_memory(prob), comms=tuple(bd.comms),
+        vars_before_merging=prob.vars_before_merging, num_nodes=len(prob.nodes),
+        num_ops=len(prob.ops), build_seconds=prob.build_seconds, solve_seconds=0.0,
+        unknown_primitives=tuple(sorted(prob.unknown)),
+        solver_objective=None if like.solver_objective is None else like.solver_objective + shift,
+        lower_bound=None if like.lower_bound is None else like.lower_bound + shift,
+        problem=None, reshard_readers=bd.reshard_readers)
 
 
 @per_owner

@@ -9,6 +9,7 @@ See :mod:`~autoplan.search.pipeline._pipeline` (steps 2 to 4 of its docstring).
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,7 +22,7 @@ from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh, send_recv_time
 from autoplan.plans._plan import Comm
 from autoplan.search._parallel import Task, run_tasks
-from autoplan.search.fold._layers import LayerGroup
+from autoplan.search.fold._layers import LayerGroup, loose_signature
 from autoplan.search.intra._intra import make_logical_mesh, mesh_shapes_for
 from autoplan.search.intra._pins import pins_key, resolve_pins
 from autoplan.search.intra._reshard import reshard
@@ -32,6 +33,7 @@ from autoplan.search.pipeline._layer_costs import (
     _retimed,
     gradient_ops,
     layer_cost,
+    layer_family_plans,
     layer_plans,
 )
 from autoplan.search.pipeline._microbatches import _aligned
@@ -121,6 +123,7 @@ class _Context:
         self._recv: dict[tuple[float, int], float] = {}  # recv_estimate's, by bytes and submesh
         self.solves = 0
         self.timed_out = 0  # layer ILPs stopped at their time limit
+        self.mapped = 0  # layer plans taken from another kind's ILP (:func:`layer_family_plans`)
         self.groupings: list[list[list[int]]] | None = None  # the DAG stage ILP's, once
         self.levers = True  # ZeRO levels and rematerialisation where a stage does not fit
 
@@ -203,6 +206,7 @@ class _Table:
         self.rep: dict[Hashable, int] = {}
         for ly in layers:
             self.rep.setdefault(self.kind[ly.index], ly.index)
+        self.family = self._families()
         layer_of = np.full(len(graph.ops), -1, dtype=np.int64)
         for ly in layers:
             layer_of[list(ly.ops)] = ly.index
@@ -265,13 +269,10 @@ class _Table:
         solved; its ids line up with every layer of the kind); None where the pins cannot hold
         on that cell's mesh."""
         shape, lean = self.ctx.configs[k][c]
-        rep = self.rep[self.kind[li]]
-        key = self._plan_key(rep, k, shape)
+        key = self._plan_key(self.rep[self.kind[li]], k, shape)
         got = self._seen(key)
         if got is None or (lean and not got.lean_solved):
-            self._store(key, layer_plans(self.sub(rep), self.ctx.views[k], shape,
-                                         **self._solve_options(rep, k, shape), lean=lean,
-                                         fast=got))
+            self.solve_cells([(li, k, c)], 1)
             got = self._solved[key]
         return got.lean if lean else got.fast
 
@@ -307,36 +308,61 @@ class _Table:
         self._mine.add(key)
         self.ctx.solves += got.solves
         self.ctx.timed_out += got.timed_out
+        self.ctx.mapped += got.mapped
 
     def solve_cells(self, cells: Iterable[tuple[int, int, int]], workers: int) -> None:
         """Solve the layer plans of ``(layer, k, c)`` cells not solved yet, as independent tasks
         on ``workers`` processes (:func:`~autoplan.search._parallel.run_tasks`; one task per
         layer kind, submesh and logical mesh: its fastest plan and, where a cell asks for it,
-        the memory-lean one). Each layer kind's subgraph travels to a worker once. What each
-        task gives is what :meth:`result` would solve in this process."""
-        want: dict[tuple, tuple[int, int, tuple[int, ...], bool]] = {}
+        the memory-lean one). A kind of another's family (:attr:`family`) rides with that
+        kind's task (:func:`layer_family_plans`: its plans are the family's taken onto its own
+        subgraph where the two ILPs are one up to a constant, else solved). Each layer kind's
+        subgraph travels to a worker once. What each task gives is what it would give in this
+        process."""
+        want: dict[tuple, list] = {}  # the task's kind's key -> [rep, k, shape, lean, members]
         for li, k, c in cells:
             shape, lean = self.ctx.configs[k][c]
-            rep = self.rep[self.kind[li]]
+            kind = self.kind[li]
+            rep = self.rep[kind]
             key = self._plan_key(rep, k, shape)
             got = self._seen(key)
-            if got is None or (lean and not got.lean_solved):
-                was = want.get(key)
-                want[key] = (rep, k, shape, lean or (was is not None and was[3]))
+            if got is not None and (got.lean_solved or not lean):
+                continue
+            head = self.family.get(kind)
+            if head is None:
+                task = want.setdefault(key, [rep, k, shape, False, {}])
+            else:  # (the family's kind solves its lean variant too where this one wants it)
+                hrep = self.rep[head]
+                task = want.setdefault(self._plan_key(hrep, k, shape), [hrep, k, shape, False, {}])
+                task[4][key] = rep
+            task[3] = task[3] or lean
         if not want:
             return
-        keys = list(want)
-        tasks = [Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape),
-                      {**self._solve_options(rep, k, shape), "lean": lean,
-                       "fast": self._solved.get(key)},
-                      label=f"layer ILP {self.layers[rep].name} on submesh "
-                            f"{'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
-                            f"{'x'.join(map(str, shape))}")
-                 for key, (rep, k, shape, lean) in want.items()]
-        for key, out in zip(keys, run_tasks(tasks, workers=workers)):
+        tasks = []
+        for key, (rep, k, shape, lean, members) in want.items():
+            opts = {**self._solve_options(rep, k, shape), "lean": lean,
+                    "fast": self._solved.get(key)}
+            where = (f"on submesh {'x'.join(map(str, self.ctx.submeshes[k]))}, mesh "
+                     f"{'x'.join(map(str, shape))}")
+            if members:
+                opts["members"] = tuple((self.sub(r), self._solved.get(mk))
+                                        for mk, r in members.items())
+                names = ", ".join(self.layers[r].name for r in members.values())
+                tasks.append(Task(layer_family_plans, self.sub(rep), (self.ctx.views[k], shape),
+                                  opts, label=f"layer ILP {self.layers[rep].name} (and {names}) "
+                                              f"{where}"))
+            else:
+                tasks.append(Task(layer_plans, self.sub(rep), (self.ctx.views[k], shape), opts,
+                                  label=f"layer ILP {self.layers[rep].name} {where}"))
+        for (key, (*_, members)), out in zip(want.items(), run_tasks(tasks, workers=workers)):
             for category, message in out.warnings:
                 warnings.warn(message, category, stacklevel=2)
-            self._store(key, out.result())
+            got = out.result()
+            if not members:
+                self._store(key, got)
+                continue
+            for k2, plans in zip((key, *members), got):
+                self._store(k2, plans)
 
     def _user_pins(self, li: int) -> dict[str, Any]:
         """The user's pins that match layer ``li``'s inputs."""
@@ -351,6 +377,25 @@ class _Table:
         position = {kind: q for q, kind in enumerate(self.rep)}
         return list(self.rep.values()), np.array([position[kind] for kind in self.kind],
                                                  dtype=np.int64)
+
+    def _families(self) -> dict[Hashable, Hashable]:
+        """``{kind: the kind whose plans it takes}``: of the kinds that share a loose signature
+        (:func:`~autoplan.search.fold._layers.loose_signature`: the first MoE layer that starts
+        the auxiliary loss from ``0.0`` where the others add to it), every other one takes the
+        plans of the kind with the most layers (the first of them), where the two ILPs are the
+        same up to a constant on a cell (checked there). None where the user's pins or
+        Megatron's layout fix inputs (their kinds are matched on the inputs' own names)."""
+        if self.ctx.pins or self.ctx.megatron:
+            return {}
+        count = Counter(self.kind)
+        groups: dict[str, list[Hashable]] = {}
+        for kind, rep in self.rep.items():
+            groups.setdefault(loose_signature(self.graph, self.layers[rep].ops), []).append(kind)
+        out: dict[Hashable, Hashable] = {}
+        for kinds in groups.values():
+            head = max(kinds, key=count.__getitem__)  # (the first of the most layers)
+            out.update({kind: head for kind in kinds if kind != head})
+        return out
 
     def _kinds(self) -> list[Hashable]:
         """Each layer's kind: its structural signature, and where the user's pins fix some of

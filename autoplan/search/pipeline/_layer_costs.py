@@ -24,8 +24,8 @@ from autoplan.costs._cluster import Cluster
 from autoplan.costs._mesh import LogicalMesh
 from autoplan.plans._plan import Comm, Plan
 from autoplan.plans._spec import tile_count
-from autoplan.search.intra._ilp_problem import ILPProblem, build_problem
-from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
+from autoplan.search.intra._ilp_problem import ILPProblem, aligned_nodes, build_problem
+from autoplan.search.intra._ilp_solve import ILPSolution, mapped_solution, solve_ilp
 from autoplan.search.intra._intra import IntraOpResult, intra_op_result, make_logical_mesh
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.intra._spec_space import replicated, tiles
@@ -33,7 +33,8 @@ from autoplan.search.intra._strategies import HEAVY, combined_latency
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._primitives import STOP_REDUCTIONS
 
-__all__ = ["LayerCost", "LayerPlans", "layer_cost", "layer_plans", "gradient_ops",
+__all__ = ["LayerCost", "LayerPlans", "layer_cost", "layer_plans", "layer_family_plans",
+           "gradient_ops",
            "per_step_weighted", "LAYER_MIP_GAP", "LAYER_TIME_LIMIT", "LEAN_MIP_GAP"]
 
 
@@ -392,6 +393,8 @@ class LayerPlans:
             is already within 20% of the least memory; None until solved or without ``fast``).
         lean_solved: whether ``lean`` was asked for.
         solves: ILP solves it took; timed_out: how many of them stopped at the time limit.
+        mapped: plans taken from another layer kind's ILP, the same up to a constant
+            (:func:`layer_family_plans`).
     """
 
     fast: Any
@@ -399,6 +402,11 @@ class LayerPlans:
     lean_solved: bool = False
     solves: int = 0
     timed_out: int = 0
+    mapped: int = 0
+
+    def again(self) -> LayerPlans:
+        """A copy that further solves add to (the counts start again)."""
+        return LayerPlans(self.fast, self.lean, self.lean_solved)
 
 
 def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
@@ -420,18 +428,105 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
         lean: solve the memory-lean variant too.
         fast: what an earlier call gave without the lean variant (its fastest plan is reused).
     """
-    out = LayerPlans(None) if fast is None else LayerPlans(fast.fast, fast.lean, fast.lean_solved)
-    if out.lean_solved or (fast is not None and not lean):
-        return out
+    return layer_family_plans(sub, view, shape, B=B, pins=pins, time_limit=time_limit,
+                              lean=lean, fast=fast)[0]
+
+
+def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
+                       pins: Mapping[str, Any] | None, time_limit: float, lean: bool,
+                       fast: LayerPlans | None = None,
+                       members: Sequence[tuple[OpGraph, LayerPlans | None]] = ()
+                       ) -> list[LayerPlans]:
+    """:func:`layer_plans` of a layer kind (``sub``, with ``fast`` as there), and of each of
+    ``members`` (other kinds' subgraphs of the same loose signature, each with what an earlier
+    call gave it): a member whose ILP on this mesh is the kind's up to a constant
+    (:func:`~autoplan.search.intra._ilp_problem.aligned_nodes`, checked on the built problems)
+    takes the kind's plans node by node, costed on its own subgraph
+    (:func:`~autoplan.search.intra._ilp_solve.mapped_solution`); any other is solved. Returns
+    ``[the kind's, then each member's]``.
+
+    A member's memory-lean variant is the kind's mapped too, where the two take the same
+    branch (the fastest plan as its own lean variant, or not); else it is solved.
+    """
+    head = LayerPlans(None) if fast is None else fast.again()
+    todo = not head.lean_solved and (fast is None or lean)
+    if not todo and not members:
+        return [head]
     mesh = make_logical_mesh(view, shape)
+    prob = _weighted_problem(sub, mesh, pins, B)
+    if prob is None:  # a pinned spec does not divide on this mesh: no plan here
+        head.lean_solved = True
+        return [head] + [_solved_plans(msub, mesh, None, mfast, time_limit, lean)
+                         for msub, mfast in members]
+    if todo:
+        _solve_plans(head, sub, mesh, prob, time_limit, lean)
+    out = [head]
+    for msub, mfast in members:
+        mine = LayerPlans(None) if mfast is None else mfast.again()
+        if mine.lean_solved or (mfast is not None and not lean):
+            out.append(mine)
+            continue
+        mprob = _weighted_problem(msub, mesh, pins, B)
+        align = None if head.fast is None or mprob is None else aligned_nodes(
+            prob, mprob, 1e-9 * abs(head.fast.solution.objective))
+        if align is None:
+            out.append(_solved_plans(msub, mesh, mprob, mfast, time_limit, lean))
+            continue
+        if mine.fast is None:
+            mine.fast = _mapped(head.fast, prob, msub, mesh, mprob, align)
+            mine.mapped += 1
+        if lean:
+            f = mine.fast
+            if sum(_stage_memory(f.plan)) <= 1.2 * f.solution.least_memory:
+                mine.lean = f
+            elif head.lean is not head.fast:
+                mine.lean = _mapped(head.lean, prob, msub, mesh, mprob, align)
+                mine.mapped += 1
+            else:  # (the kind's fastest plan is its own lean variant, this one's is not)
+                _solve_plans(mine, msub, mesh, mprob, time_limit, True)
+            mine.lean_solved = True
+        out.append(mine)
+    return out
+
+
+def _mapped(res: IntraOpResult, prob: ILPProblem, sub: OpGraph, mesh: LogicalMesh,
+            mprob: ILPProblem, align: np.ndarray) -> IntraOpResult:
+    """The plan of ``res`` (solved on ``prob``) taken node by node onto ``sub``'s problem
+    ``mprob`` (``align``: :func:`~autoplan.search.intra._ilp_problem.aligned_nodes`)."""
+    return intra_op_result(sub, mesh, mapped_solution(mprob, align, res.solution, prob), 0.0,
+                           level="exhaustive")
+
+
+def _weighted_problem(sub: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] | None,
+                      B: int) -> ILPProblem | None:
+    """``sub``'s ILP on ``mesh`` with its per-step terms weighted by ``1 / B``; None where a
+    pinned spec does not divide on the mesh."""
     try:
-        prob = per_step_weighted(build_problem(sub, mesh, pins=pins, count_unmerged=False),
+        return per_step_weighted(build_problem(sub, mesh, pins=pins, count_unmerged=False),
                                  1.0 / B)
     except SearchError:
         if pins is None:
             raise
+        return None
+
+
+def _solved_plans(sub: OpGraph, mesh: LogicalMesh, prob: ILPProblem | None,
+                  fast: LayerPlans | None, time_limit: float, lean: bool) -> LayerPlans:
+    """:func:`layer_plans` on a problem built already (None: no plan on this mesh)."""
+    out = LayerPlans(None) if fast is None else fast.again()
+    if out.lean_solved or (fast is not None and not lean):
+        return out
+    if prob is None:
         out.lean_solved = True
-        return out  # a pinned spec does not divide on this mesh: no plan here
+        return out
+    _solve_plans(out, sub, mesh, prob, time_limit, lean)
+    return out
+
+
+def _solve_plans(out: LayerPlans, sub: OpGraph, mesh: LogicalMesh, prob: ILPProblem,
+                 time_limit: float, lean: bool) -> None:
+    """Solve the fastest plan into ``out`` where it has none, and with ``lean`` the memory-lean
+    variant (:func:`layer_plans`, on ``sub``'s weighted problem ``prob``)."""
 
     def solve(memory_weight: float, mip_gap: float) -> _Solved:
         out.solves += 1
@@ -450,7 +545,7 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
         """The plan of a kept solve (the lean search's other solves make none)."""
         return intra_op_result(sub, mesh, got.solution, got.seconds, level="exhaustive")
 
-    if fast is None:
+    if out.fast is None:
         out.fast = result(solve(0.0, LAYER_MIP_GAP))
     if lean:
         f = out.fast
@@ -459,7 +554,6 @@ def layer_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B: int,
         else:
             out.lean = result(_lean_plan(f, lambda w: solve(w, LEAN_MIP_GAP)))
         out.lean_solved = True
-    return out
 
 
 @dataclass(frozen=True)

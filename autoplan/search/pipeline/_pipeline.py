@@ -394,7 +394,7 @@ def _stats(run: _Run, chosen: list[_Eval]) -> dict[str, Any]:
     stats = {"layers": len(run.layers), "microbatches": chosen[0].B, "microbatches_default": run.B0,
              "microbatch_candidates": run.candidates, "microbatches_exact": run.exact,
              "submeshes": len(ctx.submeshes), "layer_solves": ctx.solves,
-             "layer_solves_at_time_limit": ctx.timed_out,
+             "layer_solves_at_time_limit": ctx.timed_out, "layer_plans_mapped": ctx.mapped,
              "layer_plans_reused": sum(t.reused for t in {id(t): t for t in
                                                           (run.table, *run.tables.values())}.values()),
              "unique_layer_kinds": len(run.table.rep), "layouts_simulated": run.simulated,
@@ -475,8 +475,9 @@ def pipeline_search(workload: Any, cluster: Cluster, *, schedule: str = "1f1b",
         exactly), ``submeshes``, ``layer_solves``, ``layer_solves_at_time_limit``,
         ``layer_plans_reused`` (layer plans found already solved on the same traced step with
         the same options, by an earlier search or another pipeline run of this one: a change
-        of memory budget or schedule re-solves none),
-        ``unique_layer_kinds``,
+        of memory budget or schedule re-solves none), ``layer_plans_mapped`` (layer plans
+        taken from another layer kind's ILP, the same up to a constant: a kind that differs from
+        another only where it reads a literal), ``unique_layer_kinds``,
         ``layouts_simulated``, ``stage_algorithm``, ``dp_latency`` (the DP's latency of the
         best plan's layout), ``fits``, ``infeasible`` (why, when no layout fits the memory: the
         fastest layouts are returned then, marked as not fitting) and seconds per phase.

@@ -22,6 +22,7 @@ from autoplan.search.intra._ilp_problem import build_problem
 from autoplan.search.intra._reshard import reshard
 from autoplan.search.pipeline import _pipeline as pp
 from autoplan.search.pipeline._layouts import _chain_inputs
+from autoplan.tracing._trace import forget_shared_traces
 
 # every parameter and optimizer-state leaf replicated: the stages are data parallel
 REPLICATED = {r"^params": P(), r"^opt_state": P()}
@@ -303,6 +304,92 @@ def test_a_scalar_passed_along_keeps_the_stage_dp():
     res = quiet(pipeline_search, wl, cpu4(), microbatches=2)
     assert res.stats["stage_algorithm"] == "dp"
     assert res.stats["fits"] and res.plans[0].predicted.memory_per_device <= 2 * 2**30
+
+
+def _moe_family_table():
+    """MoE tiny's layer costs on four devices: its first MoE layer starts the auxiliary loss from
+    a literal ``0.0``, the second adds to the sum it is passed; one loose signature (traced
+    afresh: no layer plan kept from another test)."""
+    forget_shared_traces()
+    table = table_for(models.get("moe", "tiny", layers=4), cpu4(), 2)
+    names = [ly.name for ly in table.layers]
+    first, second = names.index("layers_1"), names.index("layers_3")
+    assert table.kind[first] != table.kind[second]
+    return table, first, second
+
+
+def test_layer_kinds_of_one_loose_signature_share_their_plans():
+    """A layer kind that differs from another only where it reads a literal takes that kind's
+    plans on every cell (no ILP solved for it), and each costs what its own solve gives."""
+    table, first, second = _moe_family_table()
+    assert table.family == {table.kind[second]: table.kind[first]}
+    cells = list(table.ctx.cells())
+    quiet(table.solve_cells, [(li, k, c) for li in (first, second) for k, c in cells], 1)
+    assert table.ctx.mapped >= len(cells) // 2
+    mapped = {kc: table.cost(second, *kc) for kc in cells}
+    forget_shared_traces()
+    own = table_for(models.get("moe", "tiny", layers=4), cpu4(), 2)
+    own.family = {}
+    quiet(own.solve_cells, [(second, k, c) for k, c in cells], 1)
+    assert own.ctx.mapped == 0 and own.ctx.solves > 0
+    assert all(mapped[kc] == own.cost(second, *kc) for kc in cells)
+
+
+def test_aligned_nodes_asks_for_one_ilp_up_to_a_constant():
+    """The two MoE layers' problems are one ILP up to a constant (the literal's layer has no
+    node for the scalar it would read); a cost that moves by more than a constant, a memory that
+    differs, or an edge's cost that differs makes them two."""
+    from dataclasses import replace as dc_replace  # noqa: PLC0415
+
+    from autoplan.search.intra._ilp_problem import aligned_nodes  # noqa: PLC0415
+
+    table, first, second = _moe_family_table()
+    k = table.ctx.submeshes.index((1, 4))
+    mesh = table.ctx.mesh(k, (2, 2))
+    a = build_problem(table.sub(first), mesh, count_unmerged=False)
+    b = build_problem(table.sub(second), mesh, count_unmerged=False)
+    align = aligned_nodes(a, b, 1e-12)
+    assert align is not None and (align < 0).sum() == len(b.nodes) - len(a.nodes) == 1
+    j = next(j for j, n in enumerate(b.nodes) if len(n.strategies) > 2 and align[j] >= 0)
+
+    def changed(**node):
+        out = copy_problem(b)
+        out.nodes[j] = dc_replace(b.nodes[j], **node)
+        return aligned_nodes(a, out, 1e-12)
+
+    cost = b.nodes[j].cost
+    assert changed(cost=cost + 1e-3) is not None  # a constant
+    assert changed(cost=cost + np.linspace(0.0, 1e-3, len(cost))) is None
+    assert changed(memory=b.nodes[j].memory + np.arange(len(cost))) is None
+    edge = next(e for e in b.edges)
+    out = copy_problem(b)
+    out.edges = [(*edge[:4], edge[4] * 2.0 + 1e-3)] + [e for e in b.edges if e is not edge]
+    assert aligned_nodes(a, out, 1e-12) is None
+
+
+def copy_problem(prob):
+    import copy  # noqa: PLC0415
+
+    out = copy.copy(prob)
+    out.nodes, out.edges = list(prob.nodes), list(prob.edges)
+    return out
+
+
+def test_a_search_plans_the_same_with_layer_families(monkeypatch):
+    """The pipeline search with the family's plans taken over returns the plans it returns when
+    every kind solves its own."""
+    forget_shared_traces()
+    res = quiet(pipeline_search, models.get("moe", "tiny", layers=4), cpu4(), microbatches=2)
+    assert res.stats["layer_plans_mapped"] > 0
+    monkeypatch.setattr(pp._Table, "_families", lambda self: {})
+    forget_shared_traces()  # (the traces, and the layer plans kept on them, are solved again)
+    own = quiet(pipeline_search, models.get("moe", "tiny", layers=4), cpu4(), microbatches=2)
+    assert own.stats["layer_plans_mapped"] == 0
+    assert own.stats["layer_solves"] > res.stats["layer_solves"]
+    assert len(res.plans) == len(own.plans)
+    for p, q in zip(res.plans, own.plans):
+        assert (p.describe(), p.predicted, p.stages, p.inputs) == (
+            q.describe(), q.predicted, q.stages, q.inputs)
 
 
 def test_dag_stage_ilp_respects_memory_with_alpas_submeshes():
