@@ -304,6 +304,19 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/search/pipeline/test_cost_model.py::test_layer_kinds_of_one_loose_signature_share_"
        "their_plans",),
       "every layer kind solves its own ILPs, the first MoE layer's beside the others'"),
+    M("carried-parameters-as-state", "autoplan/tracing/_trace.py",
+      '            kind = "parameter" if i in carried and next(carried[i]) else kinds[i]',
+      "            kind = kinds[i]",
+      ("tests/test_arg_kinds.py::test_a_train_states_parameters_are_parameters_and_its_moments_"
+       "follow_their_layers",),
+      "a TrainState's parameters are read as optimizer state: no gradient buffers, the "
+      "optimizer state's levers"),
+    M("moments-by-whole-path-only", "autoplan/search/fold/_layers.py",
+      "            ly = next((param_layer.get(e, ending_layer.get(e)) for e in path_endings(gi.path)",
+      "            ly = next((param_layer.get(e, -1) for e in path_endings(gi.path)",
+      ("tests/test_arg_kinds.py::test_a_train_states_parameters_are_parameters_and_its_moments_"
+       "follow_their_layers",),
+      "Adam's moments of a TrainState's parameters all go to the last layer's stage"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

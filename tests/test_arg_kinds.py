@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import autoplan
+from autoplan.algorithms import group_layers
 from autoplan.exec import run
 from autoplan.search._api import NoPipelineWarning
 from autoplan.tracing._workload import infer_arg_kinds
@@ -223,3 +224,124 @@ def test_a_flax_train_state_step_with_labels_apart_runs_micro_batched_equal_to_o
     plan = next(p for p in res.plans if p.schedule.microbatches > 1)
     report = run(plan, wl, steps=2, compiler_options=FAST)
     assert report.equivalence.matched, report.equivalence.message
+
+
+# ------------------------------------------------------------------------------------------
+# parameters carried in an optimizer-state argument
+# ------------------------------------------------------------------------------------------
+
+
+def _linen_train_state():
+    """A linen MLP of five Dense layers, its ``TrainState`` step ``(state, x, y)`` and the same
+    step with the parameters and Adam's state apart, ``(params, opt_state, x, y)``."""
+    import optax
+    from flax import linen as nn
+    from flax.training import train_state
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(4):
+                x = nn.tanh(nn.Dense(64)(x))
+            return nn.Dense(16)(x)
+
+    net, tx = Net(), optax.adam(1e-3)
+    x, y = _xy(64, 64)
+    y = y[:, :16]
+    params = net.init(jax.random.key(0), x)["params"]
+
+    def bundled(state, x, y):
+        def loss(p):
+            return jnp.mean((state.apply_fn({"params": p}, x) - y) ** 2)
+        value, g = jax.value_and_grad(loss)(state.params)
+        return value, state.apply_gradients(grads=g)
+
+    def apart(params, opt_state, x, y):
+        def loss(p):
+            return jnp.mean((net.apply({"params": p}, x) - y) ** 2)
+        value, g = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
+
+    state = train_state.TrainState.create(apply_fn=net.apply, tx=tx, params=params)
+    return (autoplan.Workload(bundled, (state, x, y)),
+            autoplan.Workload(apart, (params, tx.init(params), x, y)))
+
+
+def test_a_train_states_parameters_are_parameters_and_its_moments_follow_their_layers():
+    """A ``TrainState`` is one argument, read as optimizer state for its optax state; the
+    parameters it carries are parameters (gradient buffers, the parameters' levers), and Adam's
+    moments sit in their parameters' layers (they all went to the last layer, whose pipeline
+    stage was then predicted to hold the whole optimizer state). The pipeline plans and their
+    predictions are the ones of the same step with the parameters and Adam's state apart (but
+    for the step counter's 4 bytes)."""
+    bundled, apart = _linen_train_state()
+    g = autoplan.trace(bundled)
+    kinds = {gi.path.split("[")[0]: gi.kind for gi in g.inputs if gi.arg == 0}
+    assert kinds == {".step": "optimizer_state", ".params": "parameter",
+                     ".opt_state": "optimizer_state"}
+    assert g.bytes_of_kind("parameter") == autoplan.trace(apart).bytes_of_kind("parameter") > 0
+    owned = {ly.name: ly.params for ly in group_layers(g)}
+    assert all(sum("mu" in n for n in names) == sum(".params" in n for n in names) > 0
+               for ly, names in owned.items() if "Dense" in ly), owned
+    plans = []
+    for wl in (bundled, apart):
+        res = autoplan.search(wl, "cpu:8", pipeline=True, baselines=False, cache=False,
+                              microbatches=4)
+        plans.append(next(p for p in res.plans if len(p.stages) > 1))
+    a, b = plans
+    assert a.describe() == b.describe()
+    assert a.predicted.step_time == pytest.approx(b.predicted.step_time, rel=1e-9)
+    for sa, sb in zip(a.stages, b.stages):
+        assert sb.memory <= sa.memory <= sb.memory + 16
+    report = run(a, bundled, steps=1, compiler_options=FAST)
+    assert report.equivalence.matched, report.equivalence.message
+
+
+def test_parameters_beside_an_optimizer_and_state_kept_by_hand():
+    """``nnx.split((model, optimizer))``: the model's ``Param`` variables are parameters, Adam's
+    moments (``Param`` variables too, inside the optimizer's state) are state; a dict that holds
+    an optax state beside ``params`` carries parameters; momentum kept by hand under a
+    ``params`` key, with no optax state, stays state."""
+    import optax
+    from flax import nnx
+
+    model = nnx.Linear(8, 8, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    graphdef, both = nnx.split((model, opt))
+    x = jnp.ones((16, 8))
+
+    def nnx_step(state, x):
+        m, o = nnx.merge(graphdef, state)
+        value, g = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(m)
+        o.update(m, g)
+        return value, nnx.state((m, o))
+
+    g = autoplan.trace(autoplan.Workload(nnx_step, (both, x)))
+    kinds = {gi.path: gi.kind for gi in g.inputs if gi.arg == 0}
+    assert {p for p, k in kinds.items() if k == "parameter"} == {
+        "[0]['bias'].value", "[0]['kernel'].value"}
+    assert all(k == "optimizer_state" for p, k in kinds.items() if "mu" in p or "nu" in p)
+
+    tx = optax.sgd(0.1, momentum=0.9)
+    params = {"w": jnp.ones((8, 8))}
+
+    def dict_step(b, x):
+        value, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"]) ** 2))(b["params"])
+        updates, s = tx.update(grads, b["opt_state"], b["params"])
+        return value, {"params": optax.apply_updates(b["params"], updates), "opt_state": s}
+
+    g = autoplan.trace(autoplan.Workload(dict_step, ({"params": params,
+                                                      "opt_state": tx.init(params)}, x)))
+    assert {gi.path: gi.kind for gi in g.inputs if gi.arg == 0} == {
+        "['opt_state'][0].trace['w']": "optimizer_state", "['params']['w']": "parameter"}
+
+    def hand_step(params, momentum, x):
+        grads = jax.grad(lambda p: jnp.mean((x @ p["params"]["w"]) ** 2))(params)
+        momentum = jax.tree.map(lambda m, d: 0.9 * m + d, momentum, grads)
+        return jax.tree.map(lambda p, m: p - 0.1 * m, params, momentum), momentum
+
+    both = {"params": {"w": jnp.ones((8, 8))}}
+    g = autoplan.trace(autoplan.Workload(hand_step, (both, {"params": {"w": jnp.zeros((8, 8))}},
+                                                     x)))
+    assert [gi.kind for gi in g.inputs] == ["parameter", "optimizer_state", "batch"]

@@ -171,6 +171,7 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
             "inputs recorded give): the plan's inputs were changed after it was made",
             plan.fingerprint, "restore the inputs' shapes, dtypes and paths, or " + _REMAKE)
     # one kind per positional argument: the kind most of its leaves have; the others are wrong
+    # (but for the parameters an optimizer-state argument carries: checked against the workload)
     by_arg: dict[int, list[int]] = {}
     for k, i in enumerate(plan.inputs):
         if i.kind not in ARG_KINDS:
@@ -180,6 +181,8 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
             by_arg.setdefault(i.arg, []).append(k)
     for arg, ks in sorted(by_arg.items()):
         kinds = [plan.inputs[k].kind for k in ks]
+        if set(kinds) == {"parameter", "optimizer_state"}:
+            continue  # (an optimizer-state argument carrying its parameters: a TrainState)
         major = max(dict.fromkeys(kinds), key=kinds.count)
         odd = [k for k in ks if plan.inputs[k].kind != major]
         if odd:

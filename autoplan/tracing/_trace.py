@@ -52,6 +52,7 @@ from autoplan.tracing._workload import (
     infer_arg_kinds,
     is_workload_like,
     non_array_leaf,
+    parameter_leaves,
 )
 
 __all__ = ["trace", "trace_workload", "forget_shared_traces", "OpaqueControlFlowWarning"]
@@ -338,11 +339,15 @@ def trace(fn: Callable, *args: Any, arg_kinds: tuple[str, ...] | None = None,
     w = walk_jaxpr(closed, max_scan_unroll)
     ops, tensors, opaque = _graph_from_walk(w)
     names = _arg_names(fn, n)
+    # (parameters an optimizer-state argument carries, a TrainState's, are parameters)
+    carried = {i: iter(parameter_leaves(args[i])) for i in range(n)
+               if kinds[i] == "optimizer_state"}
     inputs: list[GraphInput] = []
     for (path, _leaf), tid in zip(flat_with_path, w.input_ids):
         if path[0].idx == 0:
             i = path[1].idx
-            inputs.append(GraphInput(tid, i, names[i], jax.tree_util.keystr(path[2:]), kinds[i]))
+            kind = "parameter" if i in carried and next(carried[i]) else kinds[i]
+            inputs.append(GraphInput(tid, i, names[i], jax.tree_util.keystr(path[2:]), kind))
         else:
             inputs.append(GraphInput(tid, n, "kwargs", jax.tree_util.keystr(path[1:]), "input"))
     out_paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]

@@ -71,12 +71,61 @@ def _node_types(tree: Any) -> set[type]:
     return seen
 
 
+def _is_optimizer_node(t: type) -> bool:
+    """True for an optax state's type or a Flax ``nnx.Optimizer`` state variable's."""
+    return ((getattr(t, "__module__", "") or "").split(".")[0] == "optax"
+            or (t.__name__ in _NNX_OPT_TYPES and (t.__module__ or "").startswith("flax")))
+
+
 def _is_optimizer_state(tree: Any) -> bool:
     """True when a pytree holds an optax state (``ScaleByAdamState``, ``EmptyState``, ...) or
     the state of a Flax ``nnx.Optimizer`` (its ``OptState`` variables)."""
-    return any((getattr(t, "__module__", "") or "").split(".")[0] == "optax"
-               or (t.__name__ in _NNX_OPT_TYPES and (t.__module__ or "").startswith("flax"))
-               for t in _node_types(tree))
+    return any(_is_optimizer_node(t) for t in _node_types(tree))
+
+
+def _is_nnx_param(x: Any) -> bool:
+    """True for a Flax NNX ``Param`` variable (or its split-off state)."""
+    t = type(x)
+    return ((t.__name__ == "Param" or getattr(getattr(x, "type", None), "__name__", "") == "Param")
+            and (t.__module__ or "").startswith("flax"))
+
+
+def _field_name(entry: Any) -> str | None:
+    """The name of a pytree path entry: an attribute's or a string dict key's."""
+    name = getattr(entry, "name", None)
+    if name is None:
+        name = getattr(entry, "key", None)
+    return name if isinstance(name, str) else None
+
+
+def parameter_leaves(arg: Any) -> list[bool]:
+    """For each leaf of an optimizer-state argument (in ``jax.tree_util.tree_leaves`` order),
+    whether it is a parameter the argument carries beside the optimizer's state: a leaf of a
+    Flax NNX ``Param`` variable (``nnx.split((model, optimizer))``), or, where the argument
+    holds an optax state, a leaf of a field named like parameters (``params``, ``model``, ... as
+    :func:`infer_arg_kinds` reads names) whose subtree holds none (a Flax ``TrainState``'s
+    ``params``; momentum kept by hand in a dict keyed ``params`` is state). Their kind is
+    ``"parameter"``: they get the parameters' gradient buffers and memory levers, not the
+    optimizer state's."""
+    out: list[bool] = []
+    # (a Param variable inside an optimizer's state, Adam's moments of an nnx.State, is state)
+    for item in jax.tree_util.tree_leaves(
+            arg, is_leaf=lambda x: _is_nnx_param(x) or _is_optimizer_node(type(x))):
+        out.extend([_is_nnx_param(item)] * len(jax.tree_util.tree_leaves(item)))
+    if not _is_optimizer_state(arg):
+        return out
+    named: dict[str, bool] = {}
+    for k, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(arg)[0]):
+        name = _field_name(path[0]) if path else None
+        if out[k] or name is None or name.lower() not in _NAMES["parameter"]:
+            continue
+        if name not in named:
+            field = getattr(arg, name, None) if hasattr(arg, name) else None
+            if field is None and isinstance(arg, dict):
+                field = arg.get(name)
+            named[name] = field is not None and not _is_optimizer_state(field)
+        out[k] = named[name]
+    return out
 
 
 def is_key_leaf(leaf: Any) -> bool:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -368,14 +369,24 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
         for t in op.inputs:
             if t is not None and t_layer[t] < k:
                 t_layer[t] = k
-    # optimizer state shares its parameter's layer (matched by path suffix, the longest)
-    param_layer = {gi.path: t_layer[gi.tensor] for gi in graph.inputs
-                   if gi.kind == "parameter" and t_layer[gi.tensor] >= 0 and gi.path}
+    # optimizer state shares its parameter's layer, matched by the longest ending of its path
+    # (whole keys) that ends the paths of one layer's parameters only: Adam's moments mirror the
+    # parameters' tree ("[0].mu['Dense_0']['kernel']" is "['Dense_0']['kernel']"'s), also
+    # where the parameters sit under a field of their own (a TrainState's ".params[...]")
+    # (a parameter's own path first: an ending of several layers' parameters says nothing)
+    param_layer: dict[str, int] = {}
+    ending_layer: dict[str, int] = {}
     for gi in graph.inputs:
-        if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0:
-            ly = next((param_layer[gi.path[i:]] for i in range(len(gi.path))
-                       if gi.path[i:] in param_layer), None)
-            if ly is not None:
+        ly = t_layer[gi.tensor]
+        if gi.kind == "parameter" and ly >= 0 and gi.path:
+            param_layer[gi.path] = ly
+            for e in path_endings(gi.path):
+                ending_layer[e] = ly if ending_layer.get(e, ly) == ly else -1  # (-1: several)
+    for gi in graph.inputs:
+        if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0 and gi.path:
+            ly = next((param_layer.get(e, ending_layer.get(e)) for e in path_endings(gi.path)
+                       if e in ending_layer), -1)
+            if ly >= 0:
                 t_layer[gi.tensor] = ly
     # the layers known from the forward pass (and optimizer state); later entries are inherited
     fwd_layer = list(t_layer)
@@ -416,6 +427,19 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
             update=tuple(g["u"]), flops=float(sum([ops[o].flops for o in ops_k])),
             params=tuple(owned[k]), signature=_signature(graph, g["f"] + g["b"] + g["u"])))
     return out
+
+
+_PATH_KEY = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]|\.[^.\[]+")
+
+
+def path_endings(path: str) -> list[str]:
+    """The endings of a leaf's path (``jax.tree_util.keystr``) made of whole keys, longest
+    first: ``".opt_state[0].mu['w']"`` gives itself, ``"[0].mu['w']"``, ``".mu['w']"`` and
+    ``"['w']"`` (the path alone where it does not read as keys)."""
+    keys = _PATH_KEY.findall(path)
+    if "".join(keys) != path:
+        return [path]
+    return ["".join(keys[i:]) for i in range(len(keys))]
 
 
 def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
