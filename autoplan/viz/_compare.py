@@ -20,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from autoplan._gc import gc_paused
 from autoplan._memo import per_owner
 from autoplan.costs._mesh import COLLECTIVES
 from autoplan.plans._plan import Plan, Stage
@@ -96,23 +97,33 @@ def short_label(label: str) -> str:
     return label if len(label) <= 12 else label[:11] + "\u2026"
 
 
-def _stage_forms(s: Stage, plan: Plan) -> list[tuple]:
-    """The stage's shardings under every renaming of its mesh axes of more than one device to
-    ``a0, a1, ...`` that keeps the axes' sizes (size-1 axes dropped: they split nothing)."""
+def _stage_forms(s: Stage, plan: Plan, inputs: Sequence[Any]) -> list[tuple]:
+    """The stage's shardings (its ops', and those of ``inputs``, the plan's inputs it holds)
+    under every renaming of its mesh axes of more than one device to ``a0, a1, ...`` that keeps
+    the axes' sizes (size-1 axes dropped: they split nothing)."""
     eff = [(a, n) for a, n in zip(s.axis_names, s.mesh_shape) if n > 1]
     forms = []
     for perm in itertools.permutations(range(len(eff))):
         if [eff[p][1] for p in perm] != sorted(n for _, n in eff):
             continue
         rename = {eff[p][0]: f"a{k}" for k, p in enumerate(perm)}
+        seen: dict[Any, tuple] = {}  # (the specs of a stage repeat: each renamed once)
 
-        def canon(spec: Sequence[Any], rename: dict[str, str] = rename) -> tuple:
-            return tuple(tuple(rename[a] for a in (e or ()) if a in rename) or None for e in spec)
+        def canon(spec: Sequence[Any], rename: dict[str, str] = rename,
+                  seen: dict[Any, tuple] = seen) -> tuple:
+            try:
+                got = seen.get(spec)
+            except TypeError:  # (a spec that is not hashable: renamed each time)
+                return tuple(tuple(rename[a] for a in (e or ()) if a in rename) or None
+                             for e in spec)
+            if got is None:
+                got = seen[spec] = tuple(tuple(rename[a] for a in (e or ()) if a in rename)
+                                         or None for e in spec)
+            return got
 
-        inputs = tuple(sorted((i.name, canon(i.spec)) for i in plan.inputs
-                              if len(plan.stages) == 1 or i.stage == s.index))
+        held = tuple(sorted((i.name, canon(i.spec)) for i in inputs))
         ops = tuple((o.op, tuple((t.role, canon(t.spec)) for t in o.tensors)) for o in s.ops)
-        forms.append((tuple(sorted(n for _, n in eff)), tuple(sorted(s.device_ids)), inputs, ops))
+        forms.append((tuple(sorted(n for _, n in eff)), tuple(sorted(s.device_ids)), held, ops))
     return forms
 
 
@@ -120,9 +131,16 @@ def _stage_forms(s: Stage, plan: Plan) -> list[tuple]:
 def _canonical(plan: Plan) -> tuple:
     """The plan's form up to renaming mesh axes (once per plan: plans are immutable, and the
     explorer groups its candidates at every selection)."""
-    stages = tuple(min(_stage_forms(s, plan), key=repr) for s in plan.stages)
+    held: dict[int, list[Any]] = {s.index: [] for s in plan.stages}
+    for i in plan.inputs:
+        for k in (held if len(plan.stages) == 1 else (i.stage,)):
+            held.setdefault(k, []).append(i)
+    stages = []
+    for s in plan.stages:
+        forms = _stage_forms(s, plan, held[s.index])
+        stages.append(forms[0] if len(forms) == 1 else min(forms, key=repr))
     sch = plan.schedule
-    return (stages, sch.kind, sch.microbatches)
+    return (tuple(stages), sch.kind, sch.microbatches)
 
 
 def _same_prediction(a: Plan, b: Plan) -> bool:
@@ -131,6 +149,7 @@ def _same_prediction(a: Plan, b: Plan) -> bool:
             and math.isclose(pa.memory_per_device, pb.memory_per_device, rel_tol=1e-9, abs_tol=0.0))
 
 
+@gc_paused
 def equivalent_groups(plans: Sequence[Plan]) -> list[list[int]]:
     """Plans grouped by equivalence (see the module docstring), each group in the plans' order,
     groups ordered by their first plan.
