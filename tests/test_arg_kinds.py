@@ -345,3 +345,115 @@ def test_parameters_beside_an_optimizer_and_state_kept_by_hand():
     g = autoplan.trace(autoplan.Workload(hand_step, (both, {"params": {"w": jnp.zeros((8, 8))}},
                                                      x)))
     assert [gi.kind for gi in g.inputs] == ["parameter", "optimizer_state", "batch"]
+
+
+def test_what_an_optimizer_state_argument_carries_beside_parameters_stays_state():
+    """Only what is surely parameters becomes parameters: an NNX trainer's model has its
+    ``Param`` variables as parameters, and its batch statistics and dropout keys stay state; a
+    model beside an EMA copy of it (``Param`` variables under two entries, which no rule tells
+    apart) leaves everything state; so does a linen ``variables`` dict, whose ``batch_stats``
+    sit beside its ``params``."""
+    import optax
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(8, 8, rngs=rngs)
+            self.bn = nnx.BatchNorm(8, rngs=rngs)
+            self.do = nnx.Dropout(0.1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.do(self.bn(self.lin(x)))
+
+    class Trainer(nnx.Module):
+        def __init__(self, ema: bool):
+            self.model = Net(nnx.Rngs(0))
+            if ema:
+                self.ema = nnx.clone(self.model)
+            self.optimizer = nnx.Optimizer(self.model, optax.adam(1e-3), wrt=nnx.Param)
+
+    x = jnp.ones((16, 8))
+    for ema in (False, True):
+        graphdef, state = nnx.split(Trainer(ema))
+
+        def step(state, x, graphdef=graphdef):
+            t = nnx.merge(graphdef, state)
+            value, g = nnx.value_and_grad(lambda net: jnp.mean(net(x) ** 2))(t.model)
+            t.optimizer.update(t.model, g)
+            return value, nnx.state(t)
+
+        g = autoplan.trace(autoplan.Workload(step, (state, x)))
+        params = {gi.path for gi in g.inputs if gi.kind == "parameter"}
+        if ema:
+            assert params == set()
+        else:
+            assert params == {f"['model']['{m}']['{p}'].value"
+                              for m, p in (("lin", "kernel"), ("lin", "bias"), ("bn", "scale"),
+                                           ("bn", "bias"))}
+
+    import optax as ox
+    tx = ox.adam(1e-3)
+    variables = {"params": {"w": jnp.ones((8, 8))}, "batch_stats": {"mean": jnp.zeros(8)}}
+
+    def linen_step(b, x):
+        value, grads = jax.value_and_grad(
+            lambda p: jnp.mean((x @ p["w"] - b["variables"]["batch_stats"]["mean"]) ** 2))(
+            b["variables"]["params"])
+        updates, s = tx.update(grads, b["opt_state"], b["variables"]["params"])
+        new = {**b["variables"], "params": ox.apply_updates(b["variables"]["params"], updates)}
+        return value, {"variables": new, "opt_state": s}
+
+    bundle = {"variables": variables, "opt_state": tx.init(variables["params"])}
+    g = autoplan.trace(autoplan.Workload(linen_step, (bundle, x)))
+    assert all(gi.kind == "optimizer_state" for gi in g.inputs if gi.arg == 0)
+
+
+def test_moments_of_a_parameter_no_layer_reads_join_no_layer():
+    """A moment is matched to a layer by an ending of its path that ends one layer's parameters
+    only: an unused parameter sharing a short ending (``['w']``) with a layer's keeps its
+    moments out of that layer."""
+    import optax
+
+    tx = optax.adam(1e-3)
+    params = {"l0": {"k": jnp.ones((8, 8))}, "l1": {"w": jnp.ones((8, 8))},
+              "unused": {"w": jnp.ones((8, 8))}}
+
+    def step(params, opt_state, x):
+        def loss(p):
+            with jax.named_scope("l0"):
+                h = jnp.tanh(x @ p["l0"]["k"])
+            with jax.named_scope("l1"):
+                h = jnp.tanh(h @ p["l1"]["w"])
+            return jnp.mean(h ** 2)
+        value, g = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
+
+    g = autoplan.trace(autoplan.Workload(step, (params, tx.init(params), jnp.ones((16, 8)))))
+    owned = {ly.name: ly.params for ly in group_layers(g)}
+    assert not any("unused" in n for names in owned.values() for n in names), owned
+    assert any("mu['l1']['w']" in n for n in owned["l1"])
+
+
+def test_a_plan_file_keeps_its_carried_parameters_under_one_field():
+    """A TrainState plan holds its parameters under ``.params`` beside the optimizer's state; an
+    optimizer-state leaf changed to a parameter in the file is a contradiction of the plan with
+    itself, and a parameter changed to optimizer state is refused against the workload (with the
+    fix to make the plan again)."""
+    import copy
+    import json
+
+    from autoplan.plans._plan_check import plan_contradictions
+
+    bundled, _ = _linen_train_state()
+    plan = autoplan.plan(bundled, "cpu:8", pipeline=False, baselines=False, cache=False)
+    assert plan_contradictions(plan) == []
+    d = copy.deepcopy(plan.to_dict())
+    next(i for i in d["inputs"] if ".opt_state" in i["path"])["kind"] = "parameter"
+    found = plan_contradictions(autoplan.Plan.from_dict(json.loads(json.dumps(d))))
+    assert found and "kind" in found[0].field
+    d = copy.deepcopy(plan.to_dict())
+    next(i for i in d["inputs"] if ".params" in i["path"])["kind"] = "optimizer_state"
+    edited = autoplan.Plan.from_dict(json.loads(json.dumps(d)))
+    with pytest.raises(autoplan.PlanMismatchError, match="make the plan again"):
+        run(edited, bundled, steps=1, compiler_options=FAST)

@@ -171,7 +171,7 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
             "inputs recorded give): the plan's inputs were changed after it was made",
             plan.fingerprint, "restore the inputs' shapes, dtypes and paths, or " + _REMAKE)
     # one kind per positional argument: the kind most of its leaves have; the others are wrong
-    # (but for the parameters an optimizer-state argument carries: checked against the workload)
+    # (but for the parameters an optimizer-state argument carries, all under one field)
     by_arg: dict[int, list[int]] = {}
     for k, i in enumerate(plan.inputs):
         if i.kind not in ARG_KINDS:
@@ -181,7 +181,7 @@ def plan_contradictions(plan: Any) -> list[Contradiction]:
             by_arg.setdefault(i.arg, []).append(k)
     for arg, ks in sorted(by_arg.items()):
         kinds = [plan.inputs[k].kind for k in ks]
-        if set(kinds) == {"parameter", "optimizer_state"}:
+        if set(kinds) == {"parameter", "optimizer_state"} and _carried(plan, ks):
             continue  # (an optimizer-state argument carrying its parameters: a TrainState)
         major = max(dict.fromkeys(kinds), key=kinds.count)
         odd = [k for k in ks if plan.inputs[k].kind != major]
@@ -286,6 +286,22 @@ def _layer_contradictions(plan: Any, names: Sequence[str], where: str) -> list[C
     return out
 
 
+def _carried(plan: Any, ks: Sequence[int]) -> bool:
+    """Whether the ``parameter`` leaves among inputs ``ks`` (one argument's, with
+    ``optimizer_state`` leaves beside them) all sit under one field, as the parameters an
+    optimizer-state argument carries do (a ``TrainState``'s ``.params``:
+    :func:`~autoplan.tracing._workload.parameter_leaves`); a leaf's kind changed by hand in a
+    parameters argument, or in the optimizer's state, leaves them under several."""
+    from autoplan.plans._planfile import parse_keystr  # noqa: PLC0415
+
+    firsts = set()
+    for k in ks:
+        if plan.inputs[k].kind == "parameter":
+            keys = parse_keystr(plan.inputs[k].path)
+            firsts.add(keys[0] if keys else None)
+    return len(firsts) == 1 and None not in firsts
+
+
 def workload_contradictions(plan: Any, view: WorkloadView) -> list[Contradiction]:
     """Every contradiction of ``plan`` with the workload ``view`` describes."""
     out: list[Contradiction] = []
@@ -314,9 +330,15 @@ def workload_contradictions(plan: Any, view: WorkloadView) -> list[Contradiction
         for attr, want, got in (("arg_name", w[0], i.arg_name), ("kind", w[1], i.kind),
                                 ("shape", list(w[2]), list(i.shape)), ("dtype", w[3], i.dtype)):
             if want != got:
+                why = fix
+                if attr == "kind" and {want, got} == {"parameter", "optimizer_state"}:
+                    why = (f"make the plan again for this workload (autoplan plan {view.name} -o "
+                           "plan.json): the parameters an optimizer-state argument carries (a "
+                           "TrainState's) are parameters, and a plan that read them as optimizer "
+                           "state costed them so")
                 out.append(Contradiction(f"inputs[{k}].{attr}", f"inputs[{k}].{attr} should be "
                                          f"{want!r}, the workload's {i.arg_name}{i.path}. Got "
-                                         f"{got!r}. Fix: {fix}."))
+                                         f"{got!r}. Fix: {why}."))
     if len(plan.inputs) != len(view.inputs):
         out.append(Contradiction("inputs", f"inputs should hold the workload's {len(view.inputs)} "
                                  f"leaves. Got {len(plan.inputs)}. Fix: {fix}."))

@@ -98,34 +98,54 @@ def _field_name(entry: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
+#: the names of an optimizer-state argument's field that holds only parameters (Flax linen's
+#: ``params`` collection; not ``variables`` or ``model``, which hold batch statistics and other
+#: state beside them)
+_PARAM_FIELDS = {"params", "param", "parameters", "weights", "train_params", "trainable",
+                 "model_params"}
+
+
 def parameter_leaves(arg: Any) -> list[bool]:
     """For each leaf of an optimizer-state argument (in ``jax.tree_util.tree_leaves`` order),
-    whether it is a parameter the argument carries beside the optimizer's state: a leaf of a
-    Flax NNX ``Param`` variable (``nnx.split((model, optimizer))``), or, where the argument
-    holds an optax state, a leaf of a field named like parameters (``params``, ``model``, ... as
-    :func:`infer_arg_kinds` reads names) whose subtree holds none (a Flax ``TrainState``'s
-    ``params``; momentum kept by hand in a dict keyed ``params`` is state). Their kind is
-    ``"parameter"``: they get the parameters' gradient buffers and memory levers, not the
-    optimizer state's."""
+    whether it is a parameter the argument carries beside the optimizer's state. Two forms are
+    read, and nothing else (anything in doubt stays optimizer state):
+
+    * where the argument holds an optax state, every leaf of a field named like a parameters
+      collection (``params``, ``weights``, ...: :data:`_PARAM_FIELDS`) that holds no optimizer
+      state and no Flax NNX variable: a Flax ``TrainState``'s ``params``, a dict of ``params``
+      beside ``opt_state`` (momentum kept by hand under ``params``, with no optax state, is
+      state);
+    * the Flax NNX ``Param`` variables outside the optimizer's state when they all sit under one
+      top-level entry (``nnx.split((model, optimizer))``): Adam's moments are ``Param``
+      variables inside the optimizer's state, and ``Param`` variables under two entries (a model
+      and an EMA copy of it) cannot be told apart.
+
+    Their kind is ``"parameter"``: they get the parameters' gradient buffers and memory levers,
+    not the optimizer state's. Every leaf a form marks shares its path's first key."""
+    flat = jax.tree_util.tree_flatten_with_path(arg)[0]
     out: list[bool] = []
     # (a Param variable inside an optimizer's state, Adam's moments of an nnx.State, is state)
     for item in jax.tree_util.tree_leaves(
             arg, is_leaf=lambda x: _is_nnx_param(x) or _is_optimizer_node(type(x))):
         out.extend([_is_nnx_param(item)] * len(jax.tree_util.tree_leaves(item)))
-    if not _is_optimizer_state(arg):
+    tops = {path[0] for (path, _), param in zip(flat, out) if param and path}
+    if len(tops) != 1:
+        out = [False] * len(out)
+    if any(out) or not _is_optimizer_state(arg):
         return out
-    named: dict[str, bool] = {}
-    for k, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(arg)[0]):
-        name = _field_name(path[0]) if path else None
-        if out[k] or name is None or name.lower() not in _NAMES["parameter"]:
+    for name in _PARAM_FIELDS:
+        field = arg.get(name) if isinstance(arg, dict) else getattr(arg, name, None)
+        if (field is None or not jax.tree_util.tree_leaves(field) or _is_optimizer_state(field)
+                or _has_nnx_variables(field)):
             continue
-        if name not in named:
-            field = getattr(arg, name, None) if hasattr(arg, name) else None
-            if field is None and isinstance(arg, dict):
-                field = arg.get(name)
-            named[name] = field is not None and not _is_optimizer_state(field)
-        out[k] = named[name]
+        return [bool(path) and _field_name(path[0]) == name for path, _ in flat]
     return out
+
+
+def _has_nnx_variables(tree: Any) -> bool:
+    """True when a pytree holds a Flax NNX variable (whose kind its type says, not its name)."""
+    return any((t.__module__ or "").startswith("flax") and "nnx" in (t.__module__ or "")
+               for t in _node_types(tree))
 
 
 def is_key_leaf(leaf: Any) -> bool:

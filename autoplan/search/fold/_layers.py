@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +61,7 @@ from autoplan._errors import SearchError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan._names import unit_name
 from autoplan._options import require_graph
+from autoplan.plans._planfile import parse_keystr
 from autoplan.search.fold._graphnodes import op_labels
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._operands import operand_arrays, runs
@@ -373,15 +373,17 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
     # (whole keys) that ends the paths of one layer's parameters only: Adam's moments mirror the
     # parameters' tree ("[0].mu['Dense_0']['kernel']" is "['Dense_0']['kernel']"'s), also
     # where the parameters sit under a field of their own (a TrainState's ".params[...]")
-    # (a parameter's own path first: an ending of several layers' parameters says nothing)
-    param_layer: dict[str, int] = {}
-    ending_layer: dict[str, int] = {}
+    # (a parameter's own path first; an ending of several layers' parameters, or of a parameter
+    # no layer reads, says nothing)
+    param_layer: dict[tuple, int] = {}
+    ending_layer: dict[tuple, int] = {}
     for gi in graph.inputs:
-        ly = t_layer[gi.tensor]
-        if gi.kind == "parameter" and ly >= 0 and gi.path:
-            param_layer[gi.path] = ly
+        if gi.kind == "parameter" and gi.path:
+            ly = max(t_layer[gi.tensor], -1)
+            if ly >= 0:
+                param_layer[path_endings(gi.path)[0]] = ly
             for e in path_endings(gi.path):
-                ending_layer[e] = ly if ending_layer.get(e, ly) == ly else -1  # (-1: several)
+                ending_layer[e] = ly if ending_layer.get(e, ly) == ly else -1  # (-1: none, several)
     for gi in graph.inputs:
         if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0 and gi.path:
             ly = next((param_layer.get(e, ending_layer.get(e)) for e in path_endings(gi.path)
@@ -429,17 +431,15 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
     return out
 
 
-_PATH_KEY = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]|\.[^.\[]+")
-
-
-def path_endings(path: str) -> list[str]:
-    """The endings of a leaf's path (``jax.tree_util.keystr``) made of whole keys, longest
-    first: ``".opt_state[0].mu['w']"`` gives itself, ``"[0].mu['w']"``, ``".mu['w']"`` and
-    ``"['w']"`` (the path alone where it does not read as keys)."""
-    keys = _PATH_KEY.findall(path)
-    if "".join(keys) != path:
-        return [path]
-    return ["".join(keys[i:]) for i in range(len(keys))]
+def path_endings(path: str) -> list[tuple]:
+    """The endings of a leaf's path (``jax.tree_util.keystr``) in whole keys, longest first:
+    ``".opt_state[0].mu['w']"`` gives the keys of itself, of ``"[0].mu['w']"``, ``".mu['w']"``
+    and ``"['w']"`` (an attribute and a dict key of one name alike); the path alone where it
+    does not read as keys."""
+    keys = parse_keystr(path)
+    if not keys:
+        return [(path,)]
+    return [tuple(keys[i:]) for i in range(len(keys))]
 
 
 def _signature(graph: OpGraph, ops: Sequence[int]) -> str:
@@ -515,9 +515,10 @@ def _sorted_signature(graph: OpGraph, ops: tuple[int, ...], loose: bool = False)
 
 
 def _loose_op_code(graph: OpGraph, i: int) -> int:
-    """Operator ``i``'s head word in a loose signature (:func:`loose_signature`): its label with
-    every scalar operand's shape and dtype left out (a literal has neither), times 4 plus its
-    role's code."""
+    """Operator ``i``'s head word in a loose signature (:func:`loose_signature`): its primitive,
+    shapes, dtypes and params with every scalar operand's shape and dtype left out (a literal has
+    neither), times 4 plus its role's code (its params all kept: stricter than its label, which
+    leaves out names)."""
     op = graph.ops[i]
     keep = [s != () and s is not None for s in op.in_shapes]
     label = (op.primitive, [s for s, k in zip(op.in_shapes, keep) if k], op.out_shapes,

@@ -317,8 +317,8 @@ class _Table:
         the memory-lean one). A kind of another's family (:attr:`family`) rides with that
         kind's task (:func:`layer_family_plans`: its plans are the family's taken onto its own
         subgraph where the two ILPs are one up to a constant, else solved). Each layer kind's
-        subgraph travels to a worker once. What each task gives is what it would give in this
-        process."""
+        subgraph travels to a worker once (a family member's with each task it rides in). What
+        each task gives is what it would give in this process."""
         want: dict[tuple, list] = {}  # the task's kind's key -> [rep, k, shape, lean, members]
         for li, k, c in cells:
             shape, lean = self.ctx.configs[k][c]
