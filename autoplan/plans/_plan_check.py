@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplan._errors import PlanFileError, PlanMismatchError
+from autoplan.plans._keystr import parse_keystr
 from autoplan.tracing._graph import ARG_KINDS
 
 __all__ = ["PlanContradictionWarning", "PlatformWarning", "Contradiction", "WorkloadView",
@@ -292,8 +293,6 @@ def _carried(plan: Any, ks: Sequence[int]) -> bool:
     optimizer-state argument carries do (a ``TrainState``'s ``.params``:
     :func:`~autoplan.tracing._workload.parameter_leaves`); a leaf's kind changed by hand in a
     parameters argument, or in the optimizer's state, leaves them under several."""
-    from autoplan.plans._planfile import parse_keystr  # noqa: PLC0415
-
     firsts = set()
     for k in ks:
         if plan.inputs[k].kind == "parameter":

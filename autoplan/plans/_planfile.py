@@ -63,6 +63,7 @@ from typing import Any, NoReturn
 from autoplan._errors import ClusterError, PlanFileError
 from autoplan._io import atomic_write_text, read_input_bytes
 from autoplan.costs._cluster import MAX_DEVICES, Cluster
+from autoplan.plans._keystr import parse_keystr
 from autoplan.plans._plan_check import lever_contradiction
 from autoplan.plans._schedule import task_deps
 
@@ -81,9 +82,6 @@ _MAPS = frozenset({"comm_bytes", "comm_by_axis", "comm_time_by_kind"})  # of the
 _NUMBERS = frozenset({"step_time", "throughput", "memory_per_device", "compute_time", "comm_time",
                       "bubble_fraction", "mfu"})
 _MAX_INDEX = MAX_DEVICES  # bounds devices (Cluster's own cap), argument positions and list indices
-# one key of a jax.tree_util.keystr path: ['name'], ["name"], [3], .attribute, or another
-# bracketed key repr (a tuple dict key, say), kept whole
-_KEY_RE = re.compile(r"\[(?:'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"|(-?\d+)|([^\]]*))\]|\.([A-Za-z_]\w*)")
 
 
 def field_sets(cls: type, skip: frozenset[str] = frozenset()) -> tuple[frozenset[str], frozenset[str]]:
@@ -661,22 +659,6 @@ def _check_inputs(c: _Checker, inputs: list, views: list[dict[str, Any]]) -> Non
                    f"gives argument {arg}", name)
         arg_names.setdefault(arg, (name, k))
         _add_leaf(c, trees.setdefault(arg, {}), leaf, f"{path}.path", k)
-
-
-def parse_keystr(path: str) -> list[str | int] | None:
-    """The keys of a ``jax.tree_util.keystr`` path, names and list positions in order (none for
-    ``""``, an argument that is one leaf), or None when ``path`` is not one."""
-    keys: list[str | int] = []
-    pos = 0
-    for m in _KEY_RE.finditer(path):
-        if m.start() != pos:
-            return None
-        pos = m.end()
-        if m.group(3) is not None:
-            keys.append(int(m.group(3)))
-        else:
-            keys.append(next(g for g in (m.group(1), m.group(2), m.group(4), m.group(5)) if g is not None))
-    return keys if pos == len(path) else None
 
 
 def _add_leaf(c: _Checker, tree: dict, leaf: str, path: str, k: int) -> None:

@@ -61,7 +61,7 @@ from autoplan._errors import SearchError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan._names import unit_name
 from autoplan._options import require_graph
-from autoplan.plans._planfile import parse_keystr
+from autoplan.plans._keystr import parse_keystr
 from autoplan.search.fold._graphnodes import op_labels
 from autoplan.tracing._graph import OpGraph
 from autoplan.tracing._operands import operand_arrays, runs
@@ -369,27 +369,7 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
         for t in op.inputs:
             if t is not None and t_layer[t] < k:
                 t_layer[t] = k
-    # optimizer state shares its parameter's layer, matched by the longest ending of its path
-    # (whole keys) that ends the paths of one layer's parameters only: Adam's moments mirror the
-    # parameters' tree ("[0].mu['Dense_0']['kernel']" is "['Dense_0']['kernel']"'s), also
-    # where the parameters sit under a field of their own (a TrainState's ".params[...]")
-    # (a parameter's own path first; an ending of several layers' parameters, or of a parameter
-    # no layer reads, says nothing)
-    param_layer: dict[tuple, int] = {}
-    ending_layer: dict[tuple, int] = {}
-    for gi in graph.inputs:
-        if gi.kind == "parameter" and gi.path:
-            ly = max(t_layer[gi.tensor], -1)
-            if ly >= 0:
-                param_layer[path_endings(gi.path)[0]] = ly
-            for e in path_endings(gi.path):
-                ending_layer[e] = ly if ending_layer.get(e, ly) == ly else -1  # (-1: none, several)
-    for gi in graph.inputs:
-        if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0 and gi.path:
-            ly = next((param_layer.get(e, ending_layer.get(e)) for e in path_endings(gi.path)
-                       if e in ending_layer), -1)
-            if ly >= 0:
-                t_layer[gi.tensor] = ly
+    _place_optimizer_state(graph, t_layer)
     # the layers known from the forward pass (and optimizer state); later entries are inherited
     fwd_layer = list(t_layer)
     last = num_layers - 1
@@ -429,6 +409,31 @@ def group_layers(graph: OpGraph, num_layers: int | None = None, eps: float = 0.5
             update=tuple(g["u"]), flops=float(sum([ops[o].flops for o in ops_k])),
             params=tuple(owned[k]), signature=_signature(graph, g["f"] + g["b"] + g["u"])))
     return out
+
+
+def _place_optimizer_state(graph: OpGraph, t_layer: list[int]) -> None:
+    """Put each optimizer-state input no forward operator reads in its parameter's layer (in
+    ``t_layer``, per tensor), matched by the longest ending of its path (whole keys) that ends
+    the paths of one layer's parameters only: Adam's moments mirror the parameters' tree
+    (``[0].mu['Dense_0']['kernel']`` is ``['Dense_0']['kernel']``'s), also where the parameters
+    sit under a field of their own (a TrainState's ``.params[...]``). A parameter's own path
+    comes first; an ending of several layers' parameters, or of a parameter no layer reads,
+    places nothing."""
+    param_layer: dict[tuple, int] = {}
+    ending_layer: dict[tuple, int] = {}
+    for gi in graph.inputs:
+        if gi.kind == "parameter" and gi.path:
+            ly = max(t_layer[gi.tensor], -1)
+            if ly >= 0:
+                param_layer[path_endings(gi.path)[0]] = ly
+            for e in path_endings(gi.path):
+                ending_layer[e] = ly if ending_layer.get(e, ly) == ly else -1  # (-1: none, several)
+    for gi in graph.inputs:
+        if gi.kind == "optimizer_state" and t_layer[gi.tensor] < 0 and gi.path:
+            ly = next((param_layer.get(e, ending_layer.get(e)) for e in path_endings(gi.path)
+                       if e in ending_layer), -1)
+            if ly >= 0:
+                t_layer[gi.tensor] = ly
 
 
 def path_endings(path: str) -> list[tuple]:
