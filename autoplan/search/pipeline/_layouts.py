@@ -256,18 +256,41 @@ def _layouts_of(table: _Table, dag, use_ilp: bool, items: Sequence[tuple[float, 
         lays = _megatron_layouts(table, grid=ctx.megatron == "grid")
         return [({lay: math.nan for lay in lays}, True, None, time.perf_counter() - t0)
                 for _ in items]
-    runs = [_dp_runs(table, dag, use_ilp, ratio, B, full) for ratio, B, full in items]
+    runs: list[Any] = [None] * len(items)
+
+    def build(idx: Sequence[int]) -> None:
+        for i in idx:
+            runs[i] = _dp_runs(table, dag, use_ilp, *items[i])
+
+    def dp_tasks(idx: Sequence[int], memory: bool) -> list[Task]:
+        return [Task(_stage_dp_runs, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
+                                            ctx.devices_per_host, items[i][1], list(counts),
+                                            ctx.budget if memory else None),
+                     label=f"stage DP, {items[i][1]} micro-batches, {len(counts)} stage counts")
+                for i in idx for r, (_, counts, _, _) in enumerate(runs[i])]
+
+    def build_and_run(idx: Sequence[int], memory: bool) -> list[Any]:
+        build(idx)
+        return run_tasks(dp_tasks(idx, memory), workers=workers)
+
+    build([0])
     out: list[Any] = [None] * len(items)
     leasts: dict[int, float | None] = {}
     todo = list(range(len(items)))
     for memory in (True, False):
-        jobs = [(i, r, counts) for i in todo for r, (_, counts, _, _) in enumerate(runs[i])]
-        tasks = [Task(_stage_dp_runs, None, (runs[i][r][0], ctx.submeshes, ctx.num_hosts,
-                                             ctx.devices_per_host, items[i][1], list(counts),
-                                             ctx.budget if memory else None),
-                      label=f"stage DP, {items[i][1]} micro-batches, {len(counts)} stage counts")
-                 for i, r, counts in jobs]
-        results = [res for o in run_tasks(tasks, workers=workers) for res in o.result()]
+        if runs[-1] is None:
+            # the first item's runs go to the workers while this process makes the other items'
+            # arrays and then runs theirs (a local task ahead of them, whose batch the workers
+            # join as they finish the first item's): the same tasks, and their outcomes in order
+            rest = Task(build_and_run, None, (todo[1:], memory), label="stage-DP arrays and "
+                        "runs of the other micro-batch counts", local=True)
+            first = run_tasks([rest, *dp_tasks(todo[:1], memory)], workers=workers)
+            for category, message in first[0].warnings:
+                warnings.warn(message, category, stacklevel=2)
+            outcomes = first[1:] + first[0].result()
+        else:
+            outcomes = run_tasks(dp_tasks(todo, memory), workers=workers)
+        results = [res for o in outcomes for res in o.result()]
         found: dict[int, dict[Layout, float]] = {i: {} for i in todo}
         empty_runs: dict[int, list[int]] = {i: [] for i in todo}
         n = 0
