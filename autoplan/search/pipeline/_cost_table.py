@@ -333,7 +333,9 @@ class _Table:
                 task = want.setdefault(key, [rep, k, shape, False, {}])
             else:  # (the family's kind solves its lean variant too where this one wants it)
                 hrep = self.rep[head]
-                task = want.setdefault(self._plan_key(hrep, k, shape), [hrep, k, shape, False, {}])
+                hkey = self._plan_key(hrep, k, shape)
+                self._seen(hkey)  # (counted as reused where an earlier search solved it)
+                task = want.setdefault(hkey, [hrep, k, shape, False, {}])
                 task[4][key] = rep
             task[3] = task[3] or lean
         if not want:
