@@ -100,9 +100,9 @@ def _field_name(entry: Any) -> str | None:
 
 #: the names of an optimizer-state argument's field that holds only parameters (Flax linen's
 #: ``params`` collection; not ``variables`` or ``model``, which hold batch statistics and other
-#: state beside them)
-_PARAM_FIELDS = {"params", "param", "parameters", "weights", "train_params", "trainable",
-                 "model_params"}
+#: state beside them), in the order they are looked for (the first one present is read)
+_PARAM_FIELDS = ("params", "param", "parameters", "weights", "train_params", "trainable",
+                 "model_params")
 
 
 def parameter_leaves(arg: Any) -> list[bool]:

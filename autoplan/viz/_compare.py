@@ -109,16 +109,16 @@ def _stage_forms(s: Stage, plan: Plan, inputs: Sequence[Any]) -> list[tuple]:
         rename = {eff[p][0]: f"a{k}" for k, p in enumerate(perm)}
         seen: dict[Any, tuple] = {}  # (the specs of a stage repeat: each renamed once)
 
-        def canon(spec: Sequence[Any], rename: dict[str, str] = rename,
-                  seen: dict[Any, tuple] = seen) -> tuple:
+        def renamed(spec: Sequence[Any], rename: dict[str, str] = rename) -> tuple:
+            return tuple(tuple(rename[a] for a in (e or ()) if a in rename) or None for e in spec)
+
+        def canon(spec: Sequence[Any], renamed=renamed, seen: dict[Any, tuple] = seen) -> tuple:
             try:
                 got = seen.get(spec)
             except TypeError:  # (a spec that is not hashable: renamed each time)
-                return tuple(tuple(rename[a] for a in (e or ()) if a in rename) or None
-                             for e in spec)
+                return renamed(spec)
             if got is None:
-                got = seen[spec] = tuple(tuple(rename[a] for a in (e or ()) if a in rename)
-                                         or None for e in spec)
+                got = seen[spec] = renamed(spec)
             return got
 
         held = tuple(sorted((i.name, canon(i.spec)) for i in inputs))
@@ -131,10 +131,10 @@ def _stage_forms(s: Stage, plan: Plan, inputs: Sequence[Any]) -> list[tuple]:
 def _canonical(plan: Plan) -> tuple:
     """The plan's form up to renaming mesh axes (once per plan: plans are immutable, and the
     explorer groups its candidates at every selection)."""
-    held: dict[int, list[Any]] = {s.index: [] for s in plan.stages}
+    held: dict[int, list[Any]] = {s.index: [] for s in plan.stages}  # (one stage holds all)
+    alone = plan.stages[0].index if len(plan.stages) == 1 else None
     for i in plan.inputs:
-        for k in (held if len(plan.stages) == 1 else (i.stage,)):
-            held.setdefault(k, []).append(i)
+        held.setdefault(i.stage if alone is None else alone, []).append(i)
     stages = []
     for s in plan.stages:
         forms = _stage_forms(s, plan, held[s.index])

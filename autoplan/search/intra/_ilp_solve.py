@@ -221,8 +221,7 @@ def mapped_solution(prob: ILPProblem, align: np.ndarray, like: ILPSolution,
     own; the solver's figures are ``like``'s, its objective and bound moved by the constant
     between the two problems at this solution, and no seconds are spent solving.
     """
-    keys = like_prob.node_keys
-    chosen = [like.choice[keys[i]] for i in range(len(keys))]
+    chosen = [like.choice[key] for key in like_prob.node_keys]
     vec = [chosen[i] if i >= 0 else 0 for i in align.tolist()]  # (-1: one strategy)
     bd = _breakdown(prob, vec)
     shift = (sum(float(n.cost[v]) for n, v in zip(prob.nodes, vec))

@@ -448,8 +448,7 @@ def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B
     A member's memory-lean variant is the kind's mapped too, where the two take the same
     branch (the fastest plan as its own lean variant, or not); else it is solved.
     """
-    head = LayerPlans(None) if fast is None else fast.again()
-    todo = not head.lean_solved and (fast is None or lean)
+    head, todo = _resumed(fast, lean)
     if not todo and not members:
         return [head]
     mesh = make_logical_mesh(view, shape)
@@ -462,8 +461,8 @@ def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B
         _solve_plans(head, sub, mesh, prob, time_limit, lean)
     out = [head]
     for msub, mfast in members:
-        mine = LayerPlans(None) if mfast is None else mfast.again()
-        if mine.lean_solved or (mfast is not None and not lean):
+        mine, left = _resumed(mfast, lean)
+        if not left:
             out.append(mine)
             continue
         mprob = _weighted_problem(msub, mesh, pins, B)
@@ -487,6 +486,14 @@ def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B
             mine.lean_solved = True
         out.append(mine)
     return out
+
+
+def _resumed(fast: LayerPlans | None, lean: bool) -> tuple[LayerPlans, bool]:
+    """A copy of what an earlier call gave (``fast``; an empty one without it) for this call to
+    add to, and whether anything is left to solve: the fastest plan, or the lean variant asked
+    for and not solved yet."""
+    out = LayerPlans(None) if fast is None else fast.again()
+    return out, not out.lean_solved and (fast is None or lean)
 
 
 def _mapped(res: IntraOpResult, prob: ILPProblem, sub: OpGraph, mesh: LogicalMesh,
@@ -513,8 +520,8 @@ def _weighted_problem(sub: OpGraph, mesh: LogicalMesh, pins: Mapping[str, Any] |
 def _solved_plans(sub: OpGraph, mesh: LogicalMesh, prob: ILPProblem | None,
                   fast: LayerPlans | None, time_limit: float, lean: bool) -> LayerPlans:
     """:func:`layer_plans` on a problem built already (None: no plan on this mesh)."""
-    out = LayerPlans(None) if fast is None else fast.again()
-    if out.lean_solved or (fast is not None and not lean):
+    out, left = _resumed(fast, lean)
+    if not left:
         return out
     if prob is None:
         out.lean_solved = True
