@@ -317,6 +317,13 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/test_arg_kinds.py::test_a_train_states_parameters_are_parameters_and_its_moments_"
        "follow_their_layers",),
       "Adam's moments of a TrainState's parameters all go to the last layer's stage"),
+    M("bound-never-foreseen", "autoplan/search/fold/_levels.py",
+      "        if self.solves + len(states) > self.max_ilps:",
+      "        if False:",
+      ("tests/user_models/test_user_folding.py::test_auto_bound_is_foreseen_from_the_"
+       "disagreeing_boundaries",),
+      "a folded search whose boundaries all disagree solves up to its bound before the "
+      "exhaustive search replaces it"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

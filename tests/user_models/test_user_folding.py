@@ -118,6 +118,37 @@ def test_folded_search_past_its_ilp_bound_falls_back_to_exhaustive(graphs):
     assert any("bound of 12 ILPs" in n for n in fo.plan.notes)
 
 
+def test_auto_bound_is_foreseen_from_the_disagreeing_boundaries(graphs, monkeypatch):
+    """With the automatic bound, a chain whose disagreeing boundaries have more one-sided states
+    left to solve than the bound allows goes to the exhaustive search right after its free
+    solves; the same bound given explicitly is reached by solving up to it. Both plans are the
+    exhaustive search's."""
+    from autoplan.search.fold import _levels as L
+
+    g = graphs("scan_cnn")
+    monkeypatch.setattr(L, "AUTO_EXHAUSTIVE_OPS", 0)  # (the auto level folds the small graph,
+    monkeypatch.setattr(L, "AUTO_FOLD_RATIO", 0.0)  # with a bound of 12 ILPs)
+    monkeypatch.setattr(L, "AUTO_MIN_ILPS", 12)
+    monkeypatch.setattr(L, "AUTO_ILPS_PER_CLASS", 0)
+    solved = []
+    solve = L.solve_ilp
+    monkeypatch.setattr(L, "solve_ilp", lambda *a, **k: solved.append(1) or solve(*a, **k))
+    cluster = autoplan.Cluster.parse("cpu:8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ex = level_search(g, cluster, (2, 4), level="exhaustive")
+        auto = level_search(g, cluster, (2, 4))
+        free = len(solved)
+        solved.clear()
+        given = level_search(g, cluster, (2, 4), level="folded", max_ilps=12)
+    why = auto.stats["level_reason"]
+    assert auto.stats["level"] == "exhaustive" and "would pass its bound of 12 ILPs" in why
+    assert f"after {free} free solves" in why and free < 12
+    assert "reached its bound of 12 ILPs" in given.stats["level_reason"] and len(solved) == 12
+    assert (auto.plan.predicted.step_time == given.plan.predicted.step_time
+            == ex.plan.predicted.step_time)
+
+
 def test_auto_level_picks_by_size_and_repetition(graphs):
     g = graphs("nnx_transformer")
     level, why = choose_level(g)
