@@ -200,7 +200,9 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
 
     ``level="auto"`` picks the level by :func:`choose_level`; a folded search it picks solves
     at most ``max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS x unique classes)`` ILPs (``max_ilps``
-    overrides), after which the exhaustive search replaces it. ``stats["level"]`` is the level
+    overrides), after which the exhaustive search replaces it; with this automatic bound it is
+    replaced right after its free solves when its disagreeing boundaries' one-sided states
+    would pass the bound (:meth:`_ChainSearch._foresee`). ``stats["level"]`` is the level
     that ran and ``stats["level_reason"]`` why (also in the plan's notes).
 
     A memory budget is enforced exactly by the whole-graph ILP: when a hierarchical or folded plan
