@@ -324,6 +324,18 @@ MUTATIONS: tuple[Mutation, ...] = (
        "disagreeing_boundaries",),
       "a folded search whose boundaries all disagree solves up to its bound before the "
       "exhaustive search replaces it"),
+    M("one-sided-states-one-side", "autoplan/search/fold/_levels.py",
+      "                for key in ((ckey[i], None, s), (ckey[i + 1], s, None)) if key not in self.cache}",
+      "                for key in ((ckey[i + 1], s, None),) if key not in self.cache}",
+      ("tests/user_models/test_user_folding.py::test_foreseen_states_are_the_one_sided_ilps_"
+       "left",),
+      "the forecast misses the left side's one-sided ILPs and lets a chain run past its bound"),
+    M("one-sided-states-solved-counted", "autoplan/search/fold/_levels.py",
+      "                for key in ((ckey[i], None, s), (ckey[i + 1], s, None)) if key not in self.cache}",
+      "                for key in ((ckey[i], None, s), (ckey[i + 1], s, None))}",
+      ("tests/user_models/test_user_folding.py::test_foreseen_states_are_the_one_sided_ilps_"
+       "left",),
+      "the forecast counts one-sided ILPs an earlier run solved and stops a chain too soon"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -4,6 +4,7 @@ exhaustive ILP's, and the level ``"auto"`` picks."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -126,6 +127,7 @@ def test_auto_bound_is_foreseen_from_the_disagreeing_boundaries(graphs, monkeypa
     from autoplan.search.fold import _levels as L
 
     g = graphs("scan_cnn")
+    L._stitched_of(g).clear()  # (the module's graphs are shared: searched by the tests before)
     monkeypatch.setattr(L, "AUTO_EXHAUSTIVE_OPS", 0)  # (the auto level folds the small graph,
     monkeypatch.setattr(L, "AUTO_FOLD_RATIO", 0.0)  # with a bound of 12 ILPs)
     monkeypatch.setattr(L, "AUTO_MIN_ILPS", 12)
@@ -142,11 +144,65 @@ def test_auto_bound_is_foreseen_from_the_disagreeing_boundaries(graphs, monkeypa
         solved.clear()
         given = level_search(g, cluster, (2, 4), level="folded", max_ilps=12)
     why = auto.stats["level_reason"]
-    assert auto.stats["level"] == "exhaustive" and "would pass its bound of 12 ILPs" in why
-    assert f"after {free} free solves" in why and free < 12
+    assert auto.stats["level"] == "exhaustive" and "more than its bound of 12 ILPs" in why
+    assert f"after {free} ILPs" in why and free < 12
     assert "reached its bound of 12 ILPs" in given.stats["level_reason"] and len(solved) == 12
     assert (auto.plan.predicted.step_time == given.plan.predicted.step_time
             == ex.plan.predicted.step_time)
+    # the count is exact: with a bound of the ILPs solved plus the states counted, that run of
+    # the chain DP goes on; one less and it stops there
+    states = int(re.search(r"had (\d+) one-sided", why).group(1))
+    for bound, stops in ((free + states, False), (free + states - 1, True)):
+        monkeypatch.setattr(L, "AUTO_MIN_ILPS", bound)
+        L._stitched_of(g).clear()  # (what the searches before found, kept by key, not by bound)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = level_search(g, cluster, (2, 4))
+        reason = res.stats.get("level_reason", "")
+        assert (f"had {states} one-sided boundary states left to solve after {free} ILPs"
+                in reason) is stops
+    # a search of the same graph and key that stopped is not searched again (the Explorer's
+    # budget changes): it goes to the exhaustive ILP without a segment ILP
+    solved.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = level_search(g, cluster, (2, 4), memory_budget=1e12)
+    assert not solved and again.stats["level"] == "exhaustive"
+
+
+def test_foreseen_states_are_the_one_sided_ilps_left(graphs, monkeypatch):
+    """What the forecast counts at each run of the chain DP: one-sided ILPs none of which is
+    solved yet, among which is every one-sided ILP the run then solves (the scan CNN's 14 runs,
+    the later ones with one-sided ILPs of earlier runs solved)."""
+    from autoplan.search.fold import _levels as L
+
+    g = graphs("scan_cnn")
+    L._stitched_of(g).clear()
+    monkeypatch.setattr(L, "AUTO_EXHAUSTIVE_OPS", 0)  # (folded, with a bound it never reaches)
+    monkeypatch.setattr(L, "AUTO_FOLD_RATIO", 0.0)
+    monkeypatch.setattr(L, "AUTO_MIN_ILPS", 10**6)
+    runs: list[tuple[set, set]] = []  # per run: (counted, one-sided ILPs solved)
+    count, solve = L._ChainSearch.one_sided_left, L._ChainSearch._solve
+
+    def counted(self, cands, agree, ckey):
+        left = count(self, cands, agree, ckey)
+        assert not left & set(self.cache)
+        runs.append((left, set()))
+        return left
+
+    def solved(self, rep, ck, a, b):
+        if runs and (a is None) != (b is None):
+            runs[-1][1].add((ck, a, b))
+        return solve(self, rep, ck, a, b)
+
+    monkeypatch.setattr(L._ChainSearch, "one_sided_left", counted)
+    monkeypatch.setattr(L._ChainSearch, "_solve", solved)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = level_search(g, autoplan.Cluster.parse("cpu:8"), (2, 4))
+    assert res.stats["level"] == "folded" and len(runs) > 1
+    assert all(done <= left for left, done in runs)
+    assert sum(len(done) for _, done in runs) > 0
 
 
 def test_auto_level_picks_by_size_and_repetition(graphs):

@@ -201,9 +201,10 @@ def level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | N
     ``level="auto"`` picks the level by :func:`choose_level`; a folded search it picks solves
     at most ``max(AUTO_MIN_ILPS, AUTO_ILPS_PER_CLASS x unique classes)`` ILPs (``max_ilps``
     overrides), after which the exhaustive search replaces it; with this automatic bound it is
-    replaced right after its free solves when its disagreeing boundaries' one-sided states
-    would pass the bound (:meth:`_ChainSearch._foresee`). ``stats["level"]`` is the level
-    that ran and ``stats["level_reason"]`` why (also in the plan's notes).
+    replaced as soon as a run of its chain DP starts with more one-sided boundary states left to
+    solve than the bound leaves (:meth:`_ChainSearch._foresee`: a forecast, not a count of what
+    the DP would solve). ``stats["level"]`` is the level that ran and ``stats["level_reason"]``
+    why (also in the plan's notes).
 
     A memory budget is enforced exactly by the whole-graph ILP: when a hierarchical or folded plan
     does not fit it, the exhaustive search with the budget is used instead (said in the plan's
@@ -259,10 +260,10 @@ def _level_search(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
                    "used")
         else:
             states, disagree, boundaries, bound = stop.foreseen
-            why = (f"the {level} search would pass its bound of {bound} ILPs: after "
-                   f"{stop.solves} free solves, {disagree} of its {boundaries} boundaries "
-                   f"disagree, with {states} one-sided boundary states to solve before any pair "
-                   "ILP; the exhaustive search was used")
+            why = (f"the {level} search had {states} one-sided boundary states left to solve "
+                   f"after {stop.solves} ILPs ({disagree} of its {boundaries} boundaries "
+                   f"disagree), more than its bound of {bound} ILPs leaves: the exhaustive "
+                   "search was used")
         return _exhaustive(graph, cluster, mesh_shape,
                            reason=f"{reason}; {why}" if reason else why, **kw)
     res.stats["level"] = level
@@ -284,10 +285,17 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     key = (cluster, None if mesh_shape is None else tuple(mesh_shape), level, pk, time_limit,
            max_ilps, bound_auto)
     stitched = None if pk is None else _stitched_of(graph).get(key)
+    if isinstance(stitched, _ILPBoundReached):  # (an earlier search with this key stopped)
+        raise stitched
     reused = stitched is not None
     if stitched is None:
-        stitched = _stitch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
-                           max_ilps=max_ilps, bound_auto=bound_auto, t0=t0)
+        try:
+            stitched = _stitch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
+                               max_ilps=max_ilps, bound_auto=bound_auto, t0=t0)
+        except _ILPBoundReached as stop:
+            if pk is not None:
+                _stitched_of(graph)[key] = stop
+            raise
         if pk is not None:
             _stitched_of(graph)[key] = stitched
     search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total) = stitched
@@ -330,9 +338,10 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
 @per_owner
 def _stitched_of(graph: OpGraph) -> dict[tuple, tuple]:
     """The stitched plans of the hierarchical and folded searches of ``graph`` (:func:`_stitch`),
-    by the cluster, mesh, level, pins, time limit and ILP bound: a stitched plan does not read
-    the memory budget (a plan over it is replaced by the exhaustive search with the budget), so
-    a search that changes only the budget (the Explorer's) solves no segment again."""
+    by the cluster, mesh, level, pins, time limit and ILP bound (or the :class:`_ILPBoundReached`
+    that stopped one): a stitched plan does not read the memory budget (a plan over it is
+    replaced by the exhaustive search with the budget), so a search that changes only the budget
+    (the Explorer's) solves no segment again."""
     return {}
 
 
@@ -618,20 +627,30 @@ class _ChainSearch:
                     self._exact(free, i, None, b)
 
     def _foresee(self, cands: list[list[tuple]], agree: list[bool], ckey: list[str]) -> None:
-        """Raise :class:`_ILPBoundReached` before any pair ILP when the one-sided states of the
-        disagreeing boundaries not solved yet (``c_i(free, b)`` and ``c_i(a, free)`` of each
-        candidate, once per class key) would take the solves past the automatic bound.
+        """Raise :class:`_ILPBoundReached` at the start of a run of the chain DP when the
+        one-sided states of the disagreeing boundaries not solved yet (``c_i(free, b)`` and
+        ``c_i(a, free)`` of each candidate, once per class key) outnumber what the automatic
+        bound leaves.
 
-        The lazy DP tightens its path with these one-sided solves first, and it met most of them
-        on every chain measured (GPT: 20 of 20, MoE: 17 of 20); a chain whose boundaries all
-        disagree (Wide-ResNet 13B: 34 of 34, 84-176 such states for a bound of 80) reached the
-        bound on every mesh after 70 solves, and its plan was then the exhaustive search's."""
-        states = {key for i in range(self.K - 1) if not agree[i] for s in cands[i]
-                  for key in ((ckey[i], None, s), (ckey[i + 1], s, None))
-                  if key not in self.cache}
+        A forecast, not a count: the lazy DP tightens its path with one-sided solves drawn from
+        these (only those on its best path), and on the zoo's chains that finished it met most
+        of them (GPT: 20 of 20, MoE: 17 of 20); a chain whose boundaries all disagree
+        (Wide-ResNet 13B: 34 of 34, 84-176 such states for a bound of 80) reached the bound on
+        every mesh after 70 solves, and its plan was then the exhaustive search's. Where the DP
+        would have finished within the bound, the exhaustive ILP's plan (the optimum of the
+        whole graph) is used instead, at its cost in time."""
+        states = self.one_sided_left(cands, agree, ckey)
         if self.solves + len(states) > self.max_ilps:
             raise _ILPBoundReached(self.solves, (len(states), agree.count(False), self.K - 1,
                                                  self.max_ilps))
+
+    def one_sided_left(self, cands: list[list[tuple]], agree: list[bool], ckey: list[str]
+                       ) -> set[tuple]:
+        """The one-sided ILPs of the disagreeing boundaries not solved yet: each candidate state
+        ``s`` of boundary ``i`` as segment ``i``'s outgoing side and segment ``i + 1``'s
+        incoming one, keyed as :meth:`solve_segment` caches them."""
+        return {key for i in range(self.K - 1) if not agree[i] for s in cands[i]
+                for key in ((ckey[i], None, s), (ckey[i + 1], s, None)) if key not in self.cache}
 
     def _dp_over_bounds(self, free: list, options: list[list[tuple | None]], ckey: list[str]
                         ) -> tuple[float, list[tuple[tuple | None, tuple | None]]]:
