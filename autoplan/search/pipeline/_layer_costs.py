@@ -475,9 +475,8 @@ def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B
             mine.fast = _mapped(head.fast, prob, msub, mesh, mprob, align)
             mine.mapped += 1
         if lean:
-            f = mine.fast
-            if sum(_stage_memory(f.plan)) <= 1.2 * f.solution.least_memory:
-                mine.lean = f
+            if _lean_already(mine.fast):
+                mine.lean = mine.fast
             elif head.lean is not head.fast:
                 mine.lean = _mapped(head.lean, prob, msub, mesh, mprob, align)
                 mine.mapped += 1
@@ -486,6 +485,12 @@ def layer_family_plans(sub: OpGraph, view: Cluster, shape: tuple[int, ...], *, B
             mine.lean_solved = True
         out.append(mine)
     return out
+
+
+def _lean_already(fast: IntraOpResult) -> bool:
+    """Whether the fastest plan is its own memory-lean variant: within 20% of the least memory
+    (:attr:`LayerPlans.lean`)."""
+    return sum(_stage_memory(fast.plan)) <= 1.2 * fast.solution.least_memory
 
 
 def _resumed(fast: LayerPlans | None, lean: bool) -> tuple[LayerPlans, bool]:
@@ -556,7 +561,7 @@ def _solve_plans(out: LayerPlans, sub: OpGraph, mesh: LogicalMesh, prob: ILPProb
         out.fast = result(solve(0.0, LAYER_MIP_GAP))
     if lean:
         f = out.fast
-        if sum(_stage_memory(f.plan)) <= 1.2 * f.solution.least_memory:
+        if _lean_already(f):
             out.lean = f
         else:
             out.lean = result(_lean_plan(f, lambda w: solve(w, LEAN_MIP_GAP)))
