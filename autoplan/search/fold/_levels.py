@@ -285,19 +285,17 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     key = (cluster, None if mesh_shape is None else tuple(mesh_shape), level, pk, time_limit,
            max_ilps, bound_auto)
     stitched = None if pk is None else _stitched_of(graph).get(key)
-    if isinstance(stitched, _ILPBoundReached):  # (an earlier search with this key stopped)
-        raise stitched
     reused = stitched is not None
     if stitched is None:
         try:
             stitched = _stitch(graph, mesh, level=level, pins=pins, time_limit=time_limit,
                                max_ilps=max_ilps, bound_auto=bound_auto, t0=t0)
         except _ILPBoundReached as stop:
-            if pk is not None:
-                _stitched_of(graph)[key] = stop
-            raise
+            stitched = stop  # (kept too: a search with this key stops at once)
         if pk is not None:
             _stitched_of(graph)[key] = stitched
+    if isinstance(stitched, _ILPBoundReached):  # (this search, or an earlier one, stopped)
+        raise stitched
     search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total) = stitched
     K, agree = search.K, run.agree
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
