@@ -16,6 +16,7 @@ parameters are the master copy cast down. Per parameter element that adds 4 byte
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +101,26 @@ def adam_update(
         ``(new_params, new_state)`` with the same tree structures as the inputs. With a master
         copy in ``state`` the update runs on it in fp32 and the new parameters are it cast to
         the parameters' dtypes.
+
+    With Python numbers for the hyperparameters the update is a ``jax.jit`` of them, and each
+    phase of one parameter (its moments, its step, its casts) a ``jax.jit`` of its own: a step
+    traced again with other batch shapes (the pipeline search's micro-batch sizes) reuses the
+    update's trace, and the first trace traces each phase once per parameter shape rather than
+    once per parameter. The equations are the same as the plain update's, in the same order
+    (``jit`` only wraps them; :func:`autoplan.trace` inlines it), so the traced graph is the same
+    operator for operator.
     """
+    hyper = (learning_rate, b1, b2, eps)
+    if all(type(h) in (int, float) for h in hyper) and isinstance(scoped, bool):
+        return _update_jit(params, grads, state, hyper=hyper, scoped=scoped)
+    return _update(params, grads, state, hyper, scoped, _phases(*hyper))
+
+
+def _update(params: Any, grads: Any, state: dict[str, Any], hyper: tuple, scoped: bool,
+            phases: tuple[Callable, ...]) -> tuple[Any, dict[str, Any]]:
+    """:func:`adam_update` with its per-parameter ``phases`` (:func:`_phases`)."""
+    _, b1, b2, _ = hyper
+    cast, first, second, step = phases
     with scope("optimizer", scoped):
         count = state["count"] + 1
         t = count.astype(jnp.float32)
@@ -108,16 +128,51 @@ def adam_update(
         c2 = 1.0 - jnp.power(jnp.float32(b2), t)
         master = state.get("master")
         if master is not None:
-            grads = jax.tree.map(lambda g, w: g.astype(w.dtype), grads, master)
-        mu = jax.tree.map(lambda m, g: b1 * m + (1.0 - b1) * g, state["mu"], grads)
-        nu = jax.tree.map(lambda v, g: b2 * v + (1.0 - b2) * jnp.square(g), state["nu"], grads)
+            grads = jax.tree.map(cast, grads, master)
+        mu = jax.tree.map(first, state["mu"], grads)
+        nu = jax.tree.map(second, state["nu"], grads)
 
-        def step(p, m, v):
-            upd = (m / c1) / (jnp.sqrt(v / c2) + eps)
-            return (p - learning_rate * upd).astype(p.dtype)
+        def stepped(p, m, v):
+            return step(p, m, v, c1, c2)
 
         if master is None:
-            return jax.tree.map(step, params, mu, nu), {"count": count, "mu": mu, "nu": nu}
-        new_master = jax.tree.map(step, master, mu, nu)
-        new_params = jax.tree.map(lambda w, p: w.astype(p.dtype), new_master, params)
+            return jax.tree.map(stepped, params, mu, nu), {"count": count, "mu": mu, "nu": nu}
+        new_master = jax.tree.map(stepped, master, mu, nu)
+        new_params = jax.tree.map(cast, new_master, params)
     return new_params, {"count": count, "master": new_master, "mu": mu, "nu": nu}
+
+
+def _phases(learning_rate: float, b1: float, b2: float, eps: float
+            ) -> tuple[Callable, Callable, Callable, Callable]:
+    """Adam's per-parameter phases: ``cast(x, like)`` (to ``like``'s dtype), the first and
+    second moments ``first(m, g)`` and ``second(v, g)``, and ``step(p, m, v, c1, c2)`` (the
+    bias corrections ``c1, c2`` given)."""
+
+    def cast(x, like):
+        return x.astype(like.dtype)
+
+    def first(m, g):
+        return b1 * m + (1.0 - b1) * g
+
+    def second(v, g):
+        return b2 * v + (1.0 - b2) * jnp.square(g)
+
+    def step(p, m, v, c1, c2):
+        upd = (m / c1) / (jnp.sqrt(v / c2) + eps)
+        return (p - learning_rate * upd).astype(p.dtype)
+
+    return cast, first, second, step
+
+
+@functools.cache
+def _jitted_phases(learning_rate: float, b1: float, b2: float, eps: float
+                   ) -> tuple[Callable, ...]:
+    """:func:`_phases` each under ``jax.jit``, one set per hyperparameters (so that their
+    traces are kept across calls)."""
+    return tuple(jax.jit(f) for f in _phases(learning_rate, b1, b2, eps))
+
+
+@functools.partial(jax.jit, static_argnames=("hyper", "scoped"))
+def _update_jit(params: Any, grads: Any, state: dict[str, Any], *, hyper: tuple, scoped: bool
+                ) -> tuple[Any, dict[str, Any]]:
+    return _update(params, grads, state, hyper, scoped, _jitted_phases(*hyper))
