@@ -2,22 +2,24 @@
 step; a pipeline dispatches one program per task, with accumulation, means and zeroing folded
 into the tasks; the accumulated plan of the small MLP, which used to end the process in XLA's
 collective rendezvous (many dispatched programs with collectives in flight on 8 emulated
-devices), runs and matches."""
+devices), runs and matches; a plan with micro-batches has the same micro-batches on one device
+as its second reference, where the full-batch one rounds differently at a discontinuity."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from exec_cases import graph, plan, single_device_losses, workload
 from exec_plans import pipeline_plan
 
 import autoplan
-from autoplan import models
+from autoplan import EquivalenceError, models
 from autoplan.algorithms import schedule_order
-from autoplan.exec import run
+from autoplan.exec import _run, run
 from autoplan.exec._stages import executions_per_run
 from autoplan.plans._plan import Schedule
 
@@ -132,3 +134,48 @@ def test_a_second_pipelined_run_of_one_workload_traces_nothing(fast, monkeypatch
     again = run(p, own, steps=1, compiler_options=fast, time_tasks=False)
     assert again.equivalence.matched and made == []
     assert again.losses == first.losses
+
+
+def _perturbing(make):
+    """A reference maker whose gradients each move at one element by a hundredth of their largest
+    magnitude: what one example's share does to a gradient element when a ReLU's input rounds to
+    the other side of 0 in the reference alone."""
+    def wrapped(*a, **k):
+        ref = make(*a, **k)
+
+        def reference(args, run_grads):
+            loss, grads, sub = ref(args, run_grads)
+            grads = [g.reshape(-1).at[0].add(1e-2 * jnp.max(jnp.abs(g)) + 1e-4).reshape(g.shape)
+                     for g in grads]
+            return loss, grads, sub
+        return reference
+    return wrapped
+
+
+@pytest.fixture
+def fresh_references(monkeypatch):
+    """Every reference compiled again (none taken from an earlier test's run)."""
+    monkeypatch.setattr(_run, "memo", lambda owner, key, make: make())
+    return monkeypatch
+
+
+def test_a_full_batch_reference_off_at_a_discontinuity_gives_way_to_the_micro_batched_one(
+        fast, fresh_references):
+    wl, m = workload("mlp"), 4
+    p = _accumulated(plan("mlp", "tp"), m)
+    fresh_references.setattr(_run, "_reference", _perturbing(_run._reference))
+    rep = run(p, wl, compiler_options=fast, time_tasks=False)
+    msg = rep.equivalence.message
+    assert rep.equivalence.matched, msg
+    assert f"against the same {m} micro-batches on one device" in msg
+    assert "the full-batch one-device value of grad(" in msg and "differs from the plan's by" in msg
+    # both references off: the plan's numbers are not what one device computes
+    fresh_references.setattr(_run, "_microbatch_reference", _perturbing(_run._microbatch_reference))
+    with pytest.raises(EquivalenceError, match="differs from single-device execution"):
+        run(p, wl, compiler_options=fast, time_tasks=False)
+
+
+def test_a_plan_without_micro_batches_has_the_full_batch_reference_alone(fast, fresh_references):
+    fresh_references.setattr(_run, "_reference", _perturbing(_run._reference))
+    with pytest.raises(EquivalenceError, match="a sharding that changes the computation"):
+        run(plan("mlp", "tp"), workload("mlp"), compiler_options=fast, time_tasks=False)
