@@ -150,6 +150,19 @@ MUTATIONS: tuple[Mutation, ...] = (
       "ratio = np.where(diff == 0, 0.0, diff / tol / 1e3)",
       ("tests/exec/test_failures.py::test_non_finite_values_are_compared_position_by_position",),
       "the equivalence check accepts differences 1000 times its tolerance"),
+    M("equivalence-second-reference-after-a-loss-mismatch", "autoplan/exec/_run.py",
+      "            and not tally.failed[3] and not tally.loss_failed:",
+      "            and not tally.failed[3]:",
+      ("tests/exec/test_microbatch_loops.py::"
+       "test_a_loss_that_differs_keeps_the_full_batch_reference",),
+      "a micro-batched plan whose loss differs from the full batch's matches its micro-batched "
+      "reference instead"),
+    M("equivalence-second-reference-full-batch", "autoplan/exec/_run.py",
+      "        again = _tally_steps(r, graph, cross, records, microbatches, rtol, atol, compiler_options)",
+      "        again = _tally_steps(r, graph, cross, records, 1, rtol, atol, compiler_options)",
+      ("tests/exec/test_microbatch_loops.py::"
+       "test_a_full_batch_reference_off_at_a_discontinuity_gives_way_to_the_micro_batched_one",),
+      "the second reference of a micro-batched plan is the full-batch one again"),
     M("planfile-stage-index", "autoplan/plans/_planfile.py",
       "        if stage >= len(views):",
       "        if stage > len(views):",

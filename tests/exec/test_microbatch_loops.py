@@ -136,18 +136,19 @@ def test_a_second_pipelined_run_of_one_workload_traces_nothing(fast, monkeypatch
     assert again.losses == first.losses
 
 
-def _perturbing(make):
+def _perturbing(make, loss: bool = False):
     """A reference maker whose gradients each move at one element by a hundredth of their largest
     magnitude: what one example's share does to a gradient element when a ReLU's input rounds to
-    the other side of 0 in the reference alone."""
+    the other side of 0 in the reference alone (and with ``loss`` its loss by 1%: what a loss
+    that mixes examples does over micro-batches)."""
     def wrapped(*a, **k):
         ref = make(*a, **k)
 
         def reference(args, run_grads):
-            loss, grads, sub = ref(args, run_grads)
+            own_loss, grads, sub = ref(args, run_grads)
             grads = [g.reshape(-1).at[0].add(1e-2 * jnp.max(jnp.abs(g)) + 1e-4).reshape(g.shape)
                      for g in grads]
-            return loss, grads, sub
+            return own_loss * (1.01 if loss else 1.0), grads, sub
         return reference
     return wrapped
 
@@ -179,3 +180,13 @@ def test_a_plan_without_micro_batches_has_the_full_batch_reference_alone(fast, f
     fresh_references.setattr(_run, "_reference", _perturbing(_run._reference))
     with pytest.raises(EquivalenceError, match="a sharding that changes the computation"):
         run(plan("mlp", "tp"), workload("mlp"), compiler_options=fast, time_tasks=False)
+
+
+def test_a_loss_that_differs_keeps_the_full_batch_reference(fast, fresh_references):
+    """Where the full-batch loss itself differs (what a loss that mixes examples gives over
+    micro-batches, even one the batch-flow analysis did not find), the micro-batched reference,
+    which would share the plan's loss, is not asked."""
+    fresh_references.setattr(_run, "_reference", _perturbing(_run._reference, loss=True))
+    with pytest.raises(EquivalenceError, match="differs from single-device execution"):
+        run(_accumulated(plan("mlp", "tp"), 4), workload("mlp"), compiler_options=fast,
+            time_tasks=False)
