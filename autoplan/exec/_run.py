@@ -658,10 +658,10 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
                                 "autoplan.exec.run(plan, workload, check=True), which calls this.")
     cross = list(grad_tensors)
     draws = random_draws(graph) if microbatches > 1 else ()
-    if draws:  # the same micro-batched step on one device: each micro-batch draws its own
-        tally = _tally_steps(r, graph, cross, records, microbatches, rtol, atol, compiler_options)
-    else:
-        tally = _tally_steps(r, graph, cross, records, 1, rtol, atol, compiler_options)
+    # (a step that draws random numbers: the same micro-batched step on one device, each
+    # micro-batch drawing its own)
+    tally = _tally_steps(r, graph, cross, records, microbatches if draws else 1, rtol, atol,
+                         compiler_options)
     nonfinite_in = nonfinite_leaves(r.host_args)
     mixed = mixing(graph) if microbatches > 1 else None
     note = ""
@@ -700,11 +700,11 @@ def _tally_steps(r: _Resolved, graph: Any, cross: Sequence[int], records: Sequen
     """Every executed step compared with its single-device reference (:func:`_reference`, or
     with ``microbatches > 1`` :func:`_microbatch_reference`: the same micro-batches run in
     turn), re-run on this process's first device from the run's own inputs of that step."""
+    prog = _program(r)
     if microbatches > 1:
         reference = _microbatch_reference(r, graph, cross, microbatches)
     else:
-        reference = _reference(_program(r), cross)
-    prog = _program(r)
+        reference = _reference(prog, cross)
     dev = jax.local_devices()[0]
     ref_fn = None
     out_names: dict[int, str] = {}
