@@ -73,7 +73,7 @@ from autoplan.exec._stages import (
 )
 from autoplan.plans._plan_check import PlatformWarning, WorkloadView, platform_note, refuse_contradictions
 from autoplan.plans._plan_text import levers_text
-from autoplan.tracing._batchflow import MIXING_NOTE, mixing, random_draws
+from autoplan.tracing._batchflow import MIXING_NOTE, mixing_of, random_draws
 from autoplan.tracing._signature import StepSignature, step_signature
 from autoplan.tracing._trace import OpaqueControlFlowWarning, trace_workload
 from autoplan.tracing._workload import Workload, _param_names, as_workload
@@ -663,7 +663,8 @@ def check_equivalence(r: _Resolved, graph: Any, grad_tensors: Sequence[int], rec
     tally = _tally_steps(r, graph, cross, records, microbatches if draws else 1, rtol, atol,
                          compiler_options)
     nonfinite_in = nonfinite_leaves(r.host_args)
-    mixed = mixing(graph) if microbatches > 1 else None
+    # (where the loss mixes examples: asked only of a micro-batched plan that failed, once per graph)
+    mixed = mixing_of(graph) if tally.failed is not None and microbatches > 1 else None
     note = ""
     if tally.failed is not None and microbatches > 1 and not draws and mixed is None \
             and not tally.failed[3] and not tally.loss_failed:
@@ -771,10 +772,10 @@ class _Tally:
             self.max_diff = max(self.max_diff, d)
         if ratio > self.worst_ratio:
             self.worst, self.worst_ratio = name, ratio
-        if (ratio > 1.0 or bad) and self.failed is None:
-            self.failed = (name, d, scale is not None, bad)
-        if (ratio > 1.0 or bad) and name.startswith("loss "):
-            self.loss_failed = True
+        if ratio > 1.0 or bad:
+            if self.failed is None:
+                self.failed = (name, d, scale is not None, bad)
+            self.loss_failed = self.loss_failed or name.startswith("loss ")
 
 def _reference(prog: Any, cross: Sequence[int]) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
     """The single-device reference of a step: from the step's arguments and the run's own
