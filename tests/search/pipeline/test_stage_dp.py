@@ -548,10 +548,13 @@ def dense_tables(tb, P, sizes, D, n_exact):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 6),
-       P=st.integers(1, 4), W=st.integers(1, 6), inf_frac=st.sampled_from([0.0, 0.3, 0.7]))
-def test_exact_tables_equal_the_recurrence_over_every_term(seed, cluster, L, P, W, inf_frac):
-    """The stage-count tables built from the finite blocks only equal the recurrence taken over
-    every (width, submesh) term."""
+       P=st.integers(1, 4), W=st.integers(1, 6), inf_frac=st.sampled_from([0.0, 0.3, 0.7]),
+       batched=st.booleans())
+def test_exact_tables_equal_the_recurrence_over_every_term(seed, cluster, L, P, W, inf_frac,
+                                                           batched):
+    """The stage-count tables built from the finite terms only equal the recurrence taken over
+    every (width, submesh) term, built batched (every candidate of a table at once) or run by
+    run alike."""
     from autoplan.search.pipeline._stage_dp import _exact_tables  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
@@ -562,9 +565,28 @@ def test_exact_tables_equal_the_recurrence_over_every_term(seed, cluster, L, P, 
     tb[rng.random(tb.shape) < inf_frac] = np.inf
     tb[:, (np.arange(L)[:, None] + np.arange(W)[None, :]) >= L, :] = np.inf  # past the last layer
     n_exact = min(L, N * M) + 1
-    got = _exact_tables(tb, P, sizes, N * M, n_exact)
+    got = _exact_tables(tb, P, sizes, N * M, n_exact, batched=batched)
     want = dense_tables(tb, P, sizes, N * M, n_exact)
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_batched_tables_in_chunks_of_one_layer_equal_the_recurrence(monkeypatch):
+    """Summed a first layer's candidates at a time (the chunks a wide table is cut into), the
+    batched tables still equal the recurrence over every term, on a cluster whose sums of
+    submesh sizes leave columns out."""
+    from autoplan.search.pipeline import _stage_dp  # noqa: PLC0415
+
+    monkeypatch.setattr(_stage_dp, "BATCHED_TABLE_CHUNK", 1)
+    sizes = np.array([n * m for n, m in submesh_shapes(3, 4)], dtype=np.int64)
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        L, P, W = 7, 3, 5
+        tb = np.round(rng.uniform(0.0, 3.0, (P, L, W, len(sizes))), 1)
+        tb[rng.random(tb.shape) < 0.4] = np.inf
+        tb[:, (np.arange(L)[:, None] + np.arange(W)[None, :]) >= L, :] = np.inf
+        got = _stage_dp._exact_tables(tb, P, sizes, 12, 8, batched=True)
+        want = dense_tables(tb, P, sizes, 12, 8)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
