@@ -526,7 +526,7 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
 #: a table at once (:func:`_batched_tables`: a few array operations per table, each over every
 #: column some candidate reaches); larger ones run by run of consecutive layers
 #: (:func:`_span_tables`: array operations on only the columns each submesh reaches). Measured on
-#: the stage-DP runs of GPT 39B on 64 V100s: 14% less time batched; of GPT-3 175B on 1,024
+#: the stage-DP runs of GPT 39B on 64 V100s: 20% less time batched; of GPT-3 175B on 1,024
 #: H100s, whose tables are sparse and 1,025 columns wide: 2.1x more time batched.
 BATCHED_TABLE_DEVICES = 64
 
