@@ -94,7 +94,7 @@ from typing import Any
 import numpy as np
 
 from autoplan._analysis import FoldingAnalysis
-from autoplan._errors import SearchError
+from autoplan._errors import InfeasiblePlanError, SearchError
 from autoplan._gc import gc_paused
 from autoplan._memo import per_owner
 from autoplan._options import check_memory_budget, require_graph, require_instance
@@ -105,6 +105,7 @@ from autoplan.search.fold._layers import layer_order, op_layer_names
 from autoplan.search.fold._mine import mining_of
 from autoplan.search.fold._summary import analysis_of
 from autoplan.search.intra._ilp_cost import cost_strategies
+from autoplan.search.intra._ilp_problem import least_memory_bound
 from autoplan.search.intra._ilp_solve import ILPSolution, solve_ilp
 from autoplan.search.intra._intra import intra_op_search, make_logical_mesh, plan_from_solution
 from autoplan.search.intra._pins import pin_specs, pins_key, renamed_pin, resolve_pins
@@ -299,6 +300,7 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
     search, run, mismatches, seg_class, sol, (t_mine, t_seg, t_dp, t_stitch, total) = stitched
     K, agree = search.K, run.agree
     if memory_budget is not None and sol.memory_per_device > memory_budget * (1 + 1e-9):
+        _refuse_by_bound(graph, mesh, memory_budget)
         res = intra_op_search(graph, cluster, mesh_shape, memory_budget=memory_budget, pins=pins,
                               time_limit=time_limit, label=label, level=level, config=config)
         plan = res.plan.with_(notes=res.plan.notes + (
@@ -331,6 +333,31 @@ def _hierarchical(graph: OpGraph, cluster: Cluster, mesh_shape: Sequence[int] | 
         "objective": sol.objective, "dp_value": run.dp_value,
     }
     return LevelResult(plan, stats, analysis, sol)
+
+
+#: how far above the budget :func:`least_memory_bound` must be to refuse a mesh by it alone (far
+#: above float rounding: a bound within it goes to the exact test)
+BOUND_MARGIN = 1e-6
+
+
+def _refuse_by_bound(graph: OpGraph, mesh, memory_budget: float) -> None:
+    """Raise where no plan of ``graph`` on ``mesh`` can fit ``memory_budget`` by
+    :func:`~autoplan.search.intra._ilp_problem.least_memory_bound` alone: the exhaustive search
+    with the budget would refuse it too, after building every node of the whole step to learn
+    the exact least (a large step's whole-graph nodes take a second per mesh; the Explorer's
+    memory-budget change on GPT 39B refused its four meshes this way).
+
+    Raises:
+        InfeasiblePlanError: the bound is over the budget (``least_memory`` None: the bound is
+            not the least itself).
+    """
+    bound = least_memory_bound(graph, mesh)
+    if bound > memory_budget * (1 + BOUND_MARGIN):
+        raise InfeasiblePlanError(
+            f"no plan fits memory_budget={memory_budget:.4g} bytes per device on mesh "
+            f"{mesh.shape}: any plan needs at least {bound:.4g} bytes (the parameters, optimizer "
+            f"state, batch and saved activations spread over all {mesh.size} devices). Fix: "
+            "raise the budget, use more devices, or enable pipelining/rematerialisation.")
 
 
 @per_owner

@@ -43,7 +43,8 @@ from autoplan.search.intra._strategies import (
 )
 from autoplan.tracing._graph import OpGraph
 
-__all__ = ["ILPProblem", "aligned_nodes", "build_problem", "updated_input_pairs"]
+__all__ = ["ILPProblem", "aligned_nodes", "build_problem", "least_memory_bound",
+           "updated_input_pairs"]
 
 
 #: replicated-input penalty: this fraction of the time to move an input's replicated excess bytes
@@ -601,6 +602,30 @@ def _updated_pairs_by_input(graph: OpGraph) -> dict[int, list[tuple[int, int]]]:
     for k, (o, i) in enumerate(_updated_pairs(graph)):
         out.setdefault(i, []).append((k, o))
     return out
+
+
+def least_memory_bound(graph: OpGraph, mesh: LogicalMesh) -> float:
+    """A lower bound on the least live memory per device of any plan of the whole step on
+    ``mesh`` (what :func:`problem_nodes` sums, :func:`~autoplan.search.intra._ilp_solve.solve_ilp`'s
+    ``least_memory``), without building a node: the bytes its nodes' memory counts (the graph
+    inputs, and the forward results read back by the backward of the operators that get a
+    node) split over all of the mesh's devices. No spec splits a tensor into more tiles than
+    the mesh has devices, so each node's least is at least its share of this; the bound is the
+    least itself where every such tensor can be split over every device."""
+    return _memory_bytes(graph) / mesh.size
+
+
+@per_owner
+def _memory_bytes(graph: OpGraph) -> float:
+    """The bytes the whole step's nodes count as live memory, each tensor unsplit (once per
+    graph; :func:`least_memory_bound`)."""
+    free, read_back = _free_tensors(graph), _backward_read(graph)
+    total = sum(graph.tensors[gi.tensor].nbytes for gi in graph.inputs)
+    for op in graph.ops:
+        if op.role != "forward" or (op.outputs and all(t in free for t in op.outputs)):
+            continue  # (an operator of free results only gets no node: _add_operator_nodes)
+        total += sum(graph.tensors[t].nbytes for t in op.outputs if t in read_back)
+    return float(total)
 
 
 @per_owner

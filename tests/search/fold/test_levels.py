@@ -258,3 +258,56 @@ def test_pins_in_another_order_are_another_search_and_a_list_of_pins_is_refused(
     assert b.stats["stitched_plan_reused"] is False
     with pytest.raises(autoplan.SearchError, match="pins should be a dict"):
         level_search(g, cluster, (2, 4), level="folded", pins=[(fc1, P(None, "y"))])
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_the_least_memory_bound_is_at_most_the_least_memory(graphs, mesh):
+    """The bound the level search refuses a budget by is never above the exact least memory
+    (the sum of each node's least): every model of the suite, both meshes; and it is the least
+    itself where every counted tensor splits over every device (the tiny GPT on 8 devices)."""
+    from autoplan.search.intra._ilp_problem import least_memory_bound, problem_nodes
+
+    m = autoplan.Cluster.parse(MESHES[mesh]).logical_mesh(mesh)
+    for case, g in graphs.items():
+        least = float(sum(n.memory.min() for n in problem_nodes(g, m).nodes))
+        bound = least_memory_bound(g, m)
+        assert 0 < bound <= least * (1 + 1e-12), case
+        if case == "gpt2" and mesh == (2, 4):
+            assert bound == pytest.approx(least, rel=0.05)
+
+
+def test_a_budget_below_the_bound_is_refused_without_the_whole_steps_nodes(graphs, monkeypatch):
+    """A budget below the least-memory bound is refused by the bound alone, before the
+    exhaustive search builds the whole step's nodes; a budget between the bound and the
+    stitched plan's memory still gets the exhaustive ILP with the budget (as before)."""
+    from autoplan._errors import InfeasiblePlanError
+    from autoplan.search.fold import _levels as levels
+    from autoplan.search.intra import _ilp_solve
+    from autoplan.search.intra._ilp_problem import least_memory_bound, problem_nodes
+
+    g = graphs["gpt4"]
+    cluster = autoplan.Cluster.parse("p3.16xlarge:1")
+    first = level_search(g, cluster, (2, 4), level="folded")
+    mesh = cluster.logical_mesh((2, 4))
+    bound = least_memory_bound(g, mesh)
+    whole = []
+    real = _ilp_solve.problem_nodes
+    monkeypatch.setattr(_ilp_solve, "problem_nodes",
+                        lambda graph, m, **k: whole.append(k.get("ops")) or real(graph, m, **k))
+    with pytest.raises(InfeasiblePlanError, match="at least") as err:
+        level_search(g, cluster, (2, 4), level="folded", memory_budget=0.9 * bound)
+    assert whole == [] and err.value.least_memory is None
+    # (the exact refusal, for a budget the bound does not rule out, is unchanged)
+    least = float(sum(n.memory.min() for n in problem_nodes(g, mesh).nodes))
+    assert first.plan.predicted.memory_per_device > least
+    if least > bound * (1 + 2 * levels.BOUND_MARGIN):
+        with pytest.raises(InfeasiblePlanError) as err:
+            level_search(g, cluster, (2, 4), level="folded",
+                         memory_budget=0.5 * (bound + least))
+        assert whole == [None] and err.value.least_memory == pytest.approx(least)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = level_search(g, cluster, (2, 4), level="folded",
+                            memory_budget=0.5 * (least + first.plan.predicted.memory_per_device))
+    assert fits.plan.predicted.memory_per_device <= 0.5 * (
+        least + first.plan.predicted.memory_per_device) * (1 + 1e-9)
