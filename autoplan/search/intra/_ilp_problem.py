@@ -483,6 +483,8 @@ def _add_operator_nodes(prob: ILPProblem, chosen: Mapping[int, Strategy] | None)
         graph.ops[i].outputs for i in op_ids if graph.ops[i].role == "forward")))
     for i in op_ids:
         op = graph.ops[i]
+        # (which operators get a node and which results count as memory: _memory_bytes, the
+        # least-memory bound, follows the same rules and must keep to them)
         if all(t in free for t in op.outputs) and op.outputs:
             continue
         member: _Member | None = None
