@@ -21,7 +21,12 @@ from autoplan._memo import memo
 from autoplan.search._parallel import Task, run_tasks
 from autoplan.search.fold._layers import LayerGroup
 from autoplan.search.pipeline._cost_table import _Context, _Table
-from autoplan.search.pipeline._stage_dp import range_sums, stage_dp, stage_dp_counts
+from autoplan.search.pipeline._stage_dp import (
+    MadeWhereRead,
+    range_sums,
+    stage_dp,
+    stage_dp_counts,
+)
 from autoplan.tracing._graph import OpGraph
 
 #: A forward edge that skips layers and carries at most this fraction of the median bytes passed
@@ -92,18 +97,27 @@ def _dp_inputs(t: np.ndarray, step: np.ndarray, pmem: np.ndarray, amem: np.ndarr
     return {"t": t, "step": step, "pmem": pmem, "amem": amem}
 
 
-def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> dict[str, np.ndarray]:
+def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> MadeWhereRead:
     """``t_intra``, per-step, resident and activation arrays ``(L, L, K, C)`` of the contiguous
-    stages of a chain of layers (see :mod:`~autoplan.search.pipeline._pipeline`, step 4)."""
+    stages of a chain of layers (see :mod:`~autoplan.search.pipeline._pipeline`, step 4), made
+    where first read (:class:`_ChainInputs`)."""
     B = B or table.B
-    arrays = memo(table.shared, (_chain_arrays, ratio, B), lambda: _chain_arrays(table, ratio, B))
-    return _dp_inputs(*arrays, table.ctx.schedule, B)
+    terms = memo(table.shared, (_chain_terms, ratio, B), lambda: _chain_terms(table, ratio, B))
+    return _ChainInputs(terms, table.ctx.schedule, B)
 
 
 def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]:
     """:func:`_chain_inputs`' arrays before the schedule's folding (they read neither the
     schedule nor the memory budget: kept across searches with the table's shared costs,
     read-only)."""
+    terms = _chain_terms(table, ratio, B)
+    return tuple(terms[name] for name in terms)
+
+
+def _chain_terms(table: _Table, ratio: float, B: int) -> _ChainTerms:
+    """What :func:`_chain_arrays` are made from: each layer kind's terms per cell, the
+    resharding between two layers of a stage, and the time to receive a stage's input
+    activations and output gradients."""
     ctx, L = table.ctx, table.L
     K, C = len(ctx.submeshes), ctx.C
     cells = list(ctx.cells())
@@ -116,36 +130,65 @@ def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]
             if tt is not None:
                 per_kind[:, q, k, c] = (tt.forward + tt.backward, tt.step, tt.resident,
                                         tt.activation)
-    t, step, pmem, amem = (range_sums(x) for x in per_kind[:, index])
     # resharding between two layers of a stage: P[lo, hi] charged to every range holding both
     # (the pairs passing alike, by :meth:`_Table._fold`, cost alike: made once per fold, added
     # in the pairs' order; 0 on no cell)
-    pair_mb, pair_step = np.zeros((L, L, K, C)), np.zeros((L, L, K, C))
-    by_fold: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    pairs: list[tuple[int, int, int]] = []
+    by_fold: dict[tuple, int] = {}
+    folds: list[tuple[np.ndarray, np.ndarray]] = []
     for a, b in table.passing():
-        lo, hi = min(a, b), max(a, b)
         fold = table._fold(a, b)
-        got = by_fold.get(fold)
-        if got is None:
+        f_id = by_fold.get(fold)
+        if f_id is None:
             fb, st = np.zeros((K, C)), np.zeros((K, C))
             for k, c in cells:
                 f, bw, s = table.pair_terms(a, b, k, c, ratio)
                 fb[k, c], st[k, c] = f + bw, s
-            got = by_fold[fold] = (fb, st)
-        pair_mb[lo, hi] += got[0]
-        pair_step[lo, hi] += got[1]
-    for arr, pair in ((t, pair_mb), (step, pair_step)):
-        inner = np.cumsum(pair, axis=1)  # over hi <= j
-        arr += np.cumsum(inner[::-1], axis=0)[::-1]  # over lo >= i
+            f_id = by_fold[fold] = len(folds)
+            folds.append((fb, st))
+        pairs.append((min(a, b), max(a, b), f_id))
     # receiving the input activations (cut i) and the output gradients (cut j + 1)
     fwd, bwd = table.boundary_bytes(list(range(L)), L)
-    for k in range(K):
-        recv_f = np.array([0.0] + [ctx.recv_estimate(x * ratio, k) for x in fwd])
-        recv_b = np.array([ctx.recv_estimate(x * ratio, k) for x in bwd] + [0.0])
-        t[:, :, k, :] += (recv_f[:, None] + recv_b[None, :])[:, :, None]
-    for a in (t, step, pmem, amem):
-        a.setflags(write=False)
-    return t, step, pmem, amem
+    recv = [(np.array([0.0] + [ctx.recv_estimate(x * ratio, k) for x in fwd]),
+             np.array([ctx.recv_estimate(x * ratio, k) for x in bwd] + [0.0])) for k in range(K)]
+    return _ChainTerms(per_kind, np.asarray(index), pairs, folds, recv)
+
+
+class _ChainTerms(MadeWhereRead):
+    """:func:`_chain_arrays` made from their terms (:func:`_chain_terms`) where first read."""
+
+    def __init__(self, per_kind: np.ndarray, index: np.ndarray, pairs: list[tuple[int, int, int]],
+                 folds: list[tuple[np.ndarray, np.ndarray]],
+                 recv: list[tuple[np.ndarray, np.ndarray]]):
+        self.per_kind, self.index, self.pairs, self.folds, self.recv = (per_kind, index, pairs,
+                                                                         folds, recv)
+
+    def _make(self) -> dict[str, np.ndarray]:
+        L, K, C = len(self.index), *self.per_kind.shape[2:]
+        t, step, pmem, amem = (range_sums(x) for x in self.per_kind[:, self.index])
+        pair_mb, pair_step = np.zeros((L, L, K, C)), np.zeros((L, L, K, C))
+        for lo, hi, f_id in self.pairs:
+            fb, st = self.folds[f_id]
+            pair_mb[lo, hi] += fb
+            pair_step[lo, hi] += st
+        for arr, pair in ((t, pair_mb), (step, pair_step)):
+            inner = np.cumsum(pair, axis=1)  # over hi <= j
+            arr += np.cumsum(inner[::-1], axis=0)[::-1]  # over lo >= i
+        for k, (recv_f, recv_b) in enumerate(self.recv):
+            t[:, :, k, :] += (recv_f[:, None] + recv_b[None, :])[:, :, None]
+        for a in (t, step, pmem, amem):
+            a.setflags(write=False)
+        return dict(zip(self._names, (t, step, pmem, amem)))
+
+
+class _ChainInputs(MadeWhereRead):
+    """:func:`_chain_inputs`: the terms' arrays folded for the schedule (:func:`_dp_inputs`)."""
+
+    def __init__(self, terms: _ChainTerms, schedule: str, B: int):
+        self.terms, self.schedule, self.B = terms, schedule, B
+
+    def _make(self) -> dict[str, np.ndarray]:
+        return _dp_inputs(*(self.terms[name] for name in self._names), self.schedule, self.B)
 
 
 def _group_inputs(table: _Table, groups: list[list[int]], ratio: float = 1.0,

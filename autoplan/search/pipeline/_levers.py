@@ -54,6 +54,7 @@ import numpy as np
 from autoplan._memo import memo
 from autoplan.plans._spec import ZERO_SHARDED, tile_count
 from autoplan.search.intra._spec_space import tiles
+from autoplan.search.pipeline._stage_dp import MadeWhereRead, range_sums
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "LeverInputs",
            "DP_VARIANTS", "EXEC_NOTE", "ZERO_LEVELS"]
@@ -342,11 +343,16 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
     """Per lever variant of :data:`DP_VARIANTS`, the changes ``(t, step, resident, activation)``
     of every stage: over ranges ``(L, L, K, C)`` of a chain (``chain``), or over fixed groups
     ``(S, S, K, C)`` (only ``[g, g]`` used); None when no layer has any lever."""
-    from autoplan.search.pipeline._stage_dp import range_sums  # noqa: PLC0415
+    terms = _delta_terms(table, members_of, ratio, B, chain)
+    return None if terms is None else terms.array()
 
+
+def _delta_terms(table: Any, members_of: Sequence[Sequence[int]], ratio: float, B: int,
+                 chain: bool) -> _DeltaTerms | None:
+    """What :func:`_variant_deltas` are made from: per layer and variant, its changes and
+    peaks (:class:`_DeltaTerms`); None when no layer has any lever."""
     ctx = table.ctx
     K, C = len(ctx.submeshes), ctx.C
-    L = table.L
     V = len(DP_VARIANTS)
     # per layer: (t, step, resident, activation, zero buffer, remat peak) per variant (a
     # layer's levers are its kind's: made per kind, spread over the layers)
@@ -370,35 +376,62 @@ def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: floa
                                            x.remat_saving if remat else 0.0)
     if not any_lever:
         return None
-    per = per_kind[:, :, index]
-    if chain:
-        out = np.empty((V, 4, L, L, K, C))
-        for v in range(V):
-            for q in range(4):
-                # (variants that change a quantity alike share its sums: ZeRO's level alone sets
-                # the per-step time, rematerialisation alone most activations)
-                same = next((w for w in range(v) if np.array_equal(per[q, w], per[q, v])), None)
-                out[v, q] = range_sums(per[q, v]) if same is None else out[same, q]
-        made: list[tuple[int, np.ndarray]] = []
-        for v in range(V):  # (then the peaks, once the sums are all made)
-            add = next((a for w, a in made if np.array_equal(per[4:, w], per[4:, v])), None)
-            if add is None:
-                peaks = _range_max(per[4, v])
-                peaks += _range_max(per[5, v])
-                add = np.where(np.isfinite(peaks), peaks, 0.0)
-                made.append((v, add))
-            out[v, 2] += add
+    return _DeltaTerms(per_kind, np.asarray(index), chain,
+                       None if chain else [list(m) for m in members_of])
+
+
+class _DeltaTerms:
+    """:func:`_variant_deltas` made from per-layer terms where first asked for
+    (:meth:`array`; kept, but not pickled: a lever run handed to a worker makes them there, as
+    :class:`~autoplan.search.pipeline._stage_dp.MadeWhereRead` says)."""
+
+    def __init__(self, per_kind: np.ndarray, index: np.ndarray, chain: bool,
+                 members_of: list[list[int]] | None):
+        self.per_kind, self.index, self.chain, self.members_of = per_kind, index, chain, members_of
+        self._array: np.ndarray | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_array": None}
+
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = self._make()
+            self._array.setflags(write=False)
+        return self._array
+
+    def _make(self) -> np.ndarray:
+        per = self.per_kind[:, :, self.index]
+        V, L, K, C = per.shape[1:]
+        if self.chain:
+            out = np.empty((V, 4, L, L, K, C))
+            for v in range(V):
+                for q in range(4):
+                    # (variants that change a quantity alike share its sums: ZeRO's level alone
+                    # sets the per-step time, rematerialisation alone most activations)
+                    same = next((w for w in range(v) if np.array_equal(per[q, w], per[q, v])),
+                                None)
+                    out[v, q] = range_sums(per[q, v]) if same is None else out[same, q]
+            made: list[tuple[int, np.ndarray]] = []
+            for v in range(V):  # (then the peaks, once the sums are all made)
+                add = next((a for w, a in made if np.array_equal(per[4:, w], per[4:, v])), None)
+                if add is None:
+                    peaks = _range_max(per[4, v])
+                    peaks += _range_max(per[5, v])
+                    add = np.where(np.isfinite(peaks), peaks, 0.0)
+                    made.append((v, add))
+                out[v, 2] += add
+            return out
+        members_of = self.members_of or []
+        S = len(members_of)
+        out = np.full((V, 4, S, S, K, C), np.inf)
+        for g, members in enumerate(members_of):
+            idx = list(members)
+            for v in range(V):
+                part = per[:, v][:, idx]
+                out[v, :, g, g] = np.stack([part[0].sum(0), part[1].sum(0),
+                                            part[2].sum(0) + part[4].max(0) + part[5].max(0),
+                                            part[3].sum(0)])
         return out
-    S = len(members_of)
-    out = np.full((V, 4, S, S, K, C), np.inf)
-    for g, members in enumerate(members_of):
-        idx = list(members)
-        for v in range(V):
-            part = per[:, v][:, idx]
-            out[v, :, g, g] = np.stack([part[0].sum(0), part[1].sum(0),
-                                        part[2].sum(0) + part[4].max(0) + part[5].max(0),
-                                        part[3].sum(0)])
-    return out
 
 
 def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequence[int]] | None,
@@ -418,53 +451,37 @@ def lever_run(table: Any, base: dict[str, np.ndarray], members_of: Sequence[Sequ
         return None
     groups = None if members_of is None else tuple(map(tuple, members_of))
     # (budget-free: kept across searches with the table's shared costs)
-    deltas = memo(table.shared, (_variant_deltas, ratio, B, groups),
-                  lambda: _variant_deltas(table, members_of or [], ratio, B, members_of is None))
-    if deltas is not None:
-        deltas.setflags(write=False)
+    deltas = memo(table.shared, (_delta_terms, ratio, B, groups),
+                  lambda: _delta_terms(table, members_of or [], ratio, B, members_of is None))
     if deltas is None:
         return None
     return LeverInputs(base, deltas, need, B, ctx.schedule == "gpipe")
 
 
-class LeverInputs(Mapping):
+class LeverInputs(MadeWhereRead):
     """The stage-DP inputs of a lever run (:func:`lever_run`), the arrays ``t, step, pmem, amem``
-    over configurations ``c + C v``, made from the base run's arrays and the lever deltas where
-    first read: a run handed to a worker process makes them there (what travels is its recipe,
-    no larger than the arrays), so the search's caller makes only those of the runs it takes."""
+    over configurations ``c + C v``, made from the base run's inputs and the lever deltas where
+    first read (:class:`~autoplan.search.pipeline._stage_dp.MadeWhereRead`): a run handed to a
+    worker process makes them there from the terms of both, so the search's caller makes only
+    those of the runs it takes."""
 
-    def __init__(self, base: Mapping[str, np.ndarray], deltas: np.ndarray, need: np.ndarray,
+    def __init__(self, base: Mapping[str, np.ndarray], deltas: _DeltaTerms, need: np.ndarray,
                  B: int, gpipe: bool):
-        self.base = {name: base[name] for name in ("t", "step", "pmem", "amem")}
-        self.deltas, self.need, self.B, self.gpipe = deltas, need, B, gpipe
-        self._arrays: dict[str, np.ndarray] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_arrays": None}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if self._arrays is None:
-            self._arrays = self._make()
-        return self._arrays[name]
-
-    def __iter__(self):
-        return iter(self.base)
-
-    def __len__(self) -> int:
-        return len(self.base)
+        self.base, self.deltas, self.need, self.B, self.gpipe = base, deltas, need, B, gpipe
 
     def _make(self) -> dict[str, np.ndarray]:
         """Each variant's arrays: inf but where the base configuration needs a lever (computed
         there only, the same sums entry by entry)."""
         t, step, pm, am = (self.base[name] for name in ("t", "step", "pmem", "amem"))
-        V, C, B = len(self.deltas), t.shape[3], self.B
+        deltas = self.deltas.array()
+        V, C, B = len(deltas), t.shape[3], self.B
         out = {name: np.full(t.shape[:3] + ((V + 1) * C,), np.inf)
                for name in ("t", "step", "pmem", "amem")}
         for name, base_arr in (("t", t), ("step", step), ("pmem", pm), ("amem", am)):
             out[name][..., :C] = base_arr
         at = np.nonzero(self.need)
         t_n, step_n, pm_n, am_n = t[at], step[at], pm[at], am[at]
-        for v, dv in enumerate(self.deltas):
+        for v, dv in enumerate(deltas):
             dt, ds, dr, da = (x[at] for x in dv)
             ok = np.isfinite(dt)
             where = tuple(i[ok] for i in at[:3]) + (at[3][ok] + (v + 1) * C,)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from autoplan._errors import InfeasiblePlanError, SearchError
 
-__all__ = ["range_sums",
+__all__ = ["range_sums", "MadeWhereRead",
     "StageAssignment",
     "StageDPResult",
     "submesh_shapes",
@@ -1260,3 +1260,35 @@ def range_sums(a: np.ndarray) -> np.ndarray:
         seg[(nbad[i + 1:] - nbad[i]) > 0] = np.inf
         out[i, i:] = seg
     return out
+
+
+class MadeWhereRead(Mapping):
+    """Stage-DP inputs (the arrays ``t, step, pmem, amem``) made from a recipe where first read.
+
+    A stage-DP run handed to a worker process carries its recipe: per-layer terms of kilobytes,
+    where the arrays over every range of layers, submesh and configuration are tens of megabytes
+    on a large cluster (42.5 MB for a lever run of GPT 39B on 64 GPUs), whose copy through the
+    pipe and first touch in the worker took longer than making them there. The worker makes them
+    by the same operations on the same numbers, so they are the same arrays; a subclass's
+    :meth:`_make` says how. What is made is kept (in the caller, for the next search of the same
+    table) but never pickled."""
+
+    _names = ("t", "step", "pmem", "amem")
+    _arrays: dict[str, np.ndarray] | None = None
+
+    def _make(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_arrays": None}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self._arrays is None:
+            self._arrays = self._make()
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
