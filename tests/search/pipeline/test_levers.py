@@ -402,8 +402,9 @@ def test_the_dag_stage_ilps_groups_fit_with_levers():
 
 def test_lever_inputs_travel_as_their_recipe_and_make_the_same_arrays(least, monkeypatch):
     """A lever run's stage-DP inputs are made where they are first read: pickled for a worker,
-    they carry the base arrays and the deltas, not the arrays made from them, and a copy makes
-    arrays equal to the original's entry by entry (infinities where no lever is needed)."""
+    they carry the terms the base arrays and the deltas are made from, not those arrays nor the
+    ones made from them (under half their bytes), and a copy makes arrays equal to the
+    original's entry by entry (infinities where no lever is needed)."""
     import pickle
 
     import numpy as np
@@ -424,8 +425,11 @@ def test_lever_inputs_travel_as_their_recipe_and_make_the_same_arrays(least, mon
         blob = pickle.dumps(inputs)
         arrays = {name: np.array(inputs[name]) for name in ("t", "step", "pmem", "amem")}
         assert len(pickle.dumps(inputs)) == len(blob)  # (what was made stays behind)
+        assert len(blob) < 0.5 * sum(a.nbytes for a in arrays.values())
         copy = pickle.loads(blob)
         assert copy._arrays is None and sorted(copy) == sorted(arrays)
+        assert copy.base._arrays is None and copy.base.terms._arrays is None
+        assert copy.deltas._array is None
         C = inputs.base["t"].shape[3]
         for name, arr in arrays.items():
             np.testing.assert_array_equal(copy[name], arr)
