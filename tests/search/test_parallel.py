@@ -455,3 +455,34 @@ def test_pipeline_layer_ilps_on_workers_equal_serial(monkeypatch):
     assert out[1] == out[2]
     assert any(w == 2 and n > 1 for w, n in ran)  # a batch of several layer ILPs on two processes
     assert out[1][1][0]["layer_solves"] > 1
+
+
+_KEPT: list = []
+
+
+def _keep_many() -> int:
+    """A task that keeps what it made (as a worker keeps a graph's memoised strategies)."""
+    _KEPT.extend([i] for i in range(20_000))
+    return len(_KEPT)
+
+
+def test_a_task_leaves_what_it_kept_in_the_oldest_generation():
+    """After a task (in a worker, with the collector on between tasks), what it made and kept
+    is in the oldest generation, not the young ones the next allocations would walk again (a
+    whole-heap walk a few tasks later), and the collector is on again as it was."""
+    import gc
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        _KEPT.clear()
+        out = _parallel._call(_keep_many, None, (), {})
+        assert out.result() == 20_000 and gc.isenabled()
+        kept = {id(x) for x in _KEPT}
+        young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+        assert not kept & young
+        assert len(kept & {id(o) for o in gc.get_objects(generation=2)}) == len(kept)
+    finally:
+        _KEPT.clear()
+        if not was:
+            gc.disable()
