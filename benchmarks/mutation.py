@@ -264,18 +264,30 @@ MUTATIONS: tuple[Mutation, ...] = (
       "a nested batch hands a task to a worker busy with its parent's long task, and the "
       "caller waits for it"),
     M("pipeline-kinds-spread-wrong", "autoplan/search/pipeline/_levers.py",
-      "    per = per_kind[:, :, index]",
-      "    per = per_kind[:, :, index[::-1]]",
+      "        per = self.per_kind[:, :, self.index]",
+      "        per = self.per_kind[:, :, self.index[::-1]]",
       ("tests/search/pipeline/test_levers.py::test_stage_dp_arrays_and_lever_deltas_hold_each_"
        "layers_own_costs",),
       "the lever variants' changes made per layer kind are spread over the layers in the wrong "
       "order"),
-    M("lever-inputs-travel-made", "autoplan/search/pipeline/_levers.py",
+    M("lever-inputs-travel-made", "autoplan/search/pipeline/_stage_dp.py",
       'return {**self.__dict__, "_arrays": None}',
       "return dict(self.__dict__)",
       ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
        "the_same_arrays",),
-      "a lever run sent to a worker carries the arrays it made as well as their recipe"),
+      "a stage-DP run sent to a worker carries the arrays it made as well as their recipe"),
+    M("lever-deltas-travel-made", "autoplan/search/pipeline/_levers.py",
+      'return {**self.__dict__, "_array": None}',
+      "return dict(self.__dict__)",
+      ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
+       "the_same_arrays",),
+      "a lever run sent to a worker carries the deltas' arrays as well as their terms"),
+    M("parallel-task-collector-young", "autoplan/search/_parallel.py",
+      "with warnings.catch_warnings(record=True) as caught, paused():",
+      "with warnings.catch_warnings(record=True) as caught:",
+      ("tests/search/test_parallel.py::test_a_task_leaves_what_it_kept_in_the_oldest_"
+       "generation",),
+      "a task runs with the collector on, what it kept left young for a whole-heap walk"),
     M("kinds-labels-not-batch", "autoplan/tracing/_workload.py",
       "            if (batch is not None and _leading_dims(args[i]) == {batch}",
       "            if (False",
