@@ -271,17 +271,12 @@ MUTATIONS: tuple[Mutation, ...] = (
       "the lever variants' changes made per layer kind are spread over the layers in the wrong "
       "order"),
     M("lever-inputs-travel-made", "autoplan/search/pipeline/_stage_dp.py",
-      'return {**self.__dict__, "_arrays": None}',
+      'return {**self.__dict__, "_made": None}',
       "return dict(self.__dict__)",
       ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
        "the_same_arrays",),
-      "a stage-DP run sent to a worker carries the arrays it made as well as their recipe"),
-    M("lever-deltas-travel-made", "autoplan/search/pipeline/_levers.py",
-      'return {**self.__dict__, "_array": None}',
-      "return dict(self.__dict__)",
-      ("tests/search/pipeline/test_levers.py::test_lever_inputs_travel_as_their_recipe_and_make_"
-       "the_same_arrays",),
-      "a lever run sent to a worker carries the deltas' arrays as well as their terms"),
+      "a stage-DP run sent to a worker carries the arrays it made (its base arrays, the lever "
+      "deltas) as well as their recipe"),
     M("parallel-task-collector-young", "autoplan/search/_parallel.py",
       "with warnings.catch_warnings(record=True) as caught, paused():",
       "with warnings.catch_warnings(record=True) as caught:",

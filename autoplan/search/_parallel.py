@@ -248,7 +248,6 @@ def _worker_run(task_fn: Callable[..., Any], token: str | None, payload: bytes |
                 args: tuple, kwargs: dict) -> tuple[int, Outcome | str]:
     """A task in a worker: the graph from the worker's store, or unpickled from ``payload``
     (none for a task without a graph, ``token`` None)."""
-
     if token is None:
         return os.getpid(), _call(task_fn, None, args, kwargs)
     graph = _STORE.get(token)

@@ -106,18 +106,11 @@ def _chain_inputs(table: _Table, ratio: float = 1.0, B: int | None = None) -> Ma
     return _ChainInputs(terms, table.ctx.schedule, B)
 
 
-def _chain_arrays(table: _Table, ratio: float, B: int) -> tuple[np.ndarray, ...]:
-    """:func:`_chain_inputs`' arrays before the schedule's folding (they read neither the
-    schedule nor the memory budget: kept across searches with the table's shared costs,
-    read-only)."""
-    terms = _chain_terms(table, ratio, B)
-    return tuple(terms[name] for name in terms)
-
-
 def _chain_terms(table: _Table, ratio: float, B: int) -> _ChainTerms:
-    """What :func:`_chain_arrays` are made from: each layer kind's terms per cell, the
-    resharding between two layers of a stage, and the time to receive a stage's input
-    activations and output gradients."""
+    """:func:`_chain_inputs`' arrays before the schedule's folding, made where first read from
+    each layer kind's terms per cell, the resharding between two layers of a stage, and the time
+    to receive a stage's input activations and output gradients (they read neither the schedule
+    nor the memory budget: kept across searches with the table's shared costs, read-only)."""
     ctx, L = table.ctx, table.L
     K, C = len(ctx.submeshes), ctx.C
     cells = list(ctx.cells())
@@ -155,7 +148,7 @@ def _chain_terms(table: _Table, ratio: float, B: int) -> _ChainTerms:
 
 
 class _ChainTerms(MadeWhereRead):
-    """:func:`_chain_arrays` made from their terms (:func:`_chain_terms`) where first read."""
+    """:func:`_chain_terms`' arrays, made from their terms where first read."""
 
     def __init__(self, per_kind: np.ndarray, index: np.ndarray, pairs: list[tuple[int, int, int]],
                  folds: list[tuple[np.ndarray, np.ndarray]],

@@ -54,7 +54,7 @@ import numpy as np
 from autoplan._memo import memo
 from autoplan.plans._spec import ZERO_SHARDED, tile_count
 from autoplan.search.intra._spec_space import tiles
-from autoplan.search.pipeline._stage_dp import MadeWhereRead, range_sums
+from autoplan.search.pipeline._stage_dp import MadeOnce, MadeWhereRead, range_sums
 
 __all__ = ["LayerLevers", "StageLevers", "layer_levers", "choose", "lever_run", "LeverInputs",
            "DP_VARIANTS", "EXEC_NOTE", "ZERO_LEVELS"]
@@ -338,19 +338,12 @@ def _range_max(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _variant_deltas(table: Any, members_of: Sequence[Sequence[int]], ratio: float, B: int,
-                    chain: bool) -> np.ndarray | None:
-    """Per lever variant of :data:`DP_VARIANTS`, the changes ``(t, step, resident, activation)``
-    of every stage: over ranges ``(L, L, K, C)`` of a chain (``chain``), or over fixed groups
-    ``(S, S, K, C)`` (only ``[g, g]`` used); None when no layer has any lever."""
-    terms = _delta_terms(table, members_of, ratio, B, chain)
-    return None if terms is None else terms.array()
-
-
 def _delta_terms(table: Any, members_of: Sequence[Sequence[int]], ratio: float, B: int,
                  chain: bool) -> _DeltaTerms | None:
-    """What :func:`_variant_deltas` are made from: per layer and variant, its changes and
-    peaks (:class:`_DeltaTerms`); None when no layer has any lever."""
+    """Per lever variant of :data:`DP_VARIANTS`, the changes ``(t, step, resident, activation)``
+    of every stage: over ranges ``(L, L, K, C)`` of a chain (``chain``), or over fixed groups
+    ``(S, S, K, C)`` (only ``[g, g]`` used), made where first asked for from each layer's changes
+    and peaks (:class:`_DeltaTerms`); None when no layer has any lever."""
     ctx = table.ctx
     K, C = len(ctx.submeshes), ctx.C
     V = len(DP_VARIANTS)
@@ -380,26 +373,20 @@ def _delta_terms(table: Any, members_of: Sequence[Sequence[int]], ratio: float, 
                        None if chain else [list(m) for m in members_of])
 
 
-class _DeltaTerms:
-    """:func:`_variant_deltas` made from per-layer terms where first asked for
-    (:meth:`array`; kept, but not pickled: a lever run handed to a worker makes them there, as
-    :class:`~autoplan.search.pipeline._stage_dp.MadeWhereRead` says)."""
+class _DeltaTerms(MadeOnce):
+    """:func:`_delta_terms`' array ``(V, 4, L, L, K, C)`` (or over groups), made from each
+    layer's changes and peaks where first asked for (:meth:`made`), read-only."""
 
     def __init__(self, per_kind: np.ndarray, index: np.ndarray, chain: bool,
                  members_of: list[list[int]] | None):
         self.per_kind, self.index, self.chain, self.members_of = per_kind, index, chain, members_of
-        self._array: np.ndarray | None = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_array": None}
-
-    def array(self) -> np.ndarray:
-        if self._array is None:
-            self._array = self._make()
-            self._array.setflags(write=False)
-        return self._array
 
     def _make(self) -> np.ndarray:
+        out = self._sums()
+        out.setflags(write=False)
+        return out
+
+    def _sums(self) -> np.ndarray:
         per = self.per_kind[:, :, self.index]
         V, L, K, C = per.shape[1:]
         if self.chain:
@@ -473,7 +460,7 @@ class LeverInputs(MadeWhereRead):
         """Each variant's arrays: inf but where the base configuration needs a lever (computed
         there only, the same sums entry by entry)."""
         t, step, pm, am = (self.base[name] for name in ("t", "step", "pmem", "amem"))
-        deltas = self.deltas.array()
+        deltas = self.deltas.made()
         V, C, B = len(deltas), t.shape[3], self.B
         out = {name: np.full(t.shape[:3] + ((V + 1) * C,), np.inf)
                for name in ("t", "step", "pmem", "amem")}

@@ -34,13 +34,13 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from autoplan._errors import InfeasiblePlanError, SearchError
 
-__all__ = ["range_sums", "MadeWhereRead",
+__all__ = ["range_sums", "MadeOnce", "MadeWhereRead",
     "StageAssignment",
     "StageDPResult",
     "submesh_shapes",
@@ -1262,30 +1262,40 @@ def range_sums(a: np.ndarray) -> np.ndarray:
     return out
 
 
-class MadeWhereRead(Mapping):
-    """Stage-DP inputs (the arrays ``t, step, pmem, amem``) made from a recipe where first read.
+class MadeOnce:
+    """What a stage-DP run reads, made from a recipe the first time it is asked for
+    (:meth:`made`) and kept, but never pickled.
 
     A stage-DP run handed to a worker process carries its recipe: per-layer terms of kilobytes,
     where the arrays over every range of layers, submesh and configuration are tens of megabytes
     on a large cluster (42.5 MB for a lever run of GPT 39B on 64 GPUs), whose copy through the
     pipe and first touch in the worker took longer than making them there. The worker makes them
     by the same operations on the same numbers, so they are the same arrays; a subclass's
-    :meth:`_make` says how. What is made is kept (in the caller, for the next search of the same
-    table) but never pickled."""
+    :meth:`_make` says how. What is made stays where it was made (in the caller, for the next
+    search of the same table)."""
 
-    _names = ("t", "step", "pmem", "amem")
-    _arrays: dict[str, np.ndarray] | None = None
+    _made: Any = None
 
-    def _make(self) -> dict[str, np.ndarray]:
+    def _make(self) -> Any:
         raise NotImplementedError
 
+    def made(self) -> Any:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
+
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_arrays": None}
+        return {**self.__dict__, "_made": None}
+
+
+class MadeWhereRead(MadeOnce, Mapping):
+    """Stage-DP inputs (the arrays ``t, step, pmem, amem``) made from a recipe where first read
+    (:class:`MadeOnce`)."""
+
+    _names = ("t", "step", "pmem", "amem")
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if self._arrays is None:
-            self._arrays = self._make()
-        return self._arrays[name]
+        return self.made()[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)

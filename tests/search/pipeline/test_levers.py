@@ -427,9 +427,9 @@ def test_lever_inputs_travel_as_their_recipe_and_make_the_same_arrays(least, mon
         assert len(pickle.dumps(inputs)) == len(blob)  # (what was made stays behind)
         assert len(blob) < 0.5 * sum(a.nbytes for a in arrays.values())
         copy = pickle.loads(blob)
-        assert copy._arrays is None and sorted(copy) == sorted(arrays)
-        assert copy.base._arrays is None and copy.base.terms._arrays is None
-        assert copy.deltas._array is None
+        assert copy._made is None and sorted(copy) == sorted(arrays)
+        assert copy.base._made is None and copy.base.terms._made is None
+        assert copy.deltas._made is None
         C = inputs.base["t"].shape[3]
         for name, arr in arrays.items():
             np.testing.assert_array_equal(copy[name], arr)
@@ -444,7 +444,7 @@ def test_stage_dp_arrays_and_lever_deltas_hold_each_layers_own_costs():
     size and re-timed for another, for each kind (the embedding, the blocks, the head)."""
     import numpy as np
 
-    from autoplan.search.pipeline._layouts import _chain_arrays
+    from autoplan.search.pipeline._layouts import _chain_terms
 
     wl = models.get("gpt", "tiny", layers=4, batch=32)
     cluster = autoplan.Cluster.parse("cpu:8")
@@ -458,8 +458,8 @@ def test_stage_dp_arrays_and_lever_deltas_hold_each_layers_own_costs():
     fwd, bwd = table.boundary_bytes(list(range(L)), L)
     checked = 0
     for ratio, B in ((1.0, MICROBATCHES), (0.5, 2 * MICROBATCHES)):
-        t, step, pmem, amem = quiet(_chain_arrays, table, ratio, B)
-        deltas = quiet(lv._variant_deltas, table, [], ratio, B, True)
+        t, step, pmem, amem = quiet(_chain_terms, table, ratio, B).made().values()
+        deltas = quiet(lv._delta_terms, table, [], ratio, B, True).made()
         for k, c in ctx.cells():
             for a in range(L):
                 for b in range(a, L):
