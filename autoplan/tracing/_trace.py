@@ -216,10 +216,7 @@ def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int
             key = None if op.eqn is None else (id(op.eqn), in_shapes, out_shapes)
             flops = flops_of.get(key) if key is not None else None
             if flops is None:
-                try:
-                    flops = op_flops(op.primitive, params, list(in_shapes), list(out_shapes))
-                except (KeyError, IndexError, TypeError):
-                    flops = float(sum(math.prod(s) for s in out_shapes))
+                flops = shape_flops(op.primitive, params, in_shapes, out_shapes)
                 if key is not None:
                     flops_of[key] = flops
         ops.append(OpNode(
@@ -231,6 +228,22 @@ def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int
             in_dtypes=tuple(tensors[t].dtype if t is not None else None for t in inputs),
             out_dtypes=tuple(tensors[t].dtype for t in op.outputs)))
     return ops, tensors, opaque
+
+
+def shape_flops(primitive: str, params: dict[str, Any], in_shapes: tuple, out_shapes: tuple
+                ) -> float:
+    """An operator's FLOPs from its params and shapes, as the trace counts them (:func:`op_flops`;
+    the results' size where its rule cannot read them)."""
+    try:
+        return float(op_flops(primitive, params, list(in_shapes), list(out_shapes)))
+    except (KeyError, IndexError, TypeError):
+        return float(sum(math.prod(s) for s in out_shapes))
+
+
+def is_opaque(op: OpNode) -> bool:
+    """Whether a traced operator is control flow kept whole (``while``/``cond``, a scan longer
+    than ``max_scan_unroll``): its FLOPs are its bodies', not a function of its own shapes."""
+    return op.primitive in OPAQUE_CONTROL or op.primitive == "scan"
 
 
 def _count_flops_jaxpr(jaxpr) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 from autoplan._errors import SearchError, TraceError
 from autoplan._memo import per_owner, per_owner_and_args
 from autoplan.tracing._graph import OpGraph
+from autoplan.tracing._rescale import rescaled_graph
 from autoplan.tracing._trace import trace_workload
 from autoplan.tracing._workload import Workload, _param_names, abstract_leaf
 
@@ -97,14 +98,31 @@ def _traces(workload: Workload, microbatches: int) -> tuple[OpGraph, OpGraph]:
 
 @per_owner_and_args
 def _microbatch_trace(workload: Workload, microbatches: int) -> OpGraph:
-    """The trace of one micro-batch's step (of ``microbatches``), once per workload object and
-    micro-batch count."""
+    """The graph of one micro-batch's step (of ``microbatches``), once per workload object and
+    micro-batch count: derived from the full trace and the first count traced where the two
+    determine it (:func:`~autoplan.tracing._rescale.rescaled_graph`: the same graph, without
+    tracing again), else traced."""
     named = _arg_names(workload)
     args = microbatch_workload_args(workload.args, workload.arg_kinds, microbatches, named)
+    first = _traced_counts(workload)
+    for base, part in first.items():
+        got = rescaled_graph(traced(workload), part, base, microbatches)
+        if got is not None:
+            return got
     try:
-        return trace_workload(workload, args, name=traced(workload).name)
+        graph = trace_workload(workload, args, name=traced(workload).name)
     except TraceError as err:
         raise MicrobatchTraceError(_split_message(workload, named, microbatches, err)) from err
+    if not first:
+        first[microbatches] = graph
+    return graph
+
+
+@per_owner
+def _traced_counts(workload: Workload) -> dict[int, OpGraph]:
+    """``{count: graph}`` of the first micro-batch count traced of a workload (the others are
+    derived from it where they can be)."""
+    return {}
 
 
 def _arg_names(workload: Workload) -> list[str]:
