@@ -131,12 +131,12 @@ def _op(sc: _Scale, a: OpNode, b: OpNode, tensors: list[Tensor]) -> OpNode:
         raise _Differs
     same = a.params == b.params
     if same and a.in_shapes == b.in_shapes and a.out_shapes == b.out_shapes and (
-            a.flops == b.flops or not is_opaque(a)):
+            a.flops == b.flops or not is_opaque(a.primitive)):
         return a  # (nothing of it depends on the batch: the operator itself, as traced)
     params = dict(a.params) if same else sc.value(a.params, b.params)
     in_shapes = tuple(None if t is None else tensors[t].shape for t in a.inputs)
     out_shapes = tuple(tensors[t].shape for t in a.outputs)
-    if is_opaque(a):  # (its FLOPs are its bodies': the same or in ratio, like any number)
+    if is_opaque(a.primitive):  # (its FLOPs are its bodies': the same or in ratio, like any number)
         flops = sc.float(a.flops, b.flops)
     else:
         flops = shape_flops(a.primitive, params, in_shapes, out_shapes)

@@ -208,7 +208,7 @@ def _graph_from_walk(w: Walk) -> tuple[list[OpNode], list[Tensor], dict[str, int
             if got is None:
                 got = plain[id(op.eqn)] = _plain_params(op.eqn.params)
             params = dict(got)
-        if op.eqn is not None and (op.primitive in OPAQUE_CONTROL or op.primitive == "scan"):
+        if op.eqn is not None and is_opaque(op.primitive):
             # while/cond, and a scan longer than max_scan_unroll (shorter ones are unrolled)
             opaque[op.primitive] = opaque.get(op.primitive, 0) + 1
             flops = _count_flops_eqn(op.eqn)
@@ -240,10 +240,11 @@ def shape_flops(primitive: str, params: dict[str, Any], in_shapes: tuple, out_sh
         return float(sum(math.prod(s) for s in out_shapes))
 
 
-def is_opaque(op: OpNode) -> bool:
-    """Whether a traced operator is control flow kept whole (``while``/``cond``, a scan longer
-    than ``max_scan_unroll``): its FLOPs are its bodies', not a function of its own shapes."""
-    return op.primitive in OPAQUE_CONTROL or op.primitive == "scan"
+def is_opaque(primitive: str) -> bool:
+    """Whether a traced operator of this primitive is control flow kept whole
+    (``while``/``cond``, a scan longer than ``max_scan_unroll``: shorter scans are unrolled into
+    other primitives): its FLOPs are its bodies', not a function of its own shapes."""
+    return primitive in OPAQUE_CONTROL or primitive == "scan"
 
 
 def _count_flops_jaxpr(jaxpr) -> float:
@@ -265,10 +266,7 @@ def _count_flops_eqn(eqn) -> float:
     ins = [tuple(getattr(v.aval, "shape", ())) if not isinstance(v, jcore.Literal) else ()
            for v in eqn.invars]
     outs = [tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars]
-    try:
-        return op_flops(name, _plain_params(eqn.params), ins, outs)
-    except (KeyError, IndexError, TypeError):
-        return float(sum(math.prod(s) for s in outs))
+    return shape_flops(name, _plain_params(eqn.params), ins, outs)
 
 
 def _arg_names(fn: Callable, n: int) -> list[str]:
