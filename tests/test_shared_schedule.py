@@ -120,19 +120,20 @@ def test_sweep_orders_are_kept_up_to_a_task_budget_most_recent_first(monkeypatch
     tasks; the least recently used go first, and a kept order is the one made afresh."""
     from autoplan.plans import _schedule as sc
 
-    make = sc._make_sweep_order
+    make = sc._make_sweep
     made = []
     monkeypatch.setattr(sc, "_SWEEPS", type(sc._SWEEPS)())
     monkeypatch.setattr(sc, "_SWEEP_TASKS", [0])
     monkeypatch.setattr(sc, "SWEEP_CACHE_TASKS", 3 * 2 * 4 * 8)  # three 1F1B orders of 4 x 8
-    monkeypatch.setattr(sc, "_make_sweep_order", lambda *key: made.append(key) or make(*key))
+    monkeypatch.setattr(sc, "_make_sweep", lambda *key: made.append(key) or make(*key))
     for m in (8, 8, 9, 8, 10):
-        assert sc._sweep_order("1f1b", 4, m) == make("1f1b", 4, m, 1)
+        got, fresh = sc._sweep("1f1b", 4, m), make("1f1b", 4, m, 1)
+        assert (got.meshes, got.deps, got.first) == (fresh.meshes, fresh.deps, fresh.first)
     assert made == [("1f1b", 4, 8, 1), ("1f1b", 4, 9, 1), ("1f1b", 4, 10, 1)]
     # 8 + 9 + 10 micro-batches are over the budget: 9, the least recently used, went
     assert list(sc._SWEEPS) == [("1f1b", 4, 8, 1), ("1f1b", 4, 10, 1)]
     assert sc._SWEEP_TASKS[0] == 2 * 4 * (8 + 10) <= sc.SWEEP_CACHE_TASKS
-    sc._sweep_order("1f1b", 4, 9)
+    sc._sweep("1f1b", 4, 9)
     assert made[-1] == ("1f1b", 4, 9, 1) and ("1f1b", 4, 8, 1) not in sc._SWEEPS
     # a summary timed from a kept order is the one timed from a fresh order
     times = ([1.0, 1.5, 2.0, 1.2], [2.0, 2.5, 3.0, 2.2], [0.1, 0.2, 0.3])

@@ -74,6 +74,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from autoplan._errors import ScheduleError, SearchError
 
 __all__ = ["KINDS", "SPLIT_KINDS", "StagePass", "Event", "ScheduleStats", "task_deps", "num_meshes",
@@ -757,91 +759,217 @@ def schedule_summary(
         backward_comm_times, step_times, weight_times, virtual_stages)
     comm_b = comm if comm_b is None else comm_b
     P = S // v
-    meshes, stages, kinds, deps = _sweep_order(kind, S, m, v)
-    # the simulation of _simulate_rows in its own sweep order, keeping only what the summary
-    # reads: each mesh's durations summed in its own order (as the sorted events sum them), the
-    # in-flight marks, the first start and the last end
-    end = [0.0] * len(meshes)
+    sw = _sweep(kind, S, m, v)
+    # the simulation of _simulate_rows in its own sweep order: each task starts when its mesh is
+    # free and the task it waits for has ended (plus the transfer between their stages), its
+    # duration and that transfer read from per-task codes; what the summary reads (each mesh's
+    # durations summed in its own order, as the sorted events sum them, the in-flight marks,
+    # the first start and the last end) is then taken from the start and end times at once
+    durs = np.array(fwd + bwd + (wgt if wgt is not None else [0.0] * S))
+    adds = np.array([0.0] + comm + comm_b)
+    n = len(sw.meshes)
+    start = [0.0] * n
+    end = [0.0] * (n + 1)  # (the last: "ended" at 0 for a first stage's forward)
     free = [0.0] * P
-    busy = [0.0] * P
-    first = [-1.0] * P
-    marks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
-    wmarks: list[list[tuple[float, int]]] = [[] for _ in range(P)]
-    last = S - 1
-    for i, j in enumerate(meshes):
-        s, k, d = stages[i], kinds[i], deps[i]
-        if k == 0:  # a forward: after the previous stage's forward
-            dep, dur = (0.0 if d < 0 else end[d] + comm[s - 1]), fwd[s]
-        elif k == 1:  # a backward: its own forward and the next stage's backward
-            # (its own forward ran before it on this mesh; the last stage has only that one)
-            dep, dur = (end[d] if s == last else end[d] + comm_b[s]), bwd[s]
-        else:  # a W: after its B
-            dep, dur = end[d], wgt[s]  # type: ignore[index]
+    for i, j, d, dur, add in zip(range(n), sw.meshes, sw.deps, durs[sw.dur_code].tolist(),
+                                 adds[sw.add_code].tolist()):
+        dep = end[d] + add
         f = free[j]
-        start = f if f >= dep else dep
-        e = start + dur
-        end[i] = free[j] = e
-        busy[j] += e - start
-        if first[j] < 0.0:
-            first[j] = start
-        if k == 0:
-            marks[j].append((start, 1))
-        elif k == 1:
-            if wgt is None:
-                marks[j].append((e, -1))
-            else:
-                wmarks[j].append((e, 1))
-        else:
-            marks[j].append((e, -1))
-            wmarks[j].append((e, -1))
+        s0 = f if f >= dep else dep
+        start[i] = s0
+        end[i] = free[j] = s0 + dur
+    starts = np.array(start)
+    ends = np.array(end[:n])
+    sums = np.zeros(P)
+    np.add.at(sums, sw.mesh_arr, ends - starts)  # (in the sweep order: each mesh's own order)
+    busy = sums.tolist()
+    first = [start[i] for i in sw.first]
     if step is not None:
         for j in range(P):
             for s in range(j, S, P):
                 f = free[j]
                 free[j] = f + step[s]
                 busy[j] += free[j] - f
-    return _stats_of(max(free) - min(first), busy, marks, P, wmarks)
+    times = np.concatenate([starts, ends])
+    return _stats_from(max(free) - min(first), busy, _peaks(times, *sw.marks, P),
+                       _peaks(times, *sw.wmarks, P), P)
 
 
-_Sweep = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+def _peaks(times: np.ndarray, task: np.ndarray, delta: np.ndarray, mesh: np.ndarray,
+           P: int) -> list[int]:
+    """:func:`_peak` of each mesh's marks, all meshes at once: mark ``i`` is ``(times[task[i]],
+    delta[i])`` on mesh ``mesh[i]``; sorted by time, releases first at equal times, its running
+    sum's largest value (at least 0)."""
+    if not len(task):
+        return [0] * P
+    t = times[task]
+    order = np.lexsort((delta, t, mesh))
+    run = np.cumsum(delta[order], dtype=np.int64)
+    counts = np.bincount(mesh, minlength=P)
+    ends = np.cumsum(counts)
+    firsts = ends - counts
+    before = np.where(firsts > 0, run[np.maximum(firsts - 1, 0)], 0)
+    has = counts > 0
+    peak = np.zeros(P, dtype=np.int64)
+    peak[has] = np.maximum.reduceat(run, firsts[has]) - before[has]
+    return np.maximum(peak, 0).tolist()
 
-#: the sweep orders kept (:func:`_sweep_order`), least recently used first, and the tasks they
+
+_Order = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, eq=False)
+class _Sweep:
+    """A sweep order (:func:`_make_sweep_order`) as :func:`schedule_summary` reads it.
+
+    Attributes:
+        meshes: each task's mesh, in the sweep order.
+        deps: the position of the task it waits for; ``len(meshes)`` for none (a first stage's
+            forward).
+        dur_code: its duration's index among the forward, backward and W times (``kind * S +
+            stage``).
+        add_code: the transfer added to the end of the task it waits for: 0 none, ``s`` a
+            forward's from stage ``s - 1`` (the ``s - 1``-th forward transfer), ``S + s`` a
+            backward's from stage ``s + 1``.
+        mesh_arr: ``meshes`` as an array.
+        first: each mesh's first task.
+        marks, wmarks: the in-flight and deferred-W marks, ``(task, delta, mesh)``: task ``i <
+            n`` marks its start, ``n + i`` its end.
+    """
+
+    meshes: tuple[int, ...]
+    deps: tuple[int, ...]
+    dur_code: np.ndarray
+    add_code: np.ndarray
+    mesh_arr: np.ndarray
+    first: tuple[int, ...]
+    marks: tuple[np.ndarray, np.ndarray, np.ndarray]
+    wmarks: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _swept(order: _Order, S: int, P: int) -> _Sweep:
+    """The :class:`_Sweep` of an order made by :func:`_make_sweep_order` (``S`` stages on ``P``
+    meshes)."""
+    meshes, stages, kinds, deps = order
+    n = len(meshes)
+    mesh = np.array(meshes, dtype=np.int32)
+    stage = np.array(stages, dtype=np.int64)
+    kind = np.array(kinds, dtype=np.int64)
+    dep = np.array(deps, dtype=np.int64)
+    fwd, bwd, wgt = kind == 0, kind == 1, kind == 2
+    add = np.zeros(n, dtype=np.int32)
+    add[fwd & (dep >= 0)] = stage[fwd & (dep >= 0)]
+    waits = bwd & (stage < S - 1)
+    add[waits] = S + stage[waits]
+    first = [-1] * P
+    for i in range(n - 1, -1, -1):
+        first[meshes[i]] = i
+    idx = np.arange(n, dtype=np.int64)
+    split = bool(wgt.any())
+
+    def marks(*parts: tuple[np.ndarray, np.ndarray, int]) -> tuple[np.ndarray, ...]:
+        task = np.concatenate([t[sel] for sel, t, _ in parts])
+        delta = np.concatenate([np.full(int(sel.sum()), dl, dtype=np.int8) for sel, _, dl in parts])
+        on = np.concatenate([mesh[sel] for sel, _, _ in parts])
+        return task, delta, on
+
+    ends = idx + n
+    if split:
+        mk = marks((fwd, idx, 1), (wgt, ends, -1))
+        wmk = marks((bwd, ends, 1), (wgt, ends, -1))
+    else:
+        mk = marks((fwd, idx, 1), (bwd, ends, -1))
+        wmk = marks((wgt, ends, -1))
+    return _Sweep(meshes, tuple(np.where(dep < 0, n, dep).tolist()),
+                  (kind * S + stage).astype(np.int32), add, mesh, tuple(first), mk, wmk)
+
+
+#: the sweep orders kept (:func:`_sweep`), least recently used first, and the tasks they
 #: hold in all: a search times layouts of some fifty (stages, micro-batches) pairs, and the
 #: Explorer's next search (a memory budget changed) times most of them again
 _SWEEPS: OrderedDict[tuple, _Sweep] = OrderedDict()
 _SWEEP_TASKS = [0]
 _SWEEP_LOCK = threading.Lock()
-#: tasks the kept sweep orders may hold (at most 60 bytes each: four tuple slots and the
-#: position a task waits for)
+#: tasks the kept sweep orders may hold (about 60 bytes each: two tuple slots, three arrays'
+#: entries and one or two marks)
 SWEEP_CACHE_TASKS = 500_000
 
 
-def _sweep_order(kind: str, S: int, m: int, v: int = 1) -> _Sweep:
+def _sweep(kind: str, S: int, m: int, v: int = 1) -> _Sweep:
     """The tasks of :func:`_mesh_orders` in the order :func:`_simulate_rows` times them (every
-    task after its mesh's previous one and after its dependency), as four tuples: each task's
-    mesh, stage, kind (0 forward, 1 backward, 2 weight) and the position in this order of the
-    task it waits for (a forward: the previous stage's forward, -1 on the first stage; a
-    backward: the next stage's backward, or on the last stage its own forward; a W: its B).
-    Tuples, which the simulation's loop reads fastest. Kept for the most recent orders, up to
-    :data:`SWEEP_CACHE_TASKS` tasks in all."""
+    task after its mesh's previous one and after its dependency; :func:`_make_sweep_order`), as
+    :func:`schedule_summary` reads them (:class:`_Sweep`). Kept for the most recent orders, up
+    to :data:`SWEEP_CACHE_TASKS` tasks in all."""
     key = (kind, S, m, v)
     with _SWEEP_LOCK:
         hit = _SWEEPS.get(key)
         if hit is not None:
             _SWEEPS.move_to_end(key)
             return hit
-    out = _make_sweep_order(kind, S, m, v)
+    out = _make_sweep(kind, S, m, v)
     with _SWEEP_LOCK:
         if key not in _SWEEPS:
             _SWEEPS[key] = out
-            _SWEEP_TASKS[0] += len(out[0])
+            _SWEEP_TASKS[0] += len(out.meshes)
         while _SWEEP_TASKS[0] > SWEEP_CACHE_TASKS and len(_SWEEPS) > 1:
-            _SWEEP_TASKS[0] -= len(_SWEEPS.popitem(last=False)[1][0])
+            _SWEEP_TASKS[0] -= len(_SWEEPS.popitem(last=False)[1].meshes)
     return out
 
 
-def _make_sweep_order(kind: str, S: int, m: int, v: int) -> _Sweep:
-    """:func:`_sweep_order`, made."""
+def _make_sweep(kind: str, S: int, m: int, v: int) -> _Sweep:
+    """:func:`_sweep`, made: GPipe's and 1F1B's from a potential, the others' by
+    :func:`_make_sweep_order`."""
+    if kind == "gpipe" or (kind != "zb-h1" and v == 1):
+        return _potential_sweep(kind == "gpipe", S, m)
+    return _swept(_make_sweep_order(kind, S, m, v), S, S // v)
+
+
+def _potential_sweep(gpipe: bool, S: int, m: int) -> _Sweep:
+    """GPipe's or 1F1B's tasks (:func:`_mesh_orders`) in an order where every task comes after
+    its mesh's previous one and after the task it waits for, made at once: sorted by a
+    potential that grows along both (then by mesh). Timing the tasks in any such order gives
+    the same times as the sweep order, and each mesh's tasks are in its own order.
+
+    The potential, for micro-batch ``b`` on stage ``s``: a forward ``b + s``; a backward
+    ``m + 2S - 1 - s + b`` under GPipe (every forward first) and ``2S - 1 - s + 2b`` under 1F1B,
+    whose forwards after the ``w = min(S - 1 - s, m)`` of its warm-up each come just before a
+    backward, at ``s + 2b`` (one less than that backward's). Along a mesh's order and from each
+    forward to the next stage's, and from each backward to the previous stage's, it grows by at
+    least 1 (for 1F1B: the last warm-up forward, ``w - 1 + s <= S - 2``, is below the first
+    other forward, ``2S - 2 - s``, where ``w = S - 1 - s``, and below the first backward where
+    ``w = m``; a forward after the warm-up at ``s + 2b`` follows the previous stage's at ``s - 1
+    + 2b`` or, where that one is a warm-up forward, at ``b + s - 1``)."""
+    b = np.tile(np.arange(m, dtype=np.int64), S)
+    stage = np.repeat(np.arange(S, dtype=np.int64), m)
+    if gpipe:
+        fpot = b + stage
+        bpot = m + 2 * S - 1 - stage + b
+    else:
+        warm = b < np.minimum(S - 1 - stage, m)
+        fpot = np.where(warm, b + stage, stage + 2 * b)
+        bpot = 2 * S - 1 - stage + 2 * b
+    n = 2 * S * m  # tasks: forwards, then backwards, stage-major
+    pot = np.concatenate([fpot, bpot])
+    mesh = np.concatenate([stage, stage])
+    order = np.lexsort((mesh, pot))
+    where = np.empty(n, dtype=np.int64)
+    where[order] = np.arange(n)
+    fid = stage * m + b  # a forward's task id; its backward's is n // 2 more
+    dep = np.concatenate([np.where(stage > 0, fid - m, -1),  # the previous stage's forward
+                          np.where(stage < S - 1, n // 2 + fid + m, fid)])
+    dep = np.where(dep < 0, -1, where[np.maximum(dep, 0)])[order]
+    kinds = np.repeat(np.arange(2), n // 2)[order]
+    stages = np.concatenate([stage, stage])[order]
+    on = mesh[order]
+    return _swept((tuple(on.tolist()), tuple(stages.tolist()), tuple(kinds.tolist()),
+                   tuple(dep.tolist())), S, S)
+
+
+def _make_sweep_order(kind: str, S: int, m: int, v: int) -> _Order:
+    """The sweep order of :func:`_sweep`, as four tuples: each task's mesh, stage, kind (0
+    forward, 1 backward, 2 weight) and the position in this order of the task it waits for (a
+    forward: the previous stage's forward, -1 on the first stage; a backward: the next stage's
+    backward, or on the last stage its own forward; a W: its B)."""
     orders = _mesh_orders(kind, S, m, v)
     P = len(orders)
     fpos = [[-1] * m for _ in range(S)]  # position of forward (stage, micro-batch), -1 not yet
@@ -940,10 +1068,16 @@ def _stats_of(step: float, busy: list[float], marks: Sequence[list[tuple[float, 
     """The statistics from the step time, each mesh's busy time and its in-flight marks
     (``(time, +1)`` at a forward's start, ``(time, -1)`` at a backward's end) and deferred-W
     marks."""
+    return _stats_from(step, busy, [_peak(ms) for ms in marks],
+                       [_peak(ms) for ms in (wmarks or [[] for _ in range(P)])], P)
+
+
+def _stats_from(step: float, busy: list[float], peak_inflight: list[int],
+                peak_deferred: list[int], P: int) -> ScheduleStats:
+    """The statistics from the step time, each mesh's busy time and its peaks."""
     bubble = 0.0 if step <= 0 else 1.0 - sum(busy) / (P * step)
     return ScheduleStats(step_time=step, bubble_fraction=bubble, busy=busy,
-                         peak_inflight=[_peak(ms) for ms in marks],
-                         peak_deferred=[_peak(ms) for ms in (wmarks or [[] for _ in range(P)])])
+                         peak_inflight=peak_inflight, peak_deferred=peak_deferred)
 
 
 def ideal_makespan(order: Sequence[StagePass], forward: Sequence[float],

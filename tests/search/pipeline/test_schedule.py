@@ -178,6 +178,45 @@ def test_summary_equals_the_stats_of_the_events(kind, S, m, data):
     assert schedule_summary(kind, S, m, fwd, bwd, comm or None, **kw) == schedule_stats(events, S)
 
 
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved", "zb-h1"])
+def test_each_sweep_keeps_every_mesh_order_and_waits_for_each_dependency(kind):
+    """The summary's task order (GPipe's and 1F1B's sorted by a potential, the others swept):
+    each mesh's tasks in the order its schedule runs them, and every task after the one it waits
+    for (the previous stage's forward, the next stage's backward or on the last stage its own
+    forward, a W's B)."""
+    from autoplan.plans import _schedule as sc
+
+    for S in range(1, 9):
+        for m in range(1, 13):
+            v = 2 if kind == "interleaved" and S % 2 == 0 and m % (S // 2) == 0 else 1
+            sw = sc._make_sweep(kind, S, m, v)
+            P, n = S // v, len(sw.meshes)
+            code = {0: "forward", 1: "backward", 2: "weight"}
+            tasks = [(int(c) % S, code[int(c) // S]) for c in sw.dur_code]
+            mine = [[] for _ in range(P)]
+            for i, j in enumerate(sw.meshes):
+                mine[j].append(i)
+            orders = sc._mesh_orders(kind, S, m, v)
+            for j in range(P):
+                assert [tasks[i] for i in mine[j]] == [(t.stage, t.kind) for t in orders[j]]
+                assert sw.first[j] == mine[j][0]
+            # each task's micro-batch, from its place in its mesh's order
+            mb = [0] * n
+            for j in range(P):
+                for i, t in zip(mine[j], orders[j]):
+                    mb[i] = t.microbatch
+            for i, d in enumerate(sw.deps):
+                s, k = tasks[i]
+                want = sc.task_deps((mb[i], s, k), S)
+                if k == "backward" and s < S - 1:
+                    want = want[1:]  # (its own forward ran before it on its mesh)
+                if not want:
+                    assert d == n
+                    continue
+                assert d < i, (kind, S, m, i)
+                assert (mb[d], *tasks[d]) == tuple(want[0])
+
+
 def test_unbalanced_stages_and_comm_example():
     # 2 stages, 2 micro-batches, slow second stage, 0.5 transfer each way
     ev = schedule_events("gpipe", 2, 2, [1.0, 2.0], [1.0, 2.0], [0.5])
