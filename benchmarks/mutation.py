@@ -366,6 +366,27 @@ MUTATIONS: tuple[Mutation, ...] = (
       ("tests/user_models/test_user_folding.py::test_foreseen_states_are_the_one_sided_ilps_"
        "left",),
       "the forecast counts one-sided ILPs an earlier run solved and stops a chain too soon"),
+    M("summary-potential-backward-order", "autoplan/plans/_schedule.py",
+      "        bpot = 2 * S - 1 - stage + 2 * b",
+      "        bpot = 2 * S - 1 + stage + 2 * b",
+      ("tests/search/pipeline/test_schedule.py::test_each_sweep_keeps_every_mesh_order_and_"
+       "waits_for_each_dependency",),
+      "the summary's 1F1B order puts a stage's backward before the next stage's, which it waits "
+      "for"),
+    M("rescale-any-difference-scaled", "autoplan/tracing/_rescale.py",
+      "        if whole != part * self.base or whole % self.count or part == 1 or whole == self.count:",
+      "        if whole % self.count or part == 1 or whole == self.count:",
+      ("tests/user_models/test_rescaled_graphs.py::test_nothing_is_derived_where_two_traces_do_"
+       "not_determine_the_graph",),
+      "a dimension that differs between the two traces but not in the ratio of their batches "
+      "(batch + 8) is scaled as if it were a multiple of the batch"),
+    M("rescale-opaque-flops-recounted", "autoplan/tracing/_rescale.py",
+      "    if is_opaque(a.primitive):  # (its FLOPs",
+      "    if False:  # (its FLOPs",
+      ("tests/user_models/test_rescaled_graphs.py::test_a_derived_graph_is_the_trace_at_its_"
+       "count",),
+      "an opaque control-flow operator's FLOPs (its bodies') are counted from its own shapes "
+      "instead of scaled"),
 )
 
 #: a pytest plugin (written next to the copy) that stops the run when the tests import any

@@ -67,14 +67,21 @@ def test_a_derived_graph_is_the_trace_at_its_count(name):
 
 
 def test_nothing_is_derived_where_two_traces_do_not_determine_the_graph():
-    """A dimension of ``batch + 1`` (not a multiple of the batch), a batch dimension that would
-    be 1, and a reshape into 4 rows of ``batch / 4`` at a count where that is not whole (where
-    the trace itself fails): none derived."""
+    """A dimension of ``batch + 1`` or ``batch + 8`` (not a multiple of the batch, whether or
+    not its value at the new count would be whole), a batch dimension that would be 1, and a
+    reshape into 4 rows of ``batch / 4`` at a count where that is not whole (where the trace
+    itself fails): none derived."""
     def extra_row(w, x):  # the batch and one learned row
         return jnp.tanh(jnp.concatenate([x, w[:1]], 0) @ w).sum()
 
     w, x16, x8 = S((8, 8), f32), S((16, 8), f32), S((8, 8), f32)
     whole, part = (autoplan.trace(extra_row, w, x) for x in (x16, x8))
+    assert rescaled_graph(whole, part, 2, 4) is None
+
+    def extra_rows(w, x):  # the batch and eight learned rows: 24 and 16, whole at 4 (6) but wrong
+        return jnp.tanh(jnp.concatenate([x, w], 0) @ w).sum()
+
+    whole, part = (autoplan.trace(extra_rows, w, x) for x in (x16, x8))
     assert rescaled_graph(whole, part, 2, 4) is None
 
     def plain(w, x):
