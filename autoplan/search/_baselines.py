@@ -38,6 +38,7 @@ import warnings
 from typing import Any
 
 from autoplan._errors import AutoplanError
+from autoplan._memo import memo
 from autoplan._options import require_graph, require_instance
 from autoplan.costs._cluster import Cluster
 from autoplan.plans._plan import Plan
@@ -132,12 +133,21 @@ def pipeline_baselines(workload: Any, cluster: Cluster, *, schedule: str = "1f1b
                        time_limit: float = 60.0, workers: int | None = None,
                        paper: bool = False) -> list[Plan]:
     """The baselines that need the workload, those that apply: the Megatron TP x PP layout, or
-    with ``paper`` the best of Megatron's grid and the inter-op-only ablation."""
-    kw = {"schedule": schedule, "time_limit": time_limit, "workers": workers}
-    out = [megatron_pipeline_baseline(workload, cluster, grid=paper, **kw)]
-    if paper:
-        out.append(inter_op_baseline(workload, cluster, **kw))
-    return [p for p in out if p is not None]
+    with ``paper`` the best of Megatron's grid and the inter-op-only ablation.
+
+    They read no memory budget (each is the best layout of its kind on the device's memory), so
+    they are kept per workload object, cluster, schedule, time limit and ``paper``: a search of
+    the same workload at another budget (the Explorer's budget change) gets them without a
+    search. Which processes solve them (``workers``) changes nothing of what they are."""
+    def make() -> tuple[Plan, ...]:
+        kw = {"schedule": schedule, "time_limit": time_limit, "workers": workers}
+        out = [megatron_pipeline_baseline(workload, cluster, grid=paper, **kw)]
+        if paper:
+            out.append(inter_op_baseline(workload, cluster, **kw))
+        return tuple(p for p in out if p is not None)
+
+    return list(memo(workload, (pipeline_baselines, cluster, schedule, float(time_limit),
+                                bool(paper)), make))
 
 
 def baseline_plans(graph: OpGraph, cluster: Cluster, *, workload: Any = None, schedule: str = "1f1b",

@@ -72,6 +72,38 @@ def test_megatron_grid_searches_tp_pp_and_dp(tiny_gpt):
     assert best.predicted.step_time <= min(p.predicted.step_time for p in res.plans) * (1 + 1e-9)
 
 
+def test_the_megatron_baseline_is_kept_for_a_search_at_another_budget(monkeypatch):
+    """The Megatron TP x PP baseline reads no memory budget: a second search of the same
+    workload at a budget gets the first one's (no search of its own), the same plan field by
+    field; another schedule, or another workload object, searches its own."""
+    from autoplan.search import _baselines
+
+    made = []
+    real = _baselines.megatron_pipeline_baseline
+    monkeypatch.setattr(_baselines, "megatron_pipeline_baseline",
+                        lambda *a, **k: made.append(k["schedule"]) or real(*a, **k))
+    wl = models.get("gpt", "tiny", layers=2, batch=16)
+    cl = autoplan.Cluster.preset("p3.16xlarge", nodes=2)
+
+    def megatron(res):
+        return [p.to_dict() for p in res.plans if p.label == "baseline: Megatron TP x PP"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = autoplan.search(wl, cl, cache=False, workers=1, pipeline=True)
+        least = min(p.predicted.memory_per_device for p in first.plans)
+        again = autoplan.search(wl, cl, cache=False, workers=1, pipeline=True,
+                               memory_budget=2 * least)
+        assert made == ["1f1b"]
+        assert megatron(first) and megatron(again) == megatron(first)
+        autoplan.search(wl, cl, cache=False, workers=1, pipeline=True, memory_budget=2 * least,
+                        schedule="gpipe")
+        assert made == ["1f1b", "gpipe"]
+        autoplan.search(models.get("gpt", "tiny", layers=2, batch=16), cl, cache=False,
+                        workers=1, pipeline=True)
+    assert made == ["1f1b", "gpipe", "1f1b"]
+
+
 def test_inter_op_only_puts_each_stage_on_one_device(tiny_gpt):
     cl = autoplan.Cluster.preset("p3.16xlarge", devices_per_node=4)
     with warnings.catch_warnings():
