@@ -781,7 +781,7 @@ def schedule_summary(
     starts = np.array(start)
     ends = np.array(end[:n])
     sums = np.zeros(P)
-    np.add.at(sums, sw.mesh_arr, ends - starts)  # (in the sweep order: each mesh's own order)
+    np.add.at(sums, sw.mesh_arr, ends - starts)  # (in the task order: each mesh's own order)
     busy = sums.tolist()
     first = [start[i] for i in sw.first]
     if step is not None:
@@ -820,10 +820,12 @@ _Order = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...
 
 @dataclass(frozen=True, eq=False)
 class _Sweep:
-    """A sweep order (:func:`_make_sweep_order`) as :func:`schedule_summary` reads it.
+    """The tasks in an order where each comes after its mesh's previous one and after the task it
+    waits for (:func:`_potential_sweep`, or the sweep of :func:`_make_sweep_order`), as
+    :func:`schedule_summary` reads them.
 
     Attributes:
-        meshes: each task's mesh, in the sweep order.
+        meshes: each task's mesh, in that order.
         deps: the position of the task it waits for; ``len(meshes)`` for none (a first stage's
             forward).
         dur_code: its duration's index among the forward, backward and W times (``kind * S +
