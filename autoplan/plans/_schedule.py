@@ -849,15 +849,14 @@ class _Sweep:
     wmarks: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _swept(order: _Order, S: int, P: int) -> _Sweep:
-    """The :class:`_Sweep` of an order made by :func:`_make_sweep_order` (``S`` stages on ``P``
-    meshes)."""
-    meshes, stages, kinds, deps = order
+def _swept(order: _Order | tuple[np.ndarray, ...], S: int, P: int) -> _Sweep:
+    """The :class:`_Sweep` of an order (``S`` stages on ``P`` meshes) given as four sequences,
+    tuples or arrays: each task's mesh, stage, kind and the position of the task it waits for
+    (-1 for none), as :func:`_make_sweep_order` makes them."""
+    mesh = np.asarray(order[0], dtype=np.int32)
+    stage, kind, dep = (np.asarray(x, dtype=np.int64) for x in order[1:])
+    meshes = tuple(mesh.tolist())
     n = len(meshes)
-    mesh = np.array(meshes, dtype=np.int32)
-    stage = np.array(stages, dtype=np.int64)
-    kind = np.array(kinds, dtype=np.int64)
-    dep = np.array(deps, dtype=np.int64)
     fwd, bwd, wgt = kind == 0, kind == 1, kind == 2
     add = np.zeros(n, dtype=np.int32)
     add[fwd & (dep >= 0)] = stage[fwd & (dep >= 0)]
@@ -892,8 +891,8 @@ def _swept(order: _Order, S: int, P: int) -> _Sweep:
 _SWEEPS: OrderedDict[tuple, _Sweep] = OrderedDict()
 _SWEEP_TASKS = [0]
 _SWEEP_LOCK = threading.Lock()
-#: tasks the kept sweep orders may hold (about 60 bytes each: two tuple slots, three arrays'
-#: entries and one or two marks)
+#: tasks the kept sweep orders may hold (about 80 bytes each: two tuple slots and the integer
+#: a task waits for, three arrays' entries and one or two marks)
 SWEEP_CACHE_TASKS = 500_000
 
 
@@ -961,10 +960,7 @@ def _potential_sweep(gpipe: bool, S: int, m: int) -> _Sweep:
                           np.where(stage < S - 1, n // 2 + fid + m, fid)])
     dep = np.where(dep < 0, -1, where[np.maximum(dep, 0)])[order]
     kinds = np.repeat(np.arange(2), n // 2)[order]
-    stages = np.concatenate([stage, stage])[order]
-    on = mesh[order]
-    return _swept((tuple(on.tolist()), tuple(stages.tolist()), tuple(kinds.tolist()),
-                   tuple(dep.tolist())), S, S)
+    return _swept((mesh[order], np.concatenate([stage, stage])[order], kinds, dep), S, S)
 
 
 def _make_sweep_order(kind: str, S: int, m: int, v: int) -> _Order:
