@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -338,12 +338,13 @@ class _Positions:
         count[fin] = lo
         self._count, self._cap = count.reshape(self.base.shape), n_pos
         # where a finite entry stops fitting within the range, its (i, j, k) changes there
+        # (each position's distinct entries, ascending: one sort of position * cells + entry)
         drop = (lo < n_pos) & (lo >= 1)
-        cells, at = fin[drop] // self.base.shape[3], lo[drop]
-        order = np.argsort(at, kind="stable")
-        cells, at = cells[order], at[order]
+        n_cells = self.base.size // self.base.shape[3]
+        at, cells = np.divmod(np.unique(lo[drop] * n_cells + fin[drop] // self.base.shape[3]),
+                              n_cells)
         bounds = np.flatnonzero(np.diff(at)) + 1
-        self._drops = {int(g[0]): np.unique(c) for g, c in
+        self._drops = {int(g[0]): c for g, c in
                        zip(np.split(at, bounds), np.split(cells, bounds)) if g.size}
         return True
 
@@ -446,12 +447,32 @@ class _Prepared:
         self.min_by_width = tb.min(axis=(0, 1, 3))  # cheapest stage of each width
         if self.first_t is not None:
             self.min_by_width = np.minimum(self.min_by_width, self.first_t[:P].min(axis=(0, 2, 3)))
+        self._finite: dict[int, tuple[np.ndarray, ...]] = {}  # see finite_stages
         self.candidates = positions.values(self.n_pos, self.first_t is not None)
         if self.candidates is None:
             finite = best_latency[np.isfinite(best_latency)]
             if self.first_t is not None:
                 finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
             self.candidates = np.unique(finite)
+
+
+    def finite_stages(self, Pn: int, t_max: float) -> tuple[np.ndarray, ...]:
+        """The finite stages of positions ``0 .. Pn - 1`` within ``t_max``: ``(p, k, row,
+        cost)`` of each, in the order of ``np.nonzero`` over ``tb[:Pn]`` (by position, then
+        ``k``, ``w``, ``q``), ``row`` its rest's row ``(k + w + 1) * K + q`` in a shifted table.
+
+        The finite entries are found once per ``Pn`` and only filtered by ``t_max`` in each DP
+        run: a stage within ``t_max`` is narrower than the widths the run keeps (every stage of
+        a wider one costs more, :attr:`min_by_width`), so the entries the run's own ``tb``
+        (sliced to its widths, inf past ``t_max``) has finite are exactly these, in its order."""
+        got = self._finite.get(Pn)
+        if got is None:
+            K = self.tb.shape[3]
+            pp, kk, ww, qq = np.nonzero(np.isfinite(self.tb[:Pn]))
+            got = self._finite[Pn] = (pp, kk, (kk + ww + 1) * K + qq, self.tb[:Pn][pp, kk, ww, qq])
+        pp, kk, row, cost = got
+        keep = cost <= t_max
+        return pp[keep], kk[keep], row[keep], cost[keep]
 
 
 def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W: int, L: int) -> int:
@@ -514,7 +535,9 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
     W = int(ok_w[-1]) + 1
     tb = prep.tb[:, :, :W, :]
     tb = np.where(tb <= t_max, tb, np.inf)  # (P, L, W, K)
-    F = _exact_tables(tb, prep.P, sizes, D, n_exact)
+    batched = D <= BATCHED_TABLE_DEVICES
+    finite = prep.finite_stages(max(1, min(n_exact, prep.P)), t_max) if batched else None
+    F = _exact_tables(tb, prep.P, sizes, D, n_exact, batched, finite)
     merged = _merged_table(tb[prep.P - 1], F[n_exact], sizes, D) if merged_tail else None
     best, where, first = _best_stage_count(prep, t_max, F, merged, sizes, D, W, min_stages)
     if where is None:
@@ -536,7 +559,8 @@ BATCHED_TABLE_CHUNK = 1 << 20
 
 
 def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: int,
-                  batched: bool | None = None) -> list[np.ndarray]:
+                  batched: bool | None = None, finite: tuple[np.ndarray, ...] | None = None
+                  ) -> list[np.ndarray]:
     """``F(s, k, d)`` for ``s = 0 .. n_exact`` stages: the best cost of layers ``k ..`` in ``s``
     stages on exactly ``d`` devices, from the stage costs ``tb`` (band form, inf past ``t_max``):
 
@@ -545,14 +569,17 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
     with ``p = min(s, P) - 1``, taken over the finite terms only: each candidate is one
     addition, so the minimum over the finite ones, in any order, is the value over all of them
     (an infinite term never wins). ``batched``: :func:`_batched_tables` or :func:`_span_tables`
-    (the same tables; default by :data:`BATCHED_TABLE_DEVICES`)."""
+    (the same tables; default by :data:`BATCHED_TABLE_DEVICES`); ``finite``: the batched
+    tables' finite stages when the caller has them (:meth:`_Prepared.finite_stages`)."""
     if batched is None:
         batched = D <= BATCHED_TABLE_DEVICES
-    return (_batched_tables if batched else _span_tables)(tb, P, sizes, D, n_exact)
+    if batched:
+        return _batched_tables(tb, P, sizes, D, n_exact, finite)
+    return _span_tables(tb, P, sizes, D, n_exact)
 
 
-def _batched_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: int
-                    ) -> list[np.ndarray]:
+def _batched_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: int,
+                    finite: tuple[np.ndarray, ...] | None = None) -> list[np.ndarray]:
     """:func:`_exact_tables` with all of one table's candidates in a few array operations: the
     finite stages ``k, w, q`` of every position found once, those whose rest has a finite entry
     added to their rest's row, and reduced by ``k``, on the columns some candidate reaches."""
@@ -562,9 +589,12 @@ def _batched_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: 
     # every position's finite stages, by position then k: their k, their cost, and the row
     # (k + w + 1) * K + q of their rest in the shifted previous table
     Pn = max(1, min(n_exact, P))
-    pp, kk, ww, qq = np.nonzero(np.isfinite(tb[:Pn]))
-    cost = tb[:Pn][pp, kk, ww, qq]
-    row = (kk + ww + 1) * K + qq
+    if finite is None:
+        pp, kk, ww, qq = np.nonzero(np.isfinite(tb[:Pn]))
+        cost = tb[:Pn][pp, kk, ww, qq]
+        row = (kk + ww + 1) * K + qq
+    else:
+        pp, kk, row, cost = finite
     bounds = np.searchsorted(pp, np.arange(Pn + 1))
     ext = np.full((L + 1, D + 2), np.inf)  # the previous table, and an inf column (d < size)
     hit = np.zeros(D + 1 + int(sizes.max(initial=0)), dtype=bool)
@@ -953,12 +983,15 @@ def stage_dp_counts(t_intra: np.ndarray, submeshes: Sequence[tuple[int, int]], n
     gives alone (or the :class:`InfeasiblePlanError` it raises), with the per-position tables
     made once."""
     out: list[StageDPResult | InfeasiblePlanError] = []
-    positions = None
+    positions = first = None
     for least, most in counts:
-        problem = _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
-                                param_mem=param_mem, act_mem=act_mem,
-                                device_memory=device_memory, max_stages=most,
-                                min_stages=least, step_cost=step_cost)
+        if first is None:  # (the arrays checked once: the counts are all that differ)
+            problem = first = _check_inputs(
+                t_intra, submeshes, num_hosts, devices_per_host, microbatches,
+                param_mem=param_mem, act_mem=act_mem, device_memory=device_memory,
+                max_stages=most, min_stages=least, step_cost=step_cost)
+        else:
+            problem = _with_counts(first, most, least)
         dm = None if problem.device_memory is None else float(problem.device_memory)
         positions = positions or _Positions(problem.t, problem.pm, problem.am, dm)
         try:
@@ -1054,9 +1087,6 @@ def _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
     if not _is_count(microbatches, 1):
         raise SearchError(f"microbatches should be an integer >= 1. Got {microbatches!r}. "
                           "Fix: pass the number of micro-batches per step.")
-    if max_stages is not None and not _is_count(max_stages, 1):
-        raise SearchError(f"max_stages should be None or an integer >= 1. Got {max_stages!r}. "
-                          "Fix: pass e.g. max_stages=8 or leave it out.")
     pm = am = None
     if device_memory is None:
         if param_mem is not None or act_mem is not None:
@@ -1076,14 +1106,24 @@ def _check_inputs(t_intra, submeshes, num_hosts, devices_per_host, microbatches,
     if step is not None and (step[upper] < 0).any():
         raise SearchError("step_cost should be >= 0 (seconds). Got negative entries. "
                           "Fix: check the cost model.")
+    problem = _StageProblem(t, shapes, sizes, num_hosts, devices_per_host, int(microbatches), pm,
+                            am, step, device_memory, None, 1, merge_allowed=True, min_s=1)
+    return _with_counts(problem, max_stages, min_stages)
+
+
+def _with_counts(problem: _StageProblem, max_stages: object, min_stages: object) -> _StageProblem:
+    """``problem`` (its arrays checked) with the stage counts ``min_stages .. max_stages``,
+    checked (a :class:`SearchError` naming the bad one and the fix)."""
+    if max_stages is not None and not _is_count(max_stages, 1):
+        raise SearchError(f"max_stages should be None or an integer >= 1. Got {max_stages!r}. "
+                          "Fix: pass e.g. max_stages=8 or leave it out.")
     if not _is_count(min_stages, 1):
         raise SearchError(f"min_stages should be an integer >= 1. Got {min_stages!r}. "
                           "Fix: pass e.g. min_stages=2 or leave it out.")
-    natural_cap = min(L, num_hosts * devices_per_host)
+    natural_cap = min(problem.L, problem.num_devices)
     s_cap = natural_cap if max_stages is None else min(natural_cap, int(max_stages))
-    return _StageProblem(t, shapes, sizes, num_hosts, devices_per_host, int(microbatches), pm, am,
-                         step, device_memory, max_stages, s_cap,
-                         merge_allowed=s_cap == natural_cap, min_s=int(min_stages))
+    return replace(problem, max_stages=max_stages, s_cap=s_cap, merge_allowed=s_cap == natural_cap,
+                   min_s=int(min_stages))
 
 
 #: :func:`_least_t_max` is sought where its table (layers x widths x submeshes x device counts)
