@@ -590,6 +590,49 @@ def test_batched_tables_in_chunks_of_one_layer_equal_the_recurrence(monkeypatch)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 7),
+       C=st.integers(1, 3), B=st.integers(1, 8), dm=st.one_of(st.none(), st.floats(2.0, 12.0)),
+       step=st.booleans())
+def test_finite_stages_of_a_run_are_those_of_its_own_masked_table(seed, cluster, L, C, B, dm,
+                                                                  step):
+    """The finite stages a DP run reads (found once per prepared problem, filtered by t_max) are
+    exactly, and in the same order, the finite entries of the run's own table: the stage costs
+    sliced to the widths the run keeps, inf past t_max; and the run's tables equal those built
+    from that table."""
+    from autoplan.search.pipeline import _stage_dp  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    N, M = cluster
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.2)
+    kw = {"step_cost": rng.uniform(0, 1, t.shape)} if step else {}
+    if dm is not None:
+        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
+                  device_memory=dm)
+    problem = _stage_dp._check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1,
+                                      param_mem=kw.get("param_mem"), act_mem=kw.get("act_mem"),
+                                      device_memory=kw.get("device_memory"),
+                                      step_cost=kw.get("step_cost"))
+    prep = problem.prepared(kw.get("device_memory"))
+    D = problem.num_devices
+    n_exact, _ = problem.layout(prep)
+    Pn = max(1, min(n_exact, prep.P))
+    K = prep.tb.shape[3]
+    for t_max in list(prep.candidates[::max(1, len(prep.candidates) // 7)]) + [0.0]:
+        ok_w = np.nonzero(prep.min_by_width <= t_max)[0]
+        if ok_w.size == 0:
+            continue
+        tb = prep.tb[:, :, : int(ok_w[-1]) + 1, :]
+        tb = np.where(tb <= t_max, tb, np.inf)
+        pp, kk, ww, qq = np.nonzero(np.isfinite(tb[:Pn]))
+        got = prep.finite_stages(Pn, float(t_max))
+        want = (pp, kk, (kk + ww + 1) * K + qq, tb[:Pn][pp, kk, ww, qq])
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+        with_finite = _stage_dp._exact_tables(tb, prep.P, problem.sizes, D, n_exact, True, got)
+        alone = _stage_dp._exact_tables(tb, prep.P, problem.sizes, D, n_exact, True)
+        assert all(np.array_equal(a, b) for a, b in zip(with_finite, alone))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), cluster=st.sampled_from(CLUSTERS), L=st.integers(1, 6),
        C=st.integers(1, 2), B=st.integers(1, 8), dm=st.one_of(st.none(), st.floats(2.0, 12.0)),
        step=st.booleans())
