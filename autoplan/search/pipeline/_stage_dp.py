@@ -471,8 +471,8 @@ class _Prepared:
             pp, kk, ww, qq = np.nonzero(np.isfinite(self.tb[:Pn]))
             got = self._finite[Pn] = (pp, kk, (kk + ww + 1) * K + qq, self.tb[:Pn][pp, kk, ww, qq])
         pp, kk, row, cost = got
-        keep = cost <= t_max
-        return pp[keep], kk[keep], row[keep], cost[keep]
+        keep = np.flatnonzero(cost <= t_max)
+        return pp.take(keep), kk.take(keep), row.take(keep), cost.take(keep)
 
 
 def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W: int, L: int) -> int:
@@ -507,6 +507,37 @@ def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: 
     return float(vals[w, q, c]), (int(w), int(q), int(c))
 
 
+def _first_stages(prep: _Prepared, counts: range, t_max: float, F: list[np.ndarray],
+                  sizes: np.ndarray, D: int, W: int) -> list[tuple[float, tuple | None]]:
+    """:func:`_first_stage` of each stage count ``s`` of ``counts`` (at position
+    ``min(s, P) - 1``, followed by ``F[s - 1]``), all in one array: the same sums, each count's
+    first minimum taken in the same order."""
+    if len(counts) == 0:
+        return []
+    L = prep.best_latency.shape[1]
+    pos = np.minimum(np.arange(counts.start, counts.stop), prep.P) - 1  # (S,), non-decreasing
+    top = int(pos[-1]) + 1  # (the positions read)
+    ft = prep.first_t[:top, :W]  # (top, W, K, C)
+    fv = np.where(ft <= t_max, prep.first_v[:top, :W], np.inf)[pos]  # (S, W, K, C)
+    cols = D - sizes  # (K,)
+    rows = np.arange(1, W + 1)
+    nxt = np.stack([F[s - 1] for s in counts])  # (S, L + 1, D + 1)
+    follow = np.where((cols >= 0)[None, :] & (rows <= L)[:, None],
+                      nxt[:, np.minimum(rows, L)[:, None], np.maximum(cols, 0)[None, :]],
+                      np.inf)  # (S, W, K)
+    vals = (fv + follow[..., None]).reshape(len(counts), -1)
+    at = vals.argmin(axis=1)
+    out: list[tuple[float, tuple | None]] = []
+    for i, a in enumerate(at):
+        v = vals[i, a]
+        if not np.isfinite(v):
+            out.append((math.inf, None))
+            continue
+        w, q, c = np.unravel_index(int(a), fv.shape[1:])
+        out.append((float(v), (int(w), int(q), int(c))))
+    return out
+
+
 class _MergedTail(NamedTuple):
     """The self-referential table of the positions from ``P`` on (any number of further stages):
     ``H[k, d]`` the best cost of layers ``k ..`` on ``d`` devices, ``argH[k, d]`` its first
@@ -533,16 +564,26 @@ def _dp(prep: _Prepared, t_max: float, sizes: np.ndarray, D: int, n_exact: int,
     if ok_w.size == 0:
         return math.inf, None
     W = int(ok_w[-1]) + 1
+    # (P, L, W, K): the stage costs of the widths kept, masked past t_max only where read (the
+    # batched tables read the finite stages within it, the merged tail its last position, the
+    # plan's recovery its own rows)
     tb = prep.tb[:, :, :W, :]
-    tb = np.where(tb <= t_max, tb, np.inf)  # (P, L, W, K)
-    batched = D <= BATCHED_TABLE_DEVICES
-    finite = prep.finite_stages(max(1, min(n_exact, prep.P)), t_max) if batched else None
-    F = _exact_tables(tb, prep.P, sizes, D, n_exact, batched, finite)
-    merged = _merged_table(tb[prep.P - 1], F[n_exact], sizes, D) if merged_tail else None
+    if D <= BATCHED_TABLE_DEVICES:
+        F = _exact_tables(tb, prep.P, sizes, D, n_exact, True,
+                          prep.finite_stages(max(1, min(n_exact, prep.P)), t_max))
+    else:
+        F = _exact_tables(_within(tb, t_max), prep.P, sizes, D, n_exact, False)
+    merged = (_merged_table(_within(tb[prep.P - 1], t_max), F[n_exact], sizes, D)
+              if merged_tail else None)
     best, where, first = _best_stage_count(prep, t_max, F, merged, sizes, D, W, min_stages)
     if where is None:
         return np.inf, None
-    return float(best), _stages(prep.P, tb, F, merged, where, first, sizes, D)
+    return float(best), _stages(prep.P, tb, t_max, F, merged, where, first, sizes, D)
+
+
+def _within(tb: np.ndarray, t_max: float) -> np.ndarray:
+    """Stage costs ``tb`` with those above ``t_max`` infinite."""
+    return np.where(tb <= t_max, tb, np.inf)
 
 
 #: clusters of at most this many devices build the stage DP's tables with all the candidates of
@@ -570,7 +611,8 @@ def _exact_tables(tb: np.ndarray, P: int, sizes: np.ndarray, D: int, n_exact: in
     addition, so the minimum over the finite ones, in any order, is the value over all of them
     (an infinite term never wins). ``batched``: :func:`_batched_tables` or :func:`_span_tables`
     (the same tables; default by :data:`BATCHED_TABLE_DEVICES`); ``finite``: the batched
-    tables' finite stages when the caller has them (:meth:`_Prepared.finite_stages`)."""
+    tables' finite stages when the caller has them (:meth:`_Prepared.finite_stages`: ``tb`` is
+    then read for its shape alone, and may be the costs before masking)."""
     if batched is None:
         batched = D <= BATCHED_TABLE_DEVICES
     if batched:
@@ -803,11 +845,10 @@ def _best_stage_count(prep: _Prepared, t_max: float, F: list[np.ndarray],
     plan exists) and ``first`` the first stage's ``(w, q, c)`` when chosen with its config."""
     P, n_exact = prep.P, len(F) - 1
     best, where, first = np.inf, None, None
-    for s in range(max(1, min_stages), n_exact + 1):
-        if prep.first_t is None:
-            v, ch = F[s][0, D], None
-        else:
-            v, ch = _first_stage(prep, min(s, P) - 1, t_max, F[s - 1], sizes, D, W)
+    counts = range(max(1, min_stages), n_exact + 1)
+    got = ([(F[s][0, D], None) for s in counts] if prep.first_t is None
+           else _first_stages(prep, counts, t_max, F, sizes, D, W))
+    for s, (v, ch) in zip(counts, got):
         if v < best:
             best, where, first = v, ("exact", s), ch
     if merged is not None:
@@ -820,11 +861,13 @@ def _best_stage_count(prep: _Prepared, t_max: float, F: list[np.ndarray],
     return best, where, first
 
 
-def _stages(P: int, tb: np.ndarray, F: list[np.ndarray], merged: _MergedTail | None,
-            where: tuple[str, int], first: tuple[int, int, int] | None, sizes: np.ndarray, D: int
+def _stages(P: int, tb: np.ndarray, t_max: float, F: list[np.ndarray],
+            merged: _MergedTail | None, where: tuple[str, int],
+            first: tuple[int, int, int] | None, sizes: np.ndarray, D: int
             ) -> list[tuple[int, int, int, int | None]]:
     """The stages of the plan found, ``(start, end, q, c)`` in pipeline order, followed from
-    ``where`` (and the first stage ``first`` when chosen with its config) through the tables."""
+    ``where`` (and the first stage ``first`` when chosen with its config) through the tables
+    (``tb`` the stage costs of the run's widths, each row read masked past ``t_max``)."""
     L, W, n_exact = tb.shape[1], tb.shape[2], len(F) - 1
     stages: list[tuple[int, int, int, int | None]] = []
     k, d = 0, D
@@ -847,7 +890,7 @@ def _stages(P: int, tb: np.ndarray, F: list[np.ndarray], merged: _MergedTail | N
         else:
             if s == 0:
                 break
-            a = _choice(tb[min(s, P) - 1, k], F[s - 1], k, d, sizes, W, L)
+            a = _choice(_within(tb[min(s, P) - 1, k], t_max), F[s - 1], k, d, sizes, W, L)
         q, w = divmod(a, W)
         stages.append((k, k + w + 1, q, None))
         k, d = k + w + 1, d - int(sizes[q])
