@@ -385,26 +385,33 @@ class _Positions:
 
     def _extend(self, n_pos: int) -> None:
         """Positions ``len(best) .. n_pos - 1`` from the fitting counts: position 0 in full, each
-        later one from the one before with its dropped entries recomputed."""
+        later one from the one before with its dropped entries recomputed, written into the
+        stacked tables :meth:`upto` returns (each position's list entry a view of them)."""
         base, count = self.base, self._count
         C = base.shape[3]
         flat_base = base.reshape(-1, C)
         flat_count = count.reshape(-1, C)
-        for p in range(len(self.best), n_pos):
+        start = len(self.best)
+        best = np.empty((n_pos,) + base.shape[:3])
+        cfg = np.empty((n_pos,) + base.shape[:3], dtype=np.intp)
+        first = np.empty((n_pos,) + base.shape[1:])
+        if start:  # (the positions made before, copied once)
+            best[:start], cfg[:start], first[:start] = self.best, self.cfg, self.first
+        for p in range(start, n_pos):
             if p == 0:
                 t = np.where(count > 0, base, np.inf)
-                self.best.append(t.min(axis=3))
-                self.cfg.append(t.argmin(axis=3))
+                t.min(axis=3, out=best[0])
+                t.argmin(axis=3, out=cfg[0])
             else:
-                best, cfg = self.best[-1].copy(), self.cfg[-1].copy()
+                best[p], cfg[p] = best[p - 1], cfg[p - 1]
                 cells = self._drops.get(p)
                 if cells is not None:
                     t = np.where(flat_count[cells] > p, flat_base[cells], np.inf)
-                    best.reshape(-1)[cells] = t.min(axis=1)
-                    cfg.reshape(-1)[cells] = t.argmin(axis=1)
-                self.best.append(best)
-                self.cfg.append(cfg)
-            self.first.append(np.where(count[0] > p, base[0], np.inf))
+                    best[p].reshape(-1)[cells] = t.min(axis=1)
+                    cfg[p].reshape(-1)[cells] = t.argmin(axis=1)
+            first[p] = np.where(count[0] > p, base[0], np.inf)
+        self.best, self.cfg, self.first = list(best), list(cfg), list(first)
+        self._stacked = (n_pos, best, cfg, first)
 
 
 class _Prepared:
