@@ -373,6 +373,19 @@ MUTATIONS: tuple[Mutation, ...] = (
        "waits_for_each_dependency",),
       "the summary's 1F1B order puts a stage's backward before the next stage's, which it waits "
       "for"),
+    M("dp-finite-stages-strict", "autoplan/search/pipeline/_stage_dp.py",
+      "        keep = np.flatnonzero(cost <= t_max)",
+      "        keep = np.flatnonzero(cost < t_max)",
+      ("tests/search/pipeline/test_stage_dp.py::test_finite_stages_of_a_run_are_those_of_its_"
+       "own_masked_table",),
+      "a DP run drops the stages that cost exactly t_max, so the bisection's own bound has no "
+      "plan"),
+    M("dp-positions-first-stage-one-late", "autoplan/search/pipeline/_stage_dp.py",
+      "            first[p] = np.where(count[0] > p, base[0], np.inf)",
+      "            first[p] = np.where(count[0] >= p, base[0], np.inf)",
+      ("tests/search/pipeline/test_stage_dp.py::test_position_tables_equal_each_position_"
+       "tested_alone",),
+      "the first stage keeps a config one position after it stops fitting the memory"),
     M("rescale-any-difference-scaled", "autoplan/tracing/_rescale.py",
       "        if whole != part * self.base or whole % self.count or part == 1 or whole == self.count:",
       "        if whole % self.count or part == 1 or whole == self.count:",
