@@ -462,7 +462,6 @@ class _Prepared:
                 finite = np.concatenate([finite, self.first_t[np.isfinite(self.first_t)]])
             self.candidates = np.unique(finite)
 
-
     def finite_stages(self, Pn: int, t_max: float) -> tuple[np.ndarray, ...]:
         """The finite stages of positions ``0 .. Pn - 1`` within ``t_max``: ``(p, k, row,
         cost)`` of each, in the order of ``np.nonzero`` over ``tb[:Pn]`` (by position, then
@@ -496,46 +495,27 @@ def _choice(tbk: np.ndarray, X: np.ndarray, k: int, d: int, sizes: np.ndarray, W
     return int(q) * W + int(w)
 
 
-def _first_stage(prep: _Prepared, p: int, t_max: float, nxt: np.ndarray, sizes: np.ndarray,
-                 D: int, W: int) -> tuple[float, tuple[int, int, int] | None]:
-    """The first stage (layers ``0 .. w``) at position ``p`` with its config chosen by ``t + u``
-    among those within ``t_max``, followed by ``nxt[w + 1, D - size]``: ``(value, (w, q, c))``."""
-    L = prep.best_latency.shape[1]
-    ft = prep.first_t[p, :W]  # (W, K, C)
-    fv = np.where(ft <= t_max, prep.first_v[p, :W], np.inf)
-    cols = D - sizes  # (K,)
-    rows = np.arange(1, W + 1)
-    follow = np.where((cols >= 0)[None, :] & (rows <= L)[:, None],
-                      nxt[np.minimum(rows, L)[:, None], np.maximum(cols, 0)[None, :]], np.inf)
-    vals = fv + follow[:, :, None]
-    if not np.isfinite(vals).any():
-        return math.inf, None
-    w, q, c = np.unravel_index(int(np.argmin(vals)), vals.shape)
-    return float(vals[w, q, c]), (int(w), int(q), int(c))
-
-
-def _first_stages(prep: _Prepared, counts: range, t_max: float, F: list[np.ndarray],
+def _first_stages(prep: _Prepared, pos: np.ndarray, nxts: Sequence[np.ndarray], t_max: float,
                   sizes: np.ndarray, D: int, W: int) -> list[tuple[float, tuple | None]]:
-    """:func:`_first_stage` of each stage count ``s`` of ``counts`` (at position
-    ``min(s, P) - 1``, followed by ``F[s - 1]``), all in one array: the same sums, each count's
-    first minimum taken in the same order."""
-    if len(counts) == 0:
+    """Per plan end, the first stage (layers ``0 .. w``) at position ``pos[i]`` (non-decreasing)
+    with its config chosen by ``t + u`` among those within ``t_max``, followed by
+    ``nxts[i][w + 1, D - size]``: ``(value, (w, q, c))``, or ``(inf, None)`` where none is
+    finite. All in one array, each end's first minimum taken in ``(w, q, c)`` order."""
+    if len(nxts) == 0:
         return []
     L = prep.best_latency.shape[1]
-    pos = np.minimum(np.arange(counts.start, counts.stop), prep.P) - 1  # (S,), non-decreasing
     top = int(pos[-1]) + 1  # (the positions read)
     ft = prep.first_t[:top, :W]  # (top, W, K, C)
     fv = np.where(ft <= t_max, prep.first_v[:top, :W], np.inf)[pos]  # (S, W, K, C)
     cols = D - sizes  # (K,)
     rows = np.arange(1, W + 1)
-    nxt = np.stack([F[s - 1] for s in counts])  # (S, L + 1, D + 1)
+    nxt = np.stack(nxts)  # (S, L + 1, D + 1)
     follow = np.where((cols >= 0)[None, :] & (rows <= L)[:, None],
                       nxt[:, np.minimum(rows, L)[:, None], np.maximum(cols, 0)[None, :]],
                       np.inf)  # (S, W, K)
-    vals = (fv + follow[..., None]).reshape(len(counts), -1)
-    at = vals.argmin(axis=1)
+    vals = (fv + follow[..., None]).reshape(len(nxts), -1)
     out: list[tuple[float, tuple | None]] = []
-    for i, a in enumerate(at):
+    for i, a in enumerate(vals.argmin(axis=1)):
         v = vals[i, a]
         if not np.isfinite(v):
             out.append((math.inf, None))
@@ -854,7 +834,8 @@ def _best_stage_count(prep: _Prepared, t_max: float, F: list[np.ndarray],
     best, where, first = np.inf, None, None
     counts = range(max(1, min_stages), n_exact + 1)
     got = ([(F[s][0, D], None) for s in counts] if prep.first_t is None
-           else _first_stages(prep, counts, t_max, F, sizes, D, W))
+           else _first_stages(prep, np.minimum(np.arange(counts.start, counts.stop), P) - 1,
+                              [F[s - 1] for s in counts], t_max, sizes, D, W))
     for s, (v, ch) in zip(counts, got):
         if v < best:
             best, where, first = v, ("exact", s), ch
@@ -862,7 +843,8 @@ def _best_stage_count(prep: _Prepared, t_max: float, F: list[np.ndarray],
         if prep.first_t is None:
             v, ch = merged.H[0, D], None
         else:
-            v, ch = _first_stage(prep, P - 1, t_max, np.minimum(F[n_exact], merged.H), sizes, D, W)
+            v, ch = _first_stages(prep, np.array([P - 1]), [np.minimum(F[n_exact], merged.H)],
+                                  t_max, sizes, D, W)[0]
         if v < best:
             best, where, first = v, ("merged", 0), ch
     return best, where, first

@@ -89,6 +89,17 @@ def check_result(r: StageDPResult, t, shapes, N, M, B, pm=None, am=None, dm=None
     assert sorted(d for ds in devs for d in ds) == list(range(N * M))
 
 
+def costed_instance(rng, L, N, M, C, dm, step, inf_frac):
+    """A random instance with its keyword costs: per-step costs with ``step``, and with a device
+    memory ``dm`` (None: none) parameter and activation memories."""
+    t, shapes = random_instance(rng, L, N, M, C, inf_frac=inf_frac)
+    kw = {"step_cost": rng.uniform(0, 1, t.shape)} if step else {}
+    if dm is not None:
+        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
+                  device_memory=dm)
+    return t, shapes, kw
+
+
 def run_or_inf(*args, **kw):
     try:
         return stage_dp(*args, **kw)
@@ -254,13 +265,8 @@ def test_matches_brute_force_with_memory(seed, cluster, L, C, B, dm, limit):
 def test_stage_count_runs_sharing_tables_equal_runs_alone(seed, cluster, L, C, B, dm, step):
     """stage_dp_counts (the per-position tables made once for several stage-count ranges, as
     the pipeline search runs them) gives each range exactly what stage_dp gives alone."""
-    rng = np.random.default_rng(seed)
     N, M = cluster
-    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.1)
-    kw = {"step_cost": rng.uniform(0, 1, t.shape)} if step else {}
-    if dm is not None:
-        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
-                  device_memory=dm)
+    t, shapes, kw = costed_instance(np.random.default_rng(seed), L, N, M, C, dm, step, 0.1)
     counts = [(1, None), (2, 2), (1, 3), (3, 3), (2, None)]
     got = stage_dp_counts(t, shapes, N, M, B, counts, explain=False, **kw)
     for (lo, hi), r in zip(counts, got):
@@ -601,13 +607,8 @@ def test_finite_stages_of_a_run_are_those_of_its_own_masked_table(seed, cluster,
     from that table."""
     from autoplan.search.pipeline import _stage_dp  # noqa: PLC0415
 
-    rng = np.random.default_rng(seed)
     N, M = cluster
-    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.2)
-    kw = {"step_cost": rng.uniform(0, 1, t.shape)} if step else {}
-    if dm is not None:
-        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape),
-                  device_memory=dm)
+    t, shapes, kw = costed_instance(np.random.default_rng(seed), L, N, M, C, dm, step, 0.2)
     problem = _stage_dp._check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1,
                                       param_mem=kw.get("param_mem"), act_mem=kw.get("act_mem"),
                                       device_memory=kw.get("device_memory"),
