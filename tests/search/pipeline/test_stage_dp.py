@@ -100,6 +100,16 @@ def costed_instance(rng, L, N, M, C, dm, step, inf_frac):
     return t, shapes, kw
 
 
+def checked_problem(t, shapes, N, M, B, kw):
+    """The stage DP's checked problem of an instance's arrays and its keyword costs (from
+    :func:`costed_instance`), every stage count allowed."""
+    from autoplan.search.pipeline._stage_dp import _check_inputs  # noqa: PLC0415
+
+    return _check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1,
+                         param_mem=kw.get("param_mem"), act_mem=kw.get("act_mem"),
+                         device_memory=kw.get("device_memory"), step_cost=kw.get("step_cost"))
+
+
 def run_or_inf(*args, **kw):
     try:
         return stage_dp(*args, **kw)
@@ -609,10 +619,7 @@ def test_finite_stages_of_a_run_are_those_of_its_own_masked_table(seed, cluster,
 
     N, M = cluster
     t, shapes, kw = costed_instance(np.random.default_rng(seed), L, N, M, C, dm, step, 0.2)
-    problem = _stage_dp._check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1,
-                                      param_mem=kw.get("param_mem"), act_mem=kw.get("act_mem"),
-                                      device_memory=kw.get("device_memory"),
-                                      step_cost=kw.get("step_cost"))
+    problem = checked_problem(t, shapes, N, M, B, kw)
     prep = problem.prepared(kw.get("device_memory"))
     D = problem.num_devices
     n_exact, _ = problem.layout(prep)
@@ -640,21 +647,16 @@ def test_finite_stages_of_a_run_are_those_of_its_own_masked_table(seed, cluster,
 def test_no_plan_below_the_least_t_max(seed, cluster, L, C, B, dm, step):
     """Every candidate bound below :func:`_least_t_max` has no plan (the runs the search skips
     there would find none), and the optimum's slowest stage is never below it."""
-    from autoplan.search.pipeline._stage_dp import _check_inputs, _least_t_max  # noqa: PLC0415
+    from autoplan.search.pipeline._stage_dp import _least_t_max  # noqa: PLC0415
 
-    rng = np.random.default_rng(seed)
     N, M = cluster
-    t, shapes = random_instance(rng, L, N, M, C, inf_frac=0.3)
-    kw = {"step_cost": rng.uniform(0, 1, t.shape) if step else None, "param_mem": None,
-          "act_mem": None, "device_memory": dm}
-    if dm is not None:
-        kw.update(param_mem=rng.uniform(0, 5, t.shape), act_mem=rng.uniform(0, 3, t.shape))
-    problem = _check_inputs(t, shapes, N, M, B, max_stages=None, min_stages=1, **kw)
+    t, shapes, kw = costed_instance(np.random.default_rng(seed), L, N, M, C, dm, step, 0.3)
+    problem = checked_problem(t, shapes, N, M, B, kw)
     prep = problem.prepared(dm)
     least = _least_t_max(prep, problem.sizes, problem.num_devices)
     for cand in prep.candidates:
         if cand < least:
             assert problem.dp(prep, float(cand))[1] is None
-    r = run_or_inf(t, shapes, N, M, B, **{k: v for k, v in kw.items() if v is not None})
+    r = run_or_inf(t, shapes, N, M, B, **kw)
     if r is not None:
         assert r.t_max >= least
