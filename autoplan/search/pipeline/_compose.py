@@ -13,7 +13,17 @@ import jax
 import numpy as np
 
 from autoplan._memo import memo
-from autoplan.plans._plan import Comm, InputSpec, Plan, Predicted, Schedule, Stage
+from autoplan.plans._plan import (
+    Comm,
+    InputSpec,
+    OpSharding,
+    Plan,
+    Predicted,
+    Schedule,
+    Stage,
+    TensorSharding,
+    record_maker,
+)
 from autoplan.plans._schedule import schedule_table
 from autoplan.search.fold._layers import op_layer_names
 from autoplan.search.intra._intra import _comm_by_axis
@@ -37,12 +47,20 @@ def _layer_ops(table: _Table, li: int, k: int, c: int, res: Any,
         rep_sub, mine = table.sub(table.rep[table.kind[li]]), table.sub(li)
         names = {a.name: b.name for a, b in zip(rep_sub.inputs, mine.inputs)}
         names.update({f"%{lt}": f"%{gt}" for gt, lt in table.local(li).items()})
+        # (the records made unchecked, as the kind's plan made them: every field but the names
+        # is the kind's record's own, already in its stored form; a tensor whose name stays is
+        # the kind's record itself)
+        op_record, tensor_record = record_maker(OpSharding), record_maker(TensorSharding)
         out = []
         for o in res.plan.stages[0].ops:
             gop = graph.ops[mine.origin[o.op]]
-            out.append(replace(
-                o, op=gop.id, scope=gop.scope_name, layer=layer_names[gop.id],
-                tensors=tuple(replace(t, name=names.get(t.name, t.name)) for t in o.tensors)))
+            tensors = []
+            for t in o.tensors:
+                name = names.get(t.name, t.name)
+                tensors.append(t if name == t.name else
+                               tensor_record(name, t.role, t.shape, t.dtype, t.spec))
+            out.append(op_record(gop.id, o.primitive, gop.scope_name, layer_names[gop.id],
+                                 o.role, o.strategy, tuple(tensors), o.comm, o.flops))
         return tuple(out)
 
     return memo(table.shared, (_layer_ops, li, k, c), make)
@@ -81,7 +99,7 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
             mine = table.sub(li)
             op_shardings += _layer_ops(table, li, k, c, res, layer_names)
             for spec, gi in zip(res.plan.inputs, mine.inputs):
-                if gi.kind == "activation":
+                if gi.kind == "activation" or gi.name in inputs:
                     continue
                 inputs.setdefault(gi.name, replace(
                     spec, arg=gi.arg, arg_name=gi.arg_name, path=gi.path, kind=gi.kind,
@@ -145,15 +163,18 @@ def _compose(table: _Table, ev: _Eval, *, workload: Any, level: str, notes: tupl
 
         notes = (*notes, EXEC_NOTE)
     table_rows = schedule_table(ev.kind, S, B, ev.virtual_stages)
+    # (made unchecked: the table and events are built here as tuples of tuples of names and
+    # numbers, the form the checked constructor would store, whose walk of every entry took 10-70
+    # ms per plan of GPT 39B)
+    schedule = record_maker(Schedule)(
+        ev.kind, B, S,
+        tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind) for e in row)
+              for row in table_rows),
+        tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind) for e in ev.events),
+        ev.virtual_stages)
     return Plan(
         model=full.name, fingerprint=full.fingerprint, cluster=ctx.cluster, stages=tuple(stages),
-        inputs=tuple(_complete_inputs(full, inputs)), predicted=pred,
-        schedule=Schedule(ev.kind, B, S,
-                          table=tuple(tuple(None if e is None else (e.microbatch, e.stage, e.kind)
-                                            for e in row) for row in table_rows),
-                          events=tuple((e.start, e.end, e.mesh, e.microbatch, e.stage, e.kind)
-                                       for e in ev.events),
-                          virtual_stages=ev.virtual_stages),
+        inputs=tuple(_complete_inputs(full, inputs)), predicted=pred, schedule=schedule,
         label="autoplan-pipeline" if S > 1 else "autoplan", level=level,
         config=dict(workload.config), jax_version=jax.__version__,
         notes=notes)

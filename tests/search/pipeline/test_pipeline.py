@@ -56,6 +56,35 @@ def test_pipeline_plans_use_every_device_once(gpt_pipeline):
         assert 0 <= p.predicted.bubble_fraction < 1
 
 
+def test_pipeline_plans_records_equal_their_checked_construction(gpt_pipeline):
+    """The pipeline search composes each stage's operator records and the schedule without
+    their constructors' checks: each equals (and hashes as) the record its constructor makes
+    from the same fields, already in the stored form (tuples all the way down)."""
+    from dataclasses import fields
+
+    from autoplan.plans._plan import OpSharding, Schedule
+
+    def checked(r):
+        return type(r)(**{f.name: getattr(r, f.name) for f in fields(r)})
+
+    _, _, res = gpt_pipeline
+    assert any(len(p.stages) > 1 for p in res.plans)
+    for p in res.plans:
+        ops = [o for st in p.stages for o in st.ops]
+        assert ops and all(type(o) is OpSharding for o in ops)
+        for r in ops + [t for o in ops for t in o.tensors]:
+            assert r == checked(r) and hash(r) == hash(checked(r))
+        # each operator is its own graph operator under its own layer's name
+        assert len({o.op for o in ops}) == len(ops)
+        sched = p.schedule
+        assert type(sched) is Schedule and sched == checked(sched)
+        assert hash(sched) == hash(checked(sched))
+        for rows in (sched.table, sched.events):
+            assert type(rows) is tuple and all(type(row) is tuple for row in rows)
+        assert all(e is None or type(e) is tuple for row in sched.table for e in row)
+        assert len(sched.table) > 0 and len(sched.events) > 0
+
+
 def test_pipeline_plan_json_round_trip(gpt_pipeline, tmp_path):
     _, _, res = gpt_pipeline
     p = res.plans[0]
